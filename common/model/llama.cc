@@ -1,0 +1,336 @@
+#include "common/model/llama.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+
+namespace knapserve {
+namespace {
+
+using torch::indexing::Slice;
+
+// Loads `name` with `shape` from the checkpoint into the target dtype/device.
+absl::StatusOr<torch::Tensor> LoadWeight(const Checkpoint& checkpoint, const std::string& name,
+                                         std::vector<int64_t> shape,
+                                         const ModelOptions& options) {
+  ASSIGN_OR_RETURN(torch::Tensor view, checkpoint.Get(name, std::move(shape)));
+  // The view aliases read-only mapped memory: always copy out of it.
+  return view.to(options.device, options.dtype, /*non_blocking=*/false, /*copy=*/true)
+      .contiguous();
+}
+
+int64_t Bytes(const torch::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+}  // namespace
+
+absl::StatusOr<torch::ScalarType> ParseDtype(const std::string& name) {
+  const std::string n = absl::AsciiStrToLower(name);
+  if (n == "fp32" || n == "float32" || n == "f32") return torch::kFloat32;
+  if (n == "bf16" || n == "bfloat16") return torch::kBFloat16;
+  if (n == "fp16" || n == "float16" || n == "f16") return torch::kFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported dtype '", name, "' (supported: fp32, bf16, fp16)"));
+}
+
+std::string DtypeName(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat32:
+      return "fp32";
+    case torch::kBFloat16:
+      return "bf16";
+    case torch::kFloat16:
+      return "fp16";
+    default:
+      return std::string(c10::toString(dtype));
+  }
+}
+
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
+  const std::string n = absl::AsciiStrToLower(name);
+  if (n == "cpu") return torch::Device(torch::kCPU);
+  if (n.rfind("cuda", 0) == 0) {
+    if (!torch::cuda::is_available()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("device '", name, "' requested but this build of torch sees no CUDA device"));
+    }
+    try {
+      return torch::Device(n);
+    } catch (const std::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("bad device '", name, "'"));
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unsupported device '", name, "' (supported: cpu, cuda, cuda:N)"));
+}
+
+torch::Tensor RopeInverseFrequencies(const ModelConfig& config) {
+  const int64_t half = config.head_dim / 2;
+  // Same arithmetic as Hugging Face: float32 exponents over even indices.
+  torch::Tensor idx = torch::arange(0, config.head_dim, 2, torch::kInt64).to(torch::kFloat32);
+  torch::Tensor inv_freq =
+      1.0 / torch::pow(torch::tensor(config.rope_theta, torch::kFloat32),
+                       idx / static_cast<float>(config.head_dim));
+  TORCH_CHECK(inv_freq.size(0) == half);
+  if (!config.rope_scaling.has_value()) return inv_freq;
+  const RopeScaling& s = *config.rope_scaling;
+  if (s.rope_type == "linear") return inv_freq / s.factor;
+  if (s.rope_type == "llama3") {
+    const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+    const double low_freq_wavelen = old_ctx / s.low_freq_factor;
+    const double high_freq_wavelen = old_ctx / s.high_freq_factor;
+    torch::Tensor wavelen = 2.0 * M_PI / inv_freq;
+    torch::Tensor scaled =
+        torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
+    torch::Tensor smooth =
+        (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    torch::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+    torch::Tensor is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen);
+    return torch::where(is_medium, smoothed, scaled);
+  }
+  return inv_freq;  // ParseModelConfig rejects other types.
+}
+
+LlamaModel::LlamaModel(ModelConfig config, ModelOptions options)
+    : config_(std::move(config)), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir,
+                                                             const ModelOptions& options) {
+  ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(model_dir));
+  return FromCheckpoint(config, *checkpoint, options);
+}
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
+    const ModelConfig& config, const Checkpoint& checkpoint, const ModelOptions& options) {
+  if (options.dtype != torch::kFloat32 && options.dtype != torch::kBFloat16 &&
+      options.dtype != torch::kFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported model dtype ", DtypeName(options.dtype)));
+  }
+  if (config.head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: head_dim ", config.head_dim, " must be even for RoPE"));
+  }
+  if (options.threads > 0) at::set_num_threads(options.threads);
+  c10::InferenceMode inference_mode;
+
+  std::unique_ptr<LlamaModel> model(new LlamaModel(config, options));
+  const int64_t d = config.hidden_size;
+  const int64_t hd = config.head_dim;
+  const int64_t nh = config.num_attention_heads;
+  const int64_t nkv = config.num_key_value_heads;
+  const int64_t inter = config.intermediate_size;
+  model->max_context_ = config.max_context();
+
+  ASSIGN_OR_RETURN(model->embed_, LoadWeight(checkpoint, "model.embed_tokens.weight",
+                                             {config.vocab_size, d}, options));
+  ASSIGN_OR_RETURN(model->final_norm_, LoadWeight(checkpoint, "model.norm.weight", {d}, options));
+  if (config.tie_word_embeddings && !checkpoint.Has("lm_head.weight")) {
+    model->lm_head_ = model->embed_;
+  } else {
+    ASSIGN_OR_RETURN(model->lm_head_,
+                     LoadWeight(checkpoint, "lm_head.weight", {config.vocab_size, d}, options));
+  }
+
+  for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    Layer layer;
+    ASSIGN_OR_RETURN(layer.input_norm,
+                     LoadWeight(checkpoint, p + "input_layernorm.weight", {d}, options));
+    ASSIGN_OR_RETURN(torch::Tensor q,
+                     LoadWeight(checkpoint, p + "self_attn.q_proj.weight", {nh * hd, d}, options));
+    ASSIGN_OR_RETURN(torch::Tensor k,
+                     LoadWeight(checkpoint, p + "self_attn.k_proj.weight", {nkv * hd, d}, options));
+    ASSIGN_OR_RETURN(torch::Tensor v,
+                     LoadWeight(checkpoint, p + "self_attn.v_proj.weight", {nkv * hd, d}, options));
+    layer.qkv_proj = torch::cat({q, k, v}, 0).contiguous();
+    if (config.attention_bias) {
+      ASSIGN_OR_RETURN(torch::Tensor qb,
+                       LoadWeight(checkpoint, p + "self_attn.q_proj.bias", {nh * hd}, options));
+      ASSIGN_OR_RETURN(torch::Tensor kb,
+                       LoadWeight(checkpoint, p + "self_attn.k_proj.bias", {nkv * hd}, options));
+      ASSIGN_OR_RETURN(torch::Tensor vb,
+                       LoadWeight(checkpoint, p + "self_attn.v_proj.bias", {nkv * hd}, options));
+      layer.qkv_bias = torch::cat({qb, kb, vb}, 0).contiguous();
+    }
+    if (config.qk_norm) {
+      ASSIGN_OR_RETURN(layer.q_norm,
+                       LoadWeight(checkpoint, p + "self_attn.q_norm.weight", {hd}, options));
+      ASSIGN_OR_RETURN(layer.k_norm,
+                       LoadWeight(checkpoint, p + "self_attn.k_norm.weight", {hd}, options));
+    }
+    ASSIGN_OR_RETURN(layer.o_proj,
+                     LoadWeight(checkpoint, p + "self_attn.o_proj.weight", {d, nh * hd}, options));
+    ASSIGN_OR_RETURN(layer.post_norm,
+                     LoadWeight(checkpoint, p + "post_attention_layernorm.weight", {d}, options));
+    ASSIGN_OR_RETURN(torch::Tensor gate,
+                     LoadWeight(checkpoint, p + "mlp.gate_proj.weight", {inter, d}, options));
+    ASSIGN_OR_RETURN(torch::Tensor up,
+                     LoadWeight(checkpoint, p + "mlp.up_proj.weight", {inter, d}, options));
+    layer.gate_up_proj = torch::cat({gate, up}, 0).contiguous();
+    ASSIGN_OR_RETURN(layer.down_proj,
+                     LoadWeight(checkpoint, p + "mlp.down_proj.weight", {d, inter}, options));
+    model->weight_bytes_per_token_ += Bytes(layer.input_norm) + Bytes(layer.qkv_proj) +
+                                      Bytes(layer.qkv_bias) + Bytes(layer.q_norm) +
+                                      Bytes(layer.k_norm) + Bytes(layer.o_proj) +
+                                      Bytes(layer.post_norm) + Bytes(layer.gate_up_proj) +
+                                      Bytes(layer.down_proj);
+    model->layers_.push_back(std::move(layer));
+  }
+  model->weight_bytes_per_token_ += Bytes(model->final_norm_) + Bytes(model->lm_head_);
+
+  // RoPE tables for every position, in the model dtype (as Hugging Face casts
+  // cos/sin to the activations' dtype before rotating).
+  torch::Tensor inv_freq = RopeInverseFrequencies(config);
+  torch::Tensor pos = torch::arange(model->max_context_, torch::kInt64).to(torch::kFloat32);
+  torch::Tensor freqs = torch::outer(pos, inv_freq);
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  model->rope_cos_ = emb.cos().to(options.device, options.dtype).contiguous();
+  model->rope_sin_ = emb.sin().to(options.device, options.dtype).contiguous();
+  return model;
+}
+
+std::vector<LayerKv> LlamaModel::AllocateKv(int64_t capacity) const {
+  TORCH_CHECK(capacity > 0 && capacity <= max_context_, "KV capacity ", capacity,
+              " outside [1, ", max_context_, "]");
+  auto opts = torch::TensorOptions().dtype(options_.dtype).device(options_.device);
+  std::vector<LayerKv> kv;
+  kv.reserve(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    kv.push_back({torch::zeros({config_.num_key_value_heads, capacity, config_.head_dim}, opts),
+                  torch::zeros({config_.num_key_value_heads, capacity, config_.head_dim}, opts)});
+  }
+  return kv;
+}
+
+torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x, const torch::Tensor& weight) const {
+  // Hugging Face LlamaRMSNorm: normalize in float32, cast back, then scale.
+  torch::Tensor xf = x.to(torch::kFloat32);
+  torch::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
+  xf = xf * torch::rsqrt(var + config_.rms_norm_eps);
+  return weight * xf.to(x.scalar_type());
+}
+
+torch::Tensor LlamaModel::ApplyRope(const torch::Tensor& x, int64_t start_pos) const {
+  // x: [T, heads, head_dim]; rotate_half layout (first half / second half).
+  const int64_t t = x.size(0);
+  const int64_t half = config_.head_dim / 2;
+  torch::Tensor cos = rope_cos_.narrow(0, start_pos, t).unsqueeze(1);
+  torch::Tensor sin = rope_sin_.narrow(0, start_pos, t).unsqueeze(1);
+  torch::Tensor x1 = x.narrow(-1, 0, half);
+  torch::Tensor x2 = x.narrow(-1, half, half);
+  torch::Tensor rotated = torch::cat({-x2, x1}, -1);
+  return x * cos + rotated * sin;
+}
+
+torch::Tensor LlamaModel::Embed(const torch::Tensor& token_ids) const {
+  c10::InferenceMode guard;
+  return embed_.index_select(0, token_ids.to(options_.device, torch::kInt64));
+}
+
+torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h, int64_t start_pos,
+                                    LayerKv& kv) const {
+  c10::InferenceMode guard;
+  const Layer& layer = layers_[layer_index];
+  const int64_t t = h.size(0);
+  const int64_t hd = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads;
+  const int64_t nkv = config_.num_key_value_heads;
+  const int64_t group = nh / nkv;
+  const int64_t end = start_pos + t;
+  TORCH_CHECK(end <= kv.k.size(1), "attention past KV capacity: ", end, " > ", kv.k.size(1));
+
+  torch::Tensor x = RmsNorm(h, layer.input_norm);
+  torch::Tensor qkv = layer.qkv_bias.defined() ? torch::addmm(layer.qkv_bias, x, layer.qkv_proj.t())
+                                               : torch::mm(x, layer.qkv_proj.t());
+  torch::Tensor q = qkv.narrow(1, 0, nh * hd).view({t, nh, hd});
+  torch::Tensor k = qkv.narrow(1, nh * hd, nkv * hd).view({t, nkv, hd});
+  torch::Tensor v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd).view({t, nkv, hd});
+  if (layer.q_norm.defined()) {
+    q = RmsNorm(q, layer.q_norm);
+    k = RmsNorm(k, layer.k_norm);
+  }
+  q = ApplyRope(q, start_pos);
+  k = ApplyRope(k, start_pos);
+
+  // Write this step's K/V; the cache is [kv_heads, capacity, head_dim].
+  kv.k.narrow(1, start_pos, t).copy_(k.transpose(0, 1));
+  kv.v.narrow(1, start_pos, t).copy_(v.transpose(0, 1));
+  torch::Tensor keys = kv.k.narrow(1, 0, end);    // [KV, n, hd]
+  torch::Tensor values = kv.v.narrow(1, 0, end);  // [KV, n, hd]
+
+  // Grouped-query attention without repeating K/V: fold each KV head's query
+  // group and the T positions into one batch row block.
+  torch::Tensor qg = q.view({t, nkv, group, hd}).permute({1, 2, 0, 3}).reshape({nkv, group * t, hd});
+  torch::Tensor scores = torch::bmm(qg, keys.transpose(1, 2)).to(torch::kFloat32);
+  scores.mul_(1.0 / std::sqrt(static_cast<double>(hd)));
+  if (t > 1) {
+    // Query at position start_pos+i sees keys 0..start_pos+i.
+    auto opts = torch::TensorOptions().device(options_.device);
+    torch::Tensor qpos = torch::arange(start_pos, end, opts.dtype(torch::kInt64)).unsqueeze(1);
+    torch::Tensor kpos = torch::arange(0, end, opts.dtype(torch::kInt64)).unsqueeze(0);
+    torch::Tensor masked = (kpos > qpos);  // [T, n]
+    scores = scores.view({nkv, group, t, end}).masked_fill(masked, -INFINITY).view({nkv, group * t, end});
+  }
+  torch::Tensor probs = torch::softmax(scores, -1).to(options_.dtype);
+  torch::Tensor out = torch::bmm(probs, values);  // [KV, G*T, hd]
+  out = out.view({nkv, group, t, hd}).permute({2, 0, 1, 3}).reshape({t, nh * hd});
+  return h + torch::mm(out, layer.o_proj.t());
+}
+
+torch::Tensor LlamaModel::Mlp(int layer_index, const torch::Tensor& h) const {
+  c10::InferenceMode guard;
+  const Layer& layer = layers_[layer_index];
+  const int64_t inter = config_.intermediate_size;
+  torch::Tensor x = RmsNorm(h, layer.post_norm);
+  torch::Tensor gu = torch::mm(x, layer.gate_up_proj.t());
+  torch::Tensor act = torch::silu(gu.narrow(1, 0, inter)) * gu.narrow(1, inter, inter);
+  return h + torch::mm(act, layer.down_proj.t());
+}
+
+torch::Tensor LlamaModel::Logits(const torch::Tensor& h) const {
+  c10::InferenceMode guard;
+  torch::Tensor x = RmsNorm(h, final_norm_);
+  return torch::mm(x, lm_head_.t()).to(torch::kFloat32);
+}
+
+torch::Tensor LlamaModel::Forward(const torch::Tensor& token_ids, int64_t start_pos,
+                                  std::vector<LayerKv>& kv, int64_t num_logits) const {
+  c10::InferenceMode guard;
+  TORCH_CHECK(static_cast<int>(kv.size()) == num_layers(), "KV has ", kv.size(),
+              " layers, model has ", num_layers());
+  torch::Tensor h = Embed(token_ids);
+  for (int i = 0; i < num_layers(); ++i) {
+    h = Attention(i, h, start_pos, kv[i]);
+    h = Mlp(i, h);
+  }
+  const int64_t t = h.size(0);
+  if (num_logits >= 0 && num_logits < t) h = h.narrow(0, t - num_logits, num_logits);
+  return Logits(h);
+}
+
+torch::Tensor LlamaModel::Prefill(const torch::Tensor& token_ids, int64_t start_pos,
+                                  std::vector<LayerKv>& kv, int64_t chunk_size) const {
+  c10::InferenceMode guard;
+  TORCH_CHECK(chunk_size > 0, "chunk_size must be positive");
+  const int64_t n = token_ids.size(0);
+  TORCH_CHECK(n > 0, "Prefill needs at least one token");
+  torch::Tensor logits;
+  for (int64_t begin = 0; begin < n; begin += chunk_size) {
+    const int64_t len = std::min(chunk_size, n - begin);
+    const bool last = begin + len == n;
+    logits = Forward(token_ids.narrow(0, begin, len), start_pos + begin, kv, last ? 1 : 0);
+  }
+  return logits[0];
+}
+
+}  // namespace knapserve

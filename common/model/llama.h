@@ -1,0 +1,152 @@
+// LlamaModel: the Llama-family decoder (Llama 2/3, Mistral, Qwen2, Qwen3,
+// SmolLM) in LibTorch, with a sublayer-level API.
+//
+// A model with L layers is 2L sublayers in order: attention 0, MLP 0,
+// attention 1, ... Each sublayer includes its own RMSNorm and its residual add,
+// so a caller can run any subset of them in order (the self-speculative draft
+// skips some) and the full model is simply all of them:
+//
+//   h = Embed(ids)
+//   for i in 0..L-1: h = Attention(i, h, start, kv[i]); h = Mlp(i, h)
+//   logits = Logits(h)
+//
+// Hidden states are [T, hidden] tensors (one sequence, T new positions) in the
+// model's dtype on the model's device; logits are always float32.
+//
+// Ownership: the model owns its weights (copied out of the checkpoint into the
+// requested dtype and device; the checkpoint is closed after Load). K/V storage
+// is owned by the caller (see AllocateKv and executor/kv_cache.h), so many
+// sequences can share one model.
+//
+// Thread safety: a loaded model is immutable; all const methods may be called
+// from several threads at once as long as each thread passes its own KV
+// storage. Torch's intra-op thread count is process-wide (ModelOptions.threads).
+#ifndef KNAPSERVE_COMMON_MODEL_LLAMA_H_
+#define KNAPSERVE_COMMON_MODEL_LLAMA_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_config.h"
+
+namespace knapserve {
+
+class Checkpoint;
+
+// How to materialize a model. Like LibTorch's options structs: set what you
+// need, the rest keeps its default.
+struct ModelOptions {
+  torch::Device device = torch::kCPU;
+  torch::ScalarType dtype = torch::kFloat32;  // kFloat32, kBFloat16 or kFloat16
+  // Torch intra-op threads for this process; 0 leaves the current setting.
+  int threads = 0;
+};
+
+// Parses "fp32" / "float32", "bf16" / "bfloat16", "fp16" / "float16".
+absl::StatusOr<torch::ScalarType> ParseDtype(const std::string& name);
+// "fp32", "bf16" or "fp16".
+std::string DtypeName(torch::ScalarType dtype);
+// Parses "cpu", "cuda", "cuda:N". Errors if CUDA is asked for but unavailable.
+absl::StatusOr<torch::Device> ParseDevice(const std::string& name);
+
+// One layer's preallocated K/V storage, each [num_kv_heads, capacity, head_dim]
+// in the model's dtype and device. Position p of the sequence lives at index p.
+struct LayerKv {
+  torch::Tensor k;
+  torch::Tensor v;
+};
+
+class LlamaModel {
+ public:
+  // Loads config.json (+ generation_config.json) and the safetensors weights
+  // from `model_dir`. Errors name the file and the problem: a missing or
+  // misshapen tensor, an unsupported model_type or dtype.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
+                                                          const ModelOptions& options);
+  // Same, from an already parsed config and an open checkpoint.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> FromCheckpoint(const ModelConfig& config,
+                                                                    const Checkpoint& checkpoint,
+                                                                    const ModelOptions& options);
+
+  LlamaModel(const LlamaModel&) = delete;
+  LlamaModel& operator=(const LlamaModel&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  int num_sublayers() const { return 2 * num_layers(); }
+  // The longest sequence (prompt + generated) this model accepts.
+  int64_t max_context() const { return max_context_; }
+  torch::Device device() const { return options_.device; }
+  torch::ScalarType dtype() const { return options_.dtype; }
+  // Bytes of weights one decode step reads (all layers, final norm, LM head).
+  int64_t weight_bytes_per_token() const { return weight_bytes_per_token_; }
+
+  // K/V storage for `capacity` positions (capacity <= max_context()), one
+  // entry per layer, zero-filled.
+  std::vector<LayerKv> AllocateKv(int64_t capacity) const;
+
+  // ---- Sublayer API ----
+  // [T] int64 token ids (any device) -> [T, hidden].
+  torch::Tensor Embed(const torch::Tensor& token_ids) const;
+  // Attention sublayer `layer`: h + o_proj(attn(rmsnorm(h))). The T rows of h
+  // are positions start_pos .. start_pos+T-1. Writes their K/V into `kv` and
+  // attends causally over positions [0, start_pos+T) of `kv`.
+  torch::Tensor Attention(int layer, const torch::Tensor& h, int64_t start_pos,
+                          LayerKv& kv) const;
+  // MLP sublayer `layer`: h + down(silu(gate(x)) * up(x)), x = rmsnorm(h).
+  torch::Tensor Mlp(int layer, const torch::Tensor& h) const;
+  // Final RMSNorm and LM head: [T, hidden] -> float32 [T, vocab].
+  torch::Tensor Logits(const torch::Tensor& h) const;
+
+  // ---- Whole-model passes ----
+  // Runs every sublayer over `token_ids` ([T] int64) at positions
+  // start_pos.. and returns float32 logits for the last `num_logits` rows
+  // (all rows if num_logits < 0). `kv` must hold start_pos+T positions.
+  torch::Tensor Forward(const torch::Tensor& token_ids, int64_t start_pos,
+                        std::vector<LayerKv>& kv, int64_t num_logits = -1) const;
+  // Forward in chunks of at most `chunk_size` positions (bounds the attention
+  // score memory for long prompts); returns the last position's logits [vocab].
+  torch::Tensor Prefill(const torch::Tensor& token_ids, int64_t start_pos,
+                        std::vector<LayerKv>& kv, int64_t chunk_size = 512) const;
+
+ private:
+  struct Layer {
+    torch::Tensor input_norm;   // [hidden]
+    torch::Tensor qkv_proj;     // [(H + 2*KV) * head_dim, hidden]: q, k, v rows fused
+    torch::Tensor qkv_bias;     // [(H + 2*KV) * head_dim] or undefined
+    torch::Tensor q_norm;       // [head_dim] (qwen3) or undefined
+    torch::Tensor k_norm;       // [head_dim] (qwen3) or undefined
+    torch::Tensor o_proj;       // [hidden, H * head_dim]
+    torch::Tensor post_norm;    // [hidden]
+    torch::Tensor gate_up_proj; // [2 * intermediate, hidden]: gate rows then up rows
+    torch::Tensor down_proj;    // [hidden, intermediate]
+  };
+
+  LlamaModel(ModelConfig config, ModelOptions options);
+  torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight) const;
+  torch::Tensor ApplyRope(const torch::Tensor& x, int64_t start_pos) const;
+
+  ModelConfig config_;
+  ModelOptions options_;
+  int64_t max_context_ = 0;
+  int64_t weight_bytes_per_token_ = 0;
+  torch::Tensor embed_;     // [vocab, hidden]
+  torch::Tensor final_norm_;
+  torch::Tensor lm_head_;   // [vocab, hidden]; aliases embed_ when tied
+  torch::Tensor rope_cos_;  // [max_context, head_dim] in the model dtype
+  torch::Tensor rope_sin_;
+  std::vector<Layer> layers_;
+};
+
+// The inverse frequencies RoPE uses for `config` ([head_dim / 2] float32),
+// including rope_scaling (llama3, linear). Exposed for tests.
+torch::Tensor RopeInverseFrequencies(const ModelConfig& config);
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_COMMON_MODEL_LLAMA_H_

@@ -1,0 +1,75 @@
+#include "tests/testing/test_models.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/shared_data.h"
+#include "tools/make_model.h"
+
+namespace knapserve::testing {
+namespace {
+
+std::mutex mu;
+std::vector<std::string>* temp_dirs = nullptr;
+
+void RemoveTempDirs() {
+  std::lock_guard<std::mutex> lock(mu);
+  if (temp_dirs == nullptr) return;
+  std::error_code ec;
+  for (const std::string& dir : *temp_dirs) std::filesystem::remove_all(dir, ec);
+}
+
+}  // namespace
+
+std::string MakeTempDir(const std::string& prefix) {
+  std::string base = std::filesystem::temp_directory_path().string();
+  std::string pattern = absl::StrCat(base, "/knapserve_", prefix, "_XXXXXX");
+  std::vector<char> buffer(pattern.begin(), pattern.end());
+  buffer.push_back('\0');
+  const char* made = mkdtemp(buffer.data());
+  if (made == nullptr) {
+    ADD_FAILURE() << "mkdtemp failed for " << pattern;
+    return "";
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (temp_dirs == nullptr) {
+    temp_dirs = new std::vector<std::string>();
+    std::atexit(RemoveTempDirs);
+  }
+  temp_dirs->push_back(made);
+  return made;
+}
+
+std::string RandomModelDir(const std::string& shape, uint64_t seed, const std::string& dtype) {
+  static std::map<std::string, std::string>* cache = new std::map<std::string, std::string>();
+  const std::string key = absl::StrCat(shape, "/", seed, "/", dtype);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache->find(key);
+    if (it != cache->end()) return it->second;
+  }
+  MakeModelOptions options;
+  options.shape = shape;
+  options.seed = seed;
+  options.dtype = dtype;
+  options.out_dir = MakeTempDir("model");
+  absl::Status status = MakeModel(options);
+  if (!status.ok()) {
+    ADD_FAILURE() << "make-model " << shape << ": " << status;
+    return "";
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  (*cache)[key] = options.out_dir;
+  return options.out_dir;
+}
+
+std::string Stories260kDir() { return SharedPath("models/stories260k"); }
+
+}  // namespace knapserve::testing

@@ -1,0 +1,24 @@
+// Test fixtures shared by the test binaries: temporary folders and
+// random-weight models written once per process by make-model.
+#ifndef KNAPSERVE_TESTS_TESTING_TEST_MODELS_H_
+#define KNAPSERVE_TESTS_TESTING_TEST_MODELS_H_
+
+#include <string>
+
+namespace knapserve::testing {
+
+// A fresh, empty temporary folder under $TMPDIR (removed at process exit).
+std::string MakeTempDir(const std::string& prefix);
+
+// The folder of a make-model checkpoint of `shape` in fp32 with `seed`,
+// written on first use and reused for the rest of the process. Fails the
+// current test (ADD_FAILURE) and returns "" if make-model fails.
+std::string RandomModelDir(const std::string& shape, uint64_t seed = 0,
+                           const std::string& dtype = "fp32");
+
+// <shared>/models/stories260k.
+std::string Stories260kDir();
+
+}  // namespace knapserve::testing
+
+#endif  // KNAPSERVE_TESTS_TESTING_TEST_MODELS_H_

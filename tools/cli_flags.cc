@@ -1,0 +1,92 @@
+#include "tools/cli_flags.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/shared_data.h"
+#include "common/status.h"
+
+ABSL_FLAG(std::string, model, "",
+          "Model folder (config.json, safetensors, tokenizer.json). Default: $KNAPSERVE_MODEL, "
+          "else <shared>/models/stories260k, <shared> = $KNAPSERVE_SHARED or ../shared.");
+ABSL_FLAG(std::string, prompt, "", "generate: the prompt text (BOS is added as the model's "
+                                   "tokenizer says).");
+ABSL_FLAG(std::string, text, "", "tokenize: the text to encode.");
+ABSL_FLAG(int64_t, max_new_tokens, 128, "generate/bench: tokens to generate at most.");
+ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy.");
+ABSL_FLAG(int64_t, top_k, 0, "Top-k filter; 0 = off.");
+ABSL_FLAG(double, top_p, 1.0, "Nucleus (top-p) filter; 1 = off.");
+ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
+          "Sampling seed (same seed, same output); unset = random, reported in --json.");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop strings.");
+ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the model's EOS tokens.");
+ABSL_FLAG(std::string, dtype, "fp32", "Compute dtype: fp32, bf16 or fp16 (fp16: CUDA only).");
+ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N.");
+ABSL_FLAG(int32_t, threads, 0, "Torch intra-op threads; 0 = one per core.");
+ABSL_FLAG(bool, json, false, "Print one JSON object with ids, text and timings instead of text.");
+ABSL_FLAG(std::string, shape, "", "make-model: the model shape (see `knapserve make-model`).");
+ABSL_FLAG(std::string, out, "", "make-model: output folder; profile: output file.");
+ABSL_FLAG(std::string, tokenizer, "",
+          "make-model: a tokenizer.json to copy into the new model (default: a synthetic "
+          "byte-level one, or the shared SmolLM tokenizer for smollm2-135m).");
+ABSL_FLAG(std::string, prompts, "",
+          "bench: a Spec-Bench style JSONL prompt file (default "
+          "<shared>/bench/spec_bench/question.jsonl).");
+ABSL_FLAG(int32_t, num_prompts, 8, "bench: prompts to run (spread over the categories).");
+ABSL_FLAG(int64_t, min_prompt_tokens, 0,
+          "bench: repeat each prompt's text until it has at least this many tokens (long-context "
+          "runs).");
+ABSL_FLAG(int32_t, repeats, 1, "bench: runs per prompt (the median is reported).");
+
+namespace knapserve {
+
+std::string ModelDirFromFlags() {
+  std::string dir = absl::GetFlag(FLAGS_model);
+  if (!dir.empty()) return dir;
+  if (const char* env = std::getenv("KNAPSERVE_MODEL"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  return SharedPath("models/stories260k");
+}
+
+absl::StatusOr<Engine> LoadEngineFromFlags() {
+  ModelOptions options;
+  ASSIGN_OR_RETURN(options.dtype, ParseDtype(absl::GetFlag(FLAGS_dtype)));
+  ASSIGN_OR_RETURN(options.device, ParseDevice(absl::GetFlag(FLAGS_device)));
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
+  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  options.threads = threads;
+  Engine engine;
+  engine.model_dir = ModelDirFromFlags();
+  ASSIGN_OR_RETURN(engine.model, LlamaModel::Load(engine.model_dir, options));
+  ASSIGN_OR_RETURN(engine.tokenizer, Tokenizer::FromFile(engine.model_dir + "/tokenizer.json"));
+  return engine;
+}
+
+absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t> prompt_ids) {
+  GenerationRequest request;
+  request.prompt_ids = std::move(prompt_ids);
+  request.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  request.sampling.temperature = absl::GetFlag(FLAGS_temperature);
+  request.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  request.sampling.top_p = absl::GetFlag(FLAGS_top_p);
+  request.sampling.seed = absl::GetFlag(FLAGS_seed);
+  request.stop_strings = absl::GetFlag(FLAGS_stop);
+  request.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  return request;
+}
+
+int ExitCode(const absl::Status& status, const char* command) {
+  if (status.ok()) return 0;
+  std::cerr << "knapserve " << command << ": " << status << std::endl;
+  return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+}  // namespace knapserve

@@ -1,0 +1,70 @@
+// Flags of the knapserve command line, shared by its subcommands, and the
+// helpers that turn them into engine objects.
+//
+// Flags are process-global (Abseil); each subcommand reads only those that
+// apply to it, and its --help text says which. Paths of ../shared are never
+// hard-coded: the model defaults to $KNAPSERVE_MODEL, else
+// <shared>/models/stories260k, with <shared> from $KNAPSERVE_SHARED (default
+// ../shared).
+#ifndef KNAPSERVE_TOOLS_CLI_FLAGS_H_
+#define KNAPSERVE_TOOLS_CLI_FLAGS_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/statusor.h"
+#include "common/model/llama.h"
+#include "common/tokenizer.h"
+#include "executor/generator.h"
+
+ABSL_DECLARE_FLAG(std::string, model);
+ABSL_DECLARE_FLAG(std::string, prompt);
+ABSL_DECLARE_FLAG(std::string, text);
+ABSL_DECLARE_FLAG(int64_t, max_new_tokens);
+ABSL_DECLARE_FLAG(double, temperature);
+ABSL_DECLARE_FLAG(int64_t, top_k);
+ABSL_DECLARE_FLAG(double, top_p);
+ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
+ABSL_DECLARE_FLAG(std::vector<std::string>, stop);
+ABSL_DECLARE_FLAG(bool, ignore_eos);
+ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(std::string, device);
+ABSL_DECLARE_FLAG(int32_t, threads);
+ABSL_DECLARE_FLAG(bool, json);
+ABSL_DECLARE_FLAG(std::string, shape);
+ABSL_DECLARE_FLAG(std::string, out);
+ABSL_DECLARE_FLAG(std::string, tokenizer);
+ABSL_DECLARE_FLAG(std::string, prompts);
+ABSL_DECLARE_FLAG(int32_t, num_prompts);
+ABSL_DECLARE_FLAG(int64_t, min_prompt_tokens);
+ABSL_DECLARE_FLAG(int32_t, repeats);
+
+namespace knapserve {
+
+// The model folder: --model, else $KNAPSERVE_MODEL, else the shared stories260k.
+std::string ModelDirFromFlags();
+
+// A loaded model and its tokenizer.
+struct Engine {
+  std::unique_ptr<LlamaModel> model;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::string model_dir;
+};
+
+// Loads the model (--model, --dtype, --device, --threads) and tokenizer.json.
+absl::StatusOr<Engine> LoadEngineFromFlags();
+
+// The generation request the flags describe, for already tokenized prompt ids.
+absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t> prompt_ids);
+
+// Prints a failed status as "knapserve <command>: <status>" to stderr and
+// returns the exit code: 0 for OK, 2 for InvalidArgument (bad usage), else 1.
+int ExitCode(const absl::Status& status, const char* command);
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_TOOLS_CLI_FLAGS_H_

@@ -1,0 +1,59 @@
+// `knapserve generate`: local generation, streamed to stdout or as one JSON.
+#include <iostream>
+
+#include <nlohmann/json.hpp>
+
+#include "absl/flags/flag.h"
+#include "common/status.h"
+#include "tools/cli_flags.h"
+#include "tools/commands.h"
+
+namespace knapserve {
+namespace {
+
+absl::Status Generate() {
+  ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
+  ASSIGN_OR_RETURN(std::vector<int32_t> prompt_ids,
+                   engine.tokenizer->Encode(absl::GetFlag(FLAGS_prompt),
+                                            /*add_special_tokens=*/true));
+  ASSIGN_OR_RETURN(GenerationRequest request, GenerationRequestFromFlags(prompt_ids));
+  const bool json = absl::GetFlag(FLAGS_json);
+  StreamCallback stream = nullptr;
+  if (!json) {
+    stream = [](absl::Span<const int32_t>, std::string_view text) {
+      std::cout << text << std::flush;
+      return true;
+    };
+  }
+  ASSIGN_OR_RETURN(GenerationResult result,
+                   knapserve::Generate(*engine.model, *engine.tokenizer, request, stream));
+  if (!json) {
+    std::cout << std::endl;
+    return absl::OkStatus();
+  }
+  nlohmann::json out = {
+      {"model", engine.model_dir},
+      {"dtype", DtypeName(engine.model->dtype())},
+      {"prompt_ids", prompt_ids},
+      {"output_ids", result.output_ids},
+      {"text", result.text},
+      {"finish_reason", FinishReasonName(result.finish_reason)},
+      {"seed", result.seed},
+      {"prompt_tokens", result.stats.prompt_tokens},
+      {"completion_tokens", result.stats.completion_tokens},
+      {"prefill_seconds", result.stats.prefill_seconds},
+      {"decode_seconds", result.stats.decode_seconds},
+      {"total_seconds", result.stats.total_seconds},
+      {"prefill_tokens_per_s", result.stats.prefill_tokens_per_second()},
+      {"decode_tokens_per_s", result.stats.decode_tokens_per_second()},
+  };
+  if (!result.matched_stop.empty()) out["stop"] = result.matched_stop;
+  std::cout << out.dump() << std::endl;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunGenerate() { return ExitCode(Generate(), "generate"); }
+
+}  // namespace knapserve

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs the Debian packages knapserve needs (when missing), then configures
+# and builds it in ./build (Release). Safe to run again: it only installs what
+# is missing and rebuilds what changed.
+#
+#   tools/setup.sh            # packages + configure + build
+#   BUILD_DIR=out tools/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config ccache git
+  libtorch-dev libopenblas0-pthread
+  libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
+  python3 python3-grpcio
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# OpenBLAS instead of the reference BLAS: fp32 GEMM is ~30x faster here.
+if [ -e /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 ] && command -v update-alternatives >/dev/null; then
+  current=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/{print $2}')
+  case "$current" in
+    *openblas*) ;;
+    *) SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+       $SUDO update-alternatives --set libblas.so.3-x86_64-linux-gnu \
+         /usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3 || true ;;
+  esac
+fi
+
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-$(nproc)}
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+fi
+cmake --build "$BUILD_DIR" -j "$JOBS"
