@@ -3,11 +3,13 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <optional>
 #include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/layer_mask.h"
 #include "executor/kv_cache.h"
 
 namespace knapserve {
@@ -31,6 +33,17 @@ std::string FinishReasonName(FinishReason reason) {
       return "aborted";
   }
   return "unknown";
+}
+
+std::string SpeculationModeName(SpeculationMode mode) {
+  return mode == SpeculationMode::kStatic ? "static" : "off";
+}
+
+absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name) {
+  if (name == "off") return SpeculationMode::kOff;
+  if (name == "static") return SpeculationMode::kStatic;
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec: unknown speculation mode '", name, "' (supported: off, static)"));
 }
 
 double GenerationStats::prefill_tokens_per_second() const {
@@ -68,6 +81,21 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request, const L
   }
   for (const std::string& stop : request.stop_strings) {
     if (stop.empty()) return absl::InvalidArgumentError("stop: empty stop string");
+  }
+  const SpeculationConfig& spec = request.speculation;
+  if (spec.mode != SpeculationMode::kOff) {
+    if (spec.max_draft < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("max_draft: must be >= 1 with speculation on, got ", spec.max_draft));
+    }
+    if (!(spec.exit_threshold >= 0.0 && spec.exit_threshold <= 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("exit_threshold: must be in [0, 1], got ", spec.exit_threshold));
+    }
+    if (spec.plan_interval < 1 || spec.reference_steps < 1) {
+      return absl::InvalidArgumentError("plan_interval and reference_steps: must be >= 1");
+    }
+    RETURN_IF_ERROR(LayerMask::Parse(spec.skip, model.num_layers()).status());
   }
   return Annotate(ValidateSamplingParams(request.sampling), "sampling");
 }
@@ -125,34 +153,69 @@ std::string TextStream::Finish() {
 
 absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
                                           const GenerationRequest& request,
-                                          const StreamCallback& on_tokens) {
+                                          const StreamCallback& on_tokens,
+                                          const ReferenceCallback& on_reference) {
   RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
+  const SpeculationConfig& spec = request.speculation;
+  LayerMask mask(model.num_layers());
+  if (spec.mode == SpeculationMode::kStatic) {
+    ASSIGN_OR_RETURN(mask, LayerMask::Parse(spec.skip, model.num_layers()));
+  }
   c10::InferenceMode inference_mode;
   const auto start = std::chrono::steady_clock::now();
 
   const int64_t prompt_len = static_cast<int64_t>(request.prompt_ids.size());
-  // The sequence may grow to the context limit; the KV cache never needs more.
-  const int64_t capacity = std::min(model.max_context(), prompt_len + request.max_new_tokens);
-  KvCache cache(model, capacity);
+  // Output stops at max_new_tokens or when prompt + output fills the context.
+  const int64_t limit = std::min(request.max_new_tokens, model.max_context() - prompt_len);
+  // Every position a step feeds is below prompt_len + limit, drafts included.
+  KvCache cache(model, prompt_len + limit);
   Sampler sampler(request.sampling);
   TextStream stream(tokenizer, request.prompt_ids, request.stop_strings);
+  const int gamma = spec.mode == SpeculationMode::kOff ? 0 : spec.max_draft;
+  SpeculativeDecoder decoder(model, cache, sampler, mask, gamma, spec.exit_threshold);
+  ReferenceStateCollector collector(spec.plan_interval, spec.reference_steps);
 
   GenerationResult result;
   result.seed = sampler.seed();
+  result.mask = spec.mode == SpeculationMode::kOff ? "" : mask.ToString();
   result.stats.prompt_tokens = prompt_len;
 
   const std::vector<int32_t>& eos = model.config().eos_token_ids;
-  auto is_end_id = [&](int32_t id, FinishReason* reason) {
+  auto end_reason = [&](int32_t id) -> std::optional<FinishReason> {
     if (!request.ignore_eos && std::find(eos.begin(), eos.end(), id) != eos.end()) {
-      *reason = FinishReason::kEos;
-      return true;
+      return FinishReason::kEos;
     }
     if (std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), id) !=
         request.stop_token_ids.end()) {
-      *reason = FinishReason::kStopSequence;
-      return true;
+      return FinishReason::kStopSequence;
     }
-    return false;
+    return std::nullopt;
+  };
+
+  // Commits `tokens` one by one; returns true when generation is over.
+  auto commit = [&](const std::vector<int32_t>& tokens) -> absl::StatusOr<bool> {
+    const size_t first_new = result.output_ids.size();
+    std::string text;
+    std::optional<FinishReason> reason;
+    for (int32_t id : tokens) {
+      result.output_ids.push_back(id);
+      ASSIGN_OR_RETURN(std::string piece, stream.Push(id));
+      text += piece;
+      reason = end_reason(id);
+      if (stream.stopped()) reason = FinishReason::kStopSequence;
+      if (!reason && static_cast<int64_t>(result.output_ids.size()) >= limit) {
+        reason = FinishReason::kLength;
+      }
+      if (reason) break;
+    }
+    if (reason) text += stream.Finish();
+    const size_t added = result.output_ids.size() - first_new;
+    if (on_tokens &&
+        !on_tokens(absl::MakeConstSpan(result.output_ids.data() + first_new, added), text)) {
+      reason = FinishReason::kAborted;
+    }
+    if (reason) result.finish_reason = *reason;
+    return reason.has_value();
   };
 
   torch::Tensor prompt = torch::tensor(
@@ -160,46 +223,30 @@ absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokeniz
   torch::Tensor logits =
       model.Prefill(prompt, /*start_pos=*/0, cache.layers(), request.prefill_chunk);
   cache.Commit(prompt_len);
+  const int32_t first = sampler.Sample(logits);
+  result.stats.prefill_seconds = SecondsSince(start);
+  const auto decode_start = std::chrono::steady_clock::now();
 
-  std::chrono::steady_clock::time_point decode_start;
-  while (true) {
-    const int32_t next = sampler.Sample(logits);
-    if (result.output_ids.empty()) {
-      result.stats.prefill_seconds = SecondsSince(start);
-      decode_start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(bool done, commit({first}));
+  for (int64_t step = 0; !done; ++step) {
+    const int64_t remaining = limit - static_cast<int64_t>(result.output_ids.size());
+    const bool capture = on_reference != nullptr && collector.Wants(step);
+    StepResult out = decoder.Step(result.output_ids.back(), remaining, capture);
+    ++result.stats.steps;
+    if (capture) {
+      std::optional<ReferenceStates> snapshot = collector.Add(step, out, cache.length());
+      if (snapshot) on_reference(std::move(*snapshot));
     }
-    result.output_ids.push_back(next);
-    ASSIGN_OR_RETURN(std::string text, stream.Push(next));
-    FinishReason reason = FinishReason::kLength;
-    bool done = is_end_id(next, &reason);
-    if (stream.stopped()) {
-      done = true;
-      reason = FinishReason::kStopSequence;
-    }
-    if (!done && (static_cast<int64_t>(result.output_ids.size()) >= request.max_new_tokens ||
-                  prompt_len + static_cast<int64_t>(result.output_ids.size()) >=
-                      model.max_context())) {
-      done = true;
-      reason = FinishReason::kLength;
-    }
-    if (done) text += stream.Finish();
-    if (on_tokens && !on_tokens(absl::MakeConstSpan(&result.output_ids.back(), 1), text)) {
-      done = true;
-      reason = FinishReason::kAborted;
-    }
-    if (done) {
-      result.finish_reason = reason;
-      break;
-    }
-    torch::Tensor input = torch::tensor({static_cast<int64_t>(next)}, torch::kInt64);
-    logits = model.Forward(input, cache.length(), cache.layers(), /*num_logits=*/1)[0];
-    cache.Commit(cache.length() + 1);
+    ASSIGN_OR_RETURN(done, commit(out.tokens));
   }
   result.text = stream.emitted();
   if (stream.matched_stop().has_value()) result.matched_stop = *stream.matched_stop();
+  result.speculation = decoder.stats();
   result.stats.completion_tokens = static_cast<int64_t>(result.output_ids.size());
   result.stats.decode_seconds = SecondsSince(decode_start);
   result.stats.total_seconds = SecondsSince(start);
+  result.stats.draft_seconds = result.speculation.draft_seconds;
+  result.stats.verify_seconds = result.speculation.verify_seconds;
   return result;
 }
 

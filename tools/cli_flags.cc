@@ -43,6 +43,17 @@ ABSL_FLAG(int64_t, min_prompt_tokens, 0,
           "bench: repeat each prompt's text until it has at least this many tokens (long-context "
           "runs).");
 ABSL_FLAG(int32_t, repeats, 1, "bench: runs per prompt (the median is reported).");
+ABSL_FLAG(std::string, spec, "off",
+          "Speculation mode: off (autoregressive) or static (draft with the --skip mask).");
+ABSL_FLAG(std::string, skip, "",
+          "Layer mask of the draft: skipped sublayers, e.g. a3,m3,m7 (aN attention, mN MLP of "
+          "layer N, 0-based).");
+ABSL_FLAG(int32_t, max_draft, 5, "Draft tokens per speculation step at most (gamma).");
+ABSL_FLAG(double, exit_threshold, 0.7,
+          "Stop drafting when the draft's top-1 probability falls below this.");
+ABSL_FLAG(int64_t, plan_interval, 64, "Decode steps between plan boundaries (T).");
+ABSL_FLAG(int64_t, reference_steps, 5,
+          "Verification steps whose hidden states are kept after each plan boundary (m).");
 
 namespace knapserve {
 
@@ -80,6 +91,12 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t
   request.sampling.seed = absl::GetFlag(FLAGS_seed);
   request.stop_strings = absl::GetFlag(FLAGS_stop);
   request.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  ASSIGN_OR_RETURN(request.speculation.mode, ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
+  request.speculation.skip = absl::GetFlag(FLAGS_skip);
+  request.speculation.max_draft = absl::GetFlag(FLAGS_max_draft);
+  request.speculation.exit_threshold = absl::GetFlag(FLAGS_exit_threshold);
+  request.speculation.plan_interval = absl::GetFlag(FLAGS_plan_interval);
+  request.speculation.reference_steps = absl::GetFlag(FLAGS_reference_steps);
   return request;
 }
 

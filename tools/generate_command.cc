@@ -48,6 +48,20 @@ absl::Status Generate() {
       {"decode_tokens_per_s", result.stats.decode_tokens_per_second()},
   };
   if (!result.matched_stop.empty()) out["stop"] = result.matched_stop;
+  out["spec"] = SpeculationModeName(request.speculation.mode);
+  out["mask"] = result.mask;
+  out["max_draft"] = request.speculation.max_draft;
+  out["draft_seconds"] = result.stats.draft_seconds;
+  out["verify_seconds"] = result.stats.verify_seconds;
+  out["waiting_seconds"] = result.stats.waiting_seconds;
+  out["steps"] = result.stats.steps;
+  const SpeculationStats& s = result.speculation;
+  out["speculation"] = {{"drafts", s.drafts},
+                        {"draft_tokens", s.draft_tokens},
+                        {"accepted_tokens", s.accepted_tokens},
+                        {"accepted_per_position", s.accepted_per_position},
+                        {"acceptance_rate", s.acceptance_rate()},
+                        {"mean_acceptance_length", s.mean_acceptance_length()}};
   std::cout << out.dump() << std::endl;
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
+#include <torch/cuda.h>
 
 #include <cmath>
 #include <utility>
@@ -305,15 +306,34 @@ torch::Tensor LlamaModel::Logits(const torch::Tensor& h) const {
 
 torch::Tensor LlamaModel::Forward(const torch::Tensor& token_ids, int64_t start_pos,
                                   std::vector<LayerKv>& kv, int64_t num_logits) const {
+  ForwardOptions options;
+  options.num_logits = num_logits;
+  return Forward(token_ids, start_pos, kv, options);
+}
+
+torch::Tensor LlamaModel::Forward(const torch::Tensor& token_ids, int64_t start_pos,
+                                  std::vector<LayerKv>& kv, const ForwardOptions& options) const {
   c10::InferenceMode guard;
   TORCH_CHECK(static_cast<int>(kv.size()) == num_layers(), "KV has ", kv.size(),
               " layers, model has ", num_layers());
+  const LayerMask* skip = options.skip;
+  TORCH_CHECK(skip == nullptr || skip->num_layers() == num_layers(), "mask has ",
+              skip == nullptr ? 0 : skip->num_layers(), " layers, model has ", num_layers());
   torch::Tensor h = Embed(token_ids);
-  for (int i = 0; i < num_layers(); ++i) {
-    h = Attention(i, h, start_pos, kv[i]);
-    h = Mlp(i, h);
+  std::vector<torch::Tensor> boundaries;
+  if (options.boundary_states != nullptr) {
+    boundaries.reserve(num_sublayers() + 1);
+    boundaries.push_back(h);
   }
+  for (int i = 0; i < num_layers(); ++i) {
+    if (skip == nullptr || !skip->skip_attention(i)) h = Attention(i, h, start_pos, kv[i]);
+    if (options.boundary_states != nullptr) boundaries.push_back(h);
+    if (skip == nullptr || !skip->skip_mlp(i)) h = Mlp(i, h);
+    if (options.boundary_states != nullptr) boundaries.push_back(h);
+  }
+  if (options.boundary_states != nullptr) *options.boundary_states = torch::stack(boundaries);
   const int64_t t = h.size(0);
+  const int64_t num_logits = options.num_logits;
   if (num_logits >= 0 && num_logits < t) h = h.narrow(0, t - num_logits, num_logits);
   return Logits(h);
 }

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/layer_mask.h"
 #include "common/model_config.h"
 
 namespace knapserve {
@@ -59,6 +60,19 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& name);
 struct LayerKv {
   torch::Tensor k;
   torch::Tensor v;
+};
+
+// Options of one whole-model pass (LlamaModel::Forward).
+struct ForwardOptions {
+  // Sublayers to skip (the self-speculative draft); nullptr runs all of them.
+  // A skipped attention sublayer computes nothing and writes no K/V.
+  const LayerMask* skip = nullptr;
+  // Logits for the last `num_logits` rows only; < 0 means all rows.
+  int64_t num_logits = -1;
+  // If set, receives the hidden states at all 2L+1 sublayer boundaries
+  // (0 = embeddings, 2i+1 = after attention i, 2i+2 = after MLP i) as one
+  // [2L+1, T, hidden] tensor in the model dtype.
+  torch::Tensor* boundary_states = nullptr;
 };
 
 class LlamaModel {
@@ -109,6 +123,9 @@ class LlamaModel {
   // (all rows if num_logits < 0). `kv` must hold start_pos+T positions.
   torch::Tensor Forward(const torch::Tensor& token_ids, int64_t start_pos,
                         std::vector<LayerKv>& kv, int64_t num_logits = -1) const;
+  // The same with a layer mask and/or boundary-state capture.
+  torch::Tensor Forward(const torch::Tensor& token_ids, int64_t start_pos,
+                        std::vector<LayerKv>& kv, const ForwardOptions& options) const;
   // Forward in chunks of at most `chunk_size` positions (bounds the attention
   // score memory for long prompts); returns the last position's logits [vocab].
   torch::Tensor Prefill(const torch::Tensor& token_ids, int64_t start_pos,

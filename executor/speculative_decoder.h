@@ -1,0 +1,96 @@
+// SpeculativeDecoder: one decode step of lossless self-speculative decoding
+// for one sequence (DESIGN.md sections 1 and 4).
+//
+// A step starts from the sequence's committed KV cache (positions
+// [0, n)) and `last`, the newest generated token, which is not in the cache
+// yet. It
+//   1. drafts up to gamma tokens autoregressively with the masked sub-network
+//      (skipped sublayers compute nothing; a skipped attention writes no K/V),
+//      stopping early when the draft's top-1 probability falls below the exit
+//      threshold;
+//   2. verifies [last, drafts...] with ONE full-model forward, which
+//      overwrites those positions' K/V in every layer;
+//   3. accepts: greedy keeps the longest prefix of drafts equal to the
+//      target's argmax plus the target's token at the first mismatch (or a
+//      bonus token after a full accept); sampling uses speculative rejection
+//      sampling (accept with min(1, p/q), resample from norm(max(0, p - q)),
+//      bonus from p), so the output distribution is exactly the target's;
+//   4. rolls the cache back by moving its length (no copy).
+// With gamma 0 (or an empty budget) a step is a plain autoregressive step.
+//
+// Ownership: the decoder borrows the model, cache and sampler; they must
+// outlive it. Not thread-safe: one sequence, one thread at a time.
+#ifndef KNAPSERVE_EXECUTOR_SPECULATIVE_DECODER_H_
+#define KNAPSERVE_EXECUTOR_SPECULATIVE_DECODER_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "common/layer_mask.h"
+#include "common/model/llama.h"
+#include "executor/kv_cache.h"
+#include "executor/sampler.h"
+
+namespace knapserve {
+
+// Counters of one sequence, with vLLM's meaning: a draft is one speculation
+// step that proposed at least one token.
+struct SpeculationStats {
+  int64_t drafts = 0;
+  int64_t draft_tokens = 0;
+  int64_t accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_position;  // [j]: drafts whose j-th token was accepted
+  double draft_seconds = 0;
+  double verify_seconds = 0;
+  // accepted_tokens / draft_tokens (0 when nothing was drafted).
+  double acceptance_rate() const;
+  // 1 + accepted_tokens / drafts: tokens committed per verification.
+  double mean_acceptance_length() const;
+};
+
+// What one Step committed.
+struct StepResult {
+  std::vector<int32_t> tokens;  // committed this step, in order (>= 1)
+  int drafted = 0;              // draft tokens proposed
+  int accepted = 0;             // of which accepted
+  // When requested: the verification pass's hidden states at all 2L+1
+  // boundaries for the committed positions, [2L+1, accepted+1, hidden], and
+  // those positions' first index (positions first_position ...).
+  torch::Tensor boundary_states;
+  int64_t first_position = 0;
+  // The full model's argmax at each captured position (alpha_hat's target).
+  std::vector<int32_t> target_argmax;
+};
+
+class SpeculativeDecoder {
+ public:
+  // `mask` must have the model's layer count; gamma >= 0 (0 = autoregressive).
+  SpeculativeDecoder(const LlamaModel& model, KvCache& cache, Sampler& sampler, LayerMask mask,
+                     int gamma, double exit_threshold);
+
+  // Runs one step feeding `last` at position cache.length(). At most
+  // `max_tokens` (>= 1) tokens are committed. With capture_states the result
+  // carries the committed positions' boundary states.
+  StepResult Step(int32_t last, int64_t max_tokens, bool capture_states);
+
+  // Takes effect at the next Step (plans are applied at step boundaries).
+  void set_mask(LayerMask mask) { mask_ = std::move(mask); }
+  void set_gamma(int gamma) { gamma_ = gamma; }
+  const LayerMask& mask() const { return mask_; }
+  int gamma() const { return gamma_; }
+
+  const SpeculationStats& stats() const { return stats_; }
+
+ private:
+  const LlamaModel& model_;
+  KvCache& cache_;
+  Sampler& sampler_;
+  LayerMask mask_;
+  int gamma_;
+  double exit_threshold_;
+  SpeculationStats stats_;
+};
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_EXECUTOR_SPECULATIVE_DECODER_H_
