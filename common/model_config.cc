@@ -21,7 +21,8 @@ using Json = nlohmann::json;
 constexpr const char* kSupportedTypes = "llama, mistral, qwen2, qwen3";
 
 absl::Status FieldError(std::string_view field, std::string_view problem) {
-  return absl::InvalidArgumentError(absl::StrCat("field '", std::string(field), "' ", std::string(problem)));
+  return absl::InvalidArgumentError(
+      absl::StrCat("field '", std::string(field), "' ", std::string(problem)));
 }
 
 // Returns the field if present and not null, else nullptr.
@@ -51,8 +52,7 @@ absl::StatusOr<int64_t> AsInteger(const Json& value, std::string_view field) {
 }
 
 // A required (if `required`) positive integer field; 0 if absent and optional.
-absl::StatusOr<int64_t> PositiveInteger(const Json& config, std::string_view field,
-                                        bool required) {
+absl::StatusOr<int64_t> PositiveInteger(const Json& config, std::string_view field, bool required) {
   const Json* value = FindField(config, field);
   if (value == nullptr) {
     if (required) return FieldError(field, "is missing");
@@ -120,13 +120,15 @@ absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const Json& config) 
   const Json* value = FindField(config, "rope_scaling");
   if (value == nullptr) return std::nullopt;
   if (!value->is_object()) {
-    return FieldError("rope_scaling", absl::StrCat("must be an object or null, got ", value->dump()));
+    return FieldError("rope_scaling",
+                      absl::StrCat("must be an object or null, got ", value->dump()));
   }
   const Json* type = FindField(*value, "rope_type");
   if (type == nullptr) type = FindField(*value, "type");
   if (type == nullptr) return FieldError("rope_scaling", "has no 'rope_type' or 'type'");
   if (!type->is_string()) {
-    return FieldError("rope_scaling.rope_type", absl::StrCat("must be a string, got ", type->dump()));
+    return FieldError("rope_scaling.rope_type",
+                      absl::StrCat("must be a string, got ", type->dump()));
   }
   const std::string rope_type = type->get<std::string>();
   if (rope_type == "default") return std::nullopt;
@@ -137,7 +139,8 @@ absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const Json& config) 
   RopeScaling scaling;
   scaling.rope_type = rope_type;
   auto annotate = [](const absl::Status& status) { return Annotate(status, "rope_scaling"); };
-  if (FindField(*value, "factor") == nullptr) return FieldError("rope_scaling.factor", "is missing");
+  if (FindField(*value, "factor") == nullptr)
+    return FieldError("rope_scaling.factor", "is missing");
   absl::StatusOr<double> factor = PositiveNumber(*value, "factor", 1);
   if (!factor.ok()) return annotate(factor.status());
   scaling.factor = *factor;
@@ -172,18 +175,16 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& json) {
   config.model_type = type->get<std::string>();
   const std::string& t = config.model_type;
   if (t != "llama" && t != "mistral" && t != "qwen2" && t != "qwen3") {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported model_type '", t,
-                                                   "' (supported: ", kSupportedTypes, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unsupported model_type '", t, "' (supported: ", kSupportedTypes, ")"));
   }
 
   ASSIGN_OR_RETURN(config.vocab_size, PositiveInteger(json, "vocab_size", true));
   ASSIGN_OR_RETURN(config.hidden_size, PositiveInteger(json, "hidden_size", true));
   ASSIGN_OR_RETURN(config.intermediate_size, PositiveInteger(json, "intermediate_size", true));
   ASSIGN_OR_RETURN(config.num_hidden_layers, PositiveInteger(json, "num_hidden_layers", true));
-  ASSIGN_OR_RETURN(config.num_attention_heads,
-                   PositiveInteger(json, "num_attention_heads", true));
-  ASSIGN_OR_RETURN(config.num_key_value_heads,
-                   PositiveInteger(json, "num_key_value_heads", false));
+  ASSIGN_OR_RETURN(config.num_attention_heads, PositiveInteger(json, "num_attention_heads", true));
+  ASSIGN_OR_RETURN(config.num_key_value_heads, PositiveInteger(json, "num_key_value_heads", false));
   ASSIGN_OR_RETURN(config.head_dim, PositiveInteger(json, "head_dim", false));
   ASSIGN_OR_RETURN(config.max_position_embeddings,
                    PositiveInteger(json, "max_position_embeddings", true));
@@ -198,9 +199,9 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& json) {
     config.head_dim = config.hidden_size / config.num_attention_heads;
   }
   if (config.num_attention_heads % config.num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_attention_heads ", config.num_attention_heads,
-        " is not divisible by num_key_value_heads ", config.num_key_value_heads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_attention_heads ", config.num_attention_heads,
+                     " is not divisible by num_key_value_heads ", config.num_key_value_heads));
   }
 
   ASSIGN_OR_RETURN(config.rms_norm_eps, PositiveNumber(json, "rms_norm_eps", 1e-6));
@@ -263,15 +264,14 @@ std::string ModelConfig::Fingerprint() const {
   // Canonical text of the architecture fields, hashed with 64-bit FNV-1a.
   std::string canonical = absl::StrCat(
       model_type, "|v", vocab_size, "|h", hidden_size, "|i", intermediate_size, "|l",
-      num_hidden_layers, "|a", num_attention_heads, "|k", num_key_value_heads, "|d", head_dim,
-      "|p", max_position_embeddings, "|e", absl::StrFormat("%.17g", rms_norm_eps), "|t",
-      absl::StrFormat("%.17g", rope_theta), "|tie", tie_word_embeddings, "|b", attention_bias,
-      "|q", qk_norm, "|w", sliding_window.value_or(0));
+      num_hidden_layers, "|a", num_attention_heads, "|k", num_key_value_heads, "|d", head_dim, "|p",
+      max_position_embeddings, "|e", absl::StrFormat("%.17g", rms_norm_eps), "|t",
+      absl::StrFormat("%.17g", rope_theta), "|tie", tie_word_embeddings, "|b", attention_bias, "|q",
+      qk_norm, "|w", sliding_window.value_or(0));
   if (rope_scaling.has_value()) {
     absl::StrAppend(&canonical, "|rs", rope_scaling->rope_type,
                     absl::StrFormat(",%.17g,%.17g,%.17g,", rope_scaling->factor,
-                                    rope_scaling->low_freq_factor,
-                                    rope_scaling->high_freq_factor),
+                                    rope_scaling->low_freq_factor, rope_scaling->high_freq_factor),
                     rope_scaling->original_max_position_embeddings);
   }
   uint64_t hash = 14695981039346656037ull;
@@ -304,8 +304,7 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
     ASSIGN_OR_RETURN(std::string generation_text, ReadFile(generation_path));
     Json generation = Json::parse(generation_text, nullptr, false);
     if (generation.is_discarded() || !generation.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(generation_path, ": not a valid JSON object"));
+      return absl::InvalidArgumentError(absl::StrCat(generation_path, ": not a valid JSON object"));
     }
     RETURN_IF_ERROR(Annotate(ParseTokenIds(generation, config), generation_path));
   }

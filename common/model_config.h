@@ -27,8 +27,8 @@ namespace knapserve {
 struct RopeScaling {
   std::string rope_type;  // "llama3" or "linear".
   double factor = 1;
-  double low_freq_factor = 1;   // llama3 only.
-  double high_freq_factor = 4;  // llama3 only.
+  double low_freq_factor = 1;                       // llama3 only.
+  double high_freq_factor = 4;                      // llama3 only.
   int64_t original_max_position_embeddings = 8192;  // llama3 only.
 };
 
@@ -40,7 +40,7 @@ struct ModelConfig {
   int64_t num_hidden_layers = 0;
   int64_t num_attention_heads = 0;
   int64_t num_key_value_heads = 0;  // Defaults to num_attention_heads.
-  int64_t head_dim = 0;  // Defaults to hidden_size / num_attention_heads.
+  int64_t head_dim = 0;             // Defaults to hidden_size / num_attention_heads.
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000;

@@ -54,9 +54,9 @@ absl::StatusOr<std::string> ScalarTypeToDtype(torch::ScalarType type) {
     case torch::kFloat16:
       return std::string("F16");
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("unsupported tensor dtype ", c10::toString(type),
-                       " (supported: float32, bfloat16, float16)"));
+      return absl::InvalidArgumentError(absl::StrCat("unsupported tensor dtype ",
+                                                     c10::toString(type),
+                                                     " (supported: float32, bfloat16, float16)"));
   }
 }
 
@@ -67,8 +67,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 std::string ErrnoString(int error) { return std::strerror(error); }
 
 // Parses one tensor entry of the header. Errors name the tensor, not the file.
-absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& name,
-                                            const nlohmann::json& entry) {
+absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& name, const nlohmann::json& entry) {
   auto bad = [&](std::string_view problem) {
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "': ", std::string(problem)));
   };
@@ -120,21 +119,21 @@ absl::StatusOr<TensorInfo> ParseTensorEntry(const std::string& name,
   if (offsets == entry.end()) return bad("missing 'data_offsets'");
   if (!offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
       !(*offsets)[1].is_number_unsigned()) {
-    return bad(absl::StrCat("'data_offsets' must be two non-negative integers, got ",
-                            offsets->dump()));
+    return bad(
+        absl::StrCat("'data_offsets' must be two non-negative integers, got ", offsets->dump()));
   }
   info.begin = (*offsets)[0].get<uint64_t>();
   info.end = (*offsets)[1].get<uint64_t>();
   if (info.end < info.begin) {
-    return bad(absl::StrCat("data_offsets [", info.begin, ", ", info.end, "] end before they begin"));
+    return bad(
+        absl::StrCat("data_offsets [", info.begin, ", ", info.end, "] end before they begin"));
   }
   if (overflow || info.end - info.begin != elements * element_size) {
-    return bad(absl::StrCat("data_offsets [", info.begin, ", ", info.end, "] span ",
-                            info.end - info.begin, " bytes but shape ", ShapeString(info.shape),
-                            " x ", info.dtype, " needs ",
-                            overflow ? std::string("more than 2^64")
-                                     : absl::StrCat(elements * element_size),
-                            " bytes"));
+    return bad(absl::StrCat(
+        "data_offsets [", info.begin, ", ", info.end, "] span ", info.end - info.begin,
+        " bytes but shape ", ShapeString(info.shape), " x ", info.dtype, " needs ",
+        overflow ? std::string("more than 2^64") : absl::StrCat(elements * element_size),
+        " bytes"));
   }
   return info;
 }
@@ -210,12 +209,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
   std::memcpy(&header_size, bytes, 8);
   if (header_size > file_size - 8) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_size,
-                                                   " runs past the end of the file (",
-                                                   file_size, " bytes)"));
+                                                   " runs past the end of the file (", file_size,
+                                                   " bytes)"));
   }
   if (header_size > kMaxHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": header length ", header_size,
-                                                   " exceeds the 100 MB limit"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": header length ", header_size, " exceeds the 100 MB limit"));
   }
   file->data_ = bytes + 8 + header_size;
   file->data_size_ = file_size - 8 - header_size;
@@ -240,8 +239,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       }
       for (const auto& [key, value] : entry.items()) {
         if (!value.is_string()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              path, ": '__metadata__' value of '", key, "' is not a string"));
+          return absl::InvalidArgumentError(
+              absl::StrCat(path, ": '__metadata__' value of '", key, "' is not a string"));
         }
         file->metadata_[key] = value.get<std::string>();
       }
@@ -250,9 +249,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
     absl::StatusOr<TensorInfo> info = ParseTensorEntry(name, entry);
     if (!info.ok()) return Annotate(info.status(), path);
     if (info->end > file->data_size_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": tensor '", name, "': data_offsets [", info->begin, ", ", info->end,
-          "] are out of the data section (", file->data_size_, " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", name, "': data_offsets [", info->begin, ", ", info->end,
+                       "] are out of the data section (", file->data_size_, " bytes)"));
     }
     file->tensors_.push_back(*std::move(info));
   }
@@ -314,8 +313,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
 
   if (std::filesystem::exists(index_path, error)) {
     ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path));
-    nlohmann::json index =
-        nlohmann::json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+    nlohmann::json index = nlohmann::json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded()) {
       return absl::InvalidArgumentError(absl::StrCat(index_path, ": not valid JSON"));
     }
@@ -324,40 +322,37 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
     }
     auto weight_map = index.find("weight_map");
     if (weight_map == index.end() || !weight_map->is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index_path, ": missing 'weight_map' object"));
+      return absl::InvalidArgumentError(absl::StrCat(index_path, ": missing 'weight_map' object"));
     }
     std::map<std::string, const SafetensorsFile*> shards;
     for (const auto& [tensor, shard_json] : weight_map->items()) {
       if (!shard_json.is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index_path, ": weight_map entry of '", tensor, "' is not a file name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": weight_map entry of '", tensor, "' is not a file name"));
       }
       const std::string shard = shard_json.get<std::string>();
-      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." ||
-          shard == "..") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index_path, ": weight_map names shard '", shard, "' for tensor '", tensor,
-            "', which is not a plain file name in the folder"));
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "." || shard == "..") {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": weight_map names shard '", shard, "' for tensor '", tensor,
+                         "', which is not a plain file name in the folder"));
       }
       auto it = shards.find(shard);
       if (it == shards.end()) {
         const std::string shard_path = dir + "/" + shard;
         if (!std::filesystem::exists(shard_path, error)) {
-          return absl::NotFoundError(absl::StrCat(index_path, ": weight_map names shard '",
-                                                  shard, "' for tensor '", tensor,
-                                                  "', but ", shard_path, " does not exist"));
+          return absl::NotFoundError(absl::StrCat(index_path, ": weight_map names shard '", shard,
+                                                  "' for tensor '", tensor, "', but ", shard_path,
+                                                  " does not exist"));
         }
-        ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                         SafetensorsFile::Open(shard_path));
+        ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(shard_path));
         it = shards.emplace(shard, file.get()).first;
         checkpoint->files_.push_back(std::move(file));
       }
       const TensorInfo* info = it->second->Find(tensor);
       if (info == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index_path, ": weight_map puts tensor '", tensor, "' in ", it->second->path(),
-            ", which has no such tensor"));
+        return absl::InvalidArgumentError(absl::StrCat(index_path, ": weight_map puts tensor '",
+                                                       tensor, "' in ", it->second->path(),
+                                                       ", which has no such tensor"));
       }
       checkpoint->index_.emplace(tensor, std::make_pair(it->second, info));
     }
@@ -365,8 +360,8 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   }
 
   if (!std::filesystem::exists(single_path, error)) {
-    return absl::NotFoundError(absl::StrCat(
-        dir, ": no model.safetensors or model.safetensors.index.json in the folder"));
+    return absl::NotFoundError(
+        absl::StrCat(dir, ": no model.safetensors or model.safetensors.index.json in the folder"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(single_path));
   for (const TensorInfo& info : file->tensors()) {
@@ -385,6 +380,20 @@ std::vector<std::string> Checkpoint::TensorNames() const {
   return names;  // std::map keeps them sorted.
 }
 
+const TensorInfo* Checkpoint::Find(std::string_view name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : it->second.second;
+}
+
+absl::StatusOr<torch::Tensor> Checkpoint::View(std::string_view name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("tensor '", std::string(name), "' not found in checkpoint ", dir_));
+  }
+  return it->second.first->View(name);
+}
+
 absl::StatusOr<torch::Tensor> Checkpoint::Get(std::string_view name,
                                               std::vector<int64_t> expected_shape) const {
   auto it = index_.find(name);
@@ -394,9 +403,9 @@ absl::StatusOr<torch::Tensor> Checkpoint::Get(std::string_view name,
   }
   const auto& [file, info] = it->second;
   if (info->shape != expected_shape) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        file->path(), ": tensor '", std::string(name), "' has shape ", ShapeString(info->shape),
-        ", expected ", ShapeString(expected_shape)));
+    return absl::InvalidArgumentError(absl::StrCat(file->path(), ": tensor '", std::string(name),
+                                                   "' has shape ", ShapeString(info->shape),
+                                                   ", expected ", ShapeString(expected_shape)));
   }
   return file->View(name);
 }
@@ -411,8 +420,7 @@ absl::Status WriteSafetensors(const std::string& path,
   specs.reserve(tensors.size());
   for (const auto& [name, tensor] : tensors) {
     if (!tensor.defined()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": tensor '", name, "' is undefined"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "' is undefined"));
     }
     absl::StatusOr<std::string> dtype = ScalarTypeToDtype(tensor.scalar_type());
     if (!dtype.ok()) return Annotate(dtype.status(), absl::StrCat(path, ": tensor '", name, "'"));
@@ -443,8 +451,8 @@ absl::Status WriteSafetensorsStreaming(
     }
     const int element_size = DtypeSize(spec.dtype);
     if (element_size == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", spec.name,
-                                                     "': unsupported dtype '", spec.dtype, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor '", spec.name, "': unsupported dtype '", spec.dtype, "'"));
     }
     uint64_t bytes = element_size;
     for (int64_t d : spec.shape) {
@@ -454,9 +462,8 @@ absl::Status WriteSafetensorsStreaming(
       }
       bytes *= static_cast<uint64_t>(d);
     }
-    header[spec.name] = {{"dtype", spec.dtype},
-                         {"shape", spec.shape},
-                         {"data_offsets", {offset, offset + bytes}}};
+    header[spec.name] = {
+        {"dtype", spec.dtype}, {"shape", spec.shape}, {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string header_text = header.dump();
@@ -478,16 +485,19 @@ absl::Status WriteSafetensorsStreaming(
   };
   const uint64_t header_size = header_text.size();
   if (!write(&header_size, 8) || !write(header_text.data(), header_text.size())) {
-    return fail(absl::DataLossError(absl::StrCat(tmp_path, ": write failed: ", ErrnoString(errno))));
+    return fail(
+        absl::DataLossError(absl::StrCat(tmp_path, ": write failed: ", ErrnoString(errno))));
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     const TensorSpec& spec = specs[i];
     absl::StatusOr<torch::Tensor> tensor = make_tensor(i);
-    if (!tensor.ok()) return fail(Annotate(tensor.status(), absl::StrCat(path, ": tensor '", spec.name, "'")));
-    absl::StatusOr<std::string> dtype =
-        tensor->defined() ? ScalarTypeToDtype(tensor->scalar_type())
-                          : absl::InvalidArgumentError("tensor is undefined");
-    if (!dtype.ok()) return fail(Annotate(dtype.status(), absl::StrCat(path, ": tensor '", spec.name, "'")));
+    if (!tensor.ok())
+      return fail(Annotate(tensor.status(), absl::StrCat(path, ": tensor '", spec.name, "'")));
+    absl::StatusOr<std::string> dtype = tensor->defined()
+                                            ? ScalarTypeToDtype(tensor->scalar_type())
+                                            : absl::InvalidArgumentError("tensor is undefined");
+    if (!dtype.ok())
+      return fail(Annotate(dtype.status(), absl::StrCat(path, ": tensor '", spec.name, "'")));
     if (*dtype != spec.dtype || tensor->sizes().vec() != spec.shape) {
       return fail(absl::InvalidArgumentError(absl::StrCat(
           path, ": tensor '", spec.name, "' is ", *dtype, " ", ShapeString(tensor->sizes().vec()),

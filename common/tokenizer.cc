@@ -192,7 +192,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
     for (size_t i = 0; i < added.size(); ++i) {
       const json& entry = added[i];
       const std::string what = absl::StrCat(source, ": added_tokens[", i, "]");
-      if (!entry.is_object()) return absl::InvalidArgumentError(absl::StrCat(what, ": not an object"));
+      if (!entry.is_object())
+        return absl::InvalidArgumentError(absl::StrCat(what, ": not an object"));
       AddedToken token;
       ASSIGN_OR_RETURN(token.content, tokenizer_internal::JsonString(entry, "content", what));
       ASSIGN_OR_RETURN(int64_t id, tokenizer_internal::JsonInt(entry, "id", what));
@@ -356,7 +357,8 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
 }
 
 std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {
-  if (auto it = added_by_content_.find(tokenizer_internal::AbslView(token)); it != added_by_content_.end()) {
+  if (auto it = added_by_content_.find(tokenizer_internal::AbslView(token));
+      it != added_by_content_.end()) {
     return added_tokens_[it->second].id;
   }
   return model_->TokenToId(token);

@@ -9,12 +9,13 @@
 //   std::string tail = stream.Flush();
 //
 // Supported, with the semantics of the Rust `tokenizers` crate (the goldens in
-// ../shared/tokenizers come from Hugging Face's own implementation):
+// ../shared/tokenizers were made with Hugging Face's Tokenizers.js):
 //   model:          BPE (vocab + merges as "a b" or ["a", "b"], byte_fallback,
 //                   unk/fuse_unk, ignore_merges, continuing/end-of-word affixes)
 //   normalizer:     NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip, Sequence
 //   pre_tokenizer:  ByteLevel, Split (String/Regex, all behaviors, invert), Digits,
-//                   Metaspace, Whitespace, WhitespaceSplit, Sequence
+//                   Metaspace (prepend_scheme first/always/never, split), Whitespace,
+//                   WhitespaceSplit, Sequence
 //   post_processor: TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing,
 //                   Sequence (single sequences only)
 //   decoder:        ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace,
@@ -23,9 +24,14 @@
 // This covers GPT-2 / Llama-3 / Qwen2 / SmolLM byte-level BPE and Llama-2 /
 // Mistral SentencePiece-style BPE. Other component types (WordPiece, Unigram,
 // BertNormalizer, Precompiled, ...) fail to load with Unimplemented naming the
-// file and the component. truncation and padding are ignored. Regexes run on
-// PCRE2 (Unicode mode), which agrees with the crate's Oniguruma patterns on the
-// patterns these models use.
+// file and the component. truncation, padding and BPE dropout are ignored.
+// Regexes run on PCRE2 in Unicode mode, which agrees with the crate's
+// Oniguruma on the patterns these models use.
+//
+// One deliberate difference: when a run of <0xNN> byte tokens is not valid
+// UTF-8, the ByteFallback decoder replaces only its ill-formed parts with
+// U+FFFD (as Tokenizers.js does), where the crate replaces every byte of the
+// run. Valid text decodes identically; this keeps streaming exact.
 #ifndef KNAPSERVE_COMMON_TOKENIZER_H_
 #define KNAPSERVE_COMMON_TOKENIZER_H_
 
@@ -60,7 +66,8 @@ class Tokenizer {
   // Reads and parses the file. NotFound if it cannot be opened,
   // InvalidArgument for malformed JSON or a malformed component, Unimplemented
   // for an unsupported component type; messages start with the path.
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& tokenizer_json_path);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(
+      const std::string& tokenizer_json_path);
   // The same from the file's text; `source_name` names it in error messages.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json,
                                                              std::string_view source_name);
@@ -114,8 +121,8 @@ class Tokenizer {
 
   Tokenizer();
   // The HF AddedVocabulary split: added-token matches and the text between.
-  std::vector<Segment> SplitOnAddedTokens(std::string_view text,
-                                          const tokenizer_internal::AddedTokenMatcher& matcher) const;
+  std::vector<Segment> SplitOnAddedTokens(
+      std::string_view text, const tokenizer_internal::AddedTokenMatcher& matcher) const;
   // The token string of `id` (added first), or nullptr.
   const std::string* TokenOf(int32_t id) const;
 
@@ -145,7 +152,7 @@ class Tokenizer {
 // equals tokenizer.Decode(all ids, skip_special_tokens). prompt_ids is
 // context: the first generated piece is decoded as in the middle of a
 // sequence (after a prompt, SentencePiece "▁Hello" gives " Hello"). Only the
-// last few prompt ids are kept.
+// last few prompt ids are kept; ids outside the vocab are ignored.
 //
 // Works like vLLM's / TGI's detokenizer: decode ids[prefix:] and
 // ids[prefix:read] and emit the difference once it does not end in U+FFFD.

@@ -60,9 +60,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const json& model) 
   bpe->vocab_.reserve(vocab->size());
   for (const auto& [token, id] : vocab->items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model: vocab id of '", token, "' is not an integer in [0, ", kMaxTokenId,
-                       "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model: vocab id of '", token, "' is not an integer in [0, ", kMaxTokenId, "]"));
     }
     const int64_t value = id.get<int64_t>();
     bpe->vocab_[token] = static_cast<int32_t>(value);
@@ -106,14 +105,15 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const json& model) 
       // As in the crate, the merged token drops the right part's
       // continuing-subword prefix.
       const std::string merged =
-          left + (prefix_len > 0 && right.compare(0, prefix_len, bpe->continuing_subword_prefix_) == 0
-                      ? right.substr(prefix_len)
-                      : right);
+          left +
+          (prefix_len > 0 && right.compare(0, prefix_len, bpe->continuing_subword_prefix_) == 0
+               ? right.substr(prefix_len)
+               : right);
       auto merged_it = bpe->vocab_.find(merged);
       if (left_it == bpe->vocab_.end() || right_it == bpe->vocab_.end() ||
           merged_it == bpe->vocab_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("model: merges[", i, "] '", left, " ",
-                                                       right, "' uses a token not in the vocab"));
+        return absl::InvalidArgumentError(absl::StrCat("model: merges[", i, "] '", left, " ", right,
+                                                       "' uses a token not in the vocab"));
       }
       // A repeated pair keeps its last rank, as the crate's map does.
       bpe->merges_[PairKey(left_it->second, right_it->second)] =

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <array>
-#include <map>
 #include <cstdlib>
+#include <map>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -110,9 +110,8 @@ namespace {
 absl::StatusOr<pcre2_code*> CompilePcre2(std::string_view pattern, uint32_t options) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code =
-      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                    PCRE2_UTF | options, &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | options, &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
@@ -204,9 +203,7 @@ const ByteLevelTables& GetByteLevelTables() {
 
 std::string_view ByteLevelChar(uint8_t b) { return GetByteLevelTables().byte_to_char[b]; }
 
-int ByteLevelByte(char32_t cp) {
-  return cp < 512 ? GetByteLevelTables().char_to_byte[cp] : -1;
-}
+int ByteLevelByte(char32_t cp) { return cp < 512 ? GetByteLevelTables().char_to_byte[cp] : -1; }
 
 // --- Normalizers ----------------------------------------------------------
 
@@ -496,8 +493,8 @@ class DigitsPreTokenizer : public PreTokenizer {
   DigitsPreTokenizer(std::unique_ptr<Regex> digit, bool individual)
       : digit_(std::move(digit)), individual_(individual) {}
   void PreTokenize(std::vector<PreToken>* pieces) const override {
-    SplitPieces(*digit_, false,
-                individual_ ? SplitBehavior::kIsolated : SplitBehavior::kContiguous, pieces);
+    SplitPieces(*digit_, false, individual_ ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
+                pieces);
   }
 
  private:
@@ -523,8 +520,8 @@ absl::StatusOr<PrependScheme> ParsePrependScheme(const json& obj, absl::string_v
 
 class MetaspacePreTokenizer : public PreTokenizer {
  public:
-  MetaspacePreTokenizer(std::string replacement, PrependScheme scheme,
-                        std::unique_ptr<Regex> space, std::unique_ptr<Regex> replacement_regex)
+  MetaspacePreTokenizer(std::string replacement, PrependScheme scheme, std::unique_ptr<Regex> space,
+                        std::unique_ptr<Regex> replacement_regex)
       : replacement_(std::move(replacement)),
         scheme_(scheme),
         space_(std::move(space)),
@@ -532,10 +529,9 @@ class MetaspacePreTokenizer : public PreTokenizer {
   void PreTokenize(std::vector<PreToken>* pieces) const override {
     for (PreToken& piece : *pieces) {
       piece.text = ReplaceAll(*space_, piece.text, replacement_);
-      const bool prepend =
-          (scheme_ == PrependScheme::kAlways ||
-           (scheme_ == PrependScheme::kFirst && piece.at_start)) &&
-          piece.text.compare(0, replacement_.size(), replacement_) != 0;
+      const bool prepend = (scheme_ == PrependScheme::kAlways ||
+                            (scheme_ == PrependScheme::kFirst && piece.at_start)) &&
+                           piece.text.compare(0, replacement_.size(), replacement_) != 0;
       if (prepend) piece.text.insert(0, replacement_);
     }
     if (replacement_regex_ != nullptr) {
@@ -603,8 +599,8 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& json
     if (split) {
       ASSIGN_OR_RETURN(replacement_regex, Regex::Literal(replacement));
     }
-    return std::make_unique<MetaspacePreTokenizer>(std::move(replacement), scheme,
-                                                   std::move(space), std::move(replacement_regex));
+    return std::make_unique<MetaspacePreTokenizer>(std::move(replacement), scheme, std::move(space),
+                                                   std::move(replacement_regex));
   }
   if (type == "Whitespace") {
     ASSIGN_OR_RETURN(std::unique_ptr<Regex> words, Regex::Compile(R"(\w+|[^\w\s]+)"));
@@ -977,8 +973,8 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const json& json) {
                          JsonString(item["SpecialToken"], "id", absl::StrCat(kWhat, " template")));
         pieces.emplace_back(false, std::move(name));
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(kWhat, ": bad template piece ",
-                                                       item.dump()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(kWhat, ": bad template piece ", item.dump()));
       }
     }
   } else {
@@ -1008,13 +1004,12 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const json& json) {
 
 // RobertaProcessing / BertProcessing: {"cls": ["<s>", 0], "sep": ["</s>", 2]}.
 absl::StatusOr<std::unique_ptr<PostProcessor>> ParseClsSep(const json& json,
-                                                            absl::string_view what) {
+                                                           absl::string_view what) {
   std::vector<int32_t> ids;
   for (const char* key : {"cls", "sep"}) {
     auto it = json.find(key);
     if (it == json.end() || !it->is_array() || it->size() != 2 || !(*it)[1].is_number_integer()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": '", key, "' must be [token, id]"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": '", key, "' must be [token, id]"));
     }
     ids.push_back((*it)[1].get<int32_t>());
   }

@@ -135,8 +135,20 @@ void AppendUtf8(char32_t cp, std::string* out) {
 
 bool IsUnicodeWhitespace(char32_t cp) {
   switch (cp) {
-    case 0x09: case 0x0A: case 0x0B: case 0x0C: case 0x0D: case 0x20: case 0x85: case 0xA0:
-    case 0x1680: case 0x2028: case 0x2029: case 0x202F: case 0x205F: case 0x3000:
+    case 0x09:
+    case 0x0A:
+    case 0x0B:
+    case 0x0C:
+    case 0x0D:
+    case 0x20:
+    case 0x85:
+    case 0xA0:
+    case 0x1680:
+    case 0x2028:
+    case 0x2029:
+    case 0x202F:
+    case 0x205F:
+    case 0x3000:
       return true;
     default:
       return cp >= 0x2000 && cp <= 0x200A;
@@ -148,9 +160,14 @@ bool IsUnicodeAlphanumeric(char32_t cp) {
     return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z');
   }
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
-    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT:
-    case UTF8PROC_CATEGORY_LM: case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_ND:
-    case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_NL:
+    case UTF8PROC_CATEGORY_NO:
       return true;
     default:
       return false;
@@ -161,16 +178,23 @@ std::string NormalizeUnicode(std::string_view text, NormalizationForm form) {
   if (text.empty()) return std::string();
   int options = UTF8PROC_STABLE;
   switch (form) {
-    case NormalizationForm::kNfc: options |= UTF8PROC_COMPOSE; break;
-    case NormalizationForm::kNfd: options |= UTF8PROC_DECOMPOSE; break;
-    case NormalizationForm::kNfkc: options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
-    case NormalizationForm::kNfkd: options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
+    case NormalizationForm::kNfc:
+      options |= UTF8PROC_COMPOSE;
+      break;
+    case NormalizationForm::kNfd:
+      options |= UTF8PROC_DECOMPOSE;
+      break;
+    case NormalizationForm::kNfkc:
+      options |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT;
+      break;
+    case NormalizationForm::kNfkd:
+      options |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT;
+      break;
   }
   utf8proc_uint8_t* result = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                   static_cast<utf8proc_ssize_t>(text.size()), &result,
-                   static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                                          static_cast<utf8proc_ssize_t>(text.size()), &result,
+                                          static_cast<utf8proc_option_t>(options));
   if (n < 0 || result == nullptr) {
     // Only on invalid UTF-8 or out of memory; callers pass valid text.
     std::free(result);

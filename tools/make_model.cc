@@ -1,13 +1,12 @@
 #include "tools/make_model.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/types.h>
 
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <utility>
-
-#include <torch/types.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -25,9 +24,9 @@ constexpr double kInitStd = 0.02;
 // Merges of the synthetic tokenizer, in priority order. Each side is a byte
 // token (GPT-2 byte-to-unicode form: 'Ġ' is the space) or an earlier result.
 constexpr const char* kMerges[kSyntheticMerges] = {
-    "Ġ t", "h e",  "Ġ a", "i n", "Ġt he", "e r", "a n", "o n", "r e", "Ġ s",
-    "e n", "a t",  "o r", "Ġ w", "e s",   "Ġ o", "i s", "e d", "Ġ c", "i t",
-    "Ġ b", "a r",  "Ġ f", "Ġ m", "Ġ p",   "in g", "o u", "Ġ h", "l e", "Ġ d"};
+    "Ġ t", "h e", "Ġ a", "i n", "Ġt he", "e r",  "a n", "o n", "r e", "Ġ s",
+    "e n", "a t", "o r", "Ġ w", "e s",   "Ġ o",  "i s", "e d", "Ġ c", "i t",
+    "Ġ b", "a r", "Ġ f", "Ġ m", "Ġ p",   "in g", "o u", "Ġ h", "l e", "Ġ d"};
 
 ModelConfig TinyBase(const std::string& model_type) {
   ModelConfig config;
@@ -183,7 +182,8 @@ std::vector<WeightSpec> WeightSpecs(const ModelConfig& c) {
     specs.push_back({p + "post_attention_layernorm.weight", {c.hidden_size}, Init::kNorm});
     specs.push_back(
         {p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, Init::kNormal});
-    specs.push_back({p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, Init::kNormal});
+    specs.push_back(
+        {p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, Init::kNormal});
     specs.push_back(
         {p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, Init::kNormal});
   }
@@ -290,9 +290,8 @@ std::string SyntheticTokenizerJson() {
     merges.push_back(text);
   }
   OrderedJson added = OrderedJson::array();
-  for (const auto& [id, content] :
-       {std::pair<int32_t, const char*>{kSyntheticBosId, "<|bos|>"},
-        std::pair<int32_t, const char*>{kSyntheticEosId, "<|eos|>"}}) {
+  for (const auto& [id, content] : {std::pair<int32_t, const char*>{kSyntheticBosId, "<|bos|>"},
+                                    std::pair<int32_t, const char*>{kSyntheticEosId, "<|eos|>"}}) {
     vocab[content] = id;
     added.push_back({{"id", id},
                      {"content", content},
@@ -330,8 +329,8 @@ std::string SyntheticTokenizerJson() {
 
 std::string GenerationConfigJson(const ModelConfig& config) {
   OrderedJson json;
-  json["bos_token_id"] = config.bos_token_id.has_value() ? OrderedJson(*config.bos_token_id)
-                                                         : OrderedJson(nullptr);
+  json["bos_token_id"] =
+      config.bos_token_id.has_value() ? OrderedJson(*config.bos_token_id) : OrderedJson(nullptr);
   if (config.eos_token_ids.size() == 1) {
     json["eos_token_id"] = config.eos_token_ids[0];
   } else if (config.eos_token_ids.empty()) {
@@ -354,8 +353,8 @@ absl::StatusOr<ModelConfig> ModelShapeConfig(const std::string& shape) {
   for (const auto& [name, config] : AllShapes()) {
     if (name == shape) return config;
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown model shape '", shape, "' (known: ",
-                                                 absl::StrJoin(KnownModelShapes(), ", "), ")"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown model shape '", shape, "' (known: ", absl::StrJoin(KnownModelShapes(), ", "), ")"));
 }
 
 absl::Status MakeModel(const MakeModelOptions& options) {
@@ -363,7 +362,8 @@ absl::Status MakeModel(const MakeModelOptions& options) {
   ASSIGN_OR_RETURN(DtypeChoice dtype, ParseDtype(options.dtype));
   config.torch_dtype = dtype.torch_dtype;
   if (options.out_dir.empty()) return absl::InvalidArgumentError("make-model: out_dir is empty");
-  if (!options.tokenizer_json.empty() && !std::filesystem::is_regular_file(options.tokenizer_json)) {
+  if (!options.tokenizer_json.empty() &&
+      !std::filesystem::is_regular_file(options.tokenizer_json)) {
     return absl::NotFoundError(
         absl::StrCat(options.tokenizer_json, ": tokenizer.json to copy does not exist"));
   }
@@ -383,8 +383,8 @@ absl::Status MakeModel(const MakeModelOptions& options) {
     std::filesystem::copy_file(options.tokenizer_json, dir + "/tokenizer.json",
                                std::filesystem::copy_options::overwrite_existing, error);
     if (error) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot copy ", options.tokenizer_json,
-                                                      " to ", dir, ": ", error.message()));
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot copy ", options.tokenizer_json, " to ", dir, ": ", error.message()));
     }
   }
 
@@ -394,12 +394,12 @@ absl::Status MakeModel(const MakeModelOptions& options) {
   for (const WeightSpec& weight : weights) {
     specs.push_back({weight.name, dtype.safetensors, weight.shape});
   }
-  RETURN_IF_ERROR(WriteSafetensorsStreaming(
-      dir + "/model.safetensors", specs,
-      [&](size_t i) -> absl::StatusOr<torch::Tensor> {
-        return MakeWeight(weights[i], options.seed, dtype.scalar_type);
-      },
-      {{"format", "pt"}, {"knapserve_shape", options.shape}}));
+  RETURN_IF_ERROR(
+      WriteSafetensorsStreaming(dir + "/model.safetensors", specs,
+                                [&](size_t i) -> absl::StatusOr<torch::Tensor> {
+                                  return MakeWeight(weights[i], options.seed, dtype.scalar_type);
+                                },
+                                {{"format", "pt"}, {"knapserve_shape", options.shape}}));
 
   OrderedJson origin;
   origin["shape"] = options.shape;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/model/linear.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 
@@ -251,8 +252,7 @@ torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h, int
   TORCH_CHECK(end <= kv.k.size(1), "attention past KV capacity: ", end, " > ", kv.k.size(1));
 
   torch::Tensor x = RmsNorm(h, layer.input_norm);
-  torch::Tensor qkv = layer.qkv_bias.defined() ? torch::addmm(layer.qkv_bias, x, layer.qkv_proj.t())
-                                               : torch::mm(x, layer.qkv_proj.t());
+  torch::Tensor qkv = Linear(x, layer.qkv_proj, layer.qkv_bias);
   torch::Tensor q = qkv.narrow(1, 0, nh * hd).view({t, nh, hd});
   torch::Tensor k = qkv.narrow(1, nh * hd, nkv * hd).view({t, nkv, hd});
   torch::Tensor v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd).view({t, nkv, hd});
@@ -285,7 +285,7 @@ torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h, int
   torch::Tensor probs = torch::softmax(scores, -1).to(options_.dtype);
   torch::Tensor out = torch::bmm(probs, values);  // [KV, G*T, hd]
   out = out.view({nkv, group, t, hd}).permute({2, 0, 1, 3}).reshape({t, nh * hd});
-  return h + torch::mm(out, layer.o_proj.t());
+  return h + Linear(out, layer.o_proj);
 }
 
 torch::Tensor LlamaModel::Mlp(int layer_index, const torch::Tensor& h) const {
@@ -293,15 +293,15 @@ torch::Tensor LlamaModel::Mlp(int layer_index, const torch::Tensor& h) const {
   const Layer& layer = layers_[layer_index];
   const int64_t inter = config_.intermediate_size;
   torch::Tensor x = RmsNorm(h, layer.post_norm);
-  torch::Tensor gu = torch::mm(x, layer.gate_up_proj.t());
+  torch::Tensor gu = Linear(x, layer.gate_up_proj);
   torch::Tensor act = torch::silu(gu.narrow(1, 0, inter)) * gu.narrow(1, inter, inter);
-  return h + torch::mm(act, layer.down_proj.t());
+  return h + Linear(act.contiguous(), layer.down_proj);
 }
 
 torch::Tensor LlamaModel::Logits(const torch::Tensor& h) const {
   c10::InferenceMode guard;
   torch::Tensor x = RmsNorm(h, final_norm_);
-  return torch::mm(x, lm_head_.t()).to(torch::kFloat32);
+  return Linear(x, lm_head_).to(torch::kFloat32);
 }
 
 torch::Tensor LlamaModel::Forward(const torch::Tensor& token_ids, int64_t start_pos,

@@ -182,7 +182,9 @@ TEST(ModelConfigTest, RopeScalingErrors) {
   EXPECT_THAT(Message(ParseError(json)), HasSubstr("rope_scaling.factor"));
   json["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", -1.0}};
   EXPECT_THAT(Message(ParseError(json)), HasSubstr("factor"));
-  json["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0},
+  json["rope_scaling"] = {{"rope_type", "llama3"},
+                          {"factor", 8.0},
+                          {"low_freq_factor", 4.0},
                           {"high_freq_factor", 1.0}};
   EXPECT_THAT(Message(ParseError(json)), HasSubstr("high_freq_factor > low_freq_factor"));
   json["rope_scaling"] = "llama3";
@@ -267,9 +269,8 @@ TEST(ModelConfigTest, RequiredFieldsAreNamed) {
     EXPECT_THAT(Message(ParseError(json)),
                 HasSubstr(std::string("field '") + field + "' is missing"));
     json[field] = 0;
-    EXPECT_THAT(Message(ParseError(json)),
-                AllOf(HasSubstr(std::string("field '") + field + "'"),
-                      HasSubstr("must be positive, got 0")));
+    EXPECT_THAT(Message(ParseError(json)), AllOf(HasSubstr(std::string("field '") + field + "'"),
+                                                 HasSubstr("must be positive, got 0")));
     json[field] = -3;
     EXPECT_THAT(Message(ParseError(json)), HasSubstr("must be positive, got -3"));
     json[field] = "12";

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <torch/types.h>
 
 #include <atomic>
 #include <cstdint>
@@ -12,8 +13,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "common/shared_data.h"
 
@@ -228,9 +227,9 @@ TEST_F(SafetensorsBadFileTest, EntryMissingFields) {
   EXPECT_THAT(Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [2]}})", 8)),
               AllOf(HasSubstr("'w'"), HasSubstr("missing 'data_offsets'")));
   EXPECT_THAT(Message(OpenHeader(R"({"w": 3})", 8)), HasSubstr("not a JSON object"));
-  EXPECT_THAT(Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})",
-                                 8)),
-              HasSubstr("'data_offsets' must be two non-negative integers"));
+  EXPECT_THAT(
+      Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})", 8)),
+      HasSubstr("'data_offsets' must be two non-negative integers"));
   EXPECT_THAT(
       Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})", 8)),
       HasSubstr("'data_offsets' must be two non-negative integers"));
@@ -253,17 +252,15 @@ TEST_F(SafetensorsBadFileTest, UnsupportedDtypes) {
 }
 
 TEST_F(SafetensorsBadFileTest, NegativeDimension) {
-  EXPECT_THAT(
-      Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 8]}})",
-                         8)),
-      AllOf(HasSubstr("'w'"), HasSubstr("negative dimension")));
+  EXPECT_THAT(Message(OpenHeader(
+                  R"({"w": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 8]}})", 8)),
+              AllOf(HasSubstr("'w'"), HasSubstr("negative dimension")));
 }
 
 TEST_F(SafetensorsBadFileTest, OffsetsDoNotMatchShape) {
-  EXPECT_THAT(
-      Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 12]}})",
-                         24)),
-      AllOf(HasSubstr("'w'"), HasSubstr("span 12 bytes"), HasSubstr("needs 24 bytes")));
+  EXPECT_THAT(Message(OpenHeader(
+                  R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 12]}})", 24)),
+              AllOf(HasSubstr("'w'"), HasSubstr("span 12 bytes"), HasSubstr("needs 24 bytes")));
   EXPECT_THAT(
       Message(OpenHeader(R"({"w": {"dtype": "BF16", "shape": [4], "data_offsets": [8, 0]}})", 8)),
       HasSubstr("end before they begin"));
@@ -315,6 +312,18 @@ TEST(CheckpointTest, OpensStories260k) {
   EXPECT_GT(embed->abs().sum().item<float>(), 0);
   auto q = (*checkpoint)->Get("model.layers.4.self_attn.k_proj.weight", {32, 64});
   ASSERT_TRUE(q.ok()) << q.status();
+
+  auto view = (*checkpoint)->View("model.layers.0.mlp.gate_proj.weight");
+  ASSERT_TRUE(view.ok()) << view.status();
+  EXPECT_EQ(view->sizes(), (std::vector<int64_t>{172, 64}));
+  const TensorInfo* info = (*checkpoint)->Find("model.layers.0.mlp.down_proj.weight");
+  ASSERT_NE(info, nullptr);
+  EXPECT_EQ(info->shape, (std::vector<int64_t>{64, 172}));
+  EXPECT_EQ(info->dtype, "F32");
+  EXPECT_EQ((*checkpoint)->Find("lm_head.weight"), nullptr);
+  auto absent = (*checkpoint)->View("lm_head.weight");
+  EXPECT_EQ(absent.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(Message(absent.status()), AllOf(HasSubstr("lm_head.weight"), HasSubstr(dir)));
 
   auto wrong = (*checkpoint)->Get("model.norm.weight", {32});
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
@@ -376,9 +385,8 @@ class ShardedCheckpointTest : public ::testing::Test {
     a_ = torch::randn({4, 3});
     b_ = torch::randn({5}).to(torch::kBFloat16);
     c_ = torch::randn({2, 2}).to(torch::kFloat16);
-    ASSERT_TRUE(WriteSafetensors(dir_ + "/model-00001-of-00002.safetensors",
-                                 {{"a", a_}, {"b", b_}})
-                    .ok());
+    ASSERT_TRUE(
+        WriteSafetensors(dir_ + "/model-00001-of-00002.safetensors", {{"a", a_}, {"b", b_}}).ok());
     ASSERT_TRUE(WriteSafetensors(dir_ + "/model-00002-of-00002.safetensors", {{"c", c_}}).ok());
   }
 
@@ -416,7 +424,8 @@ TEST_F(ShardedCheckpointTest, MalformedIndex) {
   WriteIndex("{\"weight_map\": ");
   auto checkpoint = Checkpoint::Open(dir_);
   EXPECT_EQ(checkpoint.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(checkpoint.status()), AllOf(HasSubstr(IndexPath()), HasSubstr("not valid JSON")));
+  EXPECT_THAT(Message(checkpoint.status()),
+              AllOf(HasSubstr(IndexPath()), HasSubstr("not valid JSON")));
 
   WriteIndex(R"({"metadata": {}})");
   checkpoint = Checkpoint::Open(dir_);

@@ -78,8 +78,8 @@ std::vector<GoldenSet> FindGoldenSets() {
   }
   const std::string stories = SharedPath("models/stories260k");
   if (fs::exists(stories + "/tokenizer.json") && fs::exists(stories + "/golden_tokenizer.jsonl")) {
-    sets.push_back({"stories260k", stories + "/tokenizer.json",
-                    stories + "/golden_tokenizer.jsonl"});
+    sets.push_back(
+        {"stories260k", stories + "/tokenizer.json", stories + "/golden_tokenizer.jsonl"});
   }
   return sets;
 }
@@ -309,8 +309,8 @@ TEST_F(Stories260kTest, MetaspacePreTokenizerVariantMatchesGoldens) {
   EXPECT_NE(std::vector<int32_t>(after_special->begin() + 1, after_special->end()), *plain);
 
   // The Metaspace decoder drops the first token's "▁" and keeps the others.
-  j["decoder"] = {{"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"},
-                  {"prepend_scheme", "always"}};
+  j["decoder"] = {
+      {"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "always"}};
   auto decoder_variant = Tokenizer::FromJson(j.dump(), "metaspace.json");
   ASSERT_TRUE(decoder_variant.ok()) << decoder_variant.status();
   auto ids = (*decoder_variant)->Encode("Once upon a time", false);
@@ -407,7 +407,9 @@ TEST(IncrementalDecoderTest, RandomIdsConcatenateToDecode) {
             << "ids " << json(ids).dump() << " skip " << skip;
         // With a prompt of random ids the pieces are still valid UTF-8.
         std::vector<int32_t> prompt(rng() % 8);
-        for (int32_t& id : prompt) id = byte_ids.empty() ? any(rng) : byte_ids[rng() % byte_ids.size()];
+        for (int32_t& id : prompt) {
+          id = byte_ids.empty() ? any(rng) : byte_ids[rng() % byte_ids.size()];
+        }
         Stream(*tokenizer, ids, skip, prompt);
       }
     }
@@ -445,67 +447,71 @@ constexpr char kLlama3Pattern[] =
 json HandWrittenTokenizer() {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) vocab[ByteChar(b)] = b;
-  // Merges, in rank order, as pairs of ASCII strings.
+  // Merges, in rank order, as pairs of ASCII strings; written alternately in
+  // the ["a", "b"] and the "a b" forms.
   const std::vector<std::pair<std::string, std::string>> merges = {
-      {"l", "l"}, {"h", "e"}, {"he", "ll"}, {"hell", "o"}, {" ", "w"}, {"o", "r"},
-      {" w", "or"}, {" wor", "ld"}, {"l", "d"}, {"a", "b"}, {"b", "c"}, {"ab", "c"},
-      {"'", "s"}};
+      {"l", "l"}, {"h", "e"},   {"he", "ll"},   {"hell", "o"}, {" ", "w"},
+      {"o", "r"}, {" w", "or"}, {" wor", "ld"}, {"l", "d"},    {"a", "b"},
+      {"b", "c"}, {"ab", "c"},  {"'", "s"}};
   json merge_list = json::array();
   int next_id = 256;
   for (const auto& [left, right] : merges) {
     const std::string merged = Bl(left + right);
     if (!vocab.contains(merged)) vocab[merged] = next_id++;
-    merge_list.push_back(json::array({Bl(left), Bl(right)}));
+    if (merge_list.size() % 2 == 0) {
+      merge_list.push_back(json::array({Bl(left), Bl(right)}));
+    } else {
+      merge_list.push_back(Bl(left) + " " + Bl(right));
+    }
   }
-  // "ld" is merged after " wor"+"ld" in rank order but must exist first.
+  // Note " wor"+"ld" (rank 7) can only apply after "l"+"d" (rank 8) made "ld".
   json j = {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
-      {"added_tokens",
-       json::array({{{"id", 300},
-                     {"content", "<|eot|>"},
-                     {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}},
-                    {{"id", 301},
-                     {"content", "<mask>"},
-                     {"single_word", false},
-                     {"lstrip", true},
-                     {"rstrip", false},
-                     {"normalized", false},
-                     {"special", true}},
-                    {{"id", 302},
-                     {"content", "foo"},
-                     {"single_word", true},
-                     {"lstrip", false},
-                     {"rstrip", false},
-                     {"normalized", true},
-                     {"special", false}}})},
+      {"added_tokens", json::array({{{"id", 300},
+                                     {"content", "<|eot|>"},
+                                     {"single_word", false},
+                                     {"lstrip", false},
+                                     {"rstrip", false},
+                                     {"normalized", false},
+                                     {"special", true}},
+                                    {{"id", 301},
+                                     {"content", "<mask>"},
+                                     {"single_word", false},
+                                     {"lstrip", true},
+                                     {"rstrip", false},
+                                     {"normalized", false},
+                                     {"special", true}},
+                                    {{"id", 302},
+                                     {"content", "foo"},
+                                     {"single_word", true},
+                                     {"lstrip", false},
+                                     {"rstrip", false},
+                                     {"normalized", true},
+                                     {"special", false}}})},
       {"normalizer", {{"type", "NFC"}}},
       {"pre_tokenizer",
        {{"type", "Sequence"},
-        {"pretokenizers",
-         json::array({{{"type", "Split"},
-                       {"pattern", {{"Regex", kLlama3Pattern}}},
-                       {"behavior", "Isolated"},
-                       {"invert", false}},
-                      {{"type", "ByteLevel"},
-                       {"add_prefix_space", false},
-                       {"trim_offsets", true},
-                       {"use_regex", false}}})}}},
+        {"pretokenizers", json::array({{{"type", "Split"},
+                                        {"pattern", {{"Regex", kLlama3Pattern}}},
+                                        {"behavior", "Isolated"},
+                                        {"invert", false}},
+                                       {{"type", "ByteLevel"},
+                                        {"add_prefix_space", false},
+                                        {"trim_offsets", true},
+                                        {"use_regex", false}}})}}},
       {"post_processor",
        {{"type", "Sequence"},
         {"processors",
-         json::array({{{"type", "ByteLevel"}, {"trim_offsets", false}},
-                      {{"type", "TemplateProcessing"},
-                       {"single", json::array({{{"SpecialToken", {{"id", "<|eot|>"}, {"type_id", 0}}}},
-                                               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
-                       {"pair", json::array()},
-                       {"special_tokens",
-                        {{"<|eot|>", {{"id", "<|eot|>"}, {"ids", {300}}, {"tokens", {"<|eot|>"}}}}}}}})}}},
+         json::array(
+             {{{"type", "ByteLevel"}, {"trim_offsets", false}},
+              {{"type", "TemplateProcessing"},
+               {"single", json::array({{{"SpecialToken", {{"id", "<|eot|>"}, {"type_id", 0}}}},
+                                       {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+               {"pair", json::array()},
+               {"special_tokens",
+                {{"<|eot|>", {{"id", "<|eot|>"}, {"ids", {300}}, {"tokens", {"<|eot|>"}}}}}}}})}}},
       {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}}},
       {"model",
        {{"type", "BPE"},
@@ -564,9 +570,13 @@ TEST_F(HandWrittenTokenizerTest, AppliesMergesByRank) {
 TEST_F(HandWrittenTokenizerTest, NormalizesToNfcAndRoundTrips) {
   // "e" + COMBINING ACUTE ACCENT composes to "é" before byte mapping.
   EXPECT_EQ(Encode("e\xCC\x81"), Encode("\xC3\xA9"));
-  const std::vector<std::string> texts = {
-      "hello world", "  two  spaces ", "tabs\tand\nnewlines\r\n", "naïve café 中文 🙂 👍🏽",
-      "numbers 1234567 and punctuation!!! ...", "it's HE'LL we'd", ""};
+  const std::vector<std::string> texts = {"hello world",
+                                          "  two  spaces ",
+                                          "tabs\tand\nnewlines\r\n",
+                                          "naïve café 中文 🙂 👍🏽",
+                                          "numbers 1234567 and punctuation!!! ...",
+                                          "it's HE'LL we'd",
+                                          ""};
   for (const std::string& text : texts) {
     auto ids = tokenizer_->Encode(text, false);
     ASSERT_TRUE(ids.ok());
@@ -694,14 +704,20 @@ TEST(TokenizerErrorTest, UnsupportedComponentsNameFileAndComponent) {
     const char* message;
   };
   const std::vector<Case> cases = {
-      {"pre_tokenizer", {{"type", "BertPreTokenizer"}},
+      {"pre_tokenizer",
+       {{"type", "BertPreTokenizer"}},
        "t.json: unsupported pre_tokenizer type 'BertPreTokenizer'"},
-      {"normalizer", {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}},
+      {"normalizer",
+       {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}},
        "t.json: unsupported normalizer type 'Precompiled'"},
-      {"decoder", {{"type", "WordPiece"}, {"prefix", "##"}},
+      {"decoder",
+       {{"type", "WordPiece"}, {"prefix", "##"}},
        "t.json: unsupported decoder type 'WordPiece'"},
-      {"post_processor", {{"type", "Mystery"}}, "t.json: unsupported post_processor type 'Mystery'"},
-      {"model", {{"type", "Unigram"}, {"vocab", json::array()}},
+      {"post_processor",
+       {{"type", "Mystery"}},
+       "t.json: unsupported post_processor type 'Mystery'"},
+      {"model",
+       {{"type", "Unigram"}, {"vocab", json::array()}},
        "t.json: unsupported model type 'Unigram'"},
   };
   for (const Case& c : cases) {
@@ -725,8 +741,8 @@ TEST(TokenizerErrorTest, UnsupportedComponentsNameFileAndComponent) {
 std::string HundredKilobytes() {
   std::string text;
   std::mt19937 rng(7);
-  const std::vector<std::string> syllables = {"ka", "ter", "mo", "lin", "ra", "ble", "sh",
-                                              "ou", "ing", "pre", "st", "ion", "é", "中"};
+  const std::vector<std::string> syllables = {"ka", "ter", "mo",  "lin", "ra",  "ble", "sh",
+                                              "ou", "ing", "pre", "st",  "ion", "é",   "中"};
   const std::vector<std::string> separators = {" ", " ", " ", ", ", ". ", "\n", " 42 ", "!? "};
   while (text.size() < 100 * 1024) {
     const int n = 1 + rng() % 4;
@@ -751,8 +767,8 @@ TEST(TokenizerSpeedTest, EncodesHundredKilobytesQuickly) {
     auto decoded = tokenizer->Decode(*ids);
     ASSERT_TRUE(decoded.ok());
     EXPECT_EQ(*decoded, text);
-    std::cout << "[ speed    ] " << set.name << ": " << text.size() << " bytes -> "
-              << ids->size() << " ids in " << seconds * 1000 << " ms\n";
+    std::cout << "[ speed    ] " << set.name << ": " << text.size() << " bytes -> " << ids->size()
+              << " ids in " << seconds * 1000 << " ms\n";
     // Generous: the machine may be busy. Typically a few tens of ms.
     EXPECT_LT(seconds, 2.0);
   }

@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <torch/types.h>
 
 #include <filesystem>
 #include <fstream>
@@ -10,8 +11,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <torch/types.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/model_config.h"
