@@ -4,14 +4,21 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace knapserve {
 namespace {
 
-// Rows of w per parallel work item: large enough that a thread streams long
-// contiguous runs, small enough that both threads get work on q/k/v shapes.
-constexpr int64_t kRowsPerTask = 64;
+// Splits [0, n) into one contiguous range per torch thread (multiples of 8
+// rows, the kernels' block), so each thread streams one long run of weights
+// and a call pays for one fork/join only.
+template <class F>
+void ParallelRows(int64_t n, const F& body) {
+  const int64_t threads = std::max(1, at::get_num_threads());
+  const int64_t per_thread = (n / threads + 7) / 8 * 8;
+  at::parallel_for(0, n, std::max<int64_t>(per_thread, 8), body);
+}
 
 #if defined(__x86_64__)
 
@@ -56,13 +63,13 @@ torch::Tensor FastLinearFloatOut(const torch::Tensor& x_in, const torch::Tensor&
   if (x.scalar_type() == torch::kBFloat16) {
     const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
     const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-    at::parallel_for(0, n, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    ParallelRows(n, [&](int64_t begin, int64_t end) {
       kernels::DotRowsBf16(xp, wp, out, m, n, k, begin, end);
     });
   } else {
     const float* xp = x.data_ptr<float>();
     const float* wp = w.data_ptr<float>();
-    at::parallel_for(0, n, kRowsPerTask, [&](int64_t begin, int64_t end) {
+    ParallelRows(n, [&](int64_t begin, int64_t end) {
       kernels::DotRowsF32(xp, wp, out, m, n, k, begin, end);
     });
   }

@@ -7,6 +7,7 @@
 
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <cmath>
 #include <filesystem>
