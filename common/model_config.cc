@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/file_util.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -232,19 +233,6 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& json) {
   return config;
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (!std::filesystem::exists(path)) {
-      return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    }
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot be opened"));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return buffer.str();
-}
 
 std::string Architecture(const std::string& model_type) {
   if (model_type == "mistral") return "MistralForCausalLM";
@@ -295,13 +283,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   const std::string config_path = model_dir + "/config.json";
-  ASSIGN_OR_RETURN(std::string text, ReadFile(config_path));
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
   ASSIGN_OR_RETURN(ModelConfig config, ParseModelConfig(text, config_path));
 
   const std::string generation_path = model_dir + "/generation_config.json";
   std::error_code error;
   if (std::filesystem::exists(generation_path, error)) {
-    ASSIGN_OR_RETURN(std::string generation_text, ReadFile(generation_path));
+    ASSIGN_OR_RETURN(std::string generation_text, ReadFileToString(generation_path));
     Json generation = Json::parse(generation_text, nullptr, false);
     if (generation.is_discarded() || !generation.is_object()) {
       return absl::InvalidArgumentError(absl::StrCat(generation_path, ": not a valid JSON object"));

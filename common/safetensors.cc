@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -152,19 +153,6 @@ class FdCloser {
   int fd_;
 };
 
-absl::StatusOr<std::string> ReadSmallFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    if (!std::filesystem::exists(path)) {
-      return absl::NotFoundError(absl::StrCat(path, ": no such file"));
-    }
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot be opened"));
-  }
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(path, ": read error"));
-  return buffer.str();
-}
 
 }  // namespace
 
@@ -312,7 +300,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& 
   const std::string single_path = dir + "/model.safetensors";
 
   if (std::filesystem::exists(index_path, error)) {
-    ASSIGN_OR_RETURN(std::string text, ReadSmallFile(index_path));
+    ASSIGN_OR_RETURN(std::string text, ReadFileToString(index_path));
     nlohmann::json index = nlohmann::json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded()) {
       return absl::InvalidArgumentError(absl::StrCat(index_path, ": not valid JSON"));

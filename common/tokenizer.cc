@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/file_util.h"
 #include "common/status.h"
 #include "common/tokenizer_bpe.h"
 #include "common/tokenizer_pipeline.h"
@@ -131,14 +132,8 @@ Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(
     const std::string& tokenizer_json_path) {
-  std::ifstream in(tokenizer_json_path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(tokenizer_json_path, ": cannot open"));
-  }
-  std::ostringstream contents;
-  contents << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat(tokenizer_json_path, ": read error"));
-  return FromJson(contents.str(), tokenizer_json_path);
+  ASSIGN_OR_RETURN(std::string contents, ReadFileToString(tokenizer_json_path));
+  return FromJson(contents, tokenizer_json_path);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view text,
