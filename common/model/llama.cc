@@ -223,8 +223,9 @@ torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x, const torch::Tensor& w
 }
 
 torch::Tensor LlamaModel::ApplyRope(const torch::Tensor& x, int64_t start_pos) const {
-  // x: [T, heads, head_dim]; rotate_half layout (first half / second half).
-  const int64_t t = x.size(0);
+  // x: [..., T, heads, head_dim]; rotate_half layout (first half / second
+  // half); row t is at position start_pos + t.
+  const int64_t t = x.size(-3);
   const int64_t half = config_.head_dim / 2;
   torch::Tensor cos = rope_cos_.narrow(0, start_pos, t).unsqueeze(1);
   torch::Tensor sin = rope_sin_.narrow(0, start_pos, t).unsqueeze(1);
@@ -292,16 +293,73 @@ torch::Tensor LlamaModel::Mlp(int layer_index, const torch::Tensor& h) const {
   c10::InferenceMode guard;
   const Layer& layer = layers_[layer_index];
   const int64_t inter = config_.intermediate_size;
-  torch::Tensor x = RmsNorm(h, layer.post_norm);
+  torch::Tensor x = RmsNorm(h, layer.post_norm).reshape({-1, config_.hidden_size});
   torch::Tensor gu = Linear(x, layer.gate_up_proj);
   torch::Tensor act = torch::silu(gu.narrow(1, 0, inter)) * gu.narrow(1, inter, inter);
-  return h + Linear(act.contiguous(), layer.down_proj);
+  return h + Linear(act.contiguous(), layer.down_proj).view(h.sizes());
+}
+
+torch::Tensor LlamaModel::BranchAttention(int layer_index, const torch::Tensor& h,
+                                          int64_t first_position, const LayerKv& prefix,
+                                          int64_t prefix_len) const {
+  c10::InferenceMode guard;
+  const Layer& layer = layers_[layer_index];
+  TORCH_CHECK(h.dim() == 3, "BranchAttention wants [B, r, hidden]");
+  const int64_t b = h.size(0);
+  const int64_t r = h.size(1);
+  const int64_t hd = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads;
+  const int64_t nkv = config_.num_key_value_heads;
+  const int64_t group = nh / nkv;
+  TORCH_CHECK(first_position + r <= max_context_, "BranchAttention past the context");
+
+  torch::Tensor x = RmsNorm(h, layer.input_norm).reshape({b * r, config_.hidden_size});
+  torch::Tensor qkv = Linear(x, layer.qkv_proj, layer.qkv_bias);
+  torch::Tensor q = qkv.narrow(1, 0, nh * hd).reshape({b, r, nh, hd});
+  torch::Tensor k = qkv.narrow(1, nh * hd, nkv * hd).reshape({b, r, nkv, hd});
+  torch::Tensor v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd).reshape({b, r, nkv, hd});
+  if (layer.q_norm.defined()) {
+    q = RmsNorm(q, layer.q_norm);
+    k = RmsNorm(k, layer.k_norm);
+  }
+  q = ApplyRope(q, first_position);
+  k = ApplyRope(k, first_position);
+
+  // [B, KV, G*r, hd]: each KV head's query group and the r tokens as rows.
+  torch::Tensor qg = q.view({b, r, nkv, group, hd}).permute({0, 2, 3, 1, 4}).reshape(
+      {b, nkv, group * r, hd});
+  torch::Tensor own_k = k.permute({0, 2, 3, 1});  // [B, KV, hd, r]
+  torch::Tensor own_v = v.permute({0, 2, 1, 3});  // [B, KV, r, hd]
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  torch::Tensor self_scores = torch::matmul(qg, own_k).to(torch::kFloat32) * scale;
+  auto opts = torch::TensorOptions().device(options_.device).dtype(torch::kInt64);
+  torch::Tensor later = torch::arange(r, opts).unsqueeze(0) > torch::arange(r, opts).unsqueeze(1);
+  self_scores = self_scores.view({b, nkv, group, r, r}).masked_fill(later, -INFINITY).view(
+      {b, nkv, group * r, r});
+  torch::Tensor scores = self_scores;
+  if (prefix_len > 0) {
+    torch::Tensor pk = prefix.k.narrow(1, 0, prefix_len);  // [KV, P, hd]
+    torch::Tensor prefix_scores =
+        torch::matmul(qg, pk.transpose(1, 2).unsqueeze(0)).to(torch::kFloat32) * scale;
+    scores = torch::cat({prefix_scores, self_scores}, -1);
+  }
+  torch::Tensor probs = torch::softmax(scores, -1).to(options_.dtype);
+  torch::Tensor out = torch::matmul(probs.narrow(-1, prefix_len, r), own_v);
+  if (prefix_len > 0) {
+    out = out + torch::matmul(probs.narrow(-1, 0, prefix_len),
+                              prefix.v.narrow(1, 0, prefix_len).unsqueeze(0));
+  }
+  // [B, KV, G*r, hd] -> [B, r, H*hd]
+  out = out.view({b, nkv, group, r, hd}).permute({0, 3, 1, 2, 4}).reshape({b * r, nh * hd});
+  return h + Linear(out, layer.o_proj).view(h.sizes());
 }
 
 torch::Tensor LlamaModel::Logits(const torch::Tensor& h) const {
   c10::InferenceMode guard;
   torch::Tensor x = RmsNorm(h, final_norm_);
-  return Linear(x, lm_head_).to(torch::kFloat32);
+  std::vector<int64_t> out_shape = h.sizes().vec();
+  out_shape.back() = config_.vocab_size;
+  return Linear(x.reshape({-1, config_.hidden_size}), lm_head_).to(torch::kFloat32).view(out_shape);
 }
 
 torch::Tensor LlamaModel::Forward(const torch::Tensor& token_ids, int64_t start_pos,

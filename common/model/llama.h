@@ -113,8 +113,17 @@ class LlamaModel {
   torch::Tensor Attention(int layer, const torch::Tensor& h, int64_t start_pos,
                           LayerKv& kv) const;
   // MLP sublayer `layer`: h + down(silu(gate(x)) * up(x)), x = rmsnorm(h).
+  // h may have leading batch dimensions ([..., hidden]).
   torch::Tensor Mlp(int layer, const torch::Tensor& h) const;
-  // Final RMSNorm and LM head: [T, hidden] -> float32 [T, vocab].
+  // Attention sublayer `layer` for the planner's knapsack DP: h is
+  // [B, r, hidden], B candidate branches of the same r tokens at positions
+  // first_position .. first_position+r-1. Each token attends to `prefix`
+  // positions [0, prefix_len) (the full model's K/V, shared by all branches)
+  // and causally to its own branch's tokens; nothing is written to any cache.
+  // prefix_len may be < first_position when only a window of K/V is known.
+  torch::Tensor BranchAttention(int layer, const torch::Tensor& h, int64_t first_position,
+                                const LayerKv& prefix, int64_t prefix_len) const;
+  // Final RMSNorm and LM head: [..., hidden] -> float32 [..., vocab].
   torch::Tensor Logits(const torch::Tensor& h) const;
 
   // ---- Whole-model passes ----

@@ -217,6 +217,39 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ArchitectureTest,
                            return name;
                          });
 
+TEST_P(ArchitectureTest, BranchAttentionMatchesCachedAttentionPerBranch) {
+  const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
+  ASSERT_FALSE(dir.empty());
+  auto model = LoadOrDie(dir);
+  ASSERT_NE(model, nullptr);
+  c10::InferenceMode guard;
+  const int64_t prefix_len = 11, r = 4;
+  const std::vector<int64_t> ids = SomeIds(model->config().vocab_size, prefix_len + r, 4);
+  auto kv = model->AllocateKv(prefix_len + r);
+  model->Forward(Ids(std::vector<int64_t>(ids.begin(), ids.begin() + prefix_len)), 0, kv);
+  // Two branches: the real embeddings of the r tokens, and a perturbed copy.
+  torch::Tensor h0 = model->Embed(Ids(std::vector<int64_t>(ids.begin() + prefix_len, ids.end())));
+  torch::Tensor h1 = h0 * 1.5 + 0.01;
+  torch::Tensor branches = torch::stack({h0, h1});
+  for (int layer = 0; layer < model->num_layers(); ++layer) {
+    torch::Tensor got = model->BranchAttention(layer, branches, prefix_len, kv[layer], prefix_len);
+    for (int64_t b = 0; b < 2; ++b) {
+      auto scratch = model->AllocateKv(prefix_len + r);
+      scratch[layer].k.narrow(1, 0, prefix_len).copy_(kv[layer].k.narrow(1, 0, prefix_len));
+      scratch[layer].v.narrow(1, 0, prefix_len).copy_(kv[layer].v.narrow(1, 0, prefix_len));
+      torch::Tensor want = model->Attention(layer, branches[b], prefix_len, scratch[layer]);
+      EXPECT_TRUE(torch::allclose(got[b], want, 1e-4, 1e-5)) << "layer " << layer << " branch " << b;
+    }
+  }
+  // The prefix cache is only read.
+  auto fresh = model->AllocateKv(prefix_len + r);
+  model->Forward(Ids(std::vector<int64_t>(ids.begin(), ids.begin() + prefix_len)), 0, fresh);
+  EXPECT_TRUE(torch::equal(fresh[0].k, kv[0].k));
+  // Batched MLP equals per-branch MLP.
+  torch::Tensor mlp = model->Mlp(0, branches);
+  EXPECT_TRUE(torch::allclose(mlp[1], model->Mlp(0, h1), 1e-5, 1e-6));
+}
+
 TEST(LlamaModelTest, RopeLlama3ScalingMatchesHuggingFaceFormula) {
   ModelConfig c;
   c.head_dim = 64;
