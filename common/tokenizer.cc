@@ -333,9 +333,8 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
-    if (id < 0 || id >= vocab_size_) {
-      return absl::OutOfRangeError(
-          absl::StrCat("Decode: token id ", id, " is outside the vocab [0, ", vocab_size_, ")"));
+    if (id < 0) {
+      return absl::OutOfRangeError(absl::StrCat("Decode: negative token id ", id));
     }
     if (skip_special_tokens && IsSpecial(id)) continue;
     if (const std::string* token = TokenOf(id); token != nullptr) tokens.push_back(*token);
@@ -402,11 +401,12 @@ std::string IncrementalDecoder::DecodeRange(size_t begin, size_t end) const {
 }
 
 absl::StatusOr<std::string> IncrementalDecoder::Push(int32_t id) {
-  if (id < 0 || id >= tokenizer_->vocab_size()) {
-    return absl::OutOfRangeError(absl::StrCat("IncrementalDecoder: token id ", id,
-                                              " is outside the vocab [0, ",
-                                              tokenizer_->vocab_size(), ")"));
+  if (id < 0) {
+    return absl::OutOfRangeError(absl::StrCat("IncrementalDecoder: negative token id ", id));
   }
+  // An id the tokenizer does not know (models pad their embedding past the
+  // tokenizer, e.g. Qwen2) decodes to nothing, as in the crate.
+  if (id >= tokenizer_->vocab_size()) return std::string();
   ids_.push_back(id);
   std::string new_text = DecodeRange(prefix_offset_, ids_.size());
   // Hold back text that has not grown or ends in an incomplete character.

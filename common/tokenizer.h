@@ -85,8 +85,9 @@ class Tokenizer {
 
   // The text of `ids` through the decoder pipeline; special tokens are dropped
   // if skip_special_tokens. Always valid UTF-8 (ill-formed byte sequences
-  // become U+FFFD). OutOfRange for an id < 0 or >= vocab_size(); ids inside the
-  // range that name no token are skipped, as in the crate.
+  // become U+FFFD). OutOfRange for an id < 0; ids that name no token (>= vocab_size(),
+  // as models often pad their embedding past the tokenizer, or holes in the
+  // vocab) are skipped, as in the crate.
   absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids,
                                      bool skip_special_tokens = false) const;
 
@@ -163,8 +164,9 @@ class IncrementalDecoder {
   IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = false,
                      std::vector<int32_t> prompt_ids = {});
 
-  // The new stable text after `id` (often empty). OutOfRange for an id outside
-  // the vocab; the decoder is then unchanged.
+  // The new stable text after `id` (often empty). An id the tokenizer does
+  // not know adds no text; OutOfRange for a negative id (the decoder is then
+  // unchanged).
   absl::StatusOr<std::string> Push(int32_t id);
   // Whatever is still held back, ill-formed bytes as U+FFFD. Pushing may go on
   // afterwards.

@@ -95,6 +95,11 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request, const L
     if (spec.plan_interval < 1 || spec.reference_steps < 1) {
       return absl::InvalidArgumentError("plan_interval and reference_steps: must be >= 1");
     }
+    if (spec.reference_steps > spec.plan_interval) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reference_steps: ", spec.reference_steps, " exceeds plan_interval ",
+          spec.plan_interval, " (the steps captured after a plan boundary must fit before the next)"));
+    }
     RETURN_IF_ERROR(LayerMask::Parse(spec.skip, model.num_layers()).status());
   }
   return Annotate(ValidateSamplingParams(request.sampling), "sampling");

@@ -54,6 +54,33 @@ ABSL_FLAG(double, exit_threshold, 0.7,
 ABSL_FLAG(int64_t, plan_interval, 64, "Decode steps between plan boundaries (T).");
 ABSL_FLAG(int64_t, reference_steps, 5,
           "Verification steps whose hidden states are kept after each plan boundary (m).");
+ABSL_FLAG(bool, search_masks, false,
+          "bench spec: first find a static mask by greedy forward selection (start from no "
+          "skip; each round, skip the one more sublayer that gives the best measured decode "
+          "tok/s on the calibration prompts; stop when none improves), then compare it with "
+          "--spec off. Replaces --skip.");
+ABSL_FLAG(int32_t, search_prompts, 3, "bench spec --search-masks: calibration prompts.");
+ABSL_FLAG(int64_t, search_tokens, 64,
+          "bench spec --search-masks: tokens generated per calibration prompt.");
+ABSL_FLAG(int32_t, search_max_steps, 0,
+          "bench spec --search-masks: at most this many steps taken (sublayers, or layers with "
+          "--search-whole-layers); 0 = no limit.");
+ABSL_FLAG(double, search_min_gain, 0.01,
+          "bench spec --search-masks: a round's best candidate is kept only if it beats the "
+          "current mask by this fraction, in its first measurement and in a re-measurement "
+          "(guards against picking timing noise).");
+ABSL_FLAG(bool, search_edge_layers, false,
+          "bench spec --search-masks: also try skipping sublayers of the first and last layer "
+          "(the KnapSpec reference code never does).");
+ABSL_FLAG(bool, search_whole_layers, false,
+          "bench spec --search-masks: each step skips a whole layer (attention and MLP) instead "
+          "of one sublayer.");
+ABSL_FLAG(int64_t, context_length, 512,
+          "bench step-cost: positions already in the KV cache when a step is timed (capped to "
+          "fit the model's context).");
+ABSL_FLAG(int32_t, step_repeats, 30,
+          "bench step-cost: timed runs per measurement (the median is reported, after 3 "
+          "warm-up runs).");
 
 namespace knapserve {
 

@@ -48,6 +48,15 @@ ABSL_DECLARE_FLAG(int32_t, max_draft);
 ABSL_DECLARE_FLAG(double, exit_threshold);
 ABSL_DECLARE_FLAG(int64_t, plan_interval);
 ABSL_DECLARE_FLAG(int64_t, reference_steps);
+ABSL_DECLARE_FLAG(bool, search_masks);
+ABSL_DECLARE_FLAG(int32_t, search_prompts);
+ABSL_DECLARE_FLAG(int64_t, search_tokens);
+ABSL_DECLARE_FLAG(int32_t, search_max_steps);
+ABSL_DECLARE_FLAG(double, search_min_gain);
+ABSL_DECLARE_FLAG(bool, search_edge_layers);
+ABSL_DECLARE_FLAG(bool, search_whole_layers);
+ABSL_DECLARE_FLAG(int64_t, context_length);
+ABSL_DECLARE_FLAG(int32_t, step_repeats);
 
 namespace knapserve {
 

@@ -12,8 +12,16 @@ namespace knapserve {
 int RunGenerate();
 int RunTokenize();
 int RunMakeModel();
-// args: the positional arguments after "bench" (e.g. {"ar"}).
+// args: the positional arguments after "bench" (e.g. {"ar"}); dispatches to
+// `bench ar` (tools/bench_command.cc), `bench spec` and `bench step-cost`.
 int RunBench(const std::vector<std::string>& args);
+// `knapserve bench spec` (tools/bench_spec.cc): --spec off against --spec
+// static on the same prompts, with the greedy losslessness check and the
+// optional --search-masks forward selection.
+int RunBenchSpec();
+// `knapserve bench step-cost` (tools/bench_step_cost.cc): draft-step and
+// verification costs relative to a full decode step.
+int RunBenchStepCost();
 
 }  // namespace knapserve
 

@@ -18,6 +18,15 @@ constexpr char kUsage[] =
     "  tokenize    print the token ids of --text as a JSON array\n"
     "  make-model  write a random-weight checkpoint of a real layout (--shape, --out)\n"
     "  bench ar    measure prefill and decode speed against memory bandwidth\n"
+    "  bench spec  --spec off vs --spec static --skip MASK on the same prompts: decode tok/s,\n"
+    "              speedup, acceptance, draft/verify time share; checks greedy losslessness\n"
+    "              (exit 1 on a mismatch). --search-masks first finds a mask by greedy\n"
+    "              forward selection on measured tok/s (--search-prompts, --search-tokens,\n"
+    "              --search-whole-layers, --search-max-steps)\n"
+    "  bench step-cost\n"
+    "              draft step with k of 2L sublayers kept vs a full step (and k/2L), and\n"
+    "              verifying gamma+1 tokens vs gamma+1 steps (gamma 1..10), at\n"
+    "              --context-length positions (--step-repeats runs, median)\n"
     "\n"
     "Run `knapserve --helpfull` for every flag.";
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/model/decode_attention.h"
 #include "common/model/linear.h"
 #include "common/safetensors.h"
 #include "common/status.h"
@@ -267,6 +268,13 @@ torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h, int
   // Write this step's K/V; the cache is [kv_heads, capacity, head_dim].
   kv.k.narrow(1, start_pos, t).copy_(k.transpose(0, 1));
   kv.v.narrow(1, start_pos, t).copy_(v.transpose(0, 1));
+  if (DecodeAttentionApplies(q)) {
+    // Decode, draft and verification steps: the batch-invariant kernel, so a
+    // token gets the same bits alone or inside a verification pass.
+    return h + Linear(DecodeAttention(q, kv.k, kv.v, start_pos,
+                                      1.0 / std::sqrt(static_cast<double>(hd))),
+                      layer.o_proj);
+  }
   torch::Tensor keys = kv.k.narrow(1, 0, end);    // [KV, n, hd]
   torch::Tensor values = kv.v.narrow(1, 0, end);  // [KV, n, hd]
 

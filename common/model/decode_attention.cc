@@ -1,0 +1,140 @@
+#include "common/model/decode_attention.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace knapserve {
+namespace {
+
+// Lanes of the per-dot accumulator: the dot product of one query head with
+// one key is summed as 16 interleaved partial sums (which the compiler turns
+// into vector code) then those 16 in index order. The order is fixed by the
+// code, never by the shapes, which is what makes the result batch-invariant.
+constexpr int64_t kLanes = 16;
+constexpr int64_t kMaxHeadDim = 512;
+
+template <typename E>
+void ToFloatRow(const E* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// One KV head, one query row: the `group` query heads sharing this KV head
+// attend to keys/values [0, n). q: [group, hd] fp32; out: [group, hd] fp32.
+// scores: scratch of group * n floats.
+template <typename E>
+void AttendGroup(const float* q, const E* keys, const E* values, int64_t n, int64_t hd,
+                 int64_t group, float scale, float* scores, float* out) {
+  const int64_t full = hd / kLanes * kLanes;
+  float row[kMaxHeadDim];
+  for (int64_t j = 0; j < n; ++j) {
+    ToFloatRow(keys + j * hd, hd, row);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = q + g * hd;
+      float acc[kLanes] = {};
+      for (int64_t d = 0; d < full; d += kLanes) {
+        for (int64_t l = 0; l < kLanes; ++l) acc[l] += qg[d + l] * row[d + l];
+      }
+      float s = 0.0f;
+      for (int64_t d = full; d < hd; ++d) s += qg[d] * row[d];
+      for (int64_t l = 0; l < kLanes; ++l) s += acc[l];
+      scores[g * n + j] = s * scale;
+    }
+  }
+  std::vector<float> inv_sum(group);
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores + g * n;
+    float max = -std::numeric_limits<float>::infinity();
+    for (int64_t j = 0; j < n; ++j) max = std::max(max, sg[j]);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) {
+      sg[j] = std::exp(sg[j] - max);
+      sum += sg[j];
+    }
+    inv_sum[g] = 1.0f / sum;
+  }
+  std::fill(out, out + group * hd, 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    ToFloatRow(values + j * hd, hd, row);
+    for (int64_t g = 0; g < group; ++g) {
+      const float p = scores[g * n + j];
+      float* og = out + g * hd;
+      for (int64_t d = 0; d < hd; ++d) og[d] += p * row[d];
+    }
+  }
+  for (int64_t g = 0; g < group; ++g) {
+    for (int64_t d = 0; d < hd; ++d) out[g * hd + d] *= inv_sum[g];
+  }
+}
+
+template <typename E>
+void RunDecodeAttention(const torch::Tensor& qf, const torch::Tensor& keys,
+                        const torch::Tensor& values, int64_t start_pos, float scale,
+                        torch::Tensor& out) {
+  const int64_t t = qf.size(0);
+  const int64_t nh = qf.size(1);
+  const int64_t hd = qf.size(2);
+  const int64_t nkv = keys.size(0);
+  const int64_t capacity = keys.size(1);
+  const int64_t group = nh / nkv;
+  const float* q = qf.data_ptr<float>();
+  const E* k = keys.data_ptr<E>();
+  const E* v = values.data_ptr<E>();
+  float* o = out.data_ptr<float>();
+  // Work items are (row, KV head) pairs; a grain keeps tiny models inline.
+  const int64_t work_per_item = std::max<int64_t>(1, (start_pos + t) * hd * group);
+  const int64_t grain = std::max<int64_t>(1, 32768 / work_per_item);
+  at::parallel_for(0, t * nkv, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(group * (start_pos + t));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t row = item / nkv;
+      const int64_t kvh = item % nkv;
+      const int64_t offset = (row * nh + kvh * group) * hd;
+      AttendGroup<E>(q + offset, k + kvh * capacity * hd, v + kvh * capacity * hd,
+                     start_pos + row + 1, hd, group, scale, scores.data(), o + offset);
+    }
+  });
+}
+
+}  // namespace
+
+bool DecodeAttentionApplies(const torch::Tensor& q) {
+  const auto dtype = q.scalar_type();
+  return q.device().is_cpu() && q.dim() == 3 && q.size(0) > 0 &&
+         q.size(0) <= kMaxDecodeAttentionRows && q.size(2) <= kMaxHeadDim &&
+         (dtype == torch::kFloat32 || dtype == torch::kBFloat16 || dtype == torch::kFloat16);
+}
+
+torch::Tensor DecodeAttention(const torch::Tensor& q, const torch::Tensor& keys,
+                              const torch::Tensor& values, int64_t start_pos, double scale) {
+  c10::InferenceMode guard;
+  TORCH_CHECK(DecodeAttentionApplies(q), "DecodeAttention: unsupported query shape or dtype");
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous(),
+              "DecodeAttention: K/V caches must be contiguous");
+  TORCH_CHECK(keys.scalar_type() == q.scalar_type() && values.scalar_type() == q.scalar_type(),
+              "DecodeAttention: q and K/V dtypes differ");
+  TORCH_CHECK(q.size(1) % keys.size(0) == 0, "DecodeAttention: heads not a multiple of KV heads");
+  TORCH_CHECK(start_pos + q.size(0) <= keys.size(1), "DecodeAttention: past KV capacity");
+  const torch::Tensor qf = q.to(torch::kFloat32).contiguous();
+  torch::Tensor out = torch::empty({q.size(0), q.size(1) * q.size(2)},
+                                   torch::TensorOptions().dtype(torch::kFloat32));
+  const float s = static_cast<float>(scale);
+  switch (q.scalar_type()) {
+    case torch::kBFloat16:
+      RunDecodeAttention<at::BFloat16>(qf, keys, values, start_pos, s, out);
+      break;
+    case torch::kFloat16:
+      RunDecodeAttention<at::Half>(qf, keys, values, start_pos, s, out);
+      break;
+    default:
+      RunDecodeAttention<float>(qf, keys, values, start_pos, s, out);
+      break;
+  }
+  return q.scalar_type() == torch::kFloat32 ? out : out.to(q.scalar_type());
+}
+
+}  // namespace knapserve

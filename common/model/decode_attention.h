@@ -1,0 +1,45 @@
+// DecodeAttention: causal grouped-query attention for the few new positions
+// of a decode, draft or verification step, computed the same way for every
+// row whatever the number of rows.
+//
+// Why it exists: self-speculative decoding is lossless only if the full model
+// verifying [last token, draft tokens] in one pass produces exactly the logits
+// that decoding those tokens one at a time would. LibTorch's bmm/softmax pick
+// different blocking for 1 row than for 5, so greedy output could differ from
+// autoregressive output on near-ties. Here each (query row, head) is one
+// independent piece of work with a fixed reduction order (fp32 throughout:
+// scores, max-subtracted softmax, weighted sum of values), so a token's
+// attention output is bit-identical alone or inside a verification pass, and
+// independent of how rows are split between threads.
+//
+// Used by LlamaModel::Attention on CPU for T <= kMaxDecodeAttentionRows; longer
+// chunks (prefill) and CUDA use the LibTorch path.
+//
+// Thread safety: a pure function of its inputs; it runs on torch's intra-op
+// threads.
+#ifndef KNAPSERVE_COMMON_MODEL_DECODE_ATTENTION_H_
+#define KNAPSERVE_COMMON_MODEL_DECODE_ATTENTION_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace knapserve {
+
+// Rows (new positions) up to which the batch-invariant path is used.
+inline constexpr int64_t kMaxDecodeAttentionRows = 16;
+
+// Whether DecodeAttention handles these inputs (CPU, T <= the bound, a
+// supported dtype).
+bool DecodeAttentionApplies(const torch::Tensor& q);
+
+// q: [T, num_heads, head_dim] (RoPE applied) for positions start_pos ..
+// start_pos+T-1. keys/values: [num_kv_heads, capacity, head_dim] caches that
+// already hold positions [0, start_pos+T). Row t attends to positions
+// [0, start_pos+t]. Returns [T, num_heads * head_dim] in q's dtype.
+torch::Tensor DecodeAttention(const torch::Tensor& q, const torch::Tensor& keys,
+                              const torch::Tensor& values, int64_t start_pos, double scale);
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_COMMON_MODEL_DECODE_ATTENTION_H_

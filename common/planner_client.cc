@@ -1,0 +1,29 @@
+#include "common/planner_client.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace knapserve {
+
+std::string PlanPolicyName(PlanPolicy policy) {
+  switch (policy) {
+    case PlanPolicy::kStatic:
+      return "static";
+    case PlanPolicy::kKnapSpec:
+      return "knapspec";
+    case PlanPolicy::kClasp:
+      return "clasp";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<PlanPolicy> ParsePlanPolicy(const std::string& name) {
+  const std::string n = absl::AsciiStrToLower(name);
+  if (n == "static") return PlanPolicy::kStatic;
+  if (n == "knapspec") return PlanPolicy::kKnapSpec;
+  if (n == "clasp") return PlanPolicy::kClasp;
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown plan policy '", name, "' (supported: static, knapspec, clasp)"));
+}
+
+}  // namespace knapserve

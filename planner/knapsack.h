@@ -1,0 +1,228 @@
+// The KnapSpec knapsack DP over sublayer skips (DESIGN.md section 1), and the
+// whole-layer variant the CLaSp baseline uses.
+//
+// A target with L layers is 2L sublayers (2i = attention i, 2i+1 = MLP i).
+// Given the full model's hidden states X at all 2L+1 boundaries for r
+// reference tokens, the DP builds, for every skipped weight j, one draft
+// sub-network and the hidden states it produces:
+//
+//   g[0][0] = X[0]
+//   g[i][j] = the better of  f_i(g[i-1][j])         (execute sublayer i)
+//                       and  g[i-1][j - w_i]        (skip it)
+//
+// "Better" is the higher mean (over the r tokens) cosine similarity to X[i].
+// Cells below tau are dropped, except j = 0 (the no-skip path, which is the
+// full model and so always survives). All live cells of one boundary run as
+// one batched call of the sublayer ([B, r, d]). Backtracking from every
+// surviving g[2L][j] gives one candidate mask per skipped weight; alpha_hat is
+// the share of the r tokens whose argmax from g[2L][j] equals the full model's.
+//
+// The DP runs over a SublayerRunner, so it can be tested without a model:
+// ModelSublayerRunner is the real one (BranchAttention / Mlp / Logits of a
+// LlamaModel); tests supply synthetic ones.
+//
+// Thread safety: the functions keep no state; concurrent calls are safe when
+// their runners are (ModelSublayerRunner is: it only reads the model and the
+// prefix K/V).
+#ifndef KNAPSERVE_PLANNER_KNAPSACK_H_
+#define KNAPSERVE_PLANNER_KNAPSACK_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/layer_mask.h"
+
+namespace knapserve {
+
+class LlamaModel;
+struct LayerKv;
+
+// Applies single sublayers of some decoder to batches of candidate hidden
+// states. Implementations must be usable from the calling thread only for the
+// duration of one DP; they do not own the caller's tensors.
+class SublayerRunner {
+ public:
+  virtual ~SublayerRunner() = default;
+  // 2L: sublayer 2i is attention i, 2i+1 is MLP i.
+  virtual int num_sublayers() const = 0;
+  // Sublayer `sublayer` (residual included) applied to h [B, r, d] -> [B, r, d]:
+  // B independent candidate branches of the same r reference tokens.
+  virtual absl::StatusOr<torch::Tensor> Apply(int sublayer, const torch::Tensor& h) const = 0;
+  // The argmax token of the output head for final hidden states h [B, r, d],
+  // as int64 [B, r].
+  virtual absl::StatusOr<torch::Tensor> TopTokens(const torch::Tensor& h) const = 0;
+};
+
+// The real runner: the first `num_layers` layers of a LlamaModel. Attention
+// sublayers run BranchAttention (each branch's tokens attend to the prefix
+// K/V [0, prefix_len) and causally to their own branch, at positions
+// first_position..), MLP sublayers run Mlp, TopTokens runs Logits + argmax.
+// Does not own the model or the prefix K/V; both must outlive it.
+class ModelSublayerRunner final : public SublayerRunner {
+ public:
+  struct Options {
+    // Layers used (the runner covers sublayers 0..2*num_layers-1); <= 0 means all.
+    int num_layers = 0;
+    // Attention batches whose score tensors would exceed this many bytes are
+    // run in several chunks of branches (results are identical). 0 picks
+    // 16 MiB on CPU and 1 GiB on CUDA. Small on CPU on purpose: score tensors
+    // below glibc's mmap threshold (32 MiB) are reused from the heap instead
+    // of being mapped, page-faulted and zeroed on every call, which made
+    // long-context solves ~3x slower (smollm2-135m shape, n = 4096, r = 30).
+    int64_t max_attention_bytes = 0;
+    // LM-head calls are chunked to at most this many bytes of logits.
+    int64_t max_logits_bytes = int64_t{64} << 20;
+  };
+
+  // InvalidArgument for a prefix that does not fit: prefix_len < 0,
+  // prefix_len > first_position, a prefix with the wrong layer count or too
+  // little capacity, or num_layers above the model's.
+  static absl::StatusOr<ModelSublayerRunner> Create(const LlamaModel& model,
+                                                    const std::vector<LayerKv>* prefix,
+                                                    int64_t prefix_len, int64_t first_position,
+                                                    const Options& options);
+  static absl::StatusOr<ModelSublayerRunner> Create(const LlamaModel& model,
+                                                    const std::vector<LayerKv>* prefix,
+                                                    int64_t prefix_len, int64_t first_position) {
+    return Create(model, prefix, prefix_len, first_position, Options());
+  }
+
+  int num_sublayers() const override { return 2 * num_layers_; }
+  absl::StatusOr<torch::Tensor> Apply(int sublayer, const torch::Tensor& h) const override;
+  absl::StatusOr<torch::Tensor> TopTokens(const torch::Tensor& h) const override;
+
+ private:
+  ModelSublayerRunner(const LlamaModel& model, const std::vector<LayerKv>* prefix,
+                      int64_t prefix_len, int64_t first_position, int num_layers,
+                      const Options& options)
+      : model_(&model),
+        prefix_(prefix),
+        prefix_len_(prefix_len),
+        first_position_(first_position),
+        num_layers_(num_layers),
+        options_(options) {}
+
+  const LlamaModel* model_;
+  const std::vector<LayerKv>* prefix_;  // may be null when prefix_len_ == 0
+  int64_t prefix_len_;
+  int64_t first_position_;
+  int num_layers_;
+  Options options_;
+};
+
+// One draft sub-network found by a DP, with what the DP measured about it.
+struct SkipCandidate {
+  LayerMask mask;          // over runner.num_sublayers() / 2 layers
+  int skipped_weight = 0;  // sum of the skipped sublayers' (or layers') weights
+  double mean_cosine = 0;  // mean over the r tokens, at the last boundary
+  // Share of the r tokens whose argmax matches the target; -1 when no target
+  // ids were given.
+  double alpha_hat = -1;
+  // Mean cosine at every DP boundary along this candidate's path: 2L+1
+  // entries for the sublayer DP (entry 0 is the embeddings, 1.0), L+1 for the
+  // whole-layer DP.
+  std::vector<double> path_cosines;
+};
+
+// One step of the generic DP: `num_sublayers` consecutive sublayers starting
+// at `first_sublayer`, executed or skipped together. Skipping adds `weight`.
+struct SkipUnit {
+  int first_sublayer = 0;
+  int num_sublayers = 1;
+  int weight = 1;
+  bool skippable = true;
+};
+
+struct SkipDpOptions {
+  // Cells j = 0..max_weight (total skipped weight).
+  int max_weight = 0;
+  // Cells with a mean cosine below tau are dropped (never j = 0).
+  double tau = -std::numeric_limits<double>::infinity();
+};
+
+// Counters of one DP, for logs and benchmarks.
+struct SkipDpStats {
+  int64_t sublayer_calls = 0;  // batched Apply calls
+  int64_t branch_rows = 0;     // sum of B over those calls
+  int max_live_cells = 0;
+};
+
+// The generic DP. `units` must cover sublayers 0..runner.num_sublayers()-1
+// in order, each exactly once, weights >= 1. reference: [2L+1, r, d];
+// target_argmax: r ids, or empty to skip alpha_hat. Returns the surviving
+// final cells' candidates in increasing skipped weight (j = 0 first).
+// InvalidArgument for inconsistent shapes or units; runner errors pass through.
+absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runner,
+                                                     const torch::Tensor& reference,
+                                                     absl::Span<const int32_t> target_argmax,
+                                                     absl::Span<const SkipUnit> units,
+                                                     const SkipDpOptions& options,
+                                                     SkipDpStats* stats = nullptr);
+
+// Integer knapsack weights of the two sublayer kinds.
+struct SublayerWeights {
+  int attention = 1;
+  int mlp = 1;
+};
+
+// The cheaper kind weighs 1, the other round(t_other / t_cheaper), at least 1
+// and at most `cap` (cap >= 1). Non-positive times count as equal costs.
+SublayerWeights ComputeSublayerWeights(double attention_seconds, double mlp_seconds, int cap);
+
+struct KnapsackOptions {
+  double tau = 0.5;
+  // Never skip layer 0 or the last layer (as the KnapSpec reference code).
+  bool keep_first_and_last = true;
+};
+
+// The KnapSpec DP: one unit per sublayer weighing weights.attention or
+// weights.mlp, budget K = L * (w_attn + w_mlp), skipped weight <= K / 2.
+// InvalidArgument when nothing is skippable (L <= 2 with keep_first_and_last)
+// or weights < 1; otherwise as RunSkipDp.
+absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(const SublayerRunner& runner,
+                                                         const torch::Tensor& reference,
+                                                         absl::Span<const int32_t> target_argmax,
+                                                         SublayerWeights weights,
+                                                         const KnapsackOptions& options,
+                                                         SkipDpStats* stats = nullptr);
+
+// The whole-layer DP of CLaSp: a layer's attention and MLP are skipped
+// together, each skipped layer weighs 1, and the candidate with exactly
+// `num_skipped_layers` skipped is returned. No pruning (CLaSp has no tau).
+// InvalidArgument when num_skipped_layers < 1 or exceeds the skippable layers
+// (L, or L - 2 with keep_first_and_last).
+absl::StatusOr<SkipCandidate> SolveLayerSkip(const SublayerRunner& runner,
+                                             const torch::Tensor& reference,
+                                             absl::Span<const int32_t> target_argmax,
+                                             int num_skipped_layers, bool keep_first_and_last,
+                                             SkipDpStats* stats = nullptr);
+
+// Runs the sub-networks `masks` over the reference tokens and measures each
+// like a DP candidate (path_cosines has 2L+1 entries; skipped_weight sums
+// `weights` over the skipped sublayers). Batched: each sublayer runs once over
+// the masks that keep it. InvalidArgument when a mask's layer count or the
+// shapes do not match.
+absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(const SublayerRunner& runner,
+                                                         const torch::Tensor& reference,
+                                                         absl::Span<const int32_t> target_argmax,
+                                                         absl::Span<const LayerMask> masks,
+                                                         SublayerWeights weights = {});
+// The same for one mask.
+absl::StatusOr<SkipCandidate> EvaluateMask(const SublayerRunner& runner,
+                                           const torch::Tensor& reference,
+                                           absl::Span<const int32_t> target_argmax,
+                                           const LayerMask& mask, SublayerWeights weights = {});
+
+// Mean over the r tokens of the per-token cosine similarity between each of
+// B candidates h [B, r, d] and the reference x [r, d], as B doubles
+// (computed in float32, or float64 for float64 inputs).
+std::vector<double> MeanCosines(const torch::Tensor& h, const torch::Tensor& x);
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_PLANNER_KNAPSACK_H_

@@ -1,0 +1,470 @@
+#include "planner/latency_profile.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/file_util.h"
+#include "common/model/llama.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+
+namespace knapserve {
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr const char* kFormat = "knapserve-latency-profile";
+
+// Index of the segment [contexts[k], contexts[k+1]] holding n and the weight
+// of contexts[k+1], clamped at both ends.
+std::pair<size_t, double> Bracket(const std::vector<int64_t>& contexts, int64_t n) {
+  if (contexts.size() == 1 || n <= contexts.front()) return {0, 0.0};
+  if (n >= contexts.back()) return {contexts.size() - 2, 1.0};
+  size_t k = 0;
+  while (k + 2 < contexts.size() && n > contexts[k + 1]) ++k;
+  const double span = static_cast<double>(contexts[k + 1] - contexts[k]);
+  return {k, static_cast<double>(n - contexts[k]) / span};
+}
+
+absl::Status FieldError(const std::string& field, const std::string& problem) {
+  return absl::InvalidArgumentError(absl::StrCat("field '", field, "' ", problem));
+}
+
+// Typed field readers for FromJson.
+absl::StatusOr<const Json*> Field(const Json& object, const std::string& name) {
+  auto it = object.find(name);
+  if (it == object.end()) return FieldError(name, "is missing");
+  return &*it;
+}
+
+absl::StatusOr<double> NumberField(const Json& object, const std::string& name) {
+  ASSIGN_OR_RETURN(const Json* value, Field(object, name));
+  if (!value->is_number()) return FieldError(name, "must be a number");
+  return value->get<double>();
+}
+
+absl::StatusOr<int64_t> IntField(const Json& object, const std::string& name) {
+  ASSIGN_OR_RETURN(const Json* value, Field(object, name));
+  if (!value->is_number_integer()) return FieldError(name, "must be an integer");
+  return value->get<int64_t>();
+}
+
+absl::StatusOr<std::string> StringField(const Json& object, const std::string& name) {
+  ASSIGN_OR_RETURN(const Json* value, Field(object, name));
+  if (!value->is_string()) return FieldError(name, "must be a string");
+  return value->get<std::string>();
+}
+
+absl::StatusOr<LineFit> FitField(const Json& object, const std::string& name) {
+  ASSIGN_OR_RETURN(const Json* value, Field(object, name));
+  if (!value->is_object()) return FieldError(name, "must be an object {a, b, r2}");
+  LineFit fit;
+  ASSIGN_OR_RETURN(fit.a, NumberField(*value, "a"));
+  ASSIGN_OR_RETURN(fit.b, NumberField(*value, "b"));
+  ASSIGN_OR_RETURN(fit.r2, NumberField(*value, "r2"));
+  return fit;
+}
+
+template <typename T>
+absl::StatusOr<std::vector<T>> ArrayField(const Json& object, const std::string& name) {
+  ASSIGN_OR_RETURN(const Json* value, Field(object, name));
+  if (!value->is_array()) return FieldError(name, "must be an array");
+  std::vector<T> out;
+  for (const Json& item : *value) {
+    if constexpr (std::is_integral_v<T>) {
+      if (!item.is_number_integer()) return FieldError(name, "must hold integers");
+    } else {
+      if (!item.is_number()) return FieldError(name, "must hold numbers");
+    }
+    out.push_back(item.get<T>());
+  }
+  return out;
+}
+
+Json FitToJson(const LineFit& fit) { return Json{{"a", fit.a}, {"b", fit.b}, {"r2", fit.r2}}; }
+
+absl::StatusOr<LatencyProfile> ParseProfile(const Json& json) {
+  if (!json.is_object()) return absl::InvalidArgumentError("not a JSON object");
+  ASSIGN_OR_RETURN(std::string format, StringField(json, "format"));
+  if (format != kFormat) {
+    return FieldError("format", absl::StrCat("is '", format, "', expected '", kFormat, "'"));
+  }
+  ASSIGN_OR_RETURN(int64_t version, IntField(json, "version"));
+  if (version != LatencyProfile::kVersion) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile version ", version, " is not supported (this build reads version ",
+                     LatencyProfile::kVersion, "); re-run `knapserve profile`"));
+  }
+  LatencyProfile p;
+  ASSIGN_OR_RETURN(p.model_fingerprint, StringField(json, "model_fingerprint"));
+  ASSIGN_OR_RETURN(p.device, StringField(json, "device"));
+  ASSIGN_OR_RETURN(p.dtype, StringField(json, "dtype"));
+  ASSIGN_OR_RETURN(int64_t threads, IntField(json, "threads"));
+  p.threads = static_cast<int>(threads);
+  ASSIGN_OR_RETURN(p.attention, FitField(json, "attention"));
+  ASSIGN_OR_RETURN(p.mlp_seconds, NumberField(json, "mlp_seconds"));
+  ASSIGN_OR_RETURN(p.mlp_fit, FitField(json, "mlp_fit"));
+  ASSIGN_OR_RETURN(p.step_fixed_seconds, NumberField(json, "step_fixed_seconds"));
+  ASSIGN_OR_RETURN(int64_t max_draft, IntField(json, "max_draft"));
+  p.max_draft = static_cast<int>(max_draft);
+  ASSIGN_OR_RETURN(p.verify_contexts, ArrayField<int64_t>(json, "verify_contexts"));
+  ASSIGN_OR_RETURN(const Json* table, Field(json, "verify_seconds"));
+  if (!table->is_array()) return FieldError("verify_seconds", "must be an array of arrays");
+  for (const Json& row : *table) {
+    if (!row.is_array()) return FieldError("verify_seconds", "must be an array of arrays");
+    std::vector<double> values;
+    for (const Json& v : row) {
+      if (!v.is_number()) return FieldError("verify_seconds", "must hold numbers");
+      values.push_back(v.get<double>());
+    }
+    p.verify_seconds.push_back(std::move(values));
+  }
+  ASSIGN_OR_RETURN(p.sublayer_contexts, ArrayField<int64_t>(json, "sublayer_contexts"));
+  ASSIGN_OR_RETURN(p.attention_medians, ArrayField<double>(json, "attention_medians"));
+  ASSIGN_OR_RETURN(p.mlp_medians, ArrayField<double>(json, "mlp_medians"));
+  RETURN_IF_ERROR(p.Validate());
+  return p;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+// Median of `repeats` timings of `fn` after `warmup` untimed calls.
+double MedianSeconds(const std::function<void()>& fn, int warmup, int repeats, bool cuda) {
+  for (int i = 0; i < warmup; ++i) fn();
+  if (cuda) torch::cuda::synchronize();
+  std::vector<double> times;
+  times.reserve(repeats);
+  for (int i = 0; i < repeats; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    if (cuda) torch::cuda::synchronize();
+    const auto end = std::chrono::steady_clock::now();
+    times.push_back(std::chrono::duration<double>(end - start).count());
+  }
+  return Median(std::move(times));
+}
+
+}  // namespace
+
+absl::StatusOr<LineFit> FitLine(absl::Span<const double> x, absl::Span<const double> y) {
+  if (x.size() != y.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FitLine: ", x.size(), " x values but ", y.size(), " y values"));
+  }
+  if (x.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("FitLine: needs at least two points, got ", x.size()));
+  }
+  const double n = static_cast<double>(x.size());
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    mx += x[i];
+    my += y[i];
+  }
+  mx /= n;
+  my /= n;
+  double sxx = 0, sxy = 0, syy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxx += (x[i] - mx) * (x[i] - mx);
+    sxy += (x[i] - mx) * (y[i] - my);
+    syy += (y[i] - my) * (y[i] - my);
+  }
+  if (sxx <= 0) return absl::InvalidArgumentError("FitLine: all x values are equal");
+  LineFit fit;
+  fit.b = sxy / sxx;
+  fit.a = my - fit.b * mx;
+  double ss_res = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double e = y[i] - (fit.a + fit.b * x[i]);
+    ss_res += e * e;
+  }
+  fit.r2 = syy > 0 ? 1.0 - ss_res / syy : 1.0;
+  return fit;
+}
+
+double LatencyProfile::AttentionSeconds(int64_t context_length) const {
+  return std::max(0.0, attention.a + attention.b * static_cast<double>(context_length));
+}
+
+double LatencyProfile::VerifySeconds(int64_t context_length, int tokens) const {
+  if (verify_contexts.empty() || verify_seconds.empty() || max_draft < 0) return 0;
+  const int t = std::clamp(tokens, 1, max_draft + 1);
+  const auto [k, w] = Bracket(verify_contexts, context_length);
+  const double lo = verify_seconds[k][t - 1];
+  if (w == 0.0) return lo;
+  const double hi = verify_seconds[k + 1][t - 1];
+  return lo + w * (hi - lo);
+}
+
+double LatencyProfile::DraftSeconds(const LayerMask& mask, int64_t context_length) const {
+  int kept_attention = 0;
+  int kept_mlp = 0;
+  for (int layer = 0; layer < mask.num_layers(); ++layer) {
+    if (!mask.skip_attention(layer)) ++kept_attention;
+    if (!mask.skip_mlp(layer)) ++kept_mlp;
+  }
+  return step_fixed_seconds + kept_attention * AttentionSeconds(context_length) +
+         kept_mlp * MlpSeconds();
+}
+
+double LatencyProfile::FullStepSeconds(int num_layers, int64_t context_length) const {
+  return step_fixed_seconds + num_layers * (AttentionSeconds(context_length) + MlpSeconds());
+}
+
+absl::Status LatencyProfile::Validate() const {
+  if (model_fingerprint.empty()) return FieldError("model_fingerprint", "is empty");
+  if (device.empty()) return FieldError("device", "is empty");
+  if (dtype.empty()) return FieldError("dtype", "is empty");
+  if (threads < 1) return FieldError("threads", absl::StrCat("must be >= 1, got ", threads));
+  auto finite = [](double v) { return std::isfinite(v); };
+  if (!finite(attention.a) || !finite(attention.b) || !finite(attention.r2)) {
+    return FieldError("attention", "has a non-finite coefficient");
+  }
+  if (!finite(mlp_seconds) || mlp_seconds <= 0) {
+    return FieldError("mlp_seconds", "must be a positive number");
+  }
+  if (!finite(step_fixed_seconds) || step_fixed_seconds < 0) {
+    return FieldError("step_fixed_seconds", "must be a non-negative number");
+  }
+  if (max_draft < 1) return FieldError("max_draft", absl::StrCat("must be >= 1, got ", max_draft));
+  if (verify_contexts.empty()) return FieldError("verify_contexts", "is empty");
+  for (size_t i = 0; i < verify_contexts.size(); ++i) {
+    if (verify_contexts[i] < 0 || (i > 0 && verify_contexts[i] <= verify_contexts[i - 1])) {
+      return FieldError("verify_contexts", "must be non-negative and strictly increasing");
+    }
+  }
+  if (AttentionSeconds(verify_contexts.back()) <= 0) {
+    return FieldError("attention", absl::StrCat("predicts no positive latency at context ",
+                                                verify_contexts.back()));
+  }
+  if (verify_seconds.size() != verify_contexts.size()) {
+    return FieldError("verify_seconds", absl::StrCat("has ", verify_seconds.size(),
+                                                     " rows, expected one per context (",
+                                                     verify_contexts.size(), ")"));
+  }
+  for (const std::vector<double>& row : verify_seconds) {
+    if (static_cast<int>(row.size()) != max_draft + 1) {
+      return FieldError("verify_seconds", absl::StrCat("rows must hold max_draft + 1 = ",
+                                                       max_draft + 1, " values, got ", row.size()));
+    }
+    for (double v : row) {
+      if (!finite(v) || v <= 0) return FieldError("verify_seconds", "must hold positive numbers");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LatencyProfile::CheckMatches(const std::string& fingerprint,
+                                          const std::string& device_name,
+                                          const std::string& dtype_name, int num_threads) const {
+  if (fingerprint == model_fingerprint && device_name == device && dtype_name == dtype &&
+      num_threads == threads) {
+    return absl::OkStatus();
+  }
+  std::vector<std::string> differences;
+  if (fingerprint != model_fingerprint) differences.push_back("model");
+  if (device_name != device) differences.push_back("device");
+  if (dtype_name != dtype) differences.push_back("dtype");
+  if (num_threads != threads) differences.push_back("threads");
+  return absl::FailedPreconditionError(
+      absl::StrCat("latency profile", source.empty() ? "" : absl::StrCat(" ", source),
+                   " does not match this engine (", absl::StrJoin(differences, ", "),
+                   " differ): profile is {model ", model_fingerprint, ", device ", device,
+                   ", dtype ", dtype, ", threads ", threads, "}, engine is {model ", fingerprint,
+                   ", device ", device_name, ", dtype ", dtype_name, ", threads ", num_threads,
+                   "}; re-run `knapserve profile` for this engine"));
+}
+
+std::string LatencyProfile::ToJson() const {
+  nlohmann::ordered_json json;
+  json["format"] = kFormat;
+  json["version"] = kVersion;
+  json["model_fingerprint"] = model_fingerprint;
+  json["device"] = device;
+  json["dtype"] = dtype;
+  json["threads"] = threads;
+  json["attention"] = FitToJson(attention);
+  json["mlp_seconds"] = mlp_seconds;
+  json["mlp_fit"] = FitToJson(mlp_fit);
+  json["step_fixed_seconds"] = step_fixed_seconds;
+  json["max_draft"] = max_draft;
+  json["verify_contexts"] = verify_contexts;
+  json["verify_seconds"] = verify_seconds;
+  json["sublayer_contexts"] = sublayer_contexts;
+  json["attention_medians"] = attention_medians;
+  json["mlp_medians"] = mlp_medians;
+  return json.dump(2) + "\n";
+}
+
+absl::StatusOr<LatencyProfile> LatencyProfile::FromJson(const std::string& text,
+                                                        const std::string& source_name) {
+  Json json = Json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source_name, ": not valid JSON (corrupt latency profile?)"));
+  }
+  absl::StatusOr<LatencyProfile> profile = ParseProfile(json);
+  if (!profile.ok()) {
+    return Annotate(profile.status(), absl::StrCat(source_name, ": latency profile"));
+  }
+  profile->source = source_name;
+  return profile;
+}
+
+absl::Status LatencyProfile::Save(const std::string& path) const {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
+  out << ToJson();
+  out.close();
+  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<LatencyProfile> LatencyProfile::Load(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  return FromJson(text, path);
+}
+
+absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
+                                            const ProfileOptions& options) {
+  if (options.repeats < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: repeats must be >= 1, got ", options.repeats));
+  }
+  if (options.warmup < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: warmup must be >= 0, got ", options.warmup));
+  }
+  if (options.max_draft < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: max_draft must be >= 1, got ", options.max_draft));
+  }
+  const int64_t max_tokens = options.max_draft + 1;
+  std::set<int64_t> usable;
+  for (int64_t n : options.contexts) {
+    if (n >= 0 && n + max_tokens <= model.max_context()) usable.insert(n);
+  }
+  if (usable.size() < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("profile: needs at least two distinct context lengths n with n + ", max_tokens,
+                     " <= max_context ", model.max_context(), "; got {",
+                     absl::StrJoin(options.contexts, ", "), "}"));
+  }
+  const std::vector<int64_t> contexts(usable.begin(), usable.end());
+
+  LatencyProfile profile;
+  profile.model_fingerprint = model.config().Fingerprint();
+  profile.device = model.device().str();
+  profile.dtype = DtypeName(model.dtype());
+  profile.threads = at::get_num_threads();
+  profile.max_draft = options.max_draft;
+  profile.verify_contexts = contexts;
+  profile.sublayer_contexts = contexts;
+
+  const bool cuda = model.device().is_cuda();
+  const int warmup = options.warmup;
+  const int repeats = options.repeats;
+  try {
+    c10::InferenceMode guard;
+    torch::manual_seed(options.seed);
+    const int num_layers = model.num_layers();
+    // One K/V store, large enough for the longest context plus a verify pass,
+    // with random contents (timings do not depend on them).
+    std::vector<LayerKv> kv = model.AllocateKv(contexts.back() + max_tokens);
+    for (LayerKv& layer : kv) {
+      layer.k.normal_(0, 1);
+      layer.v.normal_(0, 1);
+    }
+    torch::Tensor sink;  // keeps results alive so nothing is optimized away
+    torch::Tensor one_id = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt64));
+    auto sync = [cuda] {
+      if (cuda) torch::cuda::synchronize();
+    };
+    auto now = [] { return std::chrono::steady_clock::now(); };
+    auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+
+    std::vector<double> xs;
+    std::vector<double> fixed_medians;
+    for (int64_t n : contexts) {
+      xs.push_back(static_cast<double>(n));
+      // Sublayer costs inside a real decode step: one token through every
+      // layer, each sublayer timed on its own, so weights and K/V stream as
+      // they do when decoding (timing one layer over and over keeps its
+      // weights in cache and underestimates). Per rep: the mean over layers.
+      std::vector<double> attention, mlp, fixed;
+      for (int rep = 0; rep < warmup + repeats; ++rep) {
+        sync();
+        auto t0 = now();
+        torch::Tensor h = model.Embed(one_id);
+        sync();
+        double embed = seconds(t0, now());
+        double attention_sum = 0, mlp_sum = 0;
+        for (int layer = 0; layer < num_layers; ++layer) {
+          auto a = now();
+          h = model.Attention(layer, h, n, kv[layer]);
+          sync();
+          auto b = now();
+          h = model.Mlp(layer, h);
+          sync();
+          auto c = now();
+          attention_sum += seconds(a, b);
+          mlp_sum += seconds(b, c);
+        }
+        auto l0 = now();
+        sink = model.Logits(h);
+        sync();
+        const double logits = seconds(l0, now());
+        if (rep < warmup) continue;
+        attention.push_back(attention_sum / num_layers);
+        mlp.push_back(mlp_sum / num_layers);
+        fixed.push_back(embed + logits);
+      }
+      profile.attention_medians.push_back(Median(attention));
+      profile.mlp_medians.push_back(Median(mlp));
+      fixed_medians.push_back(Median(fixed));
+      std::vector<double> row;
+      for (int64_t t = 1; t <= max_tokens; ++t) {
+        torch::Tensor ids = torch::randint(model.config().vocab_size, {t},
+                                           torch::TensorOptions().dtype(torch::kInt64));
+        row.push_back(
+            MedianSeconds([&] { sink = model.Forward(ids, n, kv, -1); }, warmup, repeats, cuda));
+      }
+      profile.verify_seconds.push_back(std::move(row));
+    }
+    profile.step_fixed_seconds = Median(fixed_medians);
+    ASSIGN_OR_RETURN(profile.attention, FitLine(xs, profile.attention_medians));
+    if (profile.attention.b < 0) {
+      // Attention cannot get cheaper with more context: a negative slope is
+      // timing noise (tiny models, busy machines). Fall back to the mean.
+      double sum = 0;
+      for (double v : profile.attention_medians) sum += v;
+      profile.attention.a = sum / static_cast<double>(profile.attention_medians.size());
+      profile.attention.b = 0;
+    }
+    ASSIGN_OR_RETURN(profile.mlp_fit, FitLine(xs, profile.mlp_medians));
+    double sum = 0;
+    for (double v : profile.mlp_medians) sum += v;
+    profile.mlp_seconds = sum / static_cast<double>(profile.mlp_medians.size());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("profile: torch error: ", e.what_without_backtrace()));
+  }
+  RETURN_IF_ERROR(Annotate(profile.Validate(), "profile: measured values are unusable"));
+  return profile;
+}
+
+}  // namespace knapserve

@@ -1,0 +1,155 @@
+// LatencyProfile: the planner's latency model of one model on one machine
+// (DESIGN.md section 1), measured once per hardware + dtype + model + thread
+// count and kept as a small JSON file.
+//
+//   t_attn(n)          = attention.a + attention.b * n   (one attention sublayer,
+//                        one decode token, context length n)
+//   t_mlp              = mlp_seconds                     (one MLP sublayer)
+//   t_draft(S, n)      = step_fixed_seconds + kept attention sublayers * t_attn(n)
+//                        + kept MLP sublayers * t_mlp
+//   t_verify(n, t)     = the measured full-model pass over t tokens at context n,
+//                        linear in n between the measured contexts, clamped at
+//                        both ends
+//
+// ProfileModel measures one on the real engine; Save/Load move it to and from
+// JSON; CheckMatches refuses a profile measured for another engine.
+//
+//   ASSIGN_OR_RETURN(LatencyProfile profile, LatencyProfile::Load(path));
+//   RETURN_IF_ERROR(profile.CheckMatches(model.config().Fingerprint(), "cpu", "bf16", 2));
+//   double t = profile.DraftSeconds(plan.mask, context_length);
+//
+// A LatencyProfile is a plain value: copy it freely. Its const methods are
+// thread-safe. ProfileModel runs the model and must not race with other heavy
+// work if its timings are to mean anything.
+#ifndef KNAPSERVE_PLANNER_LATENCY_PROFILE_H_
+#define KNAPSERVE_PLANNER_LATENCY_PROFILE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/layer_mask.h"
+
+namespace knapserve {
+
+class LlamaModel;
+
+// y = a + b * x fitted by ordinary least squares. r2 is the coefficient of
+// determination (1 when the points are exactly on a line, including the case
+// where all y are equal and so the fit is exact).
+struct LineFit {
+  double a = 0;
+  double b = 0;
+  double r2 = 0;
+};
+
+// Least-squares line through (x[i], y[i]). InvalidArgument when the spans
+// differ in length, hold fewer than two points, or all x are equal.
+absl::StatusOr<LineFit> FitLine(absl::Span<const double> x, absl::Span<const double> y);
+
+struct LatencyProfile {
+  // Bumped when the JSON layout changes; Load refuses other versions.
+  static constexpr int kVersion = 1;
+
+  // ---- Key: which engine the timings are for ----
+  std::string model_fingerprint;  // ModelConfig::Fingerprint()
+  std::string device;             // torch::Device::str(), e.g. "cpu", "cuda:0"
+  std::string dtype;              // DtypeName(), e.g. "bf16"
+  int threads = 0;                // torch intra-op threads while measuring
+
+  // ---- The model ----
+  // One attention sublayer, one token: t_attn(n) = a + b * n.
+  LineFit attention;
+  // One MLP sublayer, one token (the mean of its per-context medians).
+  double mlp_seconds = 0;
+  // A line through the MLP timings over the same contexts, kept as a check:
+  // b * n should be tiny next to a (MLP cost does not depend on n); its r2 is
+  // near 0 exactly when the timings are flat.
+  LineFit mlp_fit;
+  // Per decode step on top of the sublayers: embedding, final norm, LM head.
+  double step_fixed_seconds = 0;
+  // The largest gamma the verify table covers (tokens 1..max_draft+1).
+  int max_draft = 0;
+  // Context lengths of the verify table, strictly increasing.
+  std::vector<int64_t> verify_contexts;
+  // verify_seconds[c][t-1]: full-model pass over t tokens at verify_contexts[c],
+  // t = 1..max_draft+1.
+  std::vector<std::vector<double>> verify_seconds;
+
+  // ---- Raw medians behind the fits (diagnostics; not used for planning) ----
+  std::vector<int64_t> sublayer_contexts;
+  std::vector<double> attention_medians;
+  std::vector<double> mlp_medians;
+
+  // Where Load read this profile from ("" if built in memory); used in error
+  // messages, not saved.
+  std::string source;
+
+  // t_attn(n), never below 0.
+  double AttentionSeconds(int64_t context_length) const;
+  // t_mlp.
+  double MlpSeconds() const { return mlp_seconds; }
+  // t_verify(n, tokens): linear in n between verify_contexts, clamped at the
+  // ends; tokens is clamped to [1, max_draft + 1].
+  double VerifySeconds(int64_t context_length, int tokens) const;
+  // t_draft(S, n) for one draft token with `mask`'s kept sublayers.
+  double DraftSeconds(const LayerMask& mask, int64_t context_length) const;
+  // Full-model step cost as the sublayer model sees it (no sublayer skipped):
+  // step_fixed_seconds + L * (t_attn(n) + t_mlp).
+  double FullStepSeconds(int num_layers, int64_t context_length) const;
+
+  // OK when the fields are internally consistent (non-empty key, positive
+  // times, a verify table of the right shape with increasing contexts);
+  // InvalidArgument naming the first bad field otherwise.
+  absl::Status Validate() const;
+
+  // FailedPrecondition naming both keys (the profile's and the engine's) when
+  // any of the four differ; the message says to re-run `knapserve profile`.
+  absl::Status CheckMatches(const std::string& fingerprint, const std::string& device,
+                            const std::string& dtype, int threads) const;
+
+  // JSON text (pretty-printed) and back. FromJson errors are InvalidArgument
+  // prefixed with `source_name`: corrupt JSON, a missing or mistyped field, a
+  // version other than kVersion, or a profile that fails Validate().
+  std::string ToJson() const;
+  static absl::StatusOr<LatencyProfile> FromJson(const std::string& text,
+                                                 const std::string& source_name);
+
+  // File round trip. Errors name the path.
+  absl::Status Save(const std::string& path) const;
+  static absl::StatusOr<LatencyProfile> Load(const std::string& path);
+};
+
+// What ProfileModel measures and how often.
+struct ProfileOptions {
+  // Context lengths n for the attention fit and the verify table. Values that
+  // do not fit the model (n + max_draft + 1 > max_context) are dropped; at
+  // least two distinct ones must remain.
+  std::vector<int64_t> contexts = {128, 512, 1024, 2048, 4096};
+  int repeats = 20;    // timed runs per point; the median is kept
+  int warmup = 3;      // untimed runs before them
+  int max_draft = 10;  // verify table covers 1..max_draft+1 tokens
+  uint64_t seed = 0;   // for the random K/V contents and hidden states
+};
+
+// Measures `model` on its own device and dtype. At each context length n: a
+// one-token decode step through every layer with each sublayer timed on its
+// own (Attention with a K/V cache at n, Mlp), giving the mean attention and
+// MLP sublayer latency in a real step (weights streaming from memory as in
+// decoding, not one layer's weights hot in cache) and the fixed cost (Embed +
+// Logits); then the full model's pass over 1..max_draft+1 tokens. Medians of
+// `repeats` runs after `warmup` runs. The K/V contents are random (latency
+// does not depend on them), so no prefill is needed. A negative fitted
+// attention slope (timing noise) is replaced by a constant, the mean (r2 is
+// kept as measured). The key is filled from the model and the current torch
+// thread count.
+// InvalidArgument for bad options (repeats < 1, fewer than two usable
+// contexts); Internal if torch throws.
+absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model, const ProfileOptions& options);
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_PLANNER_LATENCY_PROFILE_H_

@@ -1,0 +1,260 @@
+#include "planner/planner.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/llama.h"
+#include "common/status.h"
+#include "planner/knapsack.h"
+#include "planner/tpt.h"
+
+namespace knapserve {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Validated inputs in the model's device and dtype.
+struct Checked {
+  torch::Tensor states;  // [2L+1, r, hidden]
+  int64_t r = 0;
+  int64_t context_length = 0;
+};
+
+absl::StatusOr<Checked> CheckInputs(const LlamaModel& model, const LatencyProfile& profile,
+                                    const PlanInputs& inputs, int max_draft) {
+  if (max_draft < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_draft must be >= 1, got ", max_draft));
+  }
+  RETURN_IF_ERROR(Annotate(profile.Validate(), "latency profile"));
+  if (profile.model_fingerprint != model.config().Fingerprint() ||
+      profile.device != model.device().str() || profile.dtype != DtypeName(model.dtype())) {
+    // Threads are not compared here: the planner may run on a thread whose
+    // OpenMP setting differs; the caller checks them once at load.
+    return profile.CheckMatches(model.config().Fingerprint(), model.device().str(),
+                                DtypeName(model.dtype()), profile.threads);
+  }
+  if (profile.max_draft < max_draft) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_draft ", max_draft, " exceeds the latency profile's verify table (max_draft ",
+        profile.max_draft, "); re-run `knapserve profile --max-draft ", max_draft, "`"));
+  }
+  const torch::Tensor& s = inputs.states;
+  const int64_t boundaries = 2 * static_cast<int64_t>(model.num_layers()) + 1;
+  if (!s.defined() || s.dim() != 3 || s.size(0) != boundaries ||
+      s.size(2) != model.config().hidden_size || s.size(1) < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "states must be [2L+1 = ", boundaries, ", r >= 1, hidden = ", model.config().hidden_size,
+        "], got ", s.defined() ? c10::str(s.sizes()) : std::string("an undefined tensor")));
+  }
+  if (!s.is_floating_point()) {
+    return absl::InvalidArgumentError("states must be a floating-point tensor");
+  }
+  Checked c;
+  c.r = s.size(1);
+  if (static_cast<int64_t>(inputs.target_argmax.size()) != c.r) {
+    return absl::InvalidArgumentError(absl::StrCat("target_argmax has ",
+                                                   inputs.target_argmax.size(),
+                                                   " ids for r = ", c.r, " reference tokens"));
+  }
+  for (int32_t id : inputs.target_argmax) {
+    if (id < 0 || id >= model.config().vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("target_argmax holds id ", id,
+                                                     " outside the vocabulary [0, ",
+                                                     model.config().vocab_size, ")"));
+    }
+  }
+  if (inputs.first_position < 0 || inputs.first_position + c.r > model.max_context()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first_position ", inputs.first_position, " with r = ", c.r,
+                     " reference tokens does not fit the model's context ", model.max_context()));
+  }
+  if (inputs.prefix_len < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix_len must be >= 0, got ", inputs.prefix_len));
+  }
+  if ((inputs.prefix_kv == nullptr) != (inputs.prefix_len == 0)) {
+    return absl::InvalidArgumentError("prefix_kv must be set exactly when prefix_len > 0");
+  }
+  if (inputs.prefix_kv != nullptr) {
+    if (static_cast<int>(inputs.prefix_kv->size()) != model.num_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("prefix_kv has ", inputs.prefix_kv->size(),
+                                                     " layers, the model has ",
+                                                     model.num_layers()));
+    }
+    for (const LayerKv& kv : *inputs.prefix_kv) {
+      if (!kv.k.defined() || kv.k.dim() != 3 || kv.k.size(1) < inputs.prefix_len) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prefix_len ", inputs.prefix_len, " but prefix_kv holds ",
+                         kv.k.defined() && kv.k.dim() == 3 ? kv.k.size(1) : 0, " positions"));
+      }
+    }
+  }
+  if (inputs.context_length < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("context_length must be >= 0, got ", inputs.context_length));
+  }
+  c.context_length =
+      inputs.context_length > 0 ? inputs.context_length : inputs.first_position + c.r;
+  try {
+    c10::InferenceMode guard;
+    c.states = s.to(model.device(), model.dtype());
+  } catch (const c10::Error& e) {
+    return absl::InternalError(absl::StrCat("states: ", e.what_without_backtrace()));
+  }
+  return c;
+}
+
+std::vector<double> VerifyTable(const LatencyProfile& profile, int64_t n, int max_draft) {
+  std::vector<double> table;
+  for (int t = 1; t <= max_draft + 1; ++t) table.push_back(profile.VerifySeconds(n, t));
+  return table;
+}
+
+// Fills plan.gamma / predicted_tpt / baseline_tpt for one fixed candidate.
+// fixed_gamma > 0 forces gamma (the TPT is still predicted for it).
+absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n, const SkipCandidate& candidate,
+                         int max_draft, int fixed_gamma, DraftPlan& plan) {
+  const std::vector<double> verify = VerifyTable(profile, n, max_draft);
+  const TptCandidate tc{std::max(0.0, candidate.alpha_hat),
+                        profile.DraftSeconds(candidate.mask, n)};
+  plan.mask = candidate.mask;
+  plan.alpha_hat = candidate.alpha_hat;
+  plan.mean_cosine = candidate.mean_cosine;
+  plan.num_candidates = 1;
+  if (fixed_gamma > 0) {
+    plan.gamma = fixed_gamma;
+    plan.predicted_tpt = TokensPerSecond(tc.alpha, fixed_gamma, tc.draft_seconds,
+                                         profile.VerifySeconds(n, fixed_gamma + 1));
+    plan.baseline_tpt = TokensPerSecond(0, 0, 0, verify[0]);
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(TptChoice choice, MaximizeTpt({&tc, 1}, verify, max_draft));
+  plan.gamma = choice.gamma;
+  plan.predicted_tpt = choice.tpt;
+  plan.baseline_tpt = choice.baseline_tpt;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyProfile& profile,
+                                        const PlanInputs& inputs, const KnapSpecOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.weight_cap < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_cap must be >= 1, got ", options.weight_cap));
+  }
+  if (!(options.tau >= -1.0 && options.tau <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat("tau must be in [-1, 1], got ", options.tau));
+  }
+  ASSIGN_OR_RETURN(Checked in, CheckInputs(model, profile, inputs, options.max_draft));
+  const int64_t n = in.context_length;
+  const SublayerWeights weights =
+      ComputeSublayerWeights(profile.AttentionSeconds(n), profile.MlpSeconds(), options.weight_cap);
+  ASSIGN_OR_RETURN(ModelSublayerRunner runner,
+                   ModelSublayerRunner::Create(model, inputs.prefix_kv,
+                                               std::min(inputs.prefix_len, inputs.first_position),
+                                               inputs.first_position));
+  KnapsackOptions dp;
+  dp.tau = options.tau;
+  dp.keep_first_and_last = options.keep_first_and_last;
+  ASSIGN_OR_RETURN(std::vector<SkipCandidate> candidates,
+                   SolveKnapsack(runner, in.states, inputs.target_argmax, weights, dp));
+
+  std::vector<TptCandidate> tpt;
+  tpt.reserve(candidates.size());
+  for (const SkipCandidate& c : candidates) {
+    tpt.push_back({std::clamp(c.alpha_hat, 0.0, 1.0), profile.DraftSeconds(c.mask, n)});
+  }
+  ASSIGN_OR_RETURN(TptChoice choice,
+                   MaximizeTpt(tpt, VerifyTable(profile, n, options.max_draft), options.max_draft));
+  DraftPlan plan;
+  plan.mask = LayerMask(model.num_layers());
+  plan.gamma = choice.gamma;
+  plan.predicted_tpt = choice.tpt;
+  plan.baseline_tpt = choice.baseline_tpt;
+  plan.num_candidates = static_cast<int>(candidates.size());
+  plan.step = inputs.step;
+  if (choice.candidate >= 0) {
+    const SkipCandidate& best = candidates[choice.candidate];
+    plan.mask = best.mask;
+    plan.alpha_hat = best.alpha_hat;
+    plan.mean_cosine = best.mean_cosine;
+  } else {
+    // No speculation: report the full model's own numbers (candidate j = 0).
+    plan.alpha_hat = candidates.front().alpha_hat;
+    plan.mean_cosine = candidates.front().mean_cosine;
+  }
+  plan.solve_seconds = SecondsSince(start);
+  return plan;
+}
+
+absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model, const LatencyProfile& profile,
+                                     const PlanInputs& inputs, const ClaspOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.gamma < 0 || options.gamma > options.max_draft) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gamma must be in [0, max_draft = ", options.max_draft, "], got ", options.gamma));
+  }
+  ASSIGN_OR_RETURN(Checked in, CheckInputs(model, profile, inputs, options.max_draft));
+  // The DP on the last reference token, attending to the full model's K/V of
+  // every earlier position it has.
+  const int64_t last = inputs.first_position + in.r - 1;
+  ASSIGN_OR_RETURN(ModelSublayerRunner last_runner,
+                   ModelSublayerRunner::Create(model, inputs.prefix_kv,
+                                               std::min(inputs.prefix_len, last), last));
+  torch::Tensor last_states;
+  {
+    c10::InferenceMode guard;
+    last_states = in.states.narrow(1, in.r - 1, 1);
+  }
+  ASSIGN_OR_RETURN(SkipCandidate chosen,
+                   SolveLayerSkip(last_runner, last_states, {}, options.num_skipped_layers,
+                                  options.keep_first_and_last));
+  // alpha_hat of the chosen mask on all r tokens.
+  ASSIGN_OR_RETURN(ModelSublayerRunner runner,
+                   ModelSublayerRunner::Create(model, inputs.prefix_kv,
+                                               std::min(inputs.prefix_len, inputs.first_position),
+                                               inputs.first_position));
+  ASSIGN_OR_RETURN(SkipCandidate measured,
+                   EvaluateMask(runner, in.states, inputs.target_argmax, chosen.mask));
+  DraftPlan plan;
+  RETURN_IF_ERROR(
+      ChooseGamma(profile, in.context_length, measured, options.max_draft, options.gamma, plan));
+  plan.step = inputs.step;
+  plan.solve_seconds = SecondsSince(start);
+  return plan;
+}
+
+absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model, const LatencyProfile& profile,
+                                      const PlanInputs& inputs, const LayerMask& mask,
+                                      const StaticOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  if (mask.num_layers() != model.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("mask '", mask.ToString(), "' has ",
+                                                   mask.num_layers(), " layers, the model has ",
+                                                   model.num_layers()));
+  }
+  ASSIGN_OR_RETURN(Checked in, CheckInputs(model, profile, inputs, options.max_draft));
+  ASSIGN_OR_RETURN(ModelSublayerRunner runner,
+                   ModelSublayerRunner::Create(model, inputs.prefix_kv,
+                                               std::min(inputs.prefix_len, inputs.first_position),
+                                               inputs.first_position));
+  ASSIGN_OR_RETURN(SkipCandidate measured,
+                   EvaluateMask(runner, in.states, inputs.target_argmax, mask));
+  DraftPlan plan;
+  RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, options.max_draft,
+                              /*fixed_gamma=*/0, plan));
+  plan.step = inputs.step;
+  plan.solve_seconds = SecondsSince(start);
+  return plan;
+}
+
+}  // namespace knapserve

@@ -1,0 +1,246 @@
+// Tests of the latency model (planner/latency_profile.h): the line fit,
+// interpolation of the verify table, JSON round trip and the refusal of
+// corrupt or mismatched profiles, and a real (small) measurement.
+#include "planner/latency_profile.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "common/model/llama.h"
+#include "tests/testing/test_models.h"
+
+namespace knapserve {
+namespace {
+
+using testing::MakeTempDir;
+using testing::Stories260kDir;
+
+LatencyProfile HandProfile() {
+  LatencyProfile p;
+  p.model_fingerprint = "0123456789abcdef";
+  p.device = "cpu";
+  p.dtype = "bf16";
+  p.threads = 2;
+  p.attention = {1e-4, 2e-8, 0.99};
+  p.mlp_seconds = 3e-4;
+  p.mlp_fit = {3e-4, 1e-12, 0.01};
+  p.step_fixed_seconds = 5e-4;
+  p.max_draft = 2;
+  p.verify_contexts = {100, 1100};
+  p.verify_seconds = {{1e-3, 1.5e-3, 2e-3}, {2e-3, 2.5e-3, 3e-3}};
+  p.sublayer_contexts = {100, 1100};
+  p.attention_medians = {1.02e-4, 1.22e-4};
+  p.mlp_medians = {3e-4, 3e-4};
+  return p;
+}
+
+std::string WriteFile(const std::string& dir, const std::string& name, const std::string& text) {
+  const std::string path = dir + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+TEST(FitLineTest, RecoversKnownCoefficientsFromNoisyTimings) {
+  std::mt19937 rng(42);
+  std::normal_distribution<double> noise(0.0, 2e-7);
+  const double a = 3.5e-5, b = 1.25e-8;
+  std::vector<double> x, y;
+  for (int n = 64; n <= 8192; n += 128) {
+    x.push_back(n);
+    y.push_back(a + b * n + noise(rng));
+  }
+  auto fit = FitLine(x, y);
+  ASSERT_TRUE(fit.ok()) << fit.status();
+  EXPECT_NEAR(fit->a, a, 1e-7);
+  EXPECT_NEAR(fit->b, b, 1e-10);
+  EXPECT_GT(fit->r2, 0.99);
+  EXPECT_LE(fit->r2, 1.0);
+
+  // Exact line: r2 = 1; flat data: b = 0, r2 = 1 (the fit is exact).
+  auto exact = FitLine(std::vector<double>{1, 2, 3}, std::vector<double>{2, 4, 6});
+  ASSERT_TRUE(exact.ok());
+  EXPECT_NEAR(exact->a, 0, 1e-12);
+  EXPECT_NEAR(exact->b, 2, 1e-12);
+  EXPECT_NEAR(exact->r2, 1, 1e-12);
+  auto flat = FitLine(std::vector<double>{1, 2, 3}, std::vector<double>{5, 5, 5});
+  ASSERT_TRUE(flat.ok());
+  EXPECT_NEAR(flat->b, 0, 1e-12);
+  // Pure noise around a constant: r2 near 0.
+  std::vector<double> noisy;
+  for (double v : x) noisy.push_back(1e-3 + noise(rng) + 0 * v);
+  auto none = FitLine(x, noisy);
+  ASSERT_TRUE(none.ok());
+  EXPECT_LT(none->r2, 0.2);
+}
+
+TEST(FitLineTest, RejectsDegenerateInput) {
+  EXPECT_EQ(FitLine(std::vector<double>{1}, std::vector<double>{1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FitLine(std::vector<double>{1, 2}, std::vector<double>{1}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FitLine(std::vector<double>{3, 3, 3}, std::vector<double>{1, 2, 3}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(LatencyProfileTest, InterpolatesAndClampsTheVerifyTable) {
+  const LatencyProfile p = HandProfile();
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(100, 1), 1e-3);
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(600, 1), 1.5e-3);    // halfway
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(350, 3), 2.25e-3);   // a quarter
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(0, 2), 1.5e-3);      // clamped below
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(50000, 2), 2.5e-3);  // clamped above
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(100, 9), 2e-3);      // tokens clamped to max_draft+1
+  EXPECT_DOUBLE_EQ(p.AttentionSeconds(1000), 1e-4 + 2e-5);
+
+  // t_draft = fixed + kept attention * t_attn(n) + kept MLP * t_mlp.
+  LayerMask mask(4);
+  EXPECT_DOUBLE_EQ(p.DraftSeconds(mask, 1000), 5e-4 + 4 * 1.2e-4 + 4 * 3e-4);
+  EXPECT_DOUBLE_EQ(p.FullStepSeconds(4, 1000), p.DraftSeconds(mask, 1000));
+  mask.set_skipped(2, true);  // a1
+  mask.set_skipped(5, true);  // m2
+  mask.set_skipped(7, true);  // m3
+  EXPECT_DOUBLE_EQ(p.DraftSeconds(mask, 1000), 5e-4 + 3 * 1.2e-4 + 2 * 3e-4);
+}
+
+TEST(LatencyProfileTest, RoundTripsThroughJsonFiles) {
+  const std::string dir = MakeTempDir("profile");
+  const std::string path = dir + "/profile.json";
+  const LatencyProfile p = HandProfile();
+  ASSERT_TRUE(p.Save(path).ok());
+  auto loaded = LatencyProfile::Load(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->source, path);
+  EXPECT_EQ(loaded->model_fingerprint, p.model_fingerprint);
+  EXPECT_EQ(loaded->device, p.device);
+  EXPECT_EQ(loaded->dtype, p.dtype);
+  EXPECT_EQ(loaded->threads, p.threads);
+  EXPECT_DOUBLE_EQ(loaded->attention.a, p.attention.a);
+  EXPECT_DOUBLE_EQ(loaded->attention.b, p.attention.b);
+  EXPECT_DOUBLE_EQ(loaded->attention.r2, p.attention.r2);
+  EXPECT_DOUBLE_EQ(loaded->mlp_seconds, p.mlp_seconds);
+  EXPECT_DOUBLE_EQ(loaded->step_fixed_seconds, p.step_fixed_seconds);
+  EXPECT_EQ(loaded->max_draft, p.max_draft);
+  EXPECT_EQ(loaded->verify_contexts, p.verify_contexts);
+  EXPECT_EQ(loaded->verify_seconds, p.verify_seconds);
+  EXPECT_EQ(loaded->attention_medians, p.attention_medians);
+  EXPECT_EQ(loaded->ToJson(), p.ToJson());
+}
+
+TEST(LatencyProfileTest, RefusesCorruptFilesNamingThem) {
+  const std::string dir = MakeTempDir("profile");
+  const LatencyProfile good = HandProfile();
+
+  // Not JSON.
+  std::string path = WriteFile(dir, "corrupt.json", "{\"format\": \"knapserve-lat");
+  auto loaded = LatencyProfile::Load(path);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find(path), std::string::npos) << loaded.status();
+  EXPECT_NE(loaded.status().message().find("not valid JSON"), std::string::npos);
+
+  // A missing field.
+  std::string text = good.ToJson();
+  const size_t at = text.find("\"mlp_seconds\"");
+  ASSERT_NE(at, std::string::npos);
+  std::string missing = text;
+  missing.replace(at, std::string("\"mlp_seconds\"").size(), "\"mlp_secs\"");
+  path = WriteFile(dir, "missing.json", missing);
+  loaded = LatencyProfile::Load(path);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find(path), std::string::npos) << loaded.status();
+  EXPECT_NE(loaded.status().message().find("'mlp_seconds' is missing"), std::string::npos)
+      << loaded.status();
+
+  // Another version.
+  std::string versioned = text;
+  const size_t v = versioned.find("\"version\": 1");
+  ASSERT_NE(v, std::string::npos);
+  versioned.replace(v, std::string("\"version\": 1").size(), "\"version\": 99");
+  path = WriteFile(dir, "version.json", versioned);
+  loaded = LatencyProfile::Load(path);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find("version 99"), std::string::npos) << loaded.status();
+  EXPECT_NE(loaded.status().message().find(path), std::string::npos);
+
+  // A verify table of the wrong shape.
+  LatencyProfile bad = good;
+  bad.verify_seconds[1].pop_back();
+  path = WriteFile(dir, "table.json", bad.ToJson());
+  loaded = LatencyProfile::Load(path);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find("verify_seconds"), std::string::npos) << loaded.status();
+
+  // A mistyped field.
+  std::string typed = text;
+  const size_t t = typed.find("\"threads\": 2");
+  ASSERT_NE(t, std::string::npos);
+  typed.replace(t, std::string("\"threads\": 2").size(), "\"threads\": \"two\"");
+  loaded = LatencyProfile::FromJson(typed, "inline");
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(loaded.status().message().find("'threads' must be an integer"), std::string::npos)
+      << loaded.status();
+
+  // No file at all.
+  loaded = LatencyProfile::Load(dir + "/nope.json");
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(loaded.status().message().find("nope.json"), std::string::npos);
+}
+
+TEST(LatencyProfileTest, RefusesAMismatchedEngineNamingBothKeys) {
+  LatencyProfile p = HandProfile();
+  p.source = "/profiles/smollm2.json";
+  EXPECT_TRUE(p.CheckMatches("0123456789abcdef", "cpu", "bf16", 2).ok());
+  absl::Status s = p.CheckMatches("fedcba9876543210", "cpu", "fp32", 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  const std::string msg(s.message());
+  EXPECT_NE(msg.find("/profiles/smollm2.json"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("0123456789abcdef"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fedcba9876543210"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model, dtype differ"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("knapserve profile"), std::string::npos) << msg;
+  s = p.CheckMatches("0123456789abcdef", "cpu", "bf16", 8);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("threads 8"), std::string::npos) << s;
+}
+
+TEST(ProfileModelTest, MeasuresAModel) {
+  if (!std::filesystem::exists(Stories260kDir() + "/model.safetensors")) {
+    GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
+  }
+  auto model = LlamaModel::Load(Stories260kDir(), ModelOptions());
+  ASSERT_TRUE(model.ok()) << model.status();
+  ProfileOptions options;
+  options.contexts = {16, 128, 256, 4096};  // 4096 does not fit (max 512): dropped
+  options.repeats = 3;
+  options.warmup = 1;
+  options.max_draft = 4;
+  auto profile = ProfileModel(**model, options);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_TRUE(profile->Validate().ok()) << profile->Validate();
+  EXPECT_EQ(profile->model_fingerprint, (*model)->config().Fingerprint());
+  EXPECT_EQ(profile->device, "cpu");
+  EXPECT_EQ(profile->dtype, "fp32");
+  EXPECT_GE(profile->threads, 1);
+  EXPECT_EQ(profile->verify_contexts, (std::vector<int64_t>{16, 128, 256}));
+  ASSERT_EQ(profile->verify_seconds.size(), 3u);
+  for (const auto& row : profile->verify_seconds) EXPECT_EQ(row.size(), 5u);
+  EXPECT_GT(profile->mlp_seconds, 0);
+  EXPECT_GT(profile->AttentionSeconds(128), 0);
+  EXPECT_GE(profile->step_fixed_seconds, 0);
+  EXPECT_TRUE(
+      profile->CheckMatches((*model)->config().Fingerprint(), "cpu", "fp32", profile->threads)
+          .ok());
+
+  // Bad options.
+  options.contexts = {16};
+  EXPECT_EQ(ProfileModel(**model, options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.contexts = {16, 128};
+  options.repeats = 0;
+  EXPECT_EQ(ProfileModel(**model, options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace knapserve

@@ -1,0 +1,333 @@
+// End-to-end tests of the `knapserve` binary: each test runs the real binary
+// (built by the knapserve target) as a child process, parses what it prints,
+// and checks exit codes and error messages.
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/tokenizer.h"
+#include "nlohmann/json.hpp"
+#include "testing/build_paths.h"
+#include "tests/testing/test_models.h"
+
+extern char** environ;
+
+namespace knapserve {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+// The greedy continuation of "Zoo" (57 tokens) from
+// <shared>/models/stories260k/SOURCE.md.
+const std::vector<int32_t> kZooPromptIds = {1, 410, 469, 347};
+const std::vector<int32_t> kZooGreedyIds = {
+    286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411,
+    322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426,
+    338, 391, 266, 267, 337, 335, 312, 432, 398, 358, 279, 292, 416, 439, 413, 391, 267, 337, 335};
+
+struct Outcome {
+  int exit_code = -1;  // the child's exit status; -1 if it did not exit normally
+  std::string out;
+  std::string err;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+// Runs `knapserve args...` with stdout and stderr captured in files (no pipe
+// deadlocks, no shell quoting).
+Outcome RunKnapserve(const std::vector<std::string>& args) {
+  static const std::string dir = knapserve::testing::MakeTempDir("cli");
+  const std::string out_path = dir + "/stdout";
+  const std::string err_path = dir + "/stderr";
+  std::vector<std::string> argv_strings = {knapserve::testing::kKnapserveBinary};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  Outcome outcome;
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) {
+    ADD_FAILURE() << "cannot start " << argv[0] << ": error " << spawned;
+    return outcome;
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) {
+    ADD_FAILURE() << "waitpid failed";
+    return outcome;
+  }
+  if (WIFEXITED(status)) outcome.exit_code = WEXITSTATUS(status);
+  outcome.out = ReadFile(out_path);
+  outcome.err = ReadFile(err_path);
+  return outcome;
+}
+
+std::string Describe(const std::vector<std::string>& args, const Outcome& outcome) {
+  std::string command = "knapserve";
+  for (const std::string& a : args) absl::StrAppend(&command, " ", a);
+  return absl::StrCat(command, "\nexit ", outcome.exit_code, "\nstdout:\n", outcome.out,
+                      "\nstderr:\n", outcome.err);
+}
+
+// Runs and expects exit 0 and stdout holding one JSON value.
+nlohmann::json RunJson(const std::vector<std::string>& args) {
+  const Outcome outcome = RunKnapserve(args);
+  EXPECT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
+  nlohmann::json parsed = nlohmann::json::parse(outcome.out, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(parsed.is_discarded()) << "stdout is not JSON\n" << Describe(args, outcome);
+  return parsed;
+}
+
+// Appends the model and thread flags (Abseil takes flags anywhere).
+std::vector<std::string> Stories(std::vector<std::string> args) {
+  args.insert(args.end(), {"--model", knapserve::testing::Stories260kDir(), "--threads", "1"});
+  return args;
+}
+
+std::vector<int32_t> Ids(const nlohmann::json& value) {
+  if (!value.is_array()) return {};
+  return value.get<std::vector<int32_t>>();
+}
+
+// A tiny random model written by `knapserve make-model` itself (once).
+const std::string& TinyModelDir() {
+  static const std::string* dir = [] {
+    auto* path = new std::string(knapserve::testing::MakeTempDir("cli_model") + "/tiny");
+    const std::vector<std::string> args = {"make-model", "--shape", "tiny-llama", "--out", *path,
+                                           "--dtype", "fp32"};
+    const Outcome outcome = RunKnapserve(args);
+    EXPECT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
+    return path;
+  }();
+  return *dir;
+}
+
+std::vector<std::string> Tiny(std::vector<std::string> args) {
+  args.insert(args.end(), {"--model", TinyModelDir(), "--threads", "1"});
+  return args;
+}
+
+TEST(KnapserveCliTest, GreedyGenerateReproducesGoldenIds) {
+  const nlohmann::json out = RunJson(Stories(
+      {"generate", "--prompt", "Zoo", "--max-new-tokens", "57", "--temperature", "0", "--json"}));
+  EXPECT_THAT(Ids(out["prompt_ids"]), ElementsAreArray(kZooPromptIds));
+  EXPECT_THAT(Ids(out["output_ids"]), ElementsAreArray(kZooGreedyIds));
+  ASSERT_TRUE(out["text"].is_string());
+  EXPECT_THAT(out["text"].get<std::string>(), HasSubstr("was a little girl named Lily"));
+  for (const char* key : {"prefill_tokens_per_s", "decode_tokens_per_s"}) {
+    ASSERT_TRUE(out.contains(key)) << key;
+    EXPECT_GT(out[key].get<double>(), 0) << key;
+  }
+  EXPECT_EQ(out["finish_reason"], "length");
+  EXPECT_EQ(out["spec"], "off");
+  const nlohmann::json& spec = out["speculation"];
+  for (const char* key : {"drafts", "draft_tokens", "accepted_tokens", "accepted_per_position",
+                          "acceptance_rate", "mean_acceptance_length"}) {
+    EXPECT_TRUE(spec.contains(key)) << key;
+  }
+  EXPECT_EQ(spec["drafts"], 0);
+}
+
+TEST(KnapserveCliTest, StaticSpeculationGivesTheSameGreedyIds) {
+  const nlohmann::json out = RunJson(
+      Stories({"generate", "--prompt", "Zoo", "--max-new-tokens", "57", "--temperature", "0",
+               "--spec", "static", "--skip", "a1,m3", "--max-draft", "4", "--json"}));
+  EXPECT_THAT(Ids(out["prompt_ids"]), ElementsAreArray(kZooPromptIds));
+  EXPECT_THAT(Ids(out["output_ids"]), ElementsAreArray(kZooGreedyIds));
+  EXPECT_EQ(out["spec"], "static");
+  EXPECT_EQ(out["mask"], "a1,m3");
+  EXPECT_EQ(out["max_draft"], 4);
+  const nlohmann::json& spec = out["speculation"];
+  EXPECT_GT(spec["drafts"].get<int64_t>(), 0);
+  EXPECT_LE(spec["accepted_tokens"].get<int64_t>(), spec["draft_tokens"].get<int64_t>());
+  EXPECT_LE(spec["accepted_per_position"].size(), 4u);
+  EXPECT_GE(spec["mean_acceptance_length"].get<double>(), 1.0);
+}
+
+TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {
+  const std::vector<std::string> args = Stories({"generate", "--prompt", "Once upon a time",
+                                                 "--max-new-tokens", "30", "--temperature", "0.8",
+                                                 "--seed", "5", "--json"});
+  const nlohmann::json first = RunJson(args);
+  const nlohmann::json second = RunJson(args);
+  EXPECT_EQ(first["seed"], 5);
+  EXPECT_FALSE(Ids(first["output_ids"]).empty());
+  EXPECT_EQ(Ids(first["output_ids"]), Ids(second["output_ids"]));
+  EXPECT_EQ(first["text"], second["text"]);
+}
+
+TEST(KnapserveCliTest, TokenizePrintsTheTokenizerIds) {
+  const nlohmann::json out = RunJson(Stories({"tokenize", "--text", "Hello world"}));
+  auto tokenizer =
+      Tokenizer::FromFile(knapserve::testing::Stories260kDir() + "/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  auto expected = (*tokenizer)->Encode("Hello world", /*add_special_tokens=*/true);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_TRUE(out.is_array());
+  EXPECT_THAT(Ids(out), ElementsAreArray(*expected));
+  EXPECT_EQ(Ids(out).front(), 1);  // BOS
+}
+
+struct BadInput {
+  std::string name;
+  std::vector<std::string> args;
+  std::string message;  // stderr must contain this
+};
+
+TEST(KnapserveCliTest, BadInputExitsNonZeroNamingTheProblem) {
+  const std::string stories = knapserve::testing::Stories260kDir();
+  std::string long_prompt;
+  for (int i = 0; i < 400; ++i) long_prompt += "Zoo ";
+  const std::vector<BadInput> cases = {
+      {"unknown subcommand", {"frobnicate"}, "unknown subcommand 'frobnicate'"},
+      {"unknown bench mode", {"bench", "frobnicate"}, "unknown mode 'frobnicate'"},
+      {"layer out of range",
+       Stories({"generate", "--prompt", "Zoo", "--spec", "static", "--skip", "a99"}),
+       "'a99' names layer 99"},
+      {"malformed mask",
+       Stories({"generate", "--prompt", "Zoo", "--spec", "static", "--skip", "x1"}),
+       "bad entry 'x1'"},
+      {"zero max draft",
+       Stories({"generate", "--prompt", "Zoo", "--spec", "static", "--max-draft", "0"}),
+       "max_draft"},
+      {"unknown spec mode", Stories({"generate", "--prompt", "Zoo", "--spec", "bogus"}),
+       "unknown speculation mode 'bogus'"},
+      {"negative temperature", Stories({"generate", "--prompt", "Zoo", "--temperature", "-1"}),
+       "temperature"},
+      {"missing model dir",
+       {"generate", "--model", "/nonexistent/knapserve_model", "--prompt", "Zoo"},
+       "/nonexistent/knapserve_model"},
+      {"prompt longer than the context", Stories({"generate", "--prompt", long_prompt}),
+       "context"},
+      {"bench spec bad mask",
+       Stories({"bench", "spec", "--skip", "a99", "--num-prompts", "1", "--max-new-tokens", "4"}),
+       "'a99' names layer 99"},
+  };
+  for (const BadInput& c : cases) {
+    SCOPED_TRACE(c.name);
+    const Outcome outcome = RunKnapserve(c.args);
+    EXPECT_NE(outcome.exit_code, 0) << Describe(c.args, outcome);
+    EXPECT_GT(outcome.exit_code, 0) << "crashed?\n" << Describe(c.args, outcome);
+    EXPECT_THAT(outcome.err, HasSubstr(c.message)) << Describe(c.args, outcome);
+  }
+}
+
+TEST(KnapserveCliTest, MakeModelThenGenerate) {
+  const nlohmann::json out = RunJson(Tiny({"generate", "--prompt", "hello world",
+                                           "--max-new-tokens", "6", "--ignore-eos", "--json"}));
+  EXPECT_FALSE(Ids(out["prompt_ids"]).empty());
+  EXPECT_EQ(Ids(out["output_ids"]).size(), 6u);
+  EXPECT_EQ(out["finish_reason"], "length");
+  // Self-speculation on the random model is lossless too.
+  const nlohmann::json spec =
+      RunJson(Tiny({"generate", "--prompt", "hello world", "--max-new-tokens", "6",
+                    "--ignore-eos", "--spec", "static", "--skip", "m0", "--json"}));
+  EXPECT_EQ(Ids(spec["output_ids"]), Ids(out["output_ids"]));
+}
+
+// The bench runs use stories260k, a real tiny model: the tiny-* random models
+// have a vocabulary (300) larger than their synthetic tokenizer (288), and a
+// generated id the tokenizer does not know fails detokenization, which the
+// bench prompts happen to trigger.
+TEST(KnapserveCliTest, BenchArPrintsItsSummary) {
+  const std::vector<std::string> args =
+      Stories({"bench", "ar", "--num-prompts", "2", "--max-new-tokens", "8"});
+  const Outcome text = RunKnapserve(args);
+  ASSERT_EQ(text.exit_code, 0) << Describe(args, text);
+  EXPECT_THAT(text.out, AllOf(HasSubstr("median decode"), HasSubstr("of copy bandwidth")));
+
+  std::vector<std::string> json_args = args;
+  json_args.push_back("--json");
+  const nlohmann::json out = RunJson(json_args);
+  ASSERT_TRUE(out.is_object());
+  EXPECT_EQ(out["prompts"].size(), 2u);
+  EXPECT_GT(out["decode_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(out["copy_bandwidth_bytes_per_s"].get<double>(), 0);
+  for (const nlohmann::json& row : out["prompts"]) EXPECT_EQ(row["new_tokens"], 8);
+}
+
+TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
+  // With --json the tables go to stderr and one JSON object to stdout.
+  const std::vector<std::string> args =
+      Stories({"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "8", "--skip", "m0",
+               "--max-draft", "3", "--json"});
+  const Outcome outcome = RunKnapserve(args);
+  ASSERT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
+  EXPECT_THAT(outcome.err, AllOf(HasSubstr("decode tok/s"), HasSubstr("speedup"),
+                                 HasSubstr("lossless: static output ids equal off output ids")));
+  const nlohmann::json out =
+      nlohmann::json::parse(outcome.out, nullptr, /*allow_exceptions=*/false);
+  ASSERT_TRUE(out.is_object());
+  EXPECT_EQ(out["lossless"], true);
+  EXPECT_EQ(out["skip"], "m0");
+  EXPECT_EQ(out["prompts"].size(), 2u);
+  for (const nlohmann::json& row : out["prompts"]) EXPECT_EQ(row["same_ids"], true);
+  for (const char* mode : {"off", "static"}) {
+    const nlohmann::json& m = out["modes"][mode];
+    EXPECT_GT(m["decode_tokens_per_s"].get<double>(), 0) << mode;
+    EXPECT_EQ(m["decoded_tokens"], 2 * 7) << mode;  // the first token comes from prefill
+    for (const char* key : {"speedup", "acceptance_rate", "mean_acceptance_length",
+                            "draft_share", "verify_share"}) {
+      EXPECT_TRUE(m.contains(key)) << mode << " " << key;
+    }
+  }
+  EXPECT_DOUBLE_EQ(out["modes"]["off"]["speedup"].get<double>(), 1.0);
+  EXPECT_GT(out["modes"]["static"]["drafts"].get<int64_t>(), 0);
+}
+
+TEST(KnapserveCliTest, BenchSpecSearchesAMask) {
+  const nlohmann::json out = RunJson(
+      Stories({"bench", "spec", "--num-prompts", "1", "--max-new-tokens", "8", "--search-masks",
+            "--search-prompts", "1", "--search-tokens", "8", "--search-max-steps", "2", "--json"}));
+  ASSERT_TRUE(out.is_object());
+  ASSERT_TRUE(out.contains("search"));
+  const nlohmann::json& search = out["search"];
+  ASSERT_GE(search["path"].size(), 1u);
+  EXPECT_EQ(search["path"][0]["mask"], "");
+  EXPECT_EQ(search["best_mask"], search["path"].back()["mask"]);
+  EXPECT_EQ(out["skip"], search["best_mask"]);
+  EXPECT_LE(search["path"].size(), 3u);  // round 0 + at most 2 skipped sublayers
+  EXPECT_EQ(out["lossless"], true);
+}
+
+TEST(KnapserveCliTest, BenchStepCostPrintsRatios) {
+  const nlohmann::json out = RunJson(Tiny({"bench", "step-cost", "--context-length", "32",
+                                           "--step-repeats", "3", "--json"}));
+  ASSERT_TRUE(out.is_object());
+  EXPECT_EQ(out["context_length"], 32);
+  ASSERT_EQ(out["draft"].size(), 6u);
+  EXPECT_EQ(out["draft"][0]["kept_sublayers"], 4);  // tiny-llama: 2 layers
+  EXPECT_DOUBLE_EQ(out["draft"][0]["kept_fraction"].get<double>(), 1.0);
+  ASSERT_EQ(out["verify"].size(), 10u);
+  for (const nlohmann::json& row : out["verify"]) {
+    EXPECT_GT(row["seconds"].get<double>(), 0);
+    EXPECT_EQ(row["tokens"].get<int>(), row["gamma"].get<int>() + 1);
+  }
+}
+
+}  // namespace
+}  // namespace knapserve

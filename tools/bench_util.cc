@@ -1,0 +1,192 @@
+#include "tools/bench_util.h"
+
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/shared_data.h"
+#include "common/status.h"
+#include "tools/cli_flags.h"
+
+namespace knapserve {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+}  // namespace
+
+double Median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+double MedianSeconds(const std::function<void()>& fn, int warmup, int repeats) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> seconds;
+  for (int i = 0; i < std::max(1, repeats); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    seconds.push_back(SecondsSince(t0));
+  }
+  return Median(std::move(seconds));
+}
+
+Bandwidth MeasureBandwidth() {
+  c10::InferenceMode guard;
+  const int64_t bytes = int64_t{512} << 20;
+  torch::Tensor src = torch::ones({bytes / 4}, torch::kFloat32);
+  torch::Tensor dst = torch::empty_like(src);
+  dst.copy_(src);  // fault the pages in
+  Bandwidth best;
+  for (int i = 0; i < 5; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    dst.copy_(src);
+    double s = SecondsSince(t0);
+    best.copy = std::max(best.copy, static_cast<double>(bytes) / s);
+    t0 = std::chrono::steady_clock::now();
+    volatile float sink = src.sum().item<float>();
+    (void)sink;
+    s = SecondsSince(t0);
+    best.read = std::max(best.read, static_cast<double>(bytes) / s);
+  }
+  return best;
+}
+
+absl::StatusOr<std::vector<int32_t>> PromptIds(const Tokenizer& tokenizer, const std::string& text,
+                                               int64_t min_tokens, int64_t max_tokens) {
+  std::string repeated = text;
+  while (true) {
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(repeated, true));
+    if (static_cast<int64_t>(ids.size()) >= min_tokens) {
+      if (max_tokens > 0 && static_cast<int64_t>(ids.size()) > max_tokens) ids.resize(max_tokens);
+      return ids;
+    }
+    if (text.empty()) return absl::InvalidArgumentError("prompt: empty text cannot be repeated");
+    repeated += "\n\n" + text;
+  }
+}
+
+absl::StatusOr<std::vector<BenchInput>> LoadBenchInputs(const LlamaModel& model,
+                                                        const Tokenizer& tokenizer, int count,
+                                                        int64_t max_new_tokens) {
+  std::string path = absl::GetFlag(FLAGS_prompts);
+  if (path.empty()) path = SharedPath("bench/spec_bench/question.jsonl");
+  ASSIGN_OR_RETURN(std::vector<BenchPrompt> prompts, LoadPromptSet(path, count));
+  // Leave room for the generation inside the context.
+  const int64_t max_prompt = model.max_context() - max_new_tokens - 1;
+  if (max_prompt < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: ", max_new_tokens,
+                                                   " leaves no room for a prompt in the context of ",
+                                                   model.max_context(), " tokens"));
+  }
+  std::vector<BenchInput> inputs;
+  for (BenchPrompt& prompt : prompts) {
+    BenchInput input;
+    ASSIGN_OR_RETURN(input.ids, PromptIds(tokenizer, prompt.text,
+                                          absl::GetFlag(FLAGS_min_prompt_tokens), max_prompt));
+    input.prompt = std::move(prompt);
+    inputs.push_back(std::move(input));
+  }
+  return inputs;
+}
+
+double ModeSummary::decode_tokens_per_second() const {
+  return decode_seconds > 0 ? static_cast<double>(decoded_tokens) / decode_seconds : 0.0;
+}
+
+double ModeSummary::draft_share() const {
+  return decode_seconds > 0 ? draft_seconds / decode_seconds : 0.0;
+}
+
+double ModeSummary::verify_share() const {
+  return decode_seconds > 0 ? verify_seconds / decode_seconds : 0.0;
+}
+
+ModeSummary Summarize(const std::vector<PromptRun>& runs) {
+  ModeSummary sum;
+  for (const PromptRun& run : runs) {
+    sum.decoded_tokens += run.decoded_tokens;
+    sum.decode_seconds += run.decode_seconds;
+    sum.draft_seconds += run.draft_seconds;
+    sum.verify_seconds += run.verify_seconds;
+    const SpeculationStats& s = run.speculation;
+    sum.speculation.drafts += s.drafts;
+    sum.speculation.draft_tokens += s.draft_tokens;
+    sum.speculation.accepted_tokens += s.accepted_tokens;
+    sum.speculation.draft_seconds += s.draft_seconds;
+    sum.speculation.verify_seconds += s.verify_seconds;
+    std::vector<int64_t>& per = sum.speculation.accepted_per_position;
+    if (per.size() < s.accepted_per_position.size()) per.resize(s.accepted_per_position.size(), 0);
+    for (size_t j = 0; j < s.accepted_per_position.size(); ++j) per[j] += s.accepted_per_position[j];
+  }
+  return sum;
+}
+
+absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
+    const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
+    const std::vector<GenerationRequest>& requests, int repeats, bool warmup) {
+  repeats = std::max(1, repeats);
+  const size_t num_modes = requests.size();
+  if (warmup && !inputs.empty()) {
+    for (const GenerationRequest& request : requests) {
+      GenerationRequest short_request = request;
+      short_request.prompt_ids = inputs[0].ids;
+      short_request.max_new_tokens = std::min<int64_t>(request.max_new_tokens, 16);
+      RETURN_IF_ERROR(Generate(model, tokenizer, short_request).status());
+    }
+  }
+  std::vector<std::vector<PromptRun>> runs(num_modes, std::vector<PromptRun>(inputs.size()));
+  for (size_t p = 0; p < inputs.size(); ++p) {
+    // results[mode][repeat]
+    std::vector<std::vector<GenerationResult>> results(num_modes);
+    for (int r = 0; r < repeats; ++r) {
+      for (size_t k = 0; k < num_modes; ++k) {
+        const size_t mode = r % 2 == 0 ? k : num_modes - 1 - k;
+        GenerationRequest request = requests[mode];
+        request.prompt_ids = inputs[p].ids;
+        ASSIGN_OR_RETURN(GenerationResult result, Generate(model, tokenizer, request));
+        results[mode].push_back(std::move(result));
+      }
+    }
+    for (size_t mode = 0; mode < num_modes; ++mode) {
+      std::vector<GenerationResult>& reps = results[mode];
+      for (const GenerationResult& rep : reps) {
+        if (requests[mode].sampling.temperature == 0.0 && rep.output_ids != reps[0].output_ids) {
+          return absl::InternalError(absl::StrCat(
+              "prompt ", inputs[p].prompt.question_id,
+              ": greedy output differs between repeats of the same mode (nondeterminism)"));
+        }
+      }
+      // The repeat with the median decode time carries the time split.
+      std::vector<size_t> order(reps.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+        return reps[a].stats.decode_seconds < reps[b].stats.decode_seconds;
+      });
+      const GenerationResult& median = reps[order[order.size() / 2]];
+      std::vector<double> prefill, decode;
+      for (const GenerationResult& rep : reps) {
+        prefill.push_back(rep.stats.prefill_seconds);
+        decode.push_back(rep.stats.decode_seconds);
+      }
+      PromptRun& run = runs[mode][p];
+      run.output_ids = median.output_ids;
+      run.decoded_tokens = std::max<int64_t>(0, median.stats.completion_tokens - 1);
+      run.prefill_seconds = Median(prefill);
+      run.decode_seconds = Median(decode);
+      run.draft_seconds = median.stats.draft_seconds;
+      run.verify_seconds = median.stats.verify_seconds;
+      run.speculation = median.speculation;
+    }
+  }
+  return runs;
+}
+
+}  // namespace knapserve

@@ -1,0 +1,105 @@
+// Measurement helpers shared by the `knapserve bench` modes (ar, spec,
+// step-cost): medians, the benchmark prompt set as token ids, the machine's
+// memory bandwidth, and one timed pass of Generate() over a prompt set.
+//
+// Timing conventions (DESIGN.md section 4): every figure is a median over
+// repeats after a warm-up run, and comparisons are ratios taken within one
+// run on one machine. Decode speed over a prompt set is the aggregate
+// (total tokens decoded / total decode seconds), so long and short prompts
+// weigh by their tokens, not one vote each.
+//
+// Nothing here keeps state between calls; functions are thread-compatible
+// (they use the model's intra-op threads, so run one at a time).
+#ifndef KNAPSERVE_TOOLS_BENCH_UTIL_H_
+#define KNAPSERVE_TOOLS_BENCH_UTIL_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/llama.h"
+#include "common/tokenizer.h"
+#include "executor/generator.h"
+#include "tools/prompt_set.h"
+
+namespace knapserve {
+
+// The median of `values` (mean of the middle two for an even count); 0 if empty.
+double Median(std::vector<double> values);
+
+// Seconds `fn` takes: runs it `warmup` times untimed, then `repeats` times,
+// and returns the median.
+double MedianSeconds(const std::function<void()>& fn, int warmup, int repeats);
+
+// Memory bandwidth of this machine with torch's current threads, best of five
+// passes over 512 MiB buffers (far larger than any cache here).
+struct Bandwidth {
+  double copy = 0;  // bytes copied per second (memcpy's convention: each byte once)
+  double read = 0;  // bytes read per second by a reduction
+};
+Bandwidth MeasureBandwidth();
+
+// Prompt text repeated (joined by blank lines) until it has at least
+// `min_tokens` tokens, then cut to `max_tokens` tokens if longer (max_tokens
+// <= 0: no cut).
+absl::StatusOr<std::vector<int32_t>> PromptIds(const Tokenizer& tokenizer, const std::string& text,
+                                               int64_t min_tokens, int64_t max_tokens);
+
+// One benchmark prompt, tokenized.
+struct BenchInput {
+  BenchPrompt prompt;
+  std::vector<int32_t> ids;
+};
+
+// Loads --prompts (default <shared>/bench/spec_bench/question.jsonl), takes
+// `count` prompts round-robin over the categories, and tokenizes each with
+// --min-prompt-tokens, cut so that `max_new_tokens` more tokens still fit the
+// model's context. InvalidArgument when max_new_tokens leaves no room.
+absl::StatusOr<std::vector<BenchInput>> LoadBenchInputs(const LlamaModel& model,
+                                                        const Tokenizer& tokenizer, int count,
+                                                        int64_t max_new_tokens);
+
+// The outcome of Generate() on one prompt in one mode, with the decode time as
+// the median over repeats (ids must be the same in every repeat: greedy).
+struct PromptRun {
+  std::vector<int32_t> output_ids;
+  int64_t decoded_tokens = 0;    // completion tokens after the first (prefill) one
+  double prefill_seconds = 0;    // median over repeats
+  double decode_seconds = 0;     // median over repeats
+  double draft_seconds = 0;      // of the repeat with the median decode time
+  double verify_seconds = 0;     // idem
+  SpeculationStats speculation;  // idem (the same in every greedy repeat)
+};
+
+// Aggregates of one mode over a prompt set.
+struct ModeSummary {
+  int64_t decoded_tokens = 0;
+  double decode_seconds = 0;
+  double draft_seconds = 0;
+  double verify_seconds = 0;
+  SpeculationStats speculation;  // counters summed over prompts
+  // decoded_tokens / decode_seconds.
+  double decode_tokens_per_second() const;
+  double draft_share() const;   // draft_seconds / decode_seconds
+  double verify_share() const;  // verify_seconds / decode_seconds
+};
+
+// Sums `runs` (one per prompt) into a ModeSummary.
+ModeSummary Summarize(const std::vector<PromptRun>& runs);
+
+// Runs each of `requests` (several modes of the same prompts, e.g. off and
+// static) on every prompt, `repeats` times, interleaved as
+// prompt x repeat x mode so that drift in machine speed (another process,
+// frequency changes) hits all modes alike; the mode order alternates between
+// repeats. Each request's prompt_ids are replaced by each input's ids.
+// Returns runs[mode][prompt]. `warmup` runs one short generation per mode
+// first (kernel selection, page faults).
+absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
+    const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
+    const std::vector<GenerationRequest>& requests, int repeats, bool warmup);
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_TOOLS_BENCH_UTIL_H_
