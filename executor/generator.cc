@@ -3,9 +3,14 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
-#include <optional>
+#include <atomic>
 #include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <utility>
+
+#include "absl/container/flat_hash_map.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -18,6 +23,115 @@ namespace {
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
+
+// The planned modes' side of one generation: sends snapshots to the planner
+// without waiting and applies what comes back at step boundaries. The
+// mailbox is shared with the planner's callbacks, which may run after the
+// generation ended.
+class PlanSession {
+ public:
+  PlanSession(PlannerClient* planner, const LlamaModel& model, const GenerationRequest& request,
+              bool active)
+      : planner_(active ? planner : nullptr),
+        model_(model),
+        spec_(request.speculation),
+        sequence_id_(request.sequence_id != 0 ? request.sequence_id : NextSequenceId()),
+        mailbox_(std::make_shared<Mailbox>()) {}
+
+  // Applies the newest arrived plan, if any (step boundary).
+  void ApplyArrived(int64_t step, SpeculativeDecoder& decoder, GenerationResult& result) {
+    const auto start = std::chrono::steady_clock::now();
+    std::optional<absl::StatusOr<DraftPlan>> arrived;
+    {
+      std::lock_guard<std::mutex> lock(mailbox_->mu);
+      arrived.swap(mailbox_->latest);
+      result.stats.plan_failures += mailbox_->failures;
+      mailbox_->failures = 0;
+    }
+    if (arrived.has_value() && arrived->ok()) {
+      const DraftPlan& plan = **arrived;
+      decoder.set_mask(plan.mask);
+      decoder.set_gamma(plan.gamma);
+      AppliedPlan applied;
+      applied.applied_step = step;
+      applied.plan_step = plan.step;
+      applied.age_steps = step - plan.step;
+      applied.mask = plan.mask.ToString();
+      applied.gamma = plan.gamma;
+      applied.alpha_hat = plan.alpha_hat;
+      applied.predicted_tpt = plan.predicted_tpt;
+      applied.baseline_tpt = plan.baseline_tpt;
+      applied.num_candidates = plan.num_candidates;
+      applied.solve_seconds = plan.solve_seconds;
+      applied.queue_seconds = plan.queue_seconds;
+      applied.context_length = context_of_step_[plan.step];
+      result.plans.push_back(std::move(applied));
+      result.mask = plan.mask.ToString();
+    }
+    result.stats.waiting_seconds += SecondsSince(start);
+  }
+
+  // Sends one snapshot; returns at once.
+  void Submit(const ReferenceStates& snapshot, KvCache& cache, GenerationResult& result) {
+    const auto start = std::chrono::steady_clock::now();
+    PlanRequest request;
+    request.sequence_id = sequence_id_;
+    request.step = snapshot.step;
+    request.context_length = snapshot.context_length;
+    request.policy =
+        spec_.mode == SpeculationMode::kClasp ? PlanPolicy::kClasp : PlanPolicy::kKnapSpec;
+    request.clasp_layers =
+        spec_.clasp_layers > 0 ? spec_.clasp_layers : std::max(1, model_.num_layers() / 2);
+    request.max_draft = spec_.max_draft;
+    request.model_fingerprint = model_.config().Fingerprint();
+    request.states = snapshot.states;
+    request.first_position = snapshot.positions.front();
+    request.target_argmax = snapshot.target_argmax;
+    // The committed prefix up to the reference tokens never changes while the
+    // sequence lives; the handles (not copies) keep it alive for the solve.
+    request.kv = cache.layers();
+    request.kv_length = request.first_position;
+    context_of_step_[snapshot.step] = snapshot.context_length;
+    ++result.stats.plan_requests;
+    std::weak_ptr<Mailbox> weak = mailbox_;
+    planner_->Submit(std::move(request), [weak](absl::StatusOr<DraftPlan> plan) {
+      std::shared_ptr<Mailbox> box = weak.lock();
+      if (box == nullptr) return;  // the generation is over
+      std::lock_guard<std::mutex> lock(box->mu);
+      if (plan.ok()) {
+        box->latest = std::move(plan);
+      } else if (plan.status().code() != absl::StatusCode::kCancelled) {
+        ++box->failures;
+      }
+    });
+    result.stats.waiting_seconds += SecondsSince(start);
+  }
+
+  void Finish(GenerationResult& result) {
+    planner_->Forget(sequence_id_);
+    std::lock_guard<std::mutex> lock(mailbox_->mu);
+    result.stats.plan_failures += mailbox_->failures;
+  }
+
+ private:
+  struct Mailbox {
+    std::mutex mu;
+    std::optional<absl::StatusOr<DraftPlan>> latest;
+    int64_t failures = 0;
+  };
+
+  static uint64_t NextSequenceId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
+
+  PlannerClient* planner_;
+  const LlamaModel& model_;
+  const SpeculationConfig& spec_;
+  const uint64_t sequence_id_;
+  std::shared_ptr<Mailbox> mailbox_;
+  absl::flat_hash_map<int64_t, int64_t> context_of_step_;
+};
 
 }  // namespace
 
@@ -36,14 +150,26 @@ std::string FinishReasonName(FinishReason reason) {
 }
 
 std::string SpeculationModeName(SpeculationMode mode) {
-  return mode == SpeculationMode::kStatic ? "static" : "off";
+  switch (mode) {
+    case SpeculationMode::kOff:
+      return "off";
+    case SpeculationMode::kStatic:
+      return "static";
+    case SpeculationMode::kKnapSpec:
+      return "knapspec";
+    case SpeculationMode::kClasp:
+      return "clasp";
+  }
+  return "unknown";
 }
 
 absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name) {
-  if (name == "off") return SpeculationMode::kOff;
-  if (name == "static") return SpeculationMode::kStatic;
-  return absl::InvalidArgumentError(
-      absl::StrCat("spec: unknown speculation mode '", name, "' (supported: off, static)"));
+  for (SpeculationMode mode : {SpeculationMode::kOff, SpeculationMode::kStatic,
+                               SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
+    if (name == SpeculationModeName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "spec: unknown speculation mode '", name, "' (supported: off, static, knapspec, clasp)"));
 }
 
 double GenerationStats::prefill_tokens_per_second() const {
@@ -101,6 +227,11 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request, const L
           spec.plan_interval, " (the steps captured after a plan boundary must fit before the next)"));
     }
     RETURN_IF_ERROR(LayerMask::Parse(spec.skip, model.num_layers()).status());
+    if (spec.clasp_layers < 0 || spec.clasp_layers >= model.num_layers()) {
+      return absl::InvalidArgumentError(absl::StrCat("clasp_layers: must be in [0, ",
+                                                     model.num_layers() - 1, "], got ",
+                                                     spec.clasp_layers));
+    }
   }
   return Annotate(ValidateSamplingParams(request.sampling), "sampling");
 }
@@ -159,11 +290,18 @@ std::string TextStream::Finish() {
 absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
                                           const GenerationRequest& request,
                                           const StreamCallback& on_tokens,
-                                          const ReferenceCallback& on_reference) {
+                                          const ReferenceCallback& on_reference,
+                                          PlannerClient* planner) {
   RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
   const SpeculationConfig& spec = request.speculation;
+  const bool planned =
+      spec.mode == SpeculationMode::kKnapSpec || spec.mode == SpeculationMode::kClasp;
+  if (planned && planner == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec ", SpeculationModeName(spec.mode), " needs a planner (and its latency profile)"));
+  }
   LayerMask mask(model.num_layers());
-  if (spec.mode == SpeculationMode::kStatic) {
+  if (spec.mode != SpeculationMode::kOff) {
     ASSIGN_OR_RETURN(mask, LayerMask::Parse(spec.skip, model.num_layers()));
   }
   c10::InferenceMode inference_mode;
@@ -176,9 +314,13 @@ absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokeniz
   KvCache cache(model, prompt_len + limit);
   Sampler sampler(request.sampling);
   TextStream stream(tokenizer, request.prompt_ids, request.stop_strings);
-  const int gamma = spec.mode == SpeculationMode::kOff ? 0 : spec.max_draft;
+  // Before the first plan, planned modes draft with `skip` if given, else
+  // decode autoregressively.
+  int gamma = spec.mode == SpeculationMode::kOff ? 0 : spec.max_draft;
+  if (planned && spec.skip.empty()) gamma = 0;
   SpeculativeDecoder decoder(model, cache, sampler, mask, gamma, spec.exit_threshold);
   ReferenceStateCollector collector(spec.plan_interval, spec.reference_steps);
+  PlanSession plans(planner, model, request, planned);
 
   GenerationResult result;
   result.seed = sampler.seed();
@@ -234,16 +376,19 @@ absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokeniz
 
   ASSIGN_OR_RETURN(bool done, commit({first}));
   for (int64_t step = 0; !done; ++step) {
+    if (planned) plans.ApplyArrived(step, decoder, result);
     const int64_t remaining = limit - static_cast<int64_t>(result.output_ids.size());
-    const bool capture = on_reference != nullptr && collector.Wants(step);
+    const bool capture = (on_reference != nullptr || planned) && collector.Wants(step);
     StepResult out = decoder.Step(result.output_ids.back(), remaining, capture);
     ++result.stats.steps;
     if (capture) {
       std::optional<ReferenceStates> snapshot = collector.Add(step, out, cache.length());
-      if (snapshot) on_reference(std::move(*snapshot));
+      if (snapshot && planned) plans.Submit(*snapshot, cache, result);
+      if (snapshot && on_reference) on_reference(std::move(*snapshot));
     }
     ASSIGN_OR_RETURN(done, commit(out.tokens));
   }
+  if (planned) plans.Finish(result);
   result.text = stream.emitted();
   if (stream.matched_stop().has_value()) result.matched_stop = *stream.matched_stop();
   result.speculation = decoder.stats();

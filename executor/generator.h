@@ -3,9 +3,14 @@
 // context limit) and streaming of finalized text.
 //
 // Generate() decodes autoregressively (SpeculationMode::kOff: one full
-// forward per token) or with self-speculative decoding under a fixed layer
-// mask (kStatic, see executor/speculative_decoder.h); both give the same
-// greedy output. Several tokens committed in one step are checked for stop
+// forward per token), with self-speculative decoding under a fixed layer
+// mask (kStatic, see executor/speculative_decoder.h), or under plans from a
+// planner (kKnapSpec, kClasp): after each plan boundary (every plan_interval
+// steps) the reference states of reference_steps verification steps go to
+// the PlannerClient without waiting, and a plan that has arrived is applied
+// at the next step boundary. Before the first plan it decodes with the
+// `skip` mask if one is given, else autoregressively; a failed plan leaves the
+// last plan in force. Every mode gives the same greedy output. Several tokens committed in one step are checked for stop
 // conditions one by one, so a step never emits past EOS or a stop. The
 // stop-string logic lives in TextStream so every decoding mode shares it: text
 // that could still turn out to be the beginning of a stop string is held back
@@ -26,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/model/llama.h"
+#include "common/planner_client.h"
 #include "common/tokenizer.h"
 #include "executor/reference_states.h"
 #include "executor/sampler.h"
@@ -33,21 +39,24 @@
 
 namespace knapserve {
 
-enum class SpeculationMode { kOff, kStatic };
-// "off" / "static".
+enum class SpeculationMode { kOff, kStatic, kKnapSpec, kClasp };
+// "off" / "static" / "knapspec" / "clasp".
 std::string SpeculationModeName(SpeculationMode mode);
 absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name);
 
 struct SpeculationConfig {
   SpeculationMode mode = SpeculationMode::kOff;
-  std::string skip;             // layer mask text ("a3,m3,m7") for kStatic
-  int max_draft = 5;            // gamma: draft tokens per step, >= 1
+  std::string skip;             // layer mask text ("a3,m3,m7") for kStatic; for
+                                // kKnapSpec/kClasp the mask before the first plan
+  int max_draft = 5;            // gamma (kStatic) or D, the planner's largest gamma; >= 1
   double exit_threshold = 0.7;  // stop drafting when top-1 prob < this; [0, 1]
   int64_t plan_interval = 64;   // T: steps between plan boundaries, >= 1
-  int64_t reference_steps = 5;  // m: verification steps captured after each, >= 1
+  int64_t reference_steps = 5;  // m: verification steps captured after each, >= 1, <= T
+  int clasp_layers = 0;         // kClasp: M whole layers skipped; 0 = half the layers
 };
 
 struct GenerationRequest {
+  uint64_t sequence_id = 0;         // the planner's key for this sequence; 0 = assign one
   std::vector<int32_t> prompt_ids;  // must be non-empty, shorter than the context
   int64_t max_new_tokens = 128;     // >= 1
   SamplingParams sampling;
@@ -70,11 +79,31 @@ struct GenerationStats {
   double total_seconds = 0;
   double draft_seconds = 0;    // inside decode_seconds: masked draft forwards
   double verify_seconds = 0;   // inside decode_seconds: full forwards (all of them when off)
-  double waiting_seconds = 0;  // inside decode_seconds: waiting on a planner
+  // Inside decode_seconds: time the decode thread spent on planning (building
+  // and submitting requests, applying plans). It never blocks on a solve.
+  double waiting_seconds = 0;
   int64_t steps = 0;           // decode steps (full forwards after prefill)
+  int64_t plan_requests = 0;   // snapshots sent to the planner
+  int64_t plan_failures = 0;   // requests answered with an error (last plan kept)
   // prompt_tokens / prefill_seconds and (completion_tokens - 1) / decode_seconds.
   double prefill_tokens_per_second() const;
   double decode_tokens_per_second() const;
+};
+
+// A plan as the executor applied it.
+struct AppliedPlan {
+  int64_t applied_step = 0;  // decode step it took effect at
+  int64_t plan_step = 0;     // the plan boundary its reference states came from
+  int64_t age_steps = 0;     // applied_step - plan_step: steps it was in flight
+  std::string mask;          // "" = nothing skipped
+  int gamma = 0;             // 0 = autoregressive until the next plan
+  double alpha_hat = 0;
+  double predicted_tpt = 0;  // tokens per second the latency model predicts
+  double baseline_tpt = 0;   // the same for autoregressive decoding
+  int num_candidates = 0;
+  double solve_seconds = 0;
+  double queue_seconds = 0;
+  int64_t context_length = 0;  // n the plan was made for
 };
 
 struct GenerationResult {
@@ -86,6 +115,7 @@ struct GenerationResult {
   std::string mask;                 // the layer mask used ("" when off)
   GenerationStats stats;
   SpeculationStats speculation;
+  std::vector<AppliedPlan> plans;   // kKnapSpec / kClasp: every plan applied, in order
 };
 
 // Receives each step's newly generated ids and the text they finalized (which
@@ -124,12 +154,14 @@ class TextStream {
   std::optional<std::string> matched_stop_;
 };
 
-// Generation (autoregressive or speculative). Errors: invalid request (InvalidArgument), a
-// token the tokenizer cannot decode (OutOfRange).
+// Generation (autoregressive or speculative). kKnapSpec and kClasp need a
+// `planner` (FailedPrecondition without one); it must outlive the call.
+// Errors: invalid request (InvalidArgument naming the field).
 absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
                                           const GenerationRequest& request,
                                           const StreamCallback& on_tokens = nullptr,
-                                          const ReferenceCallback& on_reference = nullptr);
+                                          const ReferenceCallback& on_reference = nullptr,
+                                          PlannerClient* planner = nullptr);
 
 }  // namespace knapserve
 

@@ -44,11 +44,28 @@ ABSL_FLAG(int64_t, min_prompt_tokens, 0,
           "runs).");
 ABSL_FLAG(int32_t, repeats, 1, "bench: runs per prompt (the median is reported).");
 ABSL_FLAG(std::string, spec, "off",
-          "Speculation mode: off (autoregressive) or static (draft with the --skip mask).");
+          "Speculation mode: off (autoregressive), static (draft with the --skip mask), "
+          "knapspec (the KnapSpec planner picks mask and gamma every --plan-interval steps; "
+          "needs --profile) or clasp (the CLaSp baseline: --clasp-layers whole layers; needs "
+          "--profile).");
 ABSL_FLAG(std::string, skip, "",
           "Layer mask of the draft: skipped sublayers, e.g. a3,m3,m7 (aN attention, mN MLP of "
-          "layer N, 0-based).");
-ABSL_FLAG(int32_t, max_draft, 5, "Draft tokens per speculation step at most (gamma).");
+          "layer N, 0-based). With knapspec/clasp: the mask before the first plan (empty: "
+          "autoregressive until then).");
+ABSL_FLAG(std::string, profile, "",
+          "generate/bench with knapspec or clasp: the latency profile JSON (`knapserve "
+          "profile` writes one); it must match the model, device, dtype.");
+ABSL_FLAG(int32_t, clasp_layers, 0, "clasp: whole layers the draft skips (M); 0 = half.");
+ABSL_FLAG(int32_t, planner_threads, 1, "knapspec/clasp: CPU threads of the planner's solves.");
+ABSL_FLAG(std::vector<std::string>, profile_contexts, {},
+          "profile: context lengths to measure (default 128,512,1024,2048,4096 and the model's "
+          "context, those that fit).");
+ABSL_FLAG(int32_t, profile_repeats, 20, "profile: timed runs per point (median kept).");
+ABSL_FLAG(int32_t, profile_max_draft, 10,
+          "profile: the verify table covers 1..N+1 tokens (the planner's largest gamma).");
+ABSL_FLAG(std::optional<int32_t>, max_draft, std::nullopt,
+          "Draft tokens per speculation step at most: gamma for --spec static (default 5), the "
+          "planner's largest gamma D for knapspec/clasp (default 10).");
 ABSL_FLAG(double, exit_threshold, 0.7,
           "Stop drafting when the draft's top-1 probability falls below this.");
 ABSL_FLAG(int64_t, plan_interval, 64, "Decode steps between plan boundaries (T).");
@@ -120,11 +137,29 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t
   request.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   ASSIGN_OR_RETURN(request.speculation.mode, ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
   request.speculation.skip = absl::GetFlag(FLAGS_skip);
-  request.speculation.max_draft = absl::GetFlag(FLAGS_max_draft);
+  const bool planned = request.speculation.mode == SpeculationMode::kKnapSpec ||
+                       request.speculation.mode == SpeculationMode::kClasp;
+  request.speculation.max_draft = absl::GetFlag(FLAGS_max_draft).value_or(planned ? 10 : 5);
+  request.speculation.clasp_layers = absl::GetFlag(FLAGS_clasp_layers);
   request.speculation.exit_threshold = absl::GetFlag(FLAGS_exit_threshold);
   request.speculation.plan_interval = absl::GetFlag(FLAGS_plan_interval);
   request.speculation.reference_steps = absl::GetFlag(FLAGS_reference_steps);
   return request;
+}
+
+absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine& engine,
+                                                                    SpeculationMode mode) {
+  if (mode != SpeculationMode::kKnapSpec && mode != SpeculationMode::kClasp) return nullptr;
+  const std::string path = absl::GetFlag(FLAGS_profile);
+  if (path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--spec ", SpeculationModeName(mode),
+        " needs --profile FILE (measure one with `knapserve profile --model DIR --out FILE`)"));
+  }
+  ASSIGN_OR_RETURN(LatencyProfile profile, LatencyProfile::Load(path));
+  InProcessPlannerOptions options;
+  options.threads = absl::GetFlag(FLAGS_planner_threads);
+  return InProcessPlanner::Create(*engine.model, std::move(profile), options);
 }
 
 int ExitCode(const absl::Status& status, const char* command) {

@@ -20,6 +20,7 @@
 #include "common/model/llama.h"
 #include "common/tokenizer.h"
 #include "executor/generator.h"
+#include "planner/inprocess_planner.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, prompt);
@@ -44,7 +45,13 @@ ABSL_DECLARE_FLAG(int64_t, min_prompt_tokens);
 ABSL_DECLARE_FLAG(int32_t, repeats);
 ABSL_DECLARE_FLAG(std::string, spec);
 ABSL_DECLARE_FLAG(std::string, skip);
-ABSL_DECLARE_FLAG(int32_t, max_draft);
+ABSL_DECLARE_FLAG(std::optional<int32_t>, max_draft);
+ABSL_DECLARE_FLAG(std::string, profile);
+ABSL_DECLARE_FLAG(int32_t, clasp_layers);
+ABSL_DECLARE_FLAG(int32_t, planner_threads);
+ABSL_DECLARE_FLAG(std::vector<std::string>, profile_contexts);
+ABSL_DECLARE_FLAG(int32_t, profile_repeats);
+ABSL_DECLARE_FLAG(int32_t, profile_max_draft);
 ABSL_DECLARE_FLAG(double, exit_threshold);
 ABSL_DECLARE_FLAG(int64_t, plan_interval);
 ABSL_DECLARE_FLAG(int64_t, reference_steps);
@@ -75,6 +82,12 @@ absl::StatusOr<Engine> LoadEngineFromFlags();
 
 // The generation request the flags describe, for already tokenized prompt ids.
 absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t> prompt_ids);
+
+// The in-process planner for --spec knapspec/clasp (--profile,
+// --planner-threads), or nullptr for the other modes. InvalidArgument
+// without --profile; the profile's load and match errors otherwise.
+absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine& engine,
+                                                                    SpeculationMode mode);
 
 // Prints a failed status as "knapserve <command>: <status>" to stderr and
 // returns the exit code: 0 for OK, 2 for InvalidArgument (bad usage), else 1.

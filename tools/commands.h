@@ -12,6 +12,8 @@ namespace knapserve {
 int RunGenerate();
 int RunTokenize();
 int RunMakeModel();
+// `knapserve profile` (tools/profile_command.cc): the planner's latency model.
+int RunProfile();
 // args: the positional arguments after "bench" (e.g. {"ar"}); dispatches to
 // `bench ar` (tools/bench_command.cc), `bench spec` and `bench step-cost`.
 int RunBench(const std::vector<std::string>& args);

@@ -25,8 +25,11 @@ absl::Status Generate() {
       return true;
     };
   }
+  ASSIGN_OR_RETURN(std::unique_ptr<InProcessPlanner> planner,
+                   PlannerFromFlags(engine, request.speculation.mode));
   ASSIGN_OR_RETURN(GenerationResult result,
-                   knapserve::Generate(*engine.model, *engine.tokenizer, request, stream));
+                   knapserve::Generate(*engine.model, *engine.tokenizer, request, stream,
+                                       nullptr, planner.get()));
   if (!json) {
     std::cout << std::endl;
     return absl::OkStatus();
@@ -62,6 +65,23 @@ absl::Status Generate() {
                         {"accepted_per_position", s.accepted_per_position},
                         {"acceptance_rate", s.acceptance_rate()},
                         {"mean_acceptance_length", s.mean_acceptance_length()}};
+  out["plan_requests"] = result.stats.plan_requests;
+  out["plan_failures"] = result.stats.plan_failures;
+  out["plans"] = nlohmann::json::array();
+  for (const AppliedPlan& p : result.plans) {
+    out["plans"].push_back({{"step", p.applied_step},
+                            {"plan_step", p.plan_step},
+                            {"age_steps", p.age_steps},
+                            {"context_length", p.context_length},
+                            {"mask", p.mask},
+                            {"gamma", p.gamma},
+                            {"alpha_hat", p.alpha_hat},
+                            {"predicted_tpt", p.predicted_tpt},
+                            {"baseline_tpt", p.baseline_tpt},
+                            {"num_candidates", p.num_candidates},
+                            {"solve_seconds", p.solve_seconds},
+                            {"queue_seconds", p.queue_seconds}});
+  }
   std::cout << out.dump() << std::endl;
   return absl::OkStatus();
 }

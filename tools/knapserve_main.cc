@@ -14,7 +14,9 @@ constexpr char kUsage[] =
     "knapserve <subcommand> [flags]\n"
     "\n"
     "Subcommands:\n"
-    "  generate    generate text from --prompt with a local model\n"
+    "  generate    generate text from --prompt with a local model (--spec off|static|\n"
+    "              knapspec|clasp)\n"
+    "  profile     measure the planner's latency model (--model, --out FILE)\n"
     "  tokenize    print the token ids of --text as a JSON array\n"
     "  make-model  write a random-weight checkpoint of a real layout (--shape, --out)\n"
     "  bench ar    measure prefill and decode speed against memory bandwidth\n"
@@ -63,6 +65,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return knapserve::RunGenerate();
   if (command == "tokenize") return knapserve::RunTokenize();
   if (command == "make-model") return knapserve::RunMakeModel();
+  if (command == "profile") return knapserve::RunProfile();
   if (command == "bench") return knapserve::RunBench(rest);
   std::cerr << "unknown subcommand '" << command << "'\n\n" << kUsage << std::endl;
   return 2;

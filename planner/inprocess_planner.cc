@@ -1,0 +1,181 @@
+#include "planner/inprocess_planner.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <omp.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace knapserve {
+
+absl::StatusOr<std::unique_ptr<InProcessPlanner>> InProcessPlanner::Create(
+    const LlamaModel& model, LatencyProfile profile, InProcessPlannerOptions options) {
+  if (options.threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planner threads must be >= 1, got ", options.threads));
+  }
+  RETURN_IF_ERROR(Annotate(profile.Validate(), "latency profile"));
+  RETURN_IF_ERROR(profile.CheckMatches(model.config().Fingerprint(), model.device().str(),
+                                       DtypeName(model.dtype()), profile.threads));
+  return std::unique_ptr<InProcessPlanner>(
+      new InProcessPlanner(model, std::move(profile), std::move(options)));
+}
+
+InProcessPlanner::InProcessPlanner(const LlamaModel& model, LatencyProfile profile,
+                                   InProcessPlannerOptions options)
+    : model_(model),
+      profile_(std::move(profile)),
+      options_(std::move(options)),
+      worker_([this] { Run(); }) {}
+
+InProcessPlanner::~InProcessPlanner() {
+  absl::flat_hash_map<uint64_t, Pending> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    left.swap(pending_);
+    order_.clear();
+  }
+  cv_.notify_all();
+  worker_.join();
+  for (auto& [id, pending] : left) {
+    pending.done(absl::UnavailableError("the planner is shutting down"));
+  }
+}
+
+void InProcessPlanner::Submit(PlanRequest request, PlanCallback done) {
+  PlanCallback replaced_done;
+  absl::Status replaced_status;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) {
+      replaced_done = std::move(done);
+      replaced_status = absl::UnavailableError("the planner is shutting down");
+    } else {
+      const uint64_t id = request.sequence_id;
+      auto it = pending_.find(id);
+      if (it != pending_.end()) {
+        replaced_done = std::move(it->second.done);
+        replaced_status = absl::CancelledError("replaced by a newer request of the sequence");
+        it->second = Pending{std::move(request), std::move(done), std::chrono::steady_clock::now()};
+        ++replaced_;
+      } else {
+        pending_.emplace(id, Pending{std::move(request), std::move(done),
+                                     std::chrono::steady_clock::now()});
+        order_.push_back(id);
+      }
+    }
+  }
+  cv_.notify_one();
+  // Callbacks run outside the lock (they may Submit again).
+  if (replaced_done) replaced_done(replaced_status);
+}
+
+void InProcessPlanner::Forget(uint64_t sequence_id) {
+  PlanCallback dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(sequence_id);
+    if (it == pending_.end()) return;
+    dropped = std::move(it->second.done);
+    pending_.erase(it);
+    std::erase(order_, sequence_id);
+  }
+  dropped(absl::CancelledError("the sequence finished"));
+}
+
+int64_t InProcessPlanner::solved() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return solved_;
+}
+
+int64_t InProcessPlanner::replaced() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return replaced_;
+}
+
+absl::StatusOr<DraftPlan> InProcessPlanner::Solve(const PlanRequest& request) const {
+  const std::string fingerprint = model_.config().Fingerprint();
+  if (request.model_fingerprint != fingerprint) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("plan request for model '", request.model_fingerprint,
+                     "' but this planner serves '", fingerprint, "'"));
+  }
+  if (request.kv_length > 0 && static_cast<int>(request.kv.size()) != model_.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat("kv: ", request.kv.size(),
+                                                   " layers for a model with ",
+                                                   model_.num_layers()));
+  }
+  PlanInputs inputs;
+  inputs.states = request.states;
+  inputs.first_position = request.first_position;
+  inputs.target_argmax = request.target_argmax;
+  inputs.prefix_kv = request.kv_length > 0 ? &request.kv : nullptr;
+  inputs.prefix_len = request.kv_length;
+  inputs.context_length = request.context_length;
+  inputs.step = request.step;
+  switch (request.policy) {
+    case PlanPolicy::kKnapSpec: {
+      KnapSpecOptions options = options_.knapspec;
+      options.max_draft = request.max_draft;
+      return SolveKnapSpec(model_, profile_, inputs, options);
+    }
+    case PlanPolicy::kClasp: {
+      ClaspOptions options;
+      options.num_skipped_layers = request.clasp_layers;
+      options.max_draft = request.max_draft;
+      options.keep_first_and_last = options_.knapspec.keep_first_and_last;
+      return SolveClasp(model_, profile_, inputs, options);
+    }
+    case PlanPolicy::kStatic: {
+      ASSIGN_OR_RETURN(LayerMask mask,
+                       LayerMask::Parse(request.static_mask, model_.num_layers()));
+      StaticOptions options;
+      options.max_draft = request.max_draft;
+      return SolveStatic(model_, profile_, inputs, mask, options);
+    }
+  }
+  return absl::InvalidArgumentError("policy: unknown");
+}
+
+void InProcessPlanner::Run() {
+  // This thread's own OpenMP team size: the solve must not take the decode
+  // threads' cores away wholesale. (at::set_num_threads would also change the
+  // process-wide default that new threads start from.)
+  at::get_num_threads();  // ATen's lazy per-thread init first, then override it
+  omp_set_num_threads(options_.threads);
+  c10::InferenceMode inference_mode;
+  while (true) {
+    Pending job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !order_.empty(); });
+      if (stopping_) return;
+      const uint64_t id = order_.front();
+      order_.pop_front();
+      auto it = pending_.find(id);
+      job = std::move(it->second);
+      pending_.erase(it);
+    }
+    const double queued = std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                                         job.queued_at).count();
+    absl::StatusOr<DraftPlan> plan;
+    try {
+      plan = Solve(job.request);
+    } catch (const std::exception& e) {
+      plan = absl::InternalError(absl::StrCat("planner: ", e.what()));
+    }
+    if (plan.ok()) plan->queue_seconds = queued;
+    job.request = PlanRequest();  // release the K/V handles before reporting
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ++solved_;
+    }
+    job.done(std::move(plan));
+  }
+}
+
+}  // namespace knapserve

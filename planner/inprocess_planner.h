@@ -1,0 +1,92 @@
+// InProcessPlanner: the PlannerClient (common/planner_client.h) that solves in
+// the executor's own process, on its own thread, so planning overlaps decoding.
+//
+// Requests are queued per sequence and solved one at a time, oldest sequence
+// first. A sequence has at most one queued request: a newer one replaces it
+// (the older callback gets Cancelled), since only the freshest snapshot
+// matters. The solve reads the executor's K/V through the handles in the
+// request (no copy). Policies: PlanPolicy::kKnapSpec -> SolveKnapSpec,
+// kClasp -> SolveClasp, kStatic -> SolveStatic (planner/planner.h).
+//
+// On CPU the solve runs with `threads` OpenMP threads of its own, beside the
+// decode threads; on CUDA the same code would run on the planner thread's
+// current stream (not built here: Debian's LibTorch is CPU-only).
+//
+// Ownership: borrows the model (must outlive the planner); owns its copy of
+// the latency profile and its worker thread. The destructor stops the worker
+// after the running solve and answers queued requests with Unavailable.
+// Thread safety: Submit and Forget may be called from any thread.
+#ifndef KNAPSERVE_PLANNER_INPROCESS_PLANNER_H_
+#define KNAPSERVE_PLANNER_INPROCESS_PLANNER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "common/model/llama.h"
+#include "common/planner_client.h"
+#include "planner/latency_profile.h"
+#include "planner/planner.h"
+
+namespace knapserve {
+
+struct InProcessPlannerOptions {
+  // tau, weight cap, keep_first_and_last (max_draft comes with each request).
+  KnapSpecOptions knapspec;
+  // CPU threads of the solve (OpenMP threads of the planner thread).
+  int threads = 1;
+};
+
+class InProcessPlanner : public PlannerClient {
+ public:
+  // FailedPrecondition when `profile` was measured for another model, device
+  // or dtype (thread count differences are allowed: the profile says how the
+  // decode ran, the planner has its own threads); InvalidArgument for bad
+  // options.
+  static absl::StatusOr<std::unique_ptr<InProcessPlanner>> Create(
+      const LlamaModel& model, LatencyProfile profile, InProcessPlannerOptions options);
+  ~InProcessPlanner() override;
+
+  void Submit(PlanRequest request, PlanCallback done) override;
+  void Forget(uint64_t sequence_id) override;
+
+  // Solves `request` on the calling thread (what the worker does per request).
+  absl::StatusOr<DraftPlan> Solve(const PlanRequest& request) const;
+
+  // Requests solved (or failed) so far, and requests replaced by newer ones.
+  int64_t solved() const;
+  int64_t replaced() const;
+
+ private:
+  struct Pending {
+    PlanRequest request;
+    PlanCallback done;
+    std::chrono::steady_clock::time_point queued_at;
+  };
+
+  InProcessPlanner(const LlamaModel& model, LatencyProfile profile,
+                   InProcessPlannerOptions options);
+  void Run();
+
+  const LlamaModel& model_;
+  const LatencyProfile profile_;
+  const InProcessPlannerOptions options_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<uint64_t> order_;                           // sequences with a queued request
+  absl::flat_hash_map<uint64_t, Pending> pending_;       // one per sequence
+  bool stopping_ = false;
+  int64_t solved_ = 0;
+  int64_t replaced_ = 0;
+  std::thread worker_;  // last: started after everything above exists
+};
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_PLANNER_INPROCESS_PLANNER_H_
