@@ -32,29 +32,9 @@ std::unique_ptr<LlamaModel> LoadOrDie(const std::string& dir,
   return model.ok() ? std::move(*model) : nullptr;
 }
 
-// A profile for `model` where one sublayer costs `sublayer` seconds (MLP
-// twice the attention) and verification of t tokens costs the full step
-// plus 2% per extra token.
 LatencyProfile ProfileFor(const LlamaModel& model, double attention = 1e-4, double mlp = 2e-4,
                           double fixed = 1e-4, int max_draft = 10) {
-  LatencyProfile p;
-  p.model_fingerprint = model.config().Fingerprint();
-  p.device = model.device().str();
-  p.dtype = DtypeName(model.dtype());
-  p.threads = 2;
-  p.attention = {attention, 0, 1};
-  p.mlp_seconds = mlp;
-  p.mlp_fit = {mlp, 0, 1};
-  p.step_fixed_seconds = fixed;
-  p.max_draft = max_draft;
-  p.verify_contexts = {0, model.max_context()};
-  const double full = fixed + model.num_layers() * (attention + mlp);
-  for (int c = 0; c < 2; ++c) {
-    std::vector<double> row;
-    for (int t = 1; t <= max_draft + 1; ++t) row.push_back(full * (1 + 0.02 * (t - 1)));
-    p.verify_seconds.push_back(row);
-  }
-  return p;
+  return testing::HandLatencyProfile(model, attention, mlp, fixed, max_draft);
 }
 
 struct Snapshot {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/llama.h"
 #include "common/shared_data.h"
 #include "tools/make_model.h"
 
@@ -71,5 +72,27 @@ std::string RandomModelDir(const std::string& shape, uint64_t seed, const std::s
 }
 
 std::string Stories260kDir() { return SharedPath("models/stories260k"); }
+
+LatencyProfile HandLatencyProfile(const LlamaModel& model, double attention, double mlp,
+                                  double fixed, int max_draft) {
+  LatencyProfile p;
+  p.model_fingerprint = model.config().Fingerprint();
+  p.device = model.device().str();
+  p.dtype = DtypeName(model.dtype());
+  p.threads = 2;
+  p.attention = {attention, 0, 1};
+  p.mlp_seconds = mlp;
+  p.mlp_fit = {mlp, 0, 1};
+  p.step_fixed_seconds = fixed;
+  p.max_draft = max_draft;
+  p.verify_contexts = {0, model.max_context()};
+  const double full = fixed + model.num_layers() * (attention + mlp);
+  for (int c = 0; c < 2; ++c) {
+    std::vector<double> row;
+    for (int t = 1; t <= max_draft + 1; ++t) row.push_back(full * (1 + 0.02 * (t - 1)));
+    p.verify_seconds.push_back(row);
+  }
+  return p;
+}
 
 }  // namespace knapserve::testing

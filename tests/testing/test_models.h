@@ -5,6 +5,12 @@
 
 #include <string>
 
+#include "planner/latency_profile.h"
+
+namespace knapserve {
+class LlamaModel;
+}
+
 namespace knapserve::testing {
 
 // A fresh, empty temporary folder under $TMPDIR (removed at process exit).
@@ -18,6 +24,12 @@ std::string RandomModelDir(const std::string& shape, uint64_t seed = 0,
 
 // <shared>/models/stories260k.
 std::string Stories260kDir();
+
+// A hand-made latency profile keyed for `model`: attention and MLP sublayers
+// cost `attention` and `mlp` seconds at every context, `fixed` per step, and
+// verifying t tokens costs the full step plus 2% per extra token.
+LatencyProfile HandLatencyProfile(const LlamaModel& model, double attention = 1e-4,
+                                  double mlp = 2e-4, double fixed = 1e-4, int max_draft = 10);
 
 }  // namespace knapserve::testing
 

@@ -168,6 +168,81 @@ TEST(KnapserveCliTest, StaticSpeculationGivesTheSameGreedyIds) {
   EXPECT_GE(spec["mean_acceptance_length"].get<double>(), 1.0);
 }
 
+// `knapserve profile` writes a profile (once per process) that generate
+// --spec knapspec|clasp then plans with.
+const std::string& StoriesProfile() {
+  static const std::string* path = [] {
+    auto* file = new std::string(knapserve::testing::MakeTempDir("cli_profile") + "/p.json");
+    const std::vector<std::string> args =
+        Stories({"profile", "--out", *file, "--profile-repeats", "3",
+                 "--profile-contexts", "32,128,256"});
+    const Outcome outcome = RunKnapserve(args);
+    EXPECT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
+    EXPECT_THAT(outcome.out, HasSubstr("t_attn(n)"));
+    return file;
+  }();
+  return *path;
+}
+
+TEST(KnapserveCliTest, ProfileThenPlannedGenerationGivesTheSameGreedyIds) {
+  const nlohmann::json profile = nlohmann::json::parse(ReadFile(StoriesProfile()), nullptr, false);
+  ASSERT_FALSE(profile.is_discarded());
+  EXPECT_EQ(profile["device"], "cpu");
+  EXPECT_EQ(profile["dtype"], "fp32");
+  const std::vector<std::string> base = {"generate", "--prompt", "Once upon a time",
+                                         "--max-new-tokens", "150", "--temperature", "0",
+                                         "--ignore-eos", "--json"};
+  std::vector<std::string> off_args = base;
+  const nlohmann::json off = RunJson(Stories(off_args));
+  for (const char* mode : {"knapspec", "clasp"}) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), {"--spec", mode, "--profile", StoriesProfile(), "--plan-interval",
+                             "8", "--reference-steps", "3", "--clasp-layers", "2"});
+    const nlohmann::json out = RunJson(Stories(args));
+    EXPECT_EQ(Ids(out["output_ids"]), Ids(off["output_ids"])) << mode;
+    EXPECT_EQ(out["spec"], mode);
+    EXPECT_GT(out["plan_requests"].get<int64_t>(), 0) << mode;
+    ASSERT_TRUE(out["plans"].is_array());
+    for (const nlohmann::json& plan : out["plans"]) {
+      for (const char* key : {"step", "mask", "gamma", "alpha_hat", "predicted_tpt",
+                              "solve_seconds", "age_steps"}) {
+        EXPECT_TRUE(plan.contains(key)) << key;
+      }
+    }
+  }
+}
+
+TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
+  const std::string dir = knapserve::testing::MakeTempDir("cli_bad_profile");
+  {
+    std::ofstream(dir + "/corrupt.json") << "{\"version\": 1, \"model_fingerprint\": ";
+  }
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+    bool tiny = false;  // run on the tiny model instead of stories260k
+  };
+  const std::vector<Case> cases = {
+      {{"generate", "--prompt", "Hi", "--spec", "knapspec"}, "--profile"},
+      {{"generate", "--prompt", "Hi", "--spec", "clasp", "--profile", dir + "/missing.json"},
+       "missing.json"},
+      {{"generate", "--prompt", "Hi", "--spec", "knapspec", "--profile", dir + "/corrupt.json"},
+       "corrupt.json"},
+      // A profile of the stories model for the tiny one: the key differs.
+      {{"generate", "--prompt", "Hi", "--spec", "knapspec", "--profile", StoriesProfile()},
+       "knapserve profile",
+       true},
+      {{"generate", "--prompt", "Hi", "--spec", "knapsack"}, "knapsack"},
+      {{"profile", "--out", dir + "/p.json", "--profile-contexts", "100000"}, "profile-contexts"},
+  };
+  for (const Case& c : cases) {
+    const std::vector<std::string> args = c.tiny ? Tiny(c.args) : Stories(c.args);
+    const Outcome outcome = RunKnapserve(args);
+    EXPECT_NE(outcome.exit_code, 0) << Describe(args, outcome);
+    EXPECT_THAT(outcome.err, HasSubstr(c.expected)) << Describe(args, outcome);
+  }
+}
+
 TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {
   const std::vector<std::string> args = Stories({"generate", "--prompt", "Once upon a time",
                                                  "--max-new-tokens", "30", "--temperature", "0.8",

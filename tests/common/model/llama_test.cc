@@ -302,7 +302,9 @@ TEST(LlamaModelTest, ParsesDtypeAndDeviceNames) {
   EXPECT_FALSE(ParseDtype("int8").ok());
   EXPECT_TRUE(ParseDevice("cpu").ok());
   EXPECT_FALSE(ParseDevice("tpu").ok());
-  if (!torch::cuda::is_available()) EXPECT_FALSE(ParseDevice("cuda").ok());
+  if (!torch::cuda::is_available()) {
+    EXPECT_FALSE(ParseDevice("cuda").ok());
+  }
 }
 
 }  // namespace

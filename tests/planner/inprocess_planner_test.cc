@@ -1,0 +1,371 @@
+// Tests of the in-process planner (planner/inprocess_planner.h) and of
+// planned generation end to end: executor/generator.h driving a real
+// InProcessPlanner through the PlannerClient interface (common/planner_client.h).
+#include "planner/inprocess_planner.h"
+
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/tokenizer.h"
+#include "executor/generator.h"
+#include "tests/testing/test_models.h"
+
+namespace knapserve {
+namespace {
+
+using testing::HandLatencyProfile;
+using testing::RandomModelDir;
+using testing::Stories260kDir;
+
+bool HaveStories() {
+  return std::filesystem::exists(Stories260kDir() + "/config.json") &&
+         std::filesystem::exists(Stories260kDir() + "/tokenizer.json");
+}
+
+// Models by name ("stories260k", "tiny-llama", "stories260k/bf16"), loaded
+// once per process.
+const LlamaModel* GetModel(const std::string& name) {
+  static auto* models = new std::map<std::string, std::unique_ptr<LlamaModel>>();
+  if (auto it = models->find(name); it != models->end()) return it->second.get();
+  const size_t slash = name.find('/');
+  const std::string shape = name.substr(0, slash);
+  ModelOptions options;
+  if (slash != std::string::npos) options.dtype = torch::kBFloat16;
+  const std::string dir = shape == "stories260k" ? Stories260kDir() : RandomModelDir(shape);
+  auto model = LlamaModel::Load(dir, options);
+  EXPECT_TRUE(model.ok()) << name << ": " << model.status();
+  if (!model.ok()) return nullptr;
+  return ((*models)[name] = std::move(*model)).get();
+}
+
+const Tokenizer* GetTokenizer() {
+  static Tokenizer* tokenizer = [] {
+    auto t = Tokenizer::FromFile(Stories260kDir() + "/tokenizer.json");
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? t->release() : nullptr;
+  }();
+  return tokenizer;
+}
+
+// A plan request for `model` from one full forward over prefix + r tokens.
+PlanRequest MakeRequest(const LlamaModel& model, uint64_t sequence_id, int64_t prefix, int64_t r) {
+  c10::InferenceMode guard;
+  torch::manual_seed(static_cast<uint64_t>(sequence_id));
+  torch::Tensor ids = torch::randint(3, model.config().vocab_size, {prefix + r}, torch::kInt64);
+  std::vector<LayerKv> kv = model.AllocateKv(prefix + r);
+  torch::Tensor boundaries;
+  ForwardOptions options;
+  options.boundary_states = &boundaries;
+  torch::Tensor logits = model.Forward(ids, 0, kv, options);
+  PlanRequest request;
+  request.sequence_id = sequence_id;
+  request.step = 64;
+  request.context_length = prefix + r;
+  request.policy = PlanPolicy::kKnapSpec;
+  request.max_draft = 10;
+  request.model_fingerprint = model.config().Fingerprint();
+  request.states = boundaries.narrow(1, prefix, r).contiguous();
+  request.first_position = prefix;
+  torch::Tensor argmax = logits.narrow(0, prefix, r).argmax(-1);
+  for (int64_t i = 0; i < r; ++i) request.target_argmax.push_back(argmax[i].item<int32_t>());
+  request.kv = std::move(kv);
+  request.kv_length = prefix;
+  return request;
+}
+
+// The tiny 2-layer shapes have no middle layer: they may skip the first and
+// last, and keep every DP cell (random weights give low cosines).
+std::unique_ptr<InProcessPlanner> MakePlanner(const LlamaModel& model) {
+  InProcessPlannerOptions options;
+  if (model.num_layers() <= 2) {
+    options.knapspec.keep_first_and_last = false;
+    options.knapspec.tau = -1;
+  }
+  auto planner = InProcessPlanner::Create(model, HandLatencyProfile(model), options);
+  EXPECT_TRUE(planner.ok()) << planner.status();
+  return planner.ok() ? std::move(*planner) : nullptr;
+}
+
+// Waits for a callback's result (bounded, so a lost callback fails the test
+// instead of hanging it).
+absl::StatusOr<DraftPlan> Await(std::future<absl::StatusOr<DraftPlan>>& future) {
+  if (future.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    return absl::DeadlineExceededError("no callback within 60 s");
+  }
+  return future.get();
+}
+
+TEST(InProcessPlannerTest, SolvesOnItsOwnThreadAndCallsBack) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto planner = MakePlanner(*model);
+  ASSERT_NE(planner, nullptr);
+  std::promise<absl::StatusOr<DraftPlan>> promise;
+  auto future = promise.get_future();
+  std::thread::id callback_thread;
+  planner->Submit(MakeRequest(*model, 1, 40, 8), [&](absl::StatusOr<DraftPlan> plan) {
+    callback_thread = std::this_thread::get_id();
+    promise.set_value(std::move(plan));
+  });
+  auto plan = Await(future);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NE(callback_thread, std::this_thread::get_id());
+  EXPECT_EQ(plan->step, 64);
+  EXPECT_EQ(plan->mask.num_layers(), model->num_layers());
+  EXPECT_GE(plan->gamma, 0);
+  EXPECT_LE(plan->gamma, 10);
+  EXPECT_GT(plan->solve_seconds, 0);
+  EXPECT_GE(plan->queue_seconds, 0);
+  // The same request solved on this thread gives the same plan.
+  auto direct = planner->Solve(MakeRequest(*model, 1, 40, 8));
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_EQ(direct->mask, plan->mask);
+  EXPECT_EQ(direct->gamma, plan->gamma);
+  EXPECT_EQ(planner->solved(), 1);
+}
+
+TEST(InProcessPlannerTest, EveryPolicyAnswers) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto planner = MakePlanner(*model);
+  ASSERT_NE(planner, nullptr);
+  PlanRequest clasp = MakeRequest(*model, 2, 30, 6);
+  clasp.policy = PlanPolicy::kClasp;
+  clasp.clasp_layers = 2;
+  auto plan = planner->Solve(clasp);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  if (plan->gamma > 0) {
+    int skipped_layers = 0;
+    for (int i = 0; i < model->num_layers(); ++i) {
+      EXPECT_EQ(plan->mask.skip_attention(i), plan->mask.skip_mlp(i)) << "whole layers only";
+      skipped_layers += plan->mask.skip_attention(i) ? 1 : 0;
+    }
+    EXPECT_EQ(skipped_layers, 2);
+  }
+  PlanRequest fixed = MakeRequest(*model, 3, 30, 6);
+  fixed.policy = PlanPolicy::kStatic;
+  fixed.static_mask = "a2,m3";
+  plan = planner->Solve(fixed);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  if (plan->gamma > 0) {
+    EXPECT_EQ(plan->mask.ToString(), "a2,m3");
+  }
+  fixed.static_mask = "a9";
+  EXPECT_EQ(planner->Solve(fixed).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(InProcessPlannerTest, RefusesRequestsAndProfilesOfAnotherModel) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto planner = MakePlanner(*model);
+  ASSERT_NE(planner, nullptr);
+  PlanRequest request = MakeRequest(*model, 4, 20, 4);
+  request.model_fingerprint = "llama-some-other-model";
+  std::promise<absl::StatusOr<DraftPlan>> promise;
+  auto future = promise.get_future();
+  planner->Submit(std::move(request),
+                  [&](absl::StatusOr<DraftPlan> plan) { promise.set_value(std::move(plan)); });
+  auto plan = Await(future);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition) << plan.status();
+  EXPECT_NE(plan.status().message().find("llama-some-other-model"), std::string::npos);
+
+  LatencyProfile other = HandLatencyProfile(*model);
+  other.dtype = "bf16";
+  auto refused = InProcessPlanner::Create(*model, other, {});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  InProcessPlannerOptions no_threads;
+  no_threads.threads = 0;
+  EXPECT_EQ(InProcessPlanner::Create(*model, HandLatencyProfile(*model), no_threads)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// While the worker is held inside a callback, a second request of the same
+// sequence replaces the queued one (Cancelled) and Forget drops another.
+TEST(InProcessPlannerTest, NewerRequestReplacesTheQueuedOneAndForgetDrops) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto planner = MakePlanner(*model);
+  ASSERT_NE(planner, nullptr);
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> holding;
+  planner->Submit(MakeRequest(*model, 10, 20, 4), [&](absl::StatusOr<DraftPlan>) {
+    holding.set_value();
+    released.wait();
+  });
+  holding.get_future().wait();  // the worker is now busy in the callback
+
+  std::promise<absl::StatusOr<DraftPlan>> first, second, other;
+  auto first_f = first.get_future(), second_f = second.get_future(), other_f = other.get_future();
+  PlanRequest older = MakeRequest(*model, 11, 20, 4);
+  older.step = 1;
+  PlanRequest newer = MakeRequest(*model, 11, 24, 4);
+  newer.step = 2;
+  planner->Submit(std::move(older), [&](absl::StatusOr<DraftPlan> p) { first.set_value(p); });
+  planner->Submit(std::move(newer), [&](absl::StatusOr<DraftPlan> p) { second.set_value(p); });
+  planner->Submit(MakeRequest(*model, 12, 20, 4),
+                  [&](absl::StatusOr<DraftPlan> p) { other.set_value(p); });
+  auto replaced = Await(first_f);
+  EXPECT_EQ(replaced.status().code(), absl::StatusCode::kCancelled) << replaced.status();
+  planner->Forget(12);
+  auto forgotten = Await(other_f);
+  EXPECT_EQ(forgotten.status().code(), absl::StatusCode::kCancelled) << forgotten.status();
+  release.set_value();
+  auto solved = Await(second_f);
+  ASSERT_TRUE(solved.ok()) << solved.status();
+  EXPECT_EQ(solved->step, 2);
+  EXPECT_EQ(planner->replaced(), 1);
+}
+
+// Solves in Submit, on the caller's thread: plans then arrive at the very next
+// step boundary, so a test can count on them. The solve is the real one.
+class SynchronousPlanner : public PlannerClient {
+ public:
+  explicit SynchronousPlanner(InProcessPlanner* core, int fail_every = 0)
+      : core_(core), fail_every_(fail_every) {}
+  void Submit(PlanRequest request, PlanCallback done) override {
+    ++submitted_;
+    if (fail_every_ > 0 && submitted_ % fail_every_ == 0) {
+      done(absl::UnavailableError("injected planner failure"));
+      return;
+    }
+    done(core_->Solve(request));
+  }
+  void Forget(uint64_t) override {}
+  int submitted() const { return submitted_; }
+
+ private:
+  InProcessPlanner* core_;
+  int fail_every_;
+  int submitted_ = 0;
+};
+
+GenerationRequest PlannedRequest(SpeculationMode mode, int64_t max_new_tokens) {
+  GenerationRequest request;
+  request.prompt_ids = {1, 210, 169, 247, 270};
+  request.max_new_tokens = max_new_tokens;
+  request.ignore_eos = true;
+  request.speculation.mode = mode;
+  request.speculation.max_draft = 6;
+  request.speculation.exit_threshold = 0.0;
+  request.speculation.plan_interval = 8;
+  request.speculation.reference_steps = 3;
+  request.speculation.clasp_layers = 1;
+  return request;
+}
+
+class PlannedGenerationTest : public ::testing::TestWithParam<std::string> {};
+
+// Greedy output under knapspec and clasp plans equals --spec off, with
+// several plans applied (some of which draft).
+TEST_P(PlannedGenerationTest, GreedyOutputEqualsAutoregressive) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel(GetParam());
+  ASSERT_NE(model, nullptr);
+  auto core = MakePlanner(*model);
+  ASSERT_NE(core, nullptr);
+  const int64_t tokens = std::min<int64_t>(160, model->max_context() - 5);
+  auto ar = Generate(*model, *GetTokenizer(), PlannedRequest(SpeculationMode::kOff, tokens));
+  ASSERT_TRUE(ar.ok()) << ar.status();
+  for (SpeculationMode mode : {SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
+    SCOPED_TRACE(SpeculationModeName(mode));
+    SynchronousPlanner planner(core.get());
+    auto spec = Generate(*model, *GetTokenizer(), PlannedRequest(mode, tokens), nullptr, nullptr,
+                         &planner);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->output_ids, ar->output_ids);
+    EXPECT_EQ(spec->text, ar->text);
+    EXPECT_GE(spec->plans.size(), 3u);
+    EXPECT_EQ(spec->stats.plan_requests, planner.submitted());
+    EXPECT_EQ(spec->stats.plan_failures, 0);
+    bool drafted = false;
+    for (const AppliedPlan& p : spec->plans) {
+      EXPECT_GE(p.age_steps, 0);
+      EXPECT_EQ(p.applied_step - p.plan_step, p.age_steps);
+      EXPECT_GT(p.context_length, 0);
+      drafted = drafted || p.gamma > 0;
+    }
+    EXPECT_TRUE(drafted) << "no plan drafted; the hand profile makes drafts cheap";
+    EXPECT_GT(spec->speculation.drafts, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, PlannedGenerationTest,
+                         ::testing::Values("stories260k", "stories260k/bf16", "tiny-llama",
+                                           "tiny-qwen3"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           }
+                           return name;
+                         });
+
+TEST(PlannedGenerationFaultTest, PlannerFailuresKeepTheLastPlanAndOutputIsUnchanged) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto core = MakePlanner(*model);
+  ASSERT_NE(core, nullptr);
+  auto ar = Generate(*model, *GetTokenizer(), PlannedRequest(SpeculationMode::kOff, 150));
+  ASSERT_TRUE(ar.ok()) << ar.status();
+  SynchronousPlanner flaky(core.get(), /*fail_every=*/2);
+  auto spec = Generate(*model, *GetTokenizer(), PlannedRequest(SpeculationMode::kKnapSpec, 150),
+                       nullptr, nullptr, &flaky);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->output_ids, ar->output_ids);
+  EXPECT_GT(spec->stats.plan_failures, 0);
+  EXPECT_EQ(static_cast<int64_t>(spec->plans.size()),
+            spec->stats.plan_requests - spec->stats.plan_failures);
+}
+
+// The real asynchronous planner: decoding never waits, output is identical,
+// and every request is answered or dropped by the end.
+TEST(PlannedGenerationFaultTest, AsynchronousPlannerGivesIdenticalOutput) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto planner = MakePlanner(*model);
+  ASSERT_NE(planner, nullptr);
+  auto ar = Generate(*model, *GetTokenizer(), PlannedRequest(SpeculationMode::kOff, 200));
+  ASSERT_TRUE(ar.ok()) << ar.status();
+  for (SpeculationMode mode : {SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
+    auto spec = Generate(*model, *GetTokenizer(), PlannedRequest(mode, 200), nullptr, nullptr,
+                         planner.get());
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(spec->output_ids, ar->output_ids) << SpeculationModeName(mode);
+    EXPECT_GT(spec->stats.plan_requests, 0);
+    EXPECT_EQ(spec->stats.plan_failures, 0);
+  }
+}
+
+TEST(PlannedGenerationFaultTest, BadPlannedRequestsAreClearErrors) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto no_planner =
+      Generate(*model, *GetTokenizer(), PlannedRequest(SpeculationMode::kKnapSpec, 10));
+  EXPECT_EQ(no_planner.status().code(), absl::StatusCode::kFailedPrecondition);
+  auto planner = MakePlanner(*model);
+  GenerationRequest request = PlannedRequest(SpeculationMode::kClasp, 10);
+  request.speculation.clasp_layers = model->num_layers();
+  auto bad = Generate(*model, *GetTokenizer(), request, nullptr, nullptr, planner.get());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("clasp_layers"), std::string::npos) << bad.status();
+  EXPECT_EQ(ParseSpeculationMode("knapsack").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace knapserve
