@@ -34,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "common/layer_mask.h"
 #include "common/status.h"
+#include "planner/inprocess_planner.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
@@ -264,6 +265,119 @@ absl::StatusOr<SearchResult> SearchMask(const LlamaModel& model, const Tokenizer
   return result;
 }
 
+struct BenchMode {
+  std::string name;
+  GenerationRequest request;
+};
+
+// Mean number of skipped attention and MLP sublayers over `plans` that draft.
+std::pair<double, double> MeanSkipped(const std::vector<AppliedPlan>& plans, int num_layers) {
+  double attention = 0, mlp = 0;
+  int counted = 0;
+  for (const AppliedPlan& p : plans) {
+    if (p.gamma == 0) continue;
+    auto mask = LayerMask::Parse(p.mask, num_layers);
+    if (!mask.ok()) continue;
+    for (int i = 0; i < num_layers; ++i) {
+      attention += mask->skip_attention(i) ? 1 : 0;
+      mlp += mask->skip_mlp(i) ? 1 : 0;
+    }
+    ++counted;
+  }
+  if (counted == 0) return {0, 0};
+  return {attention / counted, mlp / counted};
+}
+
+// Runs every mode on `inputs` (interleaved), checks each against off and
+// prints one table in the style of the KnapSpec paper's Table 2.
+absl::StatusOr<nlohmann::json> RunSet(const std::string& label, const LlamaModel& model,
+                                      const Tokenizer& tokenizer,
+                                      const std::vector<BenchInput>& inputs,
+                                      const std::vector<BenchMode>& modes, PlannerClient* planner,
+                                      int repeats, FILE* out, std::vector<std::string>* failures) {
+  std::vector<GenerationRequest> requests;
+  for (const BenchMode& m : modes) requests.push_back(m.request);
+  ASSIGN_OR_RETURN(std::vector<std::vector<PromptRun>> runs,
+                   RunModes(model, tokenizer, inputs, requests, repeats, /*warmup=*/true, planner));
+  int64_t prompt_tokens = 0;
+  for (const BenchInput& input : inputs) prompt_tokens += static_cast<int64_t>(input.ids.size());
+  std::fprintf(out, "\n[%s] %zu prompts, mean prompt %lld tokens\n", label.c_str(), inputs.size(),
+               static_cast<long long>(inputs.empty() ? 0 : prompt_tokens / inputs.size()));
+  std::fprintf(out, "%-9s %8s %8s %7s %7s %6s %9s %9s %7s %7s %5s %6s\n", "mode", "tok/s",
+               "speedup", "accept", "meanlen", "plans", "pred TPT", "meas TPT", "solve%",
+               "wait%", "age", "same");
+  const ModeSummary off = Summarize(runs[0]);
+  const double off_rate = off.decode_tokens_per_second();
+  nlohmann::json set = {{"prompts", inputs.size()}, {"modes", nlohmann::json::object()}};
+  for (size_t k = 0; k < modes.size(); ++k) {
+    int differing = 0;
+    for (size_t p = 0; p < inputs.size(); ++p) {
+      const std::optional<size_t> diff = FirstDifference(runs[0][p].output_ids,
+                                                         runs[k][p].output_ids);
+      if (diff) {
+        ++differing;
+        failures->push_back(absl::StrCat(label, " / ", modes[k].name, ": prompt ",
+                                         inputs[p].prompt.question_id, " (",
+                                         inputs[p].prompt.category, ") first differs at output ",
+                                         *diff));
+      }
+    }
+    const ModeSummary m = Summarize(runs[k]);
+    const double rate = m.decode_tokens_per_second();
+    double predicted = 0, solve = 0, age = 0;
+    for (const AppliedPlan& p : m.plans) {
+      predicted += p.predicted_tpt;
+      solve += p.solve_seconds;
+      age += static_cast<double>(p.age_steps);
+    }
+    const size_t n_plans = m.plans.size();
+    if (n_plans > 0) {
+      predicted /= static_cast<double>(n_plans);
+      age /= static_cast<double>(n_plans);
+    }
+    const double solve_share = m.decode_seconds > 0 ? solve / m.decode_seconds : 0.0;
+    const double wait_share = m.decode_seconds > 0 ? m.waiting_seconds / m.decode_seconds : 0.0;
+    const auto [skipped_attention, skipped_mlp] = MeanSkipped(m.plans, model.num_layers());
+    nlohmann::json mode_json = ModeJson(m, off_rate);
+    mode_json["plans_applied"] = n_plans;
+    mode_json["plan_requests"] = m.plan_requests;
+    mode_json["predicted_tpt"] = predicted;
+    mode_json["measured_tpt"] = rate;
+    mode_json["solve_seconds"] = solve;
+    mode_json["solve_share"] = solve_share;
+    mode_json["waiting_share"] = wait_share;
+    mode_json["mean_plan_age_steps"] = age;
+    mode_json["mean_skipped_attention"] = skipped_attention;
+    mode_json["mean_skipped_mlp"] = skipped_mlp;
+    mode_json["same_ids"] = differing == 0;
+    set["modes"][modes[k].name] = mode_json;
+    const bool is_planned = n_plans > 0 || m.plan_requests > 0;
+    std::fprintf(out, "%-9s %8.1f %7.2fx %7.3f %7.2f %6s %9s %9.1f %6s %6s %5s %6s\n",
+                 modes[k].name.c_str(), rate, off_rate > 0 ? rate / off_rate : 0.0,
+                 m.speculation.acceptance_rate(), m.speculation.mean_acceptance_length(),
+                 is_planned ? absl::StrCat(n_plans).c_str() : "-",
+                 n_plans > 0 ? absl::StrFormat("%.1f", predicted).c_str() : "-", rate,
+                 is_planned ? absl::StrFormat("%.1f%%", 100 * solve_share).c_str() : "-",
+                 is_planned ? absl::StrFormat("%.2f%%", 100 * wait_share).c_str() : "-",
+                 n_plans > 0 ? absl::StrFormat("%.1f", age).c_str() : "-",
+                 differing == 0 ? "yes" : "NO");
+  }
+  for (size_t k = 0; k < modes.size(); ++k) {
+    const ModeSummary m = Summarize(runs[k]);
+    if (m.plans.empty()) continue;
+    const auto [skipped_attention, skipped_mlp] = MeanSkipped(m.plans, model.num_layers());
+    double context = 0;
+    for (const AppliedPlan& p : m.plans) context += static_cast<double>(p.context_length);
+    std::fprintf(out,
+                 "%s plans: mean context %.0f, skipped attention %.2f and MLP %.2f of %d layers "
+                 "(plans that draft)\n",
+                 modes[k].name.c_str(), context / static_cast<double>(m.plans.size()),
+                 skipped_attention, skipped_mlp, model.num_layers());
+  }
+  std::fflush(out);
+  return set;
+}
+
 absl::Status BenchSpec() {
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
   const LlamaModel& model = *engine.model;
@@ -315,71 +429,63 @@ absl::Status BenchSpec() {
     std::fprintf(out, "\n");
   }
 
-  ASSIGN_OR_RETURN(std::vector<std::vector<PromptRun>> runs,
-                   RunModes(model, tokenizer, inputs,
-                            {WithMode(base, SpeculationMode::kOff, ""),
-                             WithMode(base, SpeculationMode::kStatic, skip)},
-                            repeats, /*warmup=*/true));
-  const ModeSummary off = Summarize(runs[0]);
-  const ModeSummary spec = Summarize(runs[1]);
-  const double off_rate = off.decode_tokens_per_second();
-
-  nlohmann::json rows = nlohmann::json::array();
-  std::fprintf(out, "%-16s %6s %5s %10s %10s %8s %7s %8s %5s\n", "category", "prompt", "new",
-               "off tok/s", "spec tok/s", "speedup", "accept", "mean len", "same");
-  for (size_t p = 0; p < inputs.size(); ++p) {
-    const PromptRun& a = runs[0][p];
-    const PromptRun& b = runs[1][p];
-    const std::optional<size_t> diff = FirstDifference(a.output_ids, b.output_ids);
-    if (diff) {
-      failures.push_back(absl::StrCat("prompt ", inputs[p].prompt.question_id, " (",
-                                      inputs[p].prompt.category, ") first differs at output ",
-                                      *diff));
+  // The modes to compare: off, static (with a mask), and the planned ones
+  // when a latency profile is given (or when --modes names them).
+  std::vector<std::string> mode_names = absl::GetFlag(FLAGS_modes);
+  const bool have_profile = !absl::GetFlag(FLAGS_profile).empty();
+  if (mode_names.empty()) {
+    mode_names = {"off"};
+    if (!skip.empty()) mode_names.push_back("static");
+    if (have_profile) mode_names.insert(mode_names.end(), {"clasp", "knapspec"});
+  }
+  std::vector<BenchMode> modes;
+  bool planned = false;
+  for (const std::string& name : mode_names) {
+    ASSIGN_OR_RETURN(SpeculationMode mode, ParseSpeculationMode(name));
+    if (mode == SpeculationMode::kStatic && skip.empty()) {
+      return absl::InvalidArgumentError("--modes static needs --skip MASK or --search-masks");
     }
-    const double ra = a.decode_seconds > 0 ? a.decoded_tokens / a.decode_seconds : 0.0;
-    const double rb = b.decode_seconds > 0 ? b.decoded_tokens / b.decode_seconds : 0.0;
-    rows.push_back({{"category", inputs[p].prompt.category},
-                    {"question_id", inputs[p].prompt.question_id},
-                    {"prompt_tokens", inputs[p].ids.size()},
-                    {"new_tokens", a.output_ids.size()},
-                    {"off_decode_tokens_per_s", ra},
-                    {"static_decode_tokens_per_s", rb},
-                    {"acceptance_rate", b.speculation.acceptance_rate()},
-                    {"mean_acceptance_length", b.speculation.mean_acceptance_length()},
-                    {"same_ids", !diff.has_value()}});
-    std::fprintf(out, "%-16s %6zu %5zu %10.1f %10.1f %7.2fx %7.2f %8.2f %5s\n",
-                 inputs[p].prompt.category.c_str(), inputs[p].ids.size(), a.output_ids.size(), ra,
-                 rb, ra > 0 ? rb / ra : 0.0, b.speculation.acceptance_rate(),
-                 b.speculation.mean_acceptance_length(), diff ? "NO" : "yes");
+    GenerationRequest request = WithMode(base, mode, mode == SpeculationMode::kStatic ? skip : "");
+    if (mode == SpeculationMode::kKnapSpec || mode == SpeculationMode::kClasp) {
+      planned = true;
+      request.speculation.max_draft = absl::GetFlag(FLAGS_max_draft).value_or(10);
+    }
+    modes.push_back({name, std::move(request)});
+  }
+  if (modes.empty() || modes[0].name != "off") {
+    return absl::InvalidArgumentError("--modes must start with off (the baseline)");
+  }
+  std::unique_ptr<InProcessPlanner> planner;
+  if (planned) {
+    ASSIGN_OR_RETURN(planner, PlannerFromFlags(engine, SpeculationMode::kKnapSpec));
+  }
+
+  summary["skip"] = skip;
+  summary["sets"] = nlohmann::json::object();
+  ASSIGN_OR_RETURN(nlohmann::json set_json,
+                   RunSet("spec_bench", model, tokenizer, inputs, modes, planner.get(), repeats,
+                          out, &failures));
+  summary["sets"]["spec_bench"] = set_json;
+  const int64_t long_tokens = absl::GetFlag(FLAGS_long_context_tokens);
+  if (long_tokens > 0) {
+    ASSIGN_OR_RETURN(std::vector<BenchInput> long_inputs,
+                     LoadBenchInputs(model, tokenizer, absl::GetFlag(FLAGS_num_prompts),
+                                     max_new_tokens, long_tokens));
+    ASSIGN_OR_RETURN(set_json, RunSet("long_context", model, tokenizer, long_inputs, modes,
+                                      planner.get(), repeats, out, &failures));
+    summary["sets"]["long_context"] = set_json;
   }
   const bool lossless = failures.empty();
-  summary["skip"] = skip;
-  summary["prompts"] = rows;
-  summary["modes"] = {{"off", ModeJson(off, off_rate)}, {"static", ModeJson(spec, off_rate)}};
-  summary["speedup"] = off_rate > 0 ? spec.decode_tokens_per_second() / off_rate : 0.0;
   summary["lossless"] = lossless;
   summary["lossless_failures"] = failures;
-
   std::fprintf(out,
-               "\nmodel %s (%s, %d threads), %zu prompts x %lld new tokens, greedy, "
-               "max_draft %d, exit_threshold %.2f, median of %d repeats\n",
+               "\nmodel %s (%s, %d threads), %lld new tokens per prompt, greedy, max_draft %d, "
+               "exit_threshold %.2f, median of %d repeats; static mask: %s\n",
                engine.model_dir.c_str(), DtypeName(model.dtype()).c_str(), at::get_num_threads(),
-               inputs.size(), static_cast<long long>(max_new_tokens), base.speculation.max_draft,
-               base.speculation.exit_threshold, repeats);
-  ASSIGN_OR_RETURN(const LayerMask mask, LayerMask::Parse(skip, model.num_layers()));
-  std::fprintf(out, "%-7s %10s %12s %8s %8s %9s %7s %7s\n", "mode", "skipped", "decode tok/s",
-               "speedup", "accept", "mean len", "draft", "verify");
-  std::fprintf(out, "%-7s %10s %12.1f %7.2fx %8s %9s %6.1f%% %6.1f%%\n", "off", "-", off_rate, 1.0,
-               "-", "-", 100 * off.draft_share(), 100 * off.verify_share());
-  std::fprintf(out, "%-7s %4d of %-2d %12.1f %7.2fx %8.3f %9.2f %6.1f%% %6.1f%%\n", "static",
-               mask.num_skipped(), mask.num_sublayers(), spec.decode_tokens_per_second(),
-               off_rate > 0 ? spec.decode_tokens_per_second() / off_rate : 0.0,
-               spec.speculation.acceptance_rate(), spec.speculation.mean_acceptance_length(),
-               100 * spec.draft_share(), 100 * spec.verify_share());
-  std::fprintf(out, "static mask: %s\n", skip.empty() ? "(none)" : skip.c_str());
+               static_cast<long long>(max_new_tokens), base.speculation.max_draft,
+               base.speculation.exit_threshold, repeats, skip.empty() ? "(none)" : skip.c_str());
   if (lossless) {
-    std::fprintf(out, "lossless: static output ids equal off output ids on all %zu prompts\n",
-                 inputs.size());
+    std::fprintf(out, "lossless: every mode's output ids equal off's on every prompt\n");
   } else {
     std::fprintf(out, "LOSSLESS CHECK FAILED on %zu run(s)\n", failures.size());
   }

@@ -75,7 +75,8 @@ absl::StatusOr<std::vector<int32_t>> PromptIds(const Tokenizer& tokenizer, const
 
 absl::StatusOr<std::vector<BenchInput>> LoadBenchInputs(const LlamaModel& model,
                                                         const Tokenizer& tokenizer, int count,
-                                                        int64_t max_new_tokens) {
+                                                        int64_t max_new_tokens,
+                                                        std::optional<int64_t> min_prompt_tokens) {
   std::string path = absl::GetFlag(FLAGS_prompts);
   if (path.empty()) path = SharedPath("bench/spec_bench/question.jsonl");
   ASSIGN_OR_RETURN(std::vector<BenchPrompt> prompts, LoadPromptSet(path, count));
@@ -89,8 +90,11 @@ absl::StatusOr<std::vector<BenchInput>> LoadBenchInputs(const LlamaModel& model,
   std::vector<BenchInput> inputs;
   for (BenchPrompt& prompt : prompts) {
     BenchInput input;
-    ASSIGN_OR_RETURN(input.ids, PromptIds(tokenizer, prompt.text,
-                                          absl::GetFlag(FLAGS_min_prompt_tokens), max_prompt));
+    ASSIGN_OR_RETURN(input.ids,
+                     PromptIds(tokenizer, prompt.text,
+                               std::min(max_prompt, min_prompt_tokens.value_or(
+                                                        absl::GetFlag(FLAGS_min_prompt_tokens))),
+                               max_prompt));
     input.prompt = std::move(prompt);
     inputs.push_back(std::move(input));
   }
@@ -125,13 +129,17 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs) {
     std::vector<int64_t>& per = sum.speculation.accepted_per_position;
     if (per.size() < s.accepted_per_position.size()) per.resize(s.accepted_per_position.size(), 0);
     for (size_t j = 0; j < s.accepted_per_position.size(); ++j) per[j] += s.accepted_per_position[j];
+    sum.plans.insert(sum.plans.end(), run.plans.begin(), run.plans.end());
+    sum.waiting_seconds += run.waiting_seconds;
+    sum.plan_requests += run.plan_requests;
   }
   return sum;
 }
 
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
-    const std::vector<GenerationRequest>& requests, int repeats, bool warmup) {
+    const std::vector<GenerationRequest>& requests, int repeats, bool warmup,
+    PlannerClient* planner) {
   repeats = std::max(1, repeats);
   const size_t num_modes = requests.size();
   if (warmup && !inputs.empty()) {
@@ -139,7 +147,8 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       GenerationRequest short_request = request;
       short_request.prompt_ids = inputs[0].ids;
       short_request.max_new_tokens = std::min<int64_t>(request.max_new_tokens, 16);
-      RETURN_IF_ERROR(Generate(model, tokenizer, short_request).status());
+      RETURN_IF_ERROR(
+          Generate(model, tokenizer, short_request, nullptr, nullptr, planner).status());
     }
   }
   std::vector<std::vector<PromptRun>> runs(num_modes, std::vector<PromptRun>(inputs.size()));
@@ -151,7 +160,8 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
         const size_t mode = r % 2 == 0 ? k : num_modes - 1 - k;
         GenerationRequest request = requests[mode];
         request.prompt_ids = inputs[p].ids;
-        ASSIGN_OR_RETURN(GenerationResult result, Generate(model, tokenizer, request));
+        ASSIGN_OR_RETURN(GenerationResult result,
+                         Generate(model, tokenizer, request, nullptr, nullptr, planner));
         results[mode].push_back(std::move(result));
       }
     }
@@ -184,6 +194,9 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       run.draft_seconds = median.stats.draft_seconds;
       run.verify_seconds = median.stats.verify_seconds;
       run.speculation = median.speculation;
+      run.plans = median.plans;
+      run.waiting_seconds = median.stats.waiting_seconds;
+      run.plan_requests = median.stats.plan_requests;
     }
   }
   return runs;

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,9 +58,10 @@ struct BenchInput {
 // `count` prompts round-robin over the categories, and tokenizes each with
 // --min-prompt-tokens, cut so that `max_new_tokens` more tokens still fit the
 // model's context. InvalidArgument when max_new_tokens leaves no room.
-absl::StatusOr<std::vector<BenchInput>> LoadBenchInputs(const LlamaModel& model,
-                                                        const Tokenizer& tokenizer, int count,
-                                                        int64_t max_new_tokens);
+// `min_prompt_tokens` overrides --min-prompt-tokens (capped to what fits).
+absl::StatusOr<std::vector<BenchInput>> LoadBenchInputs(
+    const LlamaModel& model, const Tokenizer& tokenizer, int count, int64_t max_new_tokens,
+    std::optional<int64_t> min_prompt_tokens = std::nullopt);
 
 // The outcome of Generate() on one prompt in one mode, with the decode time as
 // the median over repeats (ids must be the same in every repeat: greedy).
@@ -71,6 +73,11 @@ struct PromptRun {
   double draft_seconds = 0;      // of the repeat with the median decode time
   double verify_seconds = 0;     // idem
   SpeculationStats speculation;  // idem (the same in every greedy repeat)
+  // Planned modes (knapspec, clasp), of the median repeat: the plans applied,
+  // the decode thread's time on planning, requests sent.
+  std::vector<AppliedPlan> plans;
+  double waiting_seconds = 0;
+  int64_t plan_requests = 0;
 };
 
 // Aggregates of one mode over a prompt set.
@@ -80,6 +87,9 @@ struct ModeSummary {
   double draft_seconds = 0;
   double verify_seconds = 0;
   SpeculationStats speculation;  // counters summed over prompts
+  std::vector<AppliedPlan> plans;  // every plan applied, all prompts
+  double waiting_seconds = 0;
+  int64_t plan_requests = 0;
   // decoded_tokens / decode_seconds.
   double decode_tokens_per_second() const;
   double draft_share() const;   // draft_seconds / decode_seconds
@@ -95,10 +105,12 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 // frequency changes) hits all modes alike; the mode order alternates between
 // repeats. Each request's prompt_ids are replaced by each input's ids.
 // Returns runs[mode][prompt]. `warmup` runs one short generation per mode
-// first (kernel selection, page faults).
+// first (kernel selection, page faults). `planner` serves the planned modes
+// (may be null when none is planned).
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
-    const std::vector<GenerationRequest>& requests, int repeats, bool warmup);
+    const std::vector<GenerationRequest>& requests, int repeats, bool warmup,
+    PlannerClient* planner = nullptr);
 
 }  // namespace knapserve
 

@@ -55,6 +55,12 @@ ABSL_FLAG(std::string, skip, "",
 ABSL_FLAG(std::string, profile, "",
           "generate/bench with knapspec or clasp: the latency profile JSON (`knapserve "
           "profile` writes one); it must match the model, device, dtype.");
+ABSL_FLAG(std::vector<std::string>, modes, {},
+          "bench spec: modes to compare, off first (default: off, static if --skip or "
+          "--search-masks, clasp and knapspec if --profile).");
+ABSL_FLAG(int64_t, long_context_tokens, 0,
+          "bench spec: also run a long-context set whose prompts are repeated to this many "
+          "tokens (capped to fit the context with --max-new-tokens); 0 = off.");
 ABSL_FLAG(int32_t, clasp_layers, 0, "clasp: whole layers the draft skips (M); 0 = half.");
 ABSL_FLAG(int32_t, planner_threads, 1, "knapspec/clasp: CPU threads of the planner's solves.");
 ABSL_FLAG(std::vector<std::string>, profile_contexts, {},

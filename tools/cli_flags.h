@@ -48,6 +48,8 @@ ABSL_DECLARE_FLAG(std::string, skip);
 ABSL_DECLARE_FLAG(std::optional<int32_t>, max_draft);
 ABSL_DECLARE_FLAG(std::string, profile);
 ABSL_DECLARE_FLAG(int32_t, clasp_layers);
+ABSL_DECLARE_FLAG(std::vector<std::string>, modes);
+ABSL_DECLARE_FLAG(int64_t, long_context_tokens);
 ABSL_DECLARE_FLAG(int32_t, planner_threads);
 ABSL_DECLARE_FLAG(std::vector<std::string>, profile_contexts);
 ABSL_DECLARE_FLAG(int32_t, profile_repeats);

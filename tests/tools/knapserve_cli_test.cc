@@ -352,26 +352,52 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
                "--max-draft", "3", "--json"});
   const Outcome outcome = RunKnapserve(args);
   ASSERT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
-  EXPECT_THAT(outcome.err, AllOf(HasSubstr("decode tok/s"), HasSubstr("speedup"),
-                                 HasSubstr("lossless: static output ids equal off output ids")));
+  EXPECT_THAT(outcome.err, AllOf(HasSubstr("tok/s"), HasSubstr("speedup"),
+                                 HasSubstr("lossless: every mode's output ids equal off's")));
   const nlohmann::json out =
       nlohmann::json::parse(outcome.out, nullptr, /*allow_exceptions=*/false);
   ASSERT_TRUE(out.is_object());
   EXPECT_EQ(out["lossless"], true);
   EXPECT_EQ(out["skip"], "m0");
-  EXPECT_EQ(out["prompts"].size(), 2u);
-  for (const nlohmann::json& row : out["prompts"]) EXPECT_EQ(row["same_ids"], true);
+  const nlohmann::json& set = out["sets"]["spec_bench"];
+  EXPECT_EQ(set["prompts"], 2);
   for (const char* mode : {"off", "static"}) {
-    const nlohmann::json& m = out["modes"][mode];
+    const nlohmann::json& m = set["modes"][mode];
     EXPECT_GT(m["decode_tokens_per_s"].get<double>(), 0) << mode;
     EXPECT_EQ(m["decoded_tokens"], 2 * 7) << mode;  // the first token comes from prefill
+    EXPECT_EQ(m["same_ids"], true) << mode;
     for (const char* key : {"speedup", "acceptance_rate", "mean_acceptance_length",
                             "draft_share", "verify_share"}) {
       EXPECT_TRUE(m.contains(key)) << mode << " " << key;
     }
   }
-  EXPECT_DOUBLE_EQ(out["modes"]["off"]["speedup"].get<double>(), 1.0);
-  EXPECT_GT(out["modes"]["static"]["drafts"].get<int64_t>(), 0);
+  EXPECT_DOUBLE_EQ(set["modes"]["off"]["speedup"].get<double>(), 1.0);
+  EXPECT_GT(set["modes"]["static"]["drafts"].get<int64_t>(), 0);
+}
+
+// Off, static, clasp and knapspec on the Spec-Bench set and a long-context
+// set: the Table-2 style comparison, all lossless.
+TEST(KnapserveCliTest, BenchSpecComparesPlannedModesOnTwoSets) {
+  const std::vector<std::string> args = Stories(
+      {"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "48", "--skip", "a2",
+       "--profile", StoriesProfile(), "--long-context-tokens", "300", "--plan-interval", "8",
+       "--reference-steps", "2", "--clasp-layers", "2", "--json"});
+  const Outcome outcome = RunKnapserve(args);
+  ASSERT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
+  EXPECT_THAT(outcome.err, AllOf(HasSubstr("[spec_bench]"), HasSubstr("[long_context]"),
+                                 HasSubstr("pred TPT"), HasSubstr("wait%")));
+  const nlohmann::json out = nlohmann::json::parse(outcome.out, nullptr, false);
+  ASSERT_TRUE(out.is_object());
+  EXPECT_EQ(out["lossless"], true);
+  for (const char* set : {"spec_bench", "long_context"}) {
+    for (const char* mode : {"off", "static", "clasp", "knapspec"}) {
+      const nlohmann::json& m = out["sets"][set]["modes"][mode];
+      ASSERT_TRUE(m.is_object()) << set << " " << mode;
+      EXPECT_EQ(m["same_ids"], true) << set << " " << mode;
+      EXPECT_GT(m["measured_tpt"].get<double>(), 0) << set << " " << mode;
+    }
+    EXPECT_GT(out["sets"][set]["modes"]["knapspec"]["plan_requests"].get<int64_t>(), 0) << set;
+  }
 }
 
 TEST(KnapserveCliTest, BenchSpecSearchesAMask) {
