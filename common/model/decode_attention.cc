@@ -1,4 +1,5 @@
 #include "common/model/decode_attention.h"
+#include "common/model/attention_kernels.h"
 
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -6,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace knapserve {
@@ -71,6 +73,36 @@ void AttendGroup(const float* q, const E* keys, const E* values, int64_t n, int6
   }
 }
 
+// Whether this CPU runs the AVX-512 kernel (common/model/attention_kernels.h).
+bool CpuHasAvx512() {
+#if defined(__x86_64__)
+  static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// One (KV head, row) item on the AVX-512 kernel when it applies, else the
+// portable code above. The choice depends only on the machine, dtype and
+// head_dim, never on the number of rows, so batch invariance holds.
+template <typename E>
+void AttendItem(bool fast, const float* q, const E* keys, const E* values, int64_t n, int64_t hd,
+                int64_t group, float scale, float* scores, float* out) {
+#if defined(__x86_64__)
+  if constexpr (std::is_same_v<E, at::BFloat16>) {
+    if (fast) {
+      return kernels::AttendGroupBf16(q, reinterpret_cast<const uint16_t*>(keys),
+                                      reinterpret_cast<const uint16_t*>(values), n, hd, group,
+                                      scale, scores, out);
+    }
+  } else if constexpr (std::is_same_v<E, float>) {
+    if (fast) return kernels::AttendGroupF32(q, keys, values, n, hd, group, scale, scores, out);
+  }
+#endif
+  AttendGroup<E>(q, keys, values, n, hd, group, scale, scores, out);
+}
+
 template <typename E>
 void RunDecodeAttention(const torch::Tensor& qf, const torch::Tensor& keys,
                         const torch::Tensor& values, int64_t start_pos, float scale,
@@ -88,14 +120,18 @@ void RunDecodeAttention(const torch::Tensor& qf, const torch::Tensor& keys,
   // Work items are (row, KV head) pairs; a grain keeps tiny models inline.
   const int64_t work_per_item = std::max<int64_t>(1, (start_pos + t) * hd * group);
   const int64_t grain = std::max<int64_t>(1, 32768 / work_per_item);
+  const bool fast = CpuHasAvx512() && hd % 16 == 0 &&
+                    (std::is_same_v<E, at::BFloat16> || std::is_same_v<E, float>);
+  // Items run KV-head-major, so one thread's consecutive rows reuse the same
+  // keys and values from cache.
   at::parallel_for(0, t * nkv, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(group * (start_pos + t));
+    std::vector<float> scores(group * ((start_pos + t + 15) / 16 * 16));
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t row = item / nkv;
-      const int64_t kvh = item % nkv;
+      const int64_t kvh = item / t;
+      const int64_t row = item % t;
       const int64_t offset = (row * nh + kvh * group) * hd;
-      AttendGroup<E>(q + offset, k + kvh * capacity * hd, v + kvh * capacity * hd,
-                     start_pos + row + 1, hd, group, scale, scores.data(), o + offset);
+      AttendItem<E>(fast, q + offset, k + kvh * capacity * hd, v + kvh * capacity * hd,
+                    start_pos + row + 1, hd, group, scale, scores.data(), o + offset);
     }
   });
 }

@@ -12,6 +12,10 @@
 // attention output is bit-identical alone or inside a verification pass, and
 // independent of how rows are split between threads.
 //
+// On AVX-512 CPUs (head_dim a multiple of 16, fp32 or bf16) the work runs in
+// common/model/attention_kernels.h (FMA chains, a vectorized exp); elsewhere
+// in portable code. Which one runs depends on the machine, never on T.
+//
 // Used by LlamaModel::Attention on CPU for T <= kMaxDecodeAttentionRows; longer
 // chunks (prefill) and CUDA use the LibTorch path.
 //
