@@ -3,6 +3,9 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <omp.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <utility>
 
@@ -13,6 +16,10 @@ namespace knapserve {
 
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> InProcessPlanner::Create(
     const LlamaModel& model, LatencyProfile profile, InProcessPlannerOptions options) {
+  if (options.nice < 0 || options.nice > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("planner nice must be in [0, 19], got ", options.nice));
+  }
   if (options.threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("planner threads must be >= 1, got ", options.threads));
@@ -147,6 +154,10 @@ void InProcessPlanner::Run() {
   // process-wide default that new threads start from.)
   at::get_num_threads();  // ATen's lazy per-thread init first, then override it
   omp_set_num_threads(options_.threads);
+  if (options_.nice > 0) {
+    // Applies to this thread; the OpenMP workers it starts inherit it.
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), options_.nice);
+  }
   c10::InferenceMode inference_mode;
   while (true) {
     Pending job;

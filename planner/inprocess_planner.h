@@ -40,6 +40,11 @@ struct InProcessPlannerOptions {
   KnapSpecOptions knapspec;
   // CPU threads of the solve (OpenMP threads of the planner thread).
   int threads = 1;
+  // Linux nice value of the planner's threads (0..19). On a CPU the solve
+  // competes with decoding for the same cores; a higher value lets the decode
+  // threads win, so plans come later rather than decoding slower. Measured on
+  // 2 cores (README): 10 already starves the planner (plans 100+ steps old).
+  int nice = 0;
 };
 
 class InProcessPlanner : public PlannerClient {

@@ -63,6 +63,9 @@ ABSL_FLAG(int64_t, long_context_tokens, 0,
           "tokens (capped to fit the context with --max-new-tokens); 0 = off.");
 ABSL_FLAG(int32_t, clasp_layers, 0, "clasp: whole layers the draft skips (M); 0 = half.");
 ABSL_FLAG(int32_t, planner_threads, 1, "knapspec/clasp: CPU threads of the planner's solves.");
+ABSL_FLAG(int32_t, planner_nice, 0,
+          "knapspec/clasp: Linux nice value (0..19) of the planner thread, so decoding keeps "
+          "the cores and plans arrive later instead.");
 ABSL_FLAG(std::vector<std::string>, profile_contexts, {},
           "profile: context lengths to measure (default 128,512,1024,2048,4096 and the model's "
           "context, those that fit).");
@@ -165,6 +168,7 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine&
   ASSIGN_OR_RETURN(LatencyProfile profile, LatencyProfile::Load(path));
   InProcessPlannerOptions options;
   options.threads = absl::GetFlag(FLAGS_planner_threads);
+  options.nice = absl::GetFlag(FLAGS_planner_nice);
   return InProcessPlanner::Create(*engine.model, std::move(profile), options);
 }
 

@@ -51,6 +51,7 @@ ABSL_DECLARE_FLAG(int32_t, clasp_layers);
 ABSL_DECLARE_FLAG(std::vector<std::string>, modes);
 ABSL_DECLARE_FLAG(int64_t, long_context_tokens);
 ABSL_DECLARE_FLAG(int32_t, planner_threads);
+ABSL_DECLARE_FLAG(int32_t, planner_nice);
 ABSL_DECLARE_FLAG(std::vector<std::string>, profile_contexts);
 ABSL_DECLARE_FLAG(int32_t, profile_repeats);
 ABSL_DECLARE_FLAG(int32_t, profile_max_draft);
