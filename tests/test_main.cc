@@ -1,10 +1,11 @@
-// Shared main() for the knapserve test binaries: sets torch to the machine's
-// two cores (torch starts with one thread here) and runs GoogleTest.
+// Shared main() for the knapserve test binaries: one torch thread per test
+// process (ctest runs one process per core; several OpenMP teams spinning on
+// the same cores slowed the suite down by 50x), then GoogleTest.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  at::set_num_threads(2);
+  at::set_num_threads(1);
   return RUN_ALL_TESTS();
 }

@@ -129,28 +129,11 @@ TEST(ReferenceStateCollectorTest, AStepWithoutStatesAddsNothing) {
 
 bool HaveStories() { return std::filesystem::exists(Stories260kDir() + "/model.safetensors"); }
 
-const LlamaModel* GetModel(const std::string& name) {
-  static auto* models = new std::map<std::string, std::unique_ptr<LlamaModel>>();
-  auto it = models->find(name);
-  if (it != models->end()) return it->second.get();
-  const std::string dir = name == "stories260k" ? Stories260kDir() : RandomModelDir(name);
-  if (dir.empty()) return nullptr;
-  auto model = LlamaModel::Load(dir, ModelOptions());
-  EXPECT_TRUE(model.ok()) << name << ": " << model.status();
-  if (!model.ok()) return nullptr;
-  return ((*models)[name] = std::move(*model)).get();
-}
+const LlamaModel* GetModel(const std::string& name) { return testing::CachedModel(name); }
 
 // stories260k's tokenizer decodes every id of every model used here (the tiny
 // shapes' synthetic tokenizer knows only 288 of their 300 ids).
-const Tokenizer* GetTokenizer() {
-  static std::unique_ptr<Tokenizer>* tokenizer = [] {
-    auto t = Tokenizer::FromFile(Stories260kDir() + "/tokenizer.json");
-    EXPECT_TRUE(t.ok()) << t.status();
-    return new std::unique_ptr<Tokenizer>(t.ok() ? std::move(*t) : nullptr);
-  }();
-  return tokenizer->get();
-}
+const Tokenizer* GetTokenizer() { return testing::StoriesTokenizer(); }
 
 // Tolerance for the captured states against a fresh full forward in fp32 (the
 // same values through different kernels; observed differences at most ~6e-8):

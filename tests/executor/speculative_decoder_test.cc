@@ -44,38 +44,12 @@ bool HaveStories() { return std::filesystem::exists(Stories260kDir() + "/model.s
 
 // Models by name: "stories260k", a make-model tiny shape ("tiny-llama"), or a
 // tiny shape loaded in bf16 ("tiny-qwen2/bf16"). Loaded once per process.
-const LlamaModel* GetModel(const std::string& name) {
-  static auto* models = new std::map<std::string, std::unique_ptr<LlamaModel>>();
-  auto it = models->find(name);
-  if (it != models->end()) return it->second.get();
-  std::string shape = name;
-  ModelOptions options;
-  if (const size_t slash = name.find('/'); slash != std::string::npos) {
-    shape = name.substr(0, slash);
-    auto dtype = ParseDtype(name.substr(slash + 1));
-    EXPECT_TRUE(dtype.ok()) << dtype.status();
-    if (!dtype.ok()) return nullptr;
-    options.dtype = *dtype;
-  }
-  const std::string dir = shape == "stories260k" ? Stories260kDir() : RandomModelDir(shape);
-  if (dir.empty()) return nullptr;
-  auto model = LlamaModel::Load(dir, options);
-  EXPECT_TRUE(model.ok()) << name << ": " << model.status();
-  if (!model.ok()) return nullptr;
-  return ((*models)[name] = std::move(*model)).get();
-}
+const LlamaModel* GetModel(const std::string& name) { return testing::CachedModel(name); }
 
 // Generate() needs a tokenizer only to detokenize; stories260k's tokenizer
 // (512 ids) decodes every id of every model used here, so texts compare
 // meaningfully.
-const Tokenizer* GetTokenizer() {
-  static std::unique_ptr<Tokenizer>* tokenizer = [] {
-    auto t = Tokenizer::FromFile(Stories260kDir() + "/tokenizer.json");
-    EXPECT_TRUE(t.ok()) << t.status();
-    return new std::unique_ptr<Tokenizer>(t.ok() ? std::move(*t) : nullptr);
-  }();
-  return tokenizer->get();
-}
+const Tokenizer* GetTokenizer() { return testing::StoriesTokenizer(); }
 
 // `n` ids in [0, vocab) from a fixed seed, starting with `bos`.
 std::vector<int32_t> RandomPrompt(int32_t bos, int64_t vocab, int n, uint32_t seed) {

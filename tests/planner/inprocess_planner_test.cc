@@ -30,28 +30,9 @@ bool HaveStories() {
 
 // Models by name ("stories260k", "tiny-llama", "stories260k/bf16"), loaded
 // once per process.
-const LlamaModel* GetModel(const std::string& name) {
-  static auto* models = new std::map<std::string, std::unique_ptr<LlamaModel>>();
-  if (auto it = models->find(name); it != models->end()) return it->second.get();
-  const size_t slash = name.find('/');
-  const std::string shape = name.substr(0, slash);
-  ModelOptions options;
-  if (slash != std::string::npos) options.dtype = torch::kBFloat16;
-  const std::string dir = shape == "stories260k" ? Stories260kDir() : RandomModelDir(shape);
-  auto model = LlamaModel::Load(dir, options);
-  EXPECT_TRUE(model.ok()) << name << ": " << model.status();
-  if (!model.ok()) return nullptr;
-  return ((*models)[name] = std::move(*model)).get();
-}
+const LlamaModel* GetModel(const std::string& name) { return testing::CachedModel(name); }
 
-const Tokenizer* GetTokenizer() {
-  static Tokenizer* tokenizer = [] {
-    auto t = Tokenizer::FromFile(Stories260kDir() + "/tokenizer.json");
-    EXPECT_TRUE(t.ok()) << t.status();
-    return t.ok() ? t->release() : nullptr;
-  }();
-  return tokenizer;
-}
+const Tokenizer* GetTokenizer() { return testing::StoriesTokenizer(); }
 
 // A plan request for `model` from one full forward over prefix + r tokens.
 PlanRequest MakeRequest(const LlamaModel& model, uint64_t sequence_id, int64_t prefix, int64_t r) {

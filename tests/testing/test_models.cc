@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
+#include "common/tokenizer.h"
 #include "common/shared_data.h"
 #include "tools/make_model.h"
 
@@ -72,6 +73,37 @@ std::string RandomModelDir(const std::string& shape, uint64_t seed, const std::s
 }
 
 std::string Stories260kDir() { return SharedPath("models/stories260k"); }
+
+const LlamaModel* CachedModel(const std::string& name) {
+  static auto* models = new std::map<std::string, std::unique_ptr<LlamaModel>>();
+  static std::mutex models_mu;
+  std::lock_guard<std::mutex> lock(models_mu);
+  if (auto it = models->find(name); it != models->end()) return it->second.get();
+  std::string shape = name;
+  ModelOptions options;
+  if (const size_t slash = name.find('/'); slash != std::string::npos) {
+    shape = name.substr(0, slash);
+    auto dtype = ParseDtype(name.substr(slash + 1));
+    EXPECT_TRUE(dtype.ok()) << dtype.status();
+    if (!dtype.ok()) return nullptr;
+    options.dtype = *dtype;
+  }
+  const std::string dir = shape == "stories260k" ? Stories260kDir() : RandomModelDir(shape);
+  if (dir.empty()) return nullptr;
+  auto model = LlamaModel::Load(dir, options);
+  EXPECT_TRUE(model.ok()) << name << ": " << model.status();
+  if (!model.ok()) return nullptr;
+  return ((*models)[name] = std::move(*model)).get();
+}
+
+const Tokenizer* StoriesTokenizer() {
+  static Tokenizer* tokenizer = [] {
+    auto t = Tokenizer::FromFile(Stories260kDir() + "/tokenizer.json");
+    EXPECT_TRUE(t.ok()) << t.status();
+    return t.ok() ? t->release() : nullptr;
+  }();
+  return tokenizer;
+}
 
 LatencyProfile HandLatencyProfile(const LlamaModel& model, double attention, double mlp,
                                   double fixed, int max_draft) {

@@ -9,6 +9,7 @@
 
 namespace knapserve {
 class LlamaModel;
+class Tokenizer;
 }
 
 namespace knapserve::testing {
@@ -24,6 +25,16 @@ std::string RandomModelDir(const std::string& shape, uint64_t seed = 0,
 
 // <shared>/models/stories260k.
 std::string Stories260kDir();
+
+// Models by name, loaded once per process and kept: "stories260k", a
+// make-model shape in fp32 ("tiny-llama"), or either in another dtype
+// ("stories260k/bf16", "tiny-qwen2/bf16"). nullptr (and a test failure) if
+// it cannot be loaded.
+const LlamaModel* CachedModel(const std::string& name);
+
+// stories260k's tokenizer (512 ids: it decodes every id of the tiny shapes
+// too, whose synthetic tokenizer knows only 288 of their 300), loaded once.
+const Tokenizer* StoriesTokenizer();
 
 // A hand-made latency profile keyed for `model`: attention and MLP sublayers
 // cost `attention` and `mlp` seconds at every context, `fixed` per step, and
