@@ -47,6 +47,7 @@ class PlanSession {
       arrived.swap(mailbox_->latest);
       result.stats.plan_failures += mailbox_->failures;
       mailbox_->failures = 0;
+      if (!mailbox_->last_error.empty()) result.last_plan_error = mailbox_->last_error;
     }
     if (arrived.has_value() && arrived->ok()) {
       const DraftPlan& plan = **arrived;
@@ -102,6 +103,7 @@ class PlanSession {
         box->latest = std::move(plan);
       } else if (plan.status().code() != absl::StatusCode::kCancelled) {
         ++box->failures;
+        box->last_error = plan.status().ToString();
       }
     });
     result.stats.waiting_seconds += SecondsSince(start);
@@ -111,6 +113,7 @@ class PlanSession {
     planner_->Forget(sequence_id_);
     std::lock_guard<std::mutex> lock(mailbox_->mu);
     result.stats.plan_failures += mailbox_->failures;
+    if (!mailbox_->last_error.empty()) result.last_plan_error = mailbox_->last_error;
   }
 
  private:
@@ -118,6 +121,7 @@ class PlanSession {
     std::mutex mu;
     std::optional<absl::StatusOr<DraftPlan>> latest;
     int64_t failures = 0;
+    std::string last_error;
   };
 
   static uint64_t NextSequenceId() {

@@ -116,6 +116,7 @@ struct GenerationResult {
   GenerationStats stats;
   SpeculationStats speculation;
   std::vector<AppliedPlan> plans;   // kKnapSpec / kClasp: every plan applied, in order
+  std::string last_plan_error;      // the planner's last error ("" if none)
 };
 
 // Receives each step's newly generated ids and the text they finalized (which

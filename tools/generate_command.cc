@@ -32,6 +32,11 @@ absl::Status Generate() {
                                        nullptr, planner.get()));
   if (!json) {
     std::cout << std::endl;
+    if (!result.last_plan_error.empty()) {
+      std::cerr << "knapserve generate: " << result.stats.plan_failures
+                << " plan(s) failed, decoding went on with the last plan; last error: "
+                << result.last_plan_error << std::endl;
+    }
     return absl::OkStatus();
   }
   nlohmann::json out = {
@@ -67,6 +72,7 @@ absl::Status Generate() {
                         {"mean_acceptance_length", s.mean_acceptance_length()}};
   out["plan_requests"] = result.stats.plan_requests;
   out["plan_failures"] = result.stats.plan_failures;
+  if (!result.last_plan_error.empty()) out["last_plan_error"] = result.last_plan_error;
   out["plans"] = nlohmann::json::array();
   for (const AppliedPlan& p : result.plans) {
     out["plans"].push_back({{"step", p.applied_step},

@@ -308,6 +308,8 @@ TEST(PlannedGenerationFaultTest, PlannerFailuresKeepTheLastPlanAndOutputIsUnchan
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->output_ids, ar->output_ids);
   EXPECT_GT(spec->stats.plan_failures, 0);
+  EXPECT_NE(spec->last_plan_error.find("injected planner failure"), std::string::npos)
+      << spec->last_plan_error;
   EXPECT_EQ(static_cast<int64_t>(spec->plans.size()),
             spec->stats.plan_requests - spec->stats.plan_failures);
 }
