@@ -13,6 +13,8 @@ std::string PlanPolicyName(PlanPolicy policy) {
       return "knapspec";
     case PlanPolicy::kClasp:
       return "clasp";
+    case PlanPolicy::kOff:
+      return "off";
   }
   return "unknown";
 }
@@ -22,8 +24,9 @@ absl::StatusOr<PlanPolicy> ParsePlanPolicy(const std::string& name) {
   if (n == "static") return PlanPolicy::kStatic;
   if (n == "knapspec") return PlanPolicy::kKnapSpec;
   if (n == "clasp") return PlanPolicy::kClasp;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown plan policy '", name, "' (supported: static, knapspec, clasp)"));
+  if (n == "off") return PlanPolicy::kOff;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown plan policy '", name, "' (supported: static, knapspec, clasp, off)"));
 }
 
 }  // namespace knapserve

@@ -34,8 +34,9 @@ enum class PlanPolicy {
   kStatic,    // a given mask; only gamma is chosen
   kKnapSpec,  // the sublayer knapsack DP + TPT grid
   kClasp,     // whole layers, exactly M skipped, DP on the last token
+  kOff,       // no speculation: gamma 0 without solving (tests, A/B runs)
 };
-// "static", "knapspec", "clasp".
+// "static", "knapspec", "clasp", "off".
 std::string PlanPolicyName(PlanPolicy policy);
 absl::StatusOr<PlanPolicy> ParsePlanPolicy(const std::string& name);
 
@@ -72,7 +73,9 @@ struct PlanRequest {
   // tokens at positions first_position .. first_position+r-1: [2L+1, r, hidden].
   torch::Tensor states;
   int64_t first_position = 0;
-  std::vector<int32_t> target_argmax;  // the full model's argmax at each of the r tokens
+  // The full model's argmax at each of the r tokens; empty: the planner
+  // computes them from the last boundary's states.
+  std::vector<int32_t> target_argmax;
 
   // K/V of the prefix, one entry per layer ([kv_heads, capacity, head_dim]);
   // positions [0, kv_length) are valid. Empty with kv_length == 0 when the

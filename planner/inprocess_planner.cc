@@ -116,10 +116,27 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(const PlanRequest& request) co
                                                    " layers for a model with ",
                                                    model_.num_layers()));
   }
+  if (request.policy == PlanPolicy::kOff) {
+    DraftPlan off;
+    off.mask = LayerMask(model_.num_layers());
+    off.step = request.step;
+    return off;
+  }
   PlanInputs inputs;
   inputs.states = request.states;
   inputs.first_position = request.first_position;
   inputs.target_argmax = request.target_argmax;
+  if (inputs.target_argmax.empty() && request.states.defined() && request.states.dim() == 3 &&
+      request.states.size(0) == model_.num_sublayers() + 1) {
+    // Not sent: the full model's argmax from the last boundary's states.
+    torch::Tensor argmax =
+        model_.Logits(request.states[model_.num_sublayers()].to(model_.device(), model_.dtype()))
+            .argmax(-1)
+            .to(torch::kCPU);
+    for (int64_t i = 0; i < argmax.size(0); ++i) {
+      inputs.target_argmax.push_back(static_cast<int32_t>(argmax[i].item<int64_t>()));
+    }
+  }
   inputs.prefix_kv = request.kv_length > 0 ? &request.kv : nullptr;
   inputs.prefix_len = request.kv_length;
   inputs.context_length = request.context_length;
@@ -137,6 +154,8 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(const PlanRequest& request) co
       options.keep_first_and_last = options_.knapspec.keep_first_and_last;
       return SolveClasp(model_, profile_, inputs, options);
     }
+    case PlanPolicy::kOff:
+      break;  // answered above
     case PlanPolicy::kStatic: {
       ASSIGN_OR_RETURN(LayerMask mask,
                        LayerMask::Parse(request.static_mask, model_.num_layers()));

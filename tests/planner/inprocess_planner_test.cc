@@ -12,6 +12,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/plan_codec.h"
 #include "common/tokenizer.h"
 #include "executor/generator.h"
 #include "tests/testing/test_models.h"
@@ -169,6 +170,43 @@ TEST(InProcessPlannerTest, RefusesRequestsAndProfilesOfAnotherModel) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// A request that crossed the wire with a window covering the whole prefix
+// plans exactly like the in-memory one; a short window still plans.
+TEST(InProcessPlannerTest, AnExactKvWindowGivesTheInMemoryPlan) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto planner = MakePlanner(*model);
+  ASSERT_NE(planner, nullptr);
+  const PlanRequest request = MakeRequest(*model, 5, 60, 8);
+  auto direct = planner->Solve(request);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  for (const KvWindowOptions& window : {KvWindowOptions{4, 1024}, KvWindowOptions{2, 16}}) {
+    v1::PlanRequest wire;
+    ASSERT_TRUE(EncodePlanRequest(request, window, &wire).ok());
+    auto decoded = DecodePlanRequest(wire, model->num_layers(), 10);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    decoded->target_argmax.clear();  // let the planner recompute them
+    auto remote = planner->Solve(*decoded);
+    ASSERT_TRUE(remote.ok()) << remote.status();
+    if (window.window >= 60) {
+      EXPECT_EQ(remote->mask, direct->mask);
+      EXPECT_EQ(remote->gamma, direct->gamma);
+      EXPECT_DOUBLE_EQ(remote->alpha_hat, direct->alpha_hat);
+      EXPECT_DOUBLE_EQ(remote->mean_cosine, direct->mean_cosine);
+    }
+    std::printf("[ window %lld+%lld ] mask '%s' gamma %d alpha_hat %.3f (in memory: '%s' %d %.3f)\n",
+                static_cast<long long>(window.leading), static_cast<long long>(window.window),
+                remote->mask.ToString().c_str(), remote->gamma, remote->alpha_hat,
+                direct->mask.ToString().c_str(), direct->gamma, direct->alpha_hat);
+  }
+  PlanRequest off = request;
+  off.policy = PlanPolicy::kOff;
+  auto none = planner->Solve(off);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->gamma, 0);
 }
 
 // While the worker is held inside a callback, a second request of the same
