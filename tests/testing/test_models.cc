@@ -11,6 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
+#include "common/planner_client.h"
+#include <c10/core/InferenceMode.h>
 #include "common/tokenizer.h"
 #include "common/shared_data.h"
 #include "tools/make_model.h"
@@ -103,6 +105,32 @@ const Tokenizer* StoriesTokenizer() {
     return t.ok() ? t->release() : nullptr;
   }();
   return tokenizer;
+}
+
+PlanRequest ForwardPlanRequest(const LlamaModel& model, uint64_t sequence_id, int64_t prefix,
+                               int64_t r) {
+  c10::InferenceMode guard;
+  torch::manual_seed(static_cast<uint64_t>(sequence_id));
+  torch::Tensor ids = torch::randint(3, model.config().vocab_size, {prefix + r}, torch::kInt64);
+  std::vector<LayerKv> kv = model.AllocateKv(prefix + r);
+  torch::Tensor boundaries;
+  ForwardOptions options;
+  options.boundary_states = &boundaries;
+  torch::Tensor logits = model.Forward(ids, 0, kv, options);
+  PlanRequest request;
+  request.sequence_id = sequence_id;
+  request.step = 64;
+  request.context_length = prefix + r;
+  request.policy = PlanPolicy::kKnapSpec;
+  request.max_draft = 10;
+  request.model_fingerprint = model.config().Fingerprint();
+  request.states = boundaries.narrow(1, prefix, r).contiguous();
+  request.first_position = prefix;
+  torch::Tensor argmax = logits.narrow(0, prefix, r).argmax(-1);
+  for (int64_t i = 0; i < r; ++i) request.target_argmax.push_back(argmax[i].item<int32_t>());
+  request.kv = std::move(kv);
+  request.kv_length = prefix;
+  return request;
 }
 
 LatencyProfile HandLatencyProfile(const LlamaModel& model, double attention, double mlp,

@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "common/planner_client.h"
 #include "planner/latency_profile.h"
 
 namespace knapserve {
@@ -35,6 +36,12 @@ const LlamaModel* CachedModel(const std::string& name);
 // stories260k's tokenizer (512 ids: it decodes every id of the tiny shapes
 // too, whose synthetic tokenizer knows only 288 of their 300), loaded once.
 const Tokenizer* StoriesTokenizer();
+
+// A knapspec plan request for `model` from one full forward over prefix + r
+// random tokens (seeded by sequence_id): the last r tokens' boundary states,
+// their argmax, and the prefix K/V (kv_length = prefix).
+PlanRequest ForwardPlanRequest(const LlamaModel& model, uint64_t sequence_id, int64_t prefix,
+                               int64_t r);
 
 // A hand-made latency profile keyed for `model`: attention and MLP sublayers
 // cost `attention` and `mlp` seconds at every context, `fixed` per step, and

@@ -1,0 +1,178 @@
+#include "executor/remote_planner_client.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace knapserve {
+
+RemotePlannerClient::RemotePlannerClient(RemotePlannerOptions options)
+    : options_(std::move(options)), thread_([this] { Run(); }) {}
+
+RemotePlannerClient::~RemotePlannerClient() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    if (context_ != nullptr) context_->TryCancel();
+  }
+  cv_.notify_all();
+  thread_.join();
+  std::map<uint64_t, Queued> queued;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queued.swap(queued_);
+    order_.clear();
+  }
+  for (auto& [id, q] : queued) q.done(absl::UnavailableError("the planner client is closing"));
+  FailInFlight(absl::UnavailableError("the planner client is closing"));
+}
+
+void RemotePlannerClient::Submit(PlanRequest request, PlanCallback done) {
+  PlanCallback replaced;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const uint64_t id = request.sequence_id;
+    auto it = queued_.find(id);
+    if (it != queued_.end()) {
+      replaced = std::move(it->second.done);
+      it->second = Queued{std::move(request), std::move(done)};
+    } else {
+      queued_.emplace(id, Queued{std::move(request), std::move(done)});
+      order_.push_back(id);
+    }
+  }
+  cv_.notify_all();
+  if (replaced) replaced(absl::CancelledError("replaced by a newer request of the sequence"));
+}
+
+void RemotePlannerClient::Forget(uint64_t sequence_id) {
+  PlanCallback dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = queued_.find(sequence_id);
+    if (it == queued_.end()) return;
+    dropped = std::move(it->second.done);
+    queued_.erase(it);
+    std::erase(order_, sequence_id);
+  }
+  dropped(absl::CancelledError("the sequence finished"));
+}
+
+void RemotePlannerClient::FailInFlight(const absl::Status& status) {
+  std::map<Key, PlanCallback> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed.swap(in_flight_);
+  }
+  for (auto& [key, done] : failed) done(status);
+}
+
+void RemotePlannerClient::Read(
+    grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>* stream) {
+  v1::PlanResponse response;
+  while (stream->Read(&response)) {
+    uint64_t id = 0;
+    if (!absl::SimpleAtoi(response.sequence_id(), &id)) continue;  // not ours
+    const Key key{id, static_cast<int64_t>(response.step())};
+    PlanCallback done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = in_flight_.find(key);
+      if (it == in_flight_.end()) continue;
+      done = std::move(it->second);
+      in_flight_.erase(it);
+    }
+    done(DecodePlanResponse(response, options_.num_layers));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_ = true;
+  }
+  cv_.notify_all();
+}
+
+void RemotePlannerClient::Serve(
+    grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>* stream) {
+  while (true) {
+    Queued next;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || broken_ || !order_.empty(); });
+      if (stopping_ || broken_) return;
+      const uint64_t id = order_.front();
+      order_.pop_front();
+      auto it = queued_.find(id);
+      next = std::move(it->second);
+      queued_.erase(it);
+    }
+    v1::PlanRequest wire;
+    absl::Status encoded = EncodePlanRequest(next.request, options_.window, &wire);
+    next.request = PlanRequest();  // drop the K/V handles
+    if (!encoded.ok()) {
+      next.done(encoded);
+      continue;
+    }
+    const Key key{std::stoull(wire.sequence_id()), static_cast<int64_t>(wire.step())};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_[key] = std::move(next.done);
+    }
+    const int64_t bytes = static_cast<int64_t>(wire.ByteSizeLong());
+    if (!stream->Write(wire)) return;  // broken: FailInFlight answers it
+    bytes_sent_.fetch_add(bytes);
+    requests_sent_.fetch_add(1);
+  }
+}
+
+void RemotePlannerClient::Run() {
+  std::chrono::milliseconds backoff = options_.initial_backoff;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+    }
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(options_.max_message_bytes);
+    args.SetMaxReceiveMessageSize(options_.max_message_bytes);
+    std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
+    const bool up = channel->WaitForConnected(std::chrono::system_clock::now() + backoff);
+    if (up) {
+      auto stub = v1::Planner::NewStub(channel);
+      grpc::ClientContext context;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (stopping_) return;
+        context_ = &context;
+        broken_ = false;
+      }
+      std::unique_ptr<grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>> stream =
+          stub->Plan(&context);
+      connected_ = true;
+      connections_.fetch_add(1);
+      backoff = options_.initial_backoff;
+      std::thread reader([&] { Read(stream.get()); });
+      Serve(stream.get());
+      context.TryCancel();
+      reader.join();
+      stream->Finish().ok();  // the status says why; the caller only needs "gone"
+      connected_ = false;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        context_ = nullptr;
+      }
+      FailInFlight(absl::UnavailableError(
+          absl::StrCat("the planner stream to ", options_.address, " broke")));
+    }
+    // Wait before the next attempt (interrupted by the destructor).
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, up ? options_.initial_backoff : backoff, [this] { return stopping_; })) {
+      return;
+    }
+    if (!up) backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+}
+
+}  // namespace knapserve

@@ -1,0 +1,49 @@
+// PlannerServer: a running gRPC server for the Planner service, with
+// grpc.health.v1 (liveness on "", readiness on "knapserve.v1.Planner") and
+// server reflection. Used by the knapserve-planner binary and by tests
+// (listen on "127.0.0.1:0" and ask port()).
+//
+// Ownership: borrows the InProcessPlanner (must outlive the server); owns
+// the service and the grpc::Server. Shutdown (or the destructor) stops
+// accepting, cancels open streams after `grace` and waits for them.
+#ifndef KNAPSERVE_PLANNER_PLANNER_SERVER_H_
+#define KNAPSERVE_PLANNER_PLANNER_SERVER_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "planner/planner_service.h"
+
+namespace knapserve {
+
+class PlannerServer {
+ public:
+  // Unavailable if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(InProcessPlanner* planner,
+                                                              int num_layers,
+                                                              const std::string& listen);
+  ~PlannerServer();
+
+  int port() const { return port_; }
+  const PlannerService& service() const { return *service_; }
+  // Readiness goes NOT_SERVING, then the server stops.
+  void Shutdown(std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
+  // Blocks until Shutdown (from another thread).
+  void Wait() { server_->Wait(); }
+
+ private:
+  PlannerServer() = default;
+
+  std::unique_ptr<PlannerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_PLANNER_PLANNER_SERVER_H_

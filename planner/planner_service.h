@@ -1,0 +1,54 @@
+// PlannerService: the knapserve.v1.Planner gRPC service (proto/knapserve/v1/
+// planner.proto) in front of an InProcessPlanner.
+//
+// Each executor holds one long-lived Plan stream and multiplexes its
+// sequences over it. Requests are decoded (common/plan_codec.h), solved in
+// order per planner (a newer request of the same sequence replaces a queued
+// one; the replaced one is answered SUPERSEDED), and answered on the same
+// stream in completion order. Sequence ids are scoped to their stream: two
+// executors may both use sequence "1". A request that cannot be decoded is
+// answered at once with PLAN_ERROR_CODE_INVALID_ARGUMENT; a model fingerprint
+// other than the planner's gets FINGERPRINT_MISMATCH. The stream finishes OK
+// once the executor half-closes and every answer is written.
+//
+// Ownership: borrows the InProcessPlanner, which must outlive the server.
+// Thread safety: gRPC calls in on its own threads; all stream state is
+// guarded per stream.
+#ifndef KNAPSERVE_PLANNER_PLANNER_SERVICE_H_
+#define KNAPSERVE_PLANNER_PLANNER_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "knapserve/v1/planner.grpc.pb.h"
+#include "planner/inprocess_planner.h"
+
+namespace knapserve {
+
+class PlannerService final : public v1::Planner::CallbackService {
+ public:
+  // `num_layers` and `default_max_draft` resolve requests (the model's layer
+  // count; max_draft_tokens 0 means the default).
+  PlannerService(InProcessPlanner* planner, int num_layers, int default_max_draft = 10);
+
+  grpc::ServerBidiReactor<v1::PlanRequest, v1::PlanResponse>* Plan(
+      grpc::CallbackServerContext* context) override;
+
+  // Requests received and answers written so far, over all streams.
+  int64_t requests() const { return requests_.load(); }
+  int64_t answers() const { return answers_.load(); }
+
+ private:
+  class Stream;
+
+  InProcessPlanner* planner_;
+  const int num_layers_;
+  const int default_max_draft_;
+  std::atomic<uint64_t> next_internal_id_{1};
+  std::atomic<int64_t> requests_{0};
+  std::atomic<int64_t> answers_{0};
+};
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_PLANNER_PLANNER_SERVICE_H_

@@ -1,0 +1,182 @@
+// Tests of the Planner gRPC service (planner/planner_service.h,
+// planner_server.h) with the executor's RemotePlannerClient
+// (executor/remote_planner_client.h), over real loopback gRPC in one process:
+// answers, errors, planned generation through the wire, and a planner that
+// dies mid-generation and comes back.
+#include "planner/planner_server.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/plan_codec.h"
+#include "executor/generator.h"
+#include "executor/remote_planner_client.h"
+#include "tests/testing/test_models.h"
+
+namespace knapserve {
+namespace {
+
+using testing::CachedModel;
+using testing::ForwardPlanRequest;
+using testing::HandLatencyProfile;
+using testing::StoriesTokenizer;
+
+bool HaveStories() {
+  return std::filesystem::exists(testing::Stories260kDir() + "/model.safetensors");
+}
+
+struct Fixture {
+  const LlamaModel* model = nullptr;
+  std::unique_ptr<InProcessPlanner> planner;
+  std::unique_ptr<PlannerServer> server;
+  std::string address;
+};
+
+Fixture StartPlanner(const std::string& listen = "127.0.0.1:0") {
+  Fixture f;
+  f.model = CachedModel("stories260k");
+  if (f.model == nullptr) return f;
+  auto planner = InProcessPlanner::Create(*f.model, HandLatencyProfile(*f.model), {});
+  EXPECT_TRUE(planner.ok()) << planner.status();
+  f.planner = std::move(*planner);
+  auto server = PlannerServer::Start(f.planner.get(), f.model->num_layers(), listen);
+  EXPECT_TRUE(server.ok()) << server.status();
+  if (!server.ok()) return f;
+  f.server = std::move(*server);
+  f.address = absl::StrCat("127.0.0.1:", f.server->port());
+  return f;
+}
+
+RemotePlannerOptions ClientOptions(const Fixture& f) {
+  RemotePlannerOptions options;
+  options.address = f.address;
+  options.num_layers = f.model->num_layers();
+  options.initial_backoff = std::chrono::milliseconds(50);
+  options.max_backoff = std::chrono::milliseconds(200);
+  return options;
+}
+
+absl::StatusOr<DraftPlan> SubmitAndWait(PlannerClient& client, PlanRequest request) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<DraftPlan>>>();
+  auto future = promise->get_future();
+  client.Submit(std::move(request),
+                [promise](absl::StatusOr<DraftPlan> plan) { promise->set_value(std::move(plan)); });
+  if (future.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+    return absl::DeadlineExceededError("no answer within 60 s");
+  }
+  return future.get();
+}
+
+TEST(PlannerServiceTest, AnswersOverTheWireLikeTheInProcessPlanner) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  Fixture f = StartPlanner();
+  ASSERT_NE(f.server, nullptr);
+  RemotePlannerClient client(ClientOptions(f));
+  const PlanRequest request = ForwardPlanRequest(*f.model, 7, 60, 8);
+  auto direct = f.planner->Solve(request);
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  auto remote = SubmitAndWait(client, request);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  // The default window (4 + 1024 positions) covers this prefix: same plan.
+  EXPECT_EQ(remote->mask, direct->mask);
+  EXPECT_EQ(remote->gamma, direct->gamma);
+  EXPECT_DOUBLE_EQ(remote->alpha_hat, direct->alpha_hat);
+  EXPECT_EQ(remote->step, request.step);
+  EXPECT_GT(remote->solve_seconds, 0);
+  EXPECT_GT(client.bytes_sent(), 0);
+  EXPECT_EQ(client.requests_sent(), 1);
+  EXPECT_EQ(f.server->service().requests(), 1);
+
+  PlanRequest other = ForwardPlanRequest(*f.model, 8, 20, 4);
+  other.model_fingerprint = "llama-another-model";
+  auto refused = SubmitAndWait(client, other);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  PlanRequest bad = ForwardPlanRequest(*f.model, 9, 20, 4);
+  bad.states = bad.states.narrow(0, 0, 3);  // not 2L+1 boundaries
+  auto invalid = SubmitAndWait(client, bad);
+  EXPECT_EQ(invalid.status().code(), absl::StatusCode::kInvalidArgument) << invalid.status();
+}
+
+GenerationRequest Planned(int64_t tokens) {
+  GenerationRequest request;
+  request.prompt_ids = {1, 410, 469, 347};
+  request.max_new_tokens = tokens;
+  request.ignore_eos = true;
+  request.speculation.mode = SpeculationMode::kKnapSpec;
+  request.speculation.max_draft = 6;
+  request.speculation.plan_interval = 8;
+  request.speculation.reference_steps = 2;
+  return request;
+}
+
+TEST(PlannerServiceTest, PlannedGenerationThroughARemotePlannerIsLossless) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  Fixture f = StartPlanner();
+  ASSERT_NE(f.server, nullptr);
+  RemotePlannerClient client(ClientOptions(f));
+  GenerationRequest off = Planned(300);
+  off.speculation.mode = SpeculationMode::kOff;
+  auto ar = Generate(*f.model, *StoriesTokenizer(), off);
+  ASSERT_TRUE(ar.ok()) << ar.status();
+  auto spec = Generate(*f.model, *StoriesTokenizer(), Planned(300), nullptr, nullptr, &client);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->output_ids, ar->output_ids);
+  EXPECT_GT(spec->stats.plan_requests, 0);
+  std::printf("[ remote ] %lld plan requests, %zu applied, %lld bytes sent\n",
+              static_cast<long long>(spec->stats.plan_requests), spec->plans.size(),
+              static_cast<long long>(client.bytes_sent()));
+}
+
+// The planner goes away mid-generation: decoding goes on (same output), and
+// the client reconnects when a planner listens on the address again.
+TEST(PlannerServiceTest, SurvivesAPlannerRestart) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  Fixture f = StartPlanner();
+  ASSERT_NE(f.server, nullptr);
+  const int port = f.server->port();
+  RemotePlannerClient client(ClientOptions(f));
+  ASSERT_TRUE(SubmitAndWait(client, ForwardPlanRequest(*f.model, 1, 30, 4)).ok());
+  EXPECT_EQ(client.connections(), 1);
+
+  GenerationRequest off = Planned(400);
+  off.speculation.mode = SpeculationMode::kOff;
+  auto ar = Generate(*f.model, *StoriesTokenizer(), off);
+  ASSERT_TRUE(ar.ok());
+  std::atomic<int> steps{0};
+  std::thread killer([&] {
+    while (steps.load() < 40) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    f.server.reset();  // the planner dies
+  });
+  auto spec = Generate(
+      *f.model, *StoriesTokenizer(), Planned(400),
+      [&](absl::Span<const int32_t>, std::string_view) {
+        ++steps;
+        if (steps.load() > 40) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        return true;
+      },
+      nullptr, &client);
+  killer.join();
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->output_ids, ar->output_ids);
+
+  // A new planner on the same port: the client finds it again.
+  auto restarted = PlannerServer::Start(f.planner.get(), f.model->num_layers(),
+                                        absl::StrCat("127.0.0.1:", port));
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  absl::StatusOr<DraftPlan> again = absl::UnavailableError("not tried");
+  for (int attempt = 0; attempt < 50 && !again.ok(); ++attempt) {
+    again = SubmitAndWait(client, ForwardPlanRequest(*f.model, 2, 30, 4));
+    if (!again.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GE(client.connections(), 2);
+  EXPECT_TRUE(client.connected());
+}
+
+}  // namespace
+}  // namespace knapserve
