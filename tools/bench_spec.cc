@@ -455,9 +455,9 @@ absl::Status BenchSpec() {
   if (modes.empty() || modes[0].name != "off") {
     return absl::InvalidArgumentError("--modes must start with off (the baseline)");
   }
-  std::unique_ptr<InProcessPlanner> planner;
+  PlannerHandle planner;
   if (planned) {
-    ASSIGN_OR_RETURN(planner, PlannerFromFlags(engine, SpeculationMode::kKnapSpec));
+    ASSIGN_OR_RETURN(planner, PlannerClientFromFlags(engine, SpeculationMode::kKnapSpec));
   }
 
   summary["skip"] = skip;

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "common/shared_data.h"
 #include "common/status.h"
@@ -61,6 +62,10 @@ ABSL_FLAG(std::vector<std::string>, modes, {},
 ABSL_FLAG(int64_t, long_context_tokens, 0,
           "bench spec: also run a long-context set whose prompts are repeated to this many "
           "tokens (capped to fit the context with --max-new-tokens); 0 = off.");
+ABSL_FLAG(std::string, listen, "", "planner: address to serve on, e.g. 0.0.0.0:50052.");
+ABSL_FLAG(std::string, planner, "inproc",
+          "generate/bench with knapspec or clasp: where plans come from: inproc (a planner "
+          "thread in this process) or host:port of a knapserve-planner.");
 ABSL_FLAG(int32_t, clasp_layers, 0, "clasp: whole layers the draft skips (M); 0 = half.");
 ABSL_FLAG(int32_t, planner_threads, 1, "knapspec/clasp: CPU threads of the planner's solves.");
 ABSL_FLAG(int32_t, planner_nice, 0,
@@ -109,6 +114,25 @@ ABSL_FLAG(int32_t, step_repeats, 30,
           "warm-up runs).");
 
 namespace knapserve {
+
+std::vector<std::string> ParseFlagsWithDashes(int argc, char** argv) {
+  // Abseil names flags with underscores; rewrite "--a-b[=v]" to "--a_b[=v]"
+  // up to "--".
+  std::vector<std::string> normalized(argv, argv + argc);
+  for (size_t i = 1; i < normalized.size(); ++i) {
+    std::string& arg = normalized[i];
+    if (arg == "--") break;
+    if (arg.size() < 3 || arg[0] != '-') continue;
+    const size_t name_begin = arg[1] == '-' ? 2 : 1;
+    const size_t name_end = std::min(arg.find('='), arg.size());
+    std::replace(arg.begin() + name_begin, arg.begin() + name_end, '-', '_');
+  }
+  std::vector<char*> pointers;
+  for (std::string& arg : normalized) pointers.push_back(arg.data());
+  std::vector<char*> rest =
+      absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
+  return std::vector<std::string>(rest.begin(), rest.end());
+}
 
 std::string ModelDirFromFlags() {
   std::string dir = absl::GetFlag(FLAGS_model);
@@ -170,6 +194,26 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine&
   options.threads = absl::GetFlag(FLAGS_planner_threads);
   options.nice = absl::GetFlag(FLAGS_planner_nice);
   return InProcessPlanner::Create(*engine.model, std::move(profile), options);
+}
+
+absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine,
+                                                     SpeculationMode mode) {
+  PlannerHandle handle;
+  if (mode != SpeculationMode::kKnapSpec && mode != SpeculationMode::kClasp) return handle;
+  const std::string where = absl::GetFlag(FLAGS_planner);
+  if (where == "inproc") {
+    ASSIGN_OR_RETURN(handle.local, PlannerFromFlags(engine, mode));
+    return handle;
+  }
+  if (where.empty() || where == "none") {
+    return absl::InvalidArgumentError(absl::StrCat("--spec ", SpeculationModeName(mode),
+                                                   " needs --planner inproc or host:port"));
+  }
+  RemotePlannerOptions options;
+  options.address = where;
+  options.num_layers = engine.model->num_layers();
+  handle.remote = std::make_unique<RemotePlannerClient>(options);
+  return handle;
 }
 
 int ExitCode(const absl::Status& status, const char* command) {

@@ -20,6 +20,7 @@
 #include "common/model/llama.h"
 #include "common/tokenizer.h"
 #include "executor/generator.h"
+#include "executor/remote_planner_client.h"
 #include "planner/inprocess_planner.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
@@ -47,6 +48,8 @@ ABSL_DECLARE_FLAG(std::string, spec);
 ABSL_DECLARE_FLAG(std::string, skip);
 ABSL_DECLARE_FLAG(std::optional<int32_t>, max_draft);
 ABSL_DECLARE_FLAG(std::string, profile);
+ABSL_DECLARE_FLAG(std::string, listen);
+ABSL_DECLARE_FLAG(std::string, planner);
 ABSL_DECLARE_FLAG(int32_t, clasp_layers);
 ABSL_DECLARE_FLAG(std::vector<std::string>, modes);
 ABSL_DECLARE_FLAG(int64_t, long_context_tokens);
@@ -70,6 +73,11 @@ ABSL_DECLARE_FLAG(int32_t, step_repeats);
 
 namespace knapserve {
 
+// Parses the command line, accepting flags with dashes (--max-new-tokens) as
+// well as Abseil's underscores, and returns the positional arguments
+// (argv[0] first).
+std::vector<std::string> ParseFlagsWithDashes(int argc, char** argv);
+
 // The model folder: --model, else $KNAPSERVE_MODEL, else the shared stories260k.
 std::string ModelDirFromFlags();
 
@@ -91,6 +99,17 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t
 // without --profile; the profile's load and match errors otherwise.
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine& engine,
                                                                     SpeculationMode mode);
+
+// Where a knapspec/clasp generation gets its plans: a planner thread in this
+// process or a knapserve-planner at --planner ADDR. Empty for other modes.
+struct PlannerHandle {
+  std::unique_ptr<InProcessPlanner> local;
+  std::unique_ptr<RemotePlannerClient> remote;
+  PlannerClient* get() const {
+    return local != nullptr ? static_cast<PlannerClient*>(local.get()) : remote.get();
+  }
+};
+absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine, SpeculationMode mode);
 
 // Prints a failed status as "knapserve <command>: <status>" to stderr and
 // returns the exit code: 0 for OK, 2 for InvalidArgument (bad usage), else 1.

@@ -14,6 +14,9 @@ int RunTokenize();
 int RunMakeModel();
 // `knapserve profile` (tools/profile_command.cc): the planner's latency model.
 int RunProfile();
+// `knapserve planner` / knapserve-planner (tools/planner_command.cc): the
+// Planner gRPC service until SIGTERM or SIGINT.
+int RunPlannerServer();
 // args: the positional arguments after "bench" (e.g. {"ar"}); dispatches to
 // `bench ar` (tools/bench_command.cc), `bench spec` and `bench step-cost`.
 int RunBench(const std::vector<std::string>& args);

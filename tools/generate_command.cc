@@ -25,8 +25,7 @@ absl::Status Generate() {
       return true;
     };
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<InProcessPlanner> planner,
-                   PlannerFromFlags(engine, request.speculation.mode));
+  ASSIGN_OR_RETURN(PlannerHandle planner, PlannerClientFromFlags(engine, request.speculation.mode));
   ASSIGN_OR_RETURN(GenerationResult result,
                    knapserve::Generate(*engine.model, *engine.tokenizer, request, stream,
                                        nullptr, planner.get()));

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -241,6 +242,53 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
     EXPECT_NE(outcome.exit_code, 0) << Describe(args, outcome);
     EXPECT_THAT(outcome.err, HasSubstr(c.expected)) << Describe(args, outcome);
   }
+}
+
+// knapserve-planner as its own process, generate --planner ADDR as another:
+// the same greedy ids as --spec off, and SIGTERM stops the planner with exit 0.
+TEST(KnapserveCliTest, RemotePlannerProcessServesPlannedGeneration) {
+  const std::string dir = knapserve::testing::MakeTempDir("cli_planner");
+  const std::string err_path = dir + "/planner.err";
+  std::vector<std::string> argv_strings =
+      Stories({knapserve::testing::kKnapservePlannerBinary, "--listen", "127.0.0.1:0",
+               "--profile", StoriesProfile()});
+  std::vector<char*> argv;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  // The planner says its port once it serves.
+  std::string port;
+  for (int i = 0; i < 600 && port.empty(); ++i) {
+    const std::string err = ReadFile(err_path);
+    const size_t at = err.find("on port ");
+    if (at != std::string::npos && err.find('\n', at) != std::string::npos) {
+      port = err.substr(at + 8, err.find('\n', at) - at - 8);
+    } else {
+      usleep(100 * 1000);
+    }
+  }
+  ASSERT_FALSE(port.empty()) << ReadFile(err_path);
+  const std::vector<std::string> base = {"generate", "--prompt", "Once upon a time",
+                                         "--max-new-tokens", "120", "--temperature", "0",
+                                         "--ignore-eos", "--json"};
+  const nlohmann::json off = RunJson(Stories(base));
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--spec", "knapspec", "--planner", "127.0.0.1:" + port,
+                           "--plan-interval", "8", "--reference-steps", "2"});
+  const nlohmann::json remote = RunJson(Stories(args));
+  EXPECT_EQ(Ids(remote["output_ids"]), Ids(off["output_ids"]));
+  EXPECT_GT(remote["plan_requests"].get<int64_t>(), 0);
+  EXPECT_EQ(remote["plan_failures"], 0);
+  kill(pid, SIGTERM);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(err_path);
 }
 
 TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {
