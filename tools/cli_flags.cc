@@ -62,7 +62,11 @@ ABSL_FLAG(std::vector<std::string>, modes, {},
 ABSL_FLAG(int64_t, long_context_tokens, 0,
           "bench spec: also run a long-context set whose prompts are repeated to this many "
           "tokens (capped to fit the context with --max-new-tokens); 0 = off.");
-ABSL_FLAG(std::string, listen, "", "planner: address to serve on, e.g. 0.0.0.0:50052.");
+ABSL_FLAG(std::string, listen, "",
+          "planner/executor/serve: address to serve on, e.g. 0.0.0.0:50051.");
+ABSL_FLAG(std::string, server, "",
+          "generate: send the request to a knapserve executor at host:port instead of "
+          "loading the model here.");
 ABSL_FLAG(std::string, planner, "inproc",
           "generate/bench with knapspec or clasp: where plans come from: inproc (a planner "
           "thread in this process) or host:port of a knapserve-planner.");

@@ -49,6 +49,7 @@ ABSL_DECLARE_FLAG(std::string, skip);
 ABSL_DECLARE_FLAG(std::optional<int32_t>, max_draft);
 ABSL_DECLARE_FLAG(std::string, profile);
 ABSL_DECLARE_FLAG(std::string, listen);
+ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(std::string, planner);
 ABSL_DECLARE_FLAG(int32_t, clasp_layers);
 ABSL_DECLARE_FLAG(std::vector<std::string>, modes);

@@ -17,6 +17,11 @@ int RunProfile();
 // `knapserve planner` / knapserve-planner (tools/planner_command.cc): the
 // Planner gRPC service until SIGTERM or SIGINT.
 int RunPlannerServer();
+// knapserve-executor / `knapserve executor` (tools/executor_command.cc): the
+// Generation gRPC service; `knapserve serve`: the same with an in-process
+// planner (one-process deployment).
+int RunExecutorServer();
+int RunServe();
 // args: the positional arguments after "bench" (e.g. {"ar"}); dispatches to
 // `bench ar` (tools/bench_command.cc), `bench spec` and `bench step-cost`.
 int RunBench(const std::vector<std::string>& args);

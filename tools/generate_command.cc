@@ -1,17 +1,104 @@
 // `knapserve generate`: local generation, streamed to stdout or as one JSON.
 #include <iostream>
 
+#include <grpcpp/grpcpp.h>
 #include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "knapserve/v1/generation.grpc.pb.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 
 namespace knapserve {
 namespace {
 
+// --server: the same request over gRPC to a knapserve executor.
+absl::Status GenerateRemote(const std::string& address) {
+  v1::GenerateRequest request;
+  request.set_text(absl::GetFlag(FLAGS_prompt));
+  request.set_max_new_tokens(static_cast<int32_t>(absl::GetFlag(FLAGS_max_new_tokens)));
+  request.set_temperature(absl::GetFlag(FLAGS_temperature));
+  request.set_top_k(static_cast<int32_t>(absl::GetFlag(FLAGS_top_k)));
+  request.set_top_p(absl::GetFlag(FLAGS_top_p));
+  if (absl::GetFlag(FLAGS_seed).has_value()) request.set_seed(*absl::GetFlag(FLAGS_seed));
+  request.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  for (const std::string& stop : absl::GetFlag(FLAGS_stop)) request.add_stop(stop);
+  ASSIGN_OR_RETURN(SpeculationMode mode, ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
+  v1::SpeculationOptions* spec = request.mutable_speculation();
+  spec->set_mode(static_cast<v1::SpeculationMode>(static_cast<int>(mode) + 1));
+  if (absl::GetFlag(FLAGS_max_draft).has_value()) {
+    spec->set_max_draft_tokens(static_cast<uint32_t>(*absl::GetFlag(FLAGS_max_draft)));
+  }
+  if (!absl::GetFlag(FLAGS_skip).empty()) spec->set_static_mask(absl::GetFlag(FLAGS_skip));
+  spec->set_exit_threshold(absl::GetFlag(FLAGS_exit_threshold));
+
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, request);
+  const bool json = absl::GetFlag(FLAGS_json);
+  std::vector<int32_t> ids;
+  std::string text;
+  v1::FinalResult final;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    if (response.has_chunk()) {
+      ids.insert(ids.end(), response.chunk().token_ids().begin(),
+                 response.chunk().token_ids().end());
+      text += response.chunk().text();
+      if (!json) std::cout << response.chunk().text() << std::flush;
+    } else if (response.has_final()) {
+      final = response.final();
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  if (!status.ok()) {
+    if (!json) std::cout << std::endl;
+    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                        absl::StrCat("server ", address, ": ", status.error_message()));
+  }
+  if (!json) {
+    std::cout << std::endl;
+    return absl::OkStatus();
+  }
+  const v1::Timings& t = final.timings();
+  const v1::SpeculationStats& s = final.speculation_stats();
+  nlohmann::json out = {
+      {"server", address},
+      {"request_id", final.request_id()},
+      {"output_ids", ids},
+      {"text", text},
+      {"finish_reason", v1::FinishReason_Name(final.finish_reason())},
+      {"seed", final.seed()},
+      {"prompt_tokens", final.usage().prompt_tokens()},
+      {"completion_tokens", final.usage().completion_tokens()},
+      {"queue_seconds", t.queue_seconds()},
+      {"time_to_first_token_seconds", t.time_to_first_token_seconds()},
+      {"mean_inter_token_latency_seconds", t.mean_inter_token_latency_seconds()},
+      {"total_seconds", t.total_seconds()},
+      {"decode_tokens_per_s", t.mean_inter_token_latency_seconds() > 0
+                                  ? 1.0 / t.mean_inter_token_latency_seconds()
+                                  : 0.0},
+      {"planner_wait_seconds", t.planner_wait_seconds()},
+      {"speculation",
+       {{"drafts", s.drafts()},
+        {"draft_tokens", s.draft_tokens()},
+        {"accepted_tokens", s.accepted_tokens()},
+        {"accepted_per_position",
+         std::vector<int32_t>(s.accepted_per_position().begin(), s.accepted_per_position().end())},
+        {"mean_acceptance_length", s.mean_acceptance_length()},
+        {"plans_applied", s.plans_applied()}}},
+  };
+  std::cout << out.dump() << std::endl;
+  return absl::OkStatus();
+}
+
 absl::Status Generate() {
+  if (const std::string server = absl::GetFlag(FLAGS_server); !server.empty()) {
+    return GenerateRemote(server);
+  }
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt_ids,
                    engine.tokenizer->Encode(absl::GetFlag(FLAGS_prompt),

@@ -18,6 +18,9 @@ constexpr char kUsage[] =
     "  profile     measure the planner's latency model (--model, --out FILE)\n"
     "  planner     run the Planner gRPC service (--listen ADDR, --profile FILE); the same\n"
     "              as the knapserve-planner binary\n"
+    "  executor    run the Generation gRPC service (--listen, --planner ADDR|inproc|none);\n"
+    "              the same as the knapserve-executor binary\n"
+    "  serve       executor with an in-process planner: the one-process deployment\n"
     "  tokenize    print the token ids of --text as a JSON array\n"
     "  make-model  write a random-weight checkpoint of a real layout (--shape, --out)\n"
     "  bench ar    measure prefill and decode speed against memory bandwidth\n"
@@ -49,6 +52,8 @@ int main(int argc, char** argv) {
   if (command == "make-model") return knapserve::RunMakeModel();
   if (command == "profile") return knapserve::RunProfile();
   if (command == "planner") return knapserve::RunPlannerServer();
+  if (command == "executor") return knapserve::RunExecutorServer();
+  if (command == "serve") return knapserve::RunServe();
   if (command == "bench") return knapserve::RunBench(rest);
   std::cerr << "unknown subcommand '" << command << "'\n\n" << kUsage << std::endl;
   return 2;

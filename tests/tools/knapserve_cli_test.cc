@@ -244,51 +244,95 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
   }
 }
 
-// knapserve-planner as its own process, generate --planner ADDR as another:
-// the same greedy ids as --spec off, and SIGTERM stops the planner with exit 0.
-TEST(KnapserveCliTest, RemotePlannerProcessServesPlannedGeneration) {
-  const std::string dir = knapserve::testing::MakeTempDir("cli_planner");
-  const std::string err_path = dir + "/planner.err";
-  std::vector<std::string> argv_strings =
-      Stories({knapserve::testing::kKnapservePlannerBinary, "--listen", "127.0.0.1:0",
-               "--profile", StoriesProfile()});
-  std::vector<char*> argv;
-  for (std::string& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  // The planner says its port once it serves.
-  std::string port;
-  for (int i = 0; i < 600 && port.empty(); ++i) {
-    const std::string err = ReadFile(err_path);
-    const size_t at = err.find("on port ");
-    if (at != std::string::npos && err.find('\n', at) != std::string::npos) {
-      port = err.substr(at + 8, err.find('\n', at) - at - 8);
-    } else {
-      usleep(100 * 1000);
+// A server process (knapserve-planner, knapserve-executor, knapserve serve)
+// started with --listen 127.0.0.1:0; port() is what it says it bound.
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> argv_strings) {
+    err_path_ = knapserve::testing::MakeTempDir("cli_server") + "/stderr";
+    std::vector<char*> argv;
+    for (std::string& s : argv_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path_.c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = 0;
+    posix_spawn_file_actions_destroy(&actions);
+    for (int i = 0; i < 1200 && pid_ != 0 && port_.empty(); ++i) {
+      const std::string err = ReadFile(err_path_);
+      const size_t at = err.find("on port ");
+      if (at != std::string::npos && err.find('\n', at) != std::string::npos) {
+        port_ = err.substr(at + 8, err.find('\n', at) - at - 8);
+      } else {
+        usleep(100 * 1000);
+      }
     }
   }
-  ASSERT_FALSE(port.empty()) << ReadFile(err_path);
+  ~ServerProcess() {
+    if (pid_ != 0 && exit_code_ < 0) Stop();
+  }
+  const std::string& port() const { return port_; }
+  std::string address() const { return "127.0.0.1:" + port_; }
+  std::string log() const { return ReadFile(err_path_); }
+  // SIGTERM, then the exit code (-1 if it did not exit normally).
+  int Stop() {
+    kill(pid_, SIGTERM);
+    int status = 0;
+    if (waitpid(pid_, &status, 0) == pid_ && WIFEXITED(status)) exit_code_ = WEXITSTATUS(status);
+    return exit_code_;
+  }
+
+ private:
+  pid_t pid_ = 0;
+  std::string err_path_;
+  std::string port_;
+  int exit_code_ = -1;
+};
+
+// Two processes and a client: knapserve-planner, knapserve-executor --planner
+// ADDR, and generate --server ADDR; also generate --planner ADDR locally and
+// the one-process `knapserve serve`. Greedy ids equal local --spec off, and
+// SIGTERM stops each server with exit 0.
+TEST(KnapserveCliTest, SplitAndOneProcessDeploymentsGiveTheSameGreedyIds) {
+  ServerProcess planner(Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
+                                 "127.0.0.1:0", "--profile", StoriesProfile()}));
+  ASSERT_FALSE(planner.port().empty()) << planner.log();
+  ServerProcess executor(Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
+                                  "127.0.0.1:0", "--planner", planner.address()}));
+  ASSERT_FALSE(executor.port().empty()) << executor.log();
+  ServerProcess serve(Stories({knapserve::testing::kKnapserveBinary, "serve", "--listen",
+                               "127.0.0.1:0", "--profile", StoriesProfile()}));
+  ASSERT_FALSE(serve.port().empty()) << serve.log();
+
   const std::vector<std::string> base = {"generate", "--prompt", "Once upon a time",
                                          "--max-new-tokens", "120", "--temperature", "0",
                                          "--ignore-eos", "--json"};
   const nlohmann::json off = RunJson(Stories(base));
-  std::vector<std::string> args = base;
-  args.insert(args.end(), {"--spec", "knapspec", "--planner", "127.0.0.1:" + port,
-                           "--plan-interval", "8", "--reference-steps", "2"});
-  const nlohmann::json remote = RunJson(Stories(args));
-  EXPECT_EQ(Ids(remote["output_ids"]), Ids(off["output_ids"]));
-  EXPECT_GT(remote["plan_requests"].get<int64_t>(), 0);
-  EXPECT_EQ(remote["plan_failures"], 0);
-  kill(pid, SIGTERM);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(err_path);
+  std::vector<std::string> planned = base;
+  planned.insert(planned.end(),
+                 {"--spec", "knapspec", "--plan-interval", "8", "--reference-steps", "2"});
+  std::vector<std::string> local_remote_planner = planned;
+  local_remote_planner.insert(local_remote_planner.end(), {"--planner", planner.address()});
+  const nlohmann::json a = RunJson(Stories(local_remote_planner));
+  EXPECT_EQ(Ids(a["output_ids"]), Ids(off["output_ids"]));
+  EXPECT_GT(a["plan_requests"].get<int64_t>(), 0);
+  for (const ServerProcess* server : {&executor, &serve}) {
+    std::vector<std::string> args = planned;
+    args.insert(args.end(), {"--server", server->address()});
+    const nlohmann::json b = RunJson(args);
+    EXPECT_EQ(Ids(b["output_ids"]), Ids(off["output_ids"])) << server->log();
+    EXPECT_EQ(b["finish_reason"], "FINISH_REASON_LENGTH");
+    EXPECT_EQ(b["completion_tokens"], 120);
+  }
+  // A bad request over the wire is refused naming the field.
+  const Outcome bad = RunKnapserve({"generate", "--server", executor.address(), "--prompt", "Hi",
+                                    "--temperature", "-1"});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("temperature"));
+  EXPECT_EQ(serve.Stop(), 0) << serve.log();
+  EXPECT_EQ(executor.Stop(), 0) << executor.log();
+  EXPECT_EQ(planner.Stop(), 0) << planner.log();
 }
 
 TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {

@@ -1,0 +1,102 @@
+// `knapserve-executor` / `knapserve executor` / `knapserve serve`: the
+// Generation gRPC service for one model until SIGTERM or SIGINT, then a drain.
+//   knapserve-executor --model DIR --listen ADDR --planner ADDR|inproc|none
+//   knapserve serve --model DIR --listen ADDR          (in-process planner)
+#include <csignal>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "executor/executor_server.h"
+#include "planner/latency_profile.h"
+#include "tools/cli_flags.h"
+#include "tools/commands.h"
+
+ABSL_FLAG(int32_t, max_running, 4, "executor: requests decoding at once.");
+ABSL_FLAG(int32_t, max_queue, 16,
+          "executor: requests waiting for a slot; beyond that RESOURCE_EXHAUSTED.");
+ABSL_FLAG(double, drain_seconds, 30,
+          "executor: on SIGTERM, how long running requests may take to finish.");
+
+namespace knapserve {
+namespace {
+
+// The in-process planner for `serve`: from --profile, else measured now.
+absl::StatusOr<std::unique_ptr<InProcessPlanner>> InProcessPlannerForServe(const Engine& engine) {
+  if (!absl::GetFlag(FLAGS_profile).empty()) {
+    return PlannerFromFlags(engine, SpeculationMode::kKnapSpec);
+  }
+  std::cerr << "knapserve: no --profile; measuring the latency profile now (pass --profile "
+               "FILE from `knapserve profile` to skip this)"
+            << std::endl;
+  ProfileOptions options;
+  options.repeats = 5;
+  options.contexts.clear();
+  for (int64_t n : {128, 512, 1024, 2048, 4096}) {
+    if (n + options.max_draft + 1 <= engine.model->max_context()) options.contexts.push_back(n);
+  }
+  options.contexts.push_back(engine.model->max_context() - options.max_draft - 1);
+  ASSIGN_OR_RETURN(LatencyProfile profile, ProfileModel(*engine.model, options));
+  InProcessPlannerOptions planner_options;
+  planner_options.threads = absl::GetFlag(FLAGS_planner_threads);
+  planner_options.nice = absl::GetFlag(FLAGS_planner_nice);
+  return InProcessPlanner::Create(*engine.model, std::move(profile), planner_options);
+}
+
+absl::Status ServeExecutor(bool one_process) {
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (listen.empty()) return absl::InvalidArgumentError("--listen ADDR is required");
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
+  GenerationServiceOptions options;
+  options.model_path = engine.model_dir;
+  options.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
+  options.scheduler.max_queue = absl::GetFlag(FLAGS_max_queue);
+  if (options.scheduler.max_running < 1 || options.scheduler.max_queue < 0) {
+    return absl::InvalidArgumentError("--max-running must be >= 1 and --max-queue >= 0");
+  }
+  ASSIGN_OR_RETURN(GenerationRequest defaults, GenerationRequestFromFlags({}));
+  options.default_max_new_tokens = defaults.max_new_tokens;
+  options.default_speculation = defaults.speculation;
+
+  PlannerHandle planner;
+  const std::string where = one_process ? "inproc" : absl::GetFlag(FLAGS_planner);
+  if (where == "inproc") {
+    ASSIGN_OR_RETURN(planner.local, InProcessPlannerForServe(engine));
+    options.planner_mode = v1::PLANNER_MODE_IN_PROCESS;
+  } else if (where != "none") {
+    RemotePlannerOptions remote;
+    remote.address = where;
+    remote.num_layers = engine.model->num_layers();
+    planner.remote = std::make_unique<RemotePlannerClient>(remote);
+    options.planner_mode = v1::PLANNER_MODE_REMOTE;
+    options.planner_address = where;
+  }
+  options.planner = planner.get();
+  ASSIGN_OR_RETURN(std::unique_ptr<ExecutorServer> server,
+                   ExecutorServer::Start(*engine.model, *engine.tokenizer, options, listen));
+  std::cerr << "knapserve-executor: serving " << engine.model_dir << " (planner " << where
+            << ") on port " << server->port() << std::endl;
+  int received = 0;
+  sigwait(&signals, &received);
+  std::cerr << "knapserve-executor: signal " << received << ", draining" << std::endl;
+  const auto timeout = std::chrono::milliseconds(
+      static_cast<int64_t>(1000 * std::max(0.0, absl::GetFlag(FLAGS_drain_seconds))));
+  if (!server->Drain(timeout)) {
+    std::cerr << "knapserve-executor: drain timed out; cancelling what still runs" << std::endl;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunExecutorServer() { return ExitCode(ServeExecutor(false), "executor"); }
+int RunServe() { return ExitCode(ServeExecutor(true), "serve"); }
+
+}  // namespace knapserve
