@@ -14,7 +14,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
-  python3 python3-grpcio
+  python3 python3-grpcio python3-protobuf
 )
 
 missing=()

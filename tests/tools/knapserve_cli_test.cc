@@ -52,12 +52,10 @@ std::string ReadFile(const std::string& path) {
 
 // Runs `knapserve args...` with stdout and stderr captured in files (no pipe
 // deadlocks, no shell quoting).
-Outcome RunKnapserve(const std::vector<std::string>& args) {
+Outcome RunProcess(std::vector<std::string> argv_strings) {
   static const std::string dir = knapserve::testing::MakeTempDir("cli");
   const std::string out_path = dir + "/stdout";
   const std::string err_path = dir + "/stderr";
-  std::vector<std::string> argv_strings = {knapserve::testing::kKnapserveBinary};
-  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& s : argv_strings) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -85,6 +83,12 @@ Outcome RunKnapserve(const std::vector<std::string>& args) {
   outcome.out = ReadFile(out_path);
   outcome.err = ReadFile(err_path);
   return outcome;
+}
+
+Outcome RunKnapserve(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {knapserve::testing::kKnapserveBinary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunProcess(std::move(argv));
 }
 
 std::string Describe(const std::vector<std::string>& args, const Outcome& outcome) {
@@ -333,6 +337,38 @@ TEST(KnapserveCliTest, SplitAndOneProcessDeploymentsGiveTheSameGreedyIds) {
   EXPECT_EQ(serve.Stop(), 0) << serve.log();
   EXPECT_EQ(executor.Stop(), 0) << executor.log();
   EXPECT_EQ(planner.Stop(), 0) << planner.log();
+}
+
+// A client that is not ours (Python grpcio) streams from `knapserve serve`,
+// checks grpc.health.v1, and gets INVALID_ARGUMENT for a bad request.
+TEST(KnapserveCliTest, IndependentPythonClientStreamsAndChecksHealth) {
+  const std::string python = "/usr/bin/python3";
+  if (RunProcess({python, "-c", "import grpc, google.protobuf"}).exit_code != 0) {
+    GTEST_SKIP() << "python3-grpcio / python3-protobuf not installed";
+  }
+  ServerProcess serve(Stories({knapserve::testing::kKnapserveBinary, "serve", "--listen",
+                               "127.0.0.1:0", "--profile", StoriesProfile()}));
+  ASSERT_FALSE(serve.port().empty()) << serve.log();
+  const std::string work = knapserve::testing::MakeTempDir("python_client");
+  const Outcome client = RunProcess(
+      {python, knapserve::testing::kSourceDir + std::string("/tests/tools/independent_client.py"),
+       serve.address(), knapserve::testing::kSourceDir + std::string("/proto"), work,
+       "Once upon a time", "60"});
+  ASSERT_EQ(client.exit_code, 0) << client.out << client.err;
+  const nlohmann::json out = nlohmann::json::parse(client.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << client.out;
+  const nlohmann::json local = RunJson(Stories({"generate", "--prompt", "Once upon a time",
+                                                "--max-new-tokens", "60", "--temperature", "0",
+                                                "--ignore-eos", "--json"}));
+  EXPECT_EQ(Ids(out["ids"]), Ids(local["output_ids"]));
+  EXPECT_EQ(out["text"], local["text"]);
+  EXPECT_EQ(out["finish_reason"], "FINISH_REASON_LENGTH");
+  EXPECT_EQ(out["completion_tokens"], 60);
+  EXPECT_GT(out["chunks"].get<int>(), 1);
+  EXPECT_EQ(out["health"][""], 1);  // SERVING
+  EXPECT_EQ(out["health"]["knapserve.v1.Generation"], 1);
+  EXPECT_EQ(out["bad_request_code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(serve.Stop(), 0) << serve.log();
 }
 
 TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {
