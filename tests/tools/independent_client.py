@@ -8,12 +8,28 @@ protoc, then calls the server through grpcio's generic channel API:
     (messages built by hand: the health proto is two tiny messages).
 Prints one JSON object: the streamed ids and text, the final message, and the
 health statuses. Usage: independent_client.py ADDRESS PROTO_DIR WORK_DIR PROMPT N
+With an empty PROMPT only the health statuses are checked.
 """
 import json
 import subprocess
 import sys
 
 import grpc
+
+
+def check_health(channel):
+    """grpc.health.v1.Health/Check for liveness ("") and readiness."""
+    check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+    health = {}
+    for service in ["", "knapserve.v1.Generation"]:
+        name = service.encode()
+        request_bytes = (b"\x0a" + bytes([len(name)]) + name) if name else b""
+        reply = check(request_bytes, timeout=10)
+        # HealthCheckResponse { ServingStatus status = 1; } SERVING = 1.
+        health[service] = reply[1] if len(reply) >= 2 and reply[0] == 0x08 else 0
+    return health
 
 
 def main():
@@ -24,6 +40,9 @@ def main():
     from knapserve.v1 import generation_pb2  # noqa: E402 (generated above)
 
     channel = grpc.insecure_channel(address)
+    if not prompt:
+        print(json.dumps({"health": check_health(channel)}))
+        return
     generate = channel.unary_stream(
         "/knapserve.v1.Generation/Generate",
         request_serializer=generation_pb2.GenerateRequest.SerializeToString,
@@ -39,16 +58,7 @@ def main():
         elif response.HasField("final"):
             final = response.final
 
-    check = channel.unary_unary("/grpc.health.v1.Health/Check",
-                                request_serializer=lambda b: b,
-                                response_deserializer=lambda b: b)
-    health = {}
-    for service in ["", "knapserve.v1.Generation"]:
-        name = service.encode()
-        request_bytes = (b"\x0a" + bytes([len(name)]) + name) if name else b""
-        reply = check(request_bytes, timeout=10)
-        # HealthCheckResponse { ServingStatus status = 1; } SERVING = 1.
-        health[service] = reply[1] if len(reply) >= 2 and reply[0] == 0x08 else 0
+    health = check_health(channel)
 
     bad_code = None
     try:

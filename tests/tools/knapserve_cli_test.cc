@@ -12,6 +12,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -280,14 +281,20 @@ class ServerProcess {
   std::string address() const { return "127.0.0.1:" + port_; }
   std::string log() const { return ReadFile(err_path_); }
   // SIGTERM, then the exit code (-1 if it did not exit normally).
-  int Stop() {
-    kill(pid_, SIGTERM);
+  int Stop() { return Signal(SIGTERM); }
+  // SIGKILL: the process dies without any clean-up.
+  void Kill() { Signal(SIGKILL); }
+
+ private:
+  int Signal(int signal) {
+    kill(pid_, signal);
     int status = 0;
-    if (waitpid(pid_, &status, 0) == pid_ && WIFEXITED(status)) exit_code_ = WEXITSTATUS(status);
+    if (waitpid(pid_, &status, 0) == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + signal;
+    }
     return exit_code_;
   }
 
- private:
   pid_t pid_ = 0;
   std::string err_path_;
   std::string port_;
@@ -369,6 +376,58 @@ TEST(KnapserveCliTest, IndependentPythonClientStreamsAndChecksHealth) {
   EXPECT_EQ(out["health"]["knapserve.v1.Generation"], 1);
   EXPECT_EQ(out["bad_request_code"], "INVALID_ARGUMENT");
   EXPECT_EQ(serve.Stop(), 0) << serve.log();
+}
+
+// Split deployment under a planner crash: the planner process is SIGKILLed
+// mid-generation; the generation completes with the same ids, the executor
+// stays SERVING, and once a planner listens on the address again the
+// executor reconnects and applies plans.
+TEST(KnapserveCliTest, ExecutorSurvivesAPlannerKillAndReconnects) {
+  const std::string python = "/usr/bin/python3";
+  const bool have_python = RunProcess({python, "-c", "import grpc"}).exit_code == 0;
+  auto planner = std::make_unique<ServerProcess>(Stories(
+      {knapserve::testing::kKnapservePlannerBinary, "--listen", "127.0.0.1:0", "--profile",
+       StoriesProfile()}));
+  ASSERT_FALSE(planner->port().empty()) << planner->log();
+  const std::string planner_port = planner->port();
+  ServerProcess executor(Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
+                                  "127.0.0.1:0", "--planner", planner->address()}));
+  ASSERT_FALSE(executor.port().empty()) << executor.log();
+  const std::vector<std::string> base = {"generate", "--prompt", "Once upon a time",
+                                         "--max-new-tokens", "480", "--temperature", "0",
+                                         "--ignore-eos", "--json"};
+  const nlohmann::json off = RunJson(Stories(base));
+  std::vector<std::string> remote = base;
+  remote.insert(remote.end(), {"--spec", "knapspec", "--plan-interval", "8",
+                               "--reference-steps", "2", "--server", executor.address()});
+  nlohmann::json during;
+  std::thread client([&] { during = RunJson(remote); });
+  usleep(150 * 1000);
+  planner->Kill();  // SIGKILL mid-generation: no goodbye on the stream
+  client.join();
+  EXPECT_EQ(Ids(during["output_ids"]), Ids(off["output_ids"]));
+  if (have_python) {
+    const std::string work = knapserve::testing::MakeTempDir("python_health");
+    const Outcome health = RunProcess(
+        {python, knapserve::testing::kSourceDir + std::string("/tests/tools/independent_client.py"),
+         executor.address(), knapserve::testing::kSourceDir + std::string("/proto"), work, "",
+         "0"});
+    ASSERT_EQ(health.exit_code, 0) << health.err;
+    const nlohmann::json h = nlohmann::json::parse(health.out, nullptr, false);
+    EXPECT_EQ(h["health"]["knapserve.v1.Generation"], 1) << health.out;  // still SERVING
+  }
+  // The planner comes back on the same port; plans flow again.
+  ServerProcess restarted(Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
+                                   "127.0.0.1:" + planner_port, "--profile", StoriesProfile()}));
+  ASSERT_EQ(restarted.port(), planner_port) << restarted.log();
+  int plans = 0;
+  for (int attempt = 0; attempt < 40 && plans == 0; ++attempt) {
+    const nlohmann::json after = RunJson(remote);
+    EXPECT_EQ(Ids(after["output_ids"]), Ids(off["output_ids"]));
+    plans = after["speculation"]["plans_applied"].get<int>();
+  }
+  EXPECT_GT(plans, 0) << "no plan applied after the planner restarted";
+  EXPECT_EQ(executor.Stop(), 0) << executor.log();
 }
 
 TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {
