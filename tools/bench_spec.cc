@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <optional>
 
 #include <nlohmann/json.hpp>
@@ -268,6 +269,7 @@ absl::StatusOr<SearchResult> SearchMask(const LlamaModel& model, const Tokenizer
 struct BenchMode {
   std::string name;
   GenerationRequest request;
+  PlannerClient* planner = nullptr;  // planned modes: where plans come from
 };
 
 // Mean number of skipped attention and MLP sublayers over `plans` that draft.
@@ -293,12 +295,15 @@ std::pair<double, double> MeanSkipped(const std::vector<AppliedPlan>& plans, int
 absl::StatusOr<nlohmann::json> RunSet(const std::string& label, const LlamaModel& model,
                                       const Tokenizer& tokenizer,
                                       const std::vector<BenchInput>& inputs,
-                                      const std::vector<BenchMode>& modes, PlannerClient* planner,
-                                      int repeats, FILE* out, std::vector<std::string>* failures) {
+                                      const std::vector<BenchMode>& modes, int repeats, FILE* out, std::vector<std::string>* failures) {
   std::vector<GenerationRequest> requests;
-  for (const BenchMode& m : modes) requests.push_back(m.request);
+  std::vector<PlannerClient*> planners;
+  for (const BenchMode& m : modes) {
+    requests.push_back(m.request);
+    planners.push_back(m.planner);
+  }
   ASSIGN_OR_RETURN(std::vector<std::vector<PromptRun>> runs,
-                   RunModes(model, tokenizer, inputs, requests, repeats, /*warmup=*/true, planner));
+                   RunModes(model, tokenizer, inputs, requests, repeats, /*warmup=*/true, planners));
   int64_t prompt_tokens = 0;
   for (const BenchInput& input : inputs) prompt_tokens += static_cast<int64_t>(input.ids.size());
   std::fprintf(out, "\n[%s] %zu prompts, mean prompt %lld tokens\n", label.c_str(), inputs.size(),
@@ -440,8 +445,13 @@ absl::Status BenchSpec() {
   }
   std::vector<BenchMode> modes;
   bool planned = false;
+  // "knapspec@host:port" plans through a remote planner at that address.
+  std::map<std::string, std::unique_ptr<RemotePlannerClient>> remotes;
+  std::vector<std::string> remote_of_mode;
   for (const std::string& name : mode_names) {
-    ASSIGN_OR_RETURN(SpeculationMode mode, ParseSpeculationMode(name));
+    const size_t at = name.find('@');
+    remote_of_mode.push_back(at == std::string::npos ? "" : name.substr(at + 1));
+    ASSIGN_OR_RETURN(SpeculationMode mode, ParseSpeculationMode(name.substr(0, at)));
     if (mode == SpeculationMode::kStatic && skip.empty()) {
       return absl::InvalidArgumentError("--modes static needs --skip MASK or --search-masks");
     }
@@ -456,15 +466,34 @@ absl::Status BenchSpec() {
     return absl::InvalidArgumentError("--modes must start with off (the baseline)");
   }
   PlannerHandle planner;
-  if (planned) {
+  bool local_planned = false;
+  for (size_t k = 0; k < modes.size(); ++k) {
+    const SpeculationMode mode = modes[k].request.speculation.mode;
+    if (mode != SpeculationMode::kKnapSpec && mode != SpeculationMode::kClasp) continue;
+    if (remote_of_mode[k].empty()) {
+      local_planned = true;
+      continue;
+    }
+    std::unique_ptr<RemotePlannerClient>& remote = remotes[remote_of_mode[k]];
+    if (remote == nullptr) {
+      RemotePlannerOptions options;
+      options.address = remote_of_mode[k];
+      options.num_layers = model.num_layers();
+      remote = std::make_unique<RemotePlannerClient>(options);
+    }
+    modes[k].planner = remote.get();
+  }
+  if (planned && local_planned) {
     ASSIGN_OR_RETURN(planner, PlannerClientFromFlags(engine, SpeculationMode::kKnapSpec));
+    for (BenchMode& m : modes) {
+      if (m.planner == nullptr) m.planner = planner.get();
+    }
   }
 
   summary["skip"] = skip;
   summary["sets"] = nlohmann::json::object();
   ASSIGN_OR_RETURN(nlohmann::json set_json,
-                   RunSet("spec_bench", model, tokenizer, inputs, modes, planner.get(), repeats,
-                          out, &failures));
+                   RunSet("spec_bench", model, tokenizer, inputs, modes, repeats, out, &failures));
   summary["sets"]["spec_bench"] = set_json;
   const int64_t long_tokens = absl::GetFlag(FLAGS_long_context_tokens);
   if (long_tokens > 0) {
@@ -472,8 +501,17 @@ absl::Status BenchSpec() {
                      LoadBenchInputs(model, tokenizer, absl::GetFlag(FLAGS_num_prompts),
                                      max_new_tokens, long_tokens));
     ASSIGN_OR_RETURN(set_json, RunSet("long_context", model, tokenizer, long_inputs, modes,
-                                      planner.get(), repeats, out, &failures));
+                                      repeats, out, &failures));
     summary["sets"]["long_context"] = set_json;
+  }
+  for (const auto& [address, remote] : remotes) {
+    const int64_t sent = remote->requests_sent();
+    const double per = sent > 0 ? static_cast<double>(remote->bytes_sent()) / sent : 0.0;
+    std::fprintf(out, "remote planner %s: %lld requests, %.1f KiB per request\n",
+                 address.c_str(), static_cast<long long>(sent), per / 1024);
+    summary["remote_planners"][address] = {{"requests", sent},
+                                           {"bytes_sent", remote->bytes_sent()},
+                                           {"bytes_per_request", per}};
   }
   const bool lossless = failures.empty();
   summary["lossless"] = lossless;

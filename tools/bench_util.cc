@@ -139,16 +139,17 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs) {
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
     const std::vector<GenerationRequest>& requests, int repeats, bool warmup,
-    PlannerClient* planner) {
+    const std::vector<PlannerClient*>& planners) {
+  auto planner_of = [&](size_t mode) { return mode < planners.size() ? planners[mode] : nullptr; };
   repeats = std::max(1, repeats);
   const size_t num_modes = requests.size();
   if (warmup && !inputs.empty()) {
-    for (const GenerationRequest& request : requests) {
-      GenerationRequest short_request = request;
+    for (size_t k = 0; k < requests.size(); ++k) {
+      GenerationRequest short_request = requests[k];
       short_request.prompt_ids = inputs[0].ids;
-      short_request.max_new_tokens = std::min<int64_t>(request.max_new_tokens, 16);
+      short_request.max_new_tokens = std::min<int64_t>(requests[k].max_new_tokens, 16);
       RETURN_IF_ERROR(
-          Generate(model, tokenizer, short_request, nullptr, nullptr, planner).status());
+          Generate(model, tokenizer, short_request, nullptr, nullptr, planner_of(k)).status());
     }
   }
   std::vector<std::vector<PromptRun>> runs(num_modes, std::vector<PromptRun>(inputs.size()));
@@ -161,7 +162,7 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
         GenerationRequest request = requests[mode];
         request.prompt_ids = inputs[p].ids;
         ASSIGN_OR_RETURN(GenerationResult result,
-                         Generate(model, tokenizer, request, nullptr, nullptr, planner));
+                         Generate(model, tokenizer, request, nullptr, nullptr, planner_of(mode)));
         results[mode].push_back(std::move(result));
       }
     }

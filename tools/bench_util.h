@@ -105,12 +105,12 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 // frequency changes) hits all modes alike; the mode order alternates between
 // repeats. Each request's prompt_ids are replaced by each input's ids.
 // Returns runs[mode][prompt]. `warmup` runs one short generation per mode
-// first (kernel selection, page faults). `planner` serves the planned modes
-// (may be null when none is planned).
+// first (kernel selection, page faults). `planners[k]` serves mode k's plans
+// (empty, or null entries, when the mode plans nothing).
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
     const std::vector<GenerationRequest>& requests, int repeats, bool warmup,
-    PlannerClient* planner = nullptr);
+    const std::vector<PlannerClient*>& planners = {});
 
 }  // namespace knapserve
 

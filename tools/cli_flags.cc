@@ -58,7 +58,8 @@ ABSL_FLAG(std::string, profile, "",
           "profile` writes one); it must match the model, device, dtype.");
 ABSL_FLAG(std::vector<std::string>, modes, {},
           "bench spec: modes to compare, off first (default: off, static if --skip or "
-          "--search-masks, clasp and knapspec if --profile).");
+          "--search-masks, clasp and knapspec if --profile). A planned mode may name a "
+          "remote planner: knapspec@host:port.");
 ABSL_FLAG(int64_t, long_context_tokens, 0,
           "bench spec: also run a long-context set whose prompts are repeated to this many "
           "tokens (capped to fit the context with --max-new-tokens); 0 = off.");
