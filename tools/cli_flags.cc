@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
 #include <thread>
@@ -219,6 +220,31 @@ absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine,
   options.num_layers = engine.model->num_layers();
   handle.remote = std::make_unique<RemotePlannerClient>(options);
   return handle;
+}
+
+namespace {
+sigset_t StopSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  return signals;
+}
+}  // namespace
+
+absl::StatusOr<std::string> ListenAddressAndBlockStopSignals() {
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  if (listen.empty()) return absl::InvalidArgumentError("--listen ADDR is required");
+  const sigset_t signals = StopSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return listen;
+}
+
+int WaitForStopSignal() {
+  const sigset_t signals = StopSignals();
+  int received = 0;
+  sigwait(&signals, &received);
+  return received;
 }
 
 int ExitCode(const absl::Status& status, const char* command) {

@@ -112,6 +112,13 @@ struct PlannerHandle {
 };
 absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine, SpeculationMode mode);
 
+// For the server commands: blocks SIGTERM and SIGINT in this thread (call
+// before any other thread starts, so every thread inherits the mask) and
+// returns the --listen address; InvalidArgument when --listen is empty.
+absl::StatusOr<std::string> ListenAddressAndBlockStopSignals();
+// Waits for SIGTERM or SIGINT (blocked by the call above); returns which.
+int WaitForStopSignal();
+
 // Prints a failed status as "knapserve <command>: <status>" to stderr and
 // returns the exit code: 0 for OK, 2 for InvalidArgument (bad usage), else 1.
 int ExitCode(const absl::Status& status, const char* command);

@@ -2,7 +2,6 @@
 // Generation gRPC service for one model until SIGTERM or SIGINT, then a drain.
 //   knapserve-executor --model DIR --listen ADDR --planner ADDR|inproc|none
 //   knapserve serve --model DIR --listen ADDR          (in-process planner)
-#include <csignal>
 #include <iostream>
 
 #include "absl/flags/flag.h"
@@ -45,13 +44,7 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> InProcessPlannerForServe(const
 }
 
 absl::Status ServeExecutor(bool one_process) {
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  if (listen.empty()) return absl::InvalidArgumentError("--listen ADDR is required");
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  ASSIGN_OR_RETURN(const std::string listen, ListenAddressAndBlockStopSignals());
 
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
   GenerationServiceOptions options;
@@ -83,8 +76,7 @@ absl::Status ServeExecutor(bool one_process) {
                    ExecutorServer::Start(*engine.model, *engine.tokenizer, options, listen));
   std::cerr << "knapserve-executor: serving " << engine.model_dir << " (planner " << where
             << ") on port " << server->port() << std::endl;
-  int received = 0;
-  sigwait(&signals, &received);
+  const int received = WaitForStopSignal();
   std::cerr << "knapserve-executor: signal " << received << ", draining" << std::endl;
   const auto timeout = std::chrono::milliseconds(
       static_cast<int64_t>(1000 * std::max(0.0, absl::GetFlag(FLAGS_drain_seconds))));
