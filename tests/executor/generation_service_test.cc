@@ -132,6 +132,8 @@ TEST(GenerationServiceTest, InvalidRequestsNameTheField) {
       {"prompt", grpc::StatusCode::INVALID_ARGUMENT, [](v1::GenerateRequest& r) { r.clear_prompt(); }},
       {"prompt.text: empty", grpc::StatusCode::INVALID_ARGUMENT,
        [](v1::GenerateRequest& r) { r.set_text(""); }},
+      {"prompt.text: Encode: text is not valid UTF-8 (at byte 3)", grpc::StatusCode::INVALID_ARGUMENT,
+       [](v1::GenerateRequest& r) { r.set_text(std::string("caf\xC3", 4)); }},
       {"temperature", grpc::StatusCode::INVALID_ARGUMENT,
        [](v1::GenerateRequest& r) { r.set_temperature(-1); }},
       {"speculation.mode", grpc::StatusCode::INVALID_ARGUMENT,
