@@ -17,9 +17,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/tokenizer.h"
+#include "knapserve/v1/generation.grpc.pb.h"
+#include <grpcpp/grpcpp.h>
 #include "nlohmann/json.hpp"
 #include "testing/build_paths.h"
+#include "common/shared_data.h"
 #include "tests/testing/test_models.h"
+#include "tools/prompt_set.h"
 
 extern char** environ;
 
@@ -284,10 +288,13 @@ class ServerProcess {
   int Stop() { return Signal(SIGTERM); }
   // SIGKILL: the process dies without any clean-up.
   void Kill() { Signal(SIGKILL); }
+  // SIGTERM without waiting; Wait() then reaps it.
+  void SendSigterm() { kill(pid_, SIGTERM); }
+  int Wait() { return Signal(0); }
 
  private:
   int Signal(int signal) {
-    kill(pid_, signal);
+    if (signal != 0) kill(pid_, signal);
     int status = 0;
     if (waitpid(pid_, &status, 0) == pid_) {
       exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + signal;
@@ -316,25 +323,33 @@ TEST(KnapserveCliTest, SplitAndOneProcessDeploymentsGiveTheSameGreedyIds) {
                                "127.0.0.1:0", "--profile", StoriesProfile()}));
   ASSERT_FALSE(serve.port().empty()) << serve.log();
 
-  const std::vector<std::string> base = {"generate", "--prompt", "Once upon a time",
-                                         "--max-new-tokens", "120", "--temperature", "0",
-                                         "--ignore-eos", "--json"};
-  const nlohmann::json off = RunJson(Stories(base));
-  std::vector<std::string> planned = base;
-  planned.insert(planned.end(),
-                 {"--spec", "knapspec", "--plan-interval", "8", "--reference-steps", "2"});
-  std::vector<std::string> local_remote_planner = planned;
-  local_remote_planner.insert(local_remote_planner.end(), {"--planner", planner.address()});
-  const nlohmann::json a = RunJson(Stories(local_remote_planner));
-  EXPECT_EQ(Ids(a["output_ids"]), Ids(off["output_ids"]));
-  EXPECT_GT(a["plan_requests"].get<int64_t>(), 0);
-  for (const ServerProcess* server : {&executor, &serve}) {
-    std::vector<std::string> args = planned;
-    args.insert(args.end(), {"--server", server->address()});
-    const nlohmann::json b = RunJson(args);
-    EXPECT_EQ(Ids(b["output_ids"]), Ids(off["output_ids"])) << server->log();
-    EXPECT_EQ(b["finish_reason"], "FINISH_REASON_LENGTH");
-    EXPECT_EQ(b["completion_tokens"], 120);
+  // Spec-Bench prompts (three categories), cut to fit stories260k's context.
+  auto prompts = LoadPromptSet(SharedPath("bench/spec_bench/question.jsonl"), 3);
+  ASSERT_TRUE(prompts.ok()) << prompts.status();
+  for (const BenchPrompt& prompt : *prompts) {
+    const std::string text = prompt.text.substr(0, 300);
+    SCOPED_TRACE(prompt.category);
+    const std::vector<std::string> base = {"generate", "--prompt", text, "--max-new-tokens",
+                                           "100", "--temperature", "0", "--ignore-eos",
+                                           "--json"};
+    const nlohmann::json off = RunJson(Stories(base));
+    std::vector<std::string> planned = base;
+    planned.insert(planned.end(),
+                   {"--spec", "knapspec", "--plan-interval", "8", "--reference-steps", "2"});
+    std::vector<std::string> local_remote_planner = planned;
+    local_remote_planner.insert(local_remote_planner.end(), {"--planner", planner.address()});
+    const nlohmann::json a = RunJson(Stories(local_remote_planner));
+    EXPECT_EQ(Ids(a["output_ids"]), Ids(off["output_ids"]));
+    EXPECT_GT(a["plan_requests"].get<int64_t>(), 0);
+    for (const ServerProcess* server : {&executor, &serve}) {
+      std::vector<std::string> args = planned;
+      args.insert(args.end(), {"--server", server->address()});
+      const nlohmann::json b = RunJson(args);
+      EXPECT_EQ(Ids(b["output_ids"]), Ids(off["output_ids"])) << server->log();
+      EXPECT_EQ(b["text"], off["text"]);
+      EXPECT_EQ(b["finish_reason"], "FINISH_REASON_LENGTH");
+      EXPECT_EQ(b["completion_tokens"], 100);
+    }
   }
   // A bad request over the wire is refused naming the field.
   const Outcome bad = RunKnapserve({"generate", "--server", executor.address(), "--prompt", "Hi",
@@ -428,6 +443,49 @@ TEST(KnapserveCliTest, ExecutorSurvivesAPlannerKillAndReconnects) {
   }
   EXPECT_GT(plans, 0) << "no plan applied after the planner restarted";
   EXPECT_EQ(executor.Stop(), 0) << executor.log();
+}
+
+// SIGTERM on a knapserve-executor process with a request running: the
+// request finishes in full, a new one is refused UNAVAILABLE, exit code 0.
+TEST(KnapserveCliTest, ExecutorDrainsOnSigterm) {
+  ServerProcess executor(Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
+                                  "127.0.0.1:0", "--planner", "none"}));
+  ASSERT_FALSE(executor.port().empty()) << executor.log();
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(executor.address(), grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest request;
+  request.set_text("Once upon a time");
+  request.set_max_new_tokens(480);
+  request.set_ignore_eos(true);
+  request.set_temperature(0);
+  grpc::ClientContext context;
+  auto reader = stub->Generate(&context, request);
+  v1::GenerateResponse response;
+  int tokens = 0;
+  bool signalled = false;
+  grpc::Status refused;
+  while (reader->Read(&response)) {
+    if (!response.has_chunk()) continue;
+    tokens += response.chunk().token_ids_size();
+    if (!signalled) {
+      signalled = true;
+      executor.SendSigterm();
+      usleep(20 * 1000);
+      grpc::ClientContext other;
+      v1::GenerateRequest small = request;
+      small.set_max_new_tokens(2);
+      auto second = stub->Generate(&other, small);
+      v1::GenerateResponse ignored;
+      while (second->Read(&ignored)) {
+      }
+      refused = second->Finish();
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(tokens, 480);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_EQ(executor.Wait(), 0) << executor.log();
 }
 
 TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {
