@@ -74,7 +74,11 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
     if (ShouldStop()) return Close(StopStatus());
     const double queue_seconds = SecondsSince(arrived_);
     std::optional<double> first_token_seconds;
+    StepLock& turns = service_->step_lock_;
     auto on_tokens = [&](absl::Span<const int32_t> ids, std::string_view text) {
+      // Between steps: let the other running sequences take their turn.
+      turns.Release();
+      turns.Acquire();
       if (!first_token_seconds) first_token_seconds = SecondsSince(arrived_);
       v1::GenerateResponse response;
       v1::Chunk* chunk = response.mutable_chunk();
@@ -84,9 +88,11 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
       Push(std::move(response));
       return !ShouldStop();
     };
+    turns.Acquire();
     absl::StatusOr<GenerationResult> result =
         knapserve::Generate(service_->model_, service_->tokenizer_, request, on_tokens, nullptr,
                             service_->options_.planner);
+    turns.Release();
     if (!result.ok()) return Close(ToGrpcStatus(result.status()));
     if (result->finish_reason == FinishReason::kAborted && !aborted_.load()) {
       return Close(StopStatus());  // cancelled or past the deadline: no final message

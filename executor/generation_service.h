@@ -5,7 +5,9 @@
 // FAILED_PRECONDITION for knapspec/clasp on an executor without a planner),
 // admits it through the Scheduler (RESOURCE_EXHAUSTED when the queue is full,
 // UNAVAILABLE while draining), decodes with executor/generator.h and streams
-// one Chunk per decode step, then one FinalResult. Client cancellation, a
+// one Chunk per decode step, then one FinalResult. Running sequences take
+// turns through a FIFO StepLock: one prefill or decode step at a time, each
+// with all of torch's threads. Client cancellation, a
 // passed deadline or Abort(request_id) stop the sequence within one step; its
 // KV cache is freed when the generation returns. Abort ends the stream with
 // FINISH_REASON_ABORTED; cancellation and deadlines end it with CANCELLED and
@@ -76,6 +78,7 @@ class GenerationService final : public v1::Generation::CallbackService {
   const Tokenizer& tokenizer_;
   const GenerationServiceOptions options_;
   Scheduler scheduler_;
+  StepLock step_lock_;  // running sequences take turns, one decode step each
   std::mutex calls_mu_;
   absl::flat_hash_map<std::string, Call*> calls_;  // live calls by request id
   std::atomic<uint64_t> next_id_{1};

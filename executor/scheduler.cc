@@ -6,6 +6,20 @@
 
 namespace knapserve {
 
+void StepLock::Acquire() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t ticket = next_ticket_++;
+  cv_.wait(lock, [&] { return serving_ == ticket; });
+}
+
+void StepLock::Release() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++serving_;
+  }
+  cv_.notify_all();
+}
+
 Scheduler::Scheduler(SchedulerOptions options) : options_(options) {
   const int workers = std::max(1, options_.max_running);
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { Work(); });

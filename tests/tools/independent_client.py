@@ -32,6 +32,20 @@ def check_health(channel):
     return health
 
 
+def reflected_services(channel):
+    """Service names from server reflection (grpc.reflection.v1alpha), with
+    the request built by hand: ServerReflectionRequest { list_services = 7 }."""
+    info = channel.stream_stream(
+        "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+        request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    names = []
+    for reply in info(iter([b"\x3a\x00"]), timeout=10):
+        for name in [b"knapserve.v1.Generation", b"knapserve.v1.Planner", b"grpc.health.v1.Health"]:
+            if name in reply:
+                names.append(name.decode())
+    return names
+
+
 def main():
     address, proto_dir, work_dir, prompt, max_new = sys.argv[1:6]
     subprocess.run(["protoc", "-I" + proto_dir, "--python_out=" + work_dir,
@@ -59,6 +73,7 @@ def main():
             final = response.final
 
     health = check_health(channel)
+    services = reflected_services(channel)
 
     bad_code = None
     try:
@@ -71,7 +86,7 @@ def main():
         "ids": ids, "text": text, "chunks": chunks,
         "finish_reason": generation_pb2.FinishReason.Name(final.finish_reason) if final else "",
         "completion_tokens": final.usage.completion_tokens if final else -1,
-        "health": health, "bad_request_code": bad_code,
+        "health": health, "bad_request_code": bad_code, "reflected_services": services,
     }))
 
 

@@ -390,6 +390,10 @@ TEST(KnapserveCliTest, IndependentPythonClientStreamsAndChecksHealth) {
   EXPECT_EQ(out["health"][""], 1);  // SERVING
   EXPECT_EQ(out["health"]["knapserve.v1.Generation"], 1);
   EXPECT_EQ(out["bad_request_code"], "INVALID_ARGUMENT");
+  // Server reflection lists the public service and health.
+  const std::string services = out["reflected_services"].dump();
+  EXPECT_NE(services.find("knapserve.v1.Generation"), std::string::npos) << services;
+  EXPECT_NE(services.find("grpc.health.v1.Health"), std::string::npos) << services;
   EXPECT_EQ(serve.Stop(), 0) << serve.log();
 }
 
