@@ -44,6 +44,106 @@ v1::SpeculationMode WireMode(SpeculationMode mode) {
 
 }  // namespace
 
+// The executor's metric families (DESIGN.md section 5): speculation counters
+// with vLLM's meaning, planner overhead ours alone.
+struct GenerationService::Metrics {
+  explicit Metrics(MetricsRegistry& r, const Scheduler& scheduler)
+      : registry(r),
+        prompt_tokens(r.AddCounter("knapserve_prompt_tokens_total", "Prompt tokens prefilled.")),
+        generation_tokens(
+            r.AddCounter("knapserve_generation_tokens_total", "Tokens generated.")),
+        drafts(r.AddCounter("knapserve_spec_decode_num_drafts_total",
+                            "Speculation steps that proposed at least one token.")),
+        draft_tokens(r.AddCounter("knapserve_spec_decode_num_draft_tokens_total",
+                                  "Draft tokens proposed.")),
+        accepted_tokens(r.AddCounter("knapserve_spec_decode_num_accepted_tokens_total",
+                                     "Draft tokens accepted.")),
+        plans_applied(r.AddCounter("knapserve_planner_plans_applied_total",
+                                   "Plans applied at a step boundary.")),
+        plan_failures(r.AddCounter("knapserve_planner_failures_total",
+                                   "Plan requests answered with an error (last plan kept).")),
+        planner_wait(r.AddCounter("knapserve_planner_wait_seconds_total",
+                                  "Decode-thread time spent on planning (it never blocks).")),
+        ttft(r.AddHistogram("knapserve_time_to_first_token_seconds",
+                            "Arrival to first token, queue included.",
+                            {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
+        itl(r.AddHistogram("knapserve_inter_token_latency_seconds",
+                           "Mean time per token after the first, per request.",
+                           {0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25})),
+        duration(r.AddHistogram("knapserve_request_duration_seconds",
+                                "Arrival to the last message.",
+                                {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120})),
+        solve(r.AddHistogram("knapserve_planner_solve_seconds", "Planner solve time per plan.",
+                             {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
+        age(r.AddHistogram("knapserve_planner_plan_age_steps",
+                           "Steps between a plan's boundary and its application.",
+                           {1, 2, 4, 8, 16, 32, 64, 128, 256})) {
+    r.AddGauge("knapserve_running_requests", "Requests decoding now.",
+               [&scheduler] { return scheduler.running(); });
+    r.AddGauge("knapserve_queued_requests", "Requests waiting for a slot.",
+               [&scheduler] { return scheduler.queued(); });
+  }
+  MetricsRegistry& registry;
+  Counter& prompt_tokens;
+  Counter& generation_tokens;
+  Counter& drafts;
+  Counter& draft_tokens;
+  Counter& accepted_tokens;
+  Counter& plans_applied;
+  Counter& plan_failures;
+  Counter& planner_wait;
+  Histogram& ttft;
+  Histogram& itl;
+  Histogram& duration;
+  Histogram& solve;
+  Histogram& age;
+};
+
+void GenerationService::Record(const grpc::Status& status, const GenerationResult* result,
+                               double ttft, double total) {
+  if (metrics_ == nullptr) return;
+  Metrics& m = *metrics_;
+  static const char* kCodes[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
+  const int code = static_cast<int>(status.error_code());
+  m.registry
+      .AddCounter("knapserve_requests_total", "Generate calls by final gRPC status.",
+                  absl::StrCat("code=\"", code >= 0 && code <= 16 ? kCodes[code] : "UNKNOWN",
+                               "\""))
+      .Add();
+  if (result == nullptr) return;
+  m.prompt_tokens.Add(static_cast<double>(result->stats.prompt_tokens));
+  m.generation_tokens.Add(static_cast<double>(result->stats.completion_tokens));
+  m.drafts.Add(static_cast<double>(result->speculation.drafts));
+  m.draft_tokens.Add(static_cast<double>(result->speculation.draft_tokens));
+  m.accepted_tokens.Add(static_cast<double>(result->speculation.accepted_tokens));
+  const std::vector<int64_t>& per = result->speculation.accepted_per_position;
+  for (size_t j = 0; j < per.size(); ++j) {
+    m.registry
+        .AddCounter("knapserve_spec_decode_num_accepted_tokens_per_pos_total",
+                    "Accepted draft tokens by draft position (0-based).",
+                    absl::StrCat("position=\"", j, "\""))
+        .Add(static_cast<double>(per[j]));
+  }
+  m.plans_applied.Add(static_cast<double>(result->plans.size()));
+  m.plan_failures.Add(static_cast<double>(result->stats.plan_failures));
+  m.planner_wait.Add(result->stats.waiting_seconds);
+  for (const AppliedPlan& p : result->plans) {
+    m.solve.Observe(p.solve_seconds);
+    m.age.Observe(static_cast<double>(p.age_steps));
+  }
+  m.ttft.Observe(ttft);
+  if (result->stats.completion_tokens > 1) {
+    m.itl.Observe(result->stats.decode_seconds /
+                  static_cast<double>(result->stats.completion_tokens - 1));
+  }
+  m.duration.Observe(total);
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
@@ -94,16 +194,22 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
                             service_->options_.planner);
     turns.Release();
     if (!result.ok()) return Close(ToGrpcStatus(result.status()));
+    grpc::Status status = grpc::Status::OK;
     if (result->finish_reason == FinishReason::kAborted && !aborted_.load()) {
-      return Close(StopStatus());  // cancelled or past the deadline: no final message
+      status = StopStatus();  // cancelled or past the deadline: no final message
+    } else {
+      Push(FinalMessage(*result, request, queue_seconds, first_token_seconds.value_or(0)));
     }
-    Push(FinalMessage(*result, request, queue_seconds, first_token_seconds.value_or(0)));
-    Close(grpc::Status::OK);
+    service_->Record(status, &*result, first_token_seconds.value_or(0), SecondsSince(arrived_));
+    recorded_ = true;
+    Close(status);
   }
 
   // Ends the stream with `status` once every queued response is written.
   // The caller must not touch the call afterwards.
   void Close(grpc::Status status) {
+    if (!recorded_) service_->Record(status, nullptr, 0, SecondsSince(arrived_));
+    recorded_ = true;
     {
       std::lock_guard<std::mutex> lock(mu_);
       finish_ = std::move(status);
@@ -231,6 +337,7 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
   bool writing_ = false;
   bool broken_ = false;
   bool finished_ = false;
+  bool recorded_ = false;  // metrics taken (by Run or Close; one thread at a time)
 };
 
 GenerationService::GenerationService(const LlamaModel& model, const Tokenizer& tokenizer,
@@ -238,7 +345,9 @@ GenerationService::GenerationService(const LlamaModel& model, const Tokenizer& t
     : model_(model),
       tokenizer_(tokenizer),
       options_(std::move(options)),
-      scheduler_(options_.scheduler) {}
+      scheduler_(options_.scheduler) {
+  if (options_.metrics != nullptr) metrics_ = std::make_unique<Metrics>(*options_.metrics, scheduler_);
+}
 
 GenerationService::~GenerationService() { scheduler_.Drain(std::chrono::hours(1)); }
 

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/metrics.h"
 #include "common/model/llama.h"
 #include "common/planner_client.h"
 #include "common/tokenizer.h"
@@ -45,6 +46,8 @@ struct GenerationServiceOptions {
   v1::PlannerMode planner_mode = v1::PLANNER_MODE_NONE;
   std::string planner_address;
   std::string model_path;
+  // Where request, token, speculation and planner metrics go (nullptr: none).
+  MetricsRegistry* metrics = nullptr;
 };
 
 class GenerationService final : public v1::Generation::CallbackService {
@@ -73,6 +76,11 @@ class GenerationService final : public v1::Generation::CallbackService {
  private:
   class Call;
   friend class Call;
+  struct Metrics;
+  // Records a finished request (status code) and, when it produced a result,
+  // its tokens, timings and speculation statistics.
+  void Record(const grpc::Status& status, const GenerationResult* result, double ttft,
+              double total);
 
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;
@@ -82,6 +90,7 @@ class GenerationService final : public v1::Generation::CallbackService {
   std::mutex calls_mu_;
   absl::flat_hash_map<std::string, Call*> calls_;  // live calls by request id
   std::atomic<uint64_t> next_id_{1};
+  std::unique_ptr<Metrics> metrics_;  // null without options.metrics
 };
 
 // absl::Status -> grpc::Status, code for code.

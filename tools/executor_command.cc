@@ -6,6 +6,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "executor/executor_server.h"
 #include "planner/latency_profile.h"
@@ -15,6 +16,8 @@
 ABSL_FLAG(int32_t, max_running, 4, "executor: requests decoding at once.");
 ABSL_FLAG(int32_t, max_queue, 16,
           "executor: requests waiting for a slot; beyond that RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int32_t, metrics_port, 0,
+          "executor: serve Prometheus metrics at http://0.0.0.0:PORT/metrics; 0 = off.");
 ABSL_FLAG(double, drain_seconds, 30,
           "executor: on SIGTERM, how long running requests may take to finish.");
 
@@ -72,6 +75,15 @@ absl::Status ServeExecutor(bool one_process) {
     options.planner_address = where;
   }
   options.planner = planner.get();
+  MetricsRegistry metrics;
+  options.metrics = &metrics;
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
+    metrics_server = MetricsHttpServer::Start(&metrics, "0.0.0.0", port);
+    if (metrics_server == nullptr) {
+      return absl::UnavailableError(absl::StrCat("--metrics-port: cannot listen on ", port));
+    }
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<ExecutorServer> server,
                    ExecutorServer::Start(*engine.model, *engine.tokenizer, options, listen));
   std::cerr << "knapserve-executor: serving " << engine.model_dir << " (planner " << where

@@ -28,7 +28,8 @@ struct Server {
   std::unique_ptr<v1::Generation::Stub> stub;
 };
 
-Server StartServer(int max_running = 4, int max_queue = 16) {
+Server StartServer(int max_running = 4, int max_queue = 16,
+                   MetricsRegistry* metrics = nullptr) {
   Server s;
   s.model = CachedModel("stories260k");
   if (s.model == nullptr) return s;
@@ -36,6 +37,7 @@ Server StartServer(int max_running = 4, int max_queue = 16) {
   options.scheduler.max_running = max_running;
   options.scheduler.max_queue = max_queue;
   options.model_path = testing::Stories260kDir();
+  options.metrics = metrics;
   auto server = ExecutorServer::Start(*s.model, *StoriesTokenizer(), options, "127.0.0.1:0");
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return s;
@@ -89,7 +91,7 @@ TEST(GenerationServiceTest, StreamsWhatLocalGenerationProduces) {
   if (!HaveStories()) GTEST_SKIP() << "no stories260k";
   Server s = StartServer();
   ASSERT_NE(s.server, nullptr);
-  for (const std::string& prompt : {"Once upon a time", "Zoo", "The little dog"}) {
+  for (const std::string prompt : {"Once upon a time", "Zoo", "The little dog"}) {
     v1::GenerateRequest request = TextRequest(prompt, 60);
     request.mutable_speculation()->set_mode(v1::SPECULATION_MODE_STATIC);
     request.mutable_speculation()->set_static_mask("a1,m3");
@@ -117,6 +119,37 @@ TEST(GenerationServiceTest, StreamsWhatLocalGenerationProduces) {
   EXPECT_EQ(info.model_info().num_layers(), 5);
   EXPECT_EQ(info.model_info().max_context(), s.model->max_context());
   EXPECT_EQ(info.model_info().model_fingerprint(), s.model->config().Fingerprint());
+}
+
+TEST(GenerationServiceTest, CountsRequestsTokensAndSpeculationInMetrics) {
+  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  MetricsRegistry metrics;
+  Server s = StartServer(4, 16, &metrics);
+  ASSERT_NE(s.server, nullptr);
+  v1::GenerateRequest request = TextRequest("Once upon a time", 40);
+  request.set_ignore_eos(true);
+  request.mutable_speculation()->set_mode(v1::SPECULATION_MODE_STATIC);
+  request.mutable_speculation()->set_static_mask("a1,m3");
+  const Streamed first = Call(*s.stub, request);
+  const Streamed second = Call(*s.stub, request);
+  ASSERT_TRUE(first.status.ok() && second.status.ok());
+  v1::GenerateRequest bad = TextRequest("Hi", 4);
+  bad.set_temperature(-1);
+  Call(*s.stub, bad);
+  const std::string text = metrics.Render();
+  EXPECT_NE(text.find("knapserve_requests_total{code=\"OK\"} 2\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("knapserve_requests_total{code=\"INVALID_ARGUMENT\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_generation_tokens_total 80\n"), std::string::npos) << text;
+  const int drafts = first.final->speculation_stats().drafts() * 2;
+  EXPECT_NE(text.find("knapserve_spec_decode_num_drafts_total " + std::to_string(drafts) + "\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"}"),
+            std::string::npos);
+  EXPECT_NE(text.find("knapserve_time_to_first_token_seconds_count 2\n"), std::string::npos);
+  EXPECT_NE(text.find("knapserve_running_requests 0\n"), std::string::npos);
 }
 
 TEST(GenerationServiceTest, InvalidRequestsNameTheField) {
