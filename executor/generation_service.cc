@@ -6,13 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/clock.h"
 
 namespace knapserve {
 namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 v1::FinishReason WireFinishReason(FinishReason reason) {
   switch (reason) {
@@ -28,7 +25,10 @@ v1::FinishReason WireFinishReason(FinishReason reason) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-v1::SpeculationMode WireMode(SpeculationMode mode) {
+
+}  // namespace
+
+v1::SpeculationMode ToWireMode(SpeculationMode mode) {
   switch (mode) {
     case SpeculationMode::kOff:
       return v1::SPECULATION_MODE_OFF;
@@ -41,8 +41,6 @@ v1::SpeculationMode WireMode(SpeculationMode mode) {
   }
   return v1::SPECULATION_MODE_UNSPECIFIED;
 }
-
-}  // namespace
 
 // The executor's metric families (DESIGN.md section 5): speculation counters
 // with vLLM's meaning, planner overhead ours alone.
@@ -303,7 +301,7 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
     t->set_verify_seconds(r.stats.verify_seconds);
     t->set_planner_wait_seconds(r.stats.waiting_seconds);
     v1::SpeculationStats* s = final->mutable_speculation_stats();
-    s->set_mode(WireMode(request.speculation.mode));
+    s->set_mode(ToWireMode(request.speculation.mode));
     s->set_drafts(static_cast<int32_t>(r.speculation.drafts));
     s->set_draft_tokens(static_cast<int32_t>(r.speculation.draft_tokens));
     s->set_accepted_tokens(static_cast<int32_t>(r.speculation.accepted_tokens));
@@ -475,7 +473,7 @@ grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerCo
   info->set_device(model_.device().str());
   info->set_model_fingerprint(c.Fingerprint());
   for (int32_t id : c.eos_token_ids) info->add_eos_token_ids(id);
-  info->set_default_speculation_mode(WireMode(options_.default_speculation.mode));
+  info->set_default_speculation_mode(ToWireMode(options_.default_speculation.mode));
   info->set_default_max_draft_tokens(
       static_cast<uint32_t>(std::max(0, options_.default_speculation.max_draft)));
   info->set_plan_interval_steps(static_cast<int32_t>(options_.default_speculation.plan_interval));

@@ -93,6 +93,9 @@ class GenerationService final : public v1::Generation::CallbackService {
   std::unique_ptr<Metrics> metrics_;  // null without options.metrics
 };
 
+// SpeculationMode <-> its wire enum (the client and the service share it).
+v1::SpeculationMode ToWireMode(SpeculationMode mode);
+
 // absl::Status -> grpc::Status, code for code.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 

@@ -16,13 +16,10 @@
 #include "common/status.h"
 #include "common/layer_mask.h"
 #include "executor/kv_cache.h"
+#include "common/clock.h"
 
 namespace knapserve {
 namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // The planned modes' side of one generation: sends snapshots to the planner
 // without waiting and applies what comes back at step boundaries. The

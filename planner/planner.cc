@@ -12,13 +12,10 @@
 #include "common/status.h"
 #include "planner/knapsack.h"
 #include "planner/tpt.h"
+#include "common/clock.h"
 
 namespace knapserve {
 namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
 
 // Validated inputs in the model's device and dtype.
 struct Checked {

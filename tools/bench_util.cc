@@ -10,16 +10,9 @@
 #include "common/shared_data.h"
 #include "common/status.h"
 #include "tools/cli_flags.h"
+#include "common/clock.h"
 
 namespace knapserve {
-namespace {
-
-double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
-
 double Median(std::vector<double> values) {
   if (values.empty()) return 0;
   std::sort(values.begin(), values.end());

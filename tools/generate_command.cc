@@ -7,6 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "executor/generation_service.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
@@ -27,7 +28,7 @@ absl::Status GenerateRemote(const std::string& address) {
   for (const std::string& stop : absl::GetFlag(FLAGS_stop)) request.add_stop(stop);
   ASSIGN_OR_RETURN(SpeculationMode mode, ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
   v1::SpeculationOptions* spec = request.mutable_speculation();
-  spec->set_mode(static_cast<v1::SpeculationMode>(static_cast<int>(mode) + 1));
+  spec->set_mode(ToWireMode(mode));
   if (absl::GetFlag(FLAGS_max_draft).has_value()) {
     spec->set_max_draft_tokens(static_cast<uint32_t>(*absl::GetFlag(FLAGS_max_draft)));
   }

@@ -18,10 +18,6 @@ namespace {
 using testing::CachedModel;
 using testing::StoriesTokenizer;
 
-bool HaveStories() {
-  return std::filesystem::exists(testing::Stories260kDir() + "/model.safetensors");
-}
-
 struct Server {
   const LlamaModel* model = nullptr;
   std::unique_ptr<ExecutorServer> server;
@@ -88,7 +84,7 @@ v1::GenerateRequest TextRequest(const std::string& text, int max_new_tokens) {
 }
 
 TEST(GenerationServiceTest, StreamsWhatLocalGenerationProduces) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Server s = StartServer();
   ASSERT_NE(s.server, nullptr);
   for (const std::string prompt : {"Once upon a time", "Zoo", "The little dog"}) {
@@ -122,7 +118,7 @@ TEST(GenerationServiceTest, StreamsWhatLocalGenerationProduces) {
 }
 
 TEST(GenerationServiceTest, CountsRequestsTokensAndSpeculationInMetrics) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   MetricsRegistry metrics;
   Server s = StartServer(4, 16, &metrics);
   ASSERT_NE(s.server, nullptr);
@@ -153,7 +149,7 @@ TEST(GenerationServiceTest, CountsRequestsTokensAndSpeculationInMetrics) {
 }
 
 TEST(GenerationServiceTest, InvalidRequestsNameTheField) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Server s = StartServer();
   ASSERT_NE(s.server, nullptr);
   struct Case {
@@ -196,7 +192,7 @@ TEST(GenerationServiceTest, InvalidRequestsNameTheField) {
 }
 
 TEST(GenerationServiceTest, SixteenConcurrentStreamsAllComplete) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Server s = StartServer(/*max_running=*/4, /*max_queue=*/16);
   ASSERT_NE(s.server, nullptr);
   const v1::GenerateRequest request = TextRequest("Once upon a time", 80);
@@ -217,7 +213,7 @@ TEST(GenerationServiceTest, SixteenConcurrentStreamsAllComplete) {
 // One slot, no queue: a second request while one runs is RESOURCE_EXHAUSTED;
 // cancelling the first frees the slot for a third.
 TEST(GenerationServiceTest, FullQueueRefusesAndCancellationFreesTheSlot) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Server s = StartServer(/*max_running=*/1, /*max_queue=*/0);
   ASSERT_NE(s.server, nullptr);
   v1::GenerateRequest longer = TextRequest("Once", 480);
@@ -243,7 +239,7 @@ TEST(GenerationServiceTest, FullQueueRefusesAndCancellationFreesTheSlot) {
 }
 
 TEST(GenerationServiceTest, DeadlinesAndAbortStopTheSequence) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Server s = StartServer(/*max_running=*/1, /*max_queue=*/4);
   ASSERT_NE(s.server, nullptr);
   v1::GenerateRequest longer = TextRequest("Once", 480);
@@ -274,7 +270,7 @@ TEST(GenerationServiceTest, DeadlinesAndAbortStopTheSequence) {
 }
 
 TEST(GenerationServiceTest, DrainFinishesRunningRequestsAndRefusesNewOnes) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Server s = StartServer(/*max_running=*/2, /*max_queue=*/2);
   ASSERT_NE(s.server, nullptr);
   v1::GenerateRequest longer = TextRequest("Once", 400);

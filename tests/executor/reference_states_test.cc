@@ -127,8 +127,6 @@ TEST(ReferenceStateCollectorTest, AStepWithoutStatesAddsNothing) {
 // ---------------------------------------------------------------------------
 // End to end through Generate().
 
-bool HaveStories() { return std::filesystem::exists(Stories260kDir() + "/model.safetensors"); }
-
 const LlamaModel* GetModel(const std::string& name) { return testing::CachedModel(name); }
 
 // stories260k's tokenizer decodes every id of every model used here (the tiny
@@ -153,7 +151,7 @@ struct ReferenceCase {
 class ReferenceStatesTest : public ::testing::TestWithParam<ReferenceCase> {};
 
 TEST_P(ReferenceStatesTest, SnapshotsCoverTheFirstStepsOfEachIntervalAndMatchAFullForward) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const ReferenceCase& param = GetParam();
   const LlamaModel* model = GetModel(param.model);
   ASSERT_NE(model, nullptr);
@@ -268,7 +266,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, ReferenceStatesTest,
 
 // Without a callback nothing is captured, and the output is the same.
 TEST(ReferenceStatesGenerateTest, NoCallbackNoCaptureSameOutput) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   GenerationRequest request;
@@ -292,7 +290,7 @@ TEST(ReferenceStatesGenerateTest, NoCallbackNoCaptureSameOutput) {
 // once returned OK and never delivered: the collector dropped its pieces at
 // every boundary.) Generate() now refuses it.
 TEST(ReferenceStatesGenerateTest, MoreReferenceStepsThanTheIntervalIsRefusedOrDelivers) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   GenerationRequest request;

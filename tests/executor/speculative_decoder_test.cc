@@ -40,8 +40,6 @@ namespace {
 using testing::RandomModelDir;
 using testing::Stories260kDir;
 
-bool HaveStories() { return std::filesystem::exists(Stories260kDir() + "/model.safetensors"); }
-
 // Models by name: "stories260k", a make-model tiny shape ("tiny-llama"), or a
 // tiny shape loaded in bf16 ("tiny-qwen2/bf16"). Loaded once per process.
 const LlamaModel* GetModel(const std::string& name) { return testing::CachedModel(name); }
@@ -178,7 +176,7 @@ std::vector<int> GammasFor(bool thorough, const std::string& prompt, const MaskC
 }
 
 TEST_P(GreedyLosslessTest, SpeculativeOutputEqualsAutoregressive) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k (model and tokenizer)";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k (model and tokenizer)";
   const LlamaModel* model = GetModel(GetParam());
   ASSERT_NE(model, nullptr);
   const Tokenizer* tokenizer = GetTokenizer();
@@ -275,7 +273,7 @@ INSTANTIATE_TEST_SUITE_P(Models, GreedyLosslessTest,
 class BatchInvarianceTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(BatchInvarianceTest, VerificationPassMatchesOneTokenForwardsBitForBit) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel(GetParam());
   ASSERT_NE(model, nullptr);
   c10::InferenceMode guard;
@@ -530,7 +528,7 @@ GenerationRequest SpeculativeSampling(double temperature, double top_p) {
 class SamplingLosslessTest : public ::testing::TestWithParam<double> {};
 
 TEST_P(SamplingLosslessTest, FirstTokensHaveTheAutoregressiveDistribution) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   const double top_p = GetParam();
@@ -567,7 +565,7 @@ INSTANTIATE_TEST_SUITE_P(TopP, SamplingLosslessTest, ::testing::Values(1.0, 0.8)
 // temperature 1 against a deliberately wrong sampler (autoregressive at
 // temperature 1.5) is rejected by every one of the statistics above.
 TEST(SamplingLosslessTest, StatisticRejectsAWrongSampler) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   const Samples& right = CachedDraw(*model, SamplingRequest(1.0, 1.0), 1);
@@ -609,7 +607,7 @@ std::string Describe(const KvCase& c) {
 class KvStateTest : public ::testing::TestWithParam<KvCase> {};
 
 TEST_P(KvStateTest, CacheEqualsAFreshForwardAfterEveryStep) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const KvCase& param = GetParam();
   const LlamaModel* model = GetModel(param.model);
   ASSERT_NE(model, nullptr);
@@ -741,7 +739,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, KvStateTest,
 // A skipped attention sublayer computes nothing and writes no K/V: the draft
 // forward leaves that layer's cache untouched (DESIGN.md section 4).
 TEST(SpeculativeDecoderTest, DraftWritesKvOnlyForKeptAttention) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   c10::InferenceMode guard;
@@ -762,7 +760,7 @@ TEST(SpeculativeDecoderTest, DraftWritesKvOnlyForKeptAttention) {
 // With gamma 0 a step is a plain autoregressive step: one token, nothing
 // drafted, no draft counted.
 TEST(SpeculativeDecoderTest, GammaZeroIsAnAutoregressiveStep) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   c10::InferenceMode guard;
@@ -787,7 +785,7 @@ TEST(SpeculativeDecoderTest, GammaZeroIsAnAutoregressiveStep) {
 // max_tokens and the cache capacity bound the draft: a step never commits
 // more than max_tokens tokens nor writes past the cache.
 TEST(SpeculativeDecoderTest, BudgetBoundsTheDraft) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   c10::InferenceMode guard;
@@ -815,7 +813,7 @@ TEST(SpeculativeDecoderTest, BudgetBoundsTheDraft) {
 
 // An empty mask drafts with the full model, so greedy accepts every draft.
 TEST(SpeculationStatsTest, EmptyMaskAcceptsEverythingUnderGreedy) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   for (const std::string name : {"stories260k", "tiny-llama"}) {
     const LlamaModel* model = GetModel(name);
     ASSERT_NE(model, nullptr);
@@ -846,7 +844,7 @@ TEST(SpeculationStatsTest, EmptyMaskAcceptsEverythingUnderGreedy) {
 // min(gamma, tokens still to generate - 1). The stream callback reveals how
 // many tokens each step committed, hence each step's budget.
 TEST(SpeculationStatsTest, CountersFollowTheSteps) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   for (const std::string skip : {"a2,m2,a3", "a1,m1,a2,m2,a3,m3", "m4"}) {
@@ -891,7 +889,7 @@ TEST(SpeculationStatsTest, CountersFollowTheSteps) {
 // exit_threshold 1 stops every draft after its first token (no draft is
 // ever certain), so each draft proposes exactly one.
 TEST(SpeculationStatsTest, ExitThresholdOneDraftsOneToken) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto result =
@@ -904,7 +902,7 @@ TEST(SpeculationStatsTest, ExitThresholdOneDraftsOneToken) {
 }
 
 TEST(SpeculationStatsTest, OffDraftsNothing) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto result = Generate(*model, *GetTokenizer(), Request(kZooPrompt, 20));
@@ -923,7 +921,7 @@ TEST(SpeculationStatsTest, OffDraftsNothing) {
 class SpeculationRequestTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+    if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
     model_ = GetModel("stories260k");  // 5 layers
     ASSERT_NE(model_, nullptr);
   }

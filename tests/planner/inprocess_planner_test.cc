@@ -24,11 +24,6 @@ using testing::HandLatencyProfile;
 using testing::RandomModelDir;
 using testing::Stories260kDir;
 
-bool HaveStories() {
-  return std::filesystem::exists(Stories260kDir() + "/config.json") &&
-         std::filesystem::exists(Stories260kDir() + "/tokenizer.json");
-}
-
 // Models by name ("stories260k", "tiny-llama", "stories260k/bf16"), loaded
 // once per process.
 const LlamaModel* GetModel(const std::string& name) { return testing::CachedModel(name); }
@@ -62,7 +57,7 @@ absl::StatusOr<DraftPlan> Await(std::future<absl::StatusOr<DraftPlan>>& future) 
 }
 
 TEST(InProcessPlannerTest, SolvesOnItsOwnThreadAndCallsBack) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto planner = MakePlanner(*model);
@@ -92,7 +87,7 @@ TEST(InProcessPlannerTest, SolvesOnItsOwnThreadAndCallsBack) {
 }
 
 TEST(InProcessPlannerTest, EveryPolicyAnswers) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto planner = MakePlanner(*model);
@@ -123,7 +118,7 @@ TEST(InProcessPlannerTest, EveryPolicyAnswers) {
 }
 
 TEST(InProcessPlannerTest, RefusesRequestsAndProfilesOfAnotherModel) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto planner = MakePlanner(*model);
@@ -153,7 +148,7 @@ TEST(InProcessPlannerTest, RefusesRequestsAndProfilesOfAnotherModel) {
 // A request that crossed the wire with a window covering the whole prefix
 // plans exactly like the in-memory one; a short window still plans.
 TEST(InProcessPlannerTest, AnExactKvWindowGivesTheInMemoryPlan) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto planner = MakePlanner(*model);
@@ -190,7 +185,7 @@ TEST(InProcessPlannerTest, AnExactKvWindowGivesTheInMemoryPlan) {
 // While the worker is held inside a callback, a second request of the same
 // sequence replaces the queued one (Cancelled) and Forget drops another.
 TEST(InProcessPlannerTest, NewerRequestReplacesTheQueuedOneAndForgetDrops) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto planner = MakePlanner(*model);
@@ -268,7 +263,7 @@ class PlannedGenerationTest : public ::testing::TestWithParam<std::string> {};
 // Greedy output under knapspec and clasp plans equals --spec off, with
 // several plans applied (some of which draft).
 TEST_P(PlannedGenerationTest, GreedyOutputEqualsAutoregressive) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel(GetParam());
   ASSERT_NE(model, nullptr);
   auto core = MakePlanner(*model);
@@ -311,7 +306,7 @@ INSTANTIATE_TEST_SUITE_P(Models, PlannedGenerationTest,
                          });
 
 TEST(PlannedGenerationFaultTest, PlannerFailuresKeepTheLastPlanAndOutputIsUnchanged) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto core = MakePlanner(*model);
@@ -333,7 +328,7 @@ TEST(PlannedGenerationFaultTest, PlannerFailuresKeepTheLastPlanAndOutputIsUnchan
 // The real asynchronous planner: decoding never waits, output is identical,
 // and every request is answered or dropped by the end.
 TEST(PlannedGenerationFaultTest, AsynchronousPlannerGivesIdenticalOutput) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto planner = MakePlanner(*model);
@@ -351,7 +346,7 @@ TEST(PlannedGenerationFaultTest, AsynchronousPlannerGivesIdenticalOutput) {
 }
 
 TEST(PlannedGenerationFaultTest, BadPlannedRequestsAreClearErrors) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto no_planner =

@@ -26,10 +26,6 @@ using testing::ForwardPlanRequest;
 using testing::HandLatencyProfile;
 using testing::StoriesTokenizer;
 
-bool HaveStories() {
-  return std::filesystem::exists(testing::Stories260kDir() + "/model.safetensors");
-}
-
 struct Fixture {
   const LlamaModel* model = nullptr;
   std::unique_ptr<InProcessPlanner> planner;
@@ -73,7 +69,7 @@ absl::StatusOr<DraftPlan> SubmitAndWait(PlannerClient& client, PlanRequest reque
 }
 
 TEST(PlannerServiceTest, AnswersOverTheWireLikeTheInProcessPlanner) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Fixture f = StartPlanner();
   ASSERT_NE(f.server, nullptr);
   RemotePlannerClient client(ClientOptions(f));
@@ -115,7 +111,7 @@ GenerationRequest Planned(int64_t tokens) {
 }
 
 TEST(PlannerServiceTest, PlannedGenerationThroughARemotePlannerIsLossless) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Fixture f = StartPlanner();
   ASSERT_NE(f.server, nullptr);
   RemotePlannerClient client(ClientOptions(f));
@@ -135,7 +131,7 @@ TEST(PlannerServiceTest, PlannedGenerationThroughARemotePlannerIsLossless) {
 // The planner goes away mid-generation: decoding goes on (same output), and
 // the client reconnects when a planner listens on the address again.
 TEST(PlannerServiceTest, SurvivesAPlannerRestart) {
-  if (!HaveStories()) GTEST_SKIP() << "no stories260k";
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Fixture f = StartPlanner();
   ASSERT_NE(f.server, nullptr);
   const int port = f.server->port();

@@ -67,10 +67,8 @@ std::unique_ptr<Snapshot> MakeSnapshot(const LlamaModel& model, int64_t prefix, 
   return snap;
 }
 
-bool HasStories() { return std::filesystem::exists(Stories260kDir() + "/model.safetensors"); }
-
 TEST(SolveKnapSpecTest, PlansOnStories260k) {
-  if (!HasStories()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
   auto model = LoadOrDie(Stories260kDir());
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/48, /*r=*/16, /*seed=*/3);
@@ -228,7 +226,7 @@ TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
 }
 
 TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
-  if (!HasStories()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
   auto model = LoadOrDie(Stories260kDir());
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/40, /*r=*/10, /*seed=*/4);
@@ -278,7 +276,7 @@ TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
 }
 
 TEST(SolveStaticTest, MeasuresTheGivenMaskAndPicksGamma) {
-  if (!HasStories()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
   auto model = LoadOrDie(Stories260kDir());
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/40, /*r=*/10, /*seed=*/5);

@@ -76,6 +76,11 @@ std::string RandomModelDir(const std::string& shape, uint64_t seed, const std::s
 
 std::string Stories260kDir() { return SharedPath("models/stories260k"); }
 
+bool HaveStories260k() {
+  return std::filesystem::exists(Stories260kDir() + "/model.safetensors") &&
+         std::filesystem::exists(Stories260kDir() + "/tokenizer.json");
+}
+
 const LlamaModel* CachedModel(const std::string& name) {
   static auto* models = new std::map<std::string, std::unique_ptr<LlamaModel>>();
   static std::mutex models_mu;

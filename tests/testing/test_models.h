@@ -26,6 +26,8 @@ std::string RandomModelDir(const std::string& shape, uint64_t seed = 0,
 
 // <shared>/models/stories260k.
 std::string Stories260kDir();
+// Whether stories260k (weights and tokenizer) is there; tests skip without it.
+bool HaveStories260k();
 
 // Models by name, loaded once per process and kept: "stories260k", a
 // make-model shape in fp32 ("tiny-llama"), or either in another dtype
