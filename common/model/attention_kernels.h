@@ -1,14 +1,23 @@
 // The raw CPU kernel behind DecodeAttention (common/model/decode_attention.h)
-// for AVX-512 machines: one KV head's query group attending to n cached
-// positions. Defined in attention_kernels_avx512.cc, which is compiled for
-// AVX-512 and includes no torch or STL header: call only when the CPU has
-// AVX-512F and AVX-512BW.
+// for AVX-512 machines: all the query rows of one KV head (the new tokens of
+// a decode or verification step x the query heads sharing that KV head)
+// attending to the cache. Defined in attention_kernels_avx512.cc, which is
+// compiled for AVX-512 and includes no torch or STL header: call only when
+// the CPU has AVX-512F and AVX-512BW.
 //
-// Every output depends only on (q, keys[0..n), values[0..n)) and a fixed
-// instruction sequence: the score of key j is a 16-lane FMA chain over the
-// head dimension; softmax sums run over 16 lanes by key index modulo 16 and
-// are then reduced in a fixed order. So a row's result is the same whatever
-// other rows are computed beside it (batch invariance).
+// Multi-query: keys are taken 16 at a time and each block, once loaded, is
+// used by every query row that sees it; the weighted sum of values keeps
+// tiles of 6 query rows in registers, so each value vector is loaded once per
+// tile. A k-token verification therefore reads the cached K/V about once, not
+// k times.
+//
+// Every output depends only on (q, keys[0..len), values[0..len)) and a fixed
+// instruction sequence: the score of key j is an FMA chain over the head
+// dimension in 16 lanes, whose lanes are summed by a fixed tree; softmax sums
+// run over 16 lanes by key index modulo 16, then a fixed reduction; the
+// weighted sum is one FMA chain over keys in order per output element (a key
+// a row does not see adds exactly zero). So a row's result is the same
+// whatever other rows are computed beside it (batch invariance).
 #ifndef KNAPSERVE_COMMON_MODEL_ATTENTION_KERNELS_H_
 #define KNAPSERVE_COMMON_MODEL_ATTENTION_KERNELS_H_
 
@@ -16,13 +25,21 @@
 
 namespace knapserve::kernels {
 
-// q: [group, hd] fp32. keys, values: [n, hd] rows (bf16 as raw 16-bit
-// patterns, or fp32). scores: scratch of group * (n rounded up to 16) floats.
-// out: [group, hd] fp32. hd must be a multiple of 16.
-void AttendGroupBf16(const float* q, const uint16_t* keys, const uint16_t* values, int64_t n,
-                     int64_t hd, int64_t group, float scale, float* scores, float* out);
-void AttendGroupF32(const float* q, const float* keys, const float* values, int64_t n, int64_t hd,
-                    int64_t group, float scale, float* scores, float* out);
+// One KV head. Token row t (0 <= t < rows) has `group` query heads at
+// q + t * q_row_stride + g * hd (fp32), and sees keys/values [0, first_len + t).
+// keys, values: [first_len + rows - 1, hd] rows (bf16 as raw 16-bit patterns,
+// or fp32). scores: scratch of rows * group rows of scores_stride floats,
+// scores_stride >= (first_len + rows - 1) rounded up to 16. The output of
+// (t, g) goes to out + t * out_row_stride + g * hd (fp32). hd must be a
+// multiple of 16, at most 512.
+void AttendKvHeadBf16(const float* q, int64_t q_row_stride, int64_t rows, int64_t group,
+                      int64_t first_len, const uint16_t* keys, const uint16_t* values, int64_t hd,
+                      float scale, float* scores, int64_t scores_stride, float* out,
+                      int64_t out_row_stride);
+void AttendKvHeadF32(const float* q, int64_t q_row_stride, int64_t rows, int64_t group,
+                     int64_t first_len, const float* keys, const float* values, int64_t hd,
+                     float scale, float* scores, int64_t scores_stride, float* out,
+                     int64_t out_row_stride);
 
 }  // namespace knapserve::kernels
 

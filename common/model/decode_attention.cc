@@ -83,55 +83,63 @@ bool CpuHasAvx512() {
 #endif
 }
 
-// One (KV head, row) item on the AVX-512 kernel when it applies, else the
-// portable code above. The choice depends only on the machine, dtype and
-// head_dim, never on the number of rows, so batch invariance holds.
 template <typename E>
-void AttendItem(bool fast, const float* q, const E* keys, const E* values, int64_t n, int64_t hd,
-                int64_t group, float scale, float* scores, float* out) {
-#if defined(__x86_64__)
-  if constexpr (std::is_same_v<E, at::BFloat16>) {
-    if (fast) {
-      return kernels::AttendGroupBf16(q, reinterpret_cast<const uint16_t*>(keys),
-                                      reinterpret_cast<const uint16_t*>(values), n, hd, group,
-                                      scale, scores, out);
-    }
-  } else if constexpr (std::is_same_v<E, float>) {
-    if (fast) return kernels::AttendGroupF32(q, keys, values, n, hd, group, scale, scores, out);
-  }
-#endif
-  AttendGroup<E>(q, keys, values, n, hd, group, scale, scores, out);
-}
-
-template <typename E>
-void RunDecodeAttention(const torch::Tensor& qf, const torch::Tensor& keys,
-                        const torch::Tensor& values, int64_t start_pos, float scale,
-                        torch::Tensor& out) {
-  const int64_t t = qf.size(0);
-  const int64_t nh = qf.size(1);
-  const int64_t hd = qf.size(2);
+void RunDecodeAttention(const float* q, int64_t t, int64_t nh, const torch::Tensor& keys,
+                        const torch::Tensor& values, int64_t start_pos, float scale, float* o) {
+  const int64_t hd = keys.size(2);
   const int64_t nkv = keys.size(0);
   const int64_t capacity = keys.size(1);
   const int64_t group = nh / nkv;
-  const float* q = qf.data_ptr<float>();
   const E* k = keys.data_ptr<E>();
   const E* v = values.data_ptr<E>();
-  float* o = out.data_ptr<float>();
-  // Work items are (row, KV head) pairs; a grain keeps tiny models inline.
-  const int64_t work_per_item = std::max<int64_t>(1, (start_pos + t) * hd * group);
-  const int64_t grain = std::max<int64_t>(1, 32768 / work_per_item);
-  const bool fast = CpuHasAvx512() && hd % 16 == 0 &&
-                    (std::is_same_v<E, at::BFloat16> || std::is_same_v<E, float>);
-  // Items run KV-head-major, so one thread's consecutive rows reuse the same
-  // keys and values from cache.
-  at::parallel_for(0, t * nkv, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(group * ((start_pos + t + 15) / 16 * 16));
+  const int64_t threads = std::max(1, at::get_num_threads());
+  // Below this much work (multiply-adds) a fork/join costs more than it saves.
+  const int64_t work = (start_pos + t) * hd * group * t * nkv;
+  const bool inline_only = work < 65536;
+  const int64_t padded = (start_pos + t + 15) / 16 * 16;
+#if defined(__x86_64__)
+  constexpr bool kFastDtype = std::is_same_v<E, at::BFloat16> || std::is_same_v<E, float>;
+  if (kFastDtype && CpuHasAvx512() && hd % 16 == 0) {
+    // Items are (KV head, chunk of rows): the rows of a chunk share every
+    // load of K/V. Rows are split only when there are fewer KV heads than
+    // threads. Each row's result is the same in any chunk.
+    const int64_t row_chunks = std::min(t, std::max<int64_t>(1, (threads + nkv - 1) / nkv));
+    const int64_t rows_per_chunk = (t + row_chunks - 1) / row_chunks;
+    const int64_t items = nkv * row_chunks;
+    at::parallel_for(0, items, inline_only ? items : 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(rows_per_chunk * group * padded);
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t kvh = item / row_chunks;
+        const int64_t r0 = (item % row_chunks) * rows_per_chunk;
+        const int64_t rows = std::min(rows_per_chunk, t - r0);
+        if (rows <= 0) continue;
+        const float* qi = q + (r0 * nh + kvh * group) * hd;
+        float* oi = o + (r0 * nh + kvh * group) * hd;
+        if constexpr (std::is_same_v<E, at::BFloat16>) {
+          kernels::AttendKvHeadBf16(qi, nh * hd, rows, group, start_pos + r0 + 1,
+                                    reinterpret_cast<const uint16_t*>(k + kvh * capacity * hd),
+                                    reinterpret_cast<const uint16_t*>(v + kvh * capacity * hd),
+                                    hd, scale, scores.data(), padded, oi, nh * hd);
+        } else if constexpr (std::is_same_v<E, float>) {
+          kernels::AttendKvHeadF32(qi, nh * hd, rows, group, start_pos + r0 + 1,
+                                   k + kvh * capacity * hd, v + kvh * capacity * hd, hd, scale,
+                                   scores.data(), padded, oi, nh * hd);
+        }
+      }
+    });
+    return;
+  }
+#endif
+  // Portable: items are (row, KV head) pairs, KV-head-major, so one thread's
+  // consecutive rows reuse the same keys and values from cache.
+  at::parallel_for(0, t * nkv, inline_only ? t * nkv : 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(group * padded);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t kvh = item / t;
       const int64_t row = item % t;
       const int64_t offset = (row * nh + kvh * group) * hd;
-      AttendItem<E>(fast, q + offset, k + kvh * capacity * hd, v + kvh * capacity * hd,
-                    start_pos + row + 1, hd, group, scale, scores.data(), o + offset);
+      AttendGroup<E>(q + offset, k + kvh * capacity * hd, v + kvh * capacity * hd,
+                     start_pos + row + 1, hd, group, scale, scores.data(), o + offset);
     }
   });
 }
@@ -158,19 +166,22 @@ torch::Tensor DecodeAttention(const torch::Tensor& q, const torch::Tensor& keys,
   const torch::Tensor qf = q.to(torch::kFloat32).contiguous();
   torch::Tensor out = torch::empty({q.size(0), q.size(1) * q.size(2)},
                                    torch::TensorOptions().dtype(torch::kFloat32));
-  const float s = static_cast<float>(scale);
-  switch (q.scalar_type()) {
-    case torch::kBFloat16:
-      RunDecodeAttention<at::BFloat16>(qf, keys, values, start_pos, s, out);
-      break;
-    case torch::kFloat16:
-      RunDecodeAttention<at::Half>(qf, keys, values, start_pos, s, out);
-      break;
-    default:
-      RunDecodeAttention<float>(qf, keys, values, start_pos, s, out);
-      break;
-  }
+  DecodeAttentionFloat(qf.data_ptr<float>(), q.size(0), q.size(1), keys, values, start_pos,
+                       static_cast<float>(scale), out.data_ptr<float>());
   return q.scalar_type() == torch::kFloat32 ? out : out.to(q.scalar_type());
+}
+
+void DecodeAttentionFloat(const float* q, int64_t t, int64_t num_heads, const torch::Tensor& keys,
+                          const torch::Tensor& values, int64_t start_pos, float scale,
+                          float* out) {
+  switch (keys.scalar_type()) {
+    case torch::kBFloat16:
+      return RunDecodeAttention<at::BFloat16>(q, t, num_heads, keys, values, start_pos, scale, out);
+    case torch::kFloat16:
+      return RunDecodeAttention<at::Half>(q, t, num_heads, keys, values, start_pos, scale, out);
+    default:
+      return RunDecodeAttention<float>(q, t, num_heads, keys, values, start_pos, scale, out);
+  }
 }
 
 }  // namespace knapserve

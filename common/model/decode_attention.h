@@ -44,6 +44,13 @@ bool DecodeAttentionApplies(const torch::Tensor& q);
 torch::Tensor DecodeAttention(const torch::Tensor& q, const torch::Tensor& keys,
                               const torch::Tensor& values, int64_t start_pos, double scale);
 
+// The same over raw buffers, for callers that hold float32 queries already:
+// q is [t, num_heads, head_dim] float32 (contiguous), keys/values as above
+// (contiguous, same dtype), out receives [t, num_heads * head_dim] float32.
+void DecodeAttentionFloat(const float* q, int64_t t, int64_t num_heads, const torch::Tensor& keys,
+                          const torch::Tensor& values, int64_t start_pos, float scale,
+                          float* out);
+
 }  // namespace knapserve
 
 #endif  // KNAPSERVE_COMMON_MODEL_DECODE_ATTENTION_H_

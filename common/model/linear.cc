@@ -1,5 +1,4 @@
 #include "common/model/linear.h"
-#include "common/model/linear_kernels.h"
 
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
@@ -7,21 +6,18 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "common/model/linear_kernels.h"
+
 namespace knapserve {
 namespace {
 
-// Splits [0, n) into one contiguous range per torch thread (multiples of 8
-// rows, the kernels' block), so each thread streams one long run of weights
-// and a call pays for one fork/join only.
-template <class F>
-void ParallelRows(int64_t n, const F& body) {
-  const int64_t threads = std::max(1, at::get_num_threads());
-  const int64_t per_thread = (n / threads + 7) / 8 * 8;
-  at::parallel_for(0, n, std::max<int64_t>(per_thread, 8), body);
-}
+// Rows per work item when M is large (prefill, the planner's batched DP): a
+// multiple of the kernel's 6-row tile. Up to this many rows, threads split
+// the panels only and each runs every row, so a decode step and a
+// verification pass both read each weight byte once.
+constexpr int64_t kRowChunk = 96;
 
 #if defined(__x86_64__)
-
 bool CpuHasAvx512Bf16() {
   static const bool has = __builtin_cpu_supports("avx512f") &&
                           __builtin_cpu_supports("avx512bw") &&
@@ -33,14 +29,7 @@ bool CpuHasAvx512F() {
   static const bool has = __builtin_cpu_supports("avx512f");
   return has;
 }
-
 #endif  // __x86_64__
-
-bool FastPathApplies(const torch::Tensor& x, const torch::Tensor& w) {
-  return x.device().is_cpu() && x.dim() == 2 && w.dim() == 2 && x.size(0) <= kMaxFastRows &&
-         x.size(0) > 0 && x.size(1) == w.size(1) && x.scalar_type() == w.scalar_type() &&
-         FastLinearSupported(x.scalar_type());
-}
 
 }  // namespace
 
@@ -52,39 +41,92 @@ bool FastLinearSupported(torch::ScalarType dtype) {
   return false;
 }
 
-torch::Tensor FastLinearFloatOut(const torch::Tensor& x_in, const torch::Tensor& w_in) {
-  TORCH_CHECK(FastPathApplies(x_in, w_in), "FastLinearFloatOut: unsupported shapes or dtype");
-  const torch::Tensor x = x_in.contiguous();
-  const torch::Tensor w = w_in.contiguous();
-  const int64_t m = x.size(0), k = x.size(1), n = w.size(0);
-  torch::Tensor y = torch::empty({m, n}, torch::TensorOptions().dtype(torch::kFloat32));
-  float* out = y.data_ptr<float>();
+LinearWeight::LinearWeight(const torch::Tensor& w_in) {
+  c10::InferenceMode guard;
+  TORCH_CHECK(w_in.dim() == 2 && w_in.size(0) > 0 && w_in.size(1) > 0,
+              "LinearWeight: want a non-empty [N, K] matrix");
+  n_ = w_in.size(0);
+  k_ = w_in.size(1);
+  dtype_ = w_in.scalar_type();
+  if (!w_in.device().is_cpu() || !FastLinearSupported(dtype_)) {
+    dense_ = w_in.contiguous();
+    return;
+  }
 #if defined(__x86_64__)
-  if (x.scalar_type() == torch::kBFloat16) {
-    const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
-    const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
-    ParallelRows(n, [&](int64_t begin, int64_t end) {
-      kernels::DotRowsBf16(xp, wp, out, m, n, k, begin, end);
-    });
+  const torch::Tensor w = w_in.contiguous();
+  const int64_t panels = kernels::NumPanels(n_);
+  if (dtype_ == torch::kBFloat16) {
+    packed_ = torch::empty({panels * kernels::PanelElementsBf16(k_)}, w.options());
+    kernels::PackPanelsBf16(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), n_, k_,
+                            reinterpret_cast<uint16_t*>(packed_.data_ptr<at::BFloat16>()));
   } else {
-    const float* xp = x.data_ptr<float>();
-    const float* wp = w.data_ptr<float>();
-    ParallelRows(n, [&](int64_t begin, int64_t end) {
-      kernels::DotRowsF32(xp, wp, out, m, n, k, begin, end);
+    packed_ = torch::empty({panels * kernels::PanelElementsF32(k_)}, w.options());
+    kernels::PackPanelsF32(w.data_ptr<float>(), n_, k_, packed_.data_ptr<float>());
+  }
+#endif
+}
+
+torch::Tensor LinearWeight::ToDense() const {
+  if (!packed()) return dense_;
+  c10::InferenceMode guard;
+  // Row j of the result is x = e_j through the kernel: exact for one-hot x.
+  const torch::Tensor eye = torch::eye(k_, torch::TensorOptions().dtype(torch::kFloat32)).to(dtype_);
+  return LinearFloatOut(eye, *this).t().contiguous().to(dtype_);
+}
+
+int64_t LinearWeight::bytes() const {
+  return n_ * k_ * static_cast<int64_t>(c10::elementSize(dtype_));
+}
+
+torch::Tensor LinearFloatOut(const torch::Tensor& x_in, const LinearWeight& w) {
+  TORCH_CHECK(w.packed(), "LinearFloatOut: weight is not packed");
+  TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.in_features() &&
+                  x_in.scalar_type() == w.dtype() && x_in.device().is_cpu(),
+              "LinearFloatOut: x must be a CPU [M, ", w.in_features(), "] tensor of the weight's dtype");
+  const torch::Tensor x = x_in.contiguous();
+  const int64_t m = x.size(0), k = w.in_features(), n = w.out_features();
+  torch::Tensor y = torch::empty({m, n}, torch::TensorOptions().dtype(torch::kFloat32));
+  if (m == 0) return y;
+  float* out = y.data_ptr<float>();
+  const int64_t panels = kernels::NumPanels(n);
+  const int64_t row_chunks = m <= kRowChunk ? 1 : (m + kRowChunk - 1) / kRowChunk;
+  const int64_t rows_per_chunk = row_chunks == 1 ? m : kRowChunk;
+  // Items are (row chunk, panel), panel-minor; each thread takes one
+  // contiguous run of items (one fork/join per call).
+  const int64_t items = row_chunks * panels;
+  const int64_t threads = std::max(1, at::get_num_threads());
+  const int64_t grain = std::max<int64_t>(1, (items + threads - 1) / threads);
+  auto run = [&](auto kernel, const auto* xp, const auto* wp) {
+    at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end;) {
+        const int64_t chunk = item / panels;
+        const int64_t p0 = item % panels;
+        const int64_t p1 = std::min(panels, p0 + (end - item));
+        const int64_t r0 = chunk * rows_per_chunk;
+        kernel(xp, wp, out, n, k, r0, std::min(m, r0 + rows_per_chunk), p0, p1);
+        item += p1 - p0;
+      }
     });
+  };
+#if defined(__x86_64__)
+  if (w.dtype() == torch::kBFloat16) {
+    run(kernels::PanelLinearBf16, reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+        reinterpret_cast<const uint16_t*>(w.panels().data_ptr<at::BFloat16>()));
+  } else {
+    run(kernels::PanelLinearF32, x.data_ptr<float>(), w.panels().data_ptr<float>());
   }
 #endif
   return y;
 }
 
-torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias) {
-  if (FastPathApplies(x, w)) {
-    torch::Tensor y = FastLinearFloatOut(x, w);
-    // Add the bias in fp32 before rounding, as a fused addmm would.
+torch::Tensor Linear(const torch::Tensor& x, const LinearWeight& w, const torch::Tensor& bias) {
+  if (w.packed()) {
+    torch::Tensor y = LinearFloatOut(x, w);
     if (bias.defined()) y.add_(bias.to(torch::kFloat32));
     return x.scalar_type() == torch::kFloat32 ? y : y.to(x.scalar_type());
   }
-  return bias.defined() ? torch::addmm(bias, x, w.t()) : torch::mm(x, w.t());
+  const torch::Tensor& dense = w.dense();
+  return bias.defined() ? torch::addmm(bias, x, dense.t()) : torch::mm(x, dense.t());
 }
 
 }  // namespace knapserve

@@ -1,44 +1,78 @@
-// Linear: y = x @ w^T, the projection every sublayer runs, with a CPU fast
-// path for the decode shapes.
+// Linear: y = x @ w^T, the projection every sublayer runs, with a CPU kernel
+// that makes a pass over several tokens cost little more than one token.
 //
-// At batch 1 (decode) and for the few rows of a verification pass, a matmul
-// is memory-bound: it must stream every weight byte once. LibTorch 1.13's
-// CPU bf16 matmul for a handful of rows reaches a small fraction of the
-// machine's bandwidth, so for x with at most kMaxFastRows rows on an AVX-512
-// CPU this file runs its own kernel: rows of w are streamed once, split over
-// torch's intra-op threads, and dotted with every row of x while they sit in
-// L1 (bf16 with AVX512-BF16 dot products accumulating in fp32, fp32 with FMA).
-// Everything else (prefill, CUDA, CPUs without AVX-512) uses torch::mm.
+// A projection weight is held as a LinearWeight. On an AVX-512 CPU (fp32, or
+// bf16 with AVX512-BF16) it is packed once, at load, into panels of 16 output
+// columns stored K-major (common/model/linear_kernels.h), and Linear runs the
+// register-blocked kernel for any number of rows: tiles of up to 6 token rows
+// x 64 output columns, every weight vector loaded once and used by all the
+// rows of the tile, no horizontal sums. A decode step (1 row) streams the
+// weights once; a verification pass over 5 rows streams them once too and
+// adds only the arithmetic. Elsewhere (CUDA, other CPUs, fp16) the weight
+// stays a plain [N, K] tensor and Linear calls torch::mm.
 //
-// Batch invariance: the fast kernel computes each output element with the
-// same instruction sequence whatever the number of rows, so one token decoded
+// Batch invariance: with the packed kernel each output element is one
+// fused-multiply-add chain over K in a fixed order, whatever the number of
+// rows and however the work is split between threads, so one token decoded
 // alone and the same token inside a verification pass get bit-identical
 // projections. Speculative greedy output then equals autoregressive output
 // exactly, not merely up to floating-point ties.
 //
-// Thread safety: pure functions of their inputs.
+// Ownership: a LinearWeight owns its storage (by torch reference count);
+// copies share it. Thread safety: immutable after construction; Linear is a
+// pure function and runs on torch's intra-op threads.
 #ifndef KNAPSERVE_COMMON_MODEL_LINEAR_H_
 #define KNAPSERVE_COMMON_MODEL_LINEAR_H_
 
 #include <torch/types.h>
 
+#include <cstdint>
+
 namespace knapserve {
 
-// Rows of x up to which Linear uses the fast CPU kernel.
-inline constexpr int64_t kMaxFastRows = 16;
-
-// Whether this CPU runs the fast kernel for `dtype` (kBFloat16 needs
+// Whether this CPU runs the packed kernel for `dtype` (kBFloat16 needs
 // AVX512-BF16, kFloat32 needs AVX-512F).
 bool FastLinearSupported(torch::ScalarType dtype);
 
-// x: [M, K], w: [N, K], both contiguous, same dtype and device; returns
-// [M, N] in x's dtype. bias ([N]) is optional (undefined tensor = none).
-torch::Tensor Linear(const torch::Tensor& x, const torch::Tensor& w,
+class LinearWeight {
+ public:
+  LinearWeight() = default;
+  // w: [N, K] (out_features x in_features) on any device. Packs it when the
+  // fast kernel supports its device and dtype; otherwise keeps w as is.
+  explicit LinearWeight(const torch::Tensor& w);
+
+  bool defined() const { return n_ > 0; }
+  int64_t out_features() const { return n_; }
+  int64_t in_features() const { return k_; }
+  torch::ScalarType dtype() const { return dtype_; }
+  // True when held in the packed CPU layout (dense() is then undefined).
+  bool packed() const { return packed_.defined(); }
+  // The plain [N, K] tensor when not packed.
+  const torch::Tensor& dense() const { return dense_; }
+  // The packed panels (see linear_kernels.h) when packed.
+  const torch::Tensor& panels() const { return packed_; }
+  // [N, K] in the weight's dtype, unpacked again if needed (a copy when packed).
+  torch::Tensor ToDense() const;
+  // Bytes of the weight itself (N * K * element size, without panel padding).
+  int64_t bytes() const;
+
+ private:
+  torch::Tensor dense_;
+  torch::Tensor packed_;
+  int64_t n_ = 0;
+  int64_t k_ = 0;
+  torch::ScalarType dtype_ = torch::kFloat32;
+};
+
+// x: [M, K] with K == w.in_features(), same dtype as w; returns [M, N] in x's
+// dtype. bias ([N]) is optional (undefined tensor = none) and is added in
+// fp32 before rounding, as a fused addmm would.
+torch::Tensor Linear(const torch::Tensor& x, const LinearWeight& w,
                      const torch::Tensor& bias = torch::Tensor());
 
-// The fast kernel itself (M <= kMaxFastRows, CPU, contiguous, supported
-// dtype); exposed for tests and benchmarks. Output is float32 [M, N].
-torch::Tensor FastLinearFloatOut(const torch::Tensor& x, const torch::Tensor& w);
+// The packed kernel's fp32 result before rounding to x's dtype ([M, N]
+// float32); w must be packed. Exposed for tests and benchmarks.
+torch::Tensor LinearFloatOut(const torch::Tensor& x, const LinearWeight& w);
 
 }  // namespace knapserve
 

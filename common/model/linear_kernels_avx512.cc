@@ -1,119 +1,166 @@
-// AVX-512 kernels behind common/model/linear.h. This file alone is compiled
-// with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (see common/CMakeLists.txt)
-// and includes no torch header, so no AVX-512 code leaks into code that runs
-// on CPUs without it; linear.cc calls in only after checking the CPU.
+// AVX-512 kernels behind common/model/linear.h (contract in
+// linear_kernels.h). This file alone is compiled with -mavx512f -mavx512bw
+// -mavx512vl -mavx512bf16 (see common/CMakeLists.txt) and includes no torch
+// header, so no AVX-512 code leaks into code that runs on CPUs without it;
+// linear.cc calls in only after checking the CPU.
 #include <immintrin.h>
+
+#include <cstring>
 
 #include "common/model/linear_kernels.h"
 
 namespace knapserve::kernels {
+namespace {
 
-// y[m, n] for n in [n0, n1): dot(x[m, :], w[n, :]) with bf16 pairs
-// multiplied exactly and summed in fp32, 32 elements per instruction. Each
-// row keeps its own accumulator and chunk order, so the result does not
-// depend on M or on how rows are split between threads.
-void DotRowsBf16(const uint16_t* x, const uint16_t* w, float* y, int64_t m_rows, int64_t n_total,
-                 int64_t k, int64_t n0, int64_t n1) {
-  const int64_t chunks = k / 32;
-  const int64_t rem = k % 32;
-  const __mmask32 tail = rem ? static_cast<__mmask32>((uint64_t{1} << rem) - 1) : 0;
-  // Eight rows at a time: eight independent accumulator chains keep the
-  // dot-product unit busy while one contiguous stream of weights is read.
-  constexpr int kRows = 8;
-  int64_t n = n0;
-  for (; n + kRows <= n1; n += kRows) {
-    const uint16_t* wb = w + n * k;
-    for (int64_t m = 0; m < m_rows; ++m) {
-      const uint16_t* xr = x + m * k;
-      __m512 acc[kRows];
-      for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c) {
-        const __m512bh xv = (__m512bh)_mm512_loadu_si512(xr + c * 32);
-        for (int r = 0; r < kRows; ++r) {
-          acc[r] = _mm512_dpbf16_ps(acc[r], (__m512bh)_mm512_loadu_si512(wb + r * k + c * 32), xv);
-        }
-      }
-      if (rem) {
-        const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, xr + chunks * 32);
-        for (int r = 0; r < kRows; ++r) {
-          acc[r] = _mm512_dpbf16_ps(
-              acc[r], (__m512bh)_mm512_maskz_loadu_epi16(tail, wb + r * k + chunks * 32), xv);
-        }
-      }
-      for (int r = 0; r < kRows; ++r) y[m * n_total + n + r] = _mm512_reduce_add_ps(acc[r]);
+constexpr int kMaxTileRows = 6;
+constexpr int kMaxTilePanels = 4;
+
+// Stores one 16-column accumulator, masked when the matrix ends inside it.
+inline void StoreColumns(float* y, __m512 v, int64_t valid) {
+  if (valid >= kPanelWidth) {
+    _mm512_storeu_ps(y, v);
+  } else if (valid > 0) {
+    _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << valid) - 1), v);
+  }
+}
+
+// MR rows x NV panels. `valid` = output columns left from the tile's first
+// column (the last panel may be padding past n).
+template <int MR, int NV>
+void TileF32(const float* x, int64_t k, const float* panel, int64_t panel_stride, float* y,
+             int64_t ldy, int64_t valid) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < k; ++i) {
+    __m512 w[NV];
+    for (int v = 0; v < NV; ++v) w[v] = _mm512_loadu_ps(panel + v * panel_stride + i * kPanelWidth);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * k + i]);
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(xb, w[v], acc[r][v]);
     }
   }
-  for (; n < n1; ++n) {
-    const uint16_t* wr = w + n * k;
-    for (int64_t m = 0; m < m_rows; ++m) {
-      const uint16_t* xr = x + m * k;
-      __m512 acc = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c) {
-        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(wr + c * 32),
-                               (__m512bh)_mm512_loadu_si512(xr + c * 32));
-      }
-      if (rem) {
-        acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_maskz_loadu_epi16(tail, wr + chunks * 32),
-                               (__m512bh)_mm512_maskz_loadu_epi16(tail, xr + chunks * 32));
-      }
-      y[m * n_total + n] = _mm512_reduce_add_ps(acc);
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) StoreColumns(y + r * ldy + v * kPanelWidth, acc[r][v], valid - v * kPanelWidth);
+  }
+}
+
+// x pair (x[i], x[i+1]) as one 32-bit lane value; the element past an odd k
+// is zero, as is the packed weight there.
+inline uint32_t PairAt(const uint16_t* row, int64_t i, int64_t k) {
+  if (i + 1 < k) {
+    uint32_t pair;
+    std::memcpy(&pair, row + i, sizeof(pair));
+    return pair;
+  }
+  return row[i];
+}
+
+template <int MR, int NV>
+void TileBf16(const uint16_t* x, int64_t k, const uint16_t* panel, int64_t panel_stride, float* y,
+              int64_t ldy, int64_t valid) {
+  __m512 acc[MR][NV];
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t p = 0; p < pairs; ++p) {
+    __m512bh w[NV];
+    for (int v = 0; v < NV; ++v) {
+      w[v] = (__m512bh)_mm512_loadu_si512(panel + v * panel_stride + p * 2 * kPanelWidth);
+    }
+    for (int r = 0; r < MR; ++r) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(PairAt(x + r * k, 2 * p, k)));
+      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xb, w[v]);
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) StoreColumns(y + r * ldy + v * kPanelWidth, acc[r][v], valid - v * kPanelWidth);
+  }
+}
+
+template <typename E>
+using TileFn = void (*)(const E* x, int64_t k, const E* panel, int64_t panel_stride, float* y,
+                        int64_t ldy, int64_t valid);
+
+template <int MR, int NV>
+struct F32Tile {
+  static constexpr TileFn<float> fn = &TileF32<MR, NV>;
+};
+template <int MR, int NV>
+struct Bf16Tile {
+  static constexpr TileFn<uint16_t> fn = &TileBf16<MR, NV>;
+};
+
+// table[mr - 1][nv - 1] for mr in 1..6, nv in 1..4.
+template <typename E, template <int, int> class T>
+struct Tiles {
+  static constexpr TileFn<E> table[kMaxTileRows][kMaxTilePanels] = {
+      {T<1, 1>::fn, T<1, 2>::fn, T<1, 3>::fn, T<1, 4>::fn},
+      {T<2, 1>::fn, T<2, 2>::fn, T<2, 3>::fn, T<2, 4>::fn},
+      {T<3, 1>::fn, T<3, 2>::fn, T<3, 3>::fn, T<3, 4>::fn},
+      {T<4, 1>::fn, T<4, 2>::fn, T<4, 3>::fn, T<4, 4>::fn},
+      {T<5, 1>::fn, T<5, 2>::fn, T<5, 3>::fn, T<5, 4>::fn},
+      {T<6, 1>::fn, T<6, 2>::fn, T<6, 3>::fn, T<6, 4>::fn},
+  };
+};
+
+// Panels in groups of up to 4; within a group, rows in tiles of up to 6, so
+// the group's weights are read from memory once and reused from cache by
+// every row tile.
+template <typename E, template <int, int> class T>
+void RunPanels(const E* x, const E* packed, int64_t panel_elements, float* y, int64_t n,
+               int64_t k, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+  for (int64_t p = p0; p < p1; p += kMaxTilePanels) {
+    const int64_t nv = p1 - p < kMaxTilePanels ? p1 - p : kMaxTilePanels;
+    for (int64_t r = r0; r < r1; r += kMaxTileRows) {
+      const int64_t mr = r1 - r < kMaxTileRows ? r1 - r : kMaxTileRows;
+      Tiles<E, T>::table[mr - 1][nv - 1](x + r * k, k, packed + p * panel_elements,
+                                         panel_elements, y + r * n + p * kPanelWidth, n,
+                                         n - p * kPanelWidth);
     }
   }
 }
 
-// The fp32 version: 16 elements per FMA, same structure and invariance.
-void DotRowsF32(const float* x, const float* w, float* y,
-                                                    int64_t m_rows, int64_t n_total, int64_t k,
-                                                    int64_t n0, int64_t n1) {
-  const int64_t chunks = k / 16;
-  const int64_t rem = k % 16;
-  const __mmask16 tail = rem ? static_cast<__mmask16>((1u << rem) - 1) : 0;
-  auto dot = [&](__m512& acc, const float* wr, const float* xr, int64_t c) {
-    acc = _mm512_fmadd_ps(_mm512_loadu_ps(wr + c * 16), _mm512_loadu_ps(xr + c * 16), acc);
-  };
-  auto dot_tail = [&](__m512& acc, const float* wr, const float* xr) {
-    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, wr + chunks * 16),
-                          _mm512_maskz_loadu_ps(tail, xr + chunks * 16), acc);
-  };
-  int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) {
-    const float* w0 = w + n * k;
-    const float* w1 = w0 + k;
-    const float* w2 = w1 + k;
-    const float* w3 = w2 + k;
-    for (int64_t m = 0; m < m_rows; ++m) {
-      const float* xr = x + m * k;
-      __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
-      __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c) {
-        dot(a0, w0, xr, c);
-        dot(a1, w1, xr, c);
-        dot(a2, w2, xr, c);
-        dot(a3, w3, xr, c);
+}  // namespace
+
+void PackPanelsF32(const float* w, int64_t n, int64_t k, float* packed) {
+  for (int64_t p = 0; p < NumPanels(n); ++p) {
+    float* panel = packed + p * PanelElementsF32(k);
+    for (int64_t i = 0; i < k; ++i) {
+      for (int64_t c = 0; c < kPanelWidth; ++c) {
+        const int64_t row = p * kPanelWidth + c;
+        panel[i * kPanelWidth + c] = row < n ? w[row * k + i] : 0.0f;
       }
-      if (rem) {
-        dot_tail(a0, w0, xr);
-        dot_tail(a1, w1, xr);
-        dot_tail(a2, w2, xr);
-        dot_tail(a3, w3, xr);
-      }
-      float* yr = y + m * n_total + n;
-      yr[0] = _mm512_reduce_add_ps(a0);
-      yr[1] = _mm512_reduce_add_ps(a1);
-      yr[2] = _mm512_reduce_add_ps(a2);
-      yr[3] = _mm512_reduce_add_ps(a3);
     }
   }
-  for (; n < n1; ++n) {
-    const float* w0 = w + n * k;
-    for (int64_t m = 0; m < m_rows; ++m) {
-      const float* xr = x + m * k;
-      __m512 a0 = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c) dot(a0, w0, xr, c);
-      if (rem) dot_tail(a0, w0, xr);
-      y[m * n_total + n] = _mm512_reduce_add_ps(a0);
+}
+
+void PackPanelsBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed) {
+  const int64_t pairs = (k + 1) / 2;
+  for (int64_t p = 0; p < NumPanels(n); ++p) {
+    uint16_t* panel = packed + p * PanelElementsBf16(k);
+    for (int64_t q = 0; q < pairs; ++q) {
+      for (int64_t c = 0; c < kPanelWidth; ++c) {
+        const int64_t row = p * kPanelWidth + c;
+        for (int64_t h = 0; h < 2; ++h) {
+          const int64_t i = 2 * q + h;
+          panel[(q * kPanelWidth + c) * 2 + h] = row < n && i < k ? w[row * k + i] : uint16_t{0};
+        }
+      }
     }
   }
+}
+
+void PanelLinearF32(const float* x, const float* packed, float* y, int64_t n, int64_t k,
+                    int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+  RunPanels<float, F32Tile>(x, packed, PanelElementsF32(k), y, n, k, r0, r1, p0, p1);
+}
+
+void PanelLinearBf16(const uint16_t* x, const uint16_t* packed, float* y, int64_t n, int64_t k,
+                     int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+  RunPanels<uint16_t, Bf16Tile>(x, packed, PanelElementsBf16(k), y, n, k, r0, r1, p0, p1);
 }
 
 }  // namespace knapserve::kernels

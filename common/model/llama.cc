@@ -4,13 +4,16 @@
 #include <c10/core/InferenceMode.h>
 #include <torch/cuda.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/model/decode_attention.h"
 #include "common/model/linear.h"
+#include "common/model/row_ops.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 
@@ -138,10 +141,11 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
                                              {config.vocab_size, d}, options));
   ASSIGN_OR_RETURN(model->final_norm_, LoadWeight(checkpoint, "model.norm.weight", {d}, options));
   if (config.tie_word_embeddings && !checkpoint.Has("lm_head.weight")) {
-    model->lm_head_ = model->embed_;
+    model->lm_head_ = LinearWeight(model->embed_);
   } else {
-    ASSIGN_OR_RETURN(model->lm_head_,
+    ASSIGN_OR_RETURN(torch::Tensor lm_head,
                      LoadWeight(checkpoint, "lm_head.weight", {config.vocab_size, d}, options));
+    model->lm_head_ = LinearWeight(lm_head);
   }
 
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
@@ -155,7 +159,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
                      LoadWeight(checkpoint, p + "self_attn.k_proj.weight", {nkv * hd, d}, options));
     ASSIGN_OR_RETURN(torch::Tensor v,
                      LoadWeight(checkpoint, p + "self_attn.v_proj.weight", {nkv * hd, d}, options));
-    layer.qkv_proj = torch::cat({q, k, v}, 0).contiguous();
+    layer.qkv_proj = LinearWeight(torch::cat({q, k, v}, 0));
     if (config.attention_bias) {
       ASSIGN_OR_RETURN(torch::Tensor qb,
                        LoadWeight(checkpoint, p + "self_attn.q_proj.bias", {nh * hd}, options));
@@ -171,25 +175,27 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
       ASSIGN_OR_RETURN(layer.k_norm,
                        LoadWeight(checkpoint, p + "self_attn.k_norm.weight", {hd}, options));
     }
-    ASSIGN_OR_RETURN(layer.o_proj,
+    ASSIGN_OR_RETURN(torch::Tensor o,
                      LoadWeight(checkpoint, p + "self_attn.o_proj.weight", {d, nh * hd}, options));
+    layer.o_proj = LinearWeight(o);
     ASSIGN_OR_RETURN(layer.post_norm,
                      LoadWeight(checkpoint, p + "post_attention_layernorm.weight", {d}, options));
     ASSIGN_OR_RETURN(torch::Tensor gate,
                      LoadWeight(checkpoint, p + "mlp.gate_proj.weight", {inter, d}, options));
     ASSIGN_OR_RETURN(torch::Tensor up,
                      LoadWeight(checkpoint, p + "mlp.up_proj.weight", {inter, d}, options));
-    layer.gate_up_proj = torch::cat({gate, up}, 0).contiguous();
-    ASSIGN_OR_RETURN(layer.down_proj,
+    layer.gate_up_proj = LinearWeight(torch::cat({gate, up}, 0));
+    ASSIGN_OR_RETURN(torch::Tensor down,
                      LoadWeight(checkpoint, p + "mlp.down_proj.weight", {d, inter}, options));
-    model->weight_bytes_per_token_ += Bytes(layer.input_norm) + Bytes(layer.qkv_proj) +
+    layer.down_proj = LinearWeight(down);
+    model->weight_bytes_per_token_ += Bytes(layer.input_norm) + layer.qkv_proj.bytes() +
                                       Bytes(layer.qkv_bias) + Bytes(layer.q_norm) +
-                                      Bytes(layer.k_norm) + Bytes(layer.o_proj) +
-                                      Bytes(layer.post_norm) + Bytes(layer.gate_up_proj) +
-                                      Bytes(layer.down_proj);
+                                      Bytes(layer.k_norm) + layer.o_proj.bytes() +
+                                      Bytes(layer.post_norm) + layer.gate_up_proj.bytes() +
+                                      layer.down_proj.bytes();
     model->layers_.push_back(std::move(layer));
   }
-  model->weight_bytes_per_token_ += Bytes(model->final_norm_) + Bytes(model->lm_head_);
+  model->weight_bytes_per_token_ += Bytes(model->final_norm_) + model->lm_head_.bytes();
 
   // RoPE tables for every position, in the model dtype (as Hugging Face casts
   // cos/sin to the activations' dtype before rotating).
@@ -241,6 +247,89 @@ torch::Tensor LlamaModel::Embed(const torch::Tensor& token_ids) const {
   return embed_.index_select(0, token_ids.to(options_.device, torch::kInt64));
 }
 
+bool LlamaModel::FewRowsApply(const torch::Tensor& h) const {
+  return h.device().is_cpu() && h.dim() == 2 && h.size(0) >= 1 &&
+         h.size(0) <= kMaxDecodeAttentionRows && !layers_.empty() &&
+         layers_[0].qkv_proj.packed() &&
+         (h.scalar_type() == torch::kFloat32 || h.scalar_type() == torch::kBFloat16);
+}
+
+template <typename E>
+torch::Tensor LlamaModel::AttentionFewRows(const Layer& layer, const torch::Tensor& h_in,
+                                           int64_t start_pos, LayerKv& kv) const {
+  const torch::Tensor h = h_in.contiguous();
+  const int64_t t = h.size(0);
+  const int64_t d = config_.hidden_size;
+  const int64_t hd = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads;
+  const int64_t nkv = config_.num_key_value_heads;
+  const int64_t width = (nh + 2 * nkv) * hd;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  TORCH_CHECK(kv.k.is_contiguous() && kv.v.is_contiguous(), "K/V cache must be contiguous");
+
+  torch::Tensor x = torch::empty_like(h);
+  row_ops::RmsNorm<E>(h.data_ptr<E>(), layer.input_norm.data_ptr<E>(), t, d, eps,
+                      x.data_ptr<E>());
+  torch::Tensor qkv32 = LinearFloatOut(x, layer.qkv_proj);  // [t, width] float32
+  if (layer.qkv_bias.defined()) qkv32.add_(layer.qkv_bias.to(torch::kFloat32));
+  // The projection's output in the activation dtype, as the LibTorch path has it.
+  std::vector<E> qkv(t * width);
+  row_ops::Round<E>(qkv32.data_ptr<float>(), t * width, qkv.data());
+  E* q = qkv.data();
+  E* k = q + nh * hd;
+  E* v = k + nkv * hd;
+  if (layer.q_norm.defined()) {
+    for (int64_t r = 0; r < t; ++r) {
+      row_ops::RmsNorm<E>(q + r * width, layer.q_norm.data_ptr<E>(), nh, hd, eps, q + r * width);
+      row_ops::RmsNorm<E>(k + r * width, layer.k_norm.data_ptr<E>(), nkv, hd, eps, k + r * width);
+    }
+  }
+  const E* cos = rope_cos_.data_ptr<E>();
+  const E* sin = rope_sin_.data_ptr<E>();
+  row_ops::Rope<E>(q, t, width, nh, hd, start_pos, cos, sin);
+  row_ops::Rope<E>(k, t, width, nkv, hd, start_pos, cos, sin);
+  // This step's K/V into the cache ([kv_heads, capacity, head_dim]).
+  const int64_t capacity = kv.k.size(1);
+  E* kc = kv.k.data_ptr<E>();
+  E* vc = kv.v.data_ptr<E>();
+  for (int64_t r = 0; r < t; ++r) {
+    for (int64_t g = 0; g < nkv; ++g) {
+      const int64_t at = (g * capacity + start_pos + r) * hd;
+      std::copy_n(k + r * width + g * hd, hd, kc + at);
+      std::copy_n(v + r * width + g * hd, hd, vc + at);
+    }
+  }
+  std::vector<float> qf(t * nh * hd);
+  for (int64_t r = 0; r < t; ++r) row_ops::ToFloat<E>(q + r * width, nh * hd, qf.data() + r * nh * hd);
+  std::vector<float> attn(t * nh * hd);
+  DecodeAttentionFloat(qf.data(), t, nh, kv.k, kv.v, start_pos,
+                       static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))), attn.data());
+  torch::Tensor attn_e = torch::empty({t, nh * hd}, h.options());
+  row_ops::Round<E>(attn.data(), t * nh * hd, attn_e.data_ptr<E>());
+  torch::Tensor y = LinearFloatOut(attn_e, layer.o_proj);
+  torch::Tensor out = torch::empty_like(h);
+  row_ops::AddResidual<E>(h.data_ptr<E>(), y.data_ptr<float>(), t * d, out.data_ptr<E>());
+  return out;
+}
+
+template <typename E>
+torch::Tensor LlamaModel::MlpFewRows(const Layer& layer, const torch::Tensor& h_in) const {
+  const torch::Tensor h = h_in.contiguous();
+  const int64_t t = h.size(0);
+  const int64_t d = config_.hidden_size;
+  const int64_t inter = config_.intermediate_size;
+  torch::Tensor x = torch::empty_like(h);
+  row_ops::RmsNorm<E>(h.data_ptr<E>(), layer.post_norm.data_ptr<E>(), t, d,
+                      static_cast<float>(config_.rms_norm_eps), x.data_ptr<E>());
+  torch::Tensor gu = LinearFloatOut(x, layer.gate_up_proj);  // [t, 2 * inter] float32
+  torch::Tensor act = torch::empty({t, inter}, h.options());
+  row_ops::SiluMul<E>(gu.data_ptr<float>(), t, inter, act.data_ptr<E>());
+  torch::Tensor y = LinearFloatOut(act, layer.down_proj);
+  torch::Tensor out = torch::empty_like(h);
+  row_ops::AddResidual<E>(h.data_ptr<E>(), y.data_ptr<float>(), t * d, out.data_ptr<E>());
+  return out;
+}
+
 torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h, int64_t start_pos,
                                     LayerKv& kv) const {
   c10::InferenceMode guard;
@@ -252,6 +341,11 @@ torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h, int
   const int64_t group = nh / nkv;
   const int64_t end = start_pos + t;
   TORCH_CHECK(end <= kv.k.size(1), "attention past KV capacity: ", end, " > ", kv.k.size(1));
+  if (FewRowsApply(h)) {
+    return h.scalar_type() == torch::kFloat32
+               ? AttentionFewRows<float>(layer, h, start_pos, kv)
+               : AttentionFewRows<c10::BFloat16>(layer, h, start_pos, kv);
+  }
 
   torch::Tensor x = RmsNorm(h, layer.input_norm);
   torch::Tensor qkv = Linear(x, layer.qkv_proj, layer.qkv_bias);
@@ -300,6 +394,10 @@ torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h, int
 torch::Tensor LlamaModel::Mlp(int layer_index, const torch::Tensor& h) const {
   c10::InferenceMode guard;
   const Layer& layer = layers_[layer_index];
+  if (FewRowsApply(h)) {
+    return h.scalar_type() == torch::kFloat32 ? MlpFewRows<float>(layer, h)
+                                              : MlpFewRows<c10::BFloat16>(layer, h);
+  }
   const int64_t inter = config_.intermediate_size;
   torch::Tensor x = RmsNorm(h, layer.post_norm).reshape({-1, config_.hidden_size});
   torch::Tensor gu = Linear(x, layer.gate_up_proj);

@@ -33,6 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/layer_mask.h"
+#include "common/model/linear.h"
 #include "common/model_config.h"
 
 namespace knapserve {
@@ -143,17 +144,26 @@ class LlamaModel {
  private:
   struct Layer {
     torch::Tensor input_norm;   // [hidden]
-    torch::Tensor qkv_proj;     // [(H + 2*KV) * head_dim, hidden]: q, k, v rows fused
+    LinearWeight qkv_proj;      // [(H + 2*KV) * head_dim, hidden]: q, k, v rows fused
     torch::Tensor qkv_bias;     // [(H + 2*KV) * head_dim] or undefined
     torch::Tensor q_norm;       // [head_dim] (qwen3) or undefined
     torch::Tensor k_norm;       // [head_dim] (qwen3) or undefined
-    torch::Tensor o_proj;       // [hidden, H * head_dim]
+    LinearWeight o_proj;        // [hidden, H * head_dim]
     torch::Tensor post_norm;    // [hidden]
-    torch::Tensor gate_up_proj; // [2 * intermediate, hidden]: gate rows then up rows
-    torch::Tensor down_proj;    // [hidden, intermediate]
+    LinearWeight gate_up_proj;  // [2 * intermediate, hidden]: gate rows then up rows
+    LinearWeight down_proj;     // [hidden, intermediate]
   };
 
   LlamaModel(ModelConfig config, ModelOptions options);
+  // Whether the few-row CPU path (row_ops.h, packed Linear, DecodeAttention)
+  // runs for hidden states h: CPU, fp32 or bf16, packed weights, a 2-D h of at
+  // most kMaxDecodeAttentionRows rows. Decode, draft and verification steps.
+  bool FewRowsApply(const torch::Tensor& h) const;
+  template <typename E>
+  torch::Tensor AttentionFewRows(const Layer& layer, const torch::Tensor& h, int64_t start_pos,
+                                 LayerKv& kv) const;
+  template <typename E>
+  torch::Tensor MlpFewRows(const Layer& layer, const torch::Tensor& h) const;
   torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight) const;
   torch::Tensor ApplyRope(const torch::Tensor& x, int64_t start_pos) const;
 
@@ -163,7 +173,7 @@ class LlamaModel {
   int64_t weight_bytes_per_token_ = 0;
   torch::Tensor embed_;     // [vocab, hidden]
   torch::Tensor final_norm_;
-  torch::Tensor lm_head_;   // [vocab, hidden]; aliases embed_ when tied
+  LinearWeight lm_head_;    // [vocab, hidden]; packed from embed_ when tied
   torch::Tensor rope_cos_;  // [max_context, head_dim] in the model dtype
   torch::Tensor rope_sin_;
   std::vector<Layer> layers_;

@@ -81,6 +81,12 @@ bool HaveStories260k() {
          std::filesystem::exists(Stories260kDir() + "/tokenizer.json");
 }
 
+bool HaveSharedModel(const std::string& name) {
+  const std::string dir = SharedPath("models/" + name);
+  return std::filesystem::exists(dir + "/model.safetensors") &&
+         std::filesystem::exists(dir + "/config.json");
+}
+
 const LlamaModel* CachedModel(const std::string& name) {
   static auto* models = new std::map<std::string, std::unique_ptr<LlamaModel>>();
   static std::mutex models_mu;
@@ -95,7 +101,9 @@ const LlamaModel* CachedModel(const std::string& name) {
     if (!dtype.ok()) return nullptr;
     options.dtype = *dtype;
   }
-  const std::string dir = shape == "stories260k" ? Stories260kDir() : RandomModelDir(shape);
+  // A trained checkpoint in <shared>/models by that name, else a make-model shape.
+  const std::string dir =
+      HaveSharedModel(shape) ? SharedPath("models/" + shape) : RandomModelDir(shape);
   if (dir.empty()) return nullptr;
   auto model = LlamaModel::Load(dir, options);
   EXPECT_TRUE(model.ok()) << name << ": " << model.status();

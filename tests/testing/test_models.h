@@ -29,7 +29,11 @@ std::string Stories260kDir();
 // Whether stories260k (weights and tokenizer) is there; tests skip without it.
 bool HaveStories260k();
 
-// Models by name, loaded once per process and kept: "stories260k", a
+// Whether <shared>/models/<name> holds a checkpoint ("stories-24l", ...).
+bool HaveSharedModel(const std::string& name);
+
+// Models by name, loaded once per process and kept: a checkpoint in
+// <shared>/models ("stories260k", "stories-24l"), a
 // make-model shape in fp32 ("tiny-llama"), or either in another dtype
 // ("stories260k/bf16", "tiny-qwen2/bf16"). nullptr (and a test failure) if
 // it cannot be loaded.
