@@ -12,10 +12,23 @@
 // 2. Verification: one forward over gamma+1 tokens (all logits, as the
 //    verifier runs it) relative to gamma+1 one-token steps, gamma = 1..10.
 //
-// These are the inputs of the KnapSpec latency model (DESIGN.md section 1).
+// 3. The machine's limits beside them (a roofline): the time to read the
+//    model's weight bytes once (measured by streaming a buffer of exactly
+//    that size, warm, with the same threads: if the weights fit the
+//    last-level cache this is cache bandwidth, else memory bandwidth), and
+//    the time to do a k-token pass's arithmetic at the measured peak of the
+//    packed projection kernel (a cache-resident 12-row problem). A pass can
+//    be no faster than the larger of the two.
+//
+// These are the inputs of the KnapSpec latency model.
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
@@ -26,6 +39,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/layer_mask.h"
+#include "common/model/linear.h"
 #include "common/status.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
@@ -83,6 +97,77 @@ StepBytes EstimateStepBytes(const LlamaModel& model, int64_t context) {
                         static_cast<double>(c.num_hidden_layers) * e * 2 * kv * context;
   bytes.rest = std::max(0.0, static_cast<double>(model.weight_bytes_per_token()) - layers);
   return bytes;
+}
+
+// Multiply-adds of one token's forward pass at `context` positions: every
+// projection (weights / element size) plus attention's two products.
+double FlopsPerToken(const LlamaModel& model, int64_t context) {
+  const ModelConfig& c = model.config();
+  const double params = static_cast<double>(model.weight_bytes_per_token()) /
+                        static_cast<double>(torch::elementSize(model.dtype()));
+  const double attention = 2.0 * c.num_attention_heads * c.head_dim *
+                           static_cast<double>(context) * c.num_hidden_layers;
+  return 2.0 * (params + attention);
+}
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) double SumFloats(const float* p, int64_t n) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
+  __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    a0 = _mm512_add_ps(a0, _mm512_loadu_ps(p + i));
+    a1 = _mm512_add_ps(a1, _mm512_loadu_ps(p + i + 16));
+    a2 = _mm512_add_ps(a2, _mm512_loadu_ps(p + i + 32));
+    a3 = _mm512_add_ps(a3, _mm512_loadu_ps(p + i + 48));
+  }
+  double s = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  for (; i < n; ++i) s += p[i];
+  return s;
+}
+#endif
+
+// Seconds to read `bytes` once with torch's threads, from a buffer of that
+// size read over and over (so it sits in whatever cache level it fits).
+double ReadSeconds(int64_t bytes, int repeats) {
+  const int64_t n = std::max<int64_t>(1024, bytes / 4);
+  std::vector<float> buffer(n, 1.0f);
+  volatile double sink = 0;
+  auto read = [&] {
+    const int64_t threads = std::max(1, at::get_num_threads());
+    std::vector<double> partial(threads, 0.0);
+    at::parallel_for(0, n, (n + threads - 1) / threads, [&](int64_t b, int64_t e) {
+      double s = 0;
+#if defined(__x86_64__)
+      if (__builtin_cpu_supports("avx512f")) {
+        s = SumFloats(buffer.data() + b, e - b);
+      } else
+#endif
+      {
+        for (int64_t i = b; i < e; ++i) s += buffer[i];
+      }
+      partial[at::get_thread_num()] += s;
+    });
+    for (double p : partial) sink = sink + p;
+  };
+  return MedianSeconds(read, 3, std::max(5, repeats));
+}
+
+// Peak multiply-add rate of the packed projection kernel in FLOP/s (2 per
+// multiply-add), on a 12-row problem small enough to stay in cache; 0 where
+// the packed kernel does not run.
+double KernelPeakFlops(torch::ScalarType dtype, int repeats) {
+  if (!FastLinearSupported(dtype)) return 0;
+  const int64_t m = 12, n = 256, k = 256;
+  const LinearWeight w(torch::ones({n, k}).to(dtype));
+  const torch::Tensor x = torch::ones({m, k}).to(dtype);
+  const int kInner = 200;
+  const double seconds = MedianSeconds(
+      [&] {
+        for (int i = 0; i < kInner; ++i) LinearFloatOut(x, w);
+      },
+      2, std::max(5, repeats));
+  return 2.0 * m * n * k * kInner / seconds;
 }
 
 absl::Status BenchStepCost() {
@@ -216,6 +301,34 @@ absl::Status BenchStepCost() {
     std::fprintf(out, "%-6d %7d %9.3f %14.3f %12.3f\n", gamma, gamma + 1, 1e3 * t, ratio,
                  t / single);
   }
+
+  // 3. Roofline: the floor of a k-token pass is max(weight bytes / read
+  //    bandwidth, k * FLOPs per token / peak).
+  const double weight_bytes = static_cast<double>(model.weight_bytes_per_token());
+  const double read_seconds = ReadSeconds(model.weight_bytes_per_token(), repeats);
+  const double dram_seconds_per_byte = ReadSeconds(int64_t{512} << 20, 5) / (512.0 * (1 << 20));
+  const double peak = KernelPeakFlops(model.dtype(), repeats);
+  const double flops = FlopsPerToken(model, context);
+  std::fprintf(out,
+               "\nroofline: weights %.1f MB read in %.3f ms (%.1f GB/s; memory %.1f GB/s, a "
+               "512 MB stream), %.1f MFLOP per token, kernel peak %.1f GFLOP/s\n",
+               weight_bytes / 1e6, 1e3 * read_seconds, weight_bytes / read_seconds / 1e9,
+               1e-9 / dram_seconds_per_byte, flops / 1e6, peak / 1e9);
+  std::fprintf(out, "%-7s %9s %12s %12s %12s %9s\n", "tokens", "ms", "bytes floor", "flops floor",
+               "floor ms", "measured/floor");
+  nlohmann::json roofline_rows = nlohmann::json::array();
+  for (int tokens = 1; tokens <= kMaxGamma + 1; ++tokens) {
+    const double t = seconds[verify_cases[tokens - 1]];
+    const double flop_seconds = peak > 0 ? tokens * flops / peak : 0.0;
+    const double floor = std::max(read_seconds, flop_seconds);
+    roofline_rows.push_back({{"tokens", tokens},
+                             {"seconds", t},
+                             {"bytes_floor_seconds", read_seconds},
+                             {"flops_floor_seconds", flop_seconds},
+                             {"measured_over_floor", t / floor}});
+    std::fprintf(out, "%-7d %9.3f %12.3f %12.3f %12.3f %9.2f\n", tokens, 1e3 * t,
+                 1e3 * read_seconds, 1e3 * flop_seconds, 1e3 * floor, t / floor);
+  }
   std::fflush(out);
   if (json) {
     nlohmann::json summary = {{"model", engine.model_dir},
@@ -227,7 +340,14 @@ absl::Status BenchStepCost() {
                               {"full_step_seconds", full},
                               {"single_step_all_logits_seconds", single},
                               {"draft", draft_rows},
-                              {"verify", verify_rows}};
+                              {"verify", verify_rows},
+                              {"roofline",
+                               {{"weight_bytes", weight_bytes},
+                                {"weight_read_seconds", read_seconds},
+                                {"memory_read_bytes_per_second", 1.0 / dram_seconds_per_byte},
+                                {"flops_per_token", flops},
+                                {"kernel_peak_flops_per_second", peak},
+                                {"passes", roofline_rows}}}};
     std::cout << summary.dump(2) << std::endl;
   }
   return absl::OkStatus();
