@@ -100,6 +100,7 @@ absl::Status EncodePlanRequest(const PlanRequest& request, const KvWindowOptions
   out->set_sequence_id(std::to_string(request.sequence_id));
   out->set_step(static_cast<uint64_t>(std::max<int64_t>(0, request.step)));
   out->set_context_length(request.context_length);
+  out->set_plan_lifetime_tokens(request.plan_lifetime_tokens);
   out->set_model_fingerprint(request.model_fingerprint);
   out->set_policy(WirePolicy(request.policy));
   if (request.policy == PlanPolicy::kClasp) out->set_clasp_skip_layers(request.clasp_layers);
@@ -145,6 +146,11 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto, int 
         absl::StrCat("context_length: must be >= 1, got ", proto.context_length()));
   }
   request.context_length = proto.context_length();
+  if (proto.plan_lifetime_tokens() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("plan_lifetime_tokens: must be >= 0, got ",
+                                                   proto.plan_lifetime_tokens()));
+  }
+  request.plan_lifetime_tokens = proto.plan_lifetime_tokens();
   if (proto.model_fingerprint().empty()) {
     return absl::InvalidArgumentError("model_fingerprint: required");
   }
@@ -240,6 +246,8 @@ v1::PlanResponse EncodePlanResponse(uint64_t sequence_id, int64_t step,
   out.set_predicted_tokens_per_second(plan->predicted_tpt);
   out.set_alpha_hat(plan->alpha_hat);
   out.set_num_candidates(plan->num_candidates);
+  out.set_alpha_smoothed(plan->alpha_smoothed);
+  out.set_num_evaluated_candidates(plan->num_evaluated);
   out.set_solve_seconds(plan->solve_seconds);
   out.set_queue_seconds(plan->queue_seconds);
   return out;
@@ -253,6 +261,8 @@ absl::StatusOr<DraftPlan> DecodePlanResponse(const v1::PlanResponse& proto, int 
   plan.predicted_tpt = proto.predicted_tokens_per_second();
   plan.alpha_hat = proto.alpha_hat();
   plan.num_candidates = proto.num_candidates();
+  plan.alpha_smoothed = proto.alpha_smoothed();
+  plan.num_evaluated = proto.num_evaluated_candidates();
   plan.solve_seconds = proto.solve_seconds();
   plan.queue_seconds = proto.queue_seconds();
   plan.step = static_cast<int64_t>(proto.step());

@@ -47,8 +47,14 @@ struct DraftPlan {
   LayerMask mask;
   int gamma = 0;
   double predicted_tpt = 0;  // tokens per second of (mask, gamma) by the latency model
-  double alpha_hat = 0;      // of the chosen mask on the reference tokens
+  double alpha_hat = 0;      // of the chosen mask on the reference tokens (raw share)
+  // The acceptance predicted_tpt assumes: alpha_hat smoothed by the planner's
+  // Beta prior (planner/tpt.h SmoothAlpha); 0 with gamma 0.
+  double alpha_smoothed = 0;
   int num_candidates = 0;    // candidates the policy weighed
+  // Candidates whose alpha_hat was measured (KnapSpec measures lazily, in
+  // order of their best possible TPT); <= num_candidates.
+  int num_evaluated = 0;
   double solve_seconds = 0;  // wall time of the solve
   double queue_seconds = 0;  // time the request waited before its solve began
   int64_t step = 0;          // PlanRequest::step, echoed
@@ -63,6 +69,11 @@ struct PlanRequest {
   uint64_t sequence_id = 0;
   int64_t step = 0;            // decode step of the plan boundary
   int64_t context_length = 0;  // committed length when the snapshot closed
+  // Tokens the plan will decode while in force (e.g. the plan interval T in
+  // steps); the planner prices the plan at context_length +
+  // plan_lifetime_tokens / 2, the mean context over its life. 0: price it at
+  // context_length (the old behaviour).
+  int64_t plan_lifetime_tokens = 0;
   PlanPolicy policy = PlanPolicy::kKnapSpec;
   std::string static_mask;     // kStatic: the mask ("a3,m7")
   int clasp_layers = 0;        // kClasp: M, the layers to skip (>= 1)

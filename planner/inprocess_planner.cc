@@ -140,6 +140,7 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(const PlanRequest& request) co
   inputs.prefix_kv = request.kv_length > 0 ? &request.kv : nullptr;
   inputs.prefix_len = request.kv_length;
   inputs.context_length = request.context_length;
+  inputs.plan_lifetime_tokens = request.plan_lifetime_tokens;
   inputs.step = request.step;
   switch (request.policy) {
     case PlanPolicy::kKnapSpec: {
@@ -152,6 +153,7 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(const PlanRequest& request) co
       options.num_skipped_layers = request.clasp_layers;
       options.max_draft = request.max_draft;
       options.keep_first_and_last = options_.knapspec.keep_first_and_last;
+      options.alpha_prior = options_.knapspec.alpha_prior;
       return SolveClasp(model_, profile_, inputs, options);
     }
     case PlanPolicy::kOff:
@@ -161,6 +163,7 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(const PlanRequest& request) co
                        LayerMask::Parse(request.static_mask, model_.num_layers()));
       StaticOptions options;
       options.max_draft = request.max_draft;
+      options.alpha_prior = options_.knapspec.alpha_prior;
       return SolveStatic(model_, profile_, inputs, mask, options);
     }
   }

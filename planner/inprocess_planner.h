@@ -36,7 +36,9 @@
 namespace knapserve {
 
 struct InProcessPlannerOptions {
-  // tau, weight cap, keep_first_and_last (max_draft comes with each request).
+  // tau, weights, reference-token cap, lazy alpha_hat, keep_first_and_last
+  // (max_draft comes with each request). CLaSp and static plans use its
+  // keep_first_and_last and alpha_prior too.
   KnapSpecOptions knapspec;
   // CPU threads of the solve (OpenMP threads of the planner thread).
   int threads = 1;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -176,6 +177,22 @@ absl::StatusOr<torch::Tensor> ModelSublayerRunner::TopTokens(const torch::Tensor
 
 // ---- The DP ----
 
+absl::StatusOr<std::vector<double>> MeasureAlphaHats(const SublayerRunner& runner,
+                                                     const torch::Tensor& final_states,
+                                                     absl::Span<const int32_t> target_argmax) {
+  if (!final_states.defined() || final_states.dim() != 3) {
+    return absl::InvalidArgumentError("final states must be a [B, r, hidden] tensor");
+  }
+  if (static_cast<int64_t>(target_argmax.size()) != final_states.size(1)) {
+    return absl::InvalidArgumentError(absl::StrCat("target_argmax has ", target_argmax.size(),
+                                                   " ids for r = ", final_states.size(1),
+                                                   " tokens"));
+  }
+  if (target_argmax.empty()) return std::vector<double>(final_states.size(0), 0.0);
+  c10::InferenceMode guard;
+  return AlphaHats(runner, final_states, target_argmax);
+}
+
 std::vector<double> MeanCosines(const torch::Tensor& h, const torch::Tensor& x) {
   c10::InferenceMode guard;
   // float32 at least; float64 inputs (synthetic tests) keep their precision.
@@ -195,7 +212,8 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runne
                                                      absl::Span<const int32_t> target_argmax,
                                                      absl::Span<const SkipUnit> units,
                                                      const SkipDpOptions& options,
-                                                     SkipDpStats* stats) {
+                                                     SkipDpStats* stats,
+                                                     torch::Tensor* final_states) {
   RETURN_IF_ERROR(CheckReference(runner, reference, target_argmax));
   const int num_sublayers = runner.num_sublayers();
   if (num_sublayers < 2 || num_sublayers % 2 != 0) {
@@ -298,6 +316,7 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runne
   }
 
   ASSIGN_OR_RETURN(std::vector<double> alphas, AlphaHats(runner, states, target_argmax));
+  if (final_states != nullptr) *final_states = states;
   std::vector<SkipCandidate> candidates;
   candidates.reserve(live.size());
   for (size_t k = 0; k < live.size(); ++k) {
@@ -324,18 +343,42 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runne
   return candidates;
 }
 
-SublayerWeights ComputeSublayerWeights(double attention_seconds, double mlp_seconds, int cap) {
+SublayerWeights ComputeSublayerWeights(double attention_seconds, double mlp_seconds, int cap,
+                                       double tolerance) {
   cap = std::max(1, cap);
+  tolerance = std::max(0.0, tolerance);
   SublayerWeights w;
-  if (!(attention_seconds > 0) || !(mlp_seconds > 0)) return w;
-  auto ratio_weight = [cap](double ratio) {
-    const double rounded = std::round(ratio);
-    return static_cast<int>(std::clamp(rounded, 1.0, static_cast<double>(cap)));
-  };
-  if (attention_seconds <= mlp_seconds) {
-    w.mlp = ratio_weight(mlp_seconds / attention_seconds);
+  if (!(attention_seconds > 0) || !(mlp_seconds > 0) || !std::isfinite(attention_seconds) ||
+      !std::isfinite(mlp_seconds)) {
+    return w;
+  }
+  const bool attention_dearer = attention_seconds > mlp_seconds;
+  const double ratio = attention_dearer ? attention_seconds / mlp_seconds
+                                        : mlp_seconds / attention_seconds;  // >= 1
+  // p / q for the smallest q within tolerance; else the least error under the cap.
+  int best_p = 1, best_q = 1;
+  double best_error = std::numeric_limits<double>::infinity();
+  for (int q = 1; q <= cap; ++q) {
+    const double exact = ratio * q;
+    const int p = static_cast<int>(std::clamp(std::round(exact), 1.0, static_cast<double>(cap)));
+    // Relative to the smaller of the two ratios: the same error whichever
+    // kind's ratio (attention:MLP or MLP:attention) one looks at.
+    const double weight_ratio = static_cast<double>(p) / q;
+    const double error = std::abs(weight_ratio - ratio) / std::min(weight_ratio, ratio);
+    if (error < best_error) {
+      best_error = error;
+      best_p = p;
+      best_q = q;
+    }
+    if (error <= tolerance) break;
+    if (exact > cap + 0.5) break;  // larger q only moves p further above the cap
+  }
+  if (attention_dearer) {
+    w.attention = best_p;
+    w.mlp = best_q;
   } else {
-    w.attention = ratio_weight(attention_seconds / mlp_seconds);
+    w.attention = best_q;
+    w.mlp = best_p;
   }
   return w;
 }
@@ -345,7 +388,8 @@ absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(const SublayerRunner& r
                                                          absl::Span<const int32_t> target_argmax,
                                                          SublayerWeights weights,
                                                          const KnapsackOptions& options,
-                                                         SkipDpStats* stats) {
+                                                         SkipDpStats* stats,
+                                                         torch::Tensor* final_states) {
   const int num_layers = runner.num_sublayers() / 2;
   if (weights.attention < 1 || weights.mlp < 1) {
     return absl::InvalidArgumentError(absl::StrCat("sublayer weights must be >= 1, got attention ",
@@ -371,7 +415,7 @@ absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(const SublayerRunner& r
   SkipDpOptions dp;
   dp.max_weight = num_layers * (weights.attention + weights.mlp) / 2;
   dp.tau = options.tau;
-  return RunSkipDp(runner, reference, target_argmax, units, dp, stats);
+  return RunSkipDp(runner, reference, target_argmax, units, dp, stats, final_states);
 }
 
 absl::StatusOr<SkipCandidate> SolveLayerSkip(const SublayerRunner& runner,

@@ -157,12 +157,23 @@ struct SkipDpStats {
 // target_argmax: r ids, or empty to skip alpha_hat. Returns the surviving
 // final cells' candidates in increasing skipped weight (j = 0 first).
 // InvalidArgument for inconsistent shapes or units; runner errors pass through.
+// If final_states is not null it receives the candidates' hidden states after
+// the last sublayer, [num_candidates, r, d] in the same order (for measuring
+// alpha_hat later with MeasureAlphaHats).
 absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runner,
                                                      const torch::Tensor& reference,
                                                      absl::Span<const int32_t> target_argmax,
                                                      absl::Span<const SkipUnit> units,
                                                      const SkipDpOptions& options,
-                                                     SkipDpStats* stats = nullptr);
+                                                     SkipDpStats* stats = nullptr,
+                                                     torch::Tensor* final_states = nullptr);
+
+// alpha_hat of B candidates from their final hidden states [B, r, d]: the
+// share of the r tokens whose LM-head argmax equals target_argmax (r ids).
+// InvalidArgument when the shapes disagree; runner errors pass through.
+absl::StatusOr<std::vector<double>> MeasureAlphaHats(const SublayerRunner& runner,
+                                                     const torch::Tensor& final_states,
+                                                     absl::Span<const int32_t> target_argmax);
 
 // Integer knapsack weights of the two sublayer kinds.
 struct SublayerWeights {
@@ -170,9 +181,37 @@ struct SublayerWeights {
   int mlp = 1;
 };
 
-// The cheaper kind weighs 1, the other round(t_other / t_cheaper), at least 1
-// and at most `cap` (cap >= 1). Non-positive times count as equal costs.
-SublayerWeights ComputeSublayerWeights(double attention_seconds, double mlp_seconds, int cap);
+// The default tolerance and cap of ComputeSublayerWeights (KnapSpecOptions
+// uses them).
+inline constexpr double kDefaultWeightTolerance = 0.1;
+inline constexpr int kDefaultWeightCap = 16;
+
+// Integer weights whose ratio is faithful to the two kinds' costs. With x =
+// t_dearer / t_cheaper >= 1, the cheaper kind weighs q and the dearer p =
+// round(x * q), for the smallest q = 1, 2, ... with p <= cap whose relative
+// ratio error |p / q - x| / min(p / q, x) is at most `tolerance` (the
+// denominator makes the error the same for the attention:MLP and the
+// MLP:attention ratio). When no such pair fits under the cap (x far above
+// cap, or a tiny tolerance), the pair with p <= cap and the least error wins
+// (the smaller q on ties): then the dearer weight is `cap` and its cost
+// share is understated.
+//
+// Why faithful: the DP's cell j collects skip sets of skipped weight j and
+// keeps the one with the best cosine, so two sublayers of the same weight
+// compete as if they cost the same. Rounding attention:MLP = 1.3 to 1:1 (or
+// capping 8 at 5, as the old cap-5 rounding did) merges sets whose real costs
+// differ by 30%.
+//
+// Why cheap: the DP has L * (w_attn + w_mlp) / 2 + 1 cells, so its width grows
+// with the weight sum. Since |p/q - x| <= 1/(2q), q <= ceil(1/(2 tolerance)) suffices,
+// and with the defaults (tolerance 0.1, cap 16) w_attn + w_mlp <= cap + 1 = 17
+// for every ratio, and <= 11 for ratios up to 5 (the old rounding with cap 5
+// allowed 6). Tested in knapsack_test.
+//
+// Non-positive or non-finite times count as equal costs ({1, 1}); cap < 1
+// counts as 1, tolerance < 0 as 0.
+SublayerWeights ComputeSublayerWeights(double attention_seconds, double mlp_seconds, int cap,
+                                       double tolerance = kDefaultWeightTolerance);
 
 struct KnapsackOptions {
   double tau = 0.5;
@@ -183,13 +222,14 @@ struct KnapsackOptions {
 // The KnapSpec DP: one unit per sublayer weighing weights.attention or
 // weights.mlp, budget K = L * (w_attn + w_mlp), skipped weight <= K / 2.
 // InvalidArgument when nothing is skippable (L <= 2 with keep_first_and_last)
-// or weights < 1; otherwise as RunSkipDp.
+// or weights < 1; otherwise as RunSkipDp (final_states too).
 absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(const SublayerRunner& runner,
                                                          const torch::Tensor& reference,
                                                          absl::Span<const int32_t> target_argmax,
                                                          SublayerWeights weights,
                                                          const KnapsackOptions& options,
-                                                         SkipDpStats* stats = nullptr);
+                                                         SkipDpStats* stats = nullptr,
+                                                         torch::Tensor* final_states = nullptr);
 
 // The whole-layer DP of CLaSp: a layer's attention and MLP are skipped
 // together, each skipped layer weighs 1, and the candidate with exactly

@@ -201,17 +201,45 @@ double LatencyProfile::AttentionSeconds(int64_t context_length) const {
   return std::max(0.0, attention.a + attention.b * static_cast<double>(context_length));
 }
 
-double LatencyProfile::VerifySeconds(int64_t context_length, int tokens) const {
-  if (verify_contexts.empty() || verify_seconds.empty() || max_draft < 0) return 0;
+double LatencyProfile::VerifySlope(int tokens) const {
+  if (verify_contexts.size() < 2 || verify_seconds.size() != verify_contexts.size() ||
+      max_draft < 0) {
+    return 0;
+  }
   const int t = std::clamp(tokens, 1, max_draft + 1);
-  const auto [k, w] = Bracket(verify_contexts, context_length);
-  const double lo = verify_seconds[k][t - 1];
-  if (w == 0.0) return lo;
-  const double hi = verify_seconds[k + 1][t - 1];
-  return lo + w * (hi - lo);
+  std::vector<double> x, y;
+  for (size_t c = 0; c < verify_contexts.size(); ++c) {
+    if (static_cast<int>(verify_seconds[c].size()) < t) return 0;
+    x.push_back(static_cast<double>(verify_contexts[c]));
+    y.push_back(verify_seconds[c][t - 1]);
+  }
+  absl::StatusOr<LineFit> fit = FitLine(x, y);
+  if (!fit.ok() || !std::isfinite(fit->b)) return 0;
+  return std::max(0.0, fit->b);
 }
 
-double LatencyProfile::DraftSeconds(const LayerMask& mask, int64_t context_length) const {
+double LatencyProfile::VerifySeconds(int64_t context_length, int tokens) const {
+  if (verify_contexts.empty() || verify_seconds.empty() || max_draft < 0) return 0;
+  const int t_max = std::clamp(tokens, 1, max_draft + 1);
+  const auto [k, w] = Bracket(verify_contexts, context_length);
+  const int64_t last = verify_contexts.back();
+  // The running maximum over 1..t_max keeps t_verify non-decreasing in tokens.
+  double result = 0;
+  for (int t = 1; t <= t_max; ++t) {
+    double value = 0;
+    if (context_length > last) {
+      value = verify_seconds.back()[t - 1] +
+              VerifySlope(t) * static_cast<double>(context_length - last);
+    } else {
+      const double lo = verify_seconds[k][t - 1];
+      value = w == 0.0 ? lo : lo + w * (verify_seconds[k + 1][t - 1] - lo);
+    }
+    result = std::max(result, value);
+  }
+  return result;
+}
+
+double LatencyProfile::SublayerSeconds(const LayerMask& mask, int64_t context_length) const {
   int kept_attention = 0;
   int kept_mlp = 0;
   for (int layer = 0; layer < mask.num_layers(); ++layer) {
@@ -220,6 +248,23 @@ double LatencyProfile::DraftSeconds(const LayerMask& mask, int64_t context_lengt
   }
   return step_fixed_seconds + kept_attention * AttentionSeconds(context_length) +
          kept_mlp * MlpSeconds();
+}
+
+double LatencyProfile::DraftSeconds(const LayerMask& mask, int64_t context_length) const {
+  int skipped_attention = 0;
+  int skipped_mlp = 0;
+  for (int layer = 0; layer < mask.num_layers(); ++layer) {
+    if (mask.skip_attention(layer)) ++skipped_attention;
+    if (mask.skip_mlp(layer)) ++skipped_mlp;
+  }
+  const double one_token = VerifySeconds(context_length, 1);
+  const double full = FullStepSeconds(mask.num_layers(), context_length);
+  if (!(full > 0)) return one_token;
+  // The measured pass minus the skipped sublayers' share of it: exactly
+  // one_token (no rounding) when nothing is skipped.
+  const double skipped =
+      skipped_attention * AttentionSeconds(context_length) + skipped_mlp * MlpSeconds();
+  return one_token - one_token * (skipped / full);
 }
 
 double LatencyProfile::FullStepSeconds(int num_layers, int64_t context_length) const {

@@ -5,11 +5,31 @@
 //   t_attn(n)          = attention.a + attention.b * n   (one attention sublayer,
 //                        one decode token, context length n)
 //   t_mlp              = mlp_seconds                     (one MLP sublayer)
-//   t_draft(S, n)      = step_fixed_seconds + kept attention sublayers * t_attn(n)
-//                        + kept MLP sublayers * t_mlp
-//   t_verify(n, t)     = the measured full-model pass over t tokens at context n,
-//                        linear in n between the measured contexts, clamped at
-//                        both ends
+//   t_verify(n, t)     = the measured full-model pass over t tokens at context n:
+//                        linear in n between the measured contexts; past the
+//                        largest one, the last measurement plus the least-squares
+//                        slope of that token count's row over all contexts (fitted
+//                        like attention: a line in n, a negative slope counts as
+//                        0), so verification keeps getting dearer with context as
+//                        attention does; below the smallest context, clamped to it
+//                        (the shortest profiled context is short, 128 by default,
+//                        and extrapolating down could only reach non-positive
+//                        times on noisy rows). Non-decreasing in t: a pass over
+//                        more tokens never counts as cheaper (the running maximum
+//                        over 1..t hides timing noise that would otherwise make
+//                        "draft, then verify more tokens" look cheaper than
+//                        plain decoding).
+//   t_draft(S, n)      = t_verify(n, 1) * sublayer(S, n) / sublayer(empty, n), where
+//                        sublayer(S, n) = step_fixed_seconds
+//                                         + kept attention sublayers * t_attn(n)
+//                                         + kept MLP sublayers * t_mlp
+//
+// One basis: the sublayer timings (each sublayer timed on its own inside a
+// step) do not sum exactly to the measured one-token pass, so t_draft scales
+// the sublayer model to it. The empty mask (skip nothing) costs exactly
+// t_verify(n, 1), and skipping a sublayer saves its scaled share. Hence a
+// draft that skips nothing can never beat plain decoding in the TPT grid
+// (it would need t_verify(n, gamma + 1) < t_verify(n, 1)).
 //
 // ProfileModel measures one on the real engine; Save/Load move it to and from
 // JSON; CheckMatches refuses a profile measured for another engine.
@@ -92,13 +112,27 @@ struct LatencyProfile {
   double AttentionSeconds(int64_t context_length) const;
   // t_mlp.
   double MlpSeconds() const { return mlp_seconds; }
-  // t_verify(n, tokens): linear in n between verify_contexts, clamped at the
-  // ends; tokens is clamped to [1, max_draft + 1].
+  // t_verify(n, tokens) as in the file comment: interpolated inside the
+  // measured contexts, extrapolated with VerifySlope past the largest,
+  // clamped below the smallest, non-decreasing in tokens; tokens is clamped
+  // to [1, max_draft + 1].
   double VerifySeconds(int64_t context_length, int tokens) const;
-  // t_draft(S, n) for one draft token with `mask`'s kept sublayers.
+  // d t_verify / d n for `tokens` tokens (clamped to [1, max_draft + 1]) past
+  // the largest measured context: the least-squares slope of that row of
+  // verify_seconds over verify_contexts, 0 when negative or with a single
+  // context.
+  double VerifySlope(int tokens) const;
+  // t_draft(S, n) for one draft token with `mask`'s kept sublayers, on the
+  // basis of the measured one-token pass: VerifySeconds(n, 1) *
+  // SublayerSeconds(mask, n) / FullStepSeconds(L, n), computed as
+  // VerifySeconds(n, 1) minus the skipped sublayers' share of it, so the
+  // empty mask costs exactly VerifySeconds(n, 1) (bit for bit).
   double DraftSeconds(const LayerMask& mask, int64_t context_length) const;
-  // Full-model step cost as the sublayer model sees it (no sublayer skipped):
-  // step_fixed_seconds + L * (t_attn(n) + t_mlp).
+  // The raw sublayer model of one draft token: step_fixed_seconds + kept
+  // attention sublayers * t_attn(n) + kept MLP sublayers * t_mlp.
+  double SublayerSeconds(const LayerMask& mask, int64_t context_length) const;
+  // Full-model step cost as the raw sublayer model sees it (no sublayer
+  // skipped): step_fixed_seconds + L * (t_attn(n) + t_mlp).
   double FullStepSeconds(int num_layers, int64_t context_length) const;
 
   // OK when the fields are internally consistent (non-empty key, positive

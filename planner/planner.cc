@@ -21,11 +21,13 @@ namespace {
 struct Checked {
   torch::Tensor states;  // [2L+1, r, hidden]
   int64_t r = 0;
-  int64_t context_length = 0;
+  int64_t context_length = 0;  // PricingContextLength(inputs)
 };
 
 absl::StatusOr<Checked> CheckInputs(const LlamaModel& model, const LatencyProfile& profile,
-                                    const PlanInputs& inputs, int max_draft) {
+                                    const PlanInputs& inputs, int max_draft,
+                                    const AlphaPrior& alpha_prior) {
+  RETURN_IF_ERROR(ValidateAlphaPrior(alpha_prior));
   if (max_draft < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_draft must be >= 1, got ", max_draft));
   }
@@ -97,8 +99,11 @@ absl::StatusOr<Checked> CheckInputs(const LlamaModel& model, const LatencyProfil
     return absl::InvalidArgumentError(
         absl::StrCat("context_length must be >= 0, got ", inputs.context_length));
   }
-  c.context_length =
-      inputs.context_length > 0 ? inputs.context_length : inputs.first_position + c.r;
+  if (inputs.plan_lifetime_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan_lifetime_tokens must be >= 0, got ", inputs.plan_lifetime_tokens));
+  }
+  c.context_length = PricingContextLength(inputs);
   try {
     c10::InferenceMode guard;
     c.states = s.to(model.device(), model.dtype());
@@ -114,19 +119,23 @@ std::vector<double> VerifyTable(const LatencyProfile& profile, int64_t n, int ma
   return table;
 }
 
-// Fills plan.gamma / predicted_tpt / baseline_tpt for one fixed candidate.
-// fixed_gamma > 0 forces gamma (the TPT is still predicted for it).
+// Fills plan.gamma / predicted_tpt / baseline_tpt for one fixed candidate
+// measured on r tokens. fixed_gamma > 0 forces gamma (the TPT is still
+// predicted for it).
 absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n, const SkipCandidate& candidate,
-                         int max_draft, int fixed_gamma, DraftPlan& plan) {
+                         int64_t r, const AlphaPrior& prior, int max_draft, int fixed_gamma,
+                         DraftPlan& plan) {
   const std::vector<double> verify = VerifyTable(profile, n, max_draft);
-  const TptCandidate tc{std::max(0.0, candidate.alpha_hat),
+  const TptCandidate tc{SmoothAlpha(candidate.alpha_hat, r, prior),
                         profile.DraftSeconds(candidate.mask, n)};
   plan.mask = candidate.mask;
   plan.alpha_hat = candidate.alpha_hat;
   plan.mean_cosine = candidate.mean_cosine;
   plan.num_candidates = 1;
+  plan.num_evaluated = 1;
   if (fixed_gamma > 0) {
     plan.gamma = fixed_gamma;
+    plan.alpha_smoothed = tc.alpha;
     plan.predicted_tpt = TokensPerSecond(tc.alpha, fixed_gamma, tc.draft_seconds,
                                          profile.VerifySeconds(n, fixed_gamma + 1));
     plan.baseline_tpt = TokensPerSecond(0, 0, 0, verify[0]);
@@ -134,12 +143,19 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n, const SkipCan
   }
   ASSIGN_OR_RETURN(TptChoice choice, MaximizeTpt({&tc, 1}, verify, max_draft));
   plan.gamma = choice.gamma;
+  plan.alpha_smoothed = choice.gamma > 0 ? tc.alpha : 0.0;
   plan.predicted_tpt = choice.tpt;
   plan.baseline_tpt = choice.baseline_tpt;
   return absl::OkStatus();
 }
 
 }  // namespace
+
+int64_t PricingContextLength(const PlanInputs& inputs) {
+  const int64_t r = inputs.states.defined() && inputs.states.dim() >= 2 ? inputs.states.size(1) : 0;
+  const int64_t n = inputs.context_length > 0 ? inputs.context_length : inputs.first_position + r;
+  return n + std::max<int64_t>(0, inputs.plan_lifetime_tokens) / 2;
+}
 
 absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyProfile& profile,
                                         const PlanInputs& inputs, const KnapSpecOptions& options) {
@@ -148,13 +164,34 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyPr
     return absl::InvalidArgumentError(
         absl::StrCat("weight_cap must be >= 1, got ", options.weight_cap));
   }
+  if (!(options.weight_tolerance >= 0) || !std::isfinite(options.weight_tolerance)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_tolerance must be finite and >= 0, got ", options.weight_tolerance));
+  }
   if (!(options.tau >= -1.0 && options.tau <= 1.0)) {
     return absl::InvalidArgumentError(absl::StrCat("tau must be in [-1, 1], got ", options.tau));
   }
-  ASSIGN_OR_RETURN(Checked in, CheckInputs(model, profile, inputs, options.max_draft));
+  if (options.max_reference_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_reference_tokens must be >= 0 (0 = all), got ", options.max_reference_tokens));
+  }
+  ASSIGN_OR_RETURN(Checked in,
+                   CheckInputs(model, profile, inputs, options.max_draft, options.alpha_prior));
   const int64_t n = in.context_length;
+  // The first r_used reference tokens: their prefix K/V is exactly the given one.
+  const int64_t r_used =
+      options.max_reference_tokens > 0 ? std::min<int64_t>(in.r, options.max_reference_tokens)
+                                       : in.r;
+  torch::Tensor states;
+  {
+    c10::InferenceMode guard;
+    states = r_used < in.r ? in.states.narrow(1, 0, r_used) : in.states;
+  }
+  const absl::Span<const int32_t> targets(inputs.target_argmax.data(),
+                                          static_cast<size_t>(r_used));
   const SublayerWeights weights =
-      ComputeSublayerWeights(profile.AttentionSeconds(n), profile.MlpSeconds(), options.weight_cap);
+      ComputeSublayerWeights(profile.AttentionSeconds(n), profile.MlpSeconds(), options.weight_cap,
+                             options.weight_tolerance);
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
                    ModelSublayerRunner::Create(model, inputs.prefix_kv,
                                                std::min(inputs.prefix_len, inputs.first_position),
@@ -162,31 +199,57 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyPr
   KnapsackOptions dp;
   dp.tau = options.tau;
   dp.keep_first_and_last = options.keep_first_and_last;
+  torch::Tensor final_states;
   ASSIGN_OR_RETURN(std::vector<SkipCandidate> candidates,
-                   SolveKnapsack(runner, in.states, inputs.target_argmax, weights, dp));
+                   SolveKnapsack(runner, states,
+                                 options.lazy_alpha ? absl::Span<const int32_t>() : targets,
+                                 weights, dp, /*stats=*/nullptr, &final_states));
 
-  std::vector<TptCandidate> tpt;
-  tpt.reserve(candidates.size());
-  for (const SkipCandidate& c : candidates) {
-    tpt.push_back({std::clamp(c.alpha_hat, 0.0, 1.0), profile.DraftSeconds(c.mask, n)});
+  std::vector<double> draft_seconds;
+  draft_seconds.reserve(candidates.size());
+  for (const SkipCandidate& c : candidates) draft_seconds.push_back(profile.DraftSeconds(c.mask, n));
+  const std::vector<double> verify = VerifyTable(profile, n, options.max_draft);
+  TptChoice choice;
+  if (options.lazy_alpha) {
+    auto alpha_of = [&](int i) -> absl::StatusOr<double> {
+      torch::Tensor one;
+      {
+        c10::InferenceMode guard;
+        one = final_states.narrow(0, i, 1);
+      }
+      ASSIGN_OR_RETURN(std::vector<double> share, MeasureAlphaHats(runner, one, targets));
+      candidates[i].alpha_hat = share[0];
+      return SmoothAlpha(share[0], r_used, options.alpha_prior);
+    };
+    ASSIGN_OR_RETURN(choice, MaximizeTptLazily(draft_seconds,
+                                               SmoothAlpha(1.0, r_used, options.alpha_prior),
+                                               verify, options.max_draft, alpha_of));
+  } else {
+    std::vector<TptCandidate> tpt;
+    tpt.reserve(candidates.size());
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      tpt.push_back(
+          {SmoothAlpha(candidates[i].alpha_hat, r_used, options.alpha_prior), draft_seconds[i]});
+    }
+    ASSIGN_OR_RETURN(choice, MaximizeTpt(tpt, verify, options.max_draft));
   }
-  ASSIGN_OR_RETURN(TptChoice choice,
-                   MaximizeTpt(tpt, VerifyTable(profile, n, options.max_draft), options.max_draft));
   DraftPlan plan;
   plan.mask = LayerMask(model.num_layers());
   plan.gamma = choice.gamma;
   plan.predicted_tpt = choice.tpt;
   plan.baseline_tpt = choice.baseline_tpt;
   plan.num_candidates = static_cast<int>(candidates.size());
+  plan.num_evaluated = choice.num_evaluated;
   plan.step = inputs.step;
   if (choice.candidate >= 0) {
     const SkipCandidate& best = candidates[choice.candidate];
     plan.mask = best.mask;
     plan.alpha_hat = best.alpha_hat;
+    plan.alpha_smoothed = SmoothAlpha(best.alpha_hat, r_used, options.alpha_prior);
     plan.mean_cosine = best.mean_cosine;
   } else {
-    // No speculation: report the full model's own numbers (candidate j = 0).
-    plan.alpha_hat = candidates.front().alpha_hat;
+    // No speculation: the full model (candidate j = 0) accepts its own tokens.
+    plan.alpha_hat = 1.0;
     plan.mean_cosine = candidates.front().mean_cosine;
   }
   plan.solve_seconds = SecondsSince(start);
@@ -200,7 +263,8 @@ absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model, const LatencyProfi
     return absl::InvalidArgumentError(absl::StrCat(
         "gamma must be in [0, max_draft = ", options.max_draft, "], got ", options.gamma));
   }
-  ASSIGN_OR_RETURN(Checked in, CheckInputs(model, profile, inputs, options.max_draft));
+  ASSIGN_OR_RETURN(Checked in,
+                   CheckInputs(model, profile, inputs, options.max_draft, options.alpha_prior));
   // The DP on the last reference token, attending to the full model's K/V of
   // every earlier position it has.
   const int64_t last = inputs.first_position + in.r - 1;
@@ -223,8 +287,8 @@ absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model, const LatencyProfi
   ASSIGN_OR_RETURN(SkipCandidate measured,
                    EvaluateMask(runner, in.states, inputs.target_argmax, chosen.mask));
   DraftPlan plan;
-  RETURN_IF_ERROR(
-      ChooseGamma(profile, in.context_length, measured, options.max_draft, options.gamma, plan));
+  RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, in.r, options.alpha_prior,
+                              options.max_draft, options.gamma, plan));
   plan.step = inputs.step;
   plan.solve_seconds = SecondsSince(start);
   return plan;
@@ -239,7 +303,8 @@ absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model, const LatencyProf
                                                    mask.num_layers(), " layers, the model has ",
                                                    model.num_layers()));
   }
-  ASSIGN_OR_RETURN(Checked in, CheckInputs(model, profile, inputs, options.max_draft));
+  ASSIGN_OR_RETURN(Checked in,
+                   CheckInputs(model, profile, inputs, options.max_draft, options.alpha_prior));
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
                    ModelSublayerRunner::Create(model, inputs.prefix_kv,
                                                std::min(inputs.prefix_len, inputs.first_position),
@@ -247,8 +312,8 @@ absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model, const LatencyProf
   ASSIGN_OR_RETURN(SkipCandidate measured,
                    EvaluateMask(runner, in.states, inputs.target_argmax, mask));
   DraftPlan plan;
-  RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, options.max_draft,
-                              /*fixed_gamma=*/0, plan));
+  RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, in.r, options.alpha_prior,
+                              options.max_draft, /*fixed_gamma=*/0, plan));
   plan.step = inputs.step;
   plan.solve_seconds = SecondsSince(start);
   return plan;

@@ -31,7 +31,9 @@
 #include "absl/status/statusor.h"
 #include "common/layer_mask.h"
 #include "common/planner_client.h"
+#include "planner/knapsack.h"
 #include "planner/latency_profile.h"
+#include "planner/tpt.h"
 
 namespace knapserve {
 
@@ -58,23 +60,60 @@ struct PlanInputs {
   // prefix_len makes the DP attend to fewer positions. Null iff prefix_len == 0.
   const std::vector<LayerKv>* prefix_kv = nullptr;
   int64_t prefix_len = 0;
-  // Context length n for the latency model; 0 means first_position + r.
+  // Context length n at the snapshot; 0 means first_position + r.
   int64_t context_length = 0;
+  // Tokens the plan is expected to decode while it is in force (0 = price it
+  // at the snapshot). A plan made at context n serves contexts n .. n + T, so
+  // every policy prices it at the mean context over its life,
+  // PricingContextLength() = n + plan_lifetime_tokens / 2: the integer
+  // weights, t_draft and t_verify all use that length. Costs are linear in n
+  // (piecewise for t_verify), so the mean cost over the plan's life is the
+  // cost at its mean context. The executor fills it with the plan interval in
+  // steps (each step commits at least one token; PlanRequest carries it).
+  int64_t plan_lifetime_tokens = 0;
   // Decode step of the plan boundary, echoed in DraftPlan::step.
   int64_t step = 0;
 };
 
+// The context length every policy prices a plan at: (context_length, or
+// first_position + r when it is 0) + plan_lifetime_tokens / 2.
+int64_t PricingContextLength(const PlanInputs& inputs);
+
 struct KnapSpecOptions {
-  double tau = 0.5;                 // DP cells below this mean cosine are dropped
-  int weight_cap = 5;               // largest integer weight of the dearer sublayer kind
+  double tau = 0.5;  // DP cells below this mean cosine are dropped
+  // Integer sublayer weights: the largest weight, and the largest relative
+  // error of the weights' attention:MLP ratio (ComputeSublayerWeights in
+  // planner/knapsack.h says how and bounds the DP's width: with the defaults
+  // w_attn + w_mlp <= 17).
+  int weight_cap = kDefaultWeightCap;
+  double weight_tolerance = kDefaultWeightTolerance;
   int max_draft = 10;               // D: gamma in 1..D
   bool keep_first_and_last = true;  // never skip layer 0 or layer L-1
+  // The DP uses at most this many reference tokens (the first ones, so the
+  // prefix K/V they attend to is exactly the one given); 0 = all r. The solve
+  // is linear in r, while the binomial standard error of alpha_hat,
+  // sqrt(a (1 - a) / r), shrinks only as 1/sqrt(r): at a = 0.7 it is 0.11 at
+  // r = 16 and 0.08 at r = 30, for 1.9x the solve time (README: 0.52 s at
+  // r = 10, 1.37 s at r = 30 on smollm2). 16 keeps alpha_hat's resolution at
+  // 1/16 and the smoothing prior's weight (2 pseudo-tokens) small.
+  int max_reference_tokens = 16;
+  // Smoothing of alpha_hat before the TPT grid (planner/tpt.h).
+  AlphaPrior alpha_prior;
+  // Measure alpha_hat lazily, in decreasing order of each candidate's best
+  // possible TPT, stopping once that bound cannot beat the best found
+  // (MaximizeTptLazily); false measures every candidate in one batch. Both
+  // give the same plan; lazy runs the LM head for fewer candidates.
+  bool lazy_alpha = true;
 };
 
-// KnapSpec: weights from the profile at n = context_length, the sublayer DP
-// on all r reference tokens, alpha_hat for every surviving candidate, and
-// the TPT grid over candidates x gamma in 1..D. num_candidates counts the
-// surviving DP cells (including j = 0).
+// KnapSpec: weights from the profile at n = PricingContextLength(inputs), the
+// sublayer DP on the first max_reference_tokens reference tokens, the smoothed
+// alpha_hat of the candidates that can still win (lazy) or of all of them,
+// and the TPT grid over candidates x gamma in 1..D. num_candidates counts the
+// surviving DP cells (including j = 0), num_evaluated those whose alpha_hat
+// was measured. alpha_hat is the raw share of the chosen mask; with gamma 0
+// it is 1 (the full model accepts its own tokens) and mean_cosine is the
+// no-skip cell's.
 absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyProfile& profile,
                                         const PlanInputs& inputs, const KnapSpecOptions& options);
 
@@ -83,21 +122,25 @@ struct ClaspOptions {
   int max_draft = 10;               // D for the TPT grid
   int gamma = 0;                    // > 0: fixed gamma instead of the TPT grid
   bool keep_first_and_last = true;  // never skip layer 0 or layer L-1
+  AlphaPrior alpha_prior;           // smoothing of alpha_hat for the TPT grid
 };
 
 // CLaSp: the whole-layer DP (exactly M layers skipped, no pruning) on the
 // last reference token's states only (r = 1, attending to the prefix K/V up to
 // it); the chosen mask's alpha_hat is then measured on all r tokens and gamma
-// comes from the TPT grid (or ClaspOptions::gamma). num_candidates is 1.
+// comes from the TPT grid with the smoothed alpha_hat at
+// PricingContextLength(inputs) (or ClaspOptions::gamma). num_candidates is 1.
 absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model, const LatencyProfile& profile,
                                      const PlanInputs& inputs, const ClaspOptions& options);
 
 struct StaticOptions {
-  int max_draft = 10;  // D for the TPT grid
+  int max_draft = 10;      // D for the TPT grid
+  AlphaPrior alpha_prior;  // smoothing of alpha_hat for the TPT grid
 };
 
 // A fixed mask: alpha_hat measured on the r reference tokens, gamma from the
-// TPT grid. InvalidArgument when the mask's layer count is not the model's.
+// TPT grid (smoothed alpha_hat, PricingContextLength(inputs)).
+// InvalidArgument when the mask's layer count is not the model's.
 absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model, const LatencyProfile& profile,
                                       const PlanInputs& inputs, const LayerMask& mask,
                                       const StaticOptions& options);

@@ -1,24 +1,16 @@
 #include "planner/tpt.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
 namespace knapserve {
+namespace {
 
-double ExpectedTokensPerStep(double alpha, int gamma) {
-  if (gamma <= 0) return 1.0;
-  if (1.0 - alpha < 1e-9) return gamma + 1.0;
-  return (1.0 - std::pow(alpha, gamma + 1)) / (1.0 - alpha);
-}
-
-double TokensPerSecond(double alpha, int gamma, double draft_seconds, double verify_seconds) {
-  const double draft = gamma > 0 ? gamma * draft_seconds : 0.0;
-  return ExpectedTokensPerStep(alpha, gamma) / (draft + verify_seconds);
-}
-
-absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
-                                      absl::Span<const double> verify_seconds, int max_draft) {
+absl::Status CheckGrid(absl::Span<const double> verify_seconds, int max_draft) {
   if (max_draft < 1) {
     return absl::InvalidArgumentError(absl::StrCat("max_draft must be >= 1, got ", max_draft));
   }
@@ -33,30 +25,149 @@ absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
           absl::StrCat("verify time for ", t + 1, " tokens must be positive and finite"));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDraftSeconds(size_t candidate, double draft_seconds) {
+  if (!(draft_seconds > 0) || !std::isfinite(draft_seconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("candidate ", candidate, ": draft time must be positive and finite"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAlpha(size_t candidate, double alpha) {
+  if (!(alpha >= 0 && alpha <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("candidate ", candidate, ": alpha_hat ", alpha, " outside [0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
+// Folds candidate i's gamma row into `best` with MaximizeTpt's order: a strictly
+// higher TPT wins, and at an equal TPT the lower candidate index (the one
+// MaximizeTpt would have met first) wins; within a candidate the first gamma.
+// The TPT a draft must exceed to replace plain decoding.
+double BaselineToBeat(const TptChoice& best) {
+  return best.baseline_tpt * (1.0 + kMinSpeculationGain);
+}
+
+void Consider(int i, double alpha, double draft_seconds, absl::Span<const double> verify_seconds,
+              int max_draft, TptChoice& best) {
+  for (int gamma = 1; gamma <= max_draft; ++gamma) {
+    const double tpt = TokensPerSecond(alpha, gamma, draft_seconds, verify_seconds[gamma]);
+    bool wins = false;
+    if (best.candidate < 0) {
+      wins = tpt > BaselineToBeat(best);
+    } else {
+      wins = tpt > best.tpt || (tpt == best.tpt && i < best.candidate);
+    }
+    if (wins) {
+      best.candidate = i;
+      best.gamma = gamma;
+      best.tpt = tpt;
+    }
+  }
+}
+
+}  // namespace
+
+double ExpectedTokensPerStep(double alpha, int gamma) {
+  if (gamma <= 0) return 1.0;
+  if (1.0 - alpha < 1e-9) return gamma + 1.0;
+  return (1.0 - std::pow(alpha, gamma + 1)) / (1.0 - alpha);
+}
+
+double TokensPerSecond(double alpha, int gamma, double draft_seconds, double verify_seconds) {
+  const double draft = gamma > 0 ? gamma * draft_seconds : 0.0;
+  return ExpectedTokensPerStep(alpha, gamma) / (draft + verify_seconds);
+}
+
+absl::Status ValidateAlphaPrior(const AlphaPrior& prior) {
+  if (!(prior.hits >= 0) || !std::isfinite(prior.hits)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alpha_prior.hits must be finite and >= 0, got ", prior.hits));
+  }
+  if (!(prior.misses >= 0) || !std::isfinite(prior.misses)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alpha_prior.misses must be finite and >= 0, got ", prior.misses));
+  }
+  return absl::OkStatus();
+}
+
+double SmoothAlpha(double share, int64_t r, const AlphaPrior& prior) {
+  const double s = std::clamp(share, 0.0, 1.0);
+  const double tokens = static_cast<double>(std::max<int64_t>(0, r));
+  const double total = tokens + prior.hits + prior.misses;
+  if (!(total > 0)) return s;
+  return (s * tokens + prior.hits) / total;
+}
+
+absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
+                                      absl::Span<const double> verify_seconds, int max_draft) {
+  if (absl::Status s = CheckGrid(verify_seconds, max_draft); !s.ok()) return s;
   for (size_t i = 0; i < candidates.size(); ++i) {
-    const TptCandidate& c = candidates[i];
-    if (!(c.alpha >= 0 && c.alpha <= 1)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("candidate ", i, ": alpha_hat ", c.alpha, " outside [0, 1]"));
-    }
-    if (!(c.draft_seconds > 0) || !std::isfinite(c.draft_seconds)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("candidate ", i, ": draft time must be positive and finite"));
-    }
+    if (absl::Status s = CheckAlpha(i, candidates[i].alpha); !s.ok()) return s;
+    if (absl::Status s = CheckDraftSeconds(i, candidates[i].draft_seconds); !s.ok()) return s;
   }
   TptChoice best;
   best.baseline_tpt = TokensPerSecond(0, 0, 0, verify_seconds[0]);
   best.tpt = best.baseline_tpt;
   for (size_t i = 0; i < candidates.size(); ++i) {
+    Consider(static_cast<int>(i), candidates[i].alpha, candidates[i].draft_seconds,
+             verify_seconds, max_draft, best);
+  }
+  best.num_evaluated = static_cast<int>(candidates.size());
+  return best;
+}
+
+absl::StatusOr<TptChoice> MaximizeTptLazily(absl::Span<const double> draft_seconds,
+                                            double alpha_upper,
+                                            absl::Span<const double> verify_seconds,
+                                            int max_draft, const AlphaFunction& alpha_of) {
+  if (absl::Status s = CheckGrid(verify_seconds, max_draft); !s.ok()) return s;
+  if (!(alpha_upper >= 0 && alpha_upper <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alpha_upper ", alpha_upper, " outside [0, 1]"));
+  }
+  const size_t count = draft_seconds.size();
+  std::vector<double> bound(count, 0.0);
+  for (size_t i = 0; i < count; ++i) {
+    if (absl::Status s = CheckDraftSeconds(i, draft_seconds[i]); !s.ok()) return s;
     for (int gamma = 1; gamma <= max_draft; ++gamma) {
-      const double tpt = TokensPerSecond(candidates[i].alpha, gamma, candidates[i].draft_seconds,
-                                         verify_seconds[gamma]);
-      if (tpt > best.tpt) {
-        best.candidate = static_cast<int>(i);
-        best.gamma = gamma;
-        best.tpt = tpt;
-      }
+      bound[i] = std::max(bound[i], TokensPerSecond(alpha_upper, gamma, draft_seconds[i],
+                                                    verify_seconds[gamma]));
     }
+    // A relative margin far above rounding error: the closed form of
+    // ExpectedTokensPerStep near alpha = 1 may round a hair above the value at
+    // alpha_upper, and a bound must never be below what it bounds.
+    bound[i] *= 1.0 + 1e-9;
+  }
+  std::vector<int> order(count);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&bound](int a, int b) { return bound[a] > bound[b]; });
+
+  TptChoice best;
+  best.baseline_tpt = TokensPerSecond(0, 0, 0, verify_seconds[0]);
+  best.tpt = best.baseline_tpt;
+  for (int i : order) {
+    // Later candidates have no higher bound and, at an equal bound, a higher
+    // index: none of them can win once this one cannot.
+    if (best.candidate < 0) {
+      if (bound[i] <= BaselineToBeat(best)) break;
+    } else {
+      if (bound[i] < best.tpt) break;
+      if (bound[i] == best.tpt && i > best.candidate) break;
+    }
+    absl::StatusOr<double> alpha = alpha_of(i);
+    if (!alpha.ok()) return alpha.status();
+    ++best.num_evaluated;
+    if (absl::Status s = CheckAlpha(i, *alpha); !s.ok()) return s;
+    if (*alpha > alpha_upper + 1e-12) {
+      return absl::InvalidArgumentError(absl::StrCat("candidate ", i, ": alpha ", *alpha,
+                                                     " above alpha_upper ", alpha_upper));
+    }
+    Consider(i, *alpha, draft_seconds[i], verify_seconds, max_draft, best);
   }
   return best;
 }

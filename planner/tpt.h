@@ -9,12 +9,33 @@
 //
 // and plain autoregressive decoding (gamma = 0) gives 1 / t_verify(n, 1).
 // MaximizeTpt searches the grid candidates x gamma in 1..D and reports "no
-// speculation" when nothing beats autoregressive decoding.
+// speculation" when nothing beats autoregressive decoding; MaximizeTptLazily
+// finds the same maximizer while measuring alpha for as few candidates as it
+// can (see there).
+//
+// Acceptance estimates. alpha is measured as the share of r reference tokens
+// on which the draft's argmax equals the full model's. With r = 5 that share
+// can only be 0, 0.2, ..., 1, and 1.0 makes every extra draft token look free
+// of rejections, so the grid drives gamma to D. SmoothAlpha replaces the raw
+// share by the posterior mean under a Beta(hits, misses) prior,
+//
+//   alpha = (share * r + hits) / (r + hits + misses),
+//
+// Laplace's rule of succession for the default Beta(1, 1) (uniform) prior:
+// 5 of 5 becomes 6/7 = 0.857, 16 of 16 becomes 17/18 = 0.944, and the
+// estimate approaches the raw share as r grows. We smooth rather than demand
+// more tokens because every reference token costs solve time (the DP is linear
+// in r) and the uniform prior is the least informative one that keeps alpha
+// strictly inside (0, 1) for any finite r.
 //
 // Pure functions of their arguments; thread-safe.
 #ifndef KNAPSERVE_PLANNER_TPT_H_
 #define KNAPSERVE_PLANNER_TPT_H_
 
+#include <cstdint>
+#include <functional>
+
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
@@ -27,9 +48,24 @@ double ExpectedTokensPerStep(double alpha, int gamma);
 // TPT(S, gamma) in tokens per second. gamma = 0 ignores draft_seconds.
 double TokensPerSecond(double alpha, int gamma, double draft_seconds, double verify_seconds);
 
+// The Beta(hits, misses) prior of SmoothAlpha. {0, 0} turns smoothing off
+// (the raw share is used).
+struct AlphaPrior {
+  double hits = 1;    // pseudo-tokens accepted
+  double misses = 1;  // pseudo-tokens rejected
+};
+
+// InvalidArgument naming alpha_prior.hits / alpha_prior.misses when one is
+// negative or not finite.
+absl::Status ValidateAlphaPrior(const AlphaPrior& prior);
+
+// (share * r + hits) / (r + hits + misses), share clamped to [0, 1], r >= 0.
+// With r + hits + misses == 0 (nothing known) the share itself (clamped).
+double SmoothAlpha(double share, int64_t r, const AlphaPrior& prior);
+
 // One draft sub-network as the TPT search sees it.
 struct TptCandidate {
-  double alpha = 0;          // alpha_hat, in [0, 1]
+  double alpha = 0;          // acceptance (smoothed alpha_hat), in [0, 1]
   double draft_seconds = 0;  // t_draft(S) per draft token, > 0
 };
 
@@ -39,17 +75,43 @@ struct TptChoice {
   int gamma = 0;            // 0 = no speculation
   double tpt = 0;           // predicted tokens per second of the choice
   double baseline_tpt = 0;  // 1 / t_verify(n, 1)
+  int num_evaluated = 0;    // candidates whose alpha was looked at
 };
+
+// Speculation must beat plain decoding by more than this relative margin.
+// It only absorbs rounding: a draft that costs exactly a one-token
+// verification with alpha = 1 gives (gamma + 1) / (gamma * v + v), which
+// floating point may round a hair above 1 / v.
+inline constexpr double kMinSpeculationGain = 1e-9;
 
 // verify_seconds[t - 1] = t_verify(n, t) for t = 1..max_draft+1 (more entries
 // are ignored). Returns the (candidate, gamma) with the highest TPT over
 // gamma in 1..max_draft; the first one found wins ties (candidates in order,
-// gamma increasing). A choice must beat the autoregressive baseline strictly,
-// else the result is {-1, 0, baseline, baseline}. InvalidArgument for
-// max_draft < 1, a short or non-positive verify table, alpha outside [0, 1]
-// or draft_seconds <= 0.
+// gamma increasing). A choice must beat the autoregressive baseline by more
+// than kMinSpeculationGain, else the result is {-1, 0, baseline, baseline}. num_evaluated is the number
+// of candidates. InvalidArgument for max_draft < 1, a short or non-positive
+// verify table, alpha outside [0, 1] or draft_seconds <= 0.
 absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
                                       absl::Span<const double> verify_seconds, int max_draft);
+
+// Returns candidate i's acceptance in [0, alpha_upper] (measuring it on
+// demand); errors abort the search and are returned as they are.
+using AlphaFunction = std::function<absl::StatusOr<double>(int candidate)>;
+
+// The same choice as MaximizeTpt over {alpha_of(i), draft_seconds[i]} for
+// every i (same candidate, gamma, tpt and tie-breaking), but alpha_of is
+// called lazily: candidates are visited in decreasing order of their best
+// possible TPT (the grid maximum at alpha = alpha_upper, which bounds every
+// TPT of the candidate because TPT grows with alpha), and the search stops as
+// soon as that bound can no longer beat the best TPT found so far (or, before
+// any candidate won, the autoregressive baseline). alpha_of is called at most
+// once per candidate; num_evaluated counts the calls. alpha_upper must bound
+// every value alpha_of returns (InvalidArgument naming the candidate if one
+// exceeds it), e.g. SmoothAlpha(1.0, r, prior). Other errors as MaximizeTpt.
+absl::StatusOr<TptChoice> MaximizeTptLazily(absl::Span<const double> draft_seconds,
+                                            double alpha_upper,
+                                            absl::Span<const double> verify_seconds,
+                                            int max_draft, const AlphaFunction& alpha_of);
 
 }  // namespace knapserve
 

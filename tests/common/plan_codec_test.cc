@@ -21,6 +21,7 @@ PlanRequest MakeRequest(int64_t first_position, int64_t r) {
   request.sequence_id = 42;
   request.step = 128;
   request.context_length = first_position + r;
+  request.plan_lifetime_tokens = 64;
   request.policy = PlanPolicy::kClasp;
   request.clasp_layers = 1;
   request.max_draft = 6;
@@ -48,6 +49,8 @@ TEST(PlanCodecTest, RequestRoundTripsWithAWindowOfThePrefix) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->sequence_id, 42u);
   EXPECT_EQ(back->step, 128);
+  EXPECT_EQ(back->context_length, 56);
+  EXPECT_EQ(back->plan_lifetime_tokens, 64);
   EXPECT_EQ(back->policy, PlanPolicy::kClasp);
   EXPECT_EQ(back->clasp_layers, 1);
   EXPECT_EQ(back->max_draft, 6);
@@ -82,6 +85,8 @@ TEST(PlanCodecTest, ResponsesRoundTripAndErrorsKeepTheirKind) {
   plan.predicted_tpt = 123.5;
   plan.alpha_hat = 0.75;
   plan.num_candidates = 9;
+  plan.num_evaluated = 4;
+  plan.alpha_smoothed = 0.7;
   plan.solve_seconds = 0.25;
   plan.queue_seconds = 0.01;
   const v1::PlanResponse wire = EncodePlanResponse(42, 128, plan);
@@ -92,6 +97,9 @@ TEST(PlanCodecTest, ResponsesRoundTripAndErrorsKeepTheirKind) {
   EXPECT_EQ(back->step, 128);
   EXPECT_DOUBLE_EQ(back->predicted_tpt, 123.5);
   EXPECT_DOUBLE_EQ(back->alpha_hat, 0.75);
+  EXPECT_DOUBLE_EQ(back->alpha_smoothed, 0.7);
+  EXPECT_EQ(back->num_candidates, 9);
+  EXPECT_EQ(back->num_evaluated, 4);
   for (const absl::Status& error :
        {absl::FailedPreconditionError("other model"), absl::InvalidArgumentError("states: bad"),
         absl::CancelledError("superseded"), absl::ResourceExhaustedError("queue full"),
@@ -114,6 +122,7 @@ TEST(PlanCodecTest, RefusesMalformedRequestsNamingTheField) {
   const std::vector<Case> cases = {
       {"sequence_id", [](v1::PlanRequest& r) { r.set_sequence_id("seq-a"); }},
       {"context_length", [](v1::PlanRequest& r) { r.set_context_length(0); }},
+      {"plan_lifetime_tokens", [](v1::PlanRequest& r) { r.set_plan_lifetime_tokens(-5); }},
       {"model_fingerprint", [](v1::PlanRequest& r) { r.clear_model_fingerprint(); }},
       {"reference_states: required", [](v1::PlanRequest& r) { r.clear_reference_states(); }},
       {"reference_states.data", [](v1::PlanRequest& r) {

@@ -117,6 +117,35 @@ TEST(InProcessPlannerTest, EveryPolicyAnswers) {
   EXPECT_EQ(planner->Solve(fixed).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// PlanRequest::plan_lifetime_tokens reaches every policy: the plan is priced
+// at context_length + lifetime / 2 (0 keeps the snapshot's context).
+TEST(InProcessPlannerTest, PricesEveryPolicyAtTheMeanContextOfThePlansLife) {
+  const LlamaModel* model = GetModel("tiny-llama");
+  ASSERT_NE(model, nullptr);
+  LatencyProfile profile = HandLatencyProfile(*model);
+  for (double& v : profile.verify_seconds.back()) v *= 4;  // dearer with context
+  InProcessPlannerOptions options;
+  options.knapspec.keep_first_and_last = false;
+  options.knapspec.tau = -1;
+  auto planner = InProcessPlanner::Create(*model, profile, options);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  for (PlanPolicy policy : {PlanPolicy::kKnapSpec, PlanPolicy::kClasp, PlanPolicy::kStatic}) {
+    SCOPED_TRACE(PlanPolicyName(policy));
+    PlanRequest request = MakeRequest(*model, 4, 24, 6);  // context 30
+    request.policy = policy;
+    request.clasp_layers = 1;
+    request.static_mask = "m0";
+    auto now = (*planner)->Solve(request);
+    ASSERT_TRUE(now.ok()) << now.status();
+    EXPECT_DOUBLE_EQ(now->baseline_tpt, 1.0 / profile.VerifySeconds(30, 1));
+    request.plan_lifetime_tokens = 64;
+    auto lived = (*planner)->Solve(request);
+    ASSERT_TRUE(lived.ok()) << lived.status();
+    EXPECT_DOUBLE_EQ(lived->baseline_tpt, 1.0 / profile.VerifySeconds(62, 1));
+    EXPECT_LT(lived->baseline_tpt, now->baseline_tpt);
+  }
+}
+
 TEST(InProcessPlannerTest, RefusesRequestsAndProfilesOfAnotherModel) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");

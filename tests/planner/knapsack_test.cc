@@ -236,14 +236,57 @@ TEST(KnapsackTest, ComputesIntegerWeightsFromLatencies) {
   auto eq = [](SublayerWeights a, int attention, int mlp) {
     return a.attention == attention && a.mlp == mlp;
   };
-  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 1.0, 5), 1, 1));
-  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 2.4, 5), 1, 2));
-  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 2.6, 5), 1, 3));
-  EXPECT_TRUE(eq(ComputeSublayerWeights(3.0, 1.0, 5), 3, 1));
-  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 40.0, 5), 1, 5));  // capped
-  EXPECT_TRUE(eq(ComputeSublayerWeights(40.0, 1.0, 3), 3, 1));  // capped
-  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 1.3, 5), 1, 1));   // rounds down to 1
-  EXPECT_TRUE(eq(ComputeSublayerWeights(0.0, 1.0, 5), 1, 1));   // degenerate
+  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 1.0, 16), 1, 1));
+  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 2.0, 16), 1, 2));
+  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 2.4, 16), 2, 5));   // 2.5: 4% off (1:2 was 17%)
+  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 2.6, 16), 2, 5));   // 2.5: 4% off (1:3 was 15%)
+  EXPECT_TRUE(eq(ComputeSublayerWeights(3.0, 1.0, 16), 3, 1));
+  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 1.05, 16), 1, 1));  // within 10%
+  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 40.0, 16), 1, 16));  // capped
+  EXPECT_TRUE(eq(ComputeSublayerWeights(40.0, 1.0, 3), 3, 1));    // capped
+  EXPECT_TRUE(eq(ComputeSublayerWeights(0.0, 1.0, 16), 1, 1));    // degenerate
+  EXPECT_TRUE(eq(ComputeSublayerWeights(NAN, 1.0, 16), 1, 1));    // degenerate
+  // A tighter tolerance buys a finer ratio: 13:10 exactly.
+  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 1.3, 16, 0.0), 10, 13));
+}
+
+// The weights used to merge sublayers whose costs differ by up to 50%
+// (attention:MLP = 1.3 rounded to 1:1) and to cap the dearer kind at 5 (8:1
+// became 5:1). Now the ratio of the weights is within the tolerance of the
+// ratio of the costs, and the DP's width (w_attn + w_mlp) stays bounded.
+TEST(KnapsackTest, IntegerWeightsAreFaithfulToTheCostRatioWithABoundedBudget) {
+  auto ratio_error = [](SublayerWeights w, double attention, double mlp) {
+    const double cost = attention / mlp;
+    const double weight = static_cast<double>(w.attention) / w.mlp;
+    // Relative to the smaller ratio: the same for attention:MLP and MLP:attention.
+    return std::abs(weight - cost) / std::min(weight, cost);
+  };
+  SublayerWeights w = ComputeSublayerWeights(1.3, 1.0, kDefaultWeightCap);
+  EXPECT_NE(w.attention, w.mlp);  // was merged to 1:1
+  EXPECT_LE(ratio_error(w, 1.3, 1.0), kDefaultWeightTolerance);
+  w = ComputeSublayerWeights(8.0, 1.0, kDefaultWeightCap);
+  EXPECT_EQ(w.attention, 8);  // was capped at 5
+  EXPECT_EQ(w.mlp, 1);
+
+  int widest = 0;
+  int widest_up_to_5 = 0;
+  for (int i = 0; i <= 40000; ++i) {
+    // Ratios attention:MLP from 1/20 to 20, log-spaced.
+    const double ratio = std::exp(std::log(20.0) * (2.0 * i / 40000 - 1.0));
+    SCOPED_TRACE(absl::StrCat("attention:mlp = ", ratio));
+    w = ComputeSublayerWeights(ratio, 1.0, kDefaultWeightCap);
+    ASSERT_GE(w.attention, 1);
+    ASSERT_GE(w.mlp, 1);
+    ASSERT_LE(std::max(w.attention, w.mlp), kDefaultWeightCap);
+    if (ratio <= 16.0 && ratio >= 1.0 / 16.0) {
+      ASSERT_LE(ratio_error(w, ratio, 1.0), kDefaultWeightTolerance + 1e-12);
+    }
+    widest = std::max(widest, w.attention + w.mlp);
+    if (ratio <= 5.0 && ratio >= 0.2) widest_up_to_5 = std::max(widest_up_to_5, w.attention + w.mlp);
+  }
+  // The bounds the header states: the DP has at most L * 17 / 2 + 1 cells.
+  EXPECT_LE(widest, kDefaultWeightCap + 1);
+  EXPECT_LE(widest_up_to_5, 11);
 }
 
 TEST(KnapsackTest, RejectsBadInputs) {
@@ -362,8 +405,19 @@ TEST(KnapsackModelTest, NoSkipCandidateReproducesTheFullModel) {
     ASSERT_TRUE(runner.ok()) << runner.status();
     KnapsackOptions options;
     options.keep_first_and_last = false;
-    auto candidates = SolveKnapsack(*runner, snap.states, snap.target, {1, 1}, options);
+    torch::Tensor final_states;
+    auto candidates = SolveKnapsack(*runner, snap.states, snap.target, {1, 1}, options,
+                                    /*stats=*/nullptr, &final_states);
     ASSERT_TRUE(candidates.ok()) << candidates.status();
+    // The final states measure the same alpha_hat later (the planner's lazy path).
+    ASSERT_EQ(final_states.size(0), static_cast<int64_t>(candidates->size()));
+    auto later = MeasureAlphaHats(*runner, final_states, snap.target);
+    ASSERT_TRUE(later.ok()) << later.status();
+    for (size_t k = 0; k < candidates->size(); ++k) {
+      EXPECT_EQ((*later)[k], (*candidates)[k].alpha_hat) << "candidate " << k;
+    }
+    EXPECT_EQ(MeasureAlphaHats(*runner, final_states, {}).status().code(),
+              absl::StatusCode::kInvalidArgument);
     const SkipCandidate& full = candidates->front();
     ASSERT_EQ(full.skipped_weight, 0);
     EXPECT_TRUE(full.mask.empty());

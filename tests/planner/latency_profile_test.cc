@@ -85,25 +85,107 @@ TEST(FitLineTest, RejectsDegenerateInput) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(LatencyProfileTest, InterpolatesAndClampsTheVerifyTable) {
+TEST(LatencyProfileTest, InterpolatesInsideAndClampsBelowTheVerifyTable) {
   const LatencyProfile p = HandProfile();
   ASSERT_TRUE(p.Validate().ok()) << p.Validate();
   EXPECT_DOUBLE_EQ(p.VerifySeconds(100, 1), 1e-3);
   EXPECT_DOUBLE_EQ(p.VerifySeconds(600, 1), 1.5e-3);    // halfway
   EXPECT_DOUBLE_EQ(p.VerifySeconds(350, 3), 2.25e-3);   // a quarter
   EXPECT_DOUBLE_EQ(p.VerifySeconds(0, 2), 1.5e-3);      // clamped below
-  EXPECT_DOUBLE_EQ(p.VerifySeconds(50000, 2), 2.5e-3);  // clamped above
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(1100, 2), 2.5e-3);   // the last measured context
   EXPECT_DOUBLE_EQ(p.VerifySeconds(100, 9), 2e-3);      // tokens clamped to max_draft+1
   EXPECT_DOUBLE_EQ(p.AttentionSeconds(1000), 1e-4 + 2e-5);
 
-  // t_draft = fixed + kept attention * t_attn(n) + kept MLP * t_mlp.
+  // The raw sublayer model: fixed + kept attention * t_attn(n) + kept MLP * t_mlp.
   LayerMask mask(4);
-  EXPECT_DOUBLE_EQ(p.DraftSeconds(mask, 1000), 5e-4 + 4 * 1.2e-4 + 4 * 3e-4);
-  EXPECT_DOUBLE_EQ(p.FullStepSeconds(4, 1000), p.DraftSeconds(mask, 1000));
+  EXPECT_DOUBLE_EQ(p.SublayerSeconds(mask, 1000), 5e-4 + 4 * 1.2e-4 + 4 * 3e-4);
+  EXPECT_DOUBLE_EQ(p.FullStepSeconds(4, 1000), p.SublayerSeconds(mask, 1000));
   mask.set_skipped(2, true);  // a1
   mask.set_skipped(5, true);  // m2
   mask.set_skipped(7, true);  // m3
-  EXPECT_DOUBLE_EQ(p.DraftSeconds(mask, 1000), 5e-4 + 3 * 1.2e-4 + 2 * 3e-4);
+  EXPECT_DOUBLE_EQ(p.SublayerSeconds(mask, 1000), 5e-4 + 3 * 1.2e-4 + 2 * 3e-4);
+}
+
+// The verify cost keeps growing past the largest profiled context, along the
+// least-squares line of each token count's row (it used to stay clamped).
+TEST(LatencyProfileTest, ExtrapolatesVerifyCostPastTheLargestContext) {
+  LatencyProfile p = HandProfile();
+  // Rows exactly linear in n: t_verify(n, t) = (0.8 + 0.2 t) ms + t * 1e-6 * n.
+  p.verify_contexts = {128, 512, 1024};
+  p.verify_seconds.clear();
+  for (int64_t n : p.verify_contexts) {
+    std::vector<double> row;
+    for (int t = 1; t <= 3; ++t) row.push_back((0.8 + 0.2 * t) * 1e-3 + t * 1e-6 * n);
+    p.verify_seconds.push_back(row);
+  }
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  for (int t = 1; t <= 3; ++t) {
+    EXPECT_NEAR(p.VerifySlope(t), t * 1e-6, 1e-15) << t;
+    for (int64_t n : {1024, 1500, 4096, 16384}) {
+      EXPECT_NEAR(p.VerifySeconds(n, t), (0.8 + 0.2 * t) * 1e-3 + t * 1e-6 * n, 1e-12)
+          << "n " << n << " t " << t;
+    }
+  }
+  EXPECT_GT(p.VerifySeconds(4096, 1), p.VerifySeconds(1024, 1) + 3e-3);
+  // Anchored at the last measurement (continuous there) even when the rows
+  // are not on a line: slope from the fit, offset from the last point.
+  p.verify_seconds[2][0] += 2e-4;
+  const double slope = p.VerifySlope(1);
+  EXPECT_GT(slope, 0);
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(1024, 1), p.verify_seconds[2][0]);
+  EXPECT_NEAR(p.VerifySeconds(2024, 1), p.verify_seconds[2][0] + 1000 * slope, 1e-15);
+  // A falling row (timing noise) extrapolates flat, never below the last point.
+  p.verify_seconds[0][0] = 9e-3;
+  EXPECT_DOUBLE_EQ(p.VerifySlope(1), 0);
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(8192, 1), p.verify_seconds[2][0]);
+  // A single measured context: flat.
+  LatencyProfile one = HandProfile();
+  one.verify_contexts = {100};
+  one.verify_seconds.resize(1);
+  ASSERT_TRUE(one.Validate().ok()) << one.Validate();
+  EXPECT_DOUBLE_EQ(one.VerifySlope(2), 0);
+  EXPECT_DOUBLE_EQ(one.VerifySeconds(5000, 2), 1.5e-3);
+}
+
+// Verifying more tokens never counts as cheaper than verifying fewer.
+TEST(LatencyProfileTest, VerifyCostIsNonDecreasingInTokens) {
+  LatencyProfile p = HandProfile();
+  p.verify_seconds = {{1e-3, 0.9e-3, 1.2e-3}, {2e-3, 1.8e-3, 1.9e-3}};  // noisy rows
+  ASSERT_TRUE(p.Validate().ok());
+  for (int64_t n : {0, 100, 600, 1100, 5000}) {
+    for (int t = 2; t <= 3; ++t) {
+      EXPECT_GE(p.VerifySeconds(n, t), p.VerifySeconds(n, t - 1)) << "n " << n << " t " << t;
+    }
+  }
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(100, 2), 1e-3);
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(100, 3), 1.2e-3);
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(1100, 3), 2e-3);
+}
+
+// t_draft and t_verify on one basis: the empty mask costs exactly a
+// one-token verification, at every context (inside, below and past the
+// measured ones), and skipping saves the sublayers' scaled share.
+TEST(LatencyProfileTest, DraftAndVerifyCostsShareOneBasis) {
+  const LatencyProfile p = HandProfile();
+  for (int num_layers : {1, 4, 30}) {
+    const LayerMask none(num_layers);
+    for (int64_t n : {0, 100, 350, 1100, 3000, 100000}) {
+      EXPECT_NEAR(p.DraftSeconds(none, n), p.VerifySeconds(n, 1), 1e-15)
+          << "L " << num_layers << " n " << n;
+    }
+  }
+  // HandProfile's sublayer model says 5e-4 + 4 * (1.2e-4 + 3e-4) = 2.18e-3 for
+  // a 4-layer step at n = 1000, but a measured pass takes 1.9e-3.
+  const double scale = p.VerifySeconds(1000, 1) / p.FullStepSeconds(4, 1000);
+  EXPECT_NEAR(scale, 1.9e-3 / 2.18e-3, 1e-12);
+  LayerMask mask(4);
+  mask.set_skipped(2, true);  // a1
+  mask.set_skipped(5, true);  // m2
+  mask.set_skipped(7, true);  // m3
+  EXPECT_NEAR(p.DraftSeconds(mask, 1000), p.VerifySeconds(1000, 1) - scale * (1.2e-4 + 2 * 3e-4),
+              1e-15);
+  EXPECT_NEAR(p.DraftSeconds(mask, 1000), scale * p.SublayerSeconds(mask, 1000), 1e-15);
+  EXPECT_LT(p.DraftSeconds(mask, 1000), p.DraftSeconds(LayerMask(4), 1000));
 }
 
 TEST(LatencyProfileTest, RoundTripsThroughJsonFiles) {

@@ -3,8 +3,11 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <set>
+#include <vector>
 
 namespace knapserve {
 namespace {
@@ -113,6 +116,138 @@ TEST(TptTest, RejectsBadInputs) {
   EXPECT_EQ(MaximizeTpt(std::vector<TptCandidate>{{0.5, 0.0}}, verify, 2).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(MaximizeTpt(std::vector<TptCandidate>{{NAN, 0.01}}, verify, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+
+TEST(TptTest, SmoothsAlphaWithABetaPrior) {
+  // Laplace's rule of succession for the default Beta(1, 1).
+  EXPECT_DOUBLE_EQ(SmoothAlpha(1.0, 5, AlphaPrior()), 6.0 / 7.0);
+  EXPECT_DOUBLE_EQ(SmoothAlpha(0.0, 5, AlphaPrior()), 1.0 / 7.0);
+  EXPECT_DOUBLE_EQ(SmoothAlpha(0.6, 5, AlphaPrior()), 4.0 / 7.0);
+  EXPECT_DOUBLE_EQ(SmoothAlpha(1.0, 16, AlphaPrior()), 17.0 / 18.0);
+  // Shrinks toward the prior mean, less with more tokens.
+  EXPECT_LT(SmoothAlpha(1.0, 5, AlphaPrior()), SmoothAlpha(1.0, 50, AlphaPrior()));
+  EXPECT_NEAR(SmoothAlpha(0.9, 100000, AlphaPrior()), 0.9, 1e-4);
+  // {0, 0}: no smoothing; r = 0 with no prior: the share itself.
+  EXPECT_DOUBLE_EQ(SmoothAlpha(1.0, 5, AlphaPrior{0, 0}), 1.0);
+  EXPECT_DOUBLE_EQ(SmoothAlpha(0.4, 0, AlphaPrior{0, 0}), 0.4);
+  EXPECT_DOUBLE_EQ(SmoothAlpha(0.4, 0, AlphaPrior{3, 1}), 0.75);
+  // Validation names the field.
+  EXPECT_TRUE(ValidateAlphaPrior(AlphaPrior()).ok());
+  absl::Status bad = ValidateAlphaPrior(AlphaPrior{-1, 1});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("alpha_prior.hits"), std::string::npos) << bad;
+  bad = ValidateAlphaPrior(AlphaPrior{1, NAN});
+  EXPECT_NE(bad.message().find("alpha_prior.misses"), std::string::npos) << bad;
+}
+
+TEST(TptTest, APerfectShareFromFiveTokensNoLongerDrivesGammaToTheMaximum) {
+  // Drafts at 40% of a verification, which grows 3% per extra token; D = 10.
+  std::vector<double> verify;
+  for (int t = 1; t <= 11; ++t) verify.push_back(0.010 * (1 + 0.03 * (t - 1)));
+  const double draft = 0.004;
+  auto raw = MaximizeTpt(std::vector<TptCandidate>{{1.0, draft}}, verify, 10);
+  ASSERT_TRUE(raw.ok());
+  EXPECT_EQ(raw->gamma, 10);  // what 5 of 5 did before smoothing
+  auto smoothed =
+      MaximizeTpt(std::vector<TptCandidate>{{SmoothAlpha(1.0, 5, AlphaPrior()), draft}}, verify, 10);
+  ASSERT_TRUE(smoothed.ok());
+  EXPECT_GT(smoothed->gamma, 0);
+  EXPECT_LT(smoothed->gamma, 10);
+}
+
+// Random grids: the lazy search returns exactly MaximizeTpt's choice, asks
+// for each alpha at most once, and never asks for one it does not need.
+TEST(TptTest, LazySearchMatchesTheFullGridAndSkipsHopelessCandidates) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int skipped_somewhere = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int d = 1 + trial % 10;
+    const int r = 1 + trial % 16;
+    const AlphaPrior prior = trial % 5 == 0 ? AlphaPrior{0, 0} : AlphaPrior();
+    std::vector<double> verify;
+    double t = 0.005 + 0.01 * u(rng);
+    for (int k = 0; k <= d; ++k) verify.push_back(t += 0.002 * u(rng));
+    const int count = trial % 40;
+    std::vector<double> draft;
+    std::vector<double> alpha;
+    for (int c = 0; c < count; ++c) {
+      draft.push_back(0.0005 + 0.012 * u(rng));
+      // Shares on the r-token grid, smoothed; some candidates share a draft
+      // time and alpha (exact ties).
+      const int hits = static_cast<int>(u(rng) * (r + 1)) % (r + 1);
+      alpha.push_back(SmoothAlpha(static_cast<double>(hits) / r, r, prior));
+      if (c > 0 && trial % 7 == 0 && c % 3 == 0) {
+        draft.back() = draft[c - 1];
+        alpha.back() = alpha[c - 1];
+      }
+    }
+    std::vector<TptCandidate> all;
+    for (int c = 0; c < count; ++c) all.push_back({alpha[c], draft[c]});
+    auto eager = MaximizeTpt(all, verify, d);
+    ASSERT_TRUE(eager.ok());
+    std::multiset<int> asked;
+    auto lazy = MaximizeTptLazily(draft, SmoothAlpha(1.0, r, prior), verify, d,
+                                  [&](int i) -> absl::StatusOr<double> {
+                                    asked.insert(i);
+                                    return alpha[i];
+                                  });
+    ASSERT_TRUE(lazy.ok()) << lazy.status();
+    EXPECT_EQ(lazy->candidate, eager->candidate) << "trial " << trial;
+    EXPECT_EQ(lazy->gamma, eager->gamma) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(lazy->tpt, eager->tpt);
+    EXPECT_DOUBLE_EQ(lazy->baseline_tpt, eager->baseline_tpt);
+    EXPECT_EQ(eager->num_evaluated, count);
+    EXPECT_EQ(lazy->num_evaluated, static_cast<int>(asked.size()));
+    for (int i : asked) EXPECT_EQ(asked.count(i), 1u) << "candidate " << i << " asked twice";
+    // A candidate it never asked about could not have won.
+    for (int c = 0; c < count; ++c) {
+      if (asked.count(c) > 0) continue;
+      for (int g = 1; g <= d; ++g) {
+        EXPECT_LE(TokensPerSecond(alpha[c], g, draft[c], verify[g]), lazy->tpt);
+      }
+    }
+    if (lazy->num_evaluated < count) ++skipped_somewhere;
+  }
+  EXPECT_GT(skipped_somewhere, 100);
+}
+
+TEST(TptTest, LazySearchStopsAtTheBaselineAndPassesErrorsThrough) {
+  const std::vector<double> verify = {0.010, 0.020, 0.030};
+  // Verifying two tokens costs two steps: no draft can beat plain decoding,
+  // so no alpha is measured at all.
+  int calls = 0;
+  auto choice = MaximizeTptLazily(std::vector<double>{0.001, 0.002}, 1.0, verify, 2,
+                                  [&](int) -> absl::StatusOr<double> {
+                                    ++calls;
+                                    return 1.0;
+                                  });
+  ASSERT_TRUE(choice.ok());
+  EXPECT_EQ(choice->gamma, 0);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(choice->num_evaluated, 0);
+  // Errors of the alpha function abort the search.
+  const std::vector<double> flat = {0.010, 0.010, 0.010};
+  choice = MaximizeTptLazily(std::vector<double>{0.001}, 1.0, flat, 2,
+                             [](int) -> absl::StatusOr<double> {
+                               return absl::InternalError("LM head failed");
+                             });
+  EXPECT_EQ(choice.status().code(), absl::StatusCode::kInternal);
+  // An alpha above the promised bound is refused, naming the candidate.
+  choice = MaximizeTptLazily(std::vector<double>{0.001}, 0.5, flat, 2,
+                             [](int) -> absl::StatusOr<double> { return 0.9; });
+  EXPECT_EQ(choice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(choice.status().message().find("candidate 0"), std::string::npos);
+  EXPECT_EQ(MaximizeTptLazily(std::vector<double>{0.0}, 1.0, flat, 2,
+                              [](int) -> absl::StatusOr<double> { return 0.5; })
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MaximizeTptLazily({}, 1.5, flat, 2, [](int) -> absl::StatusOr<double> { return 0.5; })
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 
