@@ -45,7 +45,7 @@ v1::SpeculationMode ToWireMode(SpeculationMode mode) {
 // The executor's metric families (DESIGN.md section 5): speculation counters
 // with vLLM's meaning, planner overhead ours alone.
 struct GenerationService::Metrics {
-  explicit Metrics(MetricsRegistry& r, const Scheduler& scheduler)
+  Metrics(MetricsRegistry& r, const Scheduler& scheduler, const PlanningShared& planning)
       : registry(r),
         prompt_tokens(r.AddCounter("knapserve_prompt_tokens_total", "Prompt tokens prefilled.")),
         generation_tokens(
@@ -75,7 +75,33 @@ struct GenerationService::Metrics {
                              {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
         age(r.AddHistogram("knapserve_planner_plan_age_steps",
                            "Steps between a plan's boundary and its application.",
-                           {1, 2, 4, 8, 16, 32, 64, 128, 256})) {
+                           {1, 2, 4, 8, 16, 32, 64, 128, 256})),
+        cache_hits(r.AddCounter("knapserve_plan_cache_hits_total",
+                                "Context buckets entered with a cached plan (no solve).")),
+        cache_misses(r.AddCounter("knapserve_plan_cache_misses_total",
+                                  "Context buckets entered without a cached plan.")),
+        budget_deferrals(r.AddCounter("knapserve_planner_budget_deferrals_total",
+                                      "Plan triggers that waited for the planner CPU budget.")),
+        guard_fallbacks(r.AddCounter("knapserve_guard_fallbacks_total",
+                                     "Times the online guard switched a sequence to plain "
+                                     "decoding because its plan measured slower.")),
+        guard_probe_steps(r.AddCounter("knapserve_guard_probe_steps_total",
+                                       "Plain steps the guard ran to measure the plain rate.")),
+        guard_plain_steps(r.AddCounter("knapserve_guard_plain_steps_total",
+                                       "Steps decoded plainly because a plan lost.")) {
+    for (const char* kind : {"no_plan", "new_bucket", "drift"}) {
+      triggers.push_back(&r.AddCounter("knapserve_plan_triggers_total",
+                                       "Replanning triggers by kind.",
+                                       absl::StrCat("kind=\"", kind, "\"")));
+    }
+    std::shared_ptr<PlannerBudget> budget = planning.budget;
+    r.AddGauge("knapserve_planner_cpu_share",
+               "Planner solve seconds over decode seconds, process-wide (the --planner-budget "
+               "quantity).",
+               [budget] { return budget->share(); });
+    std::shared_ptr<PlanCache> cache = planning.cache;
+    r.AddGauge("knapserve_plan_cache_entries", "Plans in the executor's plan cache.",
+               [cache] { return static_cast<double>(cache->size()); });
     r.AddGauge("knapserve_running_requests", "Requests decoding now.",
                [&scheduler] { return scheduler.running(); });
     r.AddGauge("knapserve_queued_requests", "Requests waiting for a slot.",
@@ -95,6 +121,13 @@ struct GenerationService::Metrics {
   Histogram& duration;
   Histogram& solve;
   Histogram& age;
+  Counter& cache_hits;
+  Counter& cache_misses;
+  Counter& budget_deferrals;
+  Counter& guard_fallbacks;
+  Counter& guard_probe_steps;
+  Counter& guard_plain_steps;
+  std::vector<Counter*> triggers;  // no_plan, new_bucket, drift
 };
 
 void GenerationService::Record(const grpc::Status& status, const GenerationResult* result,
@@ -131,9 +164,20 @@ void GenerationService::Record(const grpc::Status& status, const GenerationResul
   m.plan_failures.Add(static_cast<double>(result->stats.plan_failures));
   m.planner_wait.Add(result->stats.waiting_seconds);
   for (const AppliedPlan& p : result->plans) {
+    if (p.source != "solve") continue;  // cached and shared plans were solved for others
     m.solve.Observe(p.solve_seconds);
     m.age.Observe(static_cast<double>(p.age_steps));
   }
+  const PlanningStats& planning = result->planning;
+  m.cache_hits.Add(static_cast<double>(planning.cache_hits));
+  m.cache_misses.Add(static_cast<double>(planning.cache_misses));
+  m.triggers[0]->Add(static_cast<double>(planning.triggers_no_plan));
+  m.triggers[1]->Add(static_cast<double>(planning.triggers_new_bucket));
+  m.triggers[2]->Add(static_cast<double>(planning.triggers_drift));
+  m.budget_deferrals.Add(static_cast<double>(planning.budget_deferrals));
+  m.guard_fallbacks.Add(static_cast<double>(planning.guard_fallbacks));
+  m.guard_probe_steps.Add(static_cast<double>(planning.guard_probe_steps));
+  m.guard_plain_steps.Add(static_cast<double>(planning.guard_plain_steps));
   m.ttft.Observe(ttft);
   if (result->stats.completion_tokens > 1) {
     m.itl.Observe(result->stats.decode_seconds /
@@ -189,7 +233,7 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
     turns.Acquire();
     absl::StatusOr<GenerationResult> result =
         knapserve::Generate(service_->model_, service_->tokenizer_, request, on_tokens, nullptr,
-                            service_->options_.planner);
+                            service_->options_.planner, &service_->planning_);
     turns.Release();
     if (!result.ok()) return Close(ToGrpcStatus(result.status()));
     grpc::Status status = grpc::Status::OK;
@@ -343,8 +387,11 @@ GenerationService::GenerationService(const LlamaModel& model, const Tokenizer& t
     : model_(model),
       tokenizer_(tokenizer),
       options_(std::move(options)),
+      planning_(options_.planning.cache != nullptr ? options_.planning : PlanningShared::Create()),
       scheduler_(options_.scheduler) {
-  if (options_.metrics != nullptr) metrics_ = std::make_unique<Metrics>(*options_.metrics, scheduler_);
+  if (options_.metrics != nullptr) {
+    metrics_ = std::make_unique<Metrics>(*options_.metrics, scheduler_, planning_);
+  }
 }
 
 GenerationService::~GenerationService() { scheduler_.Drain(std::chrono::hours(1)); }

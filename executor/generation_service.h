@@ -48,6 +48,9 @@ struct GenerationServiceOptions {
   std::string model_path;
   // Where request, token, speculation and planner metrics go (nullptr: none).
   MetricsRegistry* metrics = nullptr;
+  // The process's plan cache, planner budget and plain-rate table, shared by
+  // every request (empty: the service makes its own).
+  PlanningShared planning;
 };
 
 class GenerationService final : public v1::Generation::CallbackService {
@@ -85,6 +88,7 @@ class GenerationService final : public v1::Generation::CallbackService {
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;
   const GenerationServiceOptions options_;
+  const PlanningShared planning_;  // options_.planning, or the service's own
   Scheduler scheduler_;
   StepLock step_lock_;  // running sequences take turns, one decode step each
   std::mutex calls_mu_;

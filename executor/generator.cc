@@ -1,16 +1,16 @@
 #include "executor/generator.h"
 
+#include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
-
-#include "absl/container/flat_hash_map.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -21,39 +21,44 @@
 namespace knapserve {
 namespace {
 
-// The planned modes' side of one generation: sends snapshots to the planner
-// without waiting and applies what comes back at step boundaries. The
-// mailbox is shared with the planner's callbacks, which may run after the
-// generation ended.
+// The planned modes' side of one generation: a PlanController decides, this
+// class acts on the decoder, the result and the planner. Snapshots go to the
+// planner without waiting; answers land in the plan cache (which the
+// controller reads at step boundaries) from the planner's callback, which may
+// run after the generation ended: it touches only shared_ptr-held state.
 class PlanSession {
  public:
   PlanSession(PlannerClient* planner, const LlamaModel& model, const GenerationRequest& request,
-              bool active)
-      : planner_(active ? planner : nullptr),
+              const PlanningShared& shared, int initial_gamma)
+      : planner_(planner),
         model_(model),
         spec_(request.speculation),
         sequence_id_(request.sequence_id != 0 ? request.sequence_id : NextSequenceId()),
-        mailbox_(std::make_shared<Mailbox>()) {}
+        shared_(shared),
+        mailbox_(std::make_shared<Mailbox>()),
+        controller_(ControllerOptions(request.speculation), CacheKey(model, request.speculation),
+                    sequence_id_, initial_gamma, shared) {}
 
-  // Applies the newest arrived plan, if any (step boundary).
-  void ApplyArrived(int64_t step, SpeculativeDecoder& decoder, GenerationResult& result) {
+  // Before step `step`: puts a plan that took effect into the decoder and the
+  // result, sets this step's gamma; returns the directive (capture or not).
+  StepDirective BeforeStep(int64_t step, int64_t context_length, SpeculativeDecoder& decoder,
+                           GenerationResult& result) {
     const auto start = std::chrono::steady_clock::now();
-    std::optional<absl::StatusOr<DraftPlan>> arrived;
     {
       std::lock_guard<std::mutex> lock(mailbox_->mu);
-      arrived.swap(mailbox_->latest);
       result.stats.plan_failures += mailbox_->failures;
       mailbox_->failures = 0;
       if (!mailbox_->last_error.empty()) result.last_plan_error = mailbox_->last_error;
     }
-    if (arrived.has_value() && arrived->ok()) {
-      const DraftPlan& plan = **arrived;
+    StepDirective directive = controller_.BeforeStep(step, context_length);
+    if (directive.apply.has_value()) {
+      const CachedPlan& cached = *directive.apply;
+      const DraftPlan& plan = cached.plan;
       decoder.set_mask(plan.mask);
-      decoder.set_gamma(plan.gamma);
       AppliedPlan applied;
       applied.applied_step = step;
       applied.plan_step = plan.step;
-      applied.age_steps = step - plan.step;
+      applied.age_steps = directive.apply_source == "solve" ? step - plan.step : 0;
       applied.mask = plan.mask.ToString();
       applied.gamma = plan.gamma;
       applied.alpha_hat = plan.alpha_hat;
@@ -62,42 +67,53 @@ class PlanSession {
       applied.num_candidates = plan.num_candidates;
       applied.solve_seconds = plan.solve_seconds;
       applied.queue_seconds = plan.queue_seconds;
-      applied.context_length = context_of_step_[plan.step];
+      applied.context_length = cached.context_length;
+      applied.source = directive.apply_source;
       result.plans.push_back(std::move(applied));
       result.mask = plan.mask.ToString();
     }
+    decoder.set_gamma(directive.gamma);
     result.stats.waiting_seconds += SecondsSince(start);
+    return directive;
   }
 
-  // Sends one snapshot; returns at once.
+  void AfterStep(const StepObservation& observation) { controller_.AfterStep(observation); }
+
+  // Sends one completed snapshot; returns at once.
   void Submit(const ReferenceStates& snapshot, KvCache& cache, GenerationResult& result) {
     const auto start = std::chrono::steady_clock::now();
+    const SubmitTicket ticket = controller_.TakeTicket();
     PlanRequest request;
     request.sequence_id = sequence_id_;
     request.step = snapshot.step;
     request.context_length = snapshot.context_length;
-    request.policy =
-        spec_.mode == SpeculationMode::kClasp ? PlanPolicy::kClasp : PlanPolicy::kKnapSpec;
-    request.clasp_layers =
-        spec_.clasp_layers > 0 ? spec_.clasp_layers : std::max(1, model_.num_layers() / 2);
+    request.policy = ticket.key.policy;
+    request.clasp_layers = ClaspLayers(model_, spec_);
     request.max_draft = spec_.max_draft;
     request.model_fingerprint = model_.config().Fingerprint();
     request.states = snapshot.states;
     request.first_position = snapshot.positions.front();
     request.target_argmax = snapshot.target_argmax;
-    // The committed prefix up to the reference tokens never changes while the
-    // sequence lives; the handles (not copies) keep it alive for the solve.
+    // Positions [0, context_length) are committed and never rewritten while
+    // the sequence lives; the handles (not copies) keep them alive for the
+    // solve. All of them are sent: the reference tokens' own positions too,
+    // which CLaSp's DP on the last reference token attends to (KnapSpec's DP
+    // on all r tokens uses [0, first_position) of them).
     request.kv = cache.layers();
-    request.kv_length = request.first_position;
-    context_of_step_[snapshot.step] = snapshot.context_length;
+    request.kv_length = snapshot.context_length;
     ++result.stats.plan_requests;
     std::weak_ptr<Mailbox> weak = mailbox_;
-    planner_->Submit(std::move(request), [weak](absl::StatusOr<DraftPlan> plan) {
+    PlanningShared shared = shared_;
+    const uint64_t sequence_id = sequence_id_;
+    const int64_t context_length = snapshot.context_length;
+    planner_->Submit(std::move(request), [weak, shared, ticket, sequence_id,
+                                          context_length](absl::StatusOr<DraftPlan> plan) {
+      CompleteTicket(shared, ticket, sequence_id, context_length, plan);
       std::shared_ptr<Mailbox> box = weak.lock();
       if (box == nullptr) return;  // the generation is over
       std::lock_guard<std::mutex> lock(box->mu);
       if (plan.ok()) {
-        box->latest = std::move(plan);
+        box->solve_seconds += plan->solve_seconds;
       } else if (plan.status().code() != absl::StatusCode::kCancelled) {
         ++box->failures;
         box->last_error = plan.status().ToString();
@@ -108,17 +124,20 @@ class PlanSession {
 
   void Finish(GenerationResult& result) {
     planner_->Forget(sequence_id_);
+    controller_.Finish();
+    result.planning = controller_.stats();
     std::lock_guard<std::mutex> lock(mailbox_->mu);
     result.stats.plan_failures += mailbox_->failures;
+    result.planning.solve_seconds = mailbox_->solve_seconds;
     if (!mailbox_->last_error.empty()) result.last_plan_error = mailbox_->last_error;
   }
 
  private:
   struct Mailbox {
     std::mutex mu;
-    std::optional<absl::StatusOr<DraftPlan>> latest;
     int64_t failures = 0;
     std::string last_error;
+    double solve_seconds = 0;
   };
 
   static uint64_t NextSequenceId() {
@@ -126,12 +145,47 @@ class PlanSession {
     return next.fetch_add(1);
   }
 
+  static int ClaspLayers(const LlamaModel& model, const SpeculationConfig& spec) {
+    return spec.clasp_layers > 0 ? spec.clasp_layers : std::max(1, model.num_layers() / 2);
+  }
+
+  static PlanControllerOptions ControllerOptions(const SpeculationConfig& spec) {
+    PlanControllerOptions options;
+    options.bucket_tokens = spec.plan_bucket_tokens;
+    options.drift_tolerance = spec.drift_tolerance;
+    options.drift_min_tokens = spec.drift_min_tokens;
+    options.planner_budget = spec.planner_budget;
+    options.reference_steps = spec.reference_steps;
+    options.min_request_gap = spec.plan_interval;
+    options.guard.enabled = spec.guard;
+    options.guard.margin = spec.guard_margin;
+    options.guard.min_steps = spec.guard_min_steps;
+    options.guard.probe_steps = spec.guard_probe_steps;
+    return options;
+  }
+
+  static PlanCacheKey CacheKey(const LlamaModel& model, const SpeculationConfig& spec) {
+    PlanCacheKey key;
+    key.model_fingerprint = model.config().Fingerprint();
+    key.device = model.device().str();
+    key.dtype = DtypeName(model.dtype());
+    key.threads = at::get_num_threads();
+    key.policy = spec.mode == SpeculationMode::kClasp ? PlanPolicy::kClasp : PlanPolicy::kKnapSpec;
+    if (key.policy == PlanPolicy::kClasp) {
+      key.policy_detail = absl::StrCat("layers=", ClaspLayers(model, spec));
+    }
+    key.max_draft = spec.max_draft;
+    key.bucket_tokens = spec.plan_bucket_tokens;
+    return key;
+  }
+
   PlannerClient* planner_;
   const LlamaModel& model_;
   const SpeculationConfig& spec_;
   const uint64_t sequence_id_;
+  const PlanningShared shared_;
   std::shared_ptr<Mailbox> mailbox_;
-  absl::flat_hash_map<int64_t, int64_t> context_of_step_;
+  PlanController controller_;
 };
 
 }  // namespace
@@ -227,6 +281,31 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request, const L
           "reference_steps: ", spec.reference_steps, " exceeds plan_interval ",
           spec.plan_interval, " (the steps captured after a plan boundary must fit before the next)"));
     }
+    if (spec.plan_bucket_tokens < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plan_bucket_tokens: must be >= 1, got ", spec.plan_bucket_tokens));
+    }
+    if (!(spec.drift_tolerance > 0.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("drift_tolerance: must be > 0, got ", spec.drift_tolerance));
+    }
+    if (spec.drift_min_tokens < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("drift_min_tokens: must be >= 1, got ", spec.drift_min_tokens));
+    }
+    if (!(spec.planner_budget >= 0.0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "planner_budget: must be >= 0 (0 = no limit), got ", spec.planner_budget));
+    }
+    if (!(spec.guard_margin >= 0.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("guard_margin: must be >= 0, got ", spec.guard_margin));
+    }
+    if (spec.guard_min_steps < 1 || spec.guard_probe_steps < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "guard_min_steps and guard_probe_steps: must be >= 1, got ", spec.guard_min_steps,
+          " and ", spec.guard_probe_steps));
+    }
     RETURN_IF_ERROR(LayerMask::Parse(spec.skip, model.num_layers()).status());
     if (spec.clasp_layers < 0 || spec.clasp_layers >= model.num_layers()) {
       return absl::InvalidArgumentError(absl::StrCat("clasp_layers: must be in [0, ",
@@ -292,7 +371,8 @@ absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokeniz
                                           const GenerationRequest& request,
                                           const StreamCallback& on_tokens,
                                           const ReferenceCallback& on_reference,
-                                          PlannerClient* planner) {
+                                          PlannerClient* planner,
+                                          const PlanningShared* shared) {
   RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
   const SpeculationConfig& spec = request.speculation;
   const bool planned =
@@ -320,8 +400,17 @@ absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokeniz
   int gamma = spec.mode == SpeculationMode::kOff ? 0 : spec.max_draft;
   if (planned && spec.skip.empty()) gamma = 0;
   SpeculativeDecoder decoder(model, cache, sampler, mask, gamma, spec.exit_threshold);
+  // Unplanned modes with on_reference: the first m steps of every T. Planned
+  // modes: m steps from where the controller starts a snapshot (offsets
+  // 0 .. m-1; the interval never wraps).
   ReferenceStateCollector collector(spec.plan_interval, spec.reference_steps);
-  PlanSession plans(planner, model, request, planned);
+  ReferenceStateCollector planned_collector(std::numeric_limits<int64_t>::max() / 2,
+                                            spec.reference_steps);
+  std::optional<PlanSession> plans;
+  if (planned) {
+    const PlanningShared own = shared != nullptr ? PlanningShared() : PlanningShared::Create();
+    plans.emplace(planner, model, request, shared != nullptr ? *shared : own, gamma);
+  }
 
   GenerationResult result;
   result.seed = sampler.seed();
@@ -377,19 +466,37 @@ absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokeniz
 
   ASSIGN_OR_RETURN(bool done, commit({first}));
   for (int64_t step = 0; !done; ++step) {
-    if (planned) plans.ApplyArrived(step, decoder, result);
+    StepDirective directive;
+    if (planned) directive = plans->BeforeStep(step, cache.length(), decoder, result);
     const int64_t remaining = limit - static_cast<int64_t>(result.output_ids.size());
-    const bool capture = (on_reference != nullptr || planned) && collector.Wants(step);
+    const bool capture =
+        planned ? directive.capture : on_reference != nullptr && collector.Wants(step);
+    const auto step_start = std::chrono::steady_clock::now();
     StepResult out = decoder.Step(result.output_ids.back(), remaining, capture);
+    const double step_seconds = SecondsSince(step_start);
     ++result.stats.steps;
+    if (planned) {
+      StepObservation observation;
+      observation.gamma = decoder.gamma();
+      observation.drafted = out.drafted;
+      observation.accepted = out.accepted;
+      observation.tokens = static_cast<int>(out.tokens.size());
+      observation.seconds = step_seconds;
+      plans->AfterStep(observation);
+    }
     if (capture) {
-      std::optional<ReferenceStates> snapshot = collector.Add(step, out, cache.length());
-      if (snapshot && planned) plans.Submit(*snapshot, cache, result);
+      std::optional<ReferenceStates> snapshot =
+          planned ? planned_collector.Add(directive.capture_offset, out, cache.length())
+                  : collector.Add(step, out, cache.length());
+      if (snapshot && planned) {
+        snapshot->step = step - directive.capture_offset;
+        plans->Submit(*snapshot, cache, result);
+      }
       if (snapshot && on_reference) on_reference(std::move(*snapshot));
     }
     ASSIGN_OR_RETURN(done, commit(out.tokens));
   }
-  if (planned) plans.Finish(result);
+  if (planned) plans->Finish(result);
   result.text = stream.emitted();
   if (stream.matched_stop().has_value()) result.matched_stop = *stream.matched_stop();
   result.speculation = decoder.stats();

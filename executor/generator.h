@@ -4,13 +4,18 @@
 //
 // Generate() decodes autoregressively (SpeculationMode::kOff: one full
 // forward per token), with self-speculative decoding under a fixed layer
-// mask (kStatic, see executor/speculative_decoder.h), or under plans from a
-// planner (kKnapSpec, kClasp): after each plan boundary (every plan_interval
-// steps) the reference states of reference_steps verification steps go to
-// the PlannerClient without waiting, and a plan that has arrived is applied
-// at the next step boundary. Before the first plan it decodes with the
-// `skip` mask if one is given, else autoregressively; a failed plan leaves the
-// last plan in force. Every mode gives the same greedy output. Several tokens committed in one step are checked for stop
+// mask (kStatic, see executor/speculative_decoder.h), or under plans
+// (kKnapSpec, kClasp) from the process's plan cache (executor/plan_cache.h)
+// and, on a trigger only, from a planner: executor/plan_controller.h decides
+// when (no cached plan for the context bucket, a new bucket, acceptance
+// drifting from the plan's alpha_hat; subject to the planner CPU budget),
+// and then the reference states of reference_steps verification steps go to
+// the PlannerClient without waiting; its plan lands in the cache and is
+// applied at the next step boundary. Before the first plan it decodes with
+// the `skip` mask if one is given, else autoregressively; a failed plan
+// leaves the last plan in force. The online guard decodes plainly while a
+// plan measures slower than plain decoding. Every mode gives the same greedy
+// output. Several tokens committed in one step are checked for stop
 // conditions one by one, so a step never emits past EOS or a stop. The
 // stop-string logic lives in TextStream so every decoding mode shares it: text
 // that could still turn out to be the beginning of a stop string is held back
@@ -33,6 +38,8 @@
 #include "common/model/llama.h"
 #include "common/planner_client.h"
 #include "common/tokenizer.h"
+#include "executor/plan_cache.h"
+#include "executor/plan_controller.h"
 #include "executor/reference_states.h"
 #include "executor/sampler.h"
 #include "executor/speculative_decoder.h"
@@ -50,9 +57,18 @@ struct SpeculationConfig {
                                 // kKnapSpec/kClasp the mask before the first plan
   int max_draft = 5;            // gamma (kStatic) or D, the planner's largest gamma; >= 1
   double exit_threshold = 0.7;  // stop drafting when top-1 prob < this; [0, 1]
-  int64_t plan_interval = 64;   // T: steps between plan boundaries, >= 1
-  int64_t reference_steps = 5;  // m: verification steps captured after each, >= 1, <= T
+  int64_t plan_interval = 64;   // T: at least T steps between two snapshots of a sequence, >= 1
+  int64_t reference_steps = 5;  // m: verification steps captured per snapshot, >= 1, <= T
   int clasp_layers = 0;         // kClasp: M whole layers skipped; 0 = half the layers
+  // kKnapSpec / kClasp planning (executor/plan_controller.h).
+  int64_t plan_bucket_tokens = 256;  // plan cache context bucket width, >= 1
+  double drift_tolerance = 0.2;      // |observed acceptance - alpha_hat| that replans; > 0
+  int64_t drift_min_tokens = 40;     // acceptance trials before drift is judged, >= 1
+  double planner_budget = 0.05;      // solve seconds / decode seconds, process-wide; 0 = no limit
+  bool guard = true;                 // the online guard (plain decoding while a plan loses)
+  double guard_margin = 0.03;        // speculation must beat plain by this fraction; >= 0
+  int64_t guard_min_steps = 16;      // speculative steps per guard judgement, >= 1
+  int64_t guard_probe_steps = 8;     // plain steps measured when the bucket has none, >= 1
 };
 
 struct GenerationRequest {
@@ -104,6 +120,11 @@ struct AppliedPlan {
   double solve_seconds = 0;
   double queue_seconds = 0;
   int64_t context_length = 0;  // n the plan was made for
+  // Where it came from: "cache" (a cached plan, applied on entering its
+  // context bucket), "solve" (this sequence's own request) or "shared" (a
+  // solve another sequence requested for the same bucket). For "cache" and
+  // "shared", plan_step is the other sequence's step and age_steps is 0.
+  std::string source;
 };
 
 struct GenerationResult {
@@ -116,6 +137,7 @@ struct GenerationResult {
   GenerationStats stats;
   SpeculationStats speculation;
   std::vector<AppliedPlan> plans;   // kKnapSpec / kClasp: every plan applied, in order
+  PlanningStats planning;           // kKnapSpec / kClasp: cache, triggers, budget, guard
   std::string last_plan_error;      // the planner's last error ("" if none)
 };
 
@@ -157,12 +179,16 @@ class TextStream {
 
 // Generation (autoregressive or speculative). kKnapSpec and kClasp need a
 // `planner` (FailedPrecondition without one); it must outlive the call.
+// `shared`: the process's plan cache, planner budget and plain-rate table
+// (see PlanningShared::Create); nullptr gives the call fresh ones of its own,
+// as if it were the first request of a new process.
 // Errors: invalid request (InvalidArgument naming the field).
 absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
                                           const GenerationRequest& request,
                                           const StreamCallback& on_tokens = nullptr,
                                           const ReferenceCallback& on_reference = nullptr,
-                                          PlannerClient* planner = nullptr);
+                                          PlannerClient* planner = nullptr,
+                                          const PlanningShared* shared = nullptr);
 
 }  // namespace knapserve
 

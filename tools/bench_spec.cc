@@ -329,12 +329,13 @@ absl::StatusOr<nlohmann::json> RunSet(const std::string& label, const LlamaModel
     }
     const ModeSummary m = Summarize(runs[k]);
     const double rate = m.decode_tokens_per_second();
-    double predicted = 0, solve = 0, age = 0;
+    double predicted = 0, age = 0;
     for (const AppliedPlan& p : m.plans) {
       predicted += p.predicted_tpt;
-      solve += p.solve_seconds;
       age += static_cast<double>(p.age_steps);
     }
+    // Solves of this mode's own requests (cached plans cost nothing).
+    const double solve = m.planning.solve_seconds;
     const size_t n_plans = m.plans.size();
     if (n_plans > 0) {
       predicted /= static_cast<double>(n_plans);
@@ -354,6 +355,8 @@ absl::StatusOr<nlohmann::json> RunSet(const std::string& label, const LlamaModel
     mode_json["mean_plan_age_steps"] = age;
     mode_json["mean_skipped_attention"] = skipped_attention;
     mode_json["mean_skipped_mlp"] = skipped_mlp;
+    mode_json["planning"] = PlanningJson(m.planning, m.decode_seconds);
+    mode_json["plan_cache_hits"] = m.planning.cache_hits;
     mode_json["same_ids"] = differing == 0;
     set["modes"][modes[k].name] = mode_json;
     const bool is_planned = n_plans > 0 || m.plan_requests > 0;

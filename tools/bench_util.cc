@@ -125,8 +125,48 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs) {
     sum.plans.insert(sum.plans.end(), run.plans.begin(), run.plans.end());
     sum.waiting_seconds += run.waiting_seconds;
     sum.plan_requests += run.plan_requests;
+    AccumulatePlanning(sum.planning, run.planning);
   }
   return sum;
+}
+
+void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {
+  a.cache_hits += b.cache_hits;
+  a.cache_misses += b.cache_misses;
+  a.triggers_no_plan += b.triggers_no_plan;
+  a.triggers_new_bucket += b.triggers_new_bucket;
+  a.triggers_drift += b.triggers_drift;
+  a.budget_deferrals += b.budget_deferrals;
+  a.solve_seconds += b.solve_seconds;
+  a.guard_checks += b.guard_checks;
+  a.guard_fallbacks += b.guard_fallbacks;
+  a.guard_probe_steps += b.guard_probe_steps;
+  a.guard_plain_steps += b.guard_plain_steps;
+  if (b.guard_checks > 0) {
+    a.guard_last_spec_tps = b.guard_last_spec_tps;
+    a.guard_last_plain_tps = b.guard_last_plain_tps;
+  }
+  a.process_planner_cpu_share = b.process_planner_cpu_share;
+}
+
+nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds) {
+  return {{"plan_cache_hits", s.cache_hits},
+          {"plan_cache_misses", s.cache_misses},
+          {"triggers",
+           {{"no_plan", s.triggers_no_plan},
+            {"new_bucket", s.triggers_new_bucket},
+            {"drift", s.triggers_drift}}},
+          {"budget_deferrals", s.budget_deferrals},
+          {"solve_seconds", s.solve_seconds},
+          {"planner_cpu_share", decode_seconds > 0 ? s.solve_seconds / decode_seconds : 0.0},
+          {"process_planner_cpu_share", s.process_planner_cpu_share},
+          {"guard",
+           {{"checks", s.guard_checks},
+            {"fallbacks", s.guard_fallbacks},
+            {"probe_steps", s.guard_probe_steps},
+            {"plain_steps", s.guard_plain_steps},
+            {"last_spec_tps", s.guard_last_spec_tps},
+            {"last_plain_tps", s.guard_last_plain_tps}}}};
 }
 
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
@@ -136,13 +176,18 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
   auto planner_of = [&](size_t mode) { return mode < planners.size() ? planners[mode] : nullptr; };
   repeats = std::max(1, repeats);
   const size_t num_modes = requests.size();
+  std::vector<PlanningShared> planning(num_modes);
+  for (PlanningShared& shared : planning) shared = PlanningShared::Create();
   if (warmup && !inputs.empty()) {
+    const PlanningShared warmup_planning = PlanningShared::Create();
     for (size_t k = 0; k < requests.size(); ++k) {
       GenerationRequest short_request = requests[k];
       short_request.prompt_ids = inputs[0].ids;
       short_request.max_new_tokens = std::min<int64_t>(requests[k].max_new_tokens, 16);
       RETURN_IF_ERROR(
-          Generate(model, tokenizer, short_request, nullptr, nullptr, planner_of(k)).status());
+          Generate(model, tokenizer, short_request, nullptr, nullptr, planner_of(k),
+                   &warmup_planning)
+              .status());
     }
   }
   std::vector<std::vector<PromptRun>> runs(num_modes, std::vector<PromptRun>(inputs.size()));
@@ -155,7 +200,8 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
         GenerationRequest request = requests[mode];
         request.prompt_ids = inputs[p].ids;
         ASSIGN_OR_RETURN(GenerationResult result,
-                         Generate(model, tokenizer, request, nullptr, nullptr, planner_of(mode)));
+                         Generate(model, tokenizer, request, nullptr, nullptr, planner_of(mode),
+                                  &planning[mode]));
         results[mode].push_back(std::move(result));
       }
     }
@@ -191,6 +237,7 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       run.plans = median.plans;
       run.waiting_seconds = median.stats.waiting_seconds;
       run.plan_requests = median.stats.plan_requests;
+      run.planning = median.planning;
     }
   }
   return runs;

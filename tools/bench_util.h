@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "absl/status/statusor.h"
 #include "common/model/llama.h"
 #include "common/tokenizer.h"
@@ -78,6 +80,7 @@ struct PromptRun {
   std::vector<AppliedPlan> plans;
   double waiting_seconds = 0;
   int64_t plan_requests = 0;
+  PlanningStats planning;  // cache, triggers, budget, guard (median repeat)
 };
 
 // Aggregates of one mode over a prompt set.
@@ -90,11 +93,18 @@ struct ModeSummary {
   std::vector<AppliedPlan> plans;  // every plan applied, all prompts
   double waiting_seconds = 0;
   int64_t plan_requests = 0;
+  PlanningStats planning;  // summed over prompts
   // decoded_tokens / decode_seconds.
   double decode_tokens_per_second() const;
   double draft_share() const;   // draft_seconds / decode_seconds
   double verify_share() const;  // verify_seconds / decode_seconds
 };
+
+// Adds b's counts and seconds to a (the last guard rates and the process
+// share are b's).
+void AccumulatePlanning(PlanningStats& a, const PlanningStats& b);
+// `s` as JSON, with planner_cpu_share = s.solve_seconds / decode_seconds.
+nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds);
 
 // Sums `runs` (one per prompt) into a ModeSummary.
 ModeSummary Summarize(const std::vector<PromptRun>& runs);
@@ -106,7 +116,10 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 // repeats. Each request's prompt_ids are replaced by each input's ids.
 // Returns runs[mode][prompt]. `warmup` runs one short generation per mode
 // first (kernel selection, page faults). `planners[k]` serves mode k's plans
-// (empty, or null entries, when the mode plans nothing).
+// (empty, or null entries, when the mode plans nothing). Each mode gets one
+// PlanningShared (plan cache, planner budget, plain rates) for all its runs,
+// as one server process would; the warm-up runs use a separate one, so the
+// measured runs start with an empty cache.
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
     const std::vector<GenerationRequest>& requests, int repeats, bool warmup,

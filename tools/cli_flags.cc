@@ -88,9 +88,35 @@ ABSL_FLAG(std::optional<int32_t>, max_draft, std::nullopt,
           "planner's largest gamma D for knapspec/clasp (default 10).");
 ABSL_FLAG(double, exit_threshold, 0.7,
           "Stop drafting when the draft's top-1 probability falls below this.");
-ABSL_FLAG(int64_t, plan_interval, 64, "Decode steps between plan boundaries (T).");
+ABSL_FLAG(int64_t, plan_interval, 64,
+          "knapspec/clasp: at least this many decode steps between two snapshots a sequence "
+          "sends to the planner (T).");
 ABSL_FLAG(int64_t, reference_steps, 5,
-          "Verification steps whose hidden states are kept after each plan boundary (m).");
+          "knapspec/clasp: verification steps whose hidden states make one snapshot (m).");
+ABSL_FLAG(int64_t, plan_bucket_tokens, 256,
+          "knapspec/clasp: width of the plan cache's context buckets ([0, N), [N, 2N), ...). "
+          "A sequence entering a bucket uses the process's cached plan for it, or asks the "
+          "planner for one.");
+ABSL_FLAG(double, drift_tolerance, 0.2,
+          "knapspec/clasp: replan when the observed per-token acceptance of the plan in force "
+          "differs from its alpha_hat by more than this (after --drift-min-tokens).");
+ABSL_FLAG(int64_t, drift_min_tokens, 40,
+          "knapspec/clasp: acceptance trials (accepted draft tokens + rejections) under a plan "
+          "before drift is judged.");
+ABSL_FLAG(double, planner_budget, 0.05,
+          "knapspec/clasp: planner CPU budget, solve seconds over decode seconds of the whole "
+          "process; a replanning trigger waits while the share is above it. 0 = no limit.");
+ABSL_FLAG(bool, guard, true,
+          "knapspec/clasp: the online guard: decode plainly (gamma 0) while the plan in force "
+          "measures slower than plain decoding at the same context, until the next plan.");
+ABSL_FLAG(double, guard_margin, 0.03,
+          "knapspec/clasp: speculation must measure at least (1 + this) times the plain rate "
+          "to stay on.");
+ABSL_FLAG(int64_t, guard_min_steps, 16,
+          "knapspec/clasp: speculative steps per guard judgement.");
+ABSL_FLAG(int64_t, guard_probe_steps, 8,
+          "knapspec/clasp: plain steps the guard measures when the context bucket has no plain "
+          "timings yet.");
 ABSL_FLAG(bool, search_masks, false,
           "bench spec: first find a static mask by greedy forward selection (start from no "
           "skip; each round, skip the one more sublayer that gives the best measured decode "
@@ -183,6 +209,14 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t
   request.speculation.exit_threshold = absl::GetFlag(FLAGS_exit_threshold);
   request.speculation.plan_interval = absl::GetFlag(FLAGS_plan_interval);
   request.speculation.reference_steps = absl::GetFlag(FLAGS_reference_steps);
+  request.speculation.plan_bucket_tokens = absl::GetFlag(FLAGS_plan_bucket_tokens);
+  request.speculation.drift_tolerance = absl::GetFlag(FLAGS_drift_tolerance);
+  request.speculation.drift_min_tokens = absl::GetFlag(FLAGS_drift_min_tokens);
+  request.speculation.planner_budget = absl::GetFlag(FLAGS_planner_budget);
+  request.speculation.guard = absl::GetFlag(FLAGS_guard);
+  request.speculation.guard_margin = absl::GetFlag(FLAGS_guard_margin);
+  request.speculation.guard_min_steps = absl::GetFlag(FLAGS_guard_min_steps);
+  request.speculation.guard_probe_steps = absl::GetFlag(FLAGS_guard_probe_steps);
   return request;
 }
 

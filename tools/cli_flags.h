@@ -71,6 +71,14 @@ ABSL_DECLARE_FLAG(bool, search_edge_layers);
 ABSL_DECLARE_FLAG(bool, search_whole_layers);
 ABSL_DECLARE_FLAG(int64_t, context_length);
 ABSL_DECLARE_FLAG(int32_t, step_repeats);
+ABSL_DECLARE_FLAG(int64_t, plan_bucket_tokens);
+ABSL_DECLARE_FLAG(double, drift_tolerance);
+ABSL_DECLARE_FLAG(int64_t, drift_min_tokens);
+ABSL_DECLARE_FLAG(double, planner_budget);
+ABSL_DECLARE_FLAG(bool, guard);
+ABSL_DECLARE_FLAG(double, guard_margin);
+ABSL_DECLARE_FLAG(int64_t, guard_min_steps);
+ABSL_DECLARE_FLAG(int64_t, guard_probe_steps);
 
 namespace knapserve {
 

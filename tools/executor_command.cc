@@ -75,6 +75,9 @@ absl::Status ServeExecutor(bool one_process) {
     options.planner_address = where;
   }
   options.planner = planner.get();
+  // One plan cache, planner budget and plain-rate table for every request of
+  // this process; they outlive the planner's callbacks (shared ownership).
+  options.planning = PlanningShared::Create();
   MetricsRegistry metrics;
   options.metrics = &metrics;
   std::unique_ptr<MetricsHttpServer> metrics_server;

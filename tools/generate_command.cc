@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "executor/generation_service.h"
 #include "knapserve/v1/generation.grpc.pb.h"
+#include "tools/bench_util.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 
@@ -159,6 +160,7 @@ absl::Status Generate() {
                         {"mean_acceptance_length", s.mean_acceptance_length()}};
   out["plan_requests"] = result.stats.plan_requests;
   out["plan_failures"] = result.stats.plan_failures;
+  out["planning"] = PlanningJson(result.planning, result.stats.decode_seconds);
   if (!result.last_plan_error.empty()) out["last_plan_error"] = result.last_plan_error;
   out["plans"] = nlohmann::json::array();
   for (const AppliedPlan& p : result.plans) {
@@ -173,7 +175,8 @@ absl::Status Generate() {
                             {"baseline_tpt", p.baseline_tpt},
                             {"num_candidates", p.num_candidates},
                             {"solve_seconds", p.solve_seconds},
-                            {"queue_seconds", p.queue_seconds}});
+                            {"queue_seconds", p.queue_seconds},
+                            {"source", p.source}});
   }
   std::cout << out.dump() << std::endl;
   return absl::OkStatus();

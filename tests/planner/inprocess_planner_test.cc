@@ -286,6 +286,11 @@ GenerationRequest PlannedRequest(SpeculationMode mode, int64_t max_new_tokens) {
   request.speculation.plan_interval = 8;
   request.speculation.reference_steps = 3;
   request.speculation.clasp_layers = 1;
+  // Replanning happens on triggers (executor/plan_controller.h): 32-token
+  // context buckets give a new-bucket trigger every ~32 tokens, and no
+  // planner budget lets every trigger solve (the budget has its own tests).
+  request.speculation.plan_bucket_tokens = 32;
+  request.speculation.planner_budget = 0;
   return request;
 }
 
