@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "planner/inprocess_planner.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -154,6 +155,56 @@ TEST(GenerationServiceTest, CountsRequestsTokensAndSpeculationInMetrics) {
     gauges = metrics.Render();
   }
   EXPECT_NE(gauges.find("knapserve_running_requests 0\n"), std::string::npos) << gauges;
+}
+
+// The service shares one plan cache among its requests: the first knapspec
+// request triggers a solve, the second starts from the cached plan, and the
+// planning metrics say so.
+TEST(GenerationServiceTest, RequestsShareThePlanCacheAndReportPlanningMetrics) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto planner = InProcessPlanner::Create(*model, testing::HandLatencyProfile(*model),
+                                          InProcessPlannerOptions());
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  MetricsRegistry metrics;
+  GenerationServiceOptions options;
+  options.model_path = testing::Stories260kDir();
+  options.metrics = &metrics;
+  options.planner = planner->get();
+  options.planning = PlanningShared::Create();
+  options.default_speculation.plan_bucket_tokens = 256;
+  options.default_speculation.planner_budget = 0;
+  options.default_speculation.reference_steps = 2;
+  const PlanningShared planning = options.planning;
+  auto server = ExecutorServer::Start(*model, *StoriesTokenizer(), options, "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest request = TextRequest("Once upon a time", 40);
+  request.set_ignore_eos(true);
+  request.mutable_speculation()->set_mode(v1::SPECULATION_MODE_KNAPSPEC);
+  const Streamed first = Call(*stub, request);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  // The solve runs on the planner thread; wait for its plan to be cached.
+  for (int i = 0; i < 1000 && planning.cache->size() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(planning.cache->size(), 1);
+  const Streamed second = Call(*stub, request);
+  ASSERT_TRUE(second.status.ok());
+  EXPECT_EQ(second.ids, first.ids);
+  EXPECT_EQ(planning.cache->hits(), 1);
+  EXPECT_EQ(planning.cache->misses(), 1);
+  const std::string text = metrics.Render();
+  EXPECT_NE(text.find("knapserve_plan_cache_hits_total 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("knapserve_plan_cache_misses_total 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("knapserve_plan_triggers_total{kind=\"no_plan\"} 1\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_plan_cache_entries 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("knapserve_planner_cpu_share "), std::string::npos) << text;
+  EXPECT_NE(text.find("knapserve_guard_fallbacks_total "), std::string::npos) << text;
+  EXPECT_NE(text.find("knapserve_planner_budget_deferrals_total 0\n"), std::string::npos) << text;
 }
 
 TEST(GenerationServiceTest, InvalidRequestsNameTheField) {
