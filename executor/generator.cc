@@ -101,6 +101,12 @@ class PlanSession {
     // on all r tokens uses [0, first_position) of them).
     request.kv = cache.layers();
     request.kv_length = snapshot.context_length;
+    // The plan is cached for its whole context bucket [b W, (b+1) W), so the
+    // planner should price it at the bucket's middle: it prices at
+    // n + lifetime / 2, hence lifetime = 2 * (middle - n) (0 past the middle).
+    const int64_t width = spec_.plan_bucket_tokens;
+    const int64_t middle = snapshot.context_length / width * width + width / 2;
+    request.plan_lifetime_tokens = std::max<int64_t>(0, 2 * (middle - snapshot.context_length));
     ++result.stats.plan_requests;
     std::weak_ptr<Mailbox> weak = mailbox_;
     PlanningShared shared = shared_;
