@@ -172,7 +172,7 @@ nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds) {
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
     const std::vector<GenerationRequest>& requests, int repeats, bool warmup,
-    const std::vector<PlannerClient*>& planners) {
+    const std::vector<PlannerClient*>& planners, bool warm_plan_cache) {
   auto planner_of = [&](size_t mode) { return mode < planners.size() ? planners[mode] : nullptr; };
   repeats = std::max(1, repeats);
   const size_t num_modes = requests.size();
@@ -188,6 +188,17 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
           Generate(model, tokenizer, short_request, nullptr, nullptr, planner_of(k),
                    &warmup_planning)
               .status());
+    }
+  }
+  if (warm_plan_cache) {
+    for (size_t k = 0; k < num_modes; ++k) {
+      for (const BenchInput& input : inputs) {
+        GenerationRequest request = requests[k];
+        request.prompt_ids = input.ids;
+        RETURN_IF_ERROR(
+            Generate(model, tokenizer, request, nullptr, nullptr, planner_of(k), &planning[k])
+                .status());
+      }
     }
   }
   std::vector<std::vector<PromptRun>> runs(num_modes, std::vector<PromptRun>(inputs.size()));

@@ -119,11 +119,15 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 // (empty, or null entries, when the mode plans nothing). Each mode gets one
 // PlanningShared (plan cache, planner budget, plain rates) for all its runs,
 // as one server process would; the warm-up runs use a separate one, so the
-// measured runs start with an empty cache.
+// measured runs start with an empty cache. With `warm_plan_cache`, each mode
+// first generates every input once, untimed, with the PlanningShared it is
+// then measured with: the measured runs see the steady state of a server
+// that has already planned for these context buckets (cached plans, plain
+// rates), not its first requests.
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
     const std::vector<GenerationRequest>& requests, int repeats, bool warmup,
-    const std::vector<PlannerClient*>& planners = {});
+    const std::vector<PlannerClient*>& planners = {}, bool warm_plan_cache = false);
 
 }  // namespace knapserve
 

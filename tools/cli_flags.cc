@@ -103,6 +103,10 @@ ABSL_FLAG(double, drift_tolerance, 0.2,
 ABSL_FLAG(int64_t, drift_min_tokens, 40,
           "knapspec/clasp: acceptance trials (accepted draft tokens + rejections) under a plan "
           "before drift is judged.");
+ABSL_FLAG(bool, warm_plan_cache, false,
+          "bench spec: before the timed runs, generate every prompt once per mode with the "
+          "plan cache the mode is then timed with (a server's steady state: plans already "
+          "made for these context buckets). Off: the timed runs include the first solves.");
 ABSL_FLAG(double, planner_budget, 0.05,
           "knapspec/clasp: planner CPU budget, solve seconds over decode seconds of the whole "
           "process; a replanning trigger waits while the share is above it. 0 = no limit.");
