@@ -43,14 +43,14 @@
 namespace knapserve {
 namespace {
 
-// The request both modes share: greedy, fixed length, no stop strings; the
+// The request every mode shares: fixed length, no stop strings; sampling
+// (greedy unless --temperature is given; seed 0 unless --seed is) and the
 // speculation knobs (--max-draft, --exit-threshold) from the flags.
 absl::StatusOr<GenerationRequest> BaseRequest(int64_t max_new_tokens) {
   ASSIGN_OR_RETURN(GenerationRequest request, GenerationRequestFromFlags({}));
   request.max_new_tokens = max_new_tokens;
   request.ignore_eos = true;
-  request.sampling = SamplingParams{};
-  request.sampling.seed = 0;
+  if (!request.sampling.seed.has_value()) request.sampling.seed = 0;
   request.stop_strings.clear();
   request.stop_token_ids.clear();
   return request;

@@ -81,8 +81,10 @@ bool HaveStories260k() {
          std::filesystem::exists(Stories260kDir() + "/tokenizer.json");
 }
 
+std::string SharedModelDir(const std::string& name) { return SharedPath("models/" + name); }
+
 bool HaveSharedModel(const std::string& name) {
-  const std::string dir = SharedPath("models/" + name);
+  const std::string dir = SharedModelDir(name);
   return std::filesystem::exists(dir + "/model.safetensors") &&
          std::filesystem::exists(dir + "/config.json");
 }
@@ -103,7 +105,7 @@ const LlamaModel* CachedModel(const std::string& name) {
   }
   // A trained checkpoint in <shared>/models by that name, else a make-model shape.
   const std::string dir =
-      HaveSharedModel(shape) ? SharedPath("models/" + shape) : RandomModelDir(shape);
+      HaveSharedModel(shape) ? SharedModelDir(shape) : RandomModelDir(shape);
   if (dir.empty()) return nullptr;
   auto model = LlamaModel::Load(dir, options);
   EXPECT_TRUE(model.ok()) << name << ": " << model.status();

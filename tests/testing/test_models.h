@@ -29,7 +29,8 @@ std::string Stories260kDir();
 // Whether stories260k (weights and tokenizer) is there; tests skip without it.
 bool HaveStories260k();
 
-// Whether <shared>/models/<name> holds a checkpoint ("stories-24l", ...).
+// <shared>/models/<name>, and whether it holds a checkpoint ("stories-24l", ...).
+std::string SharedModelDir(const std::string& name);
 bool HaveSharedModel(const std::string& name);
 
 // Models by name, loaded once per process and kept: a checkpoint in

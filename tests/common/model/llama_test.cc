@@ -10,7 +10,10 @@
 #include <torch/cuda.h>
 
 #include <cmath>
+#include <algorithm>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/safetensors.h"
@@ -249,6 +252,47 @@ TEST_P(ArchitectureTest, BranchAttentionMatchesCachedAttentionPerBranch) {
   torch::Tensor mlp = model->Mlp(0, branches);
   EXPECT_TRUE(torch::allclose(mlp[1], model->Mlp(0, h1), 1e-5, 1e-6));
 }
+
+// The goldens of the deep trained models: their SOURCE.md gives prompt ids
+// and the first 64 greedy ids of an independent plain PyTorch forward
+// (float32). Read from the file, so the test follows the data.
+std::vector<std::vector<int64_t>> IdListsIn(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  std::vector<std::vector<int64_t>> lists;
+  const std::string s = text.str();
+  for (size_t at = s.find("```\n["); at != std::string::npos; at = s.find("```\n[", at + 1)) {
+    const size_t end = s.find(']', at);
+    std::vector<int64_t> ids;
+    std::stringstream items(s.substr(at + 5, end - at - 5));
+    for (std::string item; std::getline(items, item, ',');) ids.push_back(std::stoll(item));
+    lists.push_back(std::move(ids));
+  }
+  return lists;
+}
+
+class DeepGoldenTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(DeepGoldenTest, ReproducesGoldenGreedyContinuation) {
+  const std::string dir = testing::SharedModelDir(GetParam());
+  if (!testing::HaveSharedModel(GetParam())) GTEST_SKIP() << "no " << GetParam();
+  const std::vector<std::vector<int64_t>> lists = IdListsIn(dir + "/SOURCE.md");
+  ASSERT_GE(lists.size(), 2u) << "SOURCE.md lists prompt and golden ids";
+  auto model = LoadOrDie(dir);
+  ASSERT_NE(model, nullptr);
+  const std::vector<int64_t>& golden = lists[1];
+  ASSERT_EQ(golden.size(), 64u);
+  EXPECT_EQ(GreedyTokens(*model, lists[0], static_cast<int>(golden.size())), golden);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, DeepGoldenTest,
+                         ::testing::Values("stories-24l", "stories-24l-skip"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 TEST(LlamaModelTest, RopeLlama3ScalingMatchesHuggingFaceFormula) {
   ModelConfig c;
