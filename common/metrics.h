@@ -1,4 +1,4 @@
-// Metrics in the Prometheus text exposition format (DESIGN.md section 5):
+// Metrics in the Prometheus text exposition format:
 // counters (`_total`), gauges and histograms (seconds), all named with the
 // prefix knapserve_. A MetricsRegistry owns its metrics; Render() writes the
 // text a /metrics endpoint serves (see MetricsHttpServer).

@@ -1,4 +1,4 @@
-// The executor <-> planner contract in plain C++ (DESIGN.md section 2): what a
+// The executor <-> planner contract in plain C++: what a
 // plan request carries, what a plan says, and the PlannerClient interface the
 // executor talks to.
 //
@@ -29,7 +29,7 @@
 
 namespace knapserve {
 
-// Which policy decides the draft (DESIGN.md section 1, "Baselines").
+// Which policy decides the draft.
 enum class PlanPolicy {
   kStatic,    // a given mask; only gamma is chosen
   kKnapSpec,  // the sublayer knapsack DP + TPT grid

@@ -42,7 +42,7 @@ v1::SpeculationMode ToWireMode(SpeculationMode mode) {
   return v1::SPECULATION_MODE_UNSPECIFIED;
 }
 
-// The executor's metric families (DESIGN.md section 5): speculation counters
+// The executor's metric families: speculation counters
 // with vLLM's meaning, planner overhead ours alone.
 struct GenerationService::Metrics {
   Metrics(MetricsRegistry& r, const Scheduler& scheduler, const PlanningShared& planning)

@@ -1,4 +1,4 @@
-// Reference states for the planner (DESIGN.md section 1): the full model's
+// Reference states for the planner: the full model's
 // hidden states at all 2L+1 sublayer boundaries for the tokens committed
 // during the m verification steps after each plan boundary. They are cut out
 // of verification passes that run anyway; no extra forward is made.

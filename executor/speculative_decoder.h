@@ -1,5 +1,5 @@
 // SpeculativeDecoder: one decode step of lossless self-speculative decoding
-// for one sequence (DESIGN.md sections 1 and 4).
+// for one sequence.
 //
 // A step starts from the sequence's committed KV cache (positions
 // [0, n)) and `last`, the newest generated token, which is not in the cache

@@ -1,4 +1,4 @@
-// The KnapSpec knapsack DP over sublayer skips (DESIGN.md section 1), and the
+// The KnapSpec knapsack DP over sublayer skips, and the
 // whole-layer variant the CLaSp baseline uses.
 //
 // A target with L layers is 2L sublayers (2i = attention i, 2i+1 = MLP i).

@@ -1,6 +1,6 @@
-// LatencyProfile: the planner's latency model of one model on one machine
-// (DESIGN.md section 1), measured once per hardware + dtype + model + thread
-// count and kept as a small JSON file.
+// LatencyProfile: the planner's latency model of one model on one machine,
+// measured once per hardware + dtype + model + thread count and kept as a
+// small JSON file.
 //
 //   t_attn(n)          = attention.a + attention.b * n   (one attention sublayer,
 //                        one decode token, context length n)

@@ -2,7 +2,6 @@
 // a draft plan (which sublayers the draft skips, how many tokens it drafts).
 //
 //   SolveKnapSpec  the KnapSpec knapsack DP over sublayers + the TPT grid
-//                  (DESIGN.md section 1)
 //   SolveClasp     the CLaSp baseline: whole layers, exactly M skipped, DP on
 //                  the last reference token only
 //   SolveStatic    a fixed mask; only gamma is chosen (by the TPT grid)

@@ -1,4 +1,4 @@
-// Tokens per time (TPT), the KnapSpec objective (DESIGN.md section 1).
+// Tokens per time (TPT), the KnapSpec objective.
 //
 // One speculation step drafts gamma tokens with a sub-network S (each draft
 // token costs t_draft(S)) and verifies gamma+1 tokens with the full model.

@@ -2,7 +2,7 @@
 // step-cost): medians, the benchmark prompt set as token ids, the machine's
 // memory bandwidth, and one timed pass of Generate() over a prompt set.
 //
-// Timing conventions (DESIGN.md section 4): every figure is a median over
+// Timing conventions: every figure is a median over
 // repeats after a warm-up run, and comparisons are ratios taken within one
 // run on one machine. Decode speed over a prompt set is the aggregate
 // (total tokens decoded / total decode seconds), so long and short prompts

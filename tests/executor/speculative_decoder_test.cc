@@ -771,7 +771,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, KvStateTest,
                          });
 
 // A skipped attention sublayer computes nothing and writes no K/V: the draft
-// forward leaves that layer's cache untouched (DESIGN.md section 4).
+// forward leaves that layer's cache untouched.
 TEST(SpeculativeDecoderTest, DraftWritesKvOnlyForKeptAttention) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
