@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "common/layer_mask.h"
+#include "common/model/decode_attention.h"
 #include "executor/kv_cache.h"
 #include "common/clock.h"
 
@@ -274,6 +275,14 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request, const L
     if (spec.max_draft < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("max_draft: must be >= 1 with speculation on, got ", spec.max_draft));
+    }
+    // A verification pass is max_draft + 1 rows; past kMaxDecodeAttentionRows
+    // it would leave the batch-invariant few-row path, and greedy output
+    // could then differ from plain decoding at a near-tie.
+    if (spec.max_draft > kMaxDecodeAttentionRows - 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_draft: at most ", kMaxDecodeAttentionRows - 1,
+          " (verification passes must stay on the batch-invariant path), got ", spec.max_draft));
     }
     if (!(spec.exit_threshold >= 0.0 && spec.exit_threshold <= 1.0)) {
       return absl::InvalidArgumentError(

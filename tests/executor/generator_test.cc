@@ -136,6 +136,14 @@ TEST_F(GeneratorTest, RejectsBadRequestsNamingTheField) {
   r = Greedy(kZooPrompt, 5);
   r.stop_strings = {""};
   expect_error(r, "stop");
+  // A verification pass of max_draft + 1 rows must stay on the few-row,
+  // batch-invariant path (common/model/decode_attention.h).
+  r = Greedy(kZooPrompt, 5);
+  r.speculation.mode = SpeculationMode::kStatic;
+  r.speculation.max_draft = 16;
+  expect_error(r, "max_draft");
+  r.speculation.max_draft = 15;
+  EXPECT_TRUE(Generate(*model_, *tokenizer_, r).ok());
 }
 
 TEST_F(GeneratorTest, SamplingWithASeedIsReproducible) {
