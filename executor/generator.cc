@@ -382,12 +382,15 @@ std::string TextStream::Finish() {
   return TakeSafeText(/*final=*/true);
 }
 
-absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
-                                          const GenerationRequest& request,
-                                          const StreamCallback& on_tokens,
-                                          const ReferenceCallback& on_reference,
-                                          PlannerClient* planner,
-                                          const PlanningShared* shared) {
+namespace {
+
+absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
+                                                 const Tokenizer& tokenizer,
+                                                 const GenerationRequest& request,
+                                                 const StreamCallback& on_tokens,
+                                                 const ReferenceCallback& on_reference,
+                                                 PlannerClient* planner,
+                                                 const PlanningShared* shared) {
   RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
   const SpeculationConfig& spec = request.speculation;
   const bool planned =
@@ -521,6 +524,24 @@ absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokeniz
   result.stats.draft_seconds = result.speculation.draft_seconds;
   result.stats.verify_seconds = result.speculation.verify_seconds;
   return result;
+}
+
+}  // namespace
+
+absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
+                                          const GenerationRequest& request,
+                                          const StreamCallback& on_tokens,
+                                          const ReferenceCallback& on_reference,
+                                          PlannerClient* planner,
+                                          const PlanningShared* shared) {
+  // LibTorch reports broken invariants by throwing (c10::Error); none may
+  // escape into a server thread, so the sequence fails with INTERNAL and
+  // the server goes on. Its KV cache is freed with the stack.
+  try {
+    return GenerateOrThrow(model, tokenizer, request, on_tokens, on_reference, planner, shared);
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("generation failed: ", e.what()));
+  }
 }
 
 }  // namespace knapserve

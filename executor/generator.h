@@ -182,7 +182,9 @@ class TextStream {
 // `shared`: the process's plan cache, planner budget and plain-rate table
 // (see PlanningShared::Create); nullptr gives the call fresh ones of its own,
 // as if it were the first request of a new process.
-// Errors: invalid request (InvalidArgument naming the field).
+// Errors: invalid request (InvalidArgument naming the field); Internal when
+// anything inside throws (a LibTorch check, a throwing callback): no
+// exception leaves Generate.
 absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
                                           const GenerationRequest& request,
                                           const StreamCallback& on_tokens = nullptr,

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <stdexcept>
 
 #include "common/safetensors.h"
 #include "tests/testing/test_models.h"
@@ -144,6 +145,20 @@ TEST_F(GeneratorTest, RejectsBadRequestsNamingTheField) {
   expect_error(r, "max_draft");
   r.speculation.max_draft = 15;
   EXPECT_TRUE(Generate(*model_, *tokenizer_, r).ok());
+}
+
+TEST_F(GeneratorTest, AnExceptionInsideGenerationIsAnInternalErrorNotACrash) {
+  int calls = 0;
+  auto throwing = [&](absl::Span<const int32_t>, std::string_view) -> bool {
+    if (++calls == 3) throw std::runtime_error("stream broke");
+    return true;
+  };
+  auto result = Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 10), throwing);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_NE(result.status().message().find("stream broke"), std::string::npos);
+  // The model and tokenizer are untouched: the next request works.
+  EXPECT_TRUE(Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 10)).ok());
 }
 
 TEST_F(GeneratorTest, SamplingWithASeedIsReproducible) {
