@@ -5,8 +5,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
-#include "common/clock.h"
+#include "common/base/status.h"
+#include "common/base/clock.h"
 
 namespace knapserve {
 namespace {

@@ -26,10 +26,10 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
-#include "common/metrics.h"
+#include "common/metrics/metrics.h"
 #include "common/model/llama.h"
-#include "common/planner_client.h"
-#include "common/tokenizer.h"
+#include "common/plan/planner_client.h"
+#include "common/text/tokenizer.h"
 #include "executor/generator.h"
 #include "executor/scheduler.h"
 #include "knapserve/v1/generation.grpc.pb.h"

@@ -13,11 +13,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
-#include "common/layer_mask.h"
+#include "common/base/status.h"
+#include "common/model/layer_mask.h"
 #include "common/model/decode_attention.h"
 #include "executor/kv_cache.h"
-#include "common/clock.h"
+#include "common/base/clock.h"
 
 namespace knapserve {
 namespace {

@@ -36,7 +36,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
-#include "common/planner_client.h"
+#include "common/plan/planner_client.h"
 
 namespace knapserve {
 

@@ -48,7 +48,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/planner_client.h"
+#include "common/plan/planner_client.h"
 #include "executor/plan_cache.h"
 
 namespace knapserve {

@@ -1,9 +1,9 @@
-// RemotePlannerClient: the PlannerClient (common/planner_client.h) that talks
+// RemotePlannerClient: the PlannerClient (common/plan/planner_client.h) that talks
 // to a knapserve-planner over one long-lived knapserve.v1.Planner/Plan stream.
 //
 // Submit never blocks the decode thread: it queues the request (a newer
 // request of the same sequence replaces a queued one, whose callback gets
-// Cancelled) and a client thread encodes it (common/plan_codec.h, K/V as a
+// Cancelled) and a client thread encodes it (common/wire/plan_codec.h, K/V as a
 // window of the prefix) and writes it. A reader thread matches answers to
 // requests by (sequence, step) and runs their callbacks.
 //
@@ -33,8 +33,8 @@
 #include <thread>
 #include <utility>
 
-#include "common/plan_codec.h"
-#include "common/planner_client.h"
+#include "common/wire/plan_codec.h"
+#include "common/plan/planner_client.h"
 #include "knapserve/v1/planner.grpc.pb.h"
 
 namespace knapserve {

@@ -26,7 +26,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/layer_mask.h"
+#include "common/model/layer_mask.h"
 #include "common/model/llama.h"
 #include "executor/kv_cache.h"
 #include "executor/sampler.h"

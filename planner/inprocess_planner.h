@@ -1,4 +1,4 @@
-// InProcessPlanner: the PlannerClient (common/planner_client.h) that solves in
+// InProcessPlanner: the PlannerClient (common/plan/planner_client.h) that solves in
 // the executor's own process, on its own thread, so planning overlaps decoding.
 //
 // Requests are queued per sequence and solved one at a time, oldest sequence
@@ -29,7 +29,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "common/model/llama.h"
-#include "common/planner_client.h"
+#include "common/plan/planner_client.h"
 #include "planner/latency_profile.h"
 #include "planner/planner.h"
 

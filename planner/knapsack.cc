@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
-#include "common/status.h"
+#include "common/base/status.h"
 
 namespace knapserve {
 namespace {

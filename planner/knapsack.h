@@ -35,7 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/layer_mask.h"
+#include "common/model/layer_mask.h"
 
 namespace knapserve {
 

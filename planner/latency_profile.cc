@@ -14,9 +14,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/file_util.h"
+#include "common/base/file_util.h"
 #include "common/model/llama.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "nlohmann/json.hpp"
 
 namespace knapserve {

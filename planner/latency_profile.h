@@ -51,7 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/layer_mask.h"
+#include "common/model/layer_mask.h"
 
 namespace knapserve {
 

@@ -9,10 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "planner/knapsack.h"
 #include "planner/tpt.h"
-#include "common/clock.h"
+#include "common/base/clock.h"
 
 namespace knapserve {
 namespace {

@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/layer_mask.h"
-#include "common/planner_client.h"
+#include "common/model/layer_mask.h"
+#include "common/plan/planner_client.h"
 #include "planner/knapsack.h"
 #include "planner/latency_profile.h"
 #include "planner/tpt.h"

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
-#include "common/plan_codec.h"
+#include "common/wire/plan_codec.h"
 
 namespace knapserve {
 

@@ -2,7 +2,7 @@
 // planner.proto) in front of an InProcessPlanner.
 //
 // Each executor holds one long-lived Plan stream and multiplexes its
-// sequences over it. Requests are decoded (common/plan_codec.h), solved in
+// sequences over it. Requests are decoded (common/wire/plan_codec.h), solved in
 // order per planner (a newer request of the same sequence replaces a queued
 // one; the replaced one is answered SUPERSEDED), and answered on the same
 // stream in completion order. Sequence ids are scoped to their stream: two

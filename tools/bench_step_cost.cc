@@ -38,9 +38,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/layer_mask.h"
+#include "common/model/layer_mask.h"
 #include "common/model/linear.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"

@@ -7,10 +7,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/shared_data.h"
-#include "common/status.h"
+#include "tools/shared_data.h"
+#include "common/base/status.h"
 #include "tools/cli_flags.h"
-#include "common/clock.h"
+#include "common/base/clock.h"
 
 namespace knapserve {
 double Median(std::vector<double> values) {

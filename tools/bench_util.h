@@ -23,7 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/llama.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "executor/generator.h"
 #include "tools/prompt_set.h"
 

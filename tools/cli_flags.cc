@@ -11,8 +11,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "common/shared_data.h"
-#include "common/status.h"
+#include "tools/shared_data.h"
+#include "common/base/status.h"
 
 ABSL_FLAG(std::string, model, "",
           "Model folder (config.json, safetensors, tokenizer.json). Default: $KNAPSERVE_MODEL, "

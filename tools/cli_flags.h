@@ -18,7 +18,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "common/model/llama.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "executor/generator.h"
 #include "executor/remote_planner_client.h"
 #include "planner/inprocess_planner.h"

@@ -6,8 +6,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/metrics.h"
-#include "common/status.h"
+#include "common/metrics/metrics.h"
+#include "common/base/status.h"
 #include "executor/executor_server.h"
 #include "planner/latency_profile.h"
 #include "tools/cli_flags.h"

@@ -6,7 +6,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "executor/generation_service.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 #include "tools/bench_util.h"

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/safetensors.h"
-#include "common/status.h"
+#include "common/checkpoint/safetensors.h"
+#include "common/base/status.h"
 #include "nlohmann/json.hpp"
 
 namespace knapserve {

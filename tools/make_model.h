@@ -31,7 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model_config.h"
+#include "common/checkpoint/model_config.h"
 
 namespace knapserve {
 

@@ -4,8 +4,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_join.h"
-#include "common/shared_data.h"
-#include "common/status.h"
+#include "tools/shared_data.h"
+#include "common/base/status.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 #include "tools/make_model.h"

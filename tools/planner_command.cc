@@ -4,7 +4,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "planner/planner_server.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"

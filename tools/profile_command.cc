@@ -7,7 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "planner/latency_profile.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"

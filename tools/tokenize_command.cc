@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
-#include "common/status.h"
+#include "common/base/status.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 

@@ -14,8 +14,8 @@
 #include "common/model/decode_attention.h"
 #include "common/model/linear.h"
 #include "common/model/row_ops.h"
-#include "common/safetensors.h"
-#include "common/status.h"
+#include "common/checkpoint/safetensors.h"
+#include "common/base/status.h"
 
 namespace knapserve {
 namespace {

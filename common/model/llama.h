@@ -32,9 +32,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/layer_mask.h"
+#include "common/model/layer_mask.h"
 #include "common/model/linear.h"
-#include "common/model_config.h"
+#include "common/checkpoint/model_config.h"
 
 namespace knapserve {
 

@@ -8,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "executor/generator.h"
 #include "planner/inprocess_planner.h"
 #include "tests/testing/test_models.h"

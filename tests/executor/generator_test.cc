@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "common/safetensors.h"
+#include "common/checkpoint/safetensors.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {

@@ -20,7 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "executor/generator.h"
 #include "tests/testing/test_models.h"
 

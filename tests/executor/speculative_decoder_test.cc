@@ -26,9 +26,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/layer_mask.h"
+#include "common/model/layer_mask.h"
 #include "common/model/llama.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "executor/generator.h"
 #include "executor/kv_cache.h"
 #include "executor/sampler.h"

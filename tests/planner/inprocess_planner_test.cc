@@ -1,6 +1,6 @@
 // Tests of the in-process planner (planner/inprocess_planner.h) and of
 // planned generation end to end: executor/generator.h driving a real
-// InProcessPlanner through the PlannerClient interface (common/planner_client.h).
+// InProcessPlanner through the PlannerClient interface (common/plan/planner_client.h).
 #include "planner/inprocess_planner.h"
 
 #include <c10/core/InferenceMode.h>
@@ -12,8 +12,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "common/plan_codec.h"
-#include "common/tokenizer.h"
+#include "common/wire/plan_codec.h"
+#include "common/text/tokenizer.h"
 #include "executor/generator.h"
 #include "tests/testing/test_models.h"
 

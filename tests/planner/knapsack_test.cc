@@ -17,8 +17,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
-#include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/checkpoint/model_config.h"
+#include "common/checkpoint/safetensors.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "common/plan_codec.h"
+#include "common/wire/plan_codec.h"
 #include "executor/generator.h"
 #include "executor/remote_planner_client.h"
 #include "tests/testing/test_models.h"

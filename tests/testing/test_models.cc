@@ -11,10 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
-#include "common/planner_client.h"
+#include "common/plan/planner_client.h"
 #include <c10/core/InferenceMode.h>
-#include "common/tokenizer.h"
-#include "common/shared_data.h"
+#include "common/text/tokenizer.h"
+#include "tools/shared_data.h"
 #include "tools/make_model.h"
 
 namespace knapserve::testing {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "common/planner_client.h"
+#include "common/plan/planner_client.h"
 #include "planner/latency_profile.h"
 
 namespace knapserve {

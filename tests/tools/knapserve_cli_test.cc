@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/tokenizer.h"
+#include "common/text/tokenizer.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 #include <grpcpp/grpcpp.h>
 #include "nlohmann/json.hpp"
 #include "testing/build_paths.h"
-#include "common/shared_data.h"
+#include "tools/shared_data.h"
 #include "tests/testing/test_models.h"
 #include "tools/prompt_set.h"
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/model_config.h"
-#include "common/safetensors.h"
+#include "common/checkpoint/model_config.h"
+#include "common/checkpoint/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace knapserve {

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "common/shared_data.h"
+#include "tools/shared_data.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {

@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "common/safetensors.h"
+#include "common/checkpoint/safetensors.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {

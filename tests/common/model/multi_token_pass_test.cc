@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "common/layer_mask.h"
+#include "common/model/layer_mask.h"
 #include "common/model/llama.h"
 #include "tests/testing/test_models.h"
 

@@ -1,0 +1,32 @@
+#include "common/plan/planner_client.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace knapserve {
+
+std::string PlanPolicyName(PlanPolicy policy) {
+  switch (policy) {
+    case PlanPolicy::kStatic:
+      return "static";
+    case PlanPolicy::kKnapSpec:
+      return "knapspec";
+    case PlanPolicy::kClasp:
+      return "clasp";
+    case PlanPolicy::kOff:
+      return "off";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<PlanPolicy> ParsePlanPolicy(const std::string& name) {
+  const std::string n = absl::AsciiStrToLower(name);
+  if (n == "static") return PlanPolicy::kStatic;
+  if (n == "knapspec") return PlanPolicy::kKnapSpec;
+  if (n == "clasp") return PlanPolicy::kClasp;
+  if (n == "off") return PlanPolicy::kOff;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown plan policy '", name, "' (supported: static, knapspec, clasp, off)"));
+}
+
+}  // namespace knapserve

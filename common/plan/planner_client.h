@@ -1,0 +1,120 @@
+// The executor <-> planner contract in plain C++: what a
+// plan request carries, what a plan says, and the PlannerClient interface the
+// executor talks to.
+//
+// The executor depends only on this header. Implementations: the in-process
+// planner (planner/inprocess_planner.h: solves on its own thread, reads the
+// executor's K/V directly, no copies) and, across processes, a gRPC client
+// for the Planner service. The binaries in tools/ pick one and hand it to the
+// executor; the executor never knows which policy or transport runs.
+//
+// Ownership: a PlanRequest owns its tensors by reference count. `kv` holds
+// handles to the sequence's K/V storage (no copy): positions [0, kv_length)
+// of it are committed and never rewritten while the sequence lives, and the
+// handles keep the storage alive until the request is done, even if the
+// sequence finishes first.
+#ifndef KNAPSERVE_COMMON_PLAN_PLANNER_CLIENT_H_
+#define KNAPSERVE_COMMON_PLAN_PLANNER_CLIENT_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model/layer_mask.h"
+#include "common/model/llama.h"
+
+namespace knapserve {
+
+// Which policy decides the draft.
+enum class PlanPolicy {
+  kStatic,    // a given mask; only gamma is chosen
+  kKnapSpec,  // the sublayer knapsack DP + TPT grid
+  kClasp,     // whole layers, exactly M skipped, DP on the last token
+  kOff,       // no speculation: gamma 0 without solving (tests, A/B runs)
+};
+// "static", "knapspec", "clasp", "off".
+std::string PlanPolicyName(PlanPolicy policy);
+absl::StatusOr<PlanPolicy> ParsePlanPolicy(const std::string& name);
+
+// What a policy decided. gamma == 0 means "no speculation" (autoregressive
+// decoding is predicted to be faster than any draft); the mask then carries no
+// meaning.
+struct DraftPlan {
+  LayerMask mask;
+  int gamma = 0;
+  double predicted_tpt = 0;  // tokens per second of (mask, gamma) by the latency model
+  double alpha_hat = 0;      // of the chosen mask on the reference tokens (raw share)
+  // The acceptance predicted_tpt assumes: alpha_hat smoothed by the planner's
+  // Beta prior (planner/tpt.h SmoothAlpha); 0 with gamma 0.
+  double alpha_smoothed = 0;
+  int num_candidates = 0;    // candidates the policy weighed
+  // Candidates whose alpha_hat was measured (KnapSpec measures lazily, in
+  // order of their best possible TPT); <= num_candidates.
+  int num_evaluated = 0;
+  double solve_seconds = 0;  // wall time of the solve
+  double queue_seconds = 0;  // time the request waited before its solve began
+  int64_t step = 0;          // PlanRequest::step, echoed
+  // Extras for logs and metrics.
+  double baseline_tpt = 0;  // 1 / t_verify(n, 1): autoregressive tokens per second
+  double mean_cosine = 0;   // of the chosen mask, at the last boundary
+};
+
+// One plan request: a snapshot of reference states plus what the DP's
+// attention needs.
+struct PlanRequest {
+  uint64_t sequence_id = 0;
+  int64_t step = 0;            // decode step of the plan boundary
+  int64_t context_length = 0;  // committed length when the snapshot closed
+  // Tokens the plan will decode while in force (e.g. the plan interval T in
+  // steps); the planner prices the plan at context_length +
+  // plan_lifetime_tokens / 2, the mean context over its life. 0: price it at
+  // context_length (the old behaviour).
+  int64_t plan_lifetime_tokens = 0;
+  PlanPolicy policy = PlanPolicy::kKnapSpec;
+  std::string static_mask;     // kStatic: the mask ("a3,m7")
+  int clasp_layers = 0;        // kClasp: M, the layers to skip (>= 1)
+  int max_draft = 10;          // D: gamma in 1..D
+  std::string model_fingerprint;  // ModelConfig::Fingerprint() of the executor's model
+
+  // The full model's hidden states at all 2L+1 sublayer boundaries for r
+  // tokens at positions first_position .. first_position+r-1: [2L+1, r, hidden].
+  torch::Tensor states;
+  int64_t first_position = 0;
+  // The full model's argmax at each of the r tokens; empty: the planner
+  // computes them from the last boundary's states.
+  std::vector<int32_t> target_argmax;
+
+  // K/V of the prefix, one entry per layer ([kv_heads, capacity, head_dim]);
+  // positions [0, kv_length) are valid. Empty with kv_length == 0 when the
+  // planner must do without.
+  std::vector<LayerKv> kv;
+  int64_t kv_length = 0;
+};
+
+using PlanCallback = std::function<void(absl::StatusOr<DraftPlan> plan)>;
+
+// The executor's view of a planner. Implementations are thread-safe: many
+// sequences submit from many threads.
+class PlannerClient {
+ public:
+  virtual ~PlannerClient() = default;
+
+  // Queues `request` and returns at once; never waits for a solve. `done`
+  // runs exactly once, on a planner-owned thread, with the plan or the error
+  // (FailedPrecondition for a model the planner does not serve, InvalidArgument
+  // for a bad request, Unavailable when the planner is gone, Cancelled when a
+  // newer request of the same sequence replaced this one before it ran).
+  virtual void Submit(PlanRequest request, PlanCallback done) = 0;
+
+  // Drops any queued request of `sequence_id` (its callback gets Cancelled).
+  // A solve already running finishes and reports normally.
+  virtual void Forget(uint64_t sequence_id) = 0;
+};
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_COMMON_PLAN_PLANNER_CLIENT_H_

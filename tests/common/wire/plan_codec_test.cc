@@ -1,0 +1,160 @@
+// Tests of the plan codec (common/wire/plan_codec.h): requests and responses
+// survive the wire, the K/V window holds exactly the positions it names, and
+// every malformed field is refused by name.
+#include "common/wire/plan_codec.h"
+
+#include <c10/core/InferenceMode.h>
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace knapserve {
+namespace {
+
+constexpr int kLayers = 3;
+
+// A request with random states [2L+1, r, 8] and K/V [2, capacity, 4].
+PlanRequest MakeRequest(int64_t first_position, int64_t r) {
+  c10::InferenceMode guard;
+  torch::manual_seed(7);
+  PlanRequest request;
+  request.sequence_id = 42;
+  request.step = 128;
+  request.context_length = first_position + r;
+  request.plan_lifetime_tokens = 64;
+  request.policy = PlanPolicy::kClasp;
+  request.clasp_layers = 1;
+  request.max_draft = 6;
+  request.model_fingerprint = "llama-test";
+  request.states = torch::randn({2 * kLayers + 1, r, 8}).to(torch::kBFloat16);
+  request.first_position = first_position;
+  for (int64_t i = 0; i < r; ++i) request.target_argmax.push_back(static_cast<int32_t>(10 + i));
+  for (int l = 0; l < kLayers; ++l) {
+    request.kv.push_back({torch::randn({2, first_position + r + 5, 4}),
+                          torch::randn({2, first_position + r + 5, 4})});
+  }
+  request.kv_length = first_position + r;
+  return request;
+}
+
+TEST(PlanCodecTest, RequestRoundTripsWithAWindowOfThePrefix) {
+  c10::InferenceMode guard;
+  const PlanRequest request = MakeRequest(/*first_position=*/50, /*r=*/6);
+  v1::PlanRequest wire;
+  ASSERT_TRUE(EncodePlanRequest(request, {/*leading=*/4, /*window=*/10}, &wire).ok());
+  EXPECT_EQ(wire.sequence_id(), "42");
+  EXPECT_EQ(wire.kv_context().window().positions_size(), 14);
+  EXPECT_EQ(wire.kv_context().window().positions(4), 40);  // the window ends at 49
+  auto back = DecodePlanRequest(wire, kLayers, 10);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->sequence_id, 42u);
+  EXPECT_EQ(back->step, 128);
+  EXPECT_EQ(back->context_length, 56);
+  EXPECT_EQ(back->plan_lifetime_tokens, 64);
+  EXPECT_EQ(back->policy, PlanPolicy::kClasp);
+  EXPECT_EQ(back->clasp_layers, 1);
+  EXPECT_EQ(back->max_draft, 6);
+  EXPECT_EQ(back->first_position, 50);
+  EXPECT_EQ(back->target_argmax, request.target_argmax);
+  EXPECT_TRUE(torch::equal(back->states, request.states));
+  ASSERT_EQ(back->kv.size(), static_cast<size_t>(kLayers));
+  EXPECT_EQ(back->kv_length, 14);
+  torch::Tensor positions = torch::cat({torch::arange(0, 4), torch::arange(40, 50)});
+  for (int l = 0; l < kLayers; ++l) {
+    EXPECT_TRUE(torch::equal(back->kv[l].k, request.kv[l].k.index_select(1, positions)));
+    EXPECT_TRUE(torch::equal(back->kv[l].v, request.kv[l].v.index_select(1, positions)));
+  }
+}
+
+TEST(PlanCodecTest, ALargeWindowCarriesTheWholePrefixOnce) {
+  c10::InferenceMode guard;
+  const PlanRequest request = MakeRequest(/*first_position=*/12, /*r=*/3);
+  v1::PlanRequest wire;
+  ASSERT_TRUE(EncodePlanRequest(request, {4, 1024}, &wire).ok());
+  auto back = DecodePlanRequest(wire, kLayers, 10);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->kv_length, 12);
+  EXPECT_TRUE(torch::equal(back->kv[0].k, request.kv[0].k.narrow(1, 0, 12)));
+}
+
+TEST(PlanCodecTest, ResponsesRoundTripAndErrorsKeepTheirKind) {
+  DraftPlan plan;
+  ASSERT_TRUE(LayerMask::Parse("a1,m1", kLayers).ok());
+  plan.mask = *LayerMask::Parse("a1,m1", kLayers);
+  plan.gamma = 4;
+  plan.predicted_tpt = 123.5;
+  plan.alpha_hat = 0.75;
+  plan.num_candidates = 9;
+  plan.num_evaluated = 4;
+  plan.alpha_smoothed = 0.7;
+  plan.solve_seconds = 0.25;
+  plan.queue_seconds = 0.01;
+  const v1::PlanResponse wire = EncodePlanResponse(42, 128, plan);
+  auto back = DecodePlanResponse(wire, kLayers);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->mask, plan.mask);
+  EXPECT_EQ(back->gamma, 4);
+  EXPECT_EQ(back->step, 128);
+  EXPECT_DOUBLE_EQ(back->predicted_tpt, 123.5);
+  EXPECT_DOUBLE_EQ(back->alpha_hat, 0.75);
+  EXPECT_DOUBLE_EQ(back->alpha_smoothed, 0.7);
+  EXPECT_EQ(back->num_candidates, 9);
+  EXPECT_EQ(back->num_evaluated, 4);
+  for (const absl::Status& error :
+       {absl::FailedPreconditionError("other model"), absl::InvalidArgumentError("states: bad"),
+        absl::CancelledError("superseded"), absl::ResourceExhaustedError("queue full"),
+        absl::InternalError("boom")}) {
+    auto decoded = DecodePlanResponse(EncodePlanResponse(1, 2, error), kLayers);
+    EXPECT_EQ(decoded.status().code(), error.code()) << error;
+    EXPECT_EQ(decoded.status().message(), error.message());
+  }
+}
+
+TEST(PlanCodecTest, RefusesMalformedRequestsNamingTheField) {
+  c10::InferenceMode guard;
+  v1::PlanRequest good;
+  ASSERT_TRUE(EncodePlanRequest(MakeRequest(20, 4), {4, 8}, &good).ok());
+  ASSERT_TRUE(DecodePlanRequest(good, kLayers, 10).ok());
+  struct Case {
+    std::string expected;
+    std::function<void(v1::PlanRequest&)> corrupt;
+  };
+  const std::vector<Case> cases = {
+      {"sequence_id", [](v1::PlanRequest& r) { r.set_sequence_id("seq-a"); }},
+      {"context_length", [](v1::PlanRequest& r) { r.set_context_length(0); }},
+      {"plan_lifetime_tokens", [](v1::PlanRequest& r) { r.set_plan_lifetime_tokens(-5); }},
+      {"model_fingerprint", [](v1::PlanRequest& r) { r.clear_model_fingerprint(); }},
+      {"reference_states: required", [](v1::PlanRequest& r) { r.clear_reference_states(); }},
+      {"reference_states.data", [](v1::PlanRequest& r) {
+         r.mutable_reference_states()->mutable_data()->resize(3);
+       }},
+      {"reference_positions", [](v1::PlanRequest& r) { r.set_reference_positions(2, 99); }},
+      {"reference_token_ids", [](v1::PlanRequest& r) { r.add_reference_token_ids(5); }},
+      {"kv_context.all_in_memory", [](v1::PlanRequest& r) {
+         r.mutable_kv_context()->set_all_in_memory(true);
+       }},
+      {"kv_context.window.positions[1]", [](v1::PlanRequest& r) {
+         r.mutable_kv_context()->mutable_window()->set_positions(1, 0);
+       }},
+      {"kv_context.window.layers: 2", [](v1::PlanRequest& r) {
+         r.mutable_kv_context()->mutable_window()->mutable_layers()->RemoveLast();
+       }},
+      {"kv_context.window.layers[0]", [](v1::PlanRequest& r) {
+         r.mutable_kv_context()->mutable_window()->mutable_layers(0)->mutable_v()->set_shape(1, 3);
+         r.mutable_kv_context()->mutable_window()->mutable_layers(0)->mutable_v()->mutable_data()
+             ->resize(2 * 3 * 4 * 4);
+       }},
+      {"policy", [](v1::PlanRequest& r) { r.set_policy(static_cast<v1::PlannerPolicy>(99)); }},
+  };
+  for (const Case& c : cases) {
+    v1::PlanRequest bad = good;
+    c.corrupt(bad);
+    auto decoded = DecodePlanRequest(bad, kLayers, 10);
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument) << c.expected;
+    EXPECT_NE(decoded.status().message().find(c.expected), std::string::npos)
+        << c.expected << ": " << decoded.status();
+  }
+}
+
+}  // namespace
+}  // namespace knapserve
