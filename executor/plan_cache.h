@@ -1,5 +1,5 @@
 // Executor-side planning state shared by every sequence and request of a
-// process (issue 9, "planning that costs almost nothing"):
+// process, so that planning costs almost nothing per request:
 //
 //   PlanCache      plans by (model, device, dtype, threads, policy, max_draft,
 //                  context bucket), so a new request speculates from its first
