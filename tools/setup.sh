@@ -15,6 +15,7 @@ PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
   python3 python3-grpcio python3-protobuf
+  clang-format
 )
 
 missing=()
