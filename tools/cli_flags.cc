@@ -11,12 +11,12 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "tools/shared_data.h"
+#include "tools/default_model.h"
 #include "common/base/status.h"
 
 ABSL_FLAG(std::string, model, "",
           "Model folder (config.json, safetensors, tokenizer.json). Default: $KNAPSERVE_MODEL, "
-          "else <shared>/models/stories260k, <shared> = $KNAPSERVE_SHARED or ../shared.");
+          "else the bundled stories260k at <executable dir>/../share/knapserve/models.");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt text (BOS is added as the model's "
                                    "tokenizer says).");
 ABSL_FLAG(std::string, text, "", "tokenize: the text to encode.");
@@ -170,13 +170,10 @@ std::vector<std::string> ParseFlagsWithDashes(int argc, char** argv) {
   return std::vector<std::string>(rest.begin(), rest.end());
 }
 
-std::string ModelDirFromFlags() {
+absl::StatusOr<std::string> ModelDirFromFlags() {
   std::string dir = absl::GetFlag(FLAGS_model);
   if (!dir.empty()) return dir;
-  if (const char* env = std::getenv("KNAPSERVE_MODEL"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  return SharedPath("models/stories260k");
+  return DefaultModelDir();
 }
 
 absl::StatusOr<Engine> LoadEngineFromFlags() {
@@ -188,7 +185,7 @@ absl::StatusOr<Engine> LoadEngineFromFlags() {
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   options.threads = threads;
   Engine engine;
-  engine.model_dir = ModelDirFromFlags();
+  ASSIGN_OR_RETURN(engine.model_dir, ModelDirFromFlags());
   ASSIGN_OR_RETURN(engine.model, LlamaModel::Load(engine.model_dir, options));
   ASSIGN_OR_RETURN(engine.tokenizer, Tokenizer::FromFile(engine.model_dir + "/tokenizer.json"));
   return engine;

@@ -2,10 +2,10 @@
 // helpers that turn them into engine objects.
 //
 // Flags are process-global (Abseil); each subcommand reads only those that
-// apply to it, and its --help text says which. Paths of ../shared are never
-// hard-coded: the model defaults to $KNAPSERVE_MODEL, else
-// <shared>/models/stories260k, with <shared> from $KNAPSERVE_SHARED (default
-// ../shared).
+// apply to it, and its --help text says which. The model defaults to
+// $KNAPSERVE_MODEL, else the bundled stories260k found relative to the
+// executable (tools/default_model.h); ../shared is only read by benchmarks
+// and make-model (tools/shared_data.h).
 #ifndef KNAPSERVE_TOOLS_CLI_FLAGS_H_
 #define KNAPSERVE_TOOLS_CLI_FLAGS_H_
 
@@ -88,8 +88,10 @@ namespace knapserve {
 // (argv[0] first).
 std::vector<std::string> ParseFlagsWithDashes(int argc, char** argv);
 
-// The model folder: --model, else $KNAPSERVE_MODEL, else the shared stories260k.
-std::string ModelDirFromFlags();
+// The model folder: --model, else DefaultModelDir() ($KNAPSERVE_MODEL, else
+// the bundled stories260k beside the executable); NotFound listing where it
+// looked when there is none.
+absl::StatusOr<std::string> ModelDirFromFlags();
 
 // A loaded model and its tokenizer.
 struct Engine {
