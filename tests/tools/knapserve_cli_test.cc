@@ -259,7 +259,6 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
     bool tiny = false;  // run on the tiny model instead of stories260k
   };
   const std::vector<Case> cases = {
-      {{"generate", "--prompt", "Hi", "--spec", "knapspec"}, "--profile"},
       {{"generate", "--prompt", "Hi", "--spec", "clasp", "--profile", dir + "/missing.json"},
        "missing.json"},
       {{"generate", "--prompt", "Hi", "--spec", "knapspec", "--profile", dir + "/corrupt.json"},
@@ -576,6 +575,59 @@ TEST(KnapserveCliTest, DefaultModelIsFoundRelativeToTheExecutable) {
   EXPECT_EQ(out["model"], model_dir);
   EXPECT_THAT(Ids(out["output_ids"]),
               ElementsAreArray(kZooGreedyIds.begin(), kZooGreedyIds.begin() + 5));
+}
+
+// Planned generation without --profile: the first run measures the latency
+// profile and stores it in the cache folder, the next ones hit it (given by
+// --profile-cache or KNAPSERVE_PROFILE_CACHE), --profile still wins, and
+// knapserve-planner without --profile hits the same entry. Output ids equal
+// --spec off throughout.
+TEST(KnapserveCliTest, PlannedGenerationWithoutProfileMeasuresOnceThenHitsTheCache) {
+  const std::string cache = knapserve::testing::MakeTempDir("cli_profile_cache") + "/profiles";
+  const std::vector<std::string> base = {"generate", "--prompt", "Once upon a time",
+                                         "--max-new-tokens", "60", "--temperature", "0",
+                                         "--ignore-eos", "--json"};
+  const nlohmann::json off = RunJson(Stories(base));
+  std::vector<std::string> planned = base;
+  planned.insert(planned.end(),
+                 {"--spec", "knapspec", "--plan-interval", "8", "--reference-steps", "2"});
+  std::vector<std::string> with_flag = planned;
+  with_flag.insert(with_flag.end(), {"--profile-cache", cache});
+
+  auto run = [&](const std::vector<std::string>& args, const std::vector<std::string>& env,
+                 const std::string& origin, const std::string& log) {
+    const std::vector<std::string> full = Stories(args);
+    const Outcome outcome = RunKnapserve(full, env);
+    EXPECT_EQ(outcome.exit_code, 0) << Describe(full, outcome);
+    EXPECT_THAT(outcome.err, HasSubstr(log)) << Describe(full, outcome);
+    const nlohmann::json out = nlohmann::json::parse(outcome.out, nullptr, false);
+    EXPECT_TRUE(out.is_object()) << Describe(full, outcome);
+    if (!out.is_object()) return nlohmann::json();
+    EXPECT_EQ(out["profile"]["origin"], origin) << Describe(full, outcome);
+    EXPECT_EQ(Ids(out["output_ids"]), Ids(off["output_ids"]));
+    return out;
+  };
+  const nlohmann::json first = run(with_flag, {}, "measured", "latency profile: measured");
+  ASSERT_TRUE(first.is_object());
+  const std::string entry = first["profile"]["path"].get<std::string>();
+  EXPECT_EQ(entry.rfind(cache + "/", 0), 0u) << entry;
+  EXPECT_TRUE(std::filesystem::exists(entry)) << entry;
+
+  const nlohmann::json second = run(with_flag, {}, "cache", "latency profile: cache hit");
+  EXPECT_EQ(second["profile"]["path"], entry);
+  const nlohmann::json by_env =
+      run(planned, {"KNAPSERVE_PROFILE_CACHE=" + cache}, "cache", "latency profile: cache hit");
+  EXPECT_EQ(by_env["profile"]["path"], entry);
+  std::vector<std::string> with_file = with_flag;
+  with_file.insert(with_file.end(), {"--profile", StoriesProfile()});
+  const nlohmann::json file = run(with_file, {}, "file", "latency profile from --profile");
+  EXPECT_EQ(file["profile"]["path"], StoriesProfile());
+
+  ServerProcess planner(Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
+                                 "127.0.0.1:0", "--profile-cache", cache}));
+  ASSERT_FALSE(planner.port().empty()) << planner.log();
+  EXPECT_THAT(planner.log(), HasSubstr("latency profile: cache hit " + entry));
+  EXPECT_EQ(planner.Stop(), 0) << planner.log();
 }
 
 TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {
