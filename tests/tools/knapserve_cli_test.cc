@@ -338,6 +338,7 @@ class ServerProcess {
 // the one-process `knapserve serve`. Greedy ids equal local --spec off, and
 // SIGTERM stops each server with exit 0.
 TEST(KnapserveCliTest, SplitAndOneProcessDeploymentsGiveTheSameGreedyIds) {
+  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the prompts
   ServerProcess planner(Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
                                  "127.0.0.1:0", "--profile", StoriesProfile()}));
   ASSERT_FALSE(planner.port().empty()) << planner.log();
@@ -349,7 +350,6 @@ TEST(KnapserveCliTest, SplitAndOneProcessDeploymentsGiveTheSameGreedyIds) {
   ASSERT_FALSE(serve.port().empty()) << serve.log();
 
   // Spec-Bench prompts (three categories), cut to fit stories260k's context.
-  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");
   auto prompts = LoadPromptSet(SharedPath("bench/spec_bench/question.jsonl"), 3);
   ASSERT_TRUE(prompts.ok()) << prompts.status();
   for (const BenchPrompt& prompt : *prompts) {
