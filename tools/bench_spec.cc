@@ -493,7 +493,8 @@ absl::Status BenchSpec() {
     modes[k].planner = remote.get();
   }
   if (planned && local_planned) {
-    ASSIGN_OR_RETURN(planner, PlannerClientFromFlags(engine, SpeculationMode::kKnapSpec));
+    ASSIGN_OR_RETURN(planner,
+                     PlannerClientFromFlags(engine, SpeculationMode::kKnapSpec, "bench spec"));
     for (BenchMode& m : modes) {
       if (m.planner == nullptr) m.planner = planner.get();
     }

@@ -11,12 +11,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
-#include "tools/shared_data.h"
+#include "absl/strings/str_format.h"
+#include "tools/default_model.h"
 #include "common/base/status.h"
 
 ABSL_FLAG(std::string, model, "",
           "Model folder (config.json, safetensors, tokenizer.json). Default: $KNAPSERVE_MODEL, "
-          "else <shared>/models/stories260k, <shared> = $KNAPSERVE_SHARED or ../shared.");
+          "else the bundled stories260k at <executable dir>/../share/knapserve/models.");
 ABSL_FLAG(std::string, prompt, "", "generate: the prompt text (BOS is added as the model's "
                                    "tokenizer says).");
 ABSL_FLAG(std::string, text, "", "tokenize: the text to encode.");
@@ -48,15 +49,22 @@ ABSL_FLAG(int32_t, repeats, 1, "bench: runs per prompt (the median is reported).
 ABSL_FLAG(std::string, spec, "off",
           "Speculation mode: off (autoregressive), static (draft with the --skip mask), "
           "knapspec (the KnapSpec planner picks mask and gamma every --plan-interval steps; "
-          "needs --profile) or clasp (the CLaSp baseline: --clasp-layers whole layers; needs "
-          "--profile).");
+          "its latency profile: --profile or the profile cache) or clasp (the CLaSp baseline: "
+          "--clasp-layers whole layers).");
 ABSL_FLAG(std::string, skip, "",
           "Layer mask of the draft: skipped sublayers, e.g. a3,m3,m7 (aN attention, mN MLP of "
           "layer N, 0-based). With knapspec/clasp: the mask before the first plan (empty: "
           "autoregressive until then).");
 ABSL_FLAG(std::string, profile, "",
-          "generate/bench with knapspec or clasp: the latency profile JSON (`knapserve "
-          "profile` writes one); it must match the model, device, dtype.");
+          "knapspec/clasp (generate, bench, serve, executor, planner): the latency profile JSON "
+          "(`knapserve profile` writes one); it must match the model, device, dtype. Default: "
+          "the profile cache (--profile-cache), measured and stored on a miss.");
+ABSL_FLAG(std::string, profile_cache, "",
+          "knapspec/clasp without --profile: the latency profile cache folder. Default: "
+          "$KNAPSERVE_PROFILE_CACHE, else $XDG_CACHE_HOME/knapserve/profiles, else "
+          "$HOME/.cache/knapserve/profiles. Entries are keyed by model fingerprint, device, "
+          "dtype and threads; a miss measures the profile (seconds for small models) and "
+          "stores it.");
 ABSL_FLAG(std::vector<std::string>, modes, {},
           "bench spec: modes to compare, off first (default: off, static if --skip or "
           "--search-masks, clasp and knapspec if --profile). A planned mode may name a "
@@ -170,13 +178,10 @@ std::vector<std::string> ParseFlagsWithDashes(int argc, char** argv) {
   return std::vector<std::string>(rest.begin(), rest.end());
 }
 
-std::string ModelDirFromFlags() {
+absl::StatusOr<std::string> ModelDirFromFlags() {
   std::string dir = absl::GetFlag(FLAGS_model);
   if (!dir.empty()) return dir;
-  if (const char* env = std::getenv("KNAPSERVE_MODEL"); env != nullptr && *env != '\0') {
-    return env;
-  }
-  return SharedPath("models/stories260k");
+  return DefaultModelDir();
 }
 
 absl::StatusOr<Engine> LoadEngineFromFlags() {
@@ -188,7 +193,7 @@ absl::StatusOr<Engine> LoadEngineFromFlags() {
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   options.threads = threads;
   Engine engine;
-  engine.model_dir = ModelDirFromFlags();
+  ASSIGN_OR_RETURN(engine.model_dir, ModelDirFromFlags());
   ASSIGN_OR_RETURN(engine.model, LlamaModel::Load(engine.model_dir, options));
   ASSIGN_OR_RETURN(engine.tokenizer, Tokenizer::FromFile(engine.model_dir + "/tokenizer.json"));
   return engine;
@@ -224,29 +229,66 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t
   return request;
 }
 
-absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine& engine,
-                                                                    SpeculationMode mode) {
-  if (mode != SpeculationMode::kKnapSpec && mode != SpeculationMode::kClasp) return nullptr;
-  const std::string path = absl::GetFlag(FLAGS_profile);
-  if (path.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--spec ", SpeculationModeName(mode),
-        " needs --profile FILE (measure one with `knapserve profile --model DIR --out FILE`)"));
+absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(const Engine& engine,
+                                                        const std::string& command) {
+  const LlamaModel& model = *engine.model;
+  ObtainProfileOptions options;
+  options.profile_path = absl::GetFlag(FLAGS_profile);
+  options.cache_dir = ProfileCacheDir(absl::GetFlag(FLAGS_profile_cache));
+  options.max_draft = std::max(10, absl::GetFlag(FLAGS_max_draft).value_or(10));
+  const std::string prefix = absl::StrCat("knapserve ", command, ": ");
+  auto measure = [&]() -> absl::StatusOr<LatencyProfile> {
+    std::cerr << prefix << "no --profile and no usable entry in the profile cache"
+              << (options.cache_dir.empty() ? "" : absl::StrCat(" ", options.cache_dir))
+              << "; measuring the latency profile now" << std::endl;
+    return ProfileModel(model, QuickProfileOptions(model, options.max_draft));
+  };
+  ASSIGN_OR_RETURN(ObtainedProfile obtained,
+                   ObtainProfile(ProfileKey::Of(model), options, measure));
+  for (const std::string& warning : obtained.warnings) {
+    std::cerr << prefix << "warning: " << warning << std::endl;
   }
-  ASSIGN_OR_RETURN(LatencyProfile profile, LatencyProfile::Load(path));
+  switch (obtained.origin) {
+    case ProfileOrigin::kFile:
+      std::cerr << prefix << "latency profile from --profile " << obtained.path << std::endl;
+      break;
+    case ProfileOrigin::kCacheHit:
+      std::cerr << prefix << "latency profile: cache hit " << obtained.path << std::endl;
+      break;
+    case ProfileOrigin::kMeasured:
+      std::cerr << prefix << "latency profile: measured in "
+                << absl::StrFormat("%.1f", obtained.measure_seconds) << " s"
+                << (obtained.path.empty() ? ", not stored"
+                                          : absl::StrCat(", stored in ", obtained.path))
+                << std::endl;
+      break;
+  }
+  return obtained;
+}
+
+absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine& engine,
+                                                                    SpeculationMode mode,
+                                                                    const std::string& command,
+                                                                    ProfileSource* source) {
+  if (mode != SpeculationMode::kKnapSpec && mode != SpeculationMode::kClasp) return nullptr;
+  ASSIGN_OR_RETURN(ObtainedProfile obtained, LatencyProfileFromFlags(engine, command));
+  if (source != nullptr) {
+    source->origin = std::string(ProfileOriginName(obtained.origin));
+    source->path = obtained.path;
+  }
   InProcessPlannerOptions options;
   options.threads = absl::GetFlag(FLAGS_planner_threads);
   options.nice = absl::GetFlag(FLAGS_planner_nice);
-  return InProcessPlanner::Create(*engine.model, std::move(profile), options);
+  return InProcessPlanner::Create(*engine.model, std::move(obtained.profile), options);
 }
 
-absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine,
-                                                     SpeculationMode mode) {
+absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine, SpeculationMode mode,
+                                                     const std::string& command) {
   PlannerHandle handle;
   if (mode != SpeculationMode::kKnapSpec && mode != SpeculationMode::kClasp) return handle;
   const std::string where = absl::GetFlag(FLAGS_planner);
   if (where == "inproc") {
-    ASSIGN_OR_RETURN(handle.local, PlannerFromFlags(engine, mode));
+    ASSIGN_OR_RETURN(handle.local, PlannerFromFlags(engine, mode, command, &handle.profile));
     return handle;
   }
   if (where.empty() || where == "none") {

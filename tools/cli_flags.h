@@ -2,10 +2,12 @@
 // helpers that turn them into engine objects.
 //
 // Flags are process-global (Abseil); each subcommand reads only those that
-// apply to it, and its --help text says which. Paths of ../shared are never
-// hard-coded: the model defaults to $KNAPSERVE_MODEL, else
-// <shared>/models/stories260k, with <shared> from $KNAPSERVE_SHARED (default
-// ../shared).
+// apply to it, and its --help text says which. The model defaults to
+// $KNAPSERVE_MODEL, else the bundled stories260k found relative to the
+// executable (tools/default_model.h); ../shared is only read by benchmarks
+// and make-model (tools/shared_data.h). Without --profile, the planned modes
+// take their latency profile from the profile cache (planner/profile_cache.h),
+// measuring it on a miss.
 #ifndef KNAPSERVE_TOOLS_CLI_FLAGS_H_
 #define KNAPSERVE_TOOLS_CLI_FLAGS_H_
 
@@ -22,6 +24,7 @@
 #include "executor/generator.h"
 #include "executor/remote_planner_client.h"
 #include "planner/inprocess_planner.h"
+#include "planner/profile_cache.h"
 
 ABSL_DECLARE_FLAG(std::string, model);
 ABSL_DECLARE_FLAG(std::string, prompt);
@@ -48,6 +51,7 @@ ABSL_DECLARE_FLAG(std::string, spec);
 ABSL_DECLARE_FLAG(std::string, skip);
 ABSL_DECLARE_FLAG(std::optional<int32_t>, max_draft);
 ABSL_DECLARE_FLAG(std::string, profile);
+ABSL_DECLARE_FLAG(std::string, profile_cache);
 ABSL_DECLARE_FLAG(std::string, listen);
 ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(std::string, planner);
@@ -88,8 +92,10 @@ namespace knapserve {
 // (argv[0] first).
 std::vector<std::string> ParseFlagsWithDashes(int argc, char** argv);
 
-// The model folder: --model, else $KNAPSERVE_MODEL, else the shared stories260k.
-std::string ModelDirFromFlags();
+// The model folder: --model, else DefaultModelDir() ($KNAPSERVE_MODEL, else
+// the bundled stories260k beside the executable); NotFound listing where it
+// looked when there is none.
+absl::StatusOr<std::string> ModelDirFromFlags();
 
 // A loaded model and its tokenizer.
 struct Engine {
@@ -104,22 +110,42 @@ absl::StatusOr<Engine> LoadEngineFromFlags();
 // The generation request the flags describe, for already tokenized prompt ids.
 absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t> prompt_ids);
 
-// The in-process planner for --spec knapspec/clasp (--profile,
-// --planner-threads), or nullptr for the other modes. InvalidArgument
-// without --profile; the profile's load and match errors otherwise.
+// Where the latency profile of a local planner came from (for logs and
+// --json): ProfileOriginName() and the file read or written.
+struct ProfileSource {
+  std::string origin;
+  std::string path;
+};
+
+// The latency profile for planning with `engine`: --profile FILE, else the
+// profile cache (--profile-cache, planner/profile_cache.h), measured with
+// QuickProfileOptions and stored on a miss, for drafts up to --max-draft
+// (default 10). Logs to stderr, prefixed "knapserve <command>: ", where the
+// profile came from (file, cache hit, measured) and any cache warning.
+absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(const Engine& engine,
+                                                        const std::string& command);
+
+// The in-process planner for --spec knapspec/clasp (the profile from
+// LatencyProfileFromFlags, --planner-threads, --planner-nice), or nullptr for
+// the other modes. The profile's load and match errors, and measurement
+// errors. `source`, when given, receives where the profile came from.
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine& engine,
-                                                                    SpeculationMode mode);
+                                                                    SpeculationMode mode,
+                                                                    const std::string& command,
+                                                                    ProfileSource* source = nullptr);
 
 // Where a knapspec/clasp generation gets its plans: a planner thread in this
 // process or a knapserve-planner at --planner ADDR. Empty for other modes.
 struct PlannerHandle {
   std::unique_ptr<InProcessPlanner> local;
   std::unique_ptr<RemotePlannerClient> remote;
+  ProfileSource profile;  // of `local`; empty otherwise
   PlannerClient* get() const {
     return local != nullptr ? static_cast<PlannerClient*>(local.get()) : remote.get();
   }
 };
-absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine, SpeculationMode mode);
+absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine, SpeculationMode mode,
+                                                     const std::string& command);
 
 // For the server commands: blocks SIGTERM and SIGINT in this thread (call
 // before any other thread starts, so every thread inherits the mask) and

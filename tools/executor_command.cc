@@ -9,7 +9,6 @@
 #include "common/metrics/metrics.h"
 #include "common/base/status.h"
 #include "executor/executor_server.h"
-#include "planner/latency_profile.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 
@@ -24,29 +23,8 @@ ABSL_FLAG(double, drain_seconds, 30,
 namespace knapserve {
 namespace {
 
-// The in-process planner for `serve`: from --profile, else measured now.
-absl::StatusOr<std::unique_ptr<InProcessPlanner>> InProcessPlannerForServe(const Engine& engine) {
-  if (!absl::GetFlag(FLAGS_profile).empty()) {
-    return PlannerFromFlags(engine, SpeculationMode::kKnapSpec);
-  }
-  std::cerr << "knapserve: no --profile; measuring the latency profile now (pass --profile "
-               "FILE from `knapserve profile` to skip this)"
-            << std::endl;
-  ProfileOptions options;
-  options.repeats = 5;
-  options.contexts.clear();
-  for (int64_t n : {128, 512, 1024, 2048, 4096}) {
-    if (n + options.max_draft + 1 <= engine.model->max_context()) options.contexts.push_back(n);
-  }
-  options.contexts.push_back(engine.model->max_context() - options.max_draft - 1);
-  ASSIGN_OR_RETURN(LatencyProfile profile, ProfileModel(*engine.model, options));
-  InProcessPlannerOptions planner_options;
-  planner_options.threads = absl::GetFlag(FLAGS_planner_threads);
-  planner_options.nice = absl::GetFlag(FLAGS_planner_nice);
-  return InProcessPlanner::Create(*engine.model, std::move(profile), planner_options);
-}
-
 absl::Status ServeExecutor(bool one_process) {
+  const std::string command = one_process ? "serve" : "executor";
   ASSIGN_OR_RETURN(const std::string listen, ListenAddressAndBlockStopSignals());
 
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
@@ -64,7 +42,9 @@ absl::Status ServeExecutor(bool one_process) {
   PlannerHandle planner;
   const std::string where = one_process ? "inproc" : absl::GetFlag(FLAGS_planner);
   if (where == "inproc") {
-    ASSIGN_OR_RETURN(planner.local, InProcessPlannerForServe(engine));
+    // The latency profile: --profile, else the profile cache (measured on a miss).
+    ASSIGN_OR_RETURN(planner.local,
+                     PlannerFromFlags(engine, SpeculationMode::kKnapSpec, command));
     options.planner_mode = v1::PLANNER_MODE_IN_PROCESS;
   } else if (where != "none") {
     RemotePlannerOptions remote;

@@ -114,7 +114,8 @@ absl::Status Generate() {
       return true;
     };
   }
-  ASSIGN_OR_RETURN(PlannerHandle planner, PlannerClientFromFlags(engine, request.speculation.mode));
+  ASSIGN_OR_RETURN(PlannerHandle planner,
+                   PlannerClientFromFlags(engine, request.speculation.mode, "generate"));
   ASSIGN_OR_RETURN(GenerationResult result,
                    knapserve::Generate(*engine.model, *engine.tokenizer, request, stream,
                                        nullptr, planner.get()));
@@ -158,6 +159,9 @@ absl::Status Generate() {
                         {"accepted_per_position", s.accepted_per_position},
                         {"acceptance_rate", s.acceptance_rate()},
                         {"mean_acceptance_length", s.mean_acceptance_length()}};
+  if (planner.local != nullptr) {
+    out["profile"] = {{"origin", planner.profile.origin}, {"path", planner.profile.path}};
+  }
   out["plan_requests"] = result.stats.plan_requests;
   out["plan_failures"] = result.stats.plan_failures;
   out["planning"] = PlanningJson(result.planning, result.stats.decode_seconds);

@@ -17,7 +17,7 @@ absl::Status ServePlanner() {
 
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
   ASSIGN_OR_RETURN(std::unique_ptr<InProcessPlanner> planner,
-                   PlannerFromFlags(engine, SpeculationMode::kKnapSpec));
+                   PlannerFromFlags(engine, SpeculationMode::kKnapSpec, "planner"));
   ASSIGN_OR_RETURN(std::unique_ptr<PlannerServer> server,
                    PlannerServer::Start(planner.get(), engine.model->num_layers(), listen));
   std::cerr << "knapserve-planner: serving " << engine.model_dir << " ("

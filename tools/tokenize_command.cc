@@ -12,7 +12,8 @@ namespace knapserve {
 namespace {
 
 absl::Status Tokenize() {
-  const std::string path = ModelDirFromFlags() + "/tokenizer.json";
+  ASSIGN_OR_RETURN(const std::string model_dir, ModelDirFromFlags());
+  const std::string path = model_dir + "/tokenizer.json";
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::FromFile(path));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids,
                    tokenizer->Encode(absl::GetFlag(FLAGS_text), /*add_special_tokens=*/true));

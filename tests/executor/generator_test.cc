@@ -12,7 +12,8 @@ namespace knapserve {
 namespace {
 
 const std::vector<int32_t> kZooPrompt = {1, 410, 469, 347};
-// ../shared/models/stories260k/SOURCE.md: greedy ids after "Zoo".
+// The bundled stories260k's greedy ids after "Zoo" (the text in
+// tools/models/stories260k/PROVENANCE.md).
 const std::vector<int32_t> kZooGolden = {
     286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411,
     322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426,

@@ -247,7 +247,7 @@ TEST_P(GreedyLosslessTest, SpeculativeOutputEqualsAutoregressive) {
 // attention under it). Kept small: stories-24l steps are ~100x dearer than
 // stories260k's.
 TEST(GreedyLosslessTest, Stories24lSpeculativeOutputEqualsAutoregressive) {
-  if (!testing::HaveSharedModel("stories-24l")) GTEST_SKIP() << "no stories-24l";
+  KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL("stories-24l");
   const Tokenizer* tokenizer = GetTokenizer();
   ASSERT_NE(tokenizer, nullptr);
   auto prompt = tokenizer->Encode(

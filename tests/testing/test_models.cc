@@ -14,6 +14,7 @@
 #include "common/plan/planner_client.h"
 #include <c10/core/InferenceMode.h>
 #include "common/text/tokenizer.h"
+#include "testing/build_paths.h"
 #include "tools/shared_data.h"
 #include "tools/make_model.h"
 
@@ -74,7 +75,7 @@ std::string RandomModelDir(const std::string& shape, uint64_t seed, const std::s
   return options.out_dir;
 }
 
-std::string Stories260kDir() { return SharedPath("models/stories260k"); }
+std::string Stories260kDir() { return kBundledModelDir; }
 
 bool HaveStories260k() {
   return std::filesystem::exists(Stories260kDir() + "/model.safetensors") &&
@@ -87,6 +88,31 @@ bool HaveSharedModel(const std::string& name) {
   const std::string dir = SharedModelDir(name);
   return std::filesystem::exists(dir + "/model.safetensors") &&
          std::filesystem::exists(dir + "/config.json");
+}
+
+bool HaveShared(const std::string& relative) {
+  std::error_code ec;
+  return std::filesystem::exists(SharedPath(relative), ec);
+}
+
+std::string NeedsSharedMessage(const std::string& relative) {
+  std::error_code ec;
+  const std::string path = std::filesystem::absolute(SharedPath(relative), ec).string();
+  return absl::StrCat("needs <shared>/", relative, " (not found at ", path,
+                      "); set KNAPSERVE_SHARED to the shared data folder");
+}
+
+void SetUpTestEnvironment() {
+  const char* shared = std::getenv("KNAPSERVE_SHARED");
+  if (shared == nullptr) {
+    const std::filesystem::path beside =
+        (std::filesystem::path(kSourceDir) / ".." / "shared").lexically_normal();
+    std::error_code ec;
+    if (std::filesystem::is_directory(beside, ec)) {
+      setenv("KNAPSERVE_SHARED", beside.c_str(), /*overwrite=*/0);
+    }
+  }
+  setenv("KNAPSERVE_PROFILE_CACHE", MakeTempDir("profile_cache").c_str(), /*overwrite=*/1);
 }
 
 const LlamaModel* CachedModel(const std::string& name) {
@@ -103,9 +129,11 @@ const LlamaModel* CachedModel(const std::string& name) {
     if (!dtype.ok()) return nullptr;
     options.dtype = *dtype;
   }
-  // A trained checkpoint in <shared>/models by that name, else a make-model shape.
-  const std::string dir =
-      HaveSharedModel(shape) ? SharedModelDir(shape) : RandomModelDir(shape);
+  // The bundled stories260k, a trained checkpoint in <shared>/models by that
+  // name, else a make-model shape.
+  const std::string dir = shape == "stories260k"  ? Stories260kDir()
+                          : HaveSharedModel(shape) ? SharedModelDir(shape)
+                                                   : RandomModelDir(shape);
   if (dir.empty()) return nullptr;
   auto model = LlamaModel::Load(dir, options);
   EXPECT_TRUE(model.ok()) << name << ": " << model.status();

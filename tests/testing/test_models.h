@@ -1,5 +1,14 @@
-// Test fixtures shared by the test binaries: temporary folders and
-// random-weight models written once per process by make-model.
+// Test fixtures shared by the test binaries: temporary folders,
+// random-weight models written once per process by make-model, the bundled
+// stories260k, and the skip helpers of tests that need ../shared.
+//
+// The shared data folder is tools/shared_data.h's SharedDir():
+// $KNAPSERVE_SHARED, which tests/test_main.cc sets to the folder beside the
+// source checkout when it is unset and that folder exists, else ../shared
+// relative to the working directory. A test that reads anything there beyond
+// the bundled model starts with KNAPSERVE_SKIP_WITHOUT_SHARED(relative) (or
+// the _MODEL variant), so that without the folder it skips saying what it
+// needs instead of failing. The functions are thread-safe.
 #ifndef KNAPSERVE_TESTS_TESTING_TEST_MODELS_H_
 #define KNAPSERVE_TESTS_TESTING_TEST_MODELS_H_
 
@@ -24,7 +33,8 @@ std::string MakeTempDir(const std::string& prefix);
 std::string RandomModelDir(const std::string& shape, uint64_t seed = 0,
                            const std::string& dtype = "fp32");
 
-// <shared>/models/stories260k.
+// The bundled stories260k (tools/models/stories260k) as the build copies it:
+// <build>/share/knapserve/models/stories260k.
 std::string Stories260kDir();
 // Whether stories260k (weights and tokenizer) is there; tests skip without it.
 bool HaveStories260k();
@@ -33,8 +43,36 @@ bool HaveStories260k();
 std::string SharedModelDir(const std::string& name);
 bool HaveSharedModel(const std::string& name);
 
-// Models by name, loaded once per process and kept: a checkpoint in
-// <shared>/models ("stories260k", "stories-24l"), a
+// Whether <shared>/<relative> exists, and the message a test that needs it
+// skips with: "needs <shared>/<relative> (not found at <path>); set
+// KNAPSERVE_SHARED to the shared data folder".
+bool HaveShared(const std::string& relative);
+std::string NeedsSharedMessage(const std::string& relative);
+
+// In a test body (or SetUp): skip the test unless <shared>/<relative>
+// exists, or unless <shared>/models/<name> holds a checkpoint.
+#define KNAPSERVE_SKIP_WITHOUT_SHARED(relative)                                         \
+  do {                                                                                  \
+    if (!::knapserve::testing::HaveShared(relative)) {                                  \
+      GTEST_SKIP() << ::knapserve::testing::NeedsSharedMessage(relative);               \
+    }                                                                                   \
+  } while (0)
+#define KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL(name)                                       \
+  do {                                                                                  \
+    if (!::knapserve::testing::HaveSharedModel(name)) {                                 \
+      GTEST_SKIP() << ::knapserve::testing::NeedsSharedMessage(                         \
+          std::string("models/") + std::string(name));                                  \
+    }                                                                                   \
+  } while (0)
+
+// Called by main() before the tests run: sets KNAPSERVE_SHARED to the
+// folder beside the source checkout when it is unset and that folder exists,
+// and KNAPSERVE_PROFILE_CACHE to a fresh temporary folder (removed at exit) so
+// that no test, nor any binary it starts, writes to the user's profile cache.
+void SetUpTestEnvironment();
+
+// Models by name, loaded once per process and kept: the bundled
+// "stories260k", a checkpoint in <shared>/models ("stories-24l"), a
 // make-model shape in fp32 ("tiny-llama"), or either in another dtype
 // ("stories260k/bf16", "tiny-qwen2/bf16"). nullptr (and a test failure) if
 // it cannot be loaded.

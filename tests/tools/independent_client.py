@@ -61,7 +61,7 @@ def main():
         "/knapserve.v1.Generation/Generate",
         request_serializer=generation_pb2.GenerateRequest.SerializeToString,
         response_deserializer=generation_pb2.GenerateResponse.FromString)
-    request = generation_pb2.GenerateRequest(text=prompt.encode(), max_new_tokens=int(max_new),
+    request = generation_pb2.GenerateRequest(text=prompt, max_new_tokens=int(max_new),
                                              temperature=0.0, ignore_eos=True)
     ids, text, final, chunks = [], "", None, 0
     for response in generate(request, timeout=120):
@@ -77,8 +77,7 @@ def main():
 
     bad_code = None
     try:
-        list(generate(generation_pb2.GenerateRequest(text=prompt.encode(), temperature=-1.0),
-                      timeout=10))
+        list(generate(generation_pb2.GenerateRequest(text=prompt, temperature=-1.0), timeout=10))
     except grpc.RpcError as error:
         bad_code = error.code().name
 

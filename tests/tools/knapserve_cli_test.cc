@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -34,8 +35,8 @@ using ::testing::AllOf;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-// The greedy continuation of "Zoo" (57 tokens) from
-// <shared>/models/stories260k/SOURCE.md.
+// The greedy continuation of "Zoo" (57 tokens) of the bundled stories260k
+// (tools/models/stories260k/PROVENANCE.md: the text llama2.c64 prints).
 const std::vector<int32_t> kZooPromptIds = {1, 410, 469, 347};
 const std::vector<int32_t> kZooGreedyIds = {
     286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411,
@@ -55,9 +56,28 @@ std::string ReadFile(const std::string& path) {
   return buffer.str();
 }
 
+// This process's environment with `changes` applied: "NAME=VALUE" sets,
+// "NAME" removes.
+std::vector<std::string> EnvironmentWith(const std::vector<std::string>& changes) {
+  std::vector<std::string> env;
+  auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    bool changed = false;
+    for (const std::string& change : changes) changed |= name_of(change) == name_of(entry);
+    if (!changed) env.push_back(entry);
+  }
+  for (const std::string& change : changes) {
+    if (change.find('=') != std::string::npos) env.push_back(change);
+  }
+  return env;
+}
+
 // Runs `knapserve args...` with stdout and stderr captured in files (no pipe
-// deadlocks, no shell quoting).
-Outcome RunProcess(std::vector<std::string> argv_strings) {
+// deadlocks, no shell quoting), in this process's environment with
+// `env_changes` applied (see EnvironmentWith).
+Outcome RunProcess(std::vector<std::string> argv_strings,
+                   const std::vector<std::string>& env_changes = {}) {
   static const std::string dir = knapserve::testing::MakeTempDir("cli");
   const std::string out_path = dir + "/stdout";
   const std::string err_path = dir + "/stderr";
@@ -71,9 +91,13 @@ Outcome RunProcess(std::vector<std::string> argv_strings) {
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
                                    O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> env_strings = EnvironmentWith(env_changes);
+  std::vector<char*> env;
+  for (std::string& s : env_strings) env.push_back(s.data());
+  env.push_back(nullptr);
   Outcome outcome;
   pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), env.data());
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) {
     ADD_FAILURE() << "cannot start " << argv[0] << ": error " << spawned;
@@ -90,10 +114,11 @@ Outcome RunProcess(std::vector<std::string> argv_strings) {
   return outcome;
 }
 
-Outcome RunKnapserve(const std::vector<std::string>& args) {
+Outcome RunKnapserve(const std::vector<std::string>& args,
+                     const std::vector<std::string>& env_changes = {}) {
   std::vector<std::string> argv = {knapserve::testing::kKnapserveBinary};
   argv.insert(argv.end(), args.begin(), args.end());
-  return RunProcess(std::move(argv));
+  return RunProcess(std::move(argv), env_changes);
 }
 
 std::string Describe(const std::vector<std::string>& args, const Outcome& outcome) {
@@ -104,8 +129,9 @@ std::string Describe(const std::vector<std::string>& args, const Outcome& outcom
 }
 
 // Runs and expects exit 0 and stdout holding one JSON value.
-nlohmann::json RunJson(const std::vector<std::string>& args) {
-  const Outcome outcome = RunKnapserve(args);
+nlohmann::json RunJson(const std::vector<std::string>& args,
+                       const std::vector<std::string>& env_changes = {}) {
+  const Outcome outcome = RunKnapserve(args, env_changes);
   EXPECT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
   nlohmann::json parsed = nlohmann::json::parse(outcome.out, nullptr, /*allow_exceptions=*/false);
   EXPECT_FALSE(parsed.is_discarded()) << "stdout is not JSON\n" << Describe(args, outcome);
@@ -233,7 +259,6 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
     bool tiny = false;  // run on the tiny model instead of stories260k
   };
   const std::vector<Case> cases = {
-      {{"generate", "--prompt", "Hi", "--spec", "knapspec"}, "--profile"},
       {{"generate", "--prompt", "Hi", "--spec", "clasp", "--profile", dir + "/missing.json"},
        "missing.json"},
       {{"generate", "--prompt", "Hi", "--spec", "knapspec", "--profile", dir + "/corrupt.json"},
@@ -313,6 +338,7 @@ class ServerProcess {
 // the one-process `knapserve serve`. Greedy ids equal local --spec off, and
 // SIGTERM stops each server with exit 0.
 TEST(KnapserveCliTest, SplitAndOneProcessDeploymentsGiveTheSameGreedyIds) {
+  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the prompts
   ServerProcess planner(Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
                                  "127.0.0.1:0", "--profile", StoriesProfile()}));
   ASSERT_FALSE(planner.port().empty()) << planner.log();
@@ -492,6 +518,118 @@ TEST(KnapserveCliTest, ExecutorDrainsOnSigterm) {
   EXPECT_EQ(executor.Wait(), 0) << executor.log();
 }
 
+// Neither --model nor KNAPSERVE_MODEL: the bundled stories260k, which the
+// build copied to <build>/share/knapserve/models/stories260k, found relative
+// to the binary; no ../shared needed. KNAPSERVE_MODEL names another model.
+TEST(KnapserveCliTest, GenerateWithoutAModelUsesTheBundledOne) {
+  const nlohmann::json out =
+      RunJson({"generate", "--prompt", "Zoo", "--max-new-tokens", "57", "--temperature", "0",
+               "--threads", "1", "--json"},
+              {"KNAPSERVE_MODEL", "KNAPSERVE_SHARED=/nonexistent/knapserve_shared"});
+  EXPECT_THAT(Ids(out["output_ids"]), ElementsAreArray(kZooGreedyIds));
+  ASSERT_TRUE(out["model"].is_string());
+  EXPECT_EQ(std::filesystem::weakly_canonical(out["model"].get<std::string>()),
+            std::filesystem::weakly_canonical(knapserve::testing::Stories260kDir()));
+
+  const nlohmann::json tiny =
+      RunJson({"generate", "--prompt", "hello", "--max-new-tokens", "3", "--ignore-eos",
+               "--threads", "1", "--json"},
+              {"KNAPSERVE_MODEL=" + TinyModelDir()});
+  EXPECT_EQ(tiny["model"], TinyModelDir());
+  EXPECT_EQ(Ids(tiny["output_ids"]).size(), 3u);
+}
+
+// A binary with no model beside it says where it looked; the install layout
+// (<prefix>/bin/knapserve and <prefix>/share/knapserve/models/stories260k,
+// what `cmake --install` writes) finds the model.
+TEST(KnapserveCliTest, DefaultModelIsFoundRelativeToTheExecutable) {
+  namespace fs = std::filesystem;
+  const fs::path prefix = fs::weakly_canonical(knapserve::testing::MakeTempDir("cli_install"));
+  fs::create_directories(prefix / "bin");
+  const std::string binary = (prefix / "bin" / "knapserve").string();
+  std::error_code ec;
+  fs::create_hard_link(knapserve::testing::kKnapserveBinary, binary, ec);
+  if (ec) {
+    ec.clear();
+    fs::copy_file(knapserve::testing::kKnapserveBinary, binary, ec);
+  }
+  ASSERT_FALSE(ec) << ec.message();
+  const std::vector<std::string> argv = {binary,      "generate", "--prompt",      "Zoo",
+                                         "--max-new-tokens", "5",  "--temperature", "0",
+                                         "--threads", "1",        "--json"};
+  const std::string model_dir = (prefix / "share/knapserve/models/stories260k").string();
+
+  const Outcome missing = RunProcess(argv, {"KNAPSERVE_MODEL"});
+  EXPECT_EQ(missing.exit_code, 1) << missing.err;
+  EXPECT_THAT(missing.err, AllOf(HasSubstr("default model stories260k was not found"),
+                                 HasSubstr(model_dir), HasSubstr("KNAPSERVE_MODEL"),
+                                 HasSubstr("--model DIR")));
+
+  fs::create_directories(prefix / "share/knapserve/models");
+  fs::copy(knapserve::testing::Stories260kDir(), model_dir, fs::copy_options::recursive, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  const Outcome installed = RunProcess(argv, {"KNAPSERVE_MODEL"});
+  ASSERT_EQ(installed.exit_code, 0) << installed.err;
+  const nlohmann::json out = nlohmann::json::parse(installed.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << installed.out;
+  EXPECT_EQ(out["model"], model_dir);
+  EXPECT_THAT(Ids(out["output_ids"]),
+              ElementsAreArray(kZooGreedyIds.begin(), kZooGreedyIds.begin() + 5));
+}
+
+// Planned generation without --profile: the first run measures the latency
+// profile and stores it in the cache folder, the next ones hit it (given by
+// --profile-cache or KNAPSERVE_PROFILE_CACHE), --profile still wins, and
+// knapserve-planner without --profile hits the same entry. Output ids equal
+// --spec off throughout.
+TEST(KnapserveCliTest, PlannedGenerationWithoutProfileMeasuresOnceThenHitsTheCache) {
+  const std::string cache = knapserve::testing::MakeTempDir("cli_profile_cache") + "/profiles";
+  const std::vector<std::string> base = {"generate", "--prompt", "Once upon a time",
+                                         "--max-new-tokens", "60", "--temperature", "0",
+                                         "--ignore-eos", "--json"};
+  const nlohmann::json off = RunJson(Stories(base));
+  std::vector<std::string> planned = base;
+  planned.insert(planned.end(),
+                 {"--spec", "knapspec", "--plan-interval", "8", "--reference-steps", "2"});
+  std::vector<std::string> with_flag = planned;
+  with_flag.insert(with_flag.end(), {"--profile-cache", cache});
+
+  auto run = [&](const std::vector<std::string>& args, const std::vector<std::string>& env,
+                 const std::string& origin, const std::string& log) {
+    const std::vector<std::string> full = Stories(args);
+    const Outcome outcome = RunKnapserve(full, env);
+    EXPECT_EQ(outcome.exit_code, 0) << Describe(full, outcome);
+    EXPECT_THAT(outcome.err, HasSubstr(log)) << Describe(full, outcome);
+    const nlohmann::json out = nlohmann::json::parse(outcome.out, nullptr, false);
+    EXPECT_TRUE(out.is_object()) << Describe(full, outcome);
+    if (!out.is_object()) return nlohmann::json();
+    EXPECT_EQ(out["profile"]["origin"], origin) << Describe(full, outcome);
+    EXPECT_EQ(Ids(out["output_ids"]), Ids(off["output_ids"]));
+    return out;
+  };
+  const nlohmann::json first = run(with_flag, {}, "measured", "latency profile: measured");
+  ASSERT_TRUE(first.is_object());
+  const std::string entry = first["profile"]["path"].get<std::string>();
+  EXPECT_EQ(entry.rfind(cache + "/", 0), 0u) << entry;
+  EXPECT_TRUE(std::filesystem::exists(entry)) << entry;
+
+  const nlohmann::json second = run(with_flag, {}, "cache", "latency profile: cache hit");
+  EXPECT_EQ(second["profile"]["path"], entry);
+  const nlohmann::json by_env =
+      run(planned, {"KNAPSERVE_PROFILE_CACHE=" + cache}, "cache", "latency profile: cache hit");
+  EXPECT_EQ(by_env["profile"]["path"], entry);
+  std::vector<std::string> with_file = with_flag;
+  with_file.insert(with_file.end(), {"--profile", StoriesProfile()});
+  const nlohmann::json file = run(with_file, {}, "file", "latency profile from --profile");
+  EXPECT_EQ(file["profile"]["path"], StoriesProfile());
+
+  ServerProcess planner(Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
+                                 "127.0.0.1:0", "--profile-cache", cache}));
+  ASSERT_FALSE(planner.port().empty()) << planner.log();
+  EXPECT_THAT(planner.log(), HasSubstr("latency profile: cache hit " + entry));
+  EXPECT_EQ(planner.Stop(), 0) << planner.log();
+}
+
 TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {
   const std::vector<std::string> args = Stories({"generate", "--prompt", "Once upon a time",
                                                  "--max-new-tokens", "30", "--temperature", "0.8",
@@ -578,6 +716,7 @@ TEST(KnapserveCliTest, MakeModelThenGenerate) {
 // generated id the tokenizer does not know fails detokenization, which the
 // bench prompts happen to trigger.
 TEST(KnapserveCliTest, BenchArPrintsItsSummary) {
+  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the default --prompts
   const std::vector<std::string> args =
       Stories({"bench", "ar", "--num-prompts", "2", "--max-new-tokens", "8"});
   const Outcome text = RunKnapserve(args);
@@ -595,6 +734,7 @@ TEST(KnapserveCliTest, BenchArPrintsItsSummary) {
 }
 
 TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
+  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the default --prompts
   // With --json the tables go to stderr and one JSON object to stdout.
   const std::vector<std::string> args =
       Stories({"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "8", "--skip", "m0",
@@ -627,6 +767,7 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
 // Off, static, clasp and knapspec on the Spec-Bench set and a long-context
 // set: the Table-2 style comparison, all lossless.
 TEST(KnapserveCliTest, BenchSpecComparesPlannedModesOnTwoSets) {
+  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the default --prompts
   const std::vector<std::string> args = Stories(
       {"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "48", "--skip", "a2",
        "--profile", StoriesProfile(), "--long-context-tokens", "300", "--plan-interval", "8",
@@ -650,6 +791,7 @@ TEST(KnapserveCliTest, BenchSpecComparesPlannedModesOnTwoSets) {
 }
 
 TEST(KnapserveCliTest, BenchSpecSearchesAMask) {
+  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the default --prompts
   const nlohmann::json out = RunJson(
       Stories({"bench", "spec", "--num-prompts", "1", "--max-new-tokens", "8", "--search-masks",
             "--search-prompts", "1", "--search-tokens", "8", "--search-max-steps", "2", "--json"}));

@@ -130,6 +130,7 @@ TEST(PromptSetTest, MissingAndEmptyFiles) {
 
 TEST(PromptSetTest, SharedSpecBenchFileLoads) {
   // The default prompt set of `knapserve bench`: one prompt per category first.
+  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");
   auto prompts = LoadPromptSet(SharedPath("bench/spec_bench/question.jsonl"), 13);
   ASSERT_TRUE(prompts.ok()) << prompts.status();
   ASSERT_EQ(prompts->size(), 13u);  // 13 categories

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "tools/shared_data.h"
+#include "tests/testing/test_models.h"
 #include "nlohmann/json.hpp"
 
 namespace knapserve {
@@ -325,7 +325,7 @@ TEST(ModelConfigTest, NotJson) {
 }
 
 TEST(ModelConfigTest, LoadsStories260k) {
-  auto config = LoadModelConfig(SharedPath("models/stories260k"));
+  auto config = LoadModelConfig(testing::Stories260kDir());
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->model_type, "llama");
   EXPECT_EQ(config->vocab_size, 512);

@@ -14,7 +14,7 @@
 #include <thread>
 #include <vector>
 
-#include "tools/shared_data.h"
+#include "tests/testing/test_models.h"
 
 namespace knapserve {
 namespace {
@@ -296,7 +296,7 @@ TEST(SafetensorsTest, MissingFileIsNotFound) {
 // The real stories260k checkpoint.
 
 TEST(CheckpointTest, OpensStories260k) {
-  const std::string dir = SharedPath("models/stories260k");
+  const std::string dir = testing::Stories260kDir();
   auto checkpoint = Checkpoint::Open(dir);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
   const std::vector<std::string> names = (*checkpoint)->TensorNames();
@@ -341,7 +341,7 @@ TEST(CheckpointTest, OpensStories260k) {
 }
 
 TEST(CheckpointTest, ConcurrentGetsAreSafe) {
-  auto checkpoint = Checkpoint::Open(SharedPath("models/stories260k"));
+  auto checkpoint = Checkpoint::Open(testing::Stories260kDir());
   ASSERT_TRUE(checkpoint.ok());
   std::vector<std::thread> threads;
   std::atomic<int> failures{0};

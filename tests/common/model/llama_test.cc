@@ -275,8 +275,8 @@ std::vector<std::vector<int64_t>> IdListsIn(const std::string& path) {
 class DeepGoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DeepGoldenTest, ReproducesGoldenGreedyContinuation) {
+  KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL(GetParam());
   const std::string dir = testing::SharedModelDir(GetParam());
-  if (!testing::HaveSharedModel(GetParam())) GTEST_SKIP() << "no " << GetParam();
   const std::vector<std::vector<int64_t>> lists = IdListsIn(dir + "/SOURCE.md");
   ASSERT_GE(lists.size(), 2u) << "SOURCE.md lists prompt and golden ids";
   auto model = LoadOrDie(dir);

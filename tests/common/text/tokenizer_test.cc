@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "tests/testing/test_models.h"
 #include "tools/shared_data.h"
 #include "common/text/unicode_util.h"
 #include "nlohmann/json.hpp"
@@ -57,7 +58,8 @@ std::vector<Golden> LoadGoldens(const std::string& path) {
 }
 
 // Every golden set present under the shared folder: tokenizers/*/ with
-// tokenizer.json + golden.jsonl, and the stories260k model's tokenizer.
+// tokenizer.json + golden.jsonl, and the bundled stories260k tokenizer with
+// its golden file from <shared>/models/stories260k.
 std::vector<GoldenSet> FindGoldenSets() {
   namespace fs = std::filesystem;
   std::vector<GoldenSet> sets;
@@ -76,11 +78,9 @@ std::vector<GoldenSet> FindGoldenSets() {
       }
     }
   }
-  const std::string stories = SharedPath("models/stories260k");
-  if (fs::exists(stories + "/tokenizer.json") && fs::exists(stories + "/golden_tokenizer.jsonl")) {
-    sets.push_back(
-        {"stories260k", stories + "/tokenizer.json", stories + "/golden_tokenizer.jsonl"});
-  }
+  const std::string stories = testing::Stories260kDir() + "/tokenizer.json";
+  const std::string golden = SharedPath("models/stories260k/golden_tokenizer.jsonl");
+  if (fs::exists(stories) && fs::exists(golden)) sets.push_back({"stories260k", stories, golden});
   return sets;
 }
 
@@ -114,7 +114,7 @@ std::string Stream(const Tokenizer& tokenizer, const std::vector<int32_t>& ids, 
 
 TEST(TokenizerGoldenTest, EncodeAndDecodeReproduceEveryGoldenLine) {
   const std::vector<GoldenSet> sets = FindGoldenSets();
-  if (sets.empty()) GTEST_SKIP() << "no golden files under " << SharedDir();
+  if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.golden_path);
     std::unique_ptr<Tokenizer> tokenizer = LoadOrDie(set.tokenizer_path);
@@ -139,7 +139,7 @@ TEST(TokenizerGoldenTest, EncodeAndDecodeReproduceEveryGoldenLine) {
 
 TEST(TokenizerGoldenTest, IncrementalDecodeConcatenationEqualsDecode) {
   const std::vector<GoldenSet> sets = FindGoldenSets();
-  if (sets.empty()) GTEST_SKIP() << "no golden files under " << SharedDir();
+  if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.golden_path);
     std::unique_ptr<Tokenizer> tokenizer = LoadOrDie(set.tokenizer_path);
@@ -159,7 +159,7 @@ TEST(TokenizerGoldenTest, IncrementalDecodeConcatenationEqualsDecode) {
 // prompt's text (where the prompt does not end inside a character).
 TEST(TokenizerGoldenTest, IncrementalDecodeAfterPromptContinuesPromptText) {
   const std::vector<GoldenSet> sets = FindGoldenSets();
-  if (sets.empty()) GTEST_SKIP() << "no golden files under " << SharedDir();
+  if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.golden_path);
     std::unique_ptr<Tokenizer> tokenizer = LoadOrDie(set.tokenizer_path);
@@ -185,7 +185,7 @@ TEST(TokenizerGoldenTest, IncrementalDecodeAfterPromptContinuesPromptText) {
 class Stories260kTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    path_ = SharedPath("models/stories260k/tokenizer.json");
+    path_ = testing::Stories260kDir() + "/tokenizer.json";
     if (!std::filesystem::exists(path_)) GTEST_SKIP() << path_ << " is absent";
     tokenizer_ = LoadOrDie(path_);
     ASSERT_NE(tokenizer_, nullptr);
@@ -286,8 +286,8 @@ TEST_F(Stories260kTest, MetaspacePreTokenizerVariantMatchesGoldens) {
                         {"split", false}};
   auto metaspace = Tokenizer::FromJson(j.dump(), "metaspace.json");
   ASSERT_TRUE(metaspace.ok()) << metaspace.status();
+  KNAPSERVE_SKIP_WITHOUT_SHARED("models/stories260k/golden_tokenizer.jsonl");
   const std::string golden_path = SharedPath("models/stories260k/golden_tokenizer.jsonl");
-  if (!std::filesystem::exists(golden_path)) GTEST_SKIP() << golden_path << " is absent";
   for (const Golden& golden : LoadGoldens(golden_path)) {
     auto ids = (*metaspace)->Encode(golden.text, false);
     ASSERT_TRUE(ids.ok());
@@ -325,8 +325,8 @@ TEST_F(Stories260kTest, MetaspacePreTokenizerVariantMatchesGoldens) {
 class SmolLmTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    KNAPSERVE_SKIP_WITHOUT_SHARED("tokenizers/smollm/tokenizer.json");
     path_ = SharedPath("tokenizers/smollm/tokenizer.json");
-    if (!std::filesystem::exists(path_)) GTEST_SKIP() << path_ << " is absent";
     tokenizer_ = LoadOrDie(path_);
     ASSERT_NE(tokenizer_, nullptr);
   }
@@ -376,7 +376,7 @@ TEST_F(SmolLmTest, RoundTripsAndStreamsMixedScripts) {
 
 TEST(IncrementalDecoderTest, RandomIdsConcatenateToDecode) {
   const std::vector<GoldenSet> sets = FindGoldenSets();
-  if (sets.empty()) GTEST_SKIP() << "no tokenizers under " << SharedDir();
+  if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   std::mt19937 rng(1234);
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.tokenizer_path);
@@ -761,7 +761,7 @@ std::string HundredKilobytes() {
 
 TEST(TokenizerSpeedTest, EncodesHundredKilobytesQuickly) {
   const std::vector<GoldenSet> sets = FindGoldenSets();
-  if (sets.empty()) GTEST_SKIP() << "no tokenizers under " << SharedDir();
+  if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   const std::string text = HundredKilobytes();
   for (const GoldenSet& set : sets) {
     std::unique_ptr<Tokenizer> tokenizer = LoadOrDie(set.tokenizer_path);
