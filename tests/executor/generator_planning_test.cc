@@ -114,7 +114,9 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       for (const AppliedPlan& p : first->plans) drafted = drafted || p.gamma > 0;
       // The hand profile makes drafts cheap, so KnapSpec drafts; CLaSp's
       // fixed layer count may not pay, and then there is nothing to guard.
-      if (mode == SpeculationMode::kKnapSpec) EXPECT_TRUE(drafted);
+      if (mode == SpeculationMode::kKnapSpec) {
+        EXPECT_TRUE(drafted);
+      }
       if (drafted) {
         EXPECT_GT(p1.guard_checks + p1.guard_probe_steps, 0);
         if (margin > 1) {
