@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
+#include "common/base/json_fields.h"
 #include "common/model/llama.h"
 #include "common/base/status.h"
 #include "nlohmann/json.hpp"
@@ -37,103 +38,55 @@ std::pair<size_t, double> Bracket(const std::vector<int64_t>& contexts, int64_t 
   return {k, static_cast<double>(n - contexts[k]) / span};
 }
 
+// An error of Validate() about one field, in the style of the JSON reader's.
 absl::Status FieldError(const std::string& field, const std::string& problem) {
-  return absl::InvalidArgumentError(absl::StrCat("field '", field, "' ", problem));
+  return absl::InvalidArgumentError(absl::StrCat("field \"", field, "\": ", problem));
 }
 
-// Typed field readers for FromJson.
-absl::StatusOr<const Json*> Field(const Json& object, const std::string& name) {
-  auto it = object.find(name);
-  if (it == object.end()) return FieldError(name, "is missing");
-  return &*it;
-}
-
-absl::StatusOr<double> NumberField(const Json& object, const std::string& name) {
-  ASSIGN_OR_RETURN(const Json* value, Field(object, name));
-  if (!value->is_number()) return FieldError(name, "must be a number");
-  return value->get<double>();
-}
-
-absl::StatusOr<int64_t> IntField(const Json& object, const std::string& name) {
-  ASSIGN_OR_RETURN(const Json* value, Field(object, name));
-  if (!value->is_number_integer()) return FieldError(name, "must be an integer");
-  return value->get<int64_t>();
-}
-
-absl::StatusOr<std::string> StringField(const Json& object, const std::string& name) {
-  ASSIGN_OR_RETURN(const Json* value, Field(object, name));
-  if (!value->is_string()) return FieldError(name, "must be a string");
-  return value->get<std::string>();
-}
-
-absl::StatusOr<LineFit> FitField(const Json& object, const std::string& name) {
-  ASSIGN_OR_RETURN(const Json* value, Field(object, name));
-  if (!value->is_object()) return FieldError(name, "must be an object {a, b, r2}");
+absl::StatusOr<LineFit> ReadFit(const JsonReader& object, std::string_view name) {
+  ASSIGN_OR_RETURN(const JsonReader value, object.Child(name));
   LineFit fit;
-  ASSIGN_OR_RETURN(fit.a, NumberField(*value, "a"));
-  ASSIGN_OR_RETURN(fit.b, NumberField(*value, "b"));
-  ASSIGN_OR_RETURN(fit.r2, NumberField(*value, "r2"));
+  ASSIGN_OR_RETURN(fit.a, value.RequiredDouble("a"));
+  ASSIGN_OR_RETURN(fit.b, value.RequiredDouble("b"));
+  ASSIGN_OR_RETURN(fit.r2, value.RequiredDouble("r2"));
   return fit;
-}
-
-template <typename T>
-absl::StatusOr<std::vector<T>> ArrayField(const Json& object, const std::string& name) {
-  ASSIGN_OR_RETURN(const Json* value, Field(object, name));
-  if (!value->is_array()) return FieldError(name, "must be an array");
-  std::vector<T> out;
-  for (const Json& item : *value) {
-    if constexpr (std::is_integral_v<T>) {
-      if (!item.is_number_integer()) return FieldError(name, "must hold integers");
-    } else {
-      if (!item.is_number()) return FieldError(name, "must hold numbers");
-    }
-    out.push_back(item.get<T>());
-  }
-  return out;
 }
 
 Json FitToJson(const LineFit& fit) { return Json{{"a", fit.a}, {"b", fit.b}, {"r2", fit.r2}}; }
 
-absl::StatusOr<LatencyProfile> ParseProfile(const Json& json) {
-  if (!json.is_object()) return absl::InvalidArgumentError("not a JSON object");
-  ASSIGN_OR_RETURN(std::string format, StringField(json, "format"));
+absl::StatusOr<LatencyProfile> ParseProfile(const JsonReader& json) {
+  RETURN_IF_ERROR(json.ExpectObject());
+  ASSIGN_OR_RETURN(std::string format, json.RequiredString("format"));
   if (format != kFormat) {
-    return FieldError("format", absl::StrCat("is '", format, "', expected '", kFormat, "'"));
+    return json.FieldError("format", absl::StrCat("expected '", kFormat, "', got '", format, "'"));
   }
-  ASSIGN_OR_RETURN(int64_t version, IntField(json, "version"));
+  ASSIGN_OR_RETURN(int64_t version, json.RequiredInt64("version"));
   if (version != LatencyProfile::kVersion) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("profile version ", version, " is not supported (this build reads version ",
-                     LatencyProfile::kVersion, "); re-run `knapserve profile`"));
+    return json.FieldError(
+        "version", absl::StrCat("profile version ", version,
+                                " is not supported (this build reads version ",
+                                LatencyProfile::kVersion, "); re-run `knapserve profile`"));
   }
   LatencyProfile p;
-  ASSIGN_OR_RETURN(p.model_fingerprint, StringField(json, "model_fingerprint"));
-  ASSIGN_OR_RETURN(p.device, StringField(json, "device"));
-  ASSIGN_OR_RETURN(p.dtype, StringField(json, "dtype"));
-  ASSIGN_OR_RETURN(int64_t threads, IntField(json, "threads"));
-  p.threads = static_cast<int>(threads);
-  ASSIGN_OR_RETURN(p.attention, FitField(json, "attention"));
-  ASSIGN_OR_RETURN(p.mlp_seconds, NumberField(json, "mlp_seconds"));
-  ASSIGN_OR_RETURN(p.mlp_fit, FitField(json, "mlp_fit"));
-  ASSIGN_OR_RETURN(p.step_fixed_seconds, NumberField(json, "step_fixed_seconds"));
-  ASSIGN_OR_RETURN(int64_t max_draft, IntField(json, "max_draft"));
-  p.max_draft = static_cast<int>(max_draft);
-  ASSIGN_OR_RETURN(p.verify_contexts, ArrayField<int64_t>(json, "verify_contexts"));
-  ASSIGN_OR_RETURN(const Json* table, Field(json, "verify_seconds"));
-  if (!table->is_array()) return FieldError("verify_seconds", "must be an array of arrays");
-  for (const Json& row : *table) {
-    if (!row.is_array()) return FieldError("verify_seconds", "must be an array of arrays");
-    std::vector<double> values;
-    for (const Json& v : row) {
-      if (!v.is_number()) return FieldError("verify_seconds", "must hold numbers");
-      values.push_back(v.get<double>());
-    }
+  ASSIGN_OR_RETURN(p.model_fingerprint, json.RequiredString("model_fingerprint"));
+  ASSIGN_OR_RETURN(p.device, json.RequiredString("device"));
+  ASSIGN_OR_RETURN(p.dtype, json.RequiredString("dtype"));
+  ASSIGN_OR_RETURN(p.threads, json.RequiredInt("threads"));
+  ASSIGN_OR_RETURN(p.attention, ReadFit(json, "attention"));
+  ASSIGN_OR_RETURN(p.mlp_seconds, json.RequiredDouble("mlp_seconds"));
+  ASSIGN_OR_RETURN(p.mlp_fit, ReadFit(json, "mlp_fit"));
+  ASSIGN_OR_RETURN(p.step_fixed_seconds, json.RequiredDouble("step_fixed_seconds"));
+  ASSIGN_OR_RETURN(p.max_draft, json.RequiredInt("max_draft"));
+  ASSIGN_OR_RETURN(p.verify_contexts, json.RequiredInt64Array("verify_contexts"));
+  ASSIGN_OR_RETURN(const std::vector<JsonReader> rows, json.RequiredArray("verify_seconds"));
+  for (const JsonReader& row : rows) {
+    ASSIGN_OR_RETURN(std::vector<double> values, row.AsDoubleArray());
     p.verify_seconds.push_back(std::move(values));
   }
-  ASSIGN_OR_RETURN(p.sublayer_contexts, ArrayField<int64_t>(json, "sublayer_contexts"));
-  ASSIGN_OR_RETURN(p.attention_medians, ArrayField<double>(json, "attention_medians"));
-  ASSIGN_OR_RETURN(p.mlp_medians, ArrayField<double>(json, "mlp_medians"));
-  RETURN_IF_ERROR(p.Validate());
+  ASSIGN_OR_RETURN(p.sublayer_contexts, json.RequiredInt64Array("sublayer_contexts"));
+  ASSIGN_OR_RETURN(p.attention_medians, json.RequiredDoubleArray("attention_medians"));
+  ASSIGN_OR_RETURN(p.mlp_medians, json.RequiredDoubleArray("mlp_medians"));
+  RETURN_IF_ERROR(json.Annotate(p.Validate()));
   return p;
 }
 
@@ -358,16 +311,9 @@ std::string LatencyProfile::ToJson() const {
 
 absl::StatusOr<LatencyProfile> LatencyProfile::FromJson(const std::string& text,
                                                         const std::string& source_name) {
-  Json json = Json::parse(text, /*cb=*/nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(source_name, ": not valid JSON (corrupt latency profile?)"));
-  }
-  absl::StatusOr<LatencyProfile> profile = ParseProfile(json);
-  if (!profile.ok()) {
-    return Annotate(profile.status(), absl::StrCat(source_name, ": latency profile"));
-  }
-  profile->source = source_name;
+  ASSIGN_OR_RETURN(const Json json, ParseJsonText(text, source_name));
+  ASSIGN_OR_RETURN(LatencyProfile profile, ParseProfile(JsonReader(json, source_name)));
+  profile.source = source_name;
   return profile;
 }
 

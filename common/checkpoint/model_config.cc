@@ -11,173 +11,103 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/file_util.h"
+#include "common/base/json_fields.h"
 #include "common/base/status.h"
 #include "nlohmann/json.hpp"
 
 namespace knapserve {
 namespace {
 
-using Json = nlohmann::json;
-
 constexpr const char* kSupportedTypes = "llama, mistral, qwen2, qwen3";
 
-absl::Status FieldError(std::string_view field, std::string_view problem) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("field '", std::string(field), "' ", std::string(problem)));
-}
-
-// Returns the field if present and not null, else nullptr.
-const Json* FindField(const Json& object, std::string_view field) {
-  auto it = object.find(field);
-  if (it == object.end() || it->is_null()) return nullptr;
-  return &*it;
-}
-
-// An integer field. Accepts integral floats (some exporters write 512.0).
-absl::StatusOr<int64_t> AsInteger(const Json& value, std::string_view field) {
-  if (value.is_number_unsigned()) {
-    const uint64_t v = value.get<uint64_t>();
-    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return FieldError(field, "is too large");
-    }
-    return static_cast<int64_t>(v);
-  }
-  if (value.is_number_integer()) return value.get<int64_t>();
-  if (value.is_number_float()) {
-    const double v = value.get<double>();
-    if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9e18) {
-      return static_cast<int64_t>(v);
-    }
-  }
-  return FieldError(field, absl::StrCat("must be an integer, got ", value.dump()));
-}
-
 // A required (if `required`) positive integer field; 0 if absent and optional.
-absl::StatusOr<int64_t> PositiveInteger(const Json& config, std::string_view field, bool required) {
-  const Json* value = FindField(config, field);
-  if (value == nullptr) {
-    if (required) return FieldError(field, "is missing");
-    return 0;
-  }
-  ASSIGN_OR_RETURN(int64_t v, AsInteger(*value, field));
-  if (v <= 0) return FieldError(field, absl::StrCat("must be positive, got ", v));
+absl::StatusOr<int64_t> PositiveInteger(const JsonReader& object, std::string_view field,
+                                        bool required) {
+  if (!required && !object.Has(field)) return 0;
+  ASSIGN_OR_RETURN(int64_t v, object.RequiredInt64(field));
+  if (v <= 0) return object.FieldError(field, absl::StrCat("must be positive, got ", v));
   return v;
 }
 
-absl::StatusOr<double> PositiveNumber(const Json& object, std::string_view field,
+absl::StatusOr<double> PositiveNumber(const JsonReader& object, std::string_view field,
                                       double default_value) {
-  const Json* value = FindField(object, field);
-  if (value == nullptr) return default_value;
-  if (!value->is_number()) {
-    return FieldError(field, absl::StrCat("must be a number, got ", value->dump()));
-  }
-  const double v = value->get<double>();
+  ASSIGN_OR_RETURN(double v, object.OptionalDouble(field, default_value));
   if (!(v > 0) || !std::isfinite(v)) {
-    return FieldError(field, absl::StrCat("must be positive, got ", value->dump()));
+    return object.FieldError(field, absl::StrCat("must be positive, got ", v));
   }
   return v;
 }
 
-absl::StatusOr<bool> Bool(const Json& object, std::string_view field, bool default_value) {
-  const Json* value = FindField(object, field);
-  if (value == nullptr) return default_value;
-  if (!value->is_boolean()) {
-    return FieldError(field, absl::StrCat("must be true or false, got ", value->dump()));
-  }
-  return value->get<bool>();
-}
-
-absl::StatusOr<int32_t> TokenId(const Json& value, std::string_view field) {
-  ASSIGN_OR_RETURN(int64_t id, AsInteger(value, field));
+// A token id: an integer in [0, 2^31).
+absl::StatusOr<int32_t> TokenId(const JsonReader& value, int64_t id) {
   if (id < 0 || id > std::numeric_limits<int32_t>::max()) {
-    return FieldError(field, absl::StrCat("is not a valid token id: ", id));
+    return value.Error(absl::StrCat("expected a token id (0 to ",
+                                    std::numeric_limits<int32_t>::max(), "), got ", id));
   }
   return static_cast<int32_t>(id);
 }
 
 // bos_token_id (int) and eos_token_id (int or list) of config.json or
 // generation_config.json. Absent or null fields leave the config unchanged.
-absl::Status ParseTokenIds(const Json& object, ModelConfig& config) {
-  if (const Json* bos = FindField(object, "bos_token_id")) {
-    ASSIGN_OR_RETURN(config.bos_token_id, TokenId(*bos, "bos_token_id"));
+absl::Status ParseTokenIds(const JsonReader& object, ModelConfig& config) {
+  if (object.Has("bos_token_id")) {
+    const JsonReader bos = object.Field("bos_token_id");
+    ASSIGN_OR_RETURN(int64_t id, bos.AsInt64());
+    ASSIGN_OR_RETURN(config.bos_token_id, TokenId(bos, id));
   }
-  if (const Json* eos = FindField(object, "eos_token_id")) {
+  if (object.Has("eos_token_id")) {
+    const JsonReader eos = object.Field("eos_token_id");
+    ASSIGN_OR_RETURN(const std::vector<int64_t> values, eos.AsInt64OrList());
     std::vector<int32_t> ids;
-    if (eos->is_array()) {
-      for (const Json& id : *eos) {
-        ASSIGN_OR_RETURN(int32_t value, TokenId(id, "eos_token_id"));
-        ids.push_back(value);
-      }
-    } else {
-      ASSIGN_OR_RETURN(int32_t value, TokenId(*eos, "eos_token_id"));
-      ids.push_back(value);
+    for (size_t i = 0; i < values.size(); ++i) {
+      ASSIGN_OR_RETURN(int32_t id,
+                       TokenId(eos.value().is_array() ? eos.Element(i) : eos, values[i]));
+      ids.push_back(id);
     }
     config.eos_token_ids = std::move(ids);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const Json& config) {
-  const Json* value = FindField(config, "rope_scaling");
-  if (value == nullptr) return std::nullopt;
-  if (!value->is_object()) {
-    return FieldError("rope_scaling",
-                      absl::StrCat("must be an object or null, got ", value->dump()));
-  }
-  const Json* type = FindField(*value, "rope_type");
-  if (type == nullptr) type = FindField(*value, "type");
-  if (type == nullptr) return FieldError("rope_scaling", "has no 'rope_type' or 'type'");
-  if (!type->is_string()) {
-    return FieldError("rope_scaling.rope_type",
-                      absl::StrCat("must be a string, got ", type->dump()));
-  }
-  const std::string rope_type = type->get<std::string>();
+absl::StatusOr<std::optional<RopeScaling>> ParseRopeScaling(const JsonReader& config) {
+  ASSIGN_OR_RETURN(std::optional<JsonReader> value, config.OptionalChild("rope_scaling"));
+  if (!value.has_value()) return std::nullopt;
+  // "rope_type", or the older "type".
+  const char* type_key = value->Has("rope_type") ? "rope_type" : "type";
+  if (!value->Has(type_key)) return value->Error("has no \"rope_type\" or \"type\"");
+  ASSIGN_OR_RETURN(const std::string rope_type, value->RequiredString(type_key));
   if (rope_type == "default") return std::nullopt;
   if (rope_type != "llama3" && rope_type != "linear") {
-    return absl::InvalidArgumentError(absl::StrCat("unsupported rope_scaling type '", rope_type,
-                                                   "' (supported: llama3, linear, default)"));
+    return value->FieldError(type_key, absl::StrCat("unsupported rope_scaling type '", rope_type,
+                                                    "' (supported: llama3, linear, default)"));
   }
   RopeScaling scaling;
   scaling.rope_type = rope_type;
-  auto annotate = [](const absl::Status& status) { return Annotate(status, "rope_scaling"); };
-  if (FindField(*value, "factor") == nullptr)
-    return FieldError("rope_scaling.factor", "is missing");
-  absl::StatusOr<double> factor = PositiveNumber(*value, "factor", 1);
-  if (!factor.ok()) return annotate(factor.status());
-  scaling.factor = *factor;
+  if (!value->Has("factor")) return value->FieldError("factor", "required but missing");
+  ASSIGN_OR_RETURN(scaling.factor, PositiveNumber(*value, "factor", 1));
   if (rope_type == "llama3") {
-    absl::StatusOr<double> low = PositiveNumber(*value, "low_freq_factor", 1);
-    if (!low.ok()) return annotate(low.status());
-    absl::StatusOr<double> high = PositiveNumber(*value, "high_freq_factor", 4);
-    if (!high.ok()) return annotate(high.status());
-    absl::StatusOr<int64_t> original =
-        PositiveInteger(*value, "original_max_position_embeddings", /*required=*/false);
-    if (!original.ok()) return annotate(original.status());
-    scaling.low_freq_factor = *low;
-    scaling.high_freq_factor = *high;
-    if (*original > 0) scaling.original_max_position_embeddings = *original;
+    ASSIGN_OR_RETURN(scaling.low_freq_factor, PositiveNumber(*value, "low_freq_factor", 1));
+    ASSIGN_OR_RETURN(scaling.high_freq_factor, PositiveNumber(*value, "high_freq_factor", 4));
+    ASSIGN_OR_RETURN(int64_t original,
+                     PositiveInteger(*value, "original_max_position_embeddings", false));
+    if (original > 0) scaling.original_max_position_embeddings = original;
     if (!(scaling.high_freq_factor > scaling.low_freq_factor)) {
-      return FieldError("rope_scaling",
-                        absl::StrCat("needs high_freq_factor > low_freq_factor, got ",
-                                     scaling.high_freq_factor, " and ", scaling.low_freq_factor));
+      return value->Error(absl::StrCat("needs high_freq_factor > low_freq_factor, got ",
+                                       scaling.high_freq_factor, " and ",
+                                       scaling.low_freq_factor));
     }
   }
   return scaling;
 }
 
-absl::StatusOr<ModelConfig> ParseConfigObject(const Json& json) {
-  if (!json.is_object()) return absl::InvalidArgumentError("not a JSON object");
+absl::StatusOr<ModelConfig> ParseConfigObject(const JsonReader& json) {
+  RETURN_IF_ERROR(json.ExpectObject());
   ModelConfig config;
-  const Json* type = FindField(json, "model_type");
-  if (type == nullptr) return FieldError("model_type", "is missing");
-  if (!type->is_string()) {
-    return FieldError("model_type", absl::StrCat("must be a string, got ", type->dump()));
-  }
-  config.model_type = type->get<std::string>();
+  ASSIGN_OR_RETURN(config.model_type, json.RequiredString("model_type"));
   const std::string& t = config.model_type;
   if (t != "llama" && t != "mistral" && t != "qwen2" && t != "qwen3") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unsupported model_type '", t, "' (supported: ", kSupportedTypes, ")"));
+    return json.FieldError("model_type", absl::StrCat("unsupported model_type '", t,
+                                                      "' (supported: ", kSupportedTypes, ")"));
   }
 
   ASSIGN_OR_RETURN(config.vocab_size, PositiveInteger(json, "vocab_size", true));
@@ -193,14 +123,14 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& json) {
   if (config.num_key_value_heads == 0) config.num_key_value_heads = config.num_attention_heads;
   if (config.head_dim == 0) {
     if (config.hidden_size % config.num_attention_heads != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
+      return json.Error(absl::StrCat(
           "hidden_size ", config.hidden_size, " is not divisible by num_attention_heads ",
           config.num_attention_heads, " (and head_dim is not given)"));
     }
     config.head_dim = config.hidden_size / config.num_attention_heads;
   }
   if (config.num_attention_heads % config.num_key_value_heads != 0) {
-    return absl::InvalidArgumentError(
+    return json.Error(
         absl::StrCat("num_attention_heads ", config.num_attention_heads,
                      " is not divisible by num_key_value_heads ", config.num_key_value_heads));
   }
@@ -208,8 +138,8 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& json) {
   ASSIGN_OR_RETURN(config.rms_norm_eps, PositiveNumber(json, "rms_norm_eps", 1e-6));
   ASSIGN_OR_RETURN(config.rope_theta, PositiveNumber(json, "rope_theta", 10000));
   ASSIGN_OR_RETURN(config.rope_scaling, ParseRopeScaling(json));
-  ASSIGN_OR_RETURN(config.tie_word_embeddings, Bool(json, "tie_word_embeddings", false));
-  ASSIGN_OR_RETURN(config.attention_bias, Bool(json, "attention_bias", false));
+  ASSIGN_OR_RETURN(config.tie_word_embeddings, json.OptionalBool("tie_word_embeddings", false));
+  ASSIGN_OR_RETURN(config.attention_bias, json.OptionalBool("attention_bias", false));
   if (t == "qwen2") config.attention_bias = true;
   config.qk_norm = t == "qwen3";
 
@@ -218,7 +148,7 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& json) {
   if (t == "mistral" || t == "qwen2" || t == "qwen3") {
     bool enabled = true;
     if (t != "mistral") {
-      ASSIGN_OR_RETURN(enabled, Bool(json, "use_sliding_window", false));
+      ASSIGN_OR_RETURN(enabled, json.OptionalBool("use_sliding_window", false));
     }
     if (enabled) {
       ASSIGN_OR_RETURN(int64_t window, PositiveInteger(json, "sliding_window", false));
@@ -227,9 +157,11 @@ absl::StatusOr<ModelConfig> ParseConfigObject(const Json& json) {
   }
 
   RETURN_IF_ERROR(ParseTokenIds(json, config));
-  const Json* dtype = FindField(json, "torch_dtype");
-  if (dtype == nullptr) dtype = FindField(json, "dtype");
-  if (dtype != nullptr && dtype->is_string()) config.torch_dtype = dtype->get<std::string>();
+  // Informational, so a value of another type is ignored rather than refused.
+  const char* dtype_key = json.Has("torch_dtype") ? "torch_dtype" : "dtype";
+  if (json.Field(dtype_key).value().is_string()) {
+    ASSIGN_OR_RETURN(config.torch_dtype, json.RequiredString(dtype_key));
+  }
   return config;
 }
 
@@ -272,13 +204,8 @@ std::string ModelConfig::Fingerprint() const {
 
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
                                              std::string_view source_name) {
-  Json json = Json::parse(config_json, /*cb=*/nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded()) {
-    return absl::InvalidArgumentError(absl::StrCat(std::string(source_name), ": not valid JSON"));
-  }
-  absl::StatusOr<ModelConfig> config = ParseConfigObject(json);
-  if (!config.ok()) return Annotate(config.status(), source_name);
-  return config;
+  ASSIGN_OR_RETURN(const nlohmann::json json, ParseJsonText(config_json, source_name));
+  return ParseConfigObject(JsonReader(json, std::string(source_name)));
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
@@ -290,11 +217,11 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   std::error_code error;
   if (std::filesystem::exists(generation_path, error)) {
     ASSIGN_OR_RETURN(std::string generation_text, ReadFileToString(generation_path));
-    Json generation = Json::parse(generation_text, nullptr, false);
-    if (generation.is_discarded() || !generation.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(generation_path, ": not a valid JSON object"));
-    }
-    RETURN_IF_ERROR(Annotate(ParseTokenIds(generation, config), generation_path));
+    ASSIGN_OR_RETURN(const nlohmann::json generation,
+                     ParseJsonText(generation_text, generation_path));
+    const JsonReader reader(generation, generation_path);
+    RETURN_IF_ERROR(reader.ExpectObject());
+    RETURN_IF_ERROR(ParseTokenIds(reader, config));
   }
   return config;
 }

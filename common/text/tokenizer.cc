@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
+#include "common/base/json_fields.h"
 #include "common/base/status.h"
 #include "common/text/tokenizer_bpe.h"
 #include "common/text/tokenizer_pipeline.h"
@@ -93,14 +94,7 @@ class AddedTokenMatcher {
 
 namespace {
 
-using nlohmann::json;
 using tokenizer_internal::AddedTokenMatcher;
-
-const json& Field(const json& obj, const char* key) {
-  static const json* const kNull = new json(nullptr);
-  auto it = obj.find(key);
-  return it == obj.end() ? *kNull : *it;
-}
 
 // Rust's regex \w, approximately: alphanumeric or '_'.
 bool IsWordChar(char32_t cp) { return cp == '_' || IsUnicodeAlphanumeric(cp); }
@@ -138,113 +132,78 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view text,
                                                                std::string_view source_name) {
-  const std::string source(source_name);
-  json root = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) {
-    // Parse again with exceptions for the parser's position and reason.
-    std::string reason = "malformed JSON";
-    try {
-      const json reparsed = json::parse(text.begin(), text.end());
-      (void)reparsed;
-    } catch (const json::exception& e) {
-      reason = absl::StrCat("malformed JSON: ", e.what());
-    }
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", reason));
-  }
-  if (!root.is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": not a JSON object"));
-  }
+  ASSIGN_OR_RETURN(const nlohmann::json json, ParseJsonText(text, source_name));
+  const JsonReader root(json, std::string(source_name));
+  RETURN_IF_ERROR(root.ExpectObject());
 
+  // Every field is read through JsonReader, which names the file and the
+  // field in its errors and lets no JSON exception escape.
   std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
-  // The Parse* functions check types before every access; the catch is a
-  // backstop so that no malformed file can escape as an exception.
-  try {
-    auto normalizer = tokenizer_internal::ParseNormalizer(Field(root, "normalizer"));
-    if (!normalizer.ok()) return Annotate(normalizer.status(), source);
-    tokenizer->normalizer_ = std::move(normalizer).value();
+  ASSIGN_OR_RETURN(tokenizer->normalizer_,
+                   tokenizer_internal::ParseNormalizer(root.Field("normalizer")));
+  ASSIGN_OR_RETURN(tokenizer->pre_tokenizer_,
+                   tokenizer_internal::ParsePreTokenizer(root.Field("pre_tokenizer")));
+  ASSIGN_OR_RETURN(const JsonReader model, root.Child("model"));
+  ASSIGN_OR_RETURN(tokenizer->model_, tokenizer_internal::BpeModel::FromJson(model));
+  ASSIGN_OR_RETURN(tokenizer->post_processor_,
+                   tokenizer_internal::ParsePostProcessor(root.Field("post_processor")));
+  ASSIGN_OR_RETURN(tokenizer->decoder_, tokenizer_internal::ParseDecoder(root.Field("decoder")));
 
-    auto pre_tokenizer = tokenizer_internal::ParsePreTokenizer(Field(root, "pre_tokenizer"));
-    if (!pre_tokenizer.ok()) return Annotate(pre_tokenizer.status(), source);
-    tokenizer->pre_tokenizer_ = std::move(pre_tokenizer).value();
-
-    auto model = tokenizer_internal::BpeModel::FromJson(Field(root, "model"));
-    if (!model.ok()) return Annotate(model.status(), source);
-    tokenizer->model_ = std::move(model).value();
-
-    auto post_processor = tokenizer_internal::ParsePostProcessor(Field(root, "post_processor"));
-    if (!post_processor.ok()) return Annotate(post_processor.status(), source);
-    tokenizer->post_processor_ = std::move(post_processor).value();
-
-    auto decoder = tokenizer_internal::ParseDecoder(Field(root, "decoder"));
-    if (!decoder.ok()) return Annotate(decoder.status(), source);
-    tokenizer->decoder_ = std::move(decoder).value();
-
-    const json& added = Field(root, "added_tokens");
-    if (!added.is_null() && !added.is_array()) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": added_tokens must be a list"));
+  ASSIGN_OR_RETURN(const std::vector<JsonReader> added, root.OptionalArray("added_tokens"));
+  int32_t vocab_size = tokenizer->model_->id_limit();
+  for (const JsonReader& entry : added) {
+    RETURN_IF_ERROR(entry.ExpectObject());
+    AddedToken token;
+    ASSIGN_OR_RETURN(token.content, entry.RequiredString("content"));
+    ASSIGN_OR_RETURN(int64_t id, entry.RequiredInt64("id"));
+    if (id < 0 || id >= (int64_t{1} << 24)) {
+      return entry.FieldError("id", absl::StrCat("must be in [0, 2^24), got ", id));
     }
-    int32_t vocab_size = tokenizer->model_->id_limit();
-    for (size_t i = 0; i < added.size(); ++i) {
-      const json& entry = added[i];
-      const std::string what = absl::StrCat(source, ": added_tokens[", i, "]");
-      if (!entry.is_object())
-        return absl::InvalidArgumentError(absl::StrCat(what, ": not an object"));
-      AddedToken token;
-      ASSIGN_OR_RETURN(token.content, tokenizer_internal::JsonString(entry, "content", what));
-      ASSIGN_OR_RETURN(int64_t id, tokenizer_internal::JsonInt(entry, "id", what));
-      if (id < 0 || id >= (int64_t{1} << 24)) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": id ", id, " is out of range"));
-      }
-      if (token.content.empty() || !IsValidUtf8(token.content)) {
-        return absl::InvalidArgumentError(absl::StrCat(what, ": content is empty or not UTF-8"));
-      }
-      token.id = static_cast<int32_t>(id);
-      ASSIGN_OR_RETURN(token.special, tokenizer_internal::JsonBool(entry, "special", what, false));
-      ASSIGN_OR_RETURN(token.lstrip, tokenizer_internal::JsonBool(entry, "lstrip", what, false));
-      ASSIGN_OR_RETURN(token.rstrip, tokenizer_internal::JsonBool(entry, "rstrip", what, false));
-      ASSIGN_OR_RETURN(token.single_word,
-                       tokenizer_internal::JsonBool(entry, "single_word", what, false));
-      ASSIGN_OR_RETURN(token.normalized,
-                       tokenizer_internal::JsonBool(entry, "normalized", what, !token.special));
-      vocab_size = std::max(vocab_size, token.id + 1);
-      const size_t index = tokenizer->added_tokens_.size();
-      tokenizer->added_by_content_[token.content] = index;
-      tokenizer->added_by_id_[token.id] = index;
-      tokenizer->added_tokens_.push_back(std::move(token));
+    if (token.content.empty() || !IsValidUtf8(token.content)) {
+      return entry.FieldError("content", "must be non-empty UTF-8");
     }
-    tokenizer->vocab_size_ = vocab_size;
+    token.id = static_cast<int32_t>(id);
+    ASSIGN_OR_RETURN(token.special, entry.OptionalBool("special", false));
+    ASSIGN_OR_RETURN(token.lstrip, entry.OptionalBool("lstrip", false));
+    ASSIGN_OR_RETURN(token.rstrip, entry.OptionalBool("rstrip", false));
+    ASSIGN_OR_RETURN(token.single_word, entry.OptionalBool("single_word", false));
+    ASSIGN_OR_RETURN(token.normalized, entry.OptionalBool("normalized", !token.special));
+    vocab_size = std::max(vocab_size, token.id + 1);
+    const size_t index = tokenizer->added_tokens_.size();
+    tokenizer->added_by_content_[token.content] = index;
+    tokenizer->added_by_id_[token.id] = index;
+    tokenizer->added_tokens_.push_back(std::move(token));
+  }
+  tokenizer->vocab_size_ = vocab_size;
 
-    tokenizer->raw_matcher_ = std::make_unique<AddedTokenMatcher>();
-    tokenizer->normalized_matcher_ = std::make_unique<AddedTokenMatcher>();
-    for (size_t i = 0; i < tokenizer->added_tokens_.size(); ++i) {
-      const AddedToken& token = tokenizer->added_tokens_[i];
-      if (!token.normalized) {
-        tokenizer->raw_matcher_->Add(token.content, static_cast<int32_t>(i));
-        continue;
-      }
-      // As in the crate, normalized tokens are matched in normalized text by
-      // their normalized form.
-      const std::string pattern = tokenizer->normalizer_ != nullptr
-                                      ? tokenizer->normalizer_->Normalize(token.content)
-                                      : token.content;
-      if (!pattern.empty()) tokenizer->normalized_matcher_->Add(pattern, static_cast<int32_t>(i));
+  tokenizer->raw_matcher_ = std::make_unique<AddedTokenMatcher>();
+  tokenizer->normalized_matcher_ = std::make_unique<AddedTokenMatcher>();
+  for (size_t i = 0; i < tokenizer->added_tokens_.size(); ++i) {
+    const AddedToken& token = tokenizer->added_tokens_[i];
+    if (!token.normalized) {
+      tokenizer->raw_matcher_->Add(token.content, static_cast<int32_t>(i));
+      continue;
     }
+    // As in the crate, normalized tokens are matched in normalized text by
+    // their normalized form.
+    const std::string pattern = tokenizer->normalizer_ != nullptr
+                                    ? tokenizer->normalizer_->Normalize(token.content)
+                                    : token.content;
+    if (!pattern.empty()) tokenizer->normalized_matcher_->Add(pattern, static_cast<int32_t>(i));
+  }
 
-    if (tokenizer->post_processor_ != nullptr) {
-      tokenizer->bos_id_ = tokenizer->post_processor_->LeadingSpecialId();
-    }
-    if (!tokenizer->bos_id_.has_value()) {
-      for (const char* name : {"<s>", "<|begin_of_text|>", "<bos>"}) {
-        auto it = tokenizer->added_by_content_.find(name);
-        if (it != tokenizer->added_by_content_.end() &&
-            tokenizer->added_tokens_[it->second].special) {
-          tokenizer->bos_id_ = tokenizer->added_tokens_[it->second].id;
-          break;
-        }
+  if (tokenizer->post_processor_ != nullptr) {
+    tokenizer->bos_id_ = tokenizer->post_processor_->LeadingSpecialId();
+  }
+  if (!tokenizer->bos_id_.has_value()) {
+    for (const char* name : {"<s>", "<|begin_of_text|>", "<bos>"}) {
+      auto it = tokenizer->added_by_content_.find(name);
+      if (it != tokenizer->added_by_content_.end() &&
+          tokenizer->added_tokens_[it->second].special) {
+        tokenizer->bos_id_ = tokenizer->added_tokens_[it->second].id;
+        break;
       }
     }
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": malformed tokenizer: ", e.what()));
   }
   return tokenizer;
 }

@@ -14,58 +14,53 @@
 namespace knapserve {
 namespace tokenizer_internal {
 
-using nlohmann::json;
-
 namespace {
 
 // Ids above this are rejected as malformed rather than allocated for.
 constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
 
 // One entry of "merges": "a b" or ["a", "b"].
-absl::StatusOr<std::pair<std::string, std::string>> ParseMerge(const json& merge, size_t index) {
-  if (merge.is_string()) {
-    const std::string& line = merge.get_ref<const std::string&>();
+absl::StatusOr<std::pair<std::string, std::string>> ParseMerge(const JsonReader& merge) {
+  constexpr std::string_view kExpected = "a merge \"a b\" or [\"a\", \"b\"]";
+  if (!merge.value().is_string() && !merge.value().is_array()) return merge.TypeError(kExpected);
+  ASSIGN_OR_RETURN(std::vector<std::string> parts, merge.AsStringOrList());
+  if (merge.value().is_string()) {
+    const std::string line = parts[0];
     const size_t space = line.find(' ');
     if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model: merges[", index, "] '", line, "' is not two tokens"));
+      return merge.TypeError(kExpected);
     }
-    return std::make_pair(line.substr(0, space), line.substr(space + 1));
+    parts = {line.substr(0, space), line.substr(space + 1)};
   }
-  if (merge.is_array() && merge.size() == 2 && merge[0].is_string() && merge[1].is_string()) {
-    return std::make_pair(merge[0].get<std::string>(), merge[1].get<std::string>());
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("model: merges[", index, "] is neither \"a b\" nor [\"a\", \"b\"]"));
+  if (parts.size() != 2) return merge.TypeError(kExpected);
+  return std::make_pair(std::move(parts[0]), std::move(parts[1]));
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const json& model) {
-  if (!model.is_object()) return absl::InvalidArgumentError("model: missing or not an object");
+absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const JsonReader& model) {
+  RETURN_IF_ERROR(model.ExpectObject());
   std::string type = "BPE";
-  if (model.contains("type") || !model.contains("merges")) {
-    ASSIGN_OR_RETURN(type, JsonType(model, "model"));
+  if (model.value().contains("type") || !model.value().contains("merges")) {
+    ASSIGN_OR_RETURN(type, model.RequiredString("type"));
   }
   if (type != "BPE") {
-    return absl::UnimplementedError(absl::StrCat("unsupported model type '", type, "'"));
+    return model.Annotate(
+        absl::UnimplementedError(absl::StrCat("unsupported model type '", type, "'")));
   }
   std::unique_ptr<BpeModel> bpe(new BpeModel());
 
-  auto vocab = model.find("vocab");
-  if (vocab == model.end() || !vocab->is_object()) {
-    return absl::InvalidArgumentError("model: 'vocab' must be an object of token -> id");
-  }
+  ASSIGN_OR_RETURN(const JsonReader vocab, model.Child("vocab"));
+  ASSIGN_OR_RETURN(const auto members, vocab.AsMembers());
   int64_t max_id = -1;
-  bpe->vocab_.reserve(vocab->size());
-  for (const auto& [token, id] : vocab->items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxTokenId) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model: vocab id of '", token, "' is not an integer in [0, ", kMaxTokenId, "]"));
+  bpe->vocab_.reserve(members.size());
+  for (const auto& [token, id_reader] : members) {
+    ASSIGN_OR_RETURN(const int64_t id, id_reader.AsInt64());
+    if (id < 0 || id > kMaxTokenId) {
+      return id_reader.Error(absl::StrCat("expected a token id in [0, ", kMaxTokenId, "], got ", id));
     }
-    const int64_t value = id.get<int64_t>();
-    bpe->vocab_[token] = static_cast<int32_t>(value);
-    max_id = std::max(max_id, value);
+    bpe->vocab_[token] = static_cast<int32_t>(id);
+    max_id = std::max(max_id, id);
   }
   bpe->id_to_token_.resize(static_cast<size_t>(max_id + 1));
   bpe->has_id_.resize(static_cast<size_t>(max_id + 1));
@@ -74,14 +69,13 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const json& model) 
     bpe->has_id_[id] = true;
   }
 
-  constexpr absl::string_view kWhat = "model";
   ASSIGN_OR_RETURN(bpe->continuing_subword_prefix_,
-                   JsonString(model, "continuing_subword_prefix", kWhat, ""));
-  ASSIGN_OR_RETURN(bpe->end_of_word_suffix_, JsonString(model, "end_of_word_suffix", kWhat, ""));
-  ASSIGN_OR_RETURN(bpe->byte_fallback_, JsonBool(model, "byte_fallback", kWhat, false));
-  ASSIGN_OR_RETURN(bpe->fuse_unk_, JsonBool(model, "fuse_unk", kWhat, false));
-  ASSIGN_OR_RETURN(bpe->ignore_merges_, JsonBool(model, "ignore_merges", kWhat, false));
-  ASSIGN_OR_RETURN(const std::string unk, JsonString(model, "unk_token", kWhat, ""));
+                   model.OptionalString("continuing_subword_prefix", ""));
+  ASSIGN_OR_RETURN(bpe->end_of_word_suffix_, model.OptionalString("end_of_word_suffix", ""));
+  ASSIGN_OR_RETURN(bpe->byte_fallback_, model.OptionalBool("byte_fallback", false));
+  ASSIGN_OR_RETURN(bpe->fuse_unk_, model.OptionalBool("fuse_unk", false));
+  ASSIGN_OR_RETURN(bpe->ignore_merges_, model.OptionalBool("ignore_merges", false));
+  ASSIGN_OR_RETURN(const std::string unk, model.OptionalString("unk_token", ""));
   if (!unk.empty()) {
     // The crate fails at encode time if unk is needed but missing; we treat a
     // missing unk token as none.
@@ -92,33 +86,30 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const json& model) 
     bpe->byte_ids_[b] = it == bpe->vocab_.end() ? -1 : it->second;
   }
 
-  auto merges = model.find("merges");
-  if (merges != model.end() && !merges->is_null()) {
-    if (!merges->is_array()) return absl::InvalidArgumentError("model: 'merges' must be a list");
-    bpe->merges_.reserve(merges->size());
-    const size_t prefix_len = bpe->continuing_subword_prefix_.size();
-    for (size_t i = 0; i < merges->size(); ++i) {
-      ASSIGN_OR_RETURN(auto pair, ParseMerge((*merges)[i], i));
-      const auto& [left, right] = pair;
-      auto left_it = bpe->vocab_.find(left);
-      auto right_it = bpe->vocab_.find(right);
-      // As in the crate, the merged token drops the right part's
-      // continuing-subword prefix.
-      const std::string merged =
-          left +
-          (prefix_len > 0 && right.compare(0, prefix_len, bpe->continuing_subword_prefix_) == 0
-               ? right.substr(prefix_len)
-               : right);
-      auto merged_it = bpe->vocab_.find(merged);
-      if (left_it == bpe->vocab_.end() || right_it == bpe->vocab_.end() ||
-          merged_it == bpe->vocab_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("model: merges[", i, "] '", left, " ", right,
-                                                       "' uses a token not in the vocab"));
-      }
-      // A repeated pair keeps its last rank, as the crate's map does.
-      bpe->merges_[PairKey(left_it->second, right_it->second)] =
-          Merge{static_cast<int32_t>(i), merged_it->second};
+  ASSIGN_OR_RETURN(const std::vector<JsonReader> merges, model.OptionalArray("merges"));
+  bpe->merges_.reserve(merges.size());
+  const size_t prefix_len = bpe->continuing_subword_prefix_.size();
+  for (size_t i = 0; i < merges.size(); ++i) {
+    ASSIGN_OR_RETURN(auto pair, ParseMerge(merges[i]));
+    const auto& [left, right] = pair;
+    auto left_it = bpe->vocab_.find(left);
+    auto right_it = bpe->vocab_.find(right);
+    // As in the crate, the merged token drops the right part's
+    // continuing-subword prefix.
+    const std::string merged =
+        left +
+        (prefix_len > 0 && right.compare(0, prefix_len, bpe->continuing_subword_prefix_) == 0
+             ? right.substr(prefix_len)
+             : right);
+    auto merged_it = bpe->vocab_.find(merged);
+    if (left_it == bpe->vocab_.end() || right_it == bpe->vocab_.end() ||
+        merged_it == bpe->vocab_.end()) {
+      return merges[i].Error(
+          absl::StrCat("merge '", left, " ", right, "' uses a token not in the vocab"));
     }
+    // A repeated pair keeps its last rank, as the crate's map does.
+    bpe->merges_[PairKey(left_it->second, right_it->second)] =
+        Merge{static_cast<int32_t>(i), merged_it->second};
   }
   return bpe;
 }

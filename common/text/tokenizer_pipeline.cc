@@ -17,70 +17,29 @@
 namespace knapserve {
 namespace tokenizer_internal {
 
-using nlohmann::json;
-
-// --- JSON field access ----------------------------------------------------
-
-absl::StatusOr<std::string> JsonType(const json& obj, absl::string_view what) {
-  if (!obj.is_object()) return absl::InvalidArgumentError(absl::StrCat(what, ": not an object"));
-  auto it = obj.find("type");
-  if (it == obj.end() || !it->is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": missing string field 'type'"));
-  }
-  return it->get<std::string>();
-}
-
-absl::StatusOr<std::string> JsonString(const json& obj, const char* key, absl::string_view what,
-                                       std::optional<std::string_view> fallback) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) {
-    if (fallback.has_value()) return std::string(*fallback);
-    return absl::InvalidArgumentError(absl::StrCat(what, ": missing field '", key, "'"));
-  }
-  if (!it->is_string()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": field '", key, "' is not a string"));
-  }
-  return it->get<std::string>();
-}
-
-absl::StatusOr<bool> JsonBool(const json& obj, const char* key, absl::string_view what,
-                              bool fallback) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": field '", key, "' is not a boolean"));
-  }
-  return it->get<bool>();
-}
-
-absl::StatusOr<int64_t> JsonInt(const json& obj, const char* key, absl::string_view what,
-                                std::optional<int64_t> fallback) {
-  auto it = obj.find(key);
-  if (it == obj.end() || it->is_null()) {
-    if (fallback.has_value()) return *fallback;
-    return absl::InvalidArgumentError(absl::StrCat(what, ": missing field '", key, "'"));
-  }
-  if (!it->is_number_integer()) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": field '", key, "' is not an integer"));
-  }
-  return it->get<int64_t>();
-}
-
 namespace {
 
-absl::Status Unsupported(absl::string_view what, absl::string_view type) {
-  return absl::UnimplementedError(absl::StrCat("unsupported ", what, " type '", type, "'"));
+// Unimplemented "unsupported <what> type '<type>'", naming the component.
+absl::Status Unsupported(const JsonReader& component, absl::string_view what,
+                         absl::string_view type) {
+  return component.Annotate(
+      absl::UnimplementedError(absl::StrCat("unsupported ", what, " type '", type, "'")));
+}
+
+// The component's "type": it must be an object with a string "type".
+absl::StatusOr<std::string> ComponentType(const JsonReader& component) {
+  RETURN_IF_ERROR(component.ExpectObject());
+  return component.RequiredString("type");
 }
 
 // The single character of a one-character string field (Metaspace's
 // replacement, Strip's content).
-absl::StatusOr<std::string> JsonChar(const json& obj, const char* key, absl::string_view what,
-                                     std::string_view fallback) {
-  ASSIGN_OR_RETURN(std::string s, JsonString(obj, key, what, fallback));
+absl::StatusOr<std::string> SingleChar(const JsonReader& obj, std::string_view key,
+                                       std::string_view fallback) {
+  ASSIGN_OR_RETURN(std::string s, obj.OptionalString(key, fallback));
   size_t pos = 0;
   if (s.empty() || !IsValidUtf8(s) || (NextCodePoint(s, &pos), pos != s.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, ": field '", key, "' must be a single character"));
+    return obj.FieldError(key, "must be a single character");
   }
   return s;
 }
@@ -164,14 +123,20 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view subject) 
   return matches;
 }
 
-absl::StatusOr<std::unique_ptr<Regex>> ParsePattern(const json& json) {
-  if (json.is_object()) {
-    auto it = json.find("String");
-    if (it != json.end() && it->is_string()) return Regex::Literal(it->get<std::string>());
-    it = json.find("Regex");
-    if (it != json.end() && it->is_string()) return Regex::Compile(it->get<std::string>());
+absl::StatusOr<std::unique_ptr<Regex>> ParsePattern(const JsonReader& pattern) {
+  if (pattern.Has("String")) {
+    ASSIGN_OR_RETURN(const std::string text, pattern.RequiredString("String"));
+    absl::StatusOr<std::unique_ptr<Regex>> regex = Regex::Literal(text);
+    if (!regex.ok()) return pattern.Field("String").Annotate(regex.status());
+    return regex;
   }
-  return absl::InvalidArgumentError("pattern must be {\"String\": ...} or {\"Regex\": ...}");
+  if (pattern.Has("Regex")) {
+    ASSIGN_OR_RETURN(const std::string text, pattern.RequiredString("Regex"));
+    absl::StatusOr<std::unique_ptr<Regex>> regex = Regex::Compile(text);
+    if (!regex.ok()) return pattern.Field("Regex").Annotate(regex.status());
+    return regex;
+  }
+  return pattern.TypeError("a pattern {\"String\": ...} or {\"Regex\": ...}");
 }
 
 // --- Byte-level alphabet --------------------------------------------------
@@ -292,43 +257,38 @@ class SequenceNormalizer : public Normalizer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const json& json) {
+absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const JsonReader& json) {
   if (json.is_null()) return nullptr;
-  constexpr absl::string_view kWhat = "normalizer";
-  ASSIGN_OR_RETURN(const std::string type, JsonType(json, kWhat));
+  ASSIGN_OR_RETURN(const std::string type, ComponentType(json));
   if (type == "NFC") return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfc);
   if (type == "NFD") return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfd);
   if (type == "NFKC") return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfkc);
   if (type == "NFKD") return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfkd);
   if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
   if (type == "Prepend") {
-    ASSIGN_OR_RETURN(std::string prepend, JsonString(json, "prepend", "Prepend normalizer"));
+    ASSIGN_OR_RETURN(std::string prepend, json.RequiredString("prepend"));
     return std::make_unique<PrependNormalizer>(std::move(prepend));
   }
   if (type == "Replace") {
-    auto pattern = ParsePattern(json.value("pattern", json::object()));
-    if (!pattern.ok()) return Annotate(pattern.status(), "Replace normalizer");
-    ASSIGN_OR_RETURN(std::string content, JsonString(json, "content", "Replace normalizer"));
-    return std::make_unique<ReplaceNormalizer>(std::move(pattern).value(), std::move(content));
+    ASSIGN_OR_RETURN(std::unique_ptr<Regex> pattern, ParsePattern(json.Field("pattern")));
+    ASSIGN_OR_RETURN(std::string content, json.RequiredString("content"));
+    return std::make_unique<ReplaceNormalizer>(std::move(pattern), std::move(content));
   }
   if (type == "Strip") {
-    ASSIGN_OR_RETURN(bool left, JsonBool(json, "strip_left", "Strip normalizer", true));
-    ASSIGN_OR_RETURN(bool right, JsonBool(json, "strip_right", "Strip normalizer", true));
+    ASSIGN_OR_RETURN(bool left, json.OptionalBool("strip_left", true));
+    ASSIGN_OR_RETURN(bool right, json.OptionalBool("strip_right", true));
     return std::make_unique<StripNormalizer>(left, right);
   }
   if (type == "Sequence") {
-    auto it = json.find("normalizers");
-    if (it == json.end() || !it->is_array()) {
-      return absl::InvalidArgumentError("Sequence normalizer: 'normalizers' must be an array");
-    }
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> items, json.RequiredArray("normalizers"));
     std::vector<std::unique_ptr<Normalizer>> normalizers;
-    for (const auto& item : *it) {
+    for (const JsonReader& item : items) {
       ASSIGN_OR_RETURN(std::unique_ptr<Normalizer> normalizer, ParseNormalizer(item));
       if (normalizer != nullptr) normalizers.push_back(std::move(normalizer));
     }
     return std::make_unique<SequenceNormalizer>(std::move(normalizers));
   }
-  return Unsupported(kWhat, type);
+  return Unsupported(json, "normalizer", type);
 }
 
 // --- Pre-tokenizers -------------------------------------------------------
@@ -337,14 +297,14 @@ namespace {
 
 enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
 
-absl::StatusOr<SplitBehavior> ParseBehavior(const json& obj, absl::string_view what) {
-  ASSIGN_OR_RETURN(const std::string name, JsonString(obj, "behavior", what, "Isolated"));
+absl::StatusOr<SplitBehavior> ParseBehavior(const JsonReader& obj) {
+  ASSIGN_OR_RETURN(const std::string name, obj.OptionalString("behavior", "Isolated"));
   if (name == "Removed") return SplitBehavior::kRemoved;
   if (name == "Isolated") return SplitBehavior::kIsolated;
   if (name == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
   if (name == "MergedWithNext") return SplitBehavior::kMergedWithNext;
   if (name == "Contiguous") return SplitBehavior::kContiguous;
-  return absl::InvalidArgumentError(absl::StrCat(what, ": unknown behavior '", name, "'"));
+  return obj.FieldError("behavior", absl::StrCat("unknown behavior '", name, "'"));
 }
 
 struct Span {
@@ -504,17 +464,16 @@ class DigitsPreTokenizer : public PreTokenizer {
 
 enum class PrependScheme { kAlways, kFirst, kNever };
 
-absl::StatusOr<PrependScheme> ParsePrependScheme(const json& obj, absl::string_view what) {
-  auto it = obj.find("prepend_scheme");
-  if (it != obj.end() && !it->is_null()) {
-    ASSIGN_OR_RETURN(const std::string name, JsonString(obj, "prepend_scheme", what));
+absl::StatusOr<PrependScheme> ParsePrependScheme(const JsonReader& obj) {
+  if (obj.Has("prepend_scheme")) {
+    ASSIGN_OR_RETURN(const std::string name, obj.RequiredString("prepend_scheme"));
     if (name == "always") return PrependScheme::kAlways;
     if (name == "first") return PrependScheme::kFirst;
     if (name == "never") return PrependScheme::kNever;
-    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown prepend_scheme '", name, "'"));
+    return obj.FieldError("prepend_scheme", absl::StrCat("unknown prepend_scheme '", name, "'"));
   }
   // The older form.
-  ASSIGN_OR_RETURN(bool add_prefix_space, JsonBool(obj, "add_prefix_space", what, true));
+  ASSIGN_OR_RETURN(bool add_prefix_space, obj.OptionalBool("add_prefix_space", true));
   return add_prefix_space ? PrependScheme::kAlways : PrependScheme::kNever;
 }
 
@@ -560,14 +519,12 @@ class SequencePreTokenizer : public PreTokenizer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& json) {
+absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const JsonReader& json) {
   if (json.is_null()) return nullptr;
-  constexpr absl::string_view kWhat = "pre_tokenizer";
-  ASSIGN_OR_RETURN(const std::string type, JsonType(json, kWhat));
+  ASSIGN_OR_RETURN(const std::string type, ComponentType(json));
   if (type == "ByteLevel") {
-    constexpr absl::string_view kByteLevel = "ByteLevel pre_tokenizer";
-    ASSIGN_OR_RETURN(bool add_prefix_space, JsonBool(json, "add_prefix_space", kByteLevel, true));
-    ASSIGN_OR_RETURN(bool use_regex, JsonBool(json, "use_regex", kByteLevel, true));
+    ASSIGN_OR_RETURN(bool add_prefix_space, json.OptionalBool("add_prefix_space", true));
+    ASSIGN_OR_RETURN(bool use_regex, json.OptionalBool("use_regex", true));
     std::unique_ptr<Regex> regex;
     if (use_regex) {
       ASSIGN_OR_RETURN(regex, Regex::Compile(kGpt2Pattern));
@@ -575,25 +532,20 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& json
     return std::make_unique<ByteLevelPreTokenizer>(add_prefix_space, std::move(regex));
   }
   if (type == "Split") {
-    constexpr absl::string_view kSplit = "Split pre_tokenizer";
-    auto pattern = ParsePattern(json.value("pattern", json::object()));
-    if (!pattern.ok()) return Annotate(pattern.status(), "Split pre_tokenizer");
-    ASSIGN_OR_RETURN(SplitBehavior behavior, ParseBehavior(json, kSplit));
-    ASSIGN_OR_RETURN(bool invert, JsonBool(json, "invert", kSplit, false));
-    return std::make_unique<SplitPreTokenizer>(std::move(pattern).value(), behavior, invert);
+    ASSIGN_OR_RETURN(std::unique_ptr<Regex> pattern, ParsePattern(json.Field("pattern")));
+    ASSIGN_OR_RETURN(SplitBehavior behavior, ParseBehavior(json));
+    ASSIGN_OR_RETURN(bool invert, json.OptionalBool("invert", false));
+    return std::make_unique<SplitPreTokenizer>(std::move(pattern), behavior, invert);
   }
   if (type == "Digits") {
-    ASSIGN_OR_RETURN(bool individual,
-                     JsonBool(json, "individual_digits", "Digits pre_tokenizer", false));
+    ASSIGN_OR_RETURN(bool individual, json.OptionalBool("individual_digits", false));
     ASSIGN_OR_RETURN(std::unique_ptr<Regex> digit, Regex::Compile(R"(\p{N})"));
     return std::make_unique<DigitsPreTokenizer>(std::move(digit), individual);
   }
   if (type == "Metaspace") {
-    constexpr absl::string_view kMetaspace = "Metaspace pre_tokenizer";
-    ASSIGN_OR_RETURN(std::string replacement,
-                     JsonChar(json, "replacement", kMetaspace, "\xE2\x96\x81"));
-    ASSIGN_OR_RETURN(PrependScheme scheme, ParsePrependScheme(json, kMetaspace));
-    ASSIGN_OR_RETURN(bool split, JsonBool(json, "split", kMetaspace, true));
+    ASSIGN_OR_RETURN(std::string replacement, SingleChar(json, "replacement", "\xE2\x96\x81"));
+    ASSIGN_OR_RETURN(PrependScheme scheme, ParsePrependScheme(json));
+    ASSIGN_OR_RETURN(bool split, json.OptionalBool("split", true));
     ASSIGN_OR_RETURN(std::unique_ptr<Regex> space, Regex::Literal(" "));
     std::unique_ptr<Regex> replacement_regex;
     if (split) {
@@ -613,18 +565,15 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const json& json
                                                /*invert=*/false);
   }
   if (type == "Sequence") {
-    auto it = json.find("pretokenizers");
-    if (it == json.end() || !it->is_array()) {
-      return absl::InvalidArgumentError("Sequence pre_tokenizer: 'pretokenizers' must be an array");
-    }
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> items, json.RequiredArray("pretokenizers"));
     std::vector<std::unique_ptr<PreTokenizer>> pre_tokenizers;
-    for (const auto& item : *it) {
+    for (const JsonReader& item : items) {
       ASSIGN_OR_RETURN(std::unique_ptr<PreTokenizer> pre_tokenizer, ParsePreTokenizer(item));
       if (pre_tokenizer != nullptr) pre_tokenizers.push_back(std::move(pre_tokenizer));
     }
     return std::make_unique<SequencePreTokenizer>(std::move(pre_tokenizers));
   }
-  return Unsupported(kWhat, type);
+  return Unsupported(json, "pre_tokenizer", type);
 }
 
 // --- Decoders -------------------------------------------------------------
@@ -827,54 +776,45 @@ class SequenceDecoder : public Decoder {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const json& json) {
+absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const JsonReader& json) {
   if (json.is_null()) return nullptr;
-  constexpr absl::string_view kWhat = "decoder";
-  ASSIGN_OR_RETURN(const std::string type, JsonType(json, kWhat));
+  ASSIGN_OR_RETURN(const std::string type, ComponentType(json));
   if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (type == "Replace") {
-    auto pattern = ParsePattern(json.value("pattern", json::object()));
-    if (!pattern.ok()) return Annotate(pattern.status(), "Replace decoder");
-    ASSIGN_OR_RETURN(std::string content, JsonString(json, "content", "Replace decoder"));
-    return std::make_unique<ReplaceDecoder>(std::move(pattern).value(), std::move(content));
+    ASSIGN_OR_RETURN(std::unique_ptr<Regex> pattern, ParsePattern(json.Field("pattern")));
+    ASSIGN_OR_RETURN(std::string content, json.RequiredString("content"));
+    return std::make_unique<ReplaceDecoder>(std::move(pattern), std::move(content));
   }
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
   if (type == "Strip") {
-    constexpr absl::string_view kStrip = "Strip decoder";
-    ASSIGN_OR_RETURN(std::string content, JsonChar(json, "content", kStrip, " "));
-    ASSIGN_OR_RETURN(int64_t start, JsonInt(json, "start", kStrip, 0));
-    ASSIGN_OR_RETURN(int64_t stop, JsonInt(json, "stop", kStrip, 0));
-    if (start < 0 || stop < 0) {
-      return absl::InvalidArgumentError("Strip decoder: start and stop must be >= 0");
-    }
+    ASSIGN_OR_RETURN(std::string content, SingleChar(json, "content", " "));
+    ASSIGN_OR_RETURN(int64_t start, json.OptionalInt64("start", 0));
+    ASSIGN_OR_RETURN(int64_t stop, json.OptionalInt64("stop", 0));
+    if (start < 0) return json.FieldError("start", absl::StrCat("must be >= 0, got ", start));
+    if (stop < 0) return json.FieldError("stop", absl::StrCat("must be >= 0, got ", stop));
     return std::make_unique<StripDecoder>(std::move(content), static_cast<size_t>(start),
                                           static_cast<size_t>(stop));
   }
   if (type == "Metaspace") {
-    constexpr absl::string_view kMetaspace = "Metaspace decoder";
-    ASSIGN_OR_RETURN(std::string replacement,
-                     JsonChar(json, "replacement", kMetaspace, "\xE2\x96\x81"));
-    ASSIGN_OR_RETURN(PrependScheme scheme, ParsePrependScheme(json, kMetaspace));
+    ASSIGN_OR_RETURN(std::string replacement, SingleChar(json, "replacement", "\xE2\x96\x81"));
+    ASSIGN_OR_RETURN(PrependScheme scheme, ParsePrependScheme(json));
     return std::make_unique<MetaspaceDecoder>(std::move(replacement), scheme);
   }
   if (type == "BPEDecoder") {
-    ASSIGN_OR_RETURN(std::string suffix, JsonString(json, "suffix", "BPEDecoder", "</w>"));
+    ASSIGN_OR_RETURN(std::string suffix, json.OptionalString("suffix", "</w>"));
     return std::make_unique<BpeSuffixDecoder>(std::move(suffix));
   }
   if (type == "Sequence") {
-    auto it = json.find("decoders");
-    if (it == json.end() || !it->is_array()) {
-      return absl::InvalidArgumentError("Sequence decoder: 'decoders' must be an array");
-    }
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> items, json.RequiredArray("decoders"));
     std::vector<std::unique_ptr<Decoder>> decoders;
-    for (const auto& item : *it) {
+    for (const JsonReader& item : items) {
       ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder, ParseDecoder(item));
       if (decoder != nullptr) decoders.push_back(std::move(decoder));
     }
     return std::make_unique<SequenceDecoder>(std::move(decoders));
   }
-  return Unsupported(kWhat, type);
+  return Unsupported(json, "decoder", type);
 }
 
 // --- Post-processors ------------------------------------------------------
@@ -918,38 +858,31 @@ class SequenceProcessor : public PostProcessor {
   std::vector<std::unique_ptr<PostProcessor>> processors_;
 };
 
-absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const json& json) {
-  constexpr absl::string_view kWhat = "TemplateProcessing post_processor";
-  // Special token name -> ids.
+absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const JsonReader& json) {
+  // Special token name -> ids. A "special_tokens" that is not an object is
+  // ignored, as it always was (a template naming a token then fails below).
   std::map<std::string, std::vector<int32_t>> special;
-  auto specials = json.find("special_tokens");
-  if (specials != json.end() && specials->is_object()) {
-    for (const auto& [name, entry] : specials->items()) {
-      auto ids = entry.find("ids");
-      if (!entry.is_object() || ids == entry.end() || !ids->is_array()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(kWhat, ": special_tokens['", name, "'] has no 'ids' array"));
-      }
+  const JsonReader specials = json.Field("special_tokens");
+  if (specials.value().is_object()) {
+    ASSIGN_OR_RETURN(const auto members, specials.AsMembers());
+    for (const auto& [name, entry] : members) {
+      RETURN_IF_ERROR(entry.ExpectObject());
+      ASSIGN_OR_RETURN(const std::vector<JsonReader> ids, entry.RequiredArray("ids"));
       std::vector<int32_t>& out = special[name];
-      for (const auto& id : *ids) {
-        if (!id.is_number_integer()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat(kWhat, ": special_tokens['", name, "'].ids must be integers"));
-        }
-        out.push_back(id.get<int32_t>());
+      for (const JsonReader& id : ids) {
+        ASSIGN_OR_RETURN(int value, id.AsInt());
+        out.push_back(value);
       }
     }
   }
   // The template's pieces as (is_sequence, special name).
   std::vector<std::pair<bool, std::string>> pieces;
-  auto single = json.find("single");
-  if (single == json.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": missing 'single'"));
-  }
-  if (single->is_string()) {
+  if (!json.value().contains("single")) return json.FieldError("single", "required but missing");
+  const JsonReader single = json.Field("single");
+  if (single.value().is_string()) {
+    ASSIGN_OR_RETURN(const std::string text, single.AsString());
     // The string form: "<s> $A" / "[CLS]:0 $A:0 [SEP]:0".
-    for (absl::string_view piece :
-         absl::StrSplit(single->get<std::string>(), ' ', absl::SkipEmpty())) {
+    for (absl::string_view piece : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
       std::string_view word(piece.data(), piece.size());
       // Drop a ":<type id>" suffix.
       const size_t colon = word.rfind(':');
@@ -963,38 +896,36 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const json& json) {
         pieces.emplace_back(false, std::string(word));
       }
     }
-  } else if (single->is_array()) {
-    for (const auto& item : *single) {
-      if (item.is_object() && item.contains("Sequence")) {
+  } else if (single.value().is_array()) {
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> items, single.AsArray());
+    for (const JsonReader& item : items) {
+      if (item.value().is_object() && item.value().contains("Sequence")) {
         pieces.emplace_back(true, "");
-      } else if (item.is_object() && item.contains("SpecialToken") &&
-                 item["SpecialToken"].is_object()) {
-        ASSIGN_OR_RETURN(std::string name,
-                         JsonString(item["SpecialToken"], "id", absl::StrCat(kWhat, " template")));
+      } else if (item.value().is_object() && item.value().contains("SpecialToken")) {
+        ASSIGN_OR_RETURN(const JsonReader special_token, item.Child("SpecialToken"));
+        ASSIGN_OR_RETURN(std::string name, special_token.RequiredString("id"));
         pieces.emplace_back(false, std::move(name));
       } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat(kWhat, ": bad template piece ", item.dump()));
+        return item.TypeError("a template piece {\"Sequence\": ...} or {\"SpecialToken\": ...}");
       }
     }
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(kWhat, ": 'single' must be a list"));
+    return single.TypeError("a template string or list");
   }
   std::vector<int32_t> before, after;
   bool seen_sequence = false;
   for (const auto& [is_sequence, name] : pieces) {
     if (is_sequence) {
       if (seen_sequence) {
-        return absl::UnimplementedError(
-            absl::StrCat(kWhat, ": a single template with two sequences"));
+        return single.Annotate(
+            absl::UnimplementedError("a single template with two sequences is not supported"));
       }
       seen_sequence = true;
       continue;
     }
     auto it = special.find(name);
     if (it == special.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kWhat, ": template names unknown special token '", name, "'"));
+      return single.Error(absl::StrCat("template names unknown special token '", name, "'"));
     }
     std::vector<int32_t>& target = seen_sequence ? after : before;
     target.insert(target.end(), it->second.begin(), it->second.end());
@@ -1003,15 +934,13 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const json& json) {
 }
 
 // RobertaProcessing / BertProcessing: {"cls": ["<s>", 0], "sep": ["</s>", 2]}.
-absl::StatusOr<std::unique_ptr<PostProcessor>> ParseClsSep(const json& json,
-                                                           absl::string_view what) {
+absl::StatusOr<std::unique_ptr<PostProcessor>> ParseClsSep(const JsonReader& json) {
   std::vector<int32_t> ids;
   for (const char* key : {"cls", "sep"}) {
-    auto it = json.find(key);
-    if (it == json.end() || !it->is_array() || it->size() != 2 || !(*it)[1].is_number_integer()) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ": '", key, "' must be [token, id]"));
-    }
-    ids.push_back((*it)[1].get<int32_t>());
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> pair, json.RequiredArray(key));
+    if (pair.size() != 2) return json.Field(key).TypeError("[token, id]");
+    ASSIGN_OR_RETURN(int id, pair[1].AsInt());
+    ids.push_back(id);
   }
   return std::make_unique<WrapProcessor>(std::vector<int32_t>{ids[0]},
                                          std::vector<int32_t>{ids[1]});
@@ -1019,29 +948,24 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseClsSep(const json& json,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const json& json) {
+absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const JsonReader& json) {
   if (json.is_null()) return nullptr;
-  constexpr absl::string_view kWhat = "post_processor";
-  ASSIGN_OR_RETURN(const std::string type, JsonType(json, kWhat));
+  ASSIGN_OR_RETURN(const std::string type, ComponentType(json));
   if (type == "TemplateProcessing") return ParseTemplate(json);
   if (type == "ByteLevel") {
     return std::make_unique<WrapProcessor>(std::vector<int32_t>{}, std::vector<int32_t>{});
   }
-  if (type == "RobertaProcessing") return ParseClsSep(json, "RobertaProcessing post_processor");
-  if (type == "BertProcessing") return ParseClsSep(json, "BertProcessing post_processor");
+  if (type == "RobertaProcessing" || type == "BertProcessing") return ParseClsSep(json);
   if (type == "Sequence") {
-    auto it = json.find("processors");
-    if (it == json.end() || !it->is_array()) {
-      return absl::InvalidArgumentError("Sequence post_processor: 'processors' must be an array");
-    }
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> items, json.RequiredArray("processors"));
     std::vector<std::unique_ptr<PostProcessor>> processors;
-    for (const auto& item : *it) {
+    for (const JsonReader& item : items) {
       ASSIGN_OR_RETURN(std::unique_ptr<PostProcessor> processor, ParsePostProcessor(item));
       if (processor != nullptr) processors.push_back(std::move(processor));
     }
     return std::make_unique<SequenceProcessor>(std::move(processors));
   }
-  return Unsupported(kWhat, type);
+  return Unsupported(json, "post_processor", type);
 }
 
 }  // namespace tokenizer_internal

@@ -4,9 +4,10 @@
 //
 // Each Parse* function reads one component object of tokenizer.json and
 // returns it, nullptr for a JSON null (component absent), InvalidArgument for
-// a malformed object and Unimplemented for a type knapserve does not support,
-// with a message naming the component ("unsupported pre_tokenizer type 'X'").
-// Callers add the file name. The semantics follow the Rust `tokenizers` crate.
+// a malformed object and Unimplemented for a type knapserve does not support.
+// Messages name the file and the component's path in it (the JsonReader's
+// style): `tokenizer.json: field "pre_tokenizer.pretokenizers[1]": unsupported
+// pre_tokenizer type 'X'`. The semantics follow the Rust `tokenizers` crate.
 //
 // All components are immutable after parsing and their const methods are
 // thread-safe. Text arguments are valid UTF-8 unless a comment says otherwise.
@@ -24,7 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "nlohmann/json.hpp"
+#include "common/base/json_fields.h"
 
 struct pcre2_real_code_8;
 
@@ -54,7 +55,7 @@ class Regex {
 };
 
 // A tokenizer.json pattern object: {"String": "..."} or {"Regex": "..."}.
-absl::StatusOr<std::unique_ptr<Regex>> ParsePattern(const nlohmann::json& json);
+absl::StatusOr<std::unique_ptr<Regex>> ParsePattern(const JsonReader& pattern);
 
 // The 256 printable characters GPT-2's byte-level BPE uses for bytes
 // (bytes_to_unicode): ByteLevelChar(b) is the UTF-8 of the character for byte b.
@@ -65,20 +66,6 @@ int ByteLevelByte(char32_t cp);
 // Debian's Abseil has its own string_view type; this converts for absl calls.
 inline absl::string_view AbslView(std::string_view s) { return {s.data(), s.size()}; }
 
-// --- JSON field access (errors are InvalidArgument naming `what`) -----------
-
-// obj["type"] as a string; obj must be an object.
-absl::StatusOr<std::string> JsonType(const nlohmann::json& obj, absl::string_view what);
-// obj[key] as a string; `fallback` when the field is absent or null, error if
-// there is no fallback.
-absl::StatusOr<std::string> JsonString(const nlohmann::json& obj, const char* key,
-                                       absl::string_view what,
-                                       std::optional<std::string_view> fallback = std::nullopt);
-absl::StatusOr<bool> JsonBool(const nlohmann::json& obj, const char* key, absl::string_view what,
-                              bool fallback);
-absl::StatusOr<int64_t> JsonInt(const nlohmann::json& obj, const char* key, absl::string_view what,
-                                std::optional<int64_t> fallback = std::nullopt);
-
 // --- Normalizers --------------------------------------------------------
 
 class Normalizer {
@@ -88,7 +75,7 @@ class Normalizer {
 };
 
 // Supports NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip, Sequence.
-absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const nlohmann::json& json);
+absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const JsonReader& json);
 
 // --- Pre-tokenizers -----------------------------------------------------
 
@@ -109,7 +96,7 @@ class PreTokenizer {
 
 // Supports ByteLevel, Split, Digits, Metaspace, Whitespace, WhitespaceSplit,
 // Sequence.
-absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::json& json);
+absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const JsonReader& json);
 
 // --- Decoders -----------------------------------------------------------
 
@@ -124,7 +111,7 @@ class Decoder {
 
 // Supports ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace,
 // BPEDecoder, Sequence.
-absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const nlohmann::json& json);
+absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const JsonReader& json);
 
 // --- Post-processors ----------------------------------------------------
 
@@ -139,7 +126,7 @@ class PostProcessor {
 
 // Supports TemplateProcessing, ByteLevel (adds nothing), RobertaProcessing,
 // BertProcessing, Sequence.
-absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const nlohmann::json& json);
+absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const JsonReader& json);
 
 }  // namespace tokenizer_internal
 }  // namespace knapserve

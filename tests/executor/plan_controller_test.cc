@@ -276,7 +276,9 @@ TEST(SpeculationGuardTest, ALosingPlanFallsBackToPlainUntilTheNextPlan) {
   for (int i = 0; i < 4; ++i) {
     c.AfterStep(Spec(3, 3, 1, 0.02));
     ++step;
-    if (i < 3) EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
+    if (i < 3) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
+    }
   }
   // No plain timing for the bucket yet: a probe of 3 plain steps.
   for (int i = 0; i < 3; ++i) {

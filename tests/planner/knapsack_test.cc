@@ -20,6 +20,7 @@
 #include "common/checkpoint/model_config.h"
 #include "common/checkpoint/safetensors.h"
 #include "tests/testing/test_models.h"
+#include "tests/testing/test_util.h"
 
 namespace knapserve {
 namespace {
@@ -353,12 +354,6 @@ TEST(KnapsackTest, LayerSkipFindsTheBestWholeLayerSetOnAnAdditiveStack) {
 
 // ---- Real models ----
 
-std::unique_ptr<LlamaModel> LoadOrDie(const std::string& dir) {
-  auto model = LlamaModel::Load(dir, ModelOptions());
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
-}
-
 // The full model's forward over `prefix` + r random tokens: the reference
 // states and argmax of the last r, and the K/V of everything.
 struct Snapshot {
@@ -397,7 +392,7 @@ TEST(KnapsackModelTest, NoSkipCandidateReproducesTheFullModel) {
   }
   for (const auto& [name, dir] : models) {
     SCOPED_TRACE(name);
-    auto model = LoadOrDie(dir);
+    auto model = testing::LoadModelOrFail(dir);
     ASSERT_NE(model, nullptr);
     Snapshot snap = MakeSnapshot(*model, /*prefix=*/40, /*r=*/12, /*seed=*/5);
     auto runner =
@@ -541,7 +536,7 @@ TEST(KnapsackModelTest, BeatsRandomMasksOfTheSameWeight) {
   std::mt19937 rng(1234);
   int all_budgets = 0, all_at_least_best = 0;
   for (const Case& tc : cases) {
-    auto model = LoadOrDie(tc.dir);
+    auto model = testing::LoadModelOrFail(tc.dir);
     ASSERT_NE(model, nullptr);
     int budgets = 0, at_least_best = 0, above_median = 0;
     double worst_gap = 0;
@@ -601,7 +596,7 @@ TEST(KnapsackModelTest, ReportsHowOftenTheDpIsOptimalOnThreeLayers) {
   if (!std::filesystem::exists(Stories260kDir() + "/model.safetensors")) {
     GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
   }
-  auto model = LoadOrDie(Stories260kDir());
+  auto model = testing::LoadModelOrFail(Stories260kDir());
   ASSERT_NE(model, nullptr);
   const int layers = 3;
   std::vector<LayerMask> all_masks;

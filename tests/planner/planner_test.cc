@@ -18,21 +18,14 @@
 #include "planner/knapsack.h"
 #include "planner/tpt.h"
 #include "tests/testing/test_models.h"
+#include "tests/testing/test_util.h"
 
 namespace knapserve {
 namespace {
 
 using testing::RandomModelDir;
+using testing::LoadModelOrFail;
 using testing::Stories260kDir;
-
-std::unique_ptr<LlamaModel> LoadOrDie(const std::string& dir,
-                                      torch::ScalarType dtype = torch::kFloat32) {
-  ModelOptions options;
-  options.dtype = dtype;
-  auto model = LlamaModel::Load(dir, options);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
-}
 
 LatencyProfile ProfileFor(const LlamaModel& model, double attention = 1e-4, double mlp = 2e-4,
                           double fixed = 1e-4, int max_draft = 10) {
@@ -71,7 +64,7 @@ std::unique_ptr<Snapshot> MakeSnapshot(const LlamaModel& model, int64_t prefix, 
 
 TEST(SolveKnapSpecTest, PlansOnStories260k) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
-  auto model = LoadOrDie(Stories260kDir());
+  auto model = LoadModelOrFail(Stories260kDir());
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/48, /*r=*/16, /*seed=*/3);
   const LatencyProfile profile = ProfileFor(*model);
@@ -125,7 +118,7 @@ TEST(SolveKnapSpecTest, PlansOnStories260k) {
 }
 
 TEST(SolveKnapSpecTest, SpeculatesWhenDraftsAreCheapAndAcceptedAndNotOtherwise) {
-  auto model = LoadOrDie(RandomModelDir("tiny-llama"));
+  auto model = LoadModelOrFail(RandomModelDir("tiny-llama"));
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/20, /*r=*/12, /*seed=*/1);
   KnapSpecOptions options;
@@ -199,7 +192,7 @@ TEST(SolveKnapSpecTest, SpeculatesWhenDraftsAreCheapAndAcceptedAndNotOtherwise) 
 // never cheaper. (Before, a profile whose summed sublayer timings fell below
 // the measured pass made "skip nothing, draft 10" the best plan.)
 TEST(SolveStaticTest, TheEmptyMaskNeverBeatsPlainDecoding) {
-  auto model = LoadOrDie(RandomModelDir("tiny-llama"));
+  auto model = LoadModelOrFail(RandomModelDir("tiny-llama"));
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/20, /*r=*/5, /*seed=*/6);
   std::mt19937 rng(3);
@@ -245,7 +238,7 @@ TEST(SolveStaticTest, TheEmptyMaskNeverBeatsPlainDecoding) {
 // alpha_hat = 1 and so gamma = D whenever a draft token cost less than a
 // verification. Smoothed (6/7), it drafts a few tokens.
 TEST(SolveStaticTest, APerfectShareFromFiveTokensDoesNotPickTheLargestGamma) {
-  auto model = LoadOrDie(RandomModelDir("tiny-llama"));
+  auto model = LoadModelOrFail(RandomModelDir("tiny-llama"));
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/20, /*r=*/5, /*seed=*/7);
   auto mask = LayerMask::Parse("m0", model->num_layers());
@@ -283,7 +276,7 @@ TEST(SolveStaticTest, APerfectShareFromFiveTokensDoesNotPickTheLargestGamma) {
 // A plan made at context n lives plan_lifetime_tokens more tokens: it is
 // priced at n + T/2, weights, drafts and verification alike.
 TEST(SolveKnapSpecTest, PricesThePlanAtTheMeanContextOfItsLife) {
-  auto model = LoadOrDie(RandomModelDir("tiny-llama"));
+  auto model = LoadModelOrFail(RandomModelDir("tiny-llama"));
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/20, /*r=*/12, /*seed=*/8);
   // Attention and verification grow steeply with context.
@@ -344,7 +337,7 @@ TEST(SolveKnapSpecTest, LazyAlphaGivesTheSamePlanAsMeasuringEveryCandidate) {
   int speculated = 0;
   int solves = 0;
   for (const std::string& dir : dirs) {
-    auto model = LoadOrDie(dir);
+    auto model = LoadModelOrFail(dir);
     ASSERT_NE(model, nullptr);
     for (uint64_t seed : {1, 2, 3}) {
       auto snap = MakeSnapshot(*model, /*prefix=*/24, /*r=*/10, seed);
@@ -392,7 +385,7 @@ TEST(SolveKnapSpecTest, LazyAlphaGivesTheSamePlanAsMeasuringEveryCandidate) {
 
 // The DP uses at most max_reference_tokens reference tokens: the first ones.
 TEST(SolveKnapSpecTest, CapsTheReferenceTokensTheDpUses) {
-  auto model = LoadOrDie(RandomModelDir("tiny-llama"));
+  auto model = LoadModelOrFail(RandomModelDir("tiny-llama"));
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/20, /*r=*/24, /*seed=*/9);
   const LatencyProfile profile = ProfileFor(*model, 2e-5, 1e-4, 2e-5);
@@ -434,7 +427,7 @@ TEST(SolveKnapSpecTest, CapsTheReferenceTokensTheDpUses) {
 }
 
 TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
-  auto model = LoadOrDie(RandomModelDir("tiny-llama"));
+  auto model = LoadModelOrFail(RandomModelDir("tiny-llama"));
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/20, /*r=*/6, /*seed=*/2);
   const LatencyProfile profile = ProfileFor(*model);
@@ -521,7 +514,7 @@ TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
 
 TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
-  auto model = LoadOrDie(Stories260kDir());
+  auto model = LoadModelOrFail(Stories260kDir());
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/40, /*r=*/10, /*seed=*/4);
   const LatencyProfile profile = ProfileFor(*model);
@@ -571,7 +564,7 @@ TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
 
 TEST(SolveStaticTest, MeasuresTheGivenMaskAndPicksGamma) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
-  auto model = LoadOrDie(Stories260kDir());
+  auto model = LoadModelOrFail(Stories260kDir());
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/40, /*r=*/10, /*seed=*/5);
   const LatencyProfile profile = ProfileFor(*model);
@@ -613,7 +606,7 @@ TEST(SolveStaticTest, MeasuresTheGivenMaskAndPicksGamma) {
 TEST(SolveKnapSpecBenchmark, DISABLED_SolveTimeOnSmollm2Shape) {
   const char* dir = std::getenv("KNAPSERVE_SMOLLM2_DIR");
   if (dir == nullptr) GTEST_SKIP() << "set KNAPSERVE_SMOLLM2_DIR";
-  auto model = LoadOrDie(dir, torch::kBFloat16);
+  auto model = LoadModelOrFail(dir, torch::kBFloat16);
   ASSERT_NE(model, nullptr);
   ProfileOptions po;
   po.contexts = {512, 1024, 2048, 4096};

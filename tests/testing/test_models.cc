@@ -22,35 +22,8 @@ namespace knapserve::testing {
 namespace {
 
 std::mutex mu;
-std::vector<std::string>* temp_dirs = nullptr;
-
-void RemoveTempDirs() {
-  std::lock_guard<std::mutex> lock(mu);
-  if (temp_dirs == nullptr) return;
-  std::error_code ec;
-  for (const std::string& dir : *temp_dirs) std::filesystem::remove_all(dir, ec);
-}
 
 }  // namespace
-
-std::string MakeTempDir(const std::string& prefix) {
-  std::string base = std::filesystem::temp_directory_path().string();
-  std::string pattern = absl::StrCat(base, "/knapserve_", prefix, "_XXXXXX");
-  std::vector<char> buffer(pattern.begin(), pattern.end());
-  buffer.push_back('\0');
-  const char* made = mkdtemp(buffer.data());
-  if (made == nullptr) {
-    ADD_FAILURE() << "mkdtemp failed for " << pattern;
-    return "";
-  }
-  std::lock_guard<std::mutex> lock(mu);
-  if (temp_dirs == nullptr) {
-    temp_dirs = new std::vector<std::string>();
-    std::atexit(RemoveTempDirs);
-  }
-  temp_dirs->push_back(made);
-  return made;
-}
 
 std::string RandomModelDir(const std::string& shape, uint64_t seed, const std::string& dtype) {
   static std::map<std::string, std::string>* cache = new std::map<std::string, std::string>();

@@ -1,5 +1,5 @@
-// Test fixtures shared by the test binaries: temporary folders,
-// random-weight models written once per process by make-model, the bundled
+// Test fixtures shared by the test binaries: random-weight models written once
+// per process by make-model (in MakeTempDir folders, temp_dir.h), the bundled
 // stories260k, and the skip helpers of tests that need ../shared.
 //
 // The shared data folder is tools/shared_data.h's SharedDir():
@@ -16,6 +16,7 @@
 
 #include "common/plan/planner_client.h"
 #include "planner/latency_profile.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knapserve {
 class LlamaModel;
@@ -23,9 +24,6 @@ class Tokenizer;
 }
 
 namespace knapserve::testing {
-
-// A fresh, empty temporary folder under $TMPDIR (removed at process exit).
-std::string MakeTempDir(const std::string& prefix);
 
 // The folder of a make-model checkpoint of `shape` in fp32 with `seed`,
 // written on first use and reused for the rest of the process. Fails the

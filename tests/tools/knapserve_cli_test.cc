@@ -11,7 +11,6 @@
 
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +23,7 @@
 #include "testing/build_paths.h"
 #include "tools/shared_data.h"
 #include "tests/testing/test_models.h"
+#include "tests/testing/test_util.h"
 #include "tools/prompt_set.h"
 
 extern char** environ;
@@ -34,6 +34,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
+using testing::ReadFile;
 
 // The greedy continuation of "Zoo" (57 tokens) of the bundled stories260k
 // (tools/models/stories260k/PROVENANCE.md: the text llama2.c64 prints).
@@ -48,13 +49,6 @@ struct Outcome {
   std::string out;
   std::string err;
 };
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
 
 // This process's environment with `changes` applied: "NAME=VALUE" sets,
 // "NAME" removes.
@@ -249,7 +243,8 @@ TEST(KnapserveCliTest, ProfileThenPlannedGenerationGivesTheSameGreedyIds) {
 }
 
 TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
-  const std::string dir = knapserve::testing::MakeTempDir("cli_bad_profile");
+  const knapserve::testing::ScopedTempDir temp("cli_bad_profile");
+  const std::string& dir = temp.path();
   {
     std::ofstream(dir + "/corrupt.json") << "{\"version\": 1, \"model_fingerprint\": ";
   }
@@ -283,7 +278,7 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
 class ServerProcess {
  public:
   explicit ServerProcess(std::vector<std::string> argv_strings) {
-    err_path_ = knapserve::testing::MakeTempDir("cli_server") + "/stderr";
+    err_path_ = temp_.path() + "/stderr";
     std::vector<char*> argv;
     for (std::string& s : argv_strings) argv.push_back(s.data());
     argv.push_back(nullptr);
@@ -327,6 +322,7 @@ class ServerProcess {
     return exit_code_;
   }
 
+  const knapserve::testing::ScopedTempDir temp_{"cli_server"};
   pid_t pid_ = 0;
   std::string err_path_;
   std::string port_;
@@ -397,7 +393,8 @@ TEST(KnapserveCliTest, IndependentPythonClientStreamsAndChecksHealth) {
   ServerProcess serve(Stories({knapserve::testing::kKnapserveBinary, "serve", "--listen",
                                "127.0.0.1:0", "--profile", StoriesProfile()}));
   ASSERT_FALSE(serve.port().empty()) << serve.log();
-  const std::string work = knapserve::testing::MakeTempDir("python_client");
+  const knapserve::testing::ScopedTempDir work_dir("python_client");
+  const std::string& work = work_dir.path();
   const Outcome client = RunProcess(
       {python, knapserve::testing::kSourceDir + std::string("/tests/tools/independent_client.py"),
        serve.address(), knapserve::testing::kSourceDir + std::string("/proto"), work,
@@ -452,7 +449,8 @@ TEST(KnapserveCliTest, ExecutorSurvivesAPlannerKillAndReconnects) {
   client.join();
   EXPECT_EQ(Ids(during["output_ids"]), Ids(off["output_ids"]));
   if (have_python) {
-    const std::string work = knapserve::testing::MakeTempDir("python_health");
+    const knapserve::testing::ScopedTempDir work_dir("python_health");
+    const std::string& work = work_dir.path();
     const Outcome health = RunProcess(
         {python, knapserve::testing::kSourceDir + std::string("/tests/tools/independent_client.py"),
          executor.address(), knapserve::testing::kSourceDir + std::string("/proto"), work, "",

@@ -2,7 +2,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <torch/types.h>
 
 #include <filesystem>
@@ -16,6 +15,8 @@
 #include "common/checkpoint/model_config.h"
 #include "common/checkpoint/safetensors.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/test_util.h"
 
 namespace knapserve {
 namespace {
@@ -24,18 +25,8 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string Message(const absl::Status& status) { return std::string(status.message()); }
-
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/make_model_test_XXXXXX";
-  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
-  return pattern;
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using testing::Message;
+using testing::ReadFile;
 
 // The tensors a checkpoint of `c` must hold, written out independently of
 // make_model.cc.
@@ -169,7 +160,8 @@ TEST(MakeModelTest, RealShapeConfigs) {
 TEST(MakeModelTest, WritesEveryTinyShapeAndItLoadsBack) {
   for (const std::string shape : {"tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-llama3"}) {
     SCOPED_TRACE(shape);
-    const std::string dir = MakeTempDir();
+    const testing::ScopedTempDir temp("make_model");
+    const std::string& dir = temp.path();
     MakeModelOptions options;
     options.shape = shape;
     options.out_dir = dir + "/model";  // Created by MakeModel.
@@ -225,7 +217,7 @@ TEST(MakeModelTest, WritesEveryTinyShapeAndItLoadsBack) {
     }
 
     nlohmann::json origin =
-        nlohmann::json::parse(ReadBytes(options.out_dir + "/knapserve_make_model.json"));
+        nlohmann::json::parse(ReadFile(options.out_dir + "/knapserve_make_model.json"));
     EXPECT_EQ(origin["shape"], shape);
     EXPECT_EQ(origin["seed"], 7);
     EXPECT_EQ(origin["dtype"], "float32");
@@ -235,7 +227,8 @@ TEST(MakeModelTest, WritesEveryTinyShapeAndItLoadsBack) {
 }
 
 TEST(MakeModelTest, SameSeedSameBytesDifferentSeedDifferentBytes) {
-  const std::string dir = MakeTempDir();
+  const testing::ScopedTempDir temp("make_model");
+  const std::string& dir = temp.path();
   MakeModelOptions options;
   options.shape = "tiny-llama";
   options.seed = 1;
@@ -246,9 +239,9 @@ TEST(MakeModelTest, SameSeedSameBytesDifferentSeedDifferentBytes) {
   options.seed = 2;
   options.out_dir = dir + "/c";
   ASSERT_TRUE(MakeModel(options).ok());
-  const std::string a = ReadBytes(dir + "/a/model.safetensors");
-  const std::string b = ReadBytes(dir + "/b/model.safetensors");
-  const std::string c = ReadBytes(dir + "/c/model.safetensors");
+  const std::string a = ReadFile(dir + "/a/model.safetensors");
+  const std::string b = ReadFile(dir + "/b/model.safetensors");
+  const std::string c = ReadFile(dir + "/c/model.safetensors");
   EXPECT_GT(a.size(), 100000u);
   EXPECT_EQ(a, b);
   EXPECT_NE(a, c);
@@ -273,7 +266,8 @@ TEST(MakeModelTest, SameSeedSameBytesDifferentSeedDifferentBytes) {
 }
 
 TEST(MakeModelTest, Dtypes) {
-  const std::string dir = MakeTempDir();
+  const testing::ScopedTempDir temp("make_model");
+  const std::string& dir = temp.path();
   for (const auto& [dtype, safetensors_dtype, scalar_type] :
        std::vector<std::tuple<std::string, std::string, torch::ScalarType>>{
            {"bf16", "BF16", torch::kBFloat16}, {"fp16", "F16", torch::kFloat16}}) {
@@ -306,7 +300,8 @@ TEST(MakeModelTest, Dtypes) {
 }
 
 TEST(MakeModelTest, BadOptions) {
-  const std::string dir = MakeTempDir();
+  const testing::ScopedTempDir temp("make_model");
+  const std::string& dir = temp.path();
   MakeModelOptions options;
   options.shape = "tiny-llama";
   options.out_dir = dir + "/m";
@@ -326,7 +321,8 @@ TEST(MakeModelTest, BadOptions) {
 }
 
 TEST(MakeModelTest, CopiesGivenTokenizer) {
-  const std::string dir = MakeTempDir();
+  const testing::ScopedTempDir temp("make_model");
+  const std::string& dir = temp.path();
   {
     std::ofstream out(dir + "/my_tokenizer.json");
     out << R"({"version": "1.0", "marker": 42})";
@@ -336,16 +332,17 @@ TEST(MakeModelTest, CopiesGivenTokenizer) {
   options.out_dir = dir + "/m";
   options.tokenizer_json = dir + "/my_tokenizer.json";
   ASSERT_TRUE(MakeModel(options).ok());
-  EXPECT_EQ(ReadBytes(options.out_dir + "/tokenizer.json"), R"({"version": "1.0", "marker": 42})");
+  EXPECT_EQ(ReadFile(options.out_dir + "/tokenizer.json"), R"({"version": "1.0", "marker": 42})");
 }
 
 TEST(MakeModelTest, SyntheticTokenizerIsConsistentByteLevelBpe) {
-  const std::string dir = MakeTempDir();
+  const testing::ScopedTempDir temp("make_model");
+  const std::string& dir = temp.path();
   MakeModelOptions options;
   options.shape = "tiny-llama";
   options.out_dir = dir;
   ASSERT_TRUE(MakeModel(options).ok());
-  nlohmann::json tokenizer = nlohmann::json::parse(ReadBytes(dir + "/tokenizer.json"));
+  nlohmann::json tokenizer = nlohmann::json::parse(ReadFile(dir + "/tokenizer.json"));
   const nlohmann::json& model = tokenizer["model"];
   EXPECT_EQ(model["type"], "BPE");
   EXPECT_EQ(tokenizer["pre_tokenizer"]["type"], "ByteLevel");

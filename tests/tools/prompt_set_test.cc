@@ -9,6 +9,7 @@
 
 #include "tools/shared_data.h"
 #include "tests/testing/test_models.h"
+#include "tests/testing/test_util.h"
 
 namespace knapserve {
 namespace {
@@ -17,7 +18,7 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string Message(const absl::Status& status) { return std::string(status.message()); }
+using testing::Message;
 
 // Writes `content` to a fresh file and returns its path.
 std::string WriteFile(const std::string& name, const std::string& content) {

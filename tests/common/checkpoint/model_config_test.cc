@@ -2,13 +2,14 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
-#include <fstream>
 #include <string>
 
 #include "tests/testing/test_models.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/test_util.h"
+#include "tools/shared_data.h"
 
 namespace knapserve {
 namespace {
@@ -16,19 +17,10 @@ namespace {
 using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::StartsWith;
 
-std::string Message(const absl::Status& status) { return std::string(status.message()); }
-
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/model_config_test_XXXXXX";
-  EXPECT_NE(mkdtemp(pattern.data()), nullptr);
-  return pattern;
-}
-
-void WriteText(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-}
+using testing::Message;
+using testing::WriteFile;
 
 // A valid llama config.json; tests patch fields on top of it.
 nlohmann::json LlamaJson() {
@@ -247,18 +239,19 @@ TEST(ModelConfigTest, MistralSlidingWindowWhenNonNull) {
   EXPECT_EQ(config->max_context(), 2048);
 
   json["sliding_window"] = 0;
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("'sliding_window'"));
+  EXPECT_THAT(Message(ParseError(json)), HasSubstr("config.json: field \"sliding_window\": must be positive, got 0"));
 }
 
 TEST(ModelConfigTest, UnsupportedModelType) {
   nlohmann::json json = LlamaJson();
   json["model_type"] = "gpt2";
   EXPECT_EQ(Message(ParseError(json)),
-            "config.json: unsupported model_type 'gpt2' (supported: llama, mistral, qwen2, qwen3)");
+            "config.json: field \"model_type\": unsupported model_type 'gpt2' (supported: llama, "
+            "mistral, qwen2, qwen3)");
   json.erase("model_type");
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("'model_type' is missing"));
+  EXPECT_THAT(Message(ParseError(json)), HasSubstr("field \"model_type\": required but missing"));
   json["model_type"] = 3;
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("'model_type' must be a string"));
+  EXPECT_THAT(Message(ParseError(json)), HasSubstr("field \"model_type\": expected a string, got number 3"));
 }
 
 TEST(ModelConfigTest, RequiredFieldsAreNamed) {
@@ -267,38 +260,52 @@ TEST(ModelConfigTest, RequiredFieldsAreNamed) {
     nlohmann::json json = LlamaJson();
     json.erase(field);
     EXPECT_THAT(Message(ParseError(json)),
-                HasSubstr(std::string("field '") + field + "' is missing"));
+                HasSubstr(std::string("field \"") + field + "\": required but missing"));
     json[field] = 0;
-    EXPECT_THAT(Message(ParseError(json)), AllOf(HasSubstr(std::string("field '") + field + "'"),
+    EXPECT_THAT(Message(ParseError(json)), AllOf(HasSubstr(std::string("field \"") + field + "\""),
                                                  HasSubstr("must be positive, got 0")));
     json[field] = -3;
     EXPECT_THAT(Message(ParseError(json)), HasSubstr("must be positive, got -3"));
     json[field] = "12";
-    EXPECT_THAT(Message(ParseError(json)), HasSubstr("must be an integer"));
+    EXPECT_THAT(Message(ParseError(json)), HasSubstr("expected an integer, got string \"12\""));
     json[field] = 12.5;
-    EXPECT_THAT(Message(ParseError(json)), HasSubstr("must be an integer"));
+    EXPECT_THAT(Message(ParseError(json)), HasSubstr("expected an integer, got number 12.5"));
   }
   for (const char* field : {"num_key_value_heads", "head_dim"}) {
     nlohmann::json json = LlamaJson();
     json[field] = -1;
-    EXPECT_THAT(Message(ParseError(json)), HasSubstr(std::string("field '") + field + "'"));
+    EXPECT_THAT(Message(ParseError(json)), HasSubstr(std::string("field \"") + field + "\""));
   }
   nlohmann::json json = LlamaJson();
   json["rms_norm_eps"] = 0;
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("'rms_norm_eps'"));
+  EXPECT_THAT(Message(ParseError(json)), HasSubstr("field \"rms_norm_eps\": must be positive"));
   json = LlamaJson();
   json["rope_theta"] = "big";
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("'rope_theta'"));
+  EXPECT_THAT(Message(ParseError(json)), HasSubstr("field \"rope_theta\": expected a number"));
   json = LlamaJson();
   json["tie_word_embeddings"] = 1;
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("'tie_word_embeddings'"));
+  EXPECT_THAT(Message(ParseError(json)), HasSubstr("field \"tie_word_embeddings\": expected true or false"));
   json = LlamaJson();
   json["eos_token_id"] = {2, -1};
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("'eos_token_id'"));
+  EXPECT_THAT(Message(ParseError(json)),
+              HasSubstr("field \"eos_token_id[1]\": expected a token id (0 to 2147483647), got -1"));
   // Integral floats are accepted.
   json = LlamaJson();
   json["vocab_size"] = 1000.0;
   EXPECT_TRUE(Parse(json).ok());
+}
+
+TEST(ModelConfigTest, MalformedFieldNamesFileAndField) {
+  nlohmann::json json = LlamaJson();
+  json["num_hidden_layers"] = "4";
+  EXPECT_EQ(Message(ParseModelConfig(json.dump(), "models/x/config.json").status()),
+            "models/x/config.json: field \"num_hidden_layers\": expected an integer, got "
+            "string \"4\"");
+  json = LlamaJson();
+  json["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", "eight"}};
+  EXPECT_EQ(Message(ParseError(json)),
+            "config.json: field \"rope_scaling.factor\": expected a number, got string "
+            "\"eight\"");
 }
 
 TEST(ModelConfigTest, HeadDivisibility) {
@@ -319,9 +326,9 @@ TEST(ModelConfigTest, HeadDivisibility) {
 TEST(ModelConfigTest, NotJson) {
   auto config = ParseModelConfig("{\"model_type\": ", "some/config.json");
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Message(config.status()), "some/config.json: not valid JSON");
+  EXPECT_THAT(Message(config.status()), StartsWith("some/config.json: not valid JSON: "));
   config = ParseModelConfig("[1]", "config.json");
-  EXPECT_THAT(Message(config.status()), HasSubstr("not a JSON object"));
+  EXPECT_EQ(Message(config.status()), "config.json: expected an object, got array");
 }
 
 TEST(ModelConfigTest, LoadsStories260k) {
@@ -345,9 +352,10 @@ TEST(ModelConfigTest, LoadsStories260k) {
 }
 
 TEST(ModelConfigTest, GenerationConfigOverridesTokenIds) {
-  const std::string dir = MakeTempDir();
-  WriteText(dir + "/config.json", LlamaJson().dump());
-  WriteText(dir + "/generation_config.json",
+  const testing::ScopedTempDir temp("model_config");
+  const std::string& dir = temp.path();
+  WriteFile(dir + "/config.json", LlamaJson().dump());
+  WriteFile(dir + "/generation_config.json",
             R"({"bos_token_id": 5, "eos_token_id": [7, 8], "temperature": 0.6})");
   auto config = LoadModelConfig(dir);
   ASSERT_TRUE(config.ok()) << config.status();
@@ -355,30 +363,32 @@ TEST(ModelConfigTest, GenerationConfigOverridesTokenIds) {
   EXPECT_THAT(config->eos_token_ids, ElementsAre(7, 8));
 
   // Fields absent or null in generation_config.json keep config.json's.
-  WriteText(dir + "/generation_config.json", R"({"eos_token_id": null})");
+  WriteFile(dir + "/generation_config.json", R"({"eos_token_id": null})");
   config = LoadModelConfig(dir);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->bos_token_id, 1);
   EXPECT_THAT(config->eos_token_ids, ElementsAre(2));
 
-  WriteText(dir + "/generation_config.json", "{oops");
+  WriteFile(dir + "/generation_config.json", "{oops");
   config = LoadModelConfig(dir);
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(config.status()), HasSubstr(dir + "/generation_config.json"));
 
-  WriteText(dir + "/generation_config.json", R"({"eos_token_id": "x"})");
+  WriteFile(dir + "/generation_config.json", R"({"eos_token_id": "x"})");
   config = LoadModelConfig(dir);
   EXPECT_THAT(Message(config.status()),
-              AllOf(HasSubstr("generation_config.json"), HasSubstr("'eos_token_id'")));
+              HasSubstr("generation_config.json: field \"eos_token_id\": expected an integer or a "
+                        "list of integers, got string \"x\""));
 
-  WriteText(dir + "/config.json", R"({"model_type": "gpt2"})");
+  WriteFile(dir + "/config.json", R"({"model_type": "gpt2"})");
   config = LoadModelConfig(dir);
   EXPECT_THAT(Message(config.status()),
               AllOf(HasSubstr(dir + "/config.json"), HasSubstr("unsupported model_type 'gpt2'")));
 }
 
 TEST(ModelConfigTest, MissingFolder) {
-  auto config = LoadModelConfig(MakeTempDir());
+  const testing::ScopedTempDir empty("model_config");
+  auto config = LoadModelConfig(empty.path());
   EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(config.status()), HasSubstr("config.json"));
 }

@@ -2,19 +2,20 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <stdlib.h>
 #include <torch/types.h>
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tests/testing/test_models.h"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/test_util.h"
+#include "tools/shared_data.h"
 
 namespace knapserve {
 namespace {
@@ -22,26 +23,9 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-std::string Message(const absl::Status& status) { return std::string(status.message()); }
-
-// A fresh empty folder under the test temp dir.
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir() + "/safetensors_test_XXXXXX";
-  char* dir = mkdtemp(pattern.data());
-  EXPECT_NE(dir, nullptr);
-  return pattern;
-}
-
-void WriteBytes(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good());
-}
-
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using testing::Message;
+using testing::ReadFile;
+using testing::WriteFile;
 
 // A safetensors file from raw header text and `data_bytes` zero bytes of data.
 std::string RawFile(const std::string& header, size_t data_bytes) {
@@ -55,8 +39,8 @@ class SafetensorsBadFileTest : public ::testing::Test {
  protected:
   // Writes `bytes` to a file and returns the Open() status, which must fail.
   absl::Status OpenBytes(const std::string& bytes) {
-    path_ = MakeTempDir() + "/bad.safetensors";
-    WriteBytes(path_, bytes);
+    path_ = temp_.path() + "/bad.safetensors";
+    WriteFile(path_, bytes);
     absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path_);
     EXPECT_FALSE(file.ok());
     if (file.ok()) return absl::OkStatus();
@@ -68,11 +52,13 @@ class SafetensorsBadFileTest : public ::testing::Test {
     return OpenBytes(RawFile(header, data_bytes));
   }
 
+  const testing::ScopedTempDir temp_{"safetensors"};
   std::string path_;
 };
 
 TEST(SafetensorsTest, RoundTripsEveryDtypeWithValues) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const testing::ScopedTempDir temp("safetensors");
+  const std::string path = temp.path() + "/model.safetensors";
   torch::manual_seed(1);
   const torch::Tensor f32 = torch::randn({3, 5});
   const torch::Tensor bf16 = torch::randn({4, 2}).to(torch::kBFloat16);
@@ -93,7 +79,7 @@ TEST(SafetensorsTest, RoundTripsEveryDtypeWithValues) {
   ASSERT_FALSE(std::filesystem::exists(path + ".tmp"));
 
   // The header is padded so the data section starts 8-byte aligned.
-  const std::string bytes = ReadBytes(path);
+  const std::string bytes = ReadFile(path);
   uint64_t header_size = 0;
   std::memcpy(&header_size, bytes.data(), 8);
   EXPECT_EQ(header_size % 8, 0u);
@@ -133,7 +119,8 @@ TEST(SafetensorsTest, RoundTripsEveryDtypeWithValues) {
 }
 
 TEST(SafetensorsTest, ViewsAliasTheMapping) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const testing::ScopedTempDir temp("safetensors");
+  const std::string path = temp.path() + "/model.safetensors";
   ASSERT_TRUE(WriteSafetensors(path, {{"x", torch::arange(16, torch::kFloat32)}}).ok());
   auto file = SafetensorsFile::Open(path);
   ASSERT_TRUE(file.ok());
@@ -145,14 +132,15 @@ TEST(SafetensorsTest, ViewsAliasTheMapping) {
 }
 
 TEST(SafetensorsTest, ZeroTensorsIsValid) {
-  const std::string dir = MakeTempDir();
+  const testing::ScopedTempDir temp("safetensors");
+  const std::string& dir = temp.path();
   ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", {}).ok());
   auto file = SafetensorsFile::Open(dir + "/model.safetensors");
   ASSERT_TRUE(file.ok()) << file.status();
   EXPECT_TRUE((*file)->tensors().empty());
   EXPECT_TRUE((*file)->metadata().empty());
   // "{}" with no data, written by hand, too.
-  WriteBytes(dir + "/raw.safetensors", RawFile("{}", 0));
+  WriteFile(dir + "/raw.safetensors", RawFile("{}", 0));
   EXPECT_TRUE(SafetensorsFile::Open(dir + "/raw.safetensors").ok());
   auto checkpoint = Checkpoint::Open(dir);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
@@ -160,7 +148,8 @@ TEST(SafetensorsTest, ZeroTensorsIsValid) {
 }
 
 TEST(SafetensorsTest, WriteRejectsUnsupportedDtypes) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const testing::ScopedTempDir temp("safetensors");
+  const std::string path = temp.path() + "/model.safetensors";
   absl::Status status = WriteSafetensors(path, {{"ints", torch::zeros({2}, torch::kInt64)}});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(status), AllOf(HasSubstr("ints"), HasSubstr("unsupported")));
@@ -170,7 +159,8 @@ TEST(SafetensorsTest, WriteRejectsUnsupportedDtypes) {
 }
 
 TEST(SafetensorsTest, StreamingWriteChecksEachTensorAgainstItsSpec) {
-  const std::string path = MakeTempDir() + "/model.safetensors";
+  const testing::ScopedTempDir temp("safetensors");
+  const std::string path = temp.path() + "/model.safetensors";
   absl::Status status = WriteSafetensorsStreaming(
       path, {{"w", "F32", {2, 2}}},
       [](size_t) -> absl::StatusOr<torch::Tensor> { return torch::zeros({3}); });
@@ -286,7 +276,8 @@ TEST_F(SafetensorsBadFileTest, OverlappingTensors) {
 }
 
 TEST(SafetensorsTest, MissingFileIsNotFound) {
-  const std::string path = MakeTempDir() + "/absent.safetensors";
+  const testing::ScopedTempDir temp("safetensors");
+  const std::string path = temp.path() + "/absent.safetensors";
   auto file = SafetensorsFile::Open(path);
   EXPECT_EQ(file.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(file.status()), HasSubstr(path));
@@ -357,7 +348,8 @@ TEST(CheckpointTest, ConcurrentGetsAreSafe) {
 }
 
 TEST(CheckpointTest, EmptyOrMissingFolder) {
-  const std::string dir = MakeTempDir();
+  const testing::ScopedTempDir temp("safetensors");
+  const std::string& dir = temp.path();
   auto checkpoint = Checkpoint::Open(dir);
   EXPECT_EQ(checkpoint.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(checkpoint.status()),
@@ -368,8 +360,9 @@ TEST(CheckpointTest, EmptyOrMissingFolder) {
 }
 
 TEST(CheckpointTest, BadSingleFileIsReported) {
-  const std::string dir = MakeTempDir();
-  WriteBytes(dir + "/model.safetensors", "xyz");
+  const testing::ScopedTempDir temp("safetensors");
+  const std::string& dir = temp.path();
+  WriteFile(dir + "/model.safetensors", "xyz");
   auto checkpoint = Checkpoint::Open(dir);
   EXPECT_EQ(checkpoint.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(checkpoint.status()), HasSubstr(dir + "/model.safetensors"));
@@ -381,7 +374,7 @@ TEST(CheckpointTest, BadSingleFileIsReported) {
 class ShardedCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = MakeTempDir();
+    dir_ = temp_.path();
     a_ = torch::randn({4, 3});
     b_ = torch::randn({5}).to(torch::kBFloat16);
     c_ = torch::randn({2, 2}).to(torch::kFloat16);
@@ -391,10 +384,11 @@ class ShardedCheckpointTest : public ::testing::Test {
   }
 
   void WriteIndex(const std::string& text) {
-    WriteBytes(dir_ + "/model.safetensors.index.json", text);
+    WriteFile(dir_ + "/model.safetensors.index.json", text);
   }
   std::string IndexPath() const { return dir_ + "/model.safetensors.index.json"; }
 
+  const testing::ScopedTempDir temp_{"safetensors"};
   std::string dir_;
   torch::Tensor a_, b_, c_;
 };
@@ -462,7 +456,7 @@ TEST_F(ShardedCheckpointTest, TensorNotInItsShard) {
 }
 
 TEST_F(ShardedCheckpointTest, CorruptShard) {
-  WriteBytes(dir_ + "/model-00002-of-00002.safetensors", RawFile("[]", 0));
+  WriteFile(dir_ + "/model-00002-of-00002.safetensors", RawFile("[]", 0));
   WriteIndex(R"({"weight_map": {"c": "model-00002-of-00002.safetensors"}})");
   auto checkpoint = Checkpoint::Open(dir_);
   EXPECT_EQ(checkpoint.status().code(), absl::StatusCode::kInvalidArgument);

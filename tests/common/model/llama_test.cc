@@ -18,21 +18,14 @@
 #include "absl/strings/str_cat.h"
 #include "common/checkpoint/safetensors.h"
 #include "tests/testing/test_models.h"
+#include "tests/testing/test_util.h"
 
 namespace knapserve {
 namespace {
 
 using testing::RandomModelDir;
+using testing::LoadModelOrFail;
 using testing::Stories260kDir;
-
-std::unique_ptr<LlamaModel> LoadOrDie(const std::string& dir,
-                                      torch::ScalarType dtype = torch::kFloat32) {
-  ModelOptions options;
-  options.dtype = dtype;
-  auto model = LlamaModel::Load(dir, options);
-  EXPECT_TRUE(model.ok()) << model.status();
-  return model.ok() ? std::move(*model) : nullptr;
-}
 
 torch::Tensor Ids(const std::vector<int64_t>& ids) { return torch::tensor(ids, torch::kInt64); }
 
@@ -56,7 +49,7 @@ TEST(LlamaModelTest, Stories260kReproducesGoldenGreedyContinuation) {
   if (!std::filesystem::exists(Stories260kDir() + "/model.safetensors")) {
     GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
   }
-  auto model = LoadOrDie(Stories260kDir());
+  auto model = LoadModelOrFail(Stories260kDir());
   ASSERT_NE(model, nullptr);
   // From ../shared/models/stories260k/SOURCE.md (llama2.c convention, numpy).
   const std::vector<int64_t> prompt = {1, 410, 469, 347};
@@ -139,7 +132,7 @@ class ArchitectureTest : public ::testing::TestWithParam<std::string> {};
 TEST_P(ArchitectureTest, MatchesPlainReferenceForward) {
   const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
-  auto model = LoadOrDie(dir);
+  auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
   const std::vector<int64_t> ids = SomeIds(model->config().vocab_size, 21, 3);
   c10::InferenceMode guard;
@@ -154,7 +147,7 @@ TEST_P(ArchitectureTest, MatchesPlainReferenceForward) {
 TEST_P(ArchitectureTest, IncrementalDecodeMatchesFullForward) {
   const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
-  auto model = LoadOrDie(dir);
+  auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
   const std::vector<int64_t> ids = SomeIds(model->config().vocab_size, 40, 5);
   c10::InferenceMode guard;
@@ -174,7 +167,7 @@ TEST_P(ArchitectureTest, IncrementalDecodeMatchesFullForward) {
 TEST_P(ArchitectureTest, ChunkedPrefillMatchesOneShot) {
   const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
-  auto model = LoadOrDie(dir);
+  auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
   const std::vector<int64_t> ids = SomeIds(model->config().vocab_size, 37, 9);
   c10::InferenceMode guard;
@@ -193,8 +186,8 @@ TEST_P(ArchitectureTest, ChunkedPrefillMatchesOneShot) {
 TEST_P(ArchitectureTest, Bf16StaysCloseToFp32) {
   const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
-  auto fp32 = LoadOrDie(dir);
-  auto bf16 = LoadOrDie(dir, torch::kBFloat16);
+  auto fp32 = LoadModelOrFail(dir);
+  auto bf16 = LoadModelOrFail(dir, torch::kBFloat16);
   ASSERT_NE(fp32, nullptr);
   ASSERT_NE(bf16, nullptr);
   const std::vector<int64_t> ids = SomeIds(fp32->config().vocab_size, 16, 1);
@@ -223,7 +216,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ArchitectureTest,
 TEST_P(ArchitectureTest, BranchAttentionMatchesCachedAttentionPerBranch) {
   const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
-  auto model = LoadOrDie(dir);
+  auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
   c10::InferenceMode guard;
   const int64_t prefix_len = 11, r = 4;
@@ -279,7 +272,7 @@ TEST_P(DeepGoldenTest, ReproducesGoldenGreedyContinuation) {
   const std::string dir = testing::SharedModelDir(GetParam());
   const std::vector<std::vector<int64_t>> lists = IdListsIn(dir + "/SOURCE.md");
   ASSERT_GE(lists.size(), 2u) << "SOURCE.md lists prompt and golden ids";
-  auto model = LoadOrDie(dir);
+  auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
   const std::vector<int64_t>& golden = lists[1];
   ASSERT_EQ(golden.size(), 64u);
@@ -321,7 +314,8 @@ TEST(LlamaModelTest, RopeLlama3ScalingMatchesHuggingFaceFormula) {
 TEST(LlamaModelTest, MissingTensorIsAClearError) {
   const std::string src = RandomModelDir("tiny-llama");
   ASSERT_FALSE(src.empty());
-  const std::string dir = testing::MakeTempDir("broken");
+  const testing::ScopedTempDir temp("broken");
+  const std::string& dir = temp.path();
   for (const char* f : {"config.json", "generation_config.json", "tokenizer.json"}) {
     std::filesystem::copy_file(src + "/" + f, dir + "/" + f);
   }

@@ -8,7 +8,6 @@
 #include <fstream>
 #include <iostream>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -18,11 +17,14 @@
 #include "tools/shared_data.h"
 #include "common/text/unicode_util.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/test_util.h"
 
 namespace knapserve {
 namespace {
 
 using nlohmann::json;
+using testing::LoadTokenizerOrFail;
+using testing::ReadFile;
 
 struct Golden {
   std::string text;
@@ -36,13 +38,6 @@ struct GoldenSet {
   std::string tokenizer_path;
   std::string golden_path;
 };
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
 
 std::vector<Golden> LoadGoldens(const std::string& path) {
   std::vector<Golden> goldens;
@@ -84,12 +79,6 @@ std::vector<GoldenSet> FindGoldenSets() {
   return sets;
 }
 
-std::unique_ptr<Tokenizer> LoadOrDie(const std::string& path) {
-  auto tokenizer = Tokenizer::FromFile(path);
-  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
-  return tokenizer.ok() ? std::move(tokenizer).value() : nullptr;
-}
-
 std::string Printable(const std::string& s) { return json(s).dump(); }
 
 // Streams `ids` through an IncrementalDecoder; checks every piece is valid
@@ -117,7 +106,7 @@ TEST(TokenizerGoldenTest, EncodeAndDecodeReproduceEveryGoldenLine) {
   if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.golden_path);
-    std::unique_ptr<Tokenizer> tokenizer = LoadOrDie(set.tokenizer_path);
+    std::unique_ptr<Tokenizer> tokenizer = LoadTokenizerOrFail(set.tokenizer_path);
     ASSERT_NE(tokenizer, nullptr);
     const std::vector<Golden> goldens = LoadGoldens(set.golden_path);
     ASSERT_FALSE(goldens.empty());
@@ -142,7 +131,7 @@ TEST(TokenizerGoldenTest, IncrementalDecodeConcatenationEqualsDecode) {
   if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.golden_path);
-    std::unique_ptr<Tokenizer> tokenizer = LoadOrDie(set.tokenizer_path);
+    std::unique_ptr<Tokenizer> tokenizer = LoadTokenizerOrFail(set.tokenizer_path);
     ASSERT_NE(tokenizer, nullptr);
     for (const Golden& golden : LoadGoldens(set.golden_path)) {
       for (bool skip : {false, true}) {
@@ -162,7 +151,7 @@ TEST(TokenizerGoldenTest, IncrementalDecodeAfterPromptContinuesPromptText) {
   if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.golden_path);
-    std::unique_ptr<Tokenizer> tokenizer = LoadOrDie(set.tokenizer_path);
+    std::unique_ptr<Tokenizer> tokenizer = LoadTokenizerOrFail(set.tokenizer_path);
     ASSERT_NE(tokenizer, nullptr);
     for (const Golden& golden : LoadGoldens(set.golden_path)) {
       const auto full = tokenizer->Decode(golden.ids);
@@ -187,7 +176,7 @@ class Stories260kTest : public ::testing::Test {
   void SetUp() override {
     path_ = testing::Stories260kDir() + "/tokenizer.json";
     if (!std::filesystem::exists(path_)) GTEST_SKIP() << path_ << " is absent";
-    tokenizer_ = LoadOrDie(path_);
+    tokenizer_ = LoadTokenizerOrFail(path_);
     ASSERT_NE(tokenizer_, nullptr);
   }
   std::string path_;
@@ -327,7 +316,7 @@ class SmolLmTest : public ::testing::Test {
   void SetUp() override {
     KNAPSERVE_SKIP_WITHOUT_SHARED("tokenizers/smollm/tokenizer.json");
     path_ = SharedPath("tokenizers/smollm/tokenizer.json");
-    tokenizer_ = LoadOrDie(path_);
+    tokenizer_ = LoadTokenizerOrFail(path_);
     ASSERT_NE(tokenizer_, nullptr);
   }
   std::string path_;
@@ -380,7 +369,7 @@ TEST(IncrementalDecoderTest, RandomIdsConcatenateToDecode) {
   std::mt19937 rng(1234);
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.tokenizer_path);
-    std::unique_ptr<Tokenizer> tokenizer = LoadOrDie(set.tokenizer_path);
+    std::unique_ptr<Tokenizer> tokenizer = LoadTokenizerOrFail(set.tokenizer_path);
     ASSERT_NE(tokenizer, nullptr);
     // Ids of byte tokens (<0xNN>) or of single-byte byte-level pieces, so that
     // characters are split and ill-formed sequences occur.
@@ -704,6 +693,24 @@ TEST(TokenizerErrorTest, MalformedJsonNamesTheFile) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(TokenizerErrorTest, MalformedFieldNamesFileAndField) {
+  json j = HandWrittenTokenizer();
+  j["model"]["merges"].push_back(5);
+  EXPECT_EQ(Tokenizer::FromJson(j.dump(), "tokenizer.json").status().message(),
+            "tokenizer.json: field \"model.merges[13]\": expected a merge \"a b\" or [\"a\", "
+            "\"b\"], got number 5");
+  j = HandWrittenTokenizer();
+  j["added_tokens"][0]["id"] = "seven";
+  EXPECT_EQ(Tokenizer::FromJson(j.dump(), "dir/tokenizer.json").status().message(),
+            "dir/tokenizer.json: field \"added_tokens[0].id\": expected an integer, got string "
+            "\"seven\"");
+  j = HandWrittenTokenizer();
+  j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = "no";
+  EXPECT_EQ(Tokenizer::FromJson(j.dump(), "tokenizer.json").status().message(),
+            "tokenizer.json: field \"pre_tokenizer.pretokenizers[1].use_regex\": expected true or "
+            "false, got string \"no\"");
+}
+
 TEST(TokenizerErrorTest, UnsupportedComponentsNameFileAndComponent) {
   struct Case {
     const char* field;
@@ -713,19 +720,19 @@ TEST(TokenizerErrorTest, UnsupportedComponentsNameFileAndComponent) {
   const std::vector<Case> cases = {
       {"pre_tokenizer",
        {{"type", "BertPreTokenizer"}},
-       "t.json: unsupported pre_tokenizer type 'BertPreTokenizer'"},
+       "t.json: field \"pre_tokenizer\": unsupported pre_tokenizer type 'BertPreTokenizer'"},
       {"normalizer",
        {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}},
-       "t.json: unsupported normalizer type 'Precompiled'"},
+       "t.json: field \"normalizer\": unsupported normalizer type 'Precompiled'"},
       {"decoder",
        {{"type", "WordPiece"}, {"prefix", "##"}},
-       "t.json: unsupported decoder type 'WordPiece'"},
+       "t.json: field \"decoder\": unsupported decoder type 'WordPiece'"},
       {"post_processor",
        {{"type", "Mystery"}},
-       "t.json: unsupported post_processor type 'Mystery'"},
+       "t.json: field \"post_processor\": unsupported post_processor type 'Mystery'"},
       {"model",
        {{"type", "Unigram"}, {"vocab", json::array()}},
-       "t.json: unsupported model type 'Unigram'"},
+       "t.json: field \"model\": unsupported model type 'Unigram'"},
   };
   for (const Case& c : cases) {
     json j = HandWrittenTokenizer();
@@ -739,7 +746,9 @@ TEST(TokenizerErrorTest, UnsupportedComponentsNameFileAndComponent) {
   json j = HandWrittenTokenizer();
   j["pre_tokenizer"]["pretokenizers"].push_back({{"type", "Punctuation"}});
   auto tokenizer = Tokenizer::FromJson(j.dump(), "t.json");
-  EXPECT_EQ(tokenizer.status().message(), "t.json: unsupported pre_tokenizer type 'Punctuation'");
+  EXPECT_EQ(tokenizer.status().message(),
+            "t.json: field \"pre_tokenizer.pretokenizers[2]\": unsupported pre_tokenizer type "
+            "'Punctuation'");
 }
 
 // --- Speed -----------------------------------------------------------------------
@@ -764,7 +773,7 @@ TEST(TokenizerSpeedTest, EncodesHundredKilobytesQuickly) {
   if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   const std::string text = HundredKilobytes();
   for (const GoldenSet& set : sets) {
-    std::unique_ptr<Tokenizer> tokenizer = LoadOrDie(set.tokenizer_path);
+    std::unique_ptr<Tokenizer> tokenizer = LoadTokenizerOrFail(set.tokenizer_path);
     ASSERT_NE(tokenizer, nullptr);
     const auto start = std::chrono::steady_clock::now();
     auto ids = tokenizer->Encode(text, false);

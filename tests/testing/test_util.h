@@ -1,0 +1,42 @@
+// Small helpers the test files share: status messages as std::string, whole
+// files in and out, and loading a model or tokenizer with a test failure
+// instead of a status. All are free functions, safe from any thread; the
+// loaded objects belong to the caller.
+#ifndef KNAPSERVE_TESTS_TESTING_TEST_UTIL_H_
+#define KNAPSERVE_TESTS_TESTING_TEST_UTIL_H_
+
+#include <c10/core/ScalarType.h>
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+
+namespace knapserve {
+class LlamaModel;
+class Tokenizer;
+}  // namespace knapserve
+
+namespace knapserve::testing {
+
+// status.message() as a std::string (for gMock matchers such as HasSubstr).
+std::string Message(const absl::Status& status);
+
+// The bytes of the file at `path`; "" if it cannot be read.
+std::string ReadFile(const std::string& path);
+
+// Replaces the file at `path` by `contents` (bytes); a test failure if the
+// write fails.
+void WriteFile(const std::string& path, std::string_view contents);
+
+// LlamaModel::Load(dir) in `dtype`; nullptr and a test failure on error.
+std::unique_ptr<LlamaModel> LoadModelOrFail(const std::string& dir,
+                                            c10::ScalarType dtype = c10::ScalarType::Float);
+
+// Tokenizer::FromFile(path); nullptr and a test failure on error.
+std::unique_ptr<Tokenizer> LoadTokenizerOrFail(const std::string& path);
+
+}  // namespace knapserve::testing
+
+#endif  // KNAPSERVE_TESTS_TESTING_TEST_UTIL_H_
