@@ -124,18 +124,22 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view subject) 
 }
 
 absl::StatusOr<std::unique_ptr<Regex>> ParsePattern(const JsonReader& pattern) {
-  if (pattern.Has("String")) {
-    ASSIGN_OR_RETURN(const std::string text, pattern.RequiredString("String"));
+  // A "String" that is not a string falls through to "Regex", as it always did.
+  const JsonReader literal = pattern.Field("String");
+  if (literal.value().is_string()) {
+    ASSIGN_OR_RETURN(const std::string text, literal.AsString());
     absl::StatusOr<std::unique_ptr<Regex>> regex = Regex::Literal(text);
-    if (!regex.ok()) return pattern.Field("String").Annotate(regex.status());
+    if (!regex.ok()) return literal.Annotate(regex.status());
     return regex;
   }
   if (pattern.Has("Regex")) {
-    ASSIGN_OR_RETURN(const std::string text, pattern.RequiredString("Regex"));
+    const JsonReader expression = pattern.Field("Regex");
+    ASSIGN_OR_RETURN(const std::string text, expression.AsString());
     absl::StatusOr<std::unique_ptr<Regex>> regex = Regex::Compile(text);
-    if (!regex.ok()) return pattern.Field("Regex").Annotate(regex.status());
+    if (!regex.ok()) return expression.Annotate(regex.status());
     return regex;
   }
+  if (pattern.Has("String")) return literal.TypeError("a string");
   return pattern.TypeError("a pattern {\"String\": ...} or {\"Regex\": ...}");
 }
 

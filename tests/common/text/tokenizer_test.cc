@@ -705,6 +705,17 @@ TEST(TokenizerErrorTest, MalformedFieldNamesFileAndField) {
             "dir/tokenizer.json: field \"added_tokens[0].id\": expected an integer, got string "
             "\"seven\"");
   j = HandWrittenTokenizer();
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "(unclosed"}};
+  const std::string message(Tokenizer::FromJson(j.dump(), "tokenizer.json").status().message());
+  EXPECT_EQ(message.rfind("tokenizer.json: field \"pre_tokenizer.pretokenizers[0].pattern.Regex\": "
+                          "bad regex '(unclosed'",
+                          0),
+            0u)
+      << message;
+  // A "String" that is not a string falls through to "Regex", as it always did.
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", 5}, {"Regex", "x"}};
+  EXPECT_TRUE(Tokenizer::FromJson(j.dump(), "tokenizer.json").ok());
+  j = HandWrittenTokenizer();
   j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = "no";
   EXPECT_EQ(Tokenizer::FromJson(j.dump(), "tokenizer.json").status().message(),
             "tokenizer.json: field \"pre_tokenizer.pretokenizers[1].use_regex\": expected true or "
