@@ -452,9 +452,7 @@ absl::StatusOr<GenerationRequest> GenerationService::ToGenerationRequest(
   if (spec.has_max_draft_tokens()) request.speculation.max_draft = spec.max_draft_tokens();
   if (spec.has_static_mask()) request.speculation.skip = spec.static_mask();
   if (spec.has_exit_threshold()) request.speculation.exit_threshold = spec.exit_threshold();
-  const bool planned = request.speculation.mode == SpeculationMode::kKnapSpec ||
-                       request.speculation.mode == SpeculationMode::kClasp;
-  if (planned && options_.planner == nullptr) {
+  if (IsPlanned(request.speculation.mode) && options_.planner == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("speculation.mode: ", SpeculationModeName(request.speculation.mode),
                      " needs a planner, and this executor runs without one (--planner none)"));

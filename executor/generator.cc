@@ -177,7 +177,7 @@ class PlanSession {
     key.device = model.device().str();
     key.dtype = DtypeName(model.dtype());
     key.threads = at::get_num_threads();
-    key.policy = spec.mode == SpeculationMode::kClasp ? PlanPolicy::kClasp : PlanPolicy::kKnapSpec;
+    key.policy = PlannedPolicy(spec.mode);
     if (key.policy == PlanPolicy::kClasp) {
       key.policy_detail = absl::StrCat("layers=", ClaspLayers(model, spec));
     }
@@ -209,29 +209,6 @@ std::string FinishReasonName(FinishReason reason) {
       return "aborted";
   }
   return "unknown";
-}
-
-std::string SpeculationModeName(SpeculationMode mode) {
-  switch (mode) {
-    case SpeculationMode::kOff:
-      return "off";
-    case SpeculationMode::kStatic:
-      return "static";
-    case SpeculationMode::kKnapSpec:
-      return "knapspec";
-    case SpeculationMode::kClasp:
-      return "clasp";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name) {
-  for (SpeculationMode mode : {SpeculationMode::kOff, SpeculationMode::kStatic,
-                               SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
-    if (name == SpeculationModeName(mode)) return mode;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "spec: unknown speculation mode '", name, "' (supported: off, static, knapspec, clasp)"));
 }
 
 double GenerationStats::prefill_tokens_per_second() const {
@@ -271,7 +248,7 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request, const L
     if (stop.empty()) return absl::InvalidArgumentError("stop: empty stop string");
   }
   const SpeculationConfig& spec = request.speculation;
-  if (spec.mode != SpeculationMode::kOff) {
+  if (Drafts(spec.mode)) {
     if (spec.max_draft < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("max_draft: must be >= 1 with speculation on, got ", spec.max_draft));
@@ -393,14 +370,13 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
                                                  const PlanningShared* shared) {
   RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
   const SpeculationConfig& spec = request.speculation;
-  const bool planned =
-      spec.mode == SpeculationMode::kKnapSpec || spec.mode == SpeculationMode::kClasp;
+  const bool planned = IsPlanned(spec.mode);
   if (planned && planner == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "spec ", SpeculationModeName(spec.mode), " needs a planner (and its latency profile)"));
   }
   LayerMask mask(model.num_layers());
-  if (spec.mode != SpeculationMode::kOff) {
+  if (Drafts(spec.mode)) {
     ASSIGN_OR_RETURN(mask, LayerMask::Parse(spec.skip, model.num_layers()));
   }
   c10::InferenceMode inference_mode;
@@ -415,7 +391,7 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
   TextStream stream(tokenizer, request.prompt_ids, request.stop_strings);
   // Before the first plan, planned modes draft with `skip` if given, else
   // decode autoregressively.
-  int gamma = spec.mode == SpeculationMode::kOff ? 0 : spec.max_draft;
+  int gamma = Drafts(spec.mode) ? spec.max_draft : 0;
   if (planned && spec.skip.empty()) gamma = 0;
   SpeculativeDecoder decoder(model, cache, sampler, mask, gamma, spec.exit_threshold);
   // Unplanned modes with on_reference: the first m steps of every T. Planned
@@ -432,7 +408,7 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
 
   GenerationResult result;
   result.seed = sampler.seed();
-  result.mask = spec.mode == SpeculationMode::kOff ? "" : mask.ToString();
+  result.mask = Drafts(spec.mode) ? mask.ToString() : "";
   result.stats.prompt_tokens = prompt_len;
 
   const std::vector<int32_t>& eos = model.config().eos_token_ids;

@@ -104,7 +104,7 @@ absl::StatusOr<Engine> LoadEngineFromFlags();
 // The generation request the flags describe, for already tokenized prompt ids.
 absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t> prompt_ids);
 
-// The in-process planner for --spec knapspec/clasp (--profile,
+// The in-process planner for a planned --spec mode (IsPlanned; --profile,
 // --planner-threads), or nullptr for the other modes. InvalidArgument
 // without --profile; the profile's load and match errors otherwise.
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine& engine,
