@@ -5,14 +5,17 @@
 // sequences over it. Requests are decoded (common/wire/plan_codec.h), solved in
 // order per planner (a newer request of the same sequence replaces a queued
 // one; the replaced one is answered SUPERSEDED), and answered on the same
-// stream in completion order. Sequence ids are scoped to their stream: two
-// executors may both use sequence "1". A request that cannot be decoded is
-// answered at once with PLAN_ERROR_CODE_INVALID_ARGUMENT; a model fingerprint
-// other than the planner's gets FINGERPRINT_MISMATCH. The stream finishes OK
-// once the executor half-closes and every answer is written.
+// stream in completion order (common/rpc/queued_writer.h writes them one at a
+// time). Sequence ids are scoped to their stream: two executors may both use
+// sequence "1". A request that cannot be decoded is answered at once with
+// PLAN_ERROR_CODE_INVALID_ARGUMENT; a model fingerprint other than the
+// planner's gets FINGERPRINT_MISMATCH. The stream finishes OK once the
+// executor half-closes and every answer is written.
 //
-// Ownership: borrows the InProcessPlanner, which must outlive the server.
-// Thread safety: gRPC calls in on its own threads; all stream state is
+// Ownership: borrows the InProcessPlanner, which must outlive the server. A
+// stream (its reactor) lives from Plan until gRPC's OnDone, which comes only
+// after every solve it submitted has answered. Thread safety: gRPC calls in
+// on its own threads, solve callbacks on the planner's; all stream state is
 // guarded per stream.
 #ifndef KNAPSERVE_PLANNER_PLANNER_SERVICE_H_
 #define KNAPSERVE_PLANNER_PLANNER_SERVICE_H_
