@@ -32,8 +32,8 @@ class TestStream final : public grpc::ServerWriteReactor<Response> {
  public:
   void OnWriteDone(bool ok) override { writer.OnWriteDone(ok); }
   void OnCancel() override {
-    cancelled.Notify();
     writer.Cancel();
+    cancelled.Notify();  // after Cancel: the test checks its effect at once
   }
   void OnDone() override { done.Notify(); }
 
