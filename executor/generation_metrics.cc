@@ -9,6 +9,9 @@ namespace knapserve {
 GenerationMetrics::GenerationMetrics(MetricsRegistry& r, const Scheduler& scheduler,
                                      const PlanningShared& planning)
     : registry_(r),
+      internal_errors_(r.AddCounter("knapserve_request_internal_errors_total",
+                                    "Requests ended INTERNAL by an exception inside LibTorch or "
+                                    "the generator (other requests went on).")),
       prompt_tokens_(r.AddCounter("knapserve_prompt_tokens_total", "Prompt tokens prefilled.")),
       generation_tokens_(r.AddCounter("knapserve_generation_tokens_total", "Tokens generated.")),
       drafts_(r.AddCounter("knapserve_spec_decode_num_drafts_total",
@@ -76,6 +79,7 @@ void GenerationMetrics::RecordRequest(absl::StatusCode code, const GenerationRes
       .AddCounter("knapserve_requests_total", "Generate calls by final gRPC status.",
                   absl::StrCat("code=\"", absl::StatusCodeToString(code), "\""))
       .Add();
+  if (code == absl::StatusCode::kInternal) internal_errors_.Add();
   if (result == nullptr) return;
   prompt_tokens_.Add(static_cast<double>(result->stats.prompt_tokens));
   generation_tokens_.Add(static_cast<double>(result->stats.completion_tokens));

@@ -3,9 +3,10 @@
 // request updates them. Speculation counters keep vLLM's names and meaning
 // (knapserve_spec_decode_*); planner, plan cache and guard metrics are ours.
 //
-// Per request: knapserve_requests_total{code=...} by final gRPC status, then
-// tokens, latencies and the speculation and planning statistics of the
-// result, if there is one. Gauges
+// Per request: knapserve_requests_total{code=...} by final gRPC status,
+// knapserve_request_internal_errors_total for requests that ended INTERNAL (an
+// exception inside LibTorch or the generator), then tokens, latencies and the
+// speculation and planning statistics of the result, if there is one. Gauges
 // read the scheduler (running, queued) and the process's planning state
 // (plan cache entries, planner CPU share) when rendered.
 //
@@ -39,6 +40,7 @@ class GenerationMetrics {
 
  private:
   MetricsRegistry& registry_;
+  Counter& internal_errors_;
   Counter& prompt_tokens_;
   Counter& generation_tokens_;
   Counter& drafts_;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
+#include "common/model/exception_status.h"
 #include "common/rpc/queued_writer.h"
 
 namespace knapserve {
@@ -29,11 +30,17 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
   }
   void MarkAborted() { aborted_ = true; }
 
-  // On a scheduler worker: generates, streams, closes.
+  // On a scheduler worker: generates, streams, closes. Nothing it runs may
+  // throw past here (an exception ends this stream with INTERNAL).
   void Run(GenerationRequest request) {
     std::optional<GenerationResult> result;
     double first_token_seconds = 0;
-    const absl::Status status = Serve(std::move(request), result, first_token_seconds);
+    absl::Status status;
+    try {
+      status = Serve(std::move(request), result, first_token_seconds);
+    } catch (...) {
+      status = CurrentExceptionAsInternal("generation failed");
+    }
     Close(status, result.has_value() ? &*result : nullptr, first_token_seconds);
   }
 
@@ -78,6 +85,10 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
                      double& first_token_seconds) {
     if (ShouldStop()) return StopStatus();
     const double queue_seconds = SecondsSince(arrived_);
+    if (service_->options_.before_step_for_tests) {
+      request.before_step_for_tests = [hook = service_->options_.before_step_for_tests,
+                                       id = request_id_](int64_t step) { hook(id, step); };
+    }
     bool first = true;
     absl::StatusOr<GenerationResult> generated;
     {

@@ -15,6 +15,12 @@
 // ends the stream with FINISH_REASON_ABORTED; cancellation and deadlines end
 // it with CANCELLED and DEADLINE_EXCEEDED.
 //
+// Exceptions: an exception inside LibTorch or the generator (caught at each
+// step by executor/generator.h, and again around the whole request here) ends
+// that one stream with INTERNAL after the chunks it already streamed, counts
+// knapserve_request_internal_errors_total, and releases its step turn; the
+// other streams go on.
+//
 // Ownership: borrows the model, tokenizer, planner client and metrics
 // registry (they must outlive the service); owns the scheduler and its
 // workers. A call (its reactor) lives from Generate until gRPC's OnDone.
@@ -25,8 +31,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -58,6 +66,12 @@ struct GenerationServiceOptions {
   // The process's plan cache, planner budget and plain-rate table, shared by
   // every request (empty: the service makes its own).
   PlanningShared planning;
+  // Fault injection for tests; empty (the default) in production. Installed
+  // as every request's GenerationRequest::before_step_for_tests with the
+  // request's id: it runs on the worker before each decode step, holding the
+  // step turn, and what it throws fails that request as a LibTorch error in
+  // the step's forward pass would.
+  std::function<void(std::string_view request_id, int64_t step)> before_step_for_tests;
 };
 
 class GenerationService final : public v1::Generation::CallbackService {

@@ -16,6 +16,7 @@
 #include "common/base/status.h"
 #include "common/model/layer_mask.h"
 #include "common/model/decode_attention.h"
+#include "common/model/exception_status.h"
 #include "executor/kv_cache.h"
 #include "common/base/clock.h"
 
@@ -129,7 +130,15 @@ class PlanSession {
     result.stats.waiting_seconds += SecondsSince(start);
   }
 
+  // A generation that ends early (an error) still drops its queued request.
+  ~PlanSession() {
+    if (!finished_) planner_->Forget(sequence_id_);
+  }
+  PlanSession(const PlanSession&) = delete;
+  PlanSession& operator=(const PlanSession&) = delete;
+
   void Finish(GenerationResult& result) {
+    finished_ = true;
     planner_->Forget(sequence_id_);
     controller_.Finish();
     result.planning = controller_.stats();
@@ -193,6 +202,7 @@ class PlanSession {
   const PlanningShared shared_;
   std::shared_ptr<Mailbox> mailbox_;
   PlanController controller_;
+  bool finished_ = false;  // Finish ran (it already told the planner)
 };
 
 }  // namespace
@@ -449,17 +459,29 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
     return reason.has_value();
   };
 
-  torch::Tensor prompt = torch::tensor(
-      std::vector<int64_t>(request.prompt_ids.begin(), request.prompt_ids.end()), torch::kInt64);
-  torch::Tensor logits =
-      model.Prefill(prompt, /*start_pos=*/0, cache.layers(), request.prefill_chunk);
-  cache.Commit(prompt_len);
-  const int32_t first = sampler.Sample(logits);
-  result.stats.prefill_seconds = SecondsSince(start);
-  const auto decode_start = std::chrono::steady_clock::now();
+  // The prefill and every decode step run inside an exception boundary: an
+  // exception (a c10::Error from a LibTorch check, a throwing callback) fails
+  // this generation with Internal, naming the step.
+  bool done = false;
+  auto decode_start = std::chrono::steady_clock::now();
+  try {
+    torch::Tensor prompt = torch::tensor(
+        std::vector<int64_t>(request.prompt_ids.begin(), request.prompt_ids.end()),
+        torch::kInt64);
+    torch::Tensor logits =
+        model.Prefill(prompt, /*start_pos=*/0, cache.layers(), request.prefill_chunk);
+    cache.Commit(prompt_len);
+    const int32_t first = sampler.Sample(logits);
+    result.stats.prefill_seconds = SecondsSince(start);
+    decode_start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(done, commit({first}));
+  } catch (...) {
+    return CurrentExceptionAsInternal("generation failed in the prefill");
+  }
 
-  ASSIGN_OR_RETURN(bool done, commit({first}));
-  for (int64_t step = 0; !done; ++step) {
+  // One decode step: plan bookkeeping, draft and verify, commit.
+  auto decode_step = [&](int64_t step) -> absl::StatusOr<bool> {
+    if (request.before_step_for_tests) request.before_step_for_tests(step);
     StepDirective directive;
     if (planned) directive = plans->BeforeStep(step, cache.length(), decoder, result);
     const int64_t remaining = limit - static_cast<int64_t>(result.output_ids.size());
@@ -488,7 +510,15 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
       }
       if (snapshot && on_reference) on_reference(std::move(*snapshot));
     }
-    ASSIGN_OR_RETURN(done, commit(out.tokens));
+    return commit(out.tokens);
+  };
+  for (int64_t step = 0; !done; ++step) {
+    try {
+      ASSIGN_OR_RETURN(done, decode_step(step));
+    } catch (...) {
+      return CurrentExceptionAsInternal(
+          absl::StrCat("generation failed at decode step ", step));
+    }
   }
   if (planned) plans->Finish(result);
   result.text = stream.emitted();
@@ -515,8 +545,8 @@ absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokeniz
   // the server goes on. Its KV cache is freed with the stack.
   try {
     return GenerateOrThrow(model, tokenizer, request, on_tokens, on_reference, planner, shared);
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("generation failed: ", e.what()));
+  } catch (...) {
+    return CurrentExceptionAsInternal("generation failed");
   }
 }
 

@@ -78,6 +78,12 @@ struct GenerationRequest {
   bool ignore_eos = false;                 // keep going past the model's EOS ids
   int64_t prefill_chunk = 512;             // positions per prefill forward
   SpeculationConfig speculation;
+  // Fault injection for tests; empty (the default) in production, where it
+  // costs one empty-function check per step. Runs before decode step `step`
+  // (0-based, after prefill) does its forward passes, on the generating
+  // thread, inside the step's exception boundary: whatever it throws fails
+  // this generation the way a LibTorch error in that step's forward would.
+  std::function<void(int64_t step)> before_step_for_tests;
 };
 
 enum class FinishReason { kEos, kLength, kStopSequence, kAborted };
@@ -180,8 +186,11 @@ class TextStream {
 // (see PlanningShared::Create); nullptr gives the call fresh ones of its own,
 // as if it were the first request of a new process.
 // Errors: invalid request (InvalidArgument naming the field); Internal when
-// anything inside throws (a LibTorch check, a throwing callback): no
-// exception leaves Generate.
+// anything inside throws (a c10::Error from a LibTorch check, any
+// std::exception, a throwing callback): the prefill and every decode step
+// (draft, verify, commit, callbacks) run inside an exception boundary that
+// turns the exception into an Internal status naming the step, and no
+// exception leaves Generate. The sequence's KV cache is freed on return.
 absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
                                           const GenerationRequest& request,
                                           const StreamCallback& on_tokens = nullptr,

@@ -1,9 +1,11 @@
 #include "executor/scheduler.h"
 
 #include <algorithm>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/model/exception_status.h"
 
 namespace knapserve {
 
@@ -105,7 +107,13 @@ void Scheduler::Work() {
       queue_.pop_front();
       ++running_;
     }
-    job();
+    try {
+      job();
+    } catch (...) {
+      // A bug in the job; the worker (and every other request) goes on.
+      std::cerr << "knapserve scheduler: " << CurrentExceptionAsInternal("a job threw")
+                << std::endl;
+    }
     absl::MutexLock lock(&mu_);
     --running_;
   }

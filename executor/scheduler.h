@@ -10,8 +10,10 @@
 // time (see the class).
 //
 // Ownership: the Scheduler owns its worker threads; jobs are std::functions
-// it runs once. The destructor drains (waits for every admitted job). Thread
-// safety: all methods of both classes from any thread.
+// it runs once. The destructor drains (waits for every admitted job). A job
+// must not throw (the service's jobs catch everything); one that does anyway
+// is reported on stderr and its worker goes on. Thread safety: all methods of
+// both classes from any thread.
 #ifndef KNAPSERVE_EXECUTOR_SCHEDULER_H_
 #define KNAPSERVE_EXECUTOR_SCHEDULER_H_
 

@@ -6,6 +6,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "common/model/exception_status.h"
 #include "common/rpc/queued_writer.h"
 #include "common/wire/plan_codec.h"
 
@@ -48,8 +49,7 @@ class PlannerService::Stream final
 
  private:
   void Handle(const v1::PlanRequest& wire) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::StatusOr<PlanRequest> request =
-        DecodePlanRequest(wire, service_->num_layers_, service_->default_max_draft_);
+    absl::StatusOr<PlanRequest> request = Decode(wire);
     const int64_t step = static_cast<int64_t>(wire.step());
     if (!request.ok()) {
       writer_.Enqueue(ResponseFor(wire.sequence_id(), step, request.status()));
@@ -72,6 +72,17 @@ class PlannerService::Stream final
                                  writer_.Enqueue(ResponseFor(wire_id, step, plan));
                                  OnSolved();
                                });
+  }
+
+  // The wire request decoded; an exception (a LibTorch check on a tensor)
+  // is an Internal error for this request only.
+  absl::StatusOr<PlanRequest> Decode(const v1::PlanRequest& wire) {
+    try {
+      return DecodePlanRequest(wire, service_->num_layers_, service_->default_max_draft_);
+    } catch (...) {
+      service_->internal_errors_.fetch_add(1);
+      return CurrentExceptionAsInternal("planner: decoding the request");
+    }
   }
 
   // Runs on a planner thread, outside any reaction: after the decrement the

@@ -1,10 +1,11 @@
 // Tests of the Scheduler and the StepLock (executor/scheduler.h): turns are
 // FIFO, Yield lets waiting sequences go first, a turn ends when an exception
-// unwinds it, admission limits.
+// unwinds it, admission limits, a job that throws does not take its worker.
 #include "executor/scheduler.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -99,6 +100,16 @@ TEST(SchedulerTest, RefusesBeyondTheLimitAndWhileDraining) {
   EXPECT_TRUE(scheduler.Drain(std::chrono::seconds(30)));
   EXPECT_TRUE(scheduler.draining());
   EXPECT_EQ(scheduler.Submit([] {}).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(scheduler.running(), 0);
+}
+
+TEST(SchedulerTest, AJobThatThrowsDoesNotTakeItsWorker) {
+  Scheduler scheduler(SchedulerOptions{/*max_running=*/1, /*max_queue=*/4});
+  ASSERT_TRUE(scheduler.Submit([] { throw std::runtime_error("a bug in a job"); }).ok());
+  std::atomic<bool> ran{false};
+  ASSERT_TRUE(scheduler.Submit([&] { ran = true; }).ok());
+  EXPECT_TRUE(scheduler.Drain(std::chrono::seconds(30)));
+  EXPECT_TRUE(ran.load());
   EXPECT_EQ(scheduler.running(), 0);
 }
 
