@@ -1,35 +1,50 @@
 // GenerationService: the public knapserve.v1.Generation gRPC service
-// (proto/knapserve/v1/generation.proto) over one model.
+// (proto/knapserve/v1/generation.proto) over one model. It does the call
+// flow only: the wire mapping is executor/generation_codec.h, the metrics
+// executor/generation_metrics.h, the write queue common/rpc/queued_writer.h.
 //
-// Generate validates the request (INVALID_ARGUMENT naming the field;
-// FAILED_PRECONDITION for knapspec/clasp on an executor without a planner),
-// admits it through the Scheduler (RESOURCE_EXHAUSTED when the queue is full,
-// UNAVAILABLE while draining), decodes with executor/generator.h and streams
-// one Chunk per decode step, then one FinalResult. Running sequences take
-// turns through a FIFO StepLock: one prefill or decode step at a time, each
-// with all of torch's threads. Client cancellation, a
-// passed deadline or Abort(request_id) stop the sequence within one step; its
-// KV cache is freed when the generation returns. Abort ends the stream with
-// FINISH_REASON_ABORTED; cancellation and deadlines end it with CANCELLED and
-// DEADLINE_EXCEEDED.
+// Generate decodes and validates the request (INVALID_ARGUMENT naming the
+// field; FAILED_PRECONDITION for a planned mode on an executor without a
+// planner), admits it through the Scheduler (RESOURCE_EXHAUSTED when the
+// queue is full, UNAVAILABLE while draining), decodes with
+// executor/generator.h and streams one Chunk per decode step, then one
+// FinalResult. Running sequences take turns through a FIFO StepLock: one
+// prefill or decode step at a time, each with all of torch's threads. Client
+// cancellation, a passed deadline or Abort(request_id) stop the sequence
+// within one step; its KV cache is freed when the generation returns. Abort
+// ends the stream with FINISH_REASON_ABORTED; cancellation and deadlines end
+// it with CANCELLED and DEADLINE_EXCEEDED.
 //
-// Ownership: borrows the model, tokenizer and planner client (they must
-// outlive the service); owns the scheduler and its workers. Thread safety:
-// gRPC calls in from its threads; requests run on scheduler workers.
+// Exceptions: an exception inside LibTorch or the generator (caught at each
+// step by executor/generator.h, and again around the whole request here) ends
+// that one stream with INTERNAL after the chunks it already streamed, counts
+// knapserve_request_internal_errors_total, and releases its step turn; the
+// other streams go on.
+//
+// Ownership: borrows the model, tokenizer, planner client and metrics
+// registry (they must outlive the service); owns the scheduler and its
+// workers. A call (its reactor) lives from Generate until gRPC's OnDone.
+// Thread safety: gRPC calls in from its threads; requests run on scheduler
+// workers.
 #ifndef KNAPSERVE_EXECUTOR_GENERATION_SERVICE_H_
 #define KNAPSERVE_EXECUTOR_GENERATION_SERVICE_H_
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
+#include <string_view>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/metrics.h"
 #include "common/model/llama.h"
 #include "common/plan/planner_client.h"
 #include "common/text/tokenizer.h"
+#include "executor/generation_codec.h"
+#include "executor/generation_metrics.h"
 #include "executor/generator.h"
 #include "executor/scheduler.h"
 #include "knapserve/v1/generation.grpc.pb.h"
@@ -41,7 +56,7 @@ struct GenerationServiceOptions {
   // Defaults for fields a request leaves unset.
   int64_t default_max_new_tokens = 256;
   SpeculationConfig default_speculation;  // mode, max_draft, plan interval, ...
-  // Where plans come from (nullptr: knapspec/clasp are refused).
+  // Where plans come from (nullptr: planned modes are refused).
   PlannerClient* planner = nullptr;
   v1::PlannerMode planner_mode = v1::PLANNER_MODE_NONE;
   std::string planner_address;
@@ -51,6 +66,12 @@ struct GenerationServiceOptions {
   // The process's plan cache, planner budget and plain-rate table, shared by
   // every request (empty: the service makes its own).
   PlanningShared planning;
+  // Fault injection for tests; empty (the default) in production. Installed
+  // as every request's GenerationRequest::before_step_for_tests with the
+  // request's id: it runs on the worker before each decode step, holding the
+  // step turn, and what it throws fails that request as a LibTorch error in
+  // the step's forward pass would.
+  std::function<void(std::string_view request_id, int64_t step)> before_step_for_tests;
 };
 
 class GenerationService final : public v1::Generation::CallbackService {
@@ -63,7 +84,8 @@ class GenerationService final : public v1::Generation::CallbackService {
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
                                   const v1::AbortRequest* request,
-                                  v1::AbortResponse* response) override;
+                                  v1::AbortResponse* response) override
+      ABSL_LOCKS_EXCLUDED(calls_mu_);
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
                                          const v1::GetModelInfoRequest* request,
                                          v1::GetModelInfoResponse* response) override;
@@ -72,36 +94,26 @@ class GenerationService final : public v1::Generation::CallbackService {
   bool Drain(std::chrono::milliseconds timeout) { return scheduler_.Drain(timeout); }
   const Scheduler& scheduler() const { return scheduler_; }
 
-  // The GenerationRequest a wire request describes, or INVALID_ARGUMENT /
-  // FAILED_PRECONDITION naming the field. Exposed for tests.
-  absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest& request) const;
-
  private:
   class Call;
   friend class Call;
-  struct Metrics;
-  // Records a finished request (status code) and, when it produced a result,
-  // its tokens, timings and speculation statistics.
-  void Record(const grpc::Status& status, const GenerationResult* result, double ttft,
-              double total);
+
+  // Registers `call` under its request id; false when the id is taken.
+  bool AddCall(Call* call) ABSL_LOCKS_EXCLUDED(calls_mu_);
+  void RemoveCall(Call* call) ABSL_LOCKS_EXCLUDED(calls_mu_);
 
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;
   const GenerationServiceOptions options_;
   const PlanningShared planning_;  // options_.planning, or the service's own
+  const GenerateRequestDefaults request_defaults_;
   Scheduler scheduler_;
   StepLock step_lock_;  // running sequences take turns, one decode step each
-  std::mutex calls_mu_;
-  absl::flat_hash_map<std::string, Call*> calls_;  // live calls by request id
+  absl::Mutex calls_mu_;
+  absl::flat_hash_map<std::string, Call*> calls_ ABSL_GUARDED_BY(calls_mu_);  // live, by id
   std::atomic<uint64_t> next_id_{1};
-  std::unique_ptr<Metrics> metrics_;  // null without options.metrics
+  std::unique_ptr<GenerationMetrics> metrics_;  // null without options.metrics
 };
-
-// SpeculationMode <-> its wire enum (the client and the service share it).
-v1::SpeculationMode ToWireMode(SpeculationMode mode);
-
-// absl::Status -> grpc::Status, code for code.
-grpc::Status ToGrpcStatus(const absl::Status& status);
 
 }  // namespace knapserve
 

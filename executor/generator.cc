@@ -16,6 +16,7 @@
 #include "common/base/status.h"
 #include "common/model/layer_mask.h"
 #include "common/model/decode_attention.h"
+#include "common/model/exception_status.h"
 #include "executor/kv_cache.h"
 #include "common/base/clock.h"
 
@@ -129,7 +130,15 @@ class PlanSession {
     result.stats.waiting_seconds += SecondsSince(start);
   }
 
+  // A generation that ends early (an error) still drops its queued request.
+  ~PlanSession() {
+    if (!finished_) planner_->Forget(sequence_id_);
+  }
+  PlanSession(const PlanSession&) = delete;
+  PlanSession& operator=(const PlanSession&) = delete;
+
   void Finish(GenerationResult& result) {
+    finished_ = true;
     planner_->Forget(sequence_id_);
     controller_.Finish();
     result.planning = controller_.stats();
@@ -177,7 +186,7 @@ class PlanSession {
     key.device = model.device().str();
     key.dtype = DtypeName(model.dtype());
     key.threads = at::get_num_threads();
-    key.policy = spec.mode == SpeculationMode::kClasp ? PlanPolicy::kClasp : PlanPolicy::kKnapSpec;
+    key.policy = PlannedPolicy(spec.mode);
     if (key.policy == PlanPolicy::kClasp) {
       key.policy_detail = absl::StrCat("layers=", ClaspLayers(model, spec));
     }
@@ -193,6 +202,7 @@ class PlanSession {
   const PlanningShared shared_;
   std::shared_ptr<Mailbox> mailbox_;
   PlanController controller_;
+  bool finished_ = false;  // Finish ran (it already told the planner)
 };
 
 }  // namespace
@@ -209,29 +219,6 @@ std::string FinishReasonName(FinishReason reason) {
       return "aborted";
   }
   return "unknown";
-}
-
-std::string SpeculationModeName(SpeculationMode mode) {
-  switch (mode) {
-    case SpeculationMode::kOff:
-      return "off";
-    case SpeculationMode::kStatic:
-      return "static";
-    case SpeculationMode::kKnapSpec:
-      return "knapspec";
-    case SpeculationMode::kClasp:
-      return "clasp";
-  }
-  return "unknown";
-}
-
-absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name) {
-  for (SpeculationMode mode : {SpeculationMode::kOff, SpeculationMode::kStatic,
-                               SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
-    if (name == SpeculationModeName(mode)) return mode;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "spec: unknown speculation mode '", name, "' (supported: off, static, knapspec, clasp)"));
 }
 
 double GenerationStats::prefill_tokens_per_second() const {
@@ -271,7 +258,7 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request, const L
     if (stop.empty()) return absl::InvalidArgumentError("stop: empty stop string");
   }
   const SpeculationConfig& spec = request.speculation;
-  if (spec.mode != SpeculationMode::kOff) {
+  if (Drafts(spec.mode)) {
     if (spec.max_draft < 1) {
       return absl::InvalidArgumentError(
           absl::StrCat("max_draft: must be >= 1 with speculation on, got ", spec.max_draft));
@@ -393,14 +380,13 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
                                                  const PlanningShared* shared) {
   RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
   const SpeculationConfig& spec = request.speculation;
-  const bool planned =
-      spec.mode == SpeculationMode::kKnapSpec || spec.mode == SpeculationMode::kClasp;
+  const bool planned = IsPlanned(spec.mode);
   if (planned && planner == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
         "spec ", SpeculationModeName(spec.mode), " needs a planner (and its latency profile)"));
   }
   LayerMask mask(model.num_layers());
-  if (spec.mode != SpeculationMode::kOff) {
+  if (Drafts(spec.mode)) {
     ASSIGN_OR_RETURN(mask, LayerMask::Parse(spec.skip, model.num_layers()));
   }
   c10::InferenceMode inference_mode;
@@ -415,7 +401,7 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
   TextStream stream(tokenizer, request.prompt_ids, request.stop_strings);
   // Before the first plan, planned modes draft with `skip` if given, else
   // decode autoregressively.
-  int gamma = spec.mode == SpeculationMode::kOff ? 0 : spec.max_draft;
+  int gamma = Drafts(spec.mode) ? spec.max_draft : 0;
   if (planned && spec.skip.empty()) gamma = 0;
   SpeculativeDecoder decoder(model, cache, sampler, mask, gamma, spec.exit_threshold);
   // Unplanned modes with on_reference: the first m steps of every T. Planned
@@ -432,7 +418,7 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
 
   GenerationResult result;
   result.seed = sampler.seed();
-  result.mask = spec.mode == SpeculationMode::kOff ? "" : mask.ToString();
+  result.mask = Drafts(spec.mode) ? mask.ToString() : "";
   result.stats.prompt_tokens = prompt_len;
 
   const std::vector<int32_t>& eos = model.config().eos_token_ids;
@@ -473,17 +459,29 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
     return reason.has_value();
   };
 
-  torch::Tensor prompt = torch::tensor(
-      std::vector<int64_t>(request.prompt_ids.begin(), request.prompt_ids.end()), torch::kInt64);
-  torch::Tensor logits =
-      model.Prefill(prompt, /*start_pos=*/0, cache.layers(), request.prefill_chunk);
-  cache.Commit(prompt_len);
-  const int32_t first = sampler.Sample(logits);
-  result.stats.prefill_seconds = SecondsSince(start);
-  const auto decode_start = std::chrono::steady_clock::now();
+  // The prefill and every decode step run inside an exception boundary: an
+  // exception (a c10::Error from a LibTorch check, a throwing callback) fails
+  // this generation with Internal, naming the step.
+  bool done = false;
+  auto decode_start = std::chrono::steady_clock::now();
+  try {
+    torch::Tensor prompt = torch::tensor(
+        std::vector<int64_t>(request.prompt_ids.begin(), request.prompt_ids.end()),
+        torch::kInt64);
+    torch::Tensor logits =
+        model.Prefill(prompt, /*start_pos=*/0, cache.layers(), request.prefill_chunk);
+    cache.Commit(prompt_len);
+    const int32_t first = sampler.Sample(logits);
+    result.stats.prefill_seconds = SecondsSince(start);
+    decode_start = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(done, commit({first}));
+  } catch (...) {
+    return CurrentExceptionAsInternal("generation failed in the prefill");
+  }
 
-  ASSIGN_OR_RETURN(bool done, commit({first}));
-  for (int64_t step = 0; !done; ++step) {
+  // One decode step: plan bookkeeping, draft and verify, commit.
+  auto decode_step = [&](int64_t step) -> absl::StatusOr<bool> {
+    if (request.before_step_for_tests) request.before_step_for_tests(step);
     StepDirective directive;
     if (planned) directive = plans->BeforeStep(step, cache.length(), decoder, result);
     const int64_t remaining = limit - static_cast<int64_t>(result.output_ids.size());
@@ -512,7 +510,15 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
       }
       if (snapshot && on_reference) on_reference(std::move(*snapshot));
     }
-    ASSIGN_OR_RETURN(done, commit(out.tokens));
+    return commit(out.tokens);
+  };
+  for (int64_t step = 0; !done; ++step) {
+    try {
+      ASSIGN_OR_RETURN(done, decode_step(step));
+    } catch (...) {
+      return CurrentExceptionAsInternal(
+          absl::StrCat("generation failed at decode step ", step));
+    }
   }
   if (planned) plans->Finish(result);
   result.text = stream.emitted();
@@ -539,8 +545,8 @@ absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokeniz
   // the server goes on. Its KV cache is freed with the stack.
   try {
     return GenerateOrThrow(model, tokenizer, request, on_tokens, on_reference, planner, shared);
-  } catch (const std::exception& e) {
-    return absl::InternalError(absl::StrCat("generation failed: ", e.what()));
+  } catch (...) {
+    return CurrentExceptionAsInternal("generation failed");
   }
 }
 

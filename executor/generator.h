@@ -42,25 +42,22 @@
 #include "executor/plan_controller.h"
 #include "executor/reference_states.h"
 #include "executor/sampler.h"
+#include "executor/speculation_mode.h"
 #include "executor/speculative_decoder.h"
 
 namespace knapserve {
 
-enum class SpeculationMode { kOff, kStatic, kKnapSpec, kClasp };
-// "off" / "static" / "knapspec" / "clasp".
-std::string SpeculationModeName(SpeculationMode mode);
-absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name);
-
 struct SpeculationConfig {
   SpeculationMode mode = SpeculationMode::kOff;
   std::string skip;             // layer mask text ("a3,m3,m7") for kStatic; for
-                                // kKnapSpec/kClasp the mask before the first plan
+                                // planned modes the mask before the first plan
   int max_draft = 5;            // gamma (kStatic) or D, the planner's largest gamma; >= 1
+                                // (DefaultMaxDraft(mode) is the flags' default)
   double exit_threshold = 0.7;  // stop drafting when top-1 prob < this; [0, 1]
   int64_t plan_interval = 64;   // T: at least T steps between two snapshots of a sequence, >= 1
   int64_t reference_steps = 5;  // m: verification steps captured per snapshot, >= 1, <= T
   int clasp_layers = 0;         // kClasp: M whole layers skipped; 0 = half the layers
-  // kKnapSpec / kClasp planning (executor/plan_controller.h).
+  // Planned modes (IsPlanned: kKnapSpec, kClasp) (executor/plan_controller.h).
   int64_t plan_bucket_tokens = 256;  // plan cache context bucket width, >= 1
   double drift_tolerance = 0.2;      // |observed acceptance - alpha_hat| that replans; > 0
   int64_t drift_min_tokens = 40;     // acceptance trials before drift is judged, >= 1
@@ -81,6 +78,12 @@ struct GenerationRequest {
   bool ignore_eos = false;                 // keep going past the model's EOS ids
   int64_t prefill_chunk = 512;             // positions per prefill forward
   SpeculationConfig speculation;
+  // Fault injection for tests; empty (the default) in production, where it
+  // costs one empty-function check per step. Runs before decode step `step`
+  // (0-based, after prefill) does its forward passes, on the generating
+  // thread, inside the step's exception boundary: whatever it throws fails
+  // this generation the way a LibTorch error in that step's forward would.
+  std::function<void(int64_t step)> before_step_for_tests;
 };
 
 enum class FinishReason { kEos, kLength, kStopSequence, kAborted };
@@ -177,14 +180,17 @@ class TextStream {
   std::optional<std::string> matched_stop_;
 };
 
-// Generation (autoregressive or speculative). kKnapSpec and kClasp need a
+// Generation (autoregressive or speculative). Planned modes need a
 // `planner` (FailedPrecondition without one); it must outlive the call.
 // `shared`: the process's plan cache, planner budget and plain-rate table
 // (see PlanningShared::Create); nullptr gives the call fresh ones of its own,
 // as if it were the first request of a new process.
 // Errors: invalid request (InvalidArgument naming the field); Internal when
-// anything inside throws (a LibTorch check, a throwing callback): no
-// exception leaves Generate.
+// anything inside throws (a c10::Error from a LibTorch check, any
+// std::exception, a throwing callback): the prefill and every decode step
+// (draft, verify, commit, callbacks) run inside an exception boundary that
+// turns the exception into an Internal status naming the step, and no
+// exception leaves Generate. The sequence's KV cache is freed on return.
 absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
                                           const GenerationRequest& request,
                                           const StreamCallback& on_tokens = nullptr,

@@ -1,23 +1,47 @@
 #include "executor/scheduler.h"
 
 #include <algorithm>
+#include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "common/model/exception_status.h"
 
 namespace knapserve {
 
+StepLock::Turn::Turn(StepLock& lock) : lock_(lock) { lock_.Acquire(); }
+
+StepLock::Turn::~Turn() { lock_.Release(); }
+
+void StepLock::Turn::Yield() { lock_.ReleaseAndAcquire(); }
+
+void StepLock::AwaitTurn(uint64_t ticket) {
+  auto my_turn = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return serving_ == ticket;
+  };
+  mu_.Await(absl::Condition(&my_turn));
+}
+
 void StepLock::Acquire() {
-  std::unique_lock<std::mutex> lock(mu_);
-  const uint64_t ticket = next_ticket_++;
-  cv_.wait(lock, [&] { return serving_ == ticket; });
+  absl::MutexLock lock(&mu_);
+  AwaitTurn(next_ticket_++);
 }
 
 void StepLock::Release() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++serving_;
-  }
-  cv_.notify_all();
+  absl::MutexLock lock(&mu_);
+  ++serving_;
+}
+
+void StepLock::ReleaseAndAcquire() {
+  absl::MutexLock lock(&mu_);
+  const uint64_t ticket = next_ticket_++;  // queued before anyone else can be
+  ++serving_;
+  AwaitTurn(ticket);
+}
+
+int64_t StepLock::turns_wanted() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(next_ticket_ - serving_);
 }
 
 Scheduler::Scheduler(SchedulerOptions options) : options_(options) {
@@ -28,47 +52,47 @@ Scheduler::Scheduler(SchedulerOptions options) : options_(options) {
 Scheduler::~Scheduler() {
   Drain(std::chrono::hours(24));
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
 absl::Status Scheduler::Submit(std::function<void()> job) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (draining_) return absl::UnavailableError("the server is draining");
-    const int limit = std::max(1, options_.max_running) + std::max(0, options_.max_queue);
-    if (running_ + static_cast<int>(queue_.size()) >= limit) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "queue full: ", running_, " running and ", queue_.size(), " waiting (limit ", limit,
-          ")"));
-    }
-    queue_.push_back(std::move(job));
+  absl::MutexLock lock(&mu_);
+  if (draining_) return absl::UnavailableError("the server is draining");
+  const int limit = std::max(1, options_.max_running) + std::max(0, options_.max_queue);
+  if (running_ + static_cast<int>(queue_.size()) >= limit) {
+    return absl::ResourceExhaustedError(absl::StrCat("queue full: ", running_, " running and ",
+                                                     queue_.size(), " waiting (limit ", limit,
+                                                     ")"));
   }
-  cv_.notify_one();
+  queue_.push_back(std::move(job));
   return absl::OkStatus();
 }
 
+bool Scheduler::HasJobOrStopping() const { return stopping_ || !queue_.empty(); }
+
+bool Scheduler::Idle() const { return running_ == 0 && queue_.empty(); }
+
 bool Scheduler::Drain(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   draining_ = true;
-  return idle_cv_.wait_for(lock, timeout, [this] { return running_ == 0 && queue_.empty(); });
+  return mu_.AwaitWithTimeout(absl::Condition(this, &Scheduler::Idle), absl::FromChrono(timeout));
 }
 
 int Scheduler::running() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return running_;
 }
 
 int Scheduler::queued() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return static_cast<int>(queue_.size());
 }
 
 bool Scheduler::draining() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return draining_;
 }
 
@@ -76,19 +100,22 @@ void Scheduler::Work() {
   while (true) {
     std::function<void()> job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &Scheduler::HasJobOrStopping));
       if (queue_.empty()) return;  // stopping
       job = std::move(queue_.front());
       queue_.pop_front();
       ++running_;
     }
-    job();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      --running_;
-      if (running_ == 0 && queue_.empty()) idle_cv_.notify_all();
+    try {
+      job();
+    } catch (...) {
+      // A bug in the job; the worker (and every other request) goes on.
+      std::cerr << "knapserve scheduler: " << CurrentExceptionAsInternal("a job threw")
+                << std::endl;
     }
+    absl::MutexLock lock(&mu_);
+    --running_;
   }
 }
 

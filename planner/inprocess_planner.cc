@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/model/exception_status.h"
 
 namespace knapserve {
 
@@ -196,10 +197,13 @@ void InProcessPlanner::Run() {
     const double queued = std::chrono::duration<double>(std::chrono::steady_clock::now() -
                                                          job.queued_at).count();
     absl::StatusOr<DraftPlan> plan;
+    // The exception boundary of a solve: it fails this request only.
     try {
+      if (options_.before_solve_for_tests) options_.before_solve_for_tests(job.request);
       plan = Solve(job.request);
-    } catch (const std::exception& e) {
-      plan = absl::InternalError(absl::StrCat("planner: ", e.what()));
+    } catch (...) {
+      plan = CurrentExceptionAsInternal("planner: the solve failed");
+      internal_errors_.fetch_add(1);
     }
     if (plan.ok()) plan->queue_seconds = queued;
     job.request = PlanRequest();  // release the K/V handles before reporting

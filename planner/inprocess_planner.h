@@ -15,13 +15,17 @@
 // Ownership: borrows the model (must outlive the planner); owns its copy of
 // the latency profile and its worker thread. The destructor stops the worker
 // after the running solve and answers queued requests with Unavailable.
+// Exceptions: a solve that throws (a LibTorch check, any std::exception)
+// answers its request with Internal and is counted; the planner goes on.
 // Thread safety: Submit and Forget may be called from any thread.
 #ifndef KNAPSERVE_PLANNER_INPROCESS_PLANNER_H_
 #define KNAPSERVE_PLANNER_INPROCESS_PLANNER_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -47,6 +51,11 @@ struct InProcessPlannerOptions {
   // threads win, so plans come later rather than decoding slower. Measured on
   // 2 cores (README): 10 already starves the planner (plans 100+ steps old).
   int nice = 0;
+  // Fault injection for tests; empty (the default) in production. Runs on the
+  // planner thread just before each solve, inside the solve's exception
+  // boundary: what it throws fails that request as a LibTorch error in the
+  // solve would.
+  std::function<void(const PlanRequest& request)> before_solve_for_tests;
 };
 
 class InProcessPlanner : public PlannerClient {
@@ -68,6 +77,9 @@ class InProcessPlanner : public PlannerClient {
   // Requests solved (or failed) so far, and requests replaced by newer ones.
   int64_t solved() const;
   int64_t replaced() const;
+  // Solves that threw (a c10::Error, any std::exception): each request was
+  // answered Internal and the planner went on.
+  int64_t internal_errors() const { return internal_errors_.load(); }
 
  private:
   struct Pending {
@@ -91,6 +103,7 @@ class InProcessPlanner : public PlannerClient {
   bool stopping_ = false;
   int64_t solved_ = 0;
   int64_t replaced_ = 0;
+  std::atomic<int64_t> internal_errors_{0};
   std::thread worker_;  // last: started after everything above exists
 };
 

@@ -1,25 +1,29 @@
 #include "planner/planner_service.h"
 
-#include <deque>
-#include <mutex>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/exception_status.h"
+#include "common/rpc/queued_writer.h"
 #include "common/wire/plan_codec.h"
 
 namespace knapserve {
 
-// One Plan stream. It stays alive until Finish, and Finish waits for every
-// outstanding solve, so planner callbacks never outlive the stream.
+// One Plan stream. It finishes only once the executor half-closed (or the
+// stream broke) and every solve it submitted has answered, so planner
+// callbacks never outlive it; the writer then sends OK after the last answer.
 class PlannerService::Stream final
     : public grpc::ServerBidiReactor<v1::PlanRequest, v1::PlanResponse> {
  public:
   explicit Stream(PlannerService* service) : service_(service) { StartRead(&request_); }
 
-  void OnReadDone(bool ok) override {
+  void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
     if (!ok) {  // the executor half-closed, or the stream broke
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         reads_done_ = true;
       }
       ForgetAll();
@@ -32,33 +36,28 @@ class PlannerService::Stream final
   }
 
   void OnWriteDone(bool ok) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.pop_front();
-      writing_ = false;
-      if (!ok) broken_ = true;
-      if (ok) service_->answers_.fetch_add(1);
-    }
-    WriteNext();
-    MaybeFinish();
+    if (ok) service_->answers_.fetch_add(1);
+    writer_.OnWriteDone(ok);
   }
 
-  void OnCancel() override { ForgetAll(); }
+  void OnCancel() override {
+    writer_.Cancel();
+    ForgetAll();
+  }
 
   void OnDone() override { delete this; }
 
  private:
-  void Handle(const v1::PlanRequest& wire) {
-    absl::StatusOr<PlanRequest> request =
-        DecodePlanRequest(wire, service_->num_layers_, service_->default_max_draft_);
+  void Handle(const v1::PlanRequest& wire) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::StatusOr<PlanRequest> request = Decode(wire);
     const int64_t step = static_cast<int64_t>(wire.step());
     if (!request.ok()) {
-      Enqueue(ResponseFor(wire.sequence_id(), step, request.status()));
+      writer_.Enqueue(ResponseFor(wire.sequence_id(), step, request.status()));
       return;
     }
     uint64_t internal = 0;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto [it, inserted] = ids_.try_emplace(wire.sequence_id(), 0);
       if (inserted) it->second = service_->next_internal_id_.fetch_add(1);
       internal = it->second;
@@ -70,23 +69,47 @@ class PlannerService::Stream final
                                [this, wire_id, step](absl::StatusOr<DraftPlan> plan) {
                                  // outstanding_ > 0 keeps the stream alive
                                  // until OnSolved, the last use of `this`.
-                                 Enqueue(ResponseFor(wire_id, step, plan));
+                                 writer_.Enqueue(ResponseFor(wire_id, step, plan));
                                  OnSolved();
                                });
+  }
+
+  // The wire request decoded; an exception (a LibTorch check on a tensor)
+  // is an Internal error for this request only.
+  absl::StatusOr<PlanRequest> Decode(const v1::PlanRequest& wire) {
+    try {
+      return DecodePlanRequest(wire, service_->num_layers_, service_->default_max_draft_);
+    } catch (...) {
+      service_->internal_errors_.fetch_add(1);
+      return CurrentExceptionAsInternal("planner: decoding the request");
+    }
   }
 
   // Runs on a planner thread, outside any reaction: after the decrement the
   // stream may finish (and be deleted) at any moment, so `this` is touched
   // again only by the one thread that decides to finish.
-  void OnSolved() {
+  void OnSolved() ABSL_LOCKS_EXCLUDED(mu_) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       --outstanding_;
-      if (finished_ || !reads_done_ || outstanding_ > 0 || writing_) return;
-      if (!queue_.empty() && !broken_) return;
-      finished_ = true;
+      if (!ShouldFinishLocked()) return;
+      finish_requested_ = true;
     }
-    Finish(grpc::Status::OK);
+    writer_.Finish(grpc::Status::OK);
+  }
+
+  void MaybeFinish() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (!ShouldFinishLocked()) return;
+      finish_requested_ = true;
+    }
+    writer_.Finish(grpc::Status::OK);
+  }
+
+  // Reads are over and no solve is outstanding: nothing more can be answered.
+  bool ShouldFinishLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !finish_requested_ && reads_done_ && outstanding_ == 0;
   }
 
   static v1::PlanResponse ResponseFor(const std::string& wire_id, int64_t step,
@@ -96,57 +119,26 @@ class PlannerService::Stream final
     return response;
   }
 
-  void Enqueue(v1::PlanResponse response) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (broken_) return;
-      queue_.push_back(std::move(response));
-    }
-    WriteNext();
-  }
-
-  // Starts the next write if none is in flight (never under mu_: a reaction
-  // may run on this thread).
-  void WriteNext() {
-    const v1::PlanResponse* next = nullptr;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (writing_ || queue_.empty() || broken_ || finished_) return;
-      writing_ = true;
-      next = &queue_.front();
-    }
-    StartWrite(next);
-  }
-
-  void MaybeFinish() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (finished_ || !reads_done_ || outstanding_ > 0 || writing_) return;
-      if (!queue_.empty() && !broken_) return;
-      finished_ = true;
-    }
-    Finish(grpc::Status::OK);
-  }
-
-  void ForgetAll() {
+  // Drops the queued requests of this stream's sequences; their callbacks
+  // (Cancelled) may run on this thread. Called from reactions only, which
+  // gRPC never overlaps with OnDone, so `this` stays valid throughout.
+  void ForgetAll() ABSL_LOCKS_EXCLUDED(mu_) {
     std::vector<uint64_t> ids;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (const auto& [wire, internal] : ids_) ids.push_back(internal);
     }
     for (uint64_t id : ids) service_->planner_->Forget(id);
   }
 
-  PlannerService* service_;
-  v1::PlanRequest request_;
-  std::mutex mu_;
-  std::deque<v1::PlanResponse> queue_;  // front() is being written while writing_
-  absl::flat_hash_map<std::string, uint64_t> ids_;  // wire sequence id -> planner id
-  int64_t outstanding_ = 0;  // submitted, not yet answered
-  bool writing_ = false;
-  bool reads_done_ = false;
-  bool broken_ = false;
-  bool finished_ = false;
+  PlannerService* const service_;
+  v1::PlanRequest request_;  // the read in flight (reads are sequential)
+  QueuedWriter<v1::PlanResponse> writer_{this};
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, uint64_t> ids_ ABSL_GUARDED_BY(mu_);  // wire id -> planner id
+  int64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet answered
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 PlannerService::PlannerService(InProcessPlanner* planner, int num_layers, int default_max_draft)

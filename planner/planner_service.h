@@ -5,14 +5,20 @@
 // sequences over it. Requests are decoded (common/wire/plan_codec.h), solved in
 // order per planner (a newer request of the same sequence replaces a queued
 // one; the replaced one is answered SUPERSEDED), and answered on the same
-// stream in completion order. Sequence ids are scoped to their stream: two
-// executors may both use sequence "1". A request that cannot be decoded is
-// answered at once with PLAN_ERROR_CODE_INVALID_ARGUMENT; a model fingerprint
-// other than the planner's gets FINGERPRINT_MISMATCH. The stream finishes OK
-// once the executor half-closes and every answer is written.
+// stream in completion order (common/rpc/queued_writer.h writes them one at a
+// time). Sequence ids are scoped to their stream: two executors may both use
+// sequence "1". A request that cannot be decoded is answered at once with
+// PLAN_ERROR_CODE_INVALID_ARGUMENT; a model fingerprint other than the
+// planner's gets FINGERPRINT_MISMATCH. An exception while decoding (or inside
+// the solve, see planner/inprocess_planner.h) answers that request with
+// PLAN_ERROR_CODE_INTERNAL and is counted; the stream and the planner go on.
+// The stream finishes OK once the executor half-closes and every answer is
+// written.
 //
-// Ownership: borrows the InProcessPlanner, which must outlive the server.
-// Thread safety: gRPC calls in on its own threads; all stream state is
+// Ownership: borrows the InProcessPlanner, which must outlive the server. A
+// stream (its reactor) lives from Plan until gRPC's OnDone, which comes only
+// after every solve it submitted has answered. Thread safety: gRPC calls in
+// on its own threads, solve callbacks on the planner's; all stream state is
 // guarded per stream.
 #ifndef KNAPSERVE_PLANNER_PLANNER_SERVICE_H_
 #define KNAPSERVE_PLANNER_PLANNER_SERVICE_H_
@@ -37,6 +43,9 @@ class PlannerService final : public v1::Planner::CallbackService {
   // Requests received and answers written so far, over all streams.
   int64_t requests() const { return requests_.load(); }
   int64_t answers() const { return answers_.load(); }
+  // Requests whose decoding threw (answered INTERNAL); solves that threw are
+  // counted by the planner (InProcessPlanner::internal_errors).
+  int64_t internal_errors() const { return internal_errors_.load(); }
 
  private:
   class Stream;
@@ -47,6 +56,7 @@ class PlannerService final : public v1::Planner::CallbackService {
   std::atomic<uint64_t> next_internal_id_{1};
   std::atomic<int64_t> requests_{0};
   std::atomic<int64_t> answers_{0};
+  std::atomic<int64_t> internal_errors_{0};
 };
 
 }  // namespace knapserve

@@ -443,14 +443,16 @@ absl::Status BenchSpec() {
     std::fprintf(out, "\n");
   }
 
-  // The modes to compare: off, static (with a mask), and the planned ones
-  // when a latency profile is given (or when --modes names them).
+  // The modes to compare, in the mode table's order: off, the fixed-mask
+  // mode when there is a mask, the planned ones when a latency profile is
+  // given (or those --modes names).
   std::vector<std::string> mode_names = absl::GetFlag(FLAGS_modes);
   const bool have_profile = !absl::GetFlag(FLAGS_profile).empty();
   if (mode_names.empty()) {
-    mode_names = {"off"};
-    if (!skip.empty()) mode_names.push_back("static");
-    if (have_profile) mode_names.insert(mode_names.end(), {"clasp", "knapspec"});
+    for (const SpeculationModeInfo& info : AllSpeculationModes()) {
+      const bool runnable = !info.drafts || (info.planned ? have_profile : !skip.empty());
+      if (runnable) mode_names.push_back(info.name);
+    }
   }
   std::vector<BenchMode> modes;
   bool planned = false;
@@ -461,13 +463,14 @@ absl::Status BenchSpec() {
     const size_t at = name.find('@');
     remote_of_mode.push_back(at == std::string::npos ? "" : name.substr(at + 1));
     ASSIGN_OR_RETURN(SpeculationMode mode, ParseSpeculationMode(name.substr(0, at)));
-    if (mode == SpeculationMode::kStatic && skip.empty()) {
-      return absl::InvalidArgumentError("--modes static needs --skip MASK or --search-masks");
+    if (DraftsWithFixedMask(mode) && skip.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--modes ", SpeculationModeName(mode), " needs --skip MASK or --search-masks"));
     }
-    GenerationRequest request = WithMode(base, mode, mode == SpeculationMode::kStatic ? skip : "");
-    if (mode == SpeculationMode::kKnapSpec || mode == SpeculationMode::kClasp) {
+    GenerationRequest request = WithMode(base, mode, DraftsWithFixedMask(mode) ? skip : "");
+    if (IsPlanned(mode)) {
       planned = true;
-      request.speculation.max_draft = absl::GetFlag(FLAGS_max_draft).value_or(10);
+      request.speculation.max_draft = absl::GetFlag(FLAGS_max_draft).value_or(DefaultMaxDraft(mode));
     }
     modes.push_back({name, std::move(request)});
   }
@@ -477,8 +480,7 @@ absl::Status BenchSpec() {
   PlannerHandle planner;
   bool local_planned = false;
   for (size_t k = 0; k < modes.size(); ++k) {
-    const SpeculationMode mode = modes[k].request.speculation.mode;
-    if (mode != SpeculationMode::kKnapSpec && mode != SpeculationMode::kClasp) continue;
+    if (!IsPlanned(modes[k].request.speculation.mode)) continue;
     if (remote_of_mode[k].empty()) {
       local_planned = true;
       continue;

@@ -15,10 +15,9 @@ declare -A ALLOWED=(
   [common/plan]="common/base common/checkpoint common/model"
   [common/wire]="common/base common/checkpoint common/model common/plan proto"
   [executor]="common/base common/text common/checkpoint common/model common/plan common/wire common/metrics common/rpc proto"
-  [planner]="common/base common/checkpoint common/model common/plan common/wire common/metrics common/rpc proto"
+  [planner]="common/base common/checkpoint common/model common/plan common/wire common/rpc proto"
 )
-# Optional folders (present once they hold code).
-[[ -d common/rpc ]] && ALLOWED[common/rpc]="common/base proto"
+ALLOWED[common/rpc]=""
 
 status=0
 checked=0

@@ -211,9 +211,8 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t
   request.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   ASSIGN_OR_RETURN(request.speculation.mode, ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
   request.speculation.skip = absl::GetFlag(FLAGS_skip);
-  const bool planned = request.speculation.mode == SpeculationMode::kKnapSpec ||
-                       request.speculation.mode == SpeculationMode::kClasp;
-  request.speculation.max_draft = absl::GetFlag(FLAGS_max_draft).value_or(planned ? 10 : 5);
+  request.speculation.max_draft =
+      absl::GetFlag(FLAGS_max_draft).value_or(DefaultMaxDraft(request.speculation.mode));
   request.speculation.clasp_layers = absl::GetFlag(FLAGS_clasp_layers);
   request.speculation.exit_threshold = absl::GetFlag(FLAGS_exit_threshold);
   request.speculation.plan_interval = absl::GetFlag(FLAGS_plan_interval);
@@ -270,7 +269,7 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine&
                                                                     SpeculationMode mode,
                                                                     const std::string& command,
                                                                     ProfileSource* source) {
-  if (mode != SpeculationMode::kKnapSpec && mode != SpeculationMode::kClasp) return nullptr;
+  if (!IsPlanned(mode)) return nullptr;
   ASSIGN_OR_RETURN(ObtainedProfile obtained, LatencyProfileFromFlags(engine, command));
   if (source != nullptr) {
     source->origin = std::string(ProfileOriginName(obtained.origin));
@@ -285,7 +284,7 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine&
 absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine, SpeculationMode mode,
                                                      const std::string& command) {
   PlannerHandle handle;
-  if (mode != SpeculationMode::kKnapSpec && mode != SpeculationMode::kClasp) return handle;
+  if (!IsPlanned(mode)) return handle;
   const std::string where = absl::GetFlag(FLAGS_planner);
   if (where == "inproc") {
     ASSIGN_OR_RETURN(handle.local, PlannerFromFlags(engine, mode, command, &handle.profile));

@@ -125,7 +125,7 @@ struct ProfileSource {
 absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(const Engine& engine,
                                                         const std::string& command);
 
-// The in-process planner for --spec knapspec/clasp (the profile from
+// The in-process planner for a planned --spec mode (IsPlanned) (the profile from
 // LatencyProfileFromFlags, --planner-threads, --planner-nice), or nullptr for
 // the other modes. The profile's load and match errors, and measurement
 // errors. `source`, when given, receives where the profile came from.

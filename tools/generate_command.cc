@@ -7,7 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
-#include "executor/generation_service.h"
+#include "executor/generation_codec.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"

@@ -1,17 +1,21 @@
 // Tests of the Generation gRPC service (executor/generation_service.h,
 // executor_server.h) over real loopback gRPC: streamed output equals local
 // generation, invalid requests name their field, concurrency, admission,
-// cancellation, deadlines, Abort and drain.
+// cancellation, deadlines, Abort, drain, and a LibTorch exception in one
+// stream's forward pass failing that stream only.
 #include "executor/executor_server.h"
 
 #include <gtest/gtest.h>
 
+#include <c10/util/Exception.h>
 #include <grpcpp/generic/generic_stub.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "planner/inprocess_planner.h"
 #include "tests/testing/test_models.h"
 
@@ -423,6 +427,107 @@ TEST(GenerationServiceTest, DrainFinishesRunningRequestsAndRefusesNewOnes) {
   EXPECT_TRUE(running.status.ok()) << running.status.error_message();
   EXPECT_EQ(running.ids.size(), 400u);
   EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// A c10::Error thrown mid-stream (the fault hook runs where the step's
+// forward passes run, holding the step turn) ends that stream with INTERNAL
+// after the chunks it streamed; a concurrent stream finishes with exactly the
+// greedy output it gives alone, the server serves the next request, and the
+// internal-error metric counts 1.
+TEST(GenerationServiceTest, AnExceptionInOneStreamsForwardFailsThatStreamOnly) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  constexpr int64_t kFaultStep = 12;
+  // (request id, step) of every decode step, in the order they ran.
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, int64_t>> steps;
+  MetricsRegistry metrics;
+  GenerationServiceOptions options;
+  options.model_path = testing::Stories260kDir();
+  options.metrics = &metrics;
+  options.before_step_for_tests = [&](std::string_view id, int64_t step) {
+    {
+      absl::MutexLock lock(&mu);
+      steps.emplace_back(std::string(id), step);
+    }
+    TORCH_CHECK(!(id == "faulty" && step == kFaultStep), "injected fault at step ", step);
+  };
+  auto server = ExecutorServer::Start(*model, *StoriesTokenizer(), options, "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+
+  v1::GenerateRequest healthy = TextRequest("Once upon a time", 160);
+  healthy.set_ignore_eos(true);
+  healthy.set_request_id("healthy");
+  const Streamed alone = Call(*stub, healthy);
+  ASSERT_TRUE(alone.status.ok()) << alone.status.error_message();
+  ASSERT_EQ(alone.ids.size(), 160u);
+  GenerationRequest local;
+  local.prompt_ids = *StoriesTokenizer()->Encode("Once upon a time", true);
+  local.max_new_tokens = 160;
+  local.ignore_eos = true;
+  auto want = Generate(*model, *StoriesTokenizer(), local);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(alone.ids, want->output_ids);
+  {
+    absl::MutexLock lock(&mu);
+    steps.clear();
+  }
+
+  v1::GenerateRequest faulty = TextRequest("The little dog", 160);
+  faulty.set_ignore_eos(true);
+  faulty.set_request_id("faulty");
+  Streamed failed;
+  std::thread faulty_client;
+  // The faulty stream starts once the healthy one is streaming.
+  const Streamed together = Call(*stub, healthy, nullptr, [&] {
+    faulty_client = std::thread([&] { failed = Call(*stub, faulty); });
+  });
+  faulty_client.join();
+
+  EXPECT_EQ(failed.status.error_code(), grpc::StatusCode::INTERNAL) << failed.status.error_message();
+  EXPECT_NE(failed.status.error_message().find("injected fault at step 12"), std::string::npos)
+      << failed.status.error_message();
+  EXPECT_NE(failed.status.error_message().find("decode step 12"), std::string::npos)
+      << failed.status.error_message();
+  // It streamed its first token and one per step before the fault.
+  EXPECT_EQ(failed.ids.size(), static_cast<size_t>(kFaultStep + 1));
+  EXPECT_FALSE(failed.final.has_value());
+
+  ASSERT_TRUE(together.status.ok()) << together.status.error_message();
+  EXPECT_EQ(together.ids, alone.ids);
+  EXPECT_EQ(together.text, alone.text);
+  ASSERT_TRUE(together.final.has_value());
+  EXPECT_EQ(together.final->finish_reason(), v1::FINISH_REASON_LENGTH);
+  {
+    // The two really ran side by side: the healthy stream stepped before and
+    // after the fault.
+    absl::MutexLock lock(&mu);
+    auto fault = std::find(steps.begin(), steps.end(),
+                           std::pair<std::string, int64_t>("faulty", kFaultStep));
+    ASSERT_NE(fault, steps.end());
+    EXPECT_NE(std::find_if(steps.begin(), fault, [](const auto& s) { return s.first == "healthy"; }),
+              fault);
+    EXPECT_NE(std::find_if(fault, steps.end(), [](const auto& s) { return s.first == "healthy"; }),
+              steps.end());
+  }
+
+  // The step turn was released and the server still serves.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::GenerateRequest zoo = TextRequest("Zoo", 20);
+  zoo.set_ignore_eos(true);
+  const Streamed third = Call(*stub, zoo, &context);
+  EXPECT_TRUE(third.status.ok()) << third.status.error_message();
+  EXPECT_EQ(third.ids.size(), 20u);
+
+  const std::string text = metrics.Render();
+  EXPECT_NE(text.find("knapserve_request_internal_errors_total 1\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("knapserve_requests_total{code=\"INTERNAL\"} 1\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_requests_total{code=\"OK\"} 3\n"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "planner/inprocess_planner.h"
 
 #include <c10/core/InferenceMode.h>
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -250,6 +251,40 @@ TEST(InProcessPlannerTest, NewerRequestReplacesTheQueuedOneAndForgetDrops) {
   ASSERT_TRUE(solved.ok()) << solved.status();
   EXPECT_EQ(solved->step, 2);
   EXPECT_EQ(planner->replaced(), 1);
+}
+
+// A solve that throws (a c10::Error from a LibTorch check, injected through
+// the documented test hook) answers that request Internal, is counted, and
+// the planner goes on solving the next request on the same thread.
+TEST(InProcessPlannerTest, ASolveThatThrowsIsInternalForThatRequestOnly) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  InProcessPlannerOptions options;
+  options.before_solve_for_tests = [](const PlanRequest& request) {
+    TORCH_CHECK(request.sequence_id != 21, "injected solve fault for sequence ",
+                request.sequence_id);
+  };
+  auto planner = InProcessPlanner::Create(*model, HandLatencyProfile(*model), options);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  std::promise<absl::StatusOr<DraftPlan>> failed, solved;
+  auto failed_f = failed.get_future(), solved_f = solved.get_future();
+  (*planner)->Submit(MakeRequest(*model, 21, 20, 4),
+                     [&](absl::StatusOr<DraftPlan> p) { failed.set_value(p); });
+  (*planner)->Submit(MakeRequest(*model, 22, 20, 4),
+                     [&](absl::StatusOr<DraftPlan> p) { solved.set_value(p); });
+  auto error = Await(failed_f);
+  EXPECT_EQ(error.status().code(), absl::StatusCode::kInternal) << error.status();
+  EXPECT_NE(error.status().message().find("injected solve fault for sequence 21"),
+            std::string::npos)
+      << error.status();
+  // The message is LibTorch's, without the C++ backtrace it appends to what().
+  EXPECT_EQ(error.status().message().find("most recent call first"), std::string::npos)
+      << error.status();
+  auto plan = Await(solved_f);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ((*planner)->internal_errors(), 1);
+  EXPECT_EQ((*planner)->solved(), 2);
 }
 
 // Solves in Submit, on the caller's thread: plans then arrive at the very next

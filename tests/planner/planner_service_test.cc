@@ -5,6 +5,7 @@
 // dies mid-generation and comes back.
 #include "planner/planner_server.h"
 
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -96,6 +97,40 @@ TEST(PlannerServiceTest, AnswersOverTheWireLikeTheInProcessPlanner) {
   bad.states = bad.states.narrow(0, 0, 3);  // not 2L+1 boundaries
   auto invalid = SubmitAndWait(client, bad);
   EXPECT_EQ(invalid.status().code(), absl::StatusCode::kInvalidArgument) << invalid.status();
+}
+
+// A solve that throws behind the service answers that request
+// PLAN_ERROR_CODE_INTERNAL (Internal to the executor's callback); the stream,
+// the service and the planner keep answering.
+TEST(PlannerServiceTest, ASolveThatThrowsIsInternalAndTheServiceKeepsServing) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  InProcessPlannerOptions options;
+  options.before_solve_for_tests = [](const PlanRequest& request) {
+    TORCH_CHECK(request.step != 666, "injected solve fault");
+  };
+  auto planner = InProcessPlanner::Create(*model, HandLatencyProfile(*model), options);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  auto server = PlannerServer::Start(planner->get(), model->num_layers(), "127.0.0.1:0");
+  ASSERT_TRUE(server.ok()) << server.status();
+  Fixture f;
+  f.model = model;
+  f.address = absl::StrCat("127.0.0.1:", (*server)->port());
+  RemotePlannerClient client(ClientOptions(f));
+  PlanRequest faulty = ForwardPlanRequest(*model, 5, 30, 4);
+  faulty.step = 666;
+  auto failed = SubmitAndWait(client, faulty);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
+  EXPECT_NE(failed.status().message().find("injected solve fault"), std::string::npos)
+      << failed.status();
+  for (uint64_t sequence : {5, 6}) {
+    auto plan = SubmitAndWait(client, ForwardPlanRequest(*model, sequence, 30, 4));
+    ASSERT_TRUE(plan.ok()) << sequence << ": " << plan.status();
+  }
+  EXPECT_EQ((*planner)->internal_errors(), 1);
+  EXPECT_EQ((*server)->service().requests(), 3);
+  EXPECT_EQ((*server)->service().internal_errors(), 0);  // decoding never threw
 }
 
 GenerationRequest Planned(int64_t tokens) {

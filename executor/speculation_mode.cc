@@ -1,0 +1,58 @@
+#include "executor/speculation_mode.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace knapserve {
+namespace {
+
+// The one table of speculation modes (see the header before adding a row),
+// in listing order: off first (every comparison's baseline), then the
+// cheaper modes.
+const std::vector<SpeculationModeInfo>& Table() {
+  static const std::vector<SpeculationModeInfo> kModes = {
+      //  mode                      name        drafts planned policy               max_draft
+      {SpeculationMode::kOff,      "off",      false, false, PlanPolicy::kOff,      5},
+      {SpeculationMode::kStatic,   "static",   true,  false, PlanPolicy::kStatic,   5},
+      {SpeculationMode::kClasp,    "clasp",    true,  true,  PlanPolicy::kClasp,    10},
+      {SpeculationMode::kKnapSpec, "knapspec", true,  true,  PlanPolicy::kKnapSpec, 10},
+  };
+  return kModes;
+}
+
+}  // namespace
+
+const std::vector<SpeculationModeInfo>& AllSpeculationModes() { return Table(); }
+
+const SpeculationModeInfo& ModeInfo(SpeculationMode mode) {
+  for (const SpeculationModeInfo& info : Table()) {
+    if (info.mode == mode) return info;
+  }
+  // Only a value outside the enum gets here (a cast from a bad integer).
+  std::abort();
+}
+
+std::string SpeculationModeName(SpeculationMode mode) { return ModeInfo(mode).name; }
+
+absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name) {
+  std::vector<std::string> names;
+  for (const SpeculationModeInfo& info : Table()) {
+    if (name == info.name) return info.mode;
+    names.push_back(info.name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("spec: unknown speculation mode '", name,
+                                                 "' (supported: ", absl::StrJoin(names, ", "),
+                                                 ")"));
+}
+
+bool Drafts(SpeculationMode mode) { return ModeInfo(mode).drafts; }
+bool IsPlanned(SpeculationMode mode) { return ModeInfo(mode).planned; }
+bool DraftsWithFixedMask(SpeculationMode mode) {
+  return ModeInfo(mode).drafts && !ModeInfo(mode).planned;
+}
+PlanPolicy PlannedPolicy(SpeculationMode mode) { return ModeInfo(mode).policy; }
+int DefaultMaxDraft(SpeculationMode mode) { return ModeInfo(mode).default_max_draft; }
+
+}  // namespace knapserve
