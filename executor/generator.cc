@@ -8,11 +8,12 @@
 #include <chrono>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/base/status.h"
 #include "common/model/layer_mask.h"
 #include "common/model/decode_attention.h"
@@ -47,7 +48,7 @@ class PlanSession {
                            GenerationResult& result) {
     const auto start = std::chrono::steady_clock::now();
     {
-      std::lock_guard<std::mutex> lock(mailbox_->mu);
+      absl::MutexLock lock(&mailbox_->mu);
       result.stats.plan_failures += mailbox_->failures;
       mailbox_->failures = 0;
       if (!mailbox_->last_error.empty()) result.last_plan_error = mailbox_->last_error;
@@ -119,7 +120,7 @@ class PlanSession {
       CompleteTicket(shared, ticket, sequence_id, context_length, plan);
       std::shared_ptr<Mailbox> box = weak.lock();
       if (box == nullptr) return;  // the generation is over
-      std::lock_guard<std::mutex> lock(box->mu);
+      absl::MutexLock lock(&box->mu);
       if (plan.ok()) {
         box->solve_seconds += plan->solve_seconds;
       } else if (plan.status().code() != absl::StatusCode::kCancelled) {
@@ -142,18 +143,21 @@ class PlanSession {
     planner_->Forget(sequence_id_);
     controller_.Finish();
     result.planning = controller_.stats();
-    std::lock_guard<std::mutex> lock(mailbox_->mu);
+    absl::MutexLock lock(&mailbox_->mu);
     result.stats.plan_failures += mailbox_->failures;
     result.planning.solve_seconds = mailbox_->solve_seconds;
     if (!mailbox_->last_error.empty()) result.last_plan_error = mailbox_->last_error;
   }
 
  private:
+  // What planner callbacks report back to the decode thread. Shared (the
+  // callback holds a weak_ptr) so a late callback finds it gone rather than
+  // dangling; written by planner threads, drained by the decode thread.
   struct Mailbox {
-    std::mutex mu;
-    int64_t failures = 0;
-    std::string last_error;
-    double solve_seconds = 0;
+    absl::Mutex mu;
+    int64_t failures ABSL_GUARDED_BY(mu) = 0;  // not yet added to the result
+    std::string last_error ABSL_GUARDED_BY(mu);
+    double solve_seconds ABSL_GUARDED_BY(mu) = 0;
   };
 
   static uint64_t NextSequenceId() {

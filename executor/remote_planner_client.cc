@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 namespace knapserve {
 
@@ -13,15 +14,15 @@ RemotePlannerClient::RemotePlannerClient(RemotePlannerOptions options)
 
 RemotePlannerClient::~RemotePlannerClient() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
     if (context_ != nullptr) context_->TryCancel();
+    cv_.SignalAll();
   }
-  cv_.notify_all();
   thread_.join();
   std::map<uint64_t, Queued> queued;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     queued.swap(queued_);
     order_.clear();
   }
@@ -32,7 +33,7 @@ RemotePlannerClient::~RemotePlannerClient() {
 void RemotePlannerClient::Submit(PlanRequest request, PlanCallback done) {
   PlanCallback replaced;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     const uint64_t id = request.sequence_id;
     auto it = queued_.find(id);
     if (it != queued_.end()) {
@@ -42,15 +43,15 @@ void RemotePlannerClient::Submit(PlanRequest request, PlanCallback done) {
       queued_.emplace(id, Queued{std::move(request), std::move(done)});
       order_.push_back(id);
     }
+    cv_.SignalAll();
   }
-  cv_.notify_all();
   if (replaced) replaced(absl::CancelledError("replaced by a newer request of the sequence"));
 }
 
 void RemotePlannerClient::Forget(uint64_t sequence_id) {
   PlanCallback dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = queued_.find(sequence_id);
     if (it == queued_.end()) return;
     dropped = std::move(it->second.done);
@@ -63,7 +64,7 @@ void RemotePlannerClient::Forget(uint64_t sequence_id) {
 void RemotePlannerClient::FailInFlight(const absl::Status& status) {
   std::map<Key, PlanCallback> failed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     failed.swap(in_flight_);
   }
   for (auto& [key, done] : failed) done(status);
@@ -78,7 +79,7 @@ void RemotePlannerClient::Read(
     const Key key{id, static_cast<int64_t>(response.step())};
     PlanCallback done;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       auto it = in_flight_.find(key);
       if (it == in_flight_.end()) continue;
       done = std::move(it->second);
@@ -87,10 +88,10 @@ void RemotePlannerClient::Read(
     done(DecodePlanResponse(response, options_.num_layers));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     broken_ = true;
+    cv_.SignalAll();
   }
-  cv_.notify_all();
 }
 
 void RemotePlannerClient::Serve(
@@ -98,8 +99,8 @@ void RemotePlannerClient::Serve(
   while (true) {
     Queued next;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || broken_ || !order_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && !broken_ && order_.empty()) cv_.Wait(&mu_);
       if (stopping_ || broken_) return;
       const uint64_t id = order_.front();
       order_.pop_front();
@@ -116,7 +117,7 @@ void RemotePlannerClient::Serve(
     }
     const Key key{std::stoull(wire.sequence_id()), static_cast<int64_t>(wire.step())};
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       in_flight_[key] = std::move(next.done);
     }
     const int64_t bytes = static_cast<int64_t>(wire.ByteSizeLong());
@@ -130,7 +131,7 @@ void RemotePlannerClient::Run() {
   std::chrono::milliseconds backoff = options_.initial_backoff;
   while (true) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (stopping_) return;
     }
     grpc::ChannelArguments args;
@@ -143,7 +144,7 @@ void RemotePlannerClient::Run() {
       auto stub = v1::Planner::NewStub(channel);
       grpc::ClientContext context;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         if (stopping_) return;
         context_ = &context;
         broken_ = false;
@@ -160,16 +161,20 @@ void RemotePlannerClient::Run() {
       stream->Finish().ok();  // the status says why; the caller only needs "gone"
       connected_ = false;
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         context_ = nullptr;
       }
       FailInFlight(absl::UnavailableError(
           absl::StrCat("the planner stream to ", options_.address, " broke")));
     }
     // Wait before the next attempt (interrupted by the destructor).
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, up ? options_.initial_backoff : backoff, [this] { return stopping_; })) {
-      return;
+    {
+      const absl::Time deadline =
+          absl::Now() + absl::FromChrono(up ? options_.initial_backoff : backoff);
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && !cv_.WaitWithDeadline(&mu_, deadline)) {
+      }
+      if (stopping_) return;
     }
     if (!up) backoff = std::min(backoff * 2, options_.max_backoff);
   }

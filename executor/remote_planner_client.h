@@ -15,7 +15,9 @@
 // Ownership: owns its threads and channel; requests hold K/V handles until
 // they are written. The destructor closes the stream and answers everything
 // still pending with Unavailable. Thread safety: Submit and Forget from any
-// thread.
+// thread; the counters from any thread. One absl::Mutex guards the queue, the
+// requests in flight, the open stream's context and the broken/stopping
+// flags; callbacks always run without it (they may Submit again).
 #ifndef KNAPSERVE_EXECUTOR_REMOTE_PLANNER_CLIENT_H_
 #define KNAPSERVE_EXECUTOR_REMOTE_PLANNER_CLIENT_H_
 
@@ -23,18 +25,18 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
 
-#include "common/wire/plan_codec.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/plan/planner_client.h"
+#include "common/wire/plan_codec.h"
 #include "knapserve/v1/planner.grpc.pb.h"
 
 namespace knapserve {
@@ -53,8 +55,8 @@ class RemotePlannerClient : public PlannerClient {
   explicit RemotePlannerClient(RemotePlannerOptions options);
   ~RemotePlannerClient() override;
 
-  void Submit(PlanRequest request, PlanCallback done) override;
-  void Forget(uint64_t sequence_id) override;
+  void Submit(PlanRequest request, PlanCallback done) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Forget(uint64_t sequence_id) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Whether a stream is open now; how many times one was (re)opened; bytes of
   // encoded requests written; requests written.
@@ -70,21 +72,31 @@ class RemotePlannerClient : public PlannerClient {
   };
   using Key = std::pair<uint64_t, int64_t>;  // (sequence, step)
 
-  void Run();
-  // Writes queued requests until the stream breaks or the client stops.
-  void Serve(grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>* stream);
-  void Read(grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>* stream);
-  void FailInFlight(const absl::Status& status);
+  // The client thread: connects, serves a stream until it breaks, backs off,
+  // reconnects, until the destructor stops it.
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
+  // Writes queued requests until the stream breaks or the client stops
+  // (client thread).
+  void Serve(grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>* stream)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Answers requests in flight until the stream ends, then marks it broken
+  // (the reader thread Run starts per stream).
+  void Read(grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>* stream)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Answers every request in flight with `status`.
+  void FailInFlight(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
   const RemotePlannerOptions options_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<uint64_t> order_;           // sequences with a queued request
-  std::map<uint64_t, Queued> queued_;    // one per sequence
-  std::map<Key, PlanCallback> in_flight_;  // written, not yet answered
-  grpc::ClientContext* context_ = nullptr;  // of the open stream, for TryCancel
-  bool broken_ = false;
-  bool stopping_ = false;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled when the queue, broken_ or stopping_ change
+  std::deque<uint64_t> order_ ABSL_GUARDED_BY(mu_);           // sequences with a queued request
+  std::map<uint64_t, Queued> queued_ ABSL_GUARDED_BY(mu_);    // one per sequence
+  std::map<Key, PlanCallback> in_flight_ ABSL_GUARDED_BY(mu_);  // written, not yet answered
+  // The open stream's context (owned by Run's stack), for the destructor's
+  // TryCancel; null between streams.
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;    // the open stream's reader saw it end
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // the destructor runs
   std::atomic<bool> connected_{false};
   std::atomic<int64_t> connections_{0};
   std::atomic<int64_t> bytes_sent_{0};

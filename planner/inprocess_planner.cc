@@ -42,12 +42,12 @@ InProcessPlanner::InProcessPlanner(const LlamaModel& model, LatencyProfile profi
 InProcessPlanner::~InProcessPlanner() {
   absl::flat_hash_map<uint64_t, Pending> left;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
     left.swap(pending_);
     order_.clear();
+    cv_.SignalAll();
   }
-  cv_.notify_all();
   worker_.join();
   for (auto& [id, pending] : left) {
     pending.done(absl::UnavailableError("the planner is shutting down"));
@@ -58,7 +58,7 @@ void InProcessPlanner::Submit(PlanRequest request, PlanCallback done) {
   PlanCallback replaced_done;
   absl::Status replaced_status;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) {
       replaced_done = std::move(done);
       replaced_status = absl::UnavailableError("the planner is shutting down");
@@ -75,9 +75,9 @@ void InProcessPlanner::Submit(PlanRequest request, PlanCallback done) {
                                      std::chrono::steady_clock::now()});
         order_.push_back(id);
       }
+      cv_.Signal();
     }
   }
-  cv_.notify_one();
   // Callbacks run outside the lock (they may Submit again).
   if (replaced_done) replaced_done(replaced_status);
 }
@@ -85,7 +85,7 @@ void InProcessPlanner::Submit(PlanRequest request, PlanCallback done) {
 void InProcessPlanner::Forget(uint64_t sequence_id) {
   PlanCallback dropped;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     auto it = pending_.find(sequence_id);
     if (it == pending_.end()) return;
     dropped = std::move(it->second.done);
@@ -96,12 +96,12 @@ void InProcessPlanner::Forget(uint64_t sequence_id) {
 }
 
 int64_t InProcessPlanner::solved() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return solved_;
 }
 
 int64_t InProcessPlanner::replaced() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   return replaced_;
 }
 
@@ -185,8 +185,8 @@ void InProcessPlanner::Run() {
   while (true) {
     Pending job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !order_.empty(); });
+      absl::MutexLock lock(&mu_);
+      while (!stopping_ && order_.empty()) cv_.Wait(&mu_);
       if (stopping_) return;
       const uint64_t id = order_.front();
       order_.pop_front();
@@ -208,7 +208,7 @@ void InProcessPlanner::Run() {
     if (plan.ok()) plan->queue_seconds = queued;
     job.request = PlanRequest();  // release the K/V handles before reporting
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       ++solved_;
     }
     job.done(std::move(plan));

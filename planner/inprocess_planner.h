@@ -17,21 +17,24 @@
 // after the running solve and answers queued requests with Unavailable.
 // Exceptions: a solve that throws (a LibTorch check, any std::exception)
 // answers its request with Internal and is counted; the planner goes on.
-// Thread safety: Submit and Forget may be called from any thread.
+// Thread safety: Submit, Forget, Solve and the counters may be called from
+// any thread. One absl::Mutex guards the queue, the counters and the stopping
+// flag; solves and callbacks run without it (callbacks may Submit again).
 #ifndef KNAPSERVE_PLANNER_INPROCESS_PLANNER_H_
 #define KNAPSERVE_PLANNER_INPROCESS_PLANNER_H_
 
 #include <atomic>
-#include <condition_variable>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/model/llama.h"
 #include "common/plan/planner_client.h"
 #include "planner/latency_profile.h"
@@ -68,15 +71,15 @@ class InProcessPlanner : public PlannerClient {
       const LlamaModel& model, LatencyProfile profile, InProcessPlannerOptions options);
   ~InProcessPlanner() override;
 
-  void Submit(PlanRequest request, PlanCallback done) override;
-  void Forget(uint64_t sequence_id) override;
+  void Submit(PlanRequest request, PlanCallback done) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Forget(uint64_t sequence_id) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Solves `request` on the calling thread (what the worker does per request).
   absl::StatusOr<DraftPlan> Solve(const PlanRequest& request) const;
 
   // Requests solved (or failed) so far, and requests replaced by newer ones.
-  int64_t solved() const;
-  int64_t replaced() const;
+  int64_t solved() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t replaced() const ABSL_LOCKS_EXCLUDED(mu_);
   // Solves that threw (a c10::Error, any std::exception): each request was
   // answered Internal and the planner went on.
   int64_t internal_errors() const { return internal_errors_.load(); }
@@ -90,19 +93,20 @@ class InProcessPlanner : public PlannerClient {
 
   InProcessPlanner(const LlamaModel& model, LatencyProfile profile,
                    InProcessPlannerOptions options);
-  void Run();
+  // The worker thread: solves queued requests until the destructor stops it.
+  void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   const LlamaModel& model_;
   const LatencyProfile profile_;
   const InProcessPlannerOptions options_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<uint64_t> order_;                           // sequences with a queued request
-  absl::flat_hash_map<uint64_t, Pending> pending_;       // one per sequence
-  bool stopping_ = false;
-  int64_t solved_ = 0;
-  int64_t replaced_ = 0;
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // signalled when a request is queued or stopping_ is set
+  std::deque<uint64_t> order_ ABSL_GUARDED_BY(mu_);  // sequences with a queued request
+  absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // one per sequence
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t solved_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t replaced_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int64_t> internal_errors_{0};
   std::thread worker_;  // last: started after everything above exists
 };

@@ -10,6 +10,7 @@ cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache git
+  clang  # tools/check_thread_safety.sh (clang's -Wthread-safety), a CTest test
   libtorch-dev libopenblas0-pthread
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev

@@ -26,14 +26,14 @@ std::string WithLabels(const std::string& name, const std::string& labels) {
 void Histogram::Observe(double v) {
   const size_t bucket =
       std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++counts_[bucket];
   sum_ += v;
   ++count_;
 }
 
 void Histogram::Snapshot(std::vector<uint64_t>* cumulative, double* sum, uint64_t* count) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   cumulative->clear();
   uint64_t running = 0;
   for (uint64_t c : counts_) cumulative->push_back(running += c);
@@ -57,7 +57,7 @@ MetricsRegistry::Family& MetricsRegistry::FamilyFor(const std::string& name,
 
 Counter& MetricsRegistry::AddCounter(const std::string& name, const std::string& help,
                                      const std::string& labels) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Family& f = FamilyFor(name, help, "counter");
   for (auto& [l, c] : f.counters) {
     if (l == labels) return *c;
@@ -68,7 +68,7 @@ Counter& MetricsRegistry::AddCounter(const std::string& name, const std::string&
 
 Histogram& MetricsRegistry::AddHistogram(const std::string& name, const std::string& help,
                                          std::vector<double> bounds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   Family& f = FamilyFor(name, help, "histogram");
   std::sort(bounds.begin(), bounds.end());
   if (f.histogram == nullptr) f.histogram = std::make_unique<Histogram>(std::move(bounds));
@@ -77,12 +77,12 @@ Histogram& MetricsRegistry::AddHistogram(const std::string& name, const std::str
 
 void MetricsRegistry::AddGauge(const std::string& name, const std::string& help,
                                std::function<double()> read) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   FamilyFor(name, help, "gauge").gauge = std::move(read);
 }
 
 std::string MetricsRegistry::Render() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   std::string out;
   for (const auto& f : families_) {
     out += "# HELP " + f->name + " " + f->help + "\n# TYPE " + f->name + " " + f->type + "\n";

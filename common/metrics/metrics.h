@@ -14,7 +14,11 @@
 // string (e.g. `code="OK"`), added with the same name.
 //
 // Ownership: the registry owns every metric and returns stable references.
-// Thread safety: Add/Set/Observe and Render from any thread.
+// Thread safety: Add/Set/Observe and Render from any thread. A Counter is one
+// atomic; a Histogram guards its buckets with its own absl::Mutex; the
+// registry's mutex guards the family list (not the metrics' values). Render
+// calls gauge functions with the registry's mutex held, so a gauge function
+// must not add metrics to the same registry.
 #ifndef KNAPSERVE_COMMON_METRICS_METRICS_H_
 #define KNAPSERVE_COMMON_METRICS_METRICS_H_
 
@@ -22,10 +26,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace knapserve {
 
@@ -46,17 +52,18 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)),
                                                    counts_(bounds_.size() + 1, 0) {}
-  void Observe(double v);
+  void Observe(double v) ABSL_LOCKS_EXCLUDED(mu_);
   // Cumulative counts per upper bound (last = +Inf), sum and count.
-  void Snapshot(std::vector<uint64_t>* cumulative, double* sum, uint64_t* count) const;
+  void Snapshot(std::vector<uint64_t>* cumulative, double* sum, uint64_t* count) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   const std::vector<double>& bounds() const { return bounds_; }
 
  private:
-  const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;
-  double sum_ = 0;
-  uint64_t count_ = 0;
+  const std::vector<double> bounds_;  // immutable: read without the lock
+  mutable absl::Mutex mu_;
+  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);  // per bucket, not cumulative
+  double sum_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class MetricsRegistry {
@@ -64,14 +71,15 @@ class MetricsRegistry {
   // `labels` like `code="OK"` (empty: none). Same name + labels twice returns
   // the same metric.
   Counter& AddCounter(const std::string& name, const std::string& help,
-                      const std::string& labels = "");
+                      const std::string& labels = "") ABSL_LOCKS_EXCLUDED(mu_);
   Histogram& AddHistogram(const std::string& name, const std::string& help,
-                          std::vector<double> bounds);
-  // A gauge read at render time.
-  void AddGauge(const std::string& name, const std::string& help, std::function<double()> read);
+                          std::vector<double> bounds) ABSL_LOCKS_EXCLUDED(mu_);
+  // A gauge read at render time (with the registry's mutex held).
+  void AddGauge(const std::string& name, const std::string& help, std::function<double()> read)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The Prometheus text format, families in the order they were added.
-  std::string Render() const;
+  std::string Render() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Family {
@@ -80,10 +88,14 @@ class MetricsRegistry {
     std::unique_ptr<Histogram> histogram;
     std::function<double()> gauge;
   };
-  Family& FamilyFor(const std::string& name, const std::string& help, const std::string& type);
+  // The family `name`, added (with `help` and `type`) when there is none.
+  Family& FamilyFor(const std::string& name, const std::string& help, const std::string& type)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Family>> families_;
+  mutable absl::Mutex mu_;
+  // The families and their fields (counters, histogram, gauge: which metric
+  // objects exist) are guarded; the metric objects guard their own values.
+  std::vector<std::unique_ptr<Family>> families_ ABSL_GUARDED_BY(mu_);
 };
 
 // Serves GET /metrics (registry.Render()) over HTTP on its own thread.

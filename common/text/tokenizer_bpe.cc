@@ -1,6 +1,5 @@
 #include "common/text/tokenizer_bpe.h"
 
-#include <mutex>
 #include <queue>
 #include <utility>
 
@@ -135,7 +134,7 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const 
   }
   const bool cacheable = word.size() < kMaxCachedWordBytes;
   if (cacheable) {
-    std::shared_lock lock(cache_mutex_);
+    absl::ReaderMutexLock lock(&cache_mutex_);
     if (auto it = cache_.find(AbslView(word)); it != cache_.end()) {
       ids->insert(ids->end(), it->second.begin(), it->second.end());
       return;
@@ -144,7 +143,7 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const 
   const size_t start = ids->size();
   TokenizeUncached(word, ids);
   if (cacheable) {
-    std::unique_lock lock(cache_mutex_);
+    absl::WriterMutexLock lock(&cache_mutex_);
     if (cache_.size() >= kMaxCacheEntries) cache_.clear();
     cache_.emplace(std::string(word), std::vector<int32_t>(ids->begin() + start, ids->end()));
   }

@@ -10,7 +10,8 @@
 // training-time option).
 //
 // Immutable after construction except for an internal cache of tokenized
-// words (bounded, guarded by a mutex), so all const methods are thread-safe.
+// words (bounded, guarded by an absl::Mutex: shared for lookups, exclusive for
+// inserts), so all const methods are thread-safe.
 #ifndef KNAPSERVE_COMMON_TEXT_TOKENIZER_BPE_H_
 #define KNAPSERVE_COMMON_TEXT_TOKENIZER_BPE_H_
 
@@ -18,13 +19,14 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <shared_mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/base/json_fields.h"
 
 namespace knapserve {
@@ -38,7 +40,8 @@ class BpeModel {
   static absl::StatusOr<std::unique_ptr<BpeModel>> FromJson(const JsonReader& model);
 
   // Appends the ids of `word`, one pre-token (valid UTF-8), to *ids.
-  void Tokenize(std::string_view word, std::vector<int32_t>* ids) const;
+  void Tokenize(std::string_view word, std::vector<int32_t>* ids) const
+      ABSL_LOCKS_EXCLUDED(cache_mutex_);
 
   std::optional<int32_t> TokenToId(std::string_view token) const;
   // The token of `id`, or nullptr if the vocab has no such id.
@@ -82,8 +85,9 @@ class BpeModel {
   // Words up to kMaxCachedWordBytes long -> ids. Cleared when it gets full.
   static constexpr size_t kMaxCachedWordBytes = 256;
   static constexpr size_t kMaxCacheEntries = 65536;
-  mutable std::shared_mutex cache_mutex_;
-  mutable absl::flat_hash_map<std::string, std::vector<int32_t>> cache_;
+  mutable absl::Mutex cache_mutex_;
+  mutable absl::flat_hash_map<std::string, std::vector<int32_t>> cache_
+      ABSL_GUARDED_BY(cache_mutex_);
 };
 
 }  // namespace tokenizer_internal

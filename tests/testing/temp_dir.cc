@@ -3,15 +3,17 @@
 #include <stdlib.h>
 
 #include <filesystem>
-#include <mutex>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace knapserve::testing {
 namespace {
 
-std::mutex mu;
+ABSL_CONST_INIT absl::Mutex mu(absl::kConstInit);
 // The folders MakeTempDir made and TempDirEnvironment has not removed yet.
-std::vector<std::string>& BinaryLifetimeDirs() {
+std::vector<std::string>& BinaryLifetimeDirs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
   static auto* dirs = new std::vector<std::string>();
   return *dirs;
 }
@@ -48,7 +50,7 @@ ScopedTempDir::~ScopedTempDir() { RemoveTree(path_); }
 std::string MakeTempDir(const std::string& prefix) {
   std::string path = CreateTempDir(prefix);
   if (path.empty()) return path;
-  std::lock_guard<std::mutex> lock(mu);
+  absl::MutexLock lock(&mu);
   BinaryLifetimeDirs().push_back(path);
   return path;
 }
@@ -56,7 +58,7 @@ std::string MakeTempDir(const std::string& prefix) {
 void TempDirEnvironment::TearDown() {
   std::vector<std::string> dirs;
   {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     dirs.swap(BinaryLifetimeDirs());
   }
   for (const std::string& dir : dirs) RemoveTree(dir);

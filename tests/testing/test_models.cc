@@ -6,10 +6,11 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/model/llama.h"
 #include "common/plan/planner_client.h"
 #include <c10/core/InferenceMode.h>
@@ -21,17 +22,29 @@
 namespace knapserve::testing {
 namespace {
 
-std::mutex mu;
+// Guards the random-model cache (tests may run fixtures from several
+// threads).
+ABSL_CONST_INIT absl::Mutex mu(absl::kConstInit);
+// RandomModelDir's models by "shape/seed/dtype" (made on first use: no
+// dynamic initialization, so static initializers elsewhere may call in).
+std::map<std::string, std::string>* random_model_dirs ABSL_GUARDED_BY(mu)
+    ABSL_PT_GUARDED_BY(mu) = nullptr;
+
+// CachedModel's loaded models by name (made on first use); models_mu is held
+// across a load, so a model loads once even when several threads ask for it.
+ABSL_CONST_INIT absl::Mutex models_mu(absl::kConstInit);
+std::map<std::string, std::unique_ptr<LlamaModel>>* cached_models ABSL_GUARDED_BY(models_mu)
+    ABSL_PT_GUARDED_BY(models_mu) = nullptr;
 
 }  // namespace
 
 std::string RandomModelDir(const std::string& shape, uint64_t seed, const std::string& dtype) {
-  static std::map<std::string, std::string>* cache = new std::map<std::string, std::string>();
   const std::string key = absl::StrCat(shape, "/", seed, "/", dtype);
   {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = cache->find(key);
-    if (it != cache->end()) return it->second;
+    absl::MutexLock lock(&mu);
+    if (random_model_dirs == nullptr) random_model_dirs = new std::map<std::string, std::string>();
+    auto it = random_model_dirs->find(key);
+    if (it != random_model_dirs->end()) return it->second;
   }
   MakeModelOptions options;
   options.shape = shape;
@@ -43,8 +56,8 @@ std::string RandomModelDir(const std::string& shape, uint64_t seed, const std::s
     ADD_FAILURE() << "make-model " << shape << ": " << status;
     return "";
   }
-  std::lock_guard<std::mutex> lock(mu);
-  (*cache)[key] = options.out_dir;
+  absl::MutexLock lock(&mu);
+  (*random_model_dirs)[key] = options.out_dir;
   return options.out_dir;
 }
 
@@ -89,10 +102,11 @@ void SetUpTestEnvironment() {
 }
 
 const LlamaModel* CachedModel(const std::string& name) {
-  static auto* models = new std::map<std::string, std::unique_ptr<LlamaModel>>();
-  static std::mutex models_mu;
-  std::lock_guard<std::mutex> lock(models_mu);
-  if (auto it = models->find(name); it != models->end()) return it->second.get();
+  absl::MutexLock lock(&models_mu);
+  if (cached_models == nullptr) {
+    cached_models = new std::map<std::string, std::unique_ptr<LlamaModel>>();
+  }
+  if (auto it = cached_models->find(name); it != cached_models->end()) return it->second.get();
   std::string shape = name;
   ModelOptions options;
   if (const size_t slash = name.find('/'); slash != std::string::npos) {
@@ -111,7 +125,7 @@ const LlamaModel* CachedModel(const std::string& name) {
   auto model = LlamaModel::Load(dir, options);
   EXPECT_TRUE(model.ok()) << name << ": " << model.status();
   if (!model.ok()) return nullptr;
-  return ((*models)[name] = std::move(*model)).get();
+  return ((*cached_models)[name] = std::move(*model)).get();
 }
 
 const Tokenizer* StoriesTokenizer() {
