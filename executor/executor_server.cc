@@ -9,25 +9,29 @@
 namespace knapserve {
 
 absl::StatusOr<std::unique_ptr<ExecutorServer>> ExecutorServer::Start(
-    const LlamaModel& model, const Tokenizer& tokenizer, GenerationServiceOptions options,
-    const std::string& listen) {
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    GenerationServiceOptions options, const std::string& listen) {
   // Warm-up before anyone can call: kernel selection, page faults.
   GenerationRequest warmup;
   warmup.prompt_ids = {model.config().bos_token_id.value_or(0)};
   warmup.max_new_tokens = 4;
   warmup.ignore_eos = true;
-  RETURN_IF_ERROR(Annotate(knapserve::Generate(model, tokenizer, warmup).status(), "warm-up"));
+  RETURN_IF_ERROR(Annotate(
+      knapserve::Generate(model, tokenizer, warmup).status(), "warm-up"));
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<ExecutorServer> server(new ExecutorServer());
-  server->service_ = std::make_unique<GenerationService>(model, tokenizer, std::move(options));
+  server->service_ =
+      std::make_unique<GenerationService>(model, tokenizer, std::move(options));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
+                           &server->port_);
   builder.RegisterService(server->service_.get());
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("executor: cannot listen on ", listen));
+    return absl::UnavailableError(
+        absl::StrCat("executor: cannot listen on ", listen));
   }
   server->server_->GetHealthCheckService()->SetServingStatus(
       v1::Generation::service_full_name(), true);
@@ -37,9 +41,11 @@ absl::StatusOr<std::unique_ptr<ExecutorServer>> ExecutorServer::Start(
 bool ExecutorServer::Drain(std::chrono::milliseconds timeout) {
   if (stopped_) return true;
   stopped_ = true;
-  server_->GetHealthCheckService()->SetServingStatus(v1::Generation::service_full_name(), false);
+  server_->GetHealthCheckService()->SetServingStatus(
+      v1::Generation::service_full_name(), false);
   const bool finished = service_->Drain(timeout);
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  server_->Shutdown(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(500));
   return finished;
 }
 

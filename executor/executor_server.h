@@ -27,10 +27,9 @@ class ExecutorServer {
  public:
   // Builds the service, warms the model up with a short generation, starts
   // serving. Unavailable if the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<ExecutorServer>> Start(const LlamaModel& model,
-                                                               const Tokenizer& tokenizer,
-                                                               GenerationServiceOptions options,
-                                                               const std::string& listen);
+  static absl::StatusOr<std::unique_ptr<ExecutorServer>> Start(
+      const LlamaModel& model, const Tokenizer& tokenizer,
+      GenerationServiceOptions options, const std::string& listen);
   ~ExecutorServer();
 
   int port() const { return port_; }

@@ -21,18 +21,21 @@ v1::SpeculationMode ToWireMode(SpeculationMode mode) {
   // The mode table's names are fixed at build time and the codec test checks
   // that each has a wire value; UNSPECIFIED is only left for a missing one.
   v1::SpeculationMode_Parse(
-      absl::StrCat(kModePrefix, absl::AsciiStrToUpper(SpeculationModeName(mode))), &wire);
+      absl::StrCat(kModePrefix,
+                   absl::AsciiStrToUpper(SpeculationModeName(mode))),
+      &wire);
   return wire;
 }
 
 absl::StatusOr<SpeculationMode> FromWireMode(v1::SpeculationMode wire,
                                              SpeculationMode unspecified) {
   if (wire == v1::SPECULATION_MODE_UNSPECIFIED) return unspecified;
-  const std::string name = v1::SpeculationMode_IsValid(wire) ? v1::SpeculationMode_Name(wire)
-                                                              : std::string();
+  const std::string name = v1::SpeculationMode_IsValid(wire)
+                               ? v1::SpeculationMode_Name(wire)
+                               : std::string();
   if (absl::StartsWith(name, kModePrefix)) {
-    absl::StatusOr<SpeculationMode> mode =
-        ParseSpeculationMode(absl::AsciiStrToLower(name.substr(kModePrefix.size())));
+    absl::StatusOr<SpeculationMode> mode = ParseSpeculationMode(
+        absl::AsciiStrToLower(name.substr(kModePrefix.size())));
     if (mode.ok()) return mode;
   }
   return absl::InvalidArgumentError(
@@ -59,24 +62,26 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
-absl::StatusOr<GenerationRequest> DecodeGenerateRequest(const v1::GenerateRequest& wire,
-                                                        const GenerateRequestDefaults& defaults,
-                                                        const LlamaModel& model,
-                                                        const Tokenizer& tokenizer) {
+absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
+    const v1::GenerateRequest& wire, const GenerateRequestDefaults& defaults,
+    const LlamaModel& model, const Tokenizer& tokenizer) {
   GenerationRequest request;
   switch (wire.prompt_case()) {
     case v1::GenerateRequest::kText: {
-      if (wire.text().empty()) return absl::InvalidArgumentError("prompt.text: empty");
+      if (wire.text().empty())
+        return absl::InvalidArgumentError("prompt.text: empty");
       absl::StatusOr<std::vector<int32_t>> ids =
           tokenizer.Encode(wire.text(), /*add_special_tokens=*/true);
       if (!ids.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("prompt.text: ", ids.status().message()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt.text: ", ids.status().message()));
       }
       request.prompt_ids = std::move(*ids);
       break;
     }
     case v1::GenerateRequest::kTokenIds:
-      request.prompt_ids.assign(wire.token_ids().ids().begin(), wire.token_ids().ids().end());
+      request.prompt_ids.assign(wire.token_ids().ids().begin(),
+                                wire.token_ids().ids().end());
       if (request.prompt_ids.empty()) {
         return absl::InvalidArgumentError("prompt.token_ids: empty");
       }
@@ -84,32 +89,37 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(const v1::GenerateReques
     default:
       return absl::InvalidArgumentError("prompt: set text or token_ids");
   }
-  request.max_new_tokens =
-      wire.has_max_new_tokens() ? wire.max_new_tokens() : defaults.max_new_tokens;
+  request.max_new_tokens = wire.has_max_new_tokens() ? wire.max_new_tokens()
+                                                     : defaults.max_new_tokens;
   if (wire.has_temperature()) request.sampling.temperature = wire.temperature();
   if (wire.has_top_k()) request.sampling.top_k = wire.top_k();
   if (wire.has_top_p()) request.sampling.top_p = wire.top_p();
   if (wire.has_seed()) request.sampling.seed = wire.seed();
   request.ignore_eos = wire.has_ignore_eos() && wire.ignore_eos();
   request.stop_strings.assign(wire.stop().begin(), wire.stop().end());
-  request.stop_token_ids.assign(wire.stop_token_ids().begin(), wire.stop_token_ids().end());
+  request.stop_token_ids.assign(wire.stop_token_ids().begin(),
+                                wire.stop_token_ids().end());
   request.speculation = defaults.speculation;
   const v1::SpeculationOptions& spec = wire.speculation();
   ASSIGN_OR_RETURN(request.speculation.mode,
                    FromWireMode(spec.mode(), defaults.speculation.mode));
-  if (spec.has_max_draft_tokens()) request.speculation.max_draft = spec.max_draft_tokens();
+  if (spec.has_max_draft_tokens())
+    request.speculation.max_draft = spec.max_draft_tokens();
   if (spec.has_static_mask()) request.speculation.skip = spec.static_mask();
-  if (spec.has_exit_threshold()) request.speculation.exit_threshold = spec.exit_threshold();
+  if (spec.has_exit_threshold())
+    request.speculation.exit_threshold = spec.exit_threshold();
   if (IsPlanned(request.speculation.mode) && !defaults.have_planner) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("speculation.mode: ", SpeculationModeName(request.speculation.mode),
-                     " needs a planner, and this executor runs without one (--planner none)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "speculation.mode: ", SpeculationModeName(request.speculation.mode),
+        " needs a planner, and this executor runs without one (--planner "
+        "none)"));
   }
   RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
   return request;
 }
 
-v1::GenerateResponse EncodeChunk(std::string_view request_id, absl::Span<const int32_t> ids,
+v1::GenerateResponse EncodeChunk(std::string_view request_id,
+                                 absl::Span<const int32_t> ids,
                                  std::string_view text) {
   v1::GenerateResponse response;
   v1::Chunk* chunk = response.mutable_chunk();
@@ -119,22 +129,27 @@ v1::GenerateResponse EncodeChunk(std::string_view request_id, absl::Span<const i
   return response;
 }
 
-v1::GenerateResponse EncodeFinal(std::string_view request_id, const GenerationResult& r,
-                                 SpeculationMode mode, const ServiceTimings& timings) {
+v1::GenerateResponse EncodeFinal(std::string_view request_id,
+                                 const GenerationResult& r,
+                                 SpeculationMode mode,
+                                 const ServiceTimings& timings) {
   v1::GenerateResponse response;
   v1::FinalResult* final = response.mutable_final();
   final->set_request_id(std::string(request_id));
   final->set_finish_reason(ToWireFinishReason(r.finish_reason));
   final->set_stop_sequence(r.matched_stop);
   final->set_seed(r.seed);
-  final->mutable_usage()->set_prompt_tokens(static_cast<int32_t>(r.stats.prompt_tokens));
-  final->mutable_usage()->set_completion_tokens(static_cast<int32_t>(r.stats.completion_tokens));
+  final->mutable_usage()->set_prompt_tokens(
+      static_cast<int32_t>(r.stats.prompt_tokens));
+  final->mutable_usage()->set_completion_tokens(
+      static_cast<int32_t>(r.stats.completion_tokens));
   v1::Timings* t = final->mutable_timings();
   t->set_queue_seconds(timings.queue_seconds);
   t->set_time_to_first_token_seconds(timings.first_token_seconds);
   t->set_mean_inter_token_latency_seconds(
       r.stats.completion_tokens > 1
-          ? r.stats.decode_seconds / static_cast<double>(r.stats.completion_tokens - 1)
+          ? r.stats.decode_seconds /
+                static_cast<double>(r.stats.completion_tokens - 1)
           : 0.0);
   t->set_total_seconds(timings.total_seconds);
   t->set_prefill_seconds(r.stats.prefill_seconds);
@@ -164,11 +179,13 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id, const GenerationRe
   return response;
 }
 
-v1::ModelInfo EncodeModelInfo(const LlamaModel& model, const ServiceInfo& service) {
+v1::ModelInfo EncodeModelInfo(const LlamaModel& model,
+                              const ServiceInfo& service) {
   const ModelConfig& c = model.config();
   v1::ModelInfo info;
   info.set_model_path(service.model_path);
-  info.set_model_name(service.model_path.substr(service.model_path.find_last_of('/') + 1));
+  info.set_model_name(
+      service.model_path.substr(service.model_path.find_last_of('/') + 1));
   info.set_model_type(c.model_type);
   info.set_num_layers(model.num_layers());
   info.set_hidden_size(static_cast<int32_t>(c.hidden_size));
@@ -181,10 +198,12 @@ v1::ModelInfo EncodeModelInfo(const LlamaModel& model, const ServiceInfo& servic
   info.set_device(model.device().str());
   info.set_model_fingerprint(c.Fingerprint());
   for (int32_t id : c.eos_token_ids) info.add_eos_token_ids(id);
-  info.set_default_speculation_mode(ToWireMode(service.default_speculation.mode));
-  info.set_default_max_draft_tokens(
-      static_cast<uint32_t>(std::max(0, service.default_speculation.max_draft)));
-  info.set_plan_interval_steps(static_cast<int32_t>(service.default_speculation.plan_interval));
+  info.set_default_speculation_mode(
+      ToWireMode(service.default_speculation.mode));
+  info.set_default_max_draft_tokens(static_cast<uint32_t>(
+      std::max(0, service.default_speculation.max_draft)));
+  info.set_plan_interval_steps(
+      static_cast<int32_t>(service.default_speculation.plan_interval));
   info.set_planner_mode(service.planner_mode);
   info.set_planner_address(service.planner_address);
   return info;

@@ -54,13 +54,13 @@ struct GenerateRequestDefaults {
 // defaults applied), validated against the model (ValidateGenerationRequest):
 // InvalidArgument naming the field, FailedPrecondition for a planned mode
 // without a planner.
-absl::StatusOr<GenerationRequest> DecodeGenerateRequest(const v1::GenerateRequest& wire,
-                                                        const GenerateRequestDefaults& defaults,
-                                                        const LlamaModel& model,
-                                                        const Tokenizer& tokenizer);
+absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
+    const v1::GenerateRequest& wire, const GenerateRequestDefaults& defaults,
+    const LlamaModel& model, const Tokenizer& tokenizer);
 
 // One step's Chunk message.
-v1::GenerateResponse EncodeChunk(std::string_view request_id, absl::Span<const int32_t> ids,
+v1::GenerateResponse EncodeChunk(std::string_view request_id,
+                                 absl::Span<const int32_t> ids,
                                  std::string_view text);
 
 // Timings only the service knows (measured from the request's arrival).
@@ -71,8 +71,10 @@ struct ServiceTimings {
 };
 
 // The FinalResult message of a finished generation in `mode`.
-v1::GenerateResponse EncodeFinal(std::string_view request_id, const GenerationResult& result,
-                                 SpeculationMode mode, const ServiceTimings& timings);
+v1::GenerateResponse EncodeFinal(std::string_view request_id,
+                                 const GenerationResult& result,
+                                 SpeculationMode mode,
+                                 const ServiceTimings& timings);
 
 // What GetModelInfo says about the model and the service's defaults.
 struct ServiceInfo {
@@ -81,7 +83,8 @@ struct ServiceInfo {
   v1::PlannerMode planner_mode = v1::PLANNER_MODE_NONE;
   std::string planner_address;
 };
-v1::ModelInfo EncodeModelInfo(const LlamaModel& model, const ServiceInfo& service);
+v1::ModelInfo EncodeModelInfo(const LlamaModel& model,
+                              const ServiceInfo& service);
 
 }  // namespace knapserve
 

@@ -6,53 +6,70 @@
 
 namespace knapserve {
 
-GenerationMetrics::GenerationMetrics(MetricsRegistry& r, const Scheduler& scheduler,
+GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
+                                     const Scheduler& scheduler,
                                      const PlanningShared& planning)
     : registry_(r),
-      internal_errors_(r.AddCounter("knapserve_request_internal_errors_total",
-                                    "Requests ended INTERNAL by an exception inside LibTorch or "
-                                    "the generator (other requests went on).")),
-      prompt_tokens_(r.AddCounter("knapserve_prompt_tokens_total", "Prompt tokens prefilled.")),
-      generation_tokens_(r.AddCounter("knapserve_generation_tokens_total", "Tokens generated.")),
-      drafts_(r.AddCounter("knapserve_spec_decode_num_drafts_total",
-                           "Speculation steps that proposed at least one token.")),
+      internal_errors_(r.AddCounter(
+          "knapserve_request_internal_errors_total",
+          "Requests ended INTERNAL by an exception inside LibTorch or "
+          "the generator (other requests went on).")),
+      prompt_tokens_(r.AddCounter("knapserve_prompt_tokens_total",
+                                  "Prompt tokens prefilled.")),
+      generation_tokens_(r.AddCounter("knapserve_generation_tokens_total",
+                                      "Tokens generated.")),
+      drafts_(
+          r.AddCounter("knapserve_spec_decode_num_drafts_total",
+                       "Speculation steps that proposed at least one token.")),
       draft_tokens_(r.AddCounter("knapserve_spec_decode_num_draft_tokens_total",
                                  "Draft tokens proposed.")),
-      accepted_tokens_(r.AddCounter("knapserve_spec_decode_num_accepted_tokens_total",
-                                    "Draft tokens accepted.")),
+      accepted_tokens_(
+          r.AddCounter("knapserve_spec_decode_num_accepted_tokens_total",
+                       "Draft tokens accepted.")),
       plans_applied_(r.AddCounter("knapserve_planner_plans_applied_total",
                                   "Plans applied at a step boundary.")),
-      plan_failures_(r.AddCounter("knapserve_planner_failures_total",
-                                  "Plan requests answered with an error (last plan kept).")),
-      planner_wait_(r.AddCounter("knapserve_planner_wait_seconds_total",
-                                 "Decode-thread time spent on planning (it never blocks).")),
-      ttft_(r.AddHistogram("knapserve_time_to_first_token_seconds",
-                           "Arrival to first token, queue included.",
-                           {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
+      plan_failures_(r.AddCounter(
+          "knapserve_planner_failures_total",
+          "Plan requests answered with an error (last plan kept).")),
+      planner_wait_(r.AddCounter(
+          "knapserve_planner_wait_seconds_total",
+          "Decode-thread time spent on planning (it never blocks).")),
+      ttft_(r.AddHistogram(
+          "knapserve_time_to_first_token_seconds",
+          "Arrival to first token, queue included.",
+          {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
       itl_(r.AddHistogram("knapserve_inter_token_latency_seconds",
                           "Mean time per token after the first, per request.",
                           {0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25})),
-      duration_(r.AddHistogram("knapserve_request_duration_seconds",
-                               "Arrival to the last message.",
-                               {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120})),
-      solve_(r.AddHistogram("knapserve_planner_solve_seconds", "Planner solve time per plan.",
-                            {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
-      age_(r.AddHistogram("knapserve_planner_plan_age_steps",
-                          "Steps between a plan's boundary and its application.",
-                          {1, 2, 4, 8, 16, 32, 64, 128, 256})),
-      cache_hits_(r.AddCounter("knapserve_plan_cache_hits_total",
-                               "Context buckets entered with a cached plan (no solve).")),
-      cache_misses_(r.AddCounter("knapserve_plan_cache_misses_total",
-                                 "Context buckets entered without a cached plan.")),
-      budget_deferrals_(r.AddCounter("knapserve_planner_budget_deferrals_total",
-                                     "Plan triggers that waited for the planner CPU budget.")),
-      guard_fallbacks_(r.AddCounter("knapserve_guard_fallbacks_total",
-                                    "Times the online guard switched a sequence to plain "
-                                    "decoding because its plan measured slower.")),
-      guard_probe_steps_(r.AddCounter("knapserve_guard_probe_steps_total",
-                                      "Plain steps the guard ran to measure the plain rate.")),
-      guard_plain_steps_(r.AddCounter("knapserve_guard_plain_steps_total",
-                                      "Steps decoded plainly because a plan lost.")) {
+      duration_(r.AddHistogram(
+          "knapserve_request_duration_seconds", "Arrival to the last message.",
+          {0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120})),
+      solve_(r.AddHistogram(
+          "knapserve_planner_solve_seconds", "Planner solve time per plan.",
+          {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
+      age_(
+          r.AddHistogram("knapserve_planner_plan_age_steps",
+                         "Steps between a plan's boundary and its application.",
+                         {1, 2, 4, 8, 16, 32, 64, 128, 256})),
+      cache_hits_(r.AddCounter(
+          "knapserve_plan_cache_hits_total",
+          "Context buckets entered with a cached plan (no solve).")),
+      cache_misses_(
+          r.AddCounter("knapserve_plan_cache_misses_total",
+                       "Context buckets entered without a cached plan.")),
+      budget_deferrals_(r.AddCounter(
+          "knapserve_planner_budget_deferrals_total",
+          "Plan triggers that waited for the planner CPU budget.")),
+      guard_fallbacks_(
+          r.AddCounter("knapserve_guard_fallbacks_total",
+                       "Times the online guard switched a sequence to plain "
+                       "decoding because its plan measured slower.")),
+      guard_probe_steps_(
+          r.AddCounter("knapserve_guard_probe_steps_total",
+                       "Plain steps the guard ran to measure the plain rate.")),
+      guard_plain_steps_(
+          r.AddCounter("knapserve_guard_plain_steps_total",
+                       "Steps decoded plainly because a plan lost.")) {
   for (const char* kind : {"no_plan", "new_bucket", "drift"}) {
     triggers_.push_back(&r.AddCounter("knapserve_plan_triggers_total",
                                       "Replanning triggers by kind.",
@@ -60,11 +77,13 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r, const Scheduler& schedu
   }
   std::shared_ptr<PlannerBudget> budget = planning.budget;
   r.AddGauge("knapserve_planner_cpu_share",
-             "Planner solve seconds over decode seconds, process-wide (the --planner-budget "
+             "Planner solve seconds over decode seconds, process-wide (the "
+             "--planner-budget "
              "quantity).",
              [budget] { return budget->share(); });
   std::shared_ptr<PlanCache> cache = planning.cache;
-  r.AddGauge("knapserve_plan_cache_entries", "Plans in the executor's plan cache.",
+  r.AddGauge("knapserve_plan_cache_entries",
+             "Plans in the executor's plan cache.",
              [cache] { return static_cast<double>(cache->size()); });
   r.AddGauge("knapserve_running_requests", "Requests decoding now.",
              [&scheduler] { return scheduler.running(); });
@@ -72,11 +91,14 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r, const Scheduler& schedu
              [&scheduler] { return scheduler.queued(); });
 }
 
-void GenerationMetrics::RecordRequest(absl::StatusCode code, const GenerationResult* result,
-                                      double ttft_seconds, double total_seconds) {
+void GenerationMetrics::RecordRequest(absl::StatusCode code,
+                                      const GenerationResult* result,
+                                      double ttft_seconds,
+                                      double total_seconds) {
   // absl's code names are gRPC's ("OK", "INVALID_ARGUMENT", ...).
   registry_
-      .AddCounter("knapserve_requests_total", "Generate calls by final gRPC status.",
+      .AddCounter("knapserve_requests_total",
+                  "Generate calls by final gRPC status.",
                   absl::StrCat("code=\"", absl::StatusCodeToString(code), "\""))
       .Add();
   if (code == absl::StatusCode::kInternal) internal_errors_.Add();
@@ -85,7 +107,8 @@ void GenerationMetrics::RecordRequest(absl::StatusCode code, const GenerationRes
   generation_tokens_.Add(static_cast<double>(result->stats.completion_tokens));
   drafts_.Add(static_cast<double>(result->speculation.drafts));
   draft_tokens_.Add(static_cast<double>(result->speculation.draft_tokens));
-  accepted_tokens_.Add(static_cast<double>(result->speculation.accepted_tokens));
+  accepted_tokens_.Add(
+      static_cast<double>(result->speculation.accepted_tokens));
   const std::vector<int64_t>& per = result->speculation.accepted_per_position;
   for (size_t j = 0; j < per.size(); ++j) {
     registry_
@@ -98,7 +121,8 @@ void GenerationMetrics::RecordRequest(absl::StatusCode code, const GenerationRes
   plan_failures_.Add(static_cast<double>(result->stats.plan_failures));
   planner_wait_.Add(result->stats.waiting_seconds);
   for (const AppliedPlan& p : result->plans) {
-    if (p.source != "solve") continue;  // cached and shared plans were solved for others
+    if (p.source != "solve")
+      continue;  // cached and shared plans were solved for others
     solve_.Observe(p.solve_seconds);
     age_.Observe(static_cast<double>(p.age_steps));
   }

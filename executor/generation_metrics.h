@@ -35,8 +35,8 @@ class GenerationMetrics {
 
   // A finished Generate call: its final status code and, when it produced a
   // result, that result; `ttft_seconds` and `total_seconds` from its arrival.
-  void RecordRequest(absl::StatusCode code, const GenerationResult* result, double ttft_seconds,
-                     double total_seconds);
+  void RecordRequest(absl::StatusCode code, const GenerationResult* result,
+                     double ttft_seconds, double total_seconds);
 
  private:
   MetricsRegistry& registry_;

@@ -13,9 +13,11 @@ namespace knapserve {
 // One Generate stream. The worker that runs the generation enqueues its
 // responses and calls Close last; the writer finishes the stream once they
 // are written, so the call outlives every use by the worker.
-class GenerationService::Call final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerationService::Call final
+    : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
-  Call(GenerationService* service, grpc::CallbackServerContext* context, std::string request_id)
+  Call(GenerationService* service, grpc::CallbackServerContext* context,
+       std::string request_id)
       : service_(service),
         context_(context),
         request_id_(std::move(request_id)),
@@ -47,11 +49,12 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
   // Records the request's metrics and ends the stream with `status` once
   // every queued response is written. The caller must not touch the call
   // afterwards (gRPC may delete it at once).
-  void Close(const absl::Status& status, const GenerationResult* result = nullptr,
+  void Close(const absl::Status& status,
+             const GenerationResult* result = nullptr,
              double first_token_seconds = 0) {
     if (service_->metrics_ != nullptr) {
-      service_->metrics_->RecordRequest(status.code(), result, first_token_seconds,
-                                        SecondsSince(arrived_));
+      service_->metrics_->RecordRequest(
+          status.code(), result, first_token_seconds, SecondsSince(arrived_));
     }
     writer_.Finish(ToGrpcStatus(status));
   }
@@ -81,19 +84,22 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
 
   // The generation itself: takes step turns, streams chunks, queues the final
   // message. `result` is set when the generation returned one.
-  absl::Status Serve(GenerationRequest request, std::optional<GenerationResult>& result,
+  absl::Status Serve(GenerationRequest request,
+                     std::optional<GenerationResult>& result,
                      double& first_token_seconds) {
     if (ShouldStop()) return StopStatus();
     const double queue_seconds = SecondsSince(arrived_);
     if (service_->options_.before_step_for_tests) {
-      request.before_step_for_tests = [hook = service_->options_.before_step_for_tests,
-                                       id = request_id_](int64_t step) { hook(id, step); };
+      request.before_step_for_tests =
+          [hook = service_->options_.before_step_for_tests,
+           id = request_id_](int64_t step) { hook(id, step); };
     }
     bool first = true;
     absl::StatusOr<GenerationResult> generated;
     {
       StepLock::Turn turn(service_->step_lock_);
-      auto on_tokens = [&](absl::Span<const int32_t> ids, std::string_view text) {
+      auto on_tokens = [&](absl::Span<const int32_t> ids,
+                           std::string_view text) {
         // Between steps: let the other running sequences take their turn.
         turn.Yield();
         if (first) {
@@ -103,16 +109,19 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
         writer_.Enqueue(EncodeChunk(request_id_, ids, text));
         return !ShouldStop();
       };
-      generated = knapserve::Generate(service_->model_, service_->tokenizer_, request, on_tokens,
-                                      nullptr, service_->options_.planner, &service_->planning_);
+      generated = knapserve::Generate(
+          service_->model_, service_->tokenizer_, request, on_tokens, nullptr,
+          service_->options_.planner, &service_->planning_);
     }  // the turn ends here, on every path
     if (!generated.ok()) return generated.status();
     result = std::move(*generated);
     if (result->finish_reason == FinishReason::kAborted && !aborted_.load()) {
       return StopStatus();  // cancelled or past the deadline: no final message
     }
-    const ServiceTimings timings{queue_seconds, first_token_seconds, SecondsSince(arrived_)};
-    writer_.Enqueue(EncodeFinal(request_id_, *result, request.speculation.mode, timings));
+    const ServiceTimings timings{queue_seconds, first_token_seconds,
+                                 SecondsSince(arrived_)};
+    writer_.Enqueue(
+        EncodeFinal(request_id_, *result, request.speculation.mode, timings));
     return absl::OkStatus();
   }
 
@@ -125,21 +134,27 @@ class GenerationService::Call final : public grpc::ServerWriteReactor<v1::Genera
   QueuedWriter<v1::GenerateResponse> writer_{this};
 };
 
-GenerationService::GenerationService(const LlamaModel& model, const Tokenizer& tokenizer,
+GenerationService::GenerationService(const LlamaModel& model,
+                                     const Tokenizer& tokenizer,
                                      GenerationServiceOptions options)
     : model_(model),
       tokenizer_(tokenizer),
       options_(std::move(options)),
-      planning_(options_.planning.cache != nullptr ? options_.planning : PlanningShared::Create()),
-      request_defaults_{options_.default_max_new_tokens, options_.default_speculation,
+      planning_(options_.planning.cache != nullptr ? options_.planning
+                                                   : PlanningShared::Create()),
+      request_defaults_{options_.default_max_new_tokens,
+                        options_.default_speculation,
                         options_.planner != nullptr},
       scheduler_(options_.scheduler) {
   if (options_.metrics != nullptr) {
-    metrics_ = std::make_unique<GenerationMetrics>(*options_.metrics, scheduler_, planning_);
+    metrics_ = std::make_unique<GenerationMetrics>(*options_.metrics,
+                                                   scheduler_, planning_);
   }
 }
 
-GenerationService::~GenerationService() { scheduler_.Drain(std::chrono::hours(1)); }
+GenerationService::~GenerationService() {
+  scheduler_.Drain(std::chrono::hours(1));
+}
 
 bool GenerationService::AddCall(Call* call) {
   absl::MutexLock lock(&calls_mu_);
@@ -168,15 +183,17 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
         absl::StrCat("request_id: '", id, "' is already running")));
     return call;
   }
-  absl::Status admitted = scheduler_.Submit(
-      [call, request = std::move(*request)]() mutable { call->Run(std::move(request)); });
+  absl::Status admitted =
+      scheduler_.Submit([call, request = std::move(*request)]() mutable {
+        call->Run(std::move(request));
+      });
   if (!admitted.ok()) call->Close(admitted);
   return call;
 }
 
-grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* context,
-                                                   const v1::AbortRequest* request,
-                                                   v1::AbortResponse* response) {
+grpc::ServerUnaryReactor* GenerationService::Abort(
+    grpc::CallbackServerContext* context, const v1::AbortRequest* request,
+    v1::AbortResponse* response) {
   {
     absl::MutexLock lock(&calls_mu_);
     auto it = calls_.find(request->request_id());
@@ -188,9 +205,9 @@ grpc::ServerUnaryReactor* GenerationService::Abort(grpc::CallbackServerContext* 
   return reactor;
 }
 
-grpc::ServerUnaryReactor* GenerationService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                          const v1::GetModelInfoRequest*,
-                                                          v1::GetModelInfoResponse* response) {
+grpc::ServerUnaryReactor* GenerationService::GetModelInfo(
+    grpc::CallbackServerContext* context, const v1::GetModelInfoRequest*,
+    v1::GetModelInfoResponse* response) {
   ServiceInfo service;
   service.model_path = options_.model_path;
   service.default_speculation = options_.default_speculation;

@@ -71,7 +71,8 @@ struct GenerationServiceOptions {
   // request's id: it runs on the worker before each decode step, holding the
   // step turn, and what it throws fails that request as a LibTorch error in
   // the step's forward pass would.
-  std::function<void(std::string_view request_id, int64_t step)> before_step_for_tests;
+  std::function<void(std::string_view request_id, int64_t step)>
+      before_step_for_tests;
 };
 
 class GenerationService final : public v1::Generation::CallbackService {
@@ -81,17 +82,21 @@ class GenerationService final : public v1::Generation::CallbackService {
   ~GenerationService() override;
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+      grpc::CallbackServerContext* context,
+      const v1::GenerateRequest* request) override;
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
                                   const v1::AbortRequest* request,
                                   v1::AbortResponse* response) override
       ABSL_LOCKS_EXCLUDED(calls_mu_);
-  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
-                                         const v1::GetModelInfoRequest* request,
-                                         v1::GetModelInfoResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(
+      grpc::CallbackServerContext* context,
+      const v1::GetModelInfoRequest* request,
+      v1::GetModelInfoResponse* response) override;
 
   // Refuses new requests and waits up to `timeout` for running ones.
-  bool Drain(std::chrono::milliseconds timeout) { return scheduler_.Drain(timeout); }
+  bool Drain(std::chrono::milliseconds timeout) {
+    return scheduler_.Drain(timeout);
+  }
   const Scheduler& scheduler() const { return scheduler_; }
 
  private:
@@ -110,7 +115,8 @@ class GenerationService final : public v1::Generation::CallbackService {
   Scheduler scheduler_;
   StepLock step_lock_;  // running sequences take turns, one decode step each
   absl::Mutex calls_mu_;
-  absl::flat_hash_map<std::string, Call*> calls_ ABSL_GUARDED_BY(calls_mu_);  // live, by id
+  absl::flat_hash_map<std::string, Call*> calls_
+      ABSL_GUARDED_BY(calls_mu_);  // live, by id
   std::atomic<uint64_t> next_id_{1};
   std::unique_ptr<GenerationMetrics> metrics_;  // null without options.metrics
 };

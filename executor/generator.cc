@@ -14,12 +14,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/clock.h"
 #include "common/base/status.h"
-#include "common/model/layer_mask.h"
 #include "common/model/decode_attention.h"
 #include "common/model/exception_status.h"
+#include "common/model/layer_mask.h"
 #include "executor/kv_cache.h"
-#include "common/base/clock.h"
 
 namespace knapserve {
 namespace {
@@ -31,27 +31,32 @@ namespace {
 // run after the generation ended: it touches only shared_ptr-held state.
 class PlanSession {
  public:
-  PlanSession(PlannerClient* planner, const LlamaModel& model, const GenerationRequest& request,
-              const PlanningShared& shared, int initial_gamma)
+  PlanSession(PlannerClient* planner, const LlamaModel& model,
+              const GenerationRequest& request, const PlanningShared& shared,
+              int initial_gamma)
       : planner_(planner),
         model_(model),
         spec_(request.speculation),
-        sequence_id_(request.sequence_id != 0 ? request.sequence_id : NextSequenceId()),
+        sequence_id_(request.sequence_id != 0 ? request.sequence_id
+                                              : NextSequenceId()),
         shared_(shared),
         mailbox_(std::make_shared<Mailbox>()),
-        controller_(ControllerOptions(request.speculation), CacheKey(model, request.speculation),
-                    sequence_id_, initial_gamma, shared) {}
+        controller_(ControllerOptions(request.speculation),
+                    CacheKey(model, request.speculation), sequence_id_,
+                    initial_gamma, shared) {}
 
   // Before step `step`: puts a plan that took effect into the decoder and the
   // result, sets this step's gamma; returns the directive (capture or not).
-  StepDirective BeforeStep(int64_t step, int64_t context_length, SpeculativeDecoder& decoder,
+  StepDirective BeforeStep(int64_t step, int64_t context_length,
+                           SpeculativeDecoder& decoder,
                            GenerationResult& result) {
     const auto start = std::chrono::steady_clock::now();
     {
       absl::MutexLock lock(&mailbox_->mu);
       result.stats.plan_failures += mailbox_->failures;
       mailbox_->failures = 0;
-      if (!mailbox_->last_error.empty()) result.last_plan_error = mailbox_->last_error;
+      if (!mailbox_->last_error.empty())
+        result.last_plan_error = mailbox_->last_error;
     }
     StepDirective directive = controller_.BeforeStep(step, context_length);
     if (directive.apply.has_value()) {
@@ -61,7 +66,8 @@ class PlanSession {
       AppliedPlan applied;
       applied.applied_step = step;
       applied.plan_step = plan.step;
-      applied.age_steps = directive.apply_source == "solve" ? step - plan.step : 0;
+      applied.age_steps =
+          directive.apply_source == "solve" ? step - plan.step : 0;
       applied.mask = plan.mask.ToString();
       applied.gamma = plan.gamma;
       applied.alpha_hat = plan.alpha_hat;
@@ -80,10 +86,13 @@ class PlanSession {
     return directive;
   }
 
-  void AfterStep(const StepObservation& observation) { controller_.AfterStep(observation); }
+  void AfterStep(const StepObservation& observation) {
+    controller_.AfterStep(observation);
+  }
 
   // Sends one completed snapshot; returns at once.
-  void Submit(const ReferenceStates& snapshot, KvCache& cache, GenerationResult& result) {
+  void Submit(const ReferenceStates& snapshot, KvCache& cache,
+              GenerationResult& result) {
     const auto start = std::chrono::steady_clock::now();
     const SubmitTicket ticket = controller_.TakeTicket();
     PlanRequest request;
@@ -109,25 +118,27 @@ class PlanSession {
     // n + lifetime / 2, hence lifetime = 2 * (middle - n) (0 past the middle).
     const int64_t width = spec_.plan_bucket_tokens;
     const int64_t middle = snapshot.context_length / width * width + width / 2;
-    request.plan_lifetime_tokens = std::max<int64_t>(0, 2 * (middle - snapshot.context_length));
+    request.plan_lifetime_tokens =
+        std::max<int64_t>(0, 2 * (middle - snapshot.context_length));
     ++result.stats.plan_requests;
     std::weak_ptr<Mailbox> weak = mailbox_;
     PlanningShared shared = shared_;
     const uint64_t sequence_id = sequence_id_;
     const int64_t context_length = snapshot.context_length;
-    planner_->Submit(std::move(request), [weak, shared, ticket, sequence_id,
-                                          context_length](absl::StatusOr<DraftPlan> plan) {
-      CompleteTicket(shared, ticket, sequence_id, context_length, plan);
-      std::shared_ptr<Mailbox> box = weak.lock();
-      if (box == nullptr) return;  // the generation is over
-      absl::MutexLock lock(&box->mu);
-      if (plan.ok()) {
-        box->solve_seconds += plan->solve_seconds;
-      } else if (plan.status().code() != absl::StatusCode::kCancelled) {
-        ++box->failures;
-        box->last_error = plan.status().ToString();
-      }
-    });
+    planner_->Submit(
+        std::move(request), [weak, shared, ticket, sequence_id,
+                             context_length](absl::StatusOr<DraftPlan> plan) {
+          CompleteTicket(shared, ticket, sequence_id, context_length, plan);
+          std::shared_ptr<Mailbox> box = weak.lock();
+          if (box == nullptr) return;  // the generation is over
+          absl::MutexLock lock(&box->mu);
+          if (plan.ok()) {
+            box->solve_seconds += plan->solve_seconds;
+          } else if (plan.status().code() != absl::StatusCode::kCancelled) {
+            ++box->failures;
+            box->last_error = plan.status().ToString();
+          }
+        });
     result.stats.waiting_seconds += SecondsSince(start);
   }
 
@@ -146,7 +157,8 @@ class PlanSession {
     absl::MutexLock lock(&mailbox_->mu);
     result.stats.plan_failures += mailbox_->failures;
     result.planning.solve_seconds = mailbox_->solve_seconds;
-    if (!mailbox_->last_error.empty()) result.last_plan_error = mailbox_->last_error;
+    if (!mailbox_->last_error.empty())
+      result.last_plan_error = mailbox_->last_error;
   }
 
  private:
@@ -165,11 +177,14 @@ class PlanSession {
     return next.fetch_add(1);
   }
 
-  static int ClaspLayers(const LlamaModel& model, const SpeculationConfig& spec) {
-    return spec.clasp_layers > 0 ? spec.clasp_layers : std::max(1, model.num_layers() / 2);
+  static int ClaspLayers(const LlamaModel& model,
+                         const SpeculationConfig& spec) {
+    return spec.clasp_layers > 0 ? spec.clasp_layers
+                                 : std::max(1, model.num_layers() / 2);
   }
 
-  static PlanControllerOptions ControllerOptions(const SpeculationConfig& spec) {
+  static PlanControllerOptions ControllerOptions(
+      const SpeculationConfig& spec) {
     PlanControllerOptions options;
     options.bucket_tokens = spec.plan_bucket_tokens;
     options.drift_tolerance = spec.drift_tolerance;
@@ -184,7 +199,8 @@ class PlanSession {
     return options;
   }
 
-  static PlanCacheKey CacheKey(const LlamaModel& model, const SpeculationConfig& spec) {
+  static PlanCacheKey CacheKey(const LlamaModel& model,
+                               const SpeculationConfig& spec) {
     PlanCacheKey key;
     key.model_fingerprint = model.config().Fingerprint();
     key.device = model.device().str();
@@ -226,7 +242,9 @@ std::string FinishReasonName(FinishReason reason) {
 }
 
 double GenerationStats::prefill_tokens_per_second() const {
-  return prefill_seconds > 0 ? static_cast<double>(prompt_tokens) / prefill_seconds : 0.0;
+  return prefill_seconds > 0
+             ? static_cast<double>(prompt_tokens) / prefill_seconds
+             : 0.0;
 }
 
 double GenerationStats::decode_tokens_per_second() const {
@@ -235,37 +253,41 @@ double GenerationStats::decode_tokens_per_second() const {
              : 0.0;
 }
 
-absl::Status ValidateGenerationRequest(const GenerationRequest& request, const LlamaModel& model) {
+absl::Status ValidateGenerationRequest(const GenerationRequest& request,
+                                       const LlamaModel& model) {
   const int64_t n = static_cast<int64_t>(request.prompt_ids.size());
-  if (n == 0) return absl::InvalidArgumentError("prompt: empty (it needs at least one token)");
+  if (n == 0)
+    return absl::InvalidArgumentError(
+        "prompt: empty (it needs at least one token)");
   if (n >= model.max_context()) {
-    return absl::InvalidArgumentError(absl::StrCat("prompt: ", n,
-                                                   " tokens do not fit the model's context of ",
-                                                   model.max_context(), " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prompt: ", n, " tokens do not fit the model's context of ",
+        model.max_context(), " tokens"));
   }
   const int64_t vocab = model.config().vocab_size;
   for (int32_t id : request.prompt_ids) {
     if (id < 0 || id >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prompt: token id ", id, " outside the vocabulary [0, ", vocab, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prompt: token id ", id, " outside the vocabulary [0, ", vocab, ")"));
     }
   }
   if (request.max_new_tokens < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_new_tokens: must be >= 1, got ", request.max_new_tokens));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_new_tokens: must be >= 1, got ", request.max_new_tokens));
   }
   if (request.prefill_chunk < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("prefill_chunk: must be >= 1, got ", request.prefill_chunk));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefill_chunk: must be >= 1, got ", request.prefill_chunk));
   }
   for (const std::string& stop : request.stop_strings) {
-    if (stop.empty()) return absl::InvalidArgumentError("stop: empty stop string");
+    if (stop.empty())
+      return absl::InvalidArgumentError("stop: empty stop string");
   }
   const SpeculationConfig& spec = request.speculation;
   if (Drafts(spec.mode)) {
     if (spec.max_draft < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("max_draft: must be >= 1 with speculation on, got ", spec.max_draft));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_draft: must be >= 1 with speculation on, got ", spec.max_draft));
     }
     // A verification pass is max_draft + 1 rows; past kMaxDecodeAttentionRows
     // it would leave the batch-invariant few-row path, and greedy output
@@ -273,35 +295,40 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request, const L
     if (spec.max_draft > kMaxDecodeAttentionRows - 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "max_draft: at most ", kMaxDecodeAttentionRows - 1,
-          " (verification passes must stay on the batch-invariant path), got ", spec.max_draft));
+          " (verification passes must stay on the batch-invariant path), got ",
+          spec.max_draft));
     }
     if (!(spec.exit_threshold >= 0.0 && spec.exit_threshold <= 1.0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("exit_threshold: must be in [0, 1], got ", spec.exit_threshold));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "exit_threshold: must be in [0, 1], got ", spec.exit_threshold));
     }
     if (spec.plan_interval < 1 || spec.reference_steps < 1) {
-      return absl::InvalidArgumentError("plan_interval and reference_steps: must be >= 1");
+      return absl::InvalidArgumentError(
+          "plan_interval and reference_steps: must be >= 1");
     }
     if (spec.reference_steps > spec.plan_interval) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "reference_steps: ", spec.reference_steps, " exceeds plan_interval ",
-          spec.plan_interval, " (the steps captured after a plan boundary must fit before the next)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("reference_steps: ", spec.reference_steps,
+                       " exceeds plan_interval ", spec.plan_interval,
+                       " (the steps captured after a plan boundary must fit "
+                       "before the next)"));
     }
     if (spec.plan_bucket_tokens < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("plan_bucket_tokens: must be >= 1, got ", spec.plan_bucket_tokens));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan_bucket_tokens: must be >= 1, got ", spec.plan_bucket_tokens));
     }
     if (!(spec.drift_tolerance > 0.0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("drift_tolerance: must be > 0, got ", spec.drift_tolerance));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "drift_tolerance: must be > 0, got ", spec.drift_tolerance));
     }
     if (spec.drift_min_tokens < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("drift_min_tokens: must be >= 1, got ", spec.drift_min_tokens));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "drift_min_tokens: must be >= 1, got ", spec.drift_min_tokens));
     }
     if (!(spec.planner_budget >= 0.0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "planner_budget: must be >= 0 (0 = no limit), got ", spec.planner_budget));
+      return absl::InvalidArgumentError(
+          absl::StrCat("planner_budget: must be >= 0 (0 = no limit), got ",
+                       spec.planner_budget));
     }
     if (!(spec.guard_margin >= 0.0)) {
       return absl::InvalidArgumentError(
@@ -309,20 +336,21 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request, const L
     }
     if (spec.guard_min_steps < 1 || spec.guard_probe_steps < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "guard_min_steps and guard_probe_steps: must be >= 1, got ", spec.guard_min_steps,
-          " and ", spec.guard_probe_steps));
+          "guard_min_steps and guard_probe_steps: must be >= 1, got ",
+          spec.guard_min_steps, " and ", spec.guard_probe_steps));
     }
     RETURN_IF_ERROR(LayerMask::Parse(spec.skip, model.num_layers()).status());
     if (spec.clasp_layers < 0 || spec.clasp_layers >= model.num_layers()) {
-      return absl::InvalidArgumentError(absl::StrCat("clasp_layers: must be in [0, ",
-                                                     model.num_layers() - 1, "], got ",
-                                                     spec.clasp_layers));
+      return absl::InvalidArgumentError(
+          absl::StrCat("clasp_layers: must be in [0, ", model.num_layers() - 1,
+                       "], got ", spec.clasp_layers));
     }
   }
   return Annotate(ValidateSamplingParams(request.sampling), "sampling");
 }
 
-TextStream::TextStream(const Tokenizer& tokenizer, std::vector<int32_t> prompt_ids,
+TextStream::TextStream(const Tokenizer& tokenizer,
+                       std::vector<int32_t> prompt_ids,
                        std::vector<std::string> stop_strings)
     : decoder_(tokenizer, /*skip_special_tokens=*/true, std::move(prompt_ids)),
       stop_strings_(std::move(stop_strings)) {}
@@ -375,19 +403,18 @@ std::string TextStream::Finish() {
 
 namespace {
 
-absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
-                                                 const Tokenizer& tokenizer,
-                                                 const GenerationRequest& request,
-                                                 const StreamCallback& on_tokens,
-                                                 const ReferenceCallback& on_reference,
-                                                 PlannerClient* planner,
-                                                 const PlanningShared* shared) {
+absl::StatusOr<GenerationResult> GenerateOrThrow(
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    const GenerationRequest& request, const StreamCallback& on_tokens,
+    const ReferenceCallback& on_reference, PlannerClient* planner,
+    const PlanningShared* shared) {
   RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
   const SpeculationConfig& spec = request.speculation;
   const bool planned = IsPlanned(spec.mode);
   if (planned && planner == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "spec ", SpeculationModeName(spec.mode), " needs a planner (and its latency profile)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec ", SpeculationModeName(spec.mode),
+                     " needs a planner (and its latency profile)"));
   }
   LayerMask mask(model.num_layers());
   if (Drafts(spec.mode)) {
@@ -398,7 +425,8 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
 
   const int64_t prompt_len = static_cast<int64_t>(request.prompt_ids.size());
   // Output stops at max_new_tokens or when prompt + output fills the context.
-  const int64_t limit = std::min(request.max_new_tokens, model.max_context() - prompt_len);
+  const int64_t limit =
+      std::min(request.max_new_tokens, model.max_context() - prompt_len);
   // Every position a step feeds is below prompt_len + limit, drafts included.
   KvCache cache(model, prompt_len + limit);
   Sampler sampler(request.sampling);
@@ -407,17 +435,20 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
   // decode autoregressively.
   int gamma = Drafts(spec.mode) ? spec.max_draft : 0;
   if (planned && spec.skip.empty()) gamma = 0;
-  SpeculativeDecoder decoder(model, cache, sampler, mask, gamma, spec.exit_threshold);
+  SpeculativeDecoder decoder(model, cache, sampler, mask, gamma,
+                             spec.exit_threshold);
   // Unplanned modes with on_reference: the first m steps of every T. Planned
   // modes: m steps from where the controller starts a snapshot (offsets
   // 0 .. m-1; the interval never wraps).
   ReferenceStateCollector collector(spec.plan_interval, spec.reference_steps);
-  ReferenceStateCollector planned_collector(std::numeric_limits<int64_t>::max() / 2,
-                                            spec.reference_steps);
+  ReferenceStateCollector planned_collector(
+      std::numeric_limits<int64_t>::max() / 2, spec.reference_steps);
   std::optional<PlanSession> plans;
   if (planned) {
-    const PlanningShared own = shared != nullptr ? PlanningShared() : PlanningShared::Create();
-    plans.emplace(planner, model, request, shared != nullptr ? *shared : own, gamma);
+    const PlanningShared own =
+        shared != nullptr ? PlanningShared() : PlanningShared::Create();
+    plans.emplace(planner, model, request, shared != nullptr ? *shared : own,
+                  gamma);
   }
 
   GenerationResult result;
@@ -427,18 +458,20 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
 
   const std::vector<int32_t>& eos = model.config().eos_token_ids;
   auto end_reason = [&](int32_t id) -> std::optional<FinishReason> {
-    if (!request.ignore_eos && std::find(eos.begin(), eos.end(), id) != eos.end()) {
+    if (!request.ignore_eos &&
+        std::find(eos.begin(), eos.end(), id) != eos.end()) {
       return FinishReason::kEos;
     }
-    if (std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), id) !=
-        request.stop_token_ids.end()) {
+    if (std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(),
+                  id) != request.stop_token_ids.end()) {
       return FinishReason::kStopSequence;
     }
     return std::nullopt;
   };
 
   // Commits `tokens` one by one; returns true when generation is over.
-  auto commit = [&](const std::vector<int32_t>& tokens) -> absl::StatusOr<bool> {
+  auto commit =
+      [&](const std::vector<int32_t>& tokens) -> absl::StatusOr<bool> {
     const size_t first_new = result.output_ids.size();
     std::string text;
     std::optional<FinishReason> reason;
@@ -456,7 +489,9 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
     if (reason) text += stream.Finish();
     const size_t added = result.output_ids.size() - first_new;
     if (on_tokens &&
-        !on_tokens(absl::MakeConstSpan(result.output_ids.data() + first_new, added), text)) {
+        !on_tokens(
+            absl::MakeConstSpan(result.output_ids.data() + first_new, added),
+            text)) {
       reason = FinishReason::kAborted;
     }
     if (reason) result.finish_reason = *reason;
@@ -469,11 +504,12 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
   bool done = false;
   auto decode_start = std::chrono::steady_clock::now();
   try {
-    torch::Tensor prompt = torch::tensor(
-        std::vector<int64_t>(request.prompt_ids.begin(), request.prompt_ids.end()),
-        torch::kInt64);
-    torch::Tensor logits =
-        model.Prefill(prompt, /*start_pos=*/0, cache.layers(), request.prefill_chunk);
+    torch::Tensor prompt =
+        torch::tensor(std::vector<int64_t>(request.prompt_ids.begin(),
+                                           request.prompt_ids.end()),
+                      torch::kInt64);
+    torch::Tensor logits = model.Prefill(prompt, /*start_pos=*/0,
+                                         cache.layers(), request.prefill_chunk);
     cache.Commit(prompt_len);
     const int32_t first = sampler.Sample(logits);
     result.stats.prefill_seconds = SecondsSince(start);
@@ -487,10 +523,13 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
   auto decode_step = [&](int64_t step) -> absl::StatusOr<bool> {
     if (request.before_step_for_tests) request.before_step_for_tests(step);
     StepDirective directive;
-    if (planned) directive = plans->BeforeStep(step, cache.length(), decoder, result);
-    const int64_t remaining = limit - static_cast<int64_t>(result.output_ids.size());
-    const bool capture =
-        planned ? directive.capture : on_reference != nullptr && collector.Wants(step);
+    if (planned)
+      directive = plans->BeforeStep(step, cache.length(), decoder, result);
+    const int64_t remaining =
+        limit - static_cast<int64_t>(result.output_ids.size());
+    const bool capture = planned
+                             ? directive.capture
+                             : on_reference != nullptr && collector.Wants(step);
     const auto step_start = std::chrono::steady_clock::now();
     StepResult out = decoder.Step(result.output_ids.back(), remaining, capture);
     const double step_seconds = SecondsSince(step_start);
@@ -506,7 +545,8 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
     }
     if (capture) {
       std::optional<ReferenceStates> snapshot =
-          planned ? planned_collector.Add(directive.capture_offset, out, cache.length())
+          planned ? planned_collector.Add(directive.capture_offset, out,
+                                          cache.length())
                   : collector.Add(step, out, cache.length());
       if (snapshot && planned) {
         snapshot->step = step - directive.capture_offset;
@@ -526,9 +566,11 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
   }
   if (planned) plans->Finish(result);
   result.text = stream.emitted();
-  if (stream.matched_stop().has_value()) result.matched_stop = *stream.matched_stop();
+  if (stream.matched_stop().has_value())
+    result.matched_stop = *stream.matched_stop();
   result.speculation = decoder.stats();
-  result.stats.completion_tokens = static_cast<int64_t>(result.output_ids.size());
+  result.stats.completion_tokens =
+      static_cast<int64_t>(result.output_ids.size());
   result.stats.decode_seconds = SecondsSince(decode_start);
   result.stats.total_seconds = SecondsSince(start);
   result.stats.draft_seconds = result.speculation.draft_seconds;
@@ -538,7 +580,8 @@ absl::StatusOr<GenerationResult> GenerateOrThrow(const LlamaModel& model,
 
 }  // namespace
 
-absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
+absl::StatusOr<GenerationResult> Generate(const LlamaModel& model,
+                                          const Tokenizer& tokenizer,
                                           const GenerationRequest& request,
                                           const StreamCallback& on_tokens,
                                           const ReferenceCallback& on_reference,
@@ -548,7 +591,8 @@ absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokeniz
   // escape into a server thread, so the sequence fails with INTERNAL and
   // the server goes on. Its KV cache is freed with the stack.
   try {
-    return GenerateOrThrow(model, tokenizer, request, on_tokens, on_reference, planner, shared);
+    return GenerateOrThrow(model, tokenizer, request, on_tokens, on_reference,
+                           planner, shared);
   } catch (...) {
     return CurrentExceptionAsInternal("generation failed");
   }

@@ -49,34 +49,43 @@ namespace knapserve {
 
 struct SpeculationConfig {
   SpeculationMode mode = SpeculationMode::kOff;
-  std::string skip;             // layer mask text ("a3,m3,m7") for kStatic; for
-                                // planned modes the mask before the first plan
-  int max_draft = 5;            // gamma (kStatic) or D, the planner's largest gamma; >= 1
-                                // (DefaultMaxDraft(mode) is the flags' default)
+  std::string skip;   // layer mask text ("a3,m3,m7") for kStatic; for
+                      // planned modes the mask before the first plan
+  int max_draft = 5;  // gamma (kStatic) or D, the planner's largest gamma; >= 1
+                      // (DefaultMaxDraft(mode) is the flags' default)
   double exit_threshold = 0.7;  // stop drafting when top-1 prob < this; [0, 1]
-  int64_t plan_interval = 64;   // T: at least T steps between two snapshots of a sequence, >= 1
-  int64_t reference_steps = 5;  // m: verification steps captured per snapshot, >= 1, <= T
-  int clasp_layers = 0;         // kClasp: M whole layers skipped; 0 = half the layers
+  int64_t plan_interval =
+      64;  // T: at least T steps between two snapshots of a sequence, >= 1
+  int64_t reference_steps =
+      5;  // m: verification steps captured per snapshot, >= 1, <= T
+  int clasp_layers = 0;  // kClasp: M whole layers skipped; 0 = half the layers
   // Planned modes (IsPlanned: kKnapSpec, kClasp) (executor/plan_controller.h).
   int64_t plan_bucket_tokens = 256;  // plan cache context bucket width, >= 1
-  double drift_tolerance = 0.2;      // |observed acceptance - alpha_hat| that replans; > 0
-  int64_t drift_min_tokens = 40;     // acceptance trials before drift is judged, >= 1
-  double planner_budget = 0.05;      // solve seconds / decode seconds, process-wide; 0 = no limit
-  bool guard = true;                 // the online guard (plain decoding while a plan loses)
-  double guard_margin = 0.03;        // speculation must beat plain by this fraction; >= 0
-  int64_t guard_min_steps = 16;      // speculative steps per guard judgement, >= 1
-  int64_t guard_probe_steps = 8;     // plain steps measured when the bucket has none, >= 1
+  double drift_tolerance =
+      0.2;  // |observed acceptance - alpha_hat| that replans; > 0
+  int64_t drift_min_tokens =
+      40;  // acceptance trials before drift is judged, >= 1
+  double planner_budget =
+      0.05;  // solve seconds / decode seconds, process-wide; 0 = no limit
+  bool guard = true;  // the online guard (plain decoding while a plan loses)
+  double guard_margin =
+      0.03;  // speculation must beat plain by this fraction; >= 0
+  int64_t guard_min_steps = 16;  // speculative steps per guard judgement, >= 1
+  int64_t guard_probe_steps =
+      8;  // plain steps measured when the bucket has none, >= 1
 };
 
 struct GenerationRequest {
-  uint64_t sequence_id = 0;         // the planner's key for this sequence; 0 = assign one
-  std::vector<int32_t> prompt_ids;  // must be non-empty, shorter than the context
-  int64_t max_new_tokens = 128;     // >= 1
+  uint64_t sequence_id =
+      0;  // the planner's key for this sequence; 0 = assign one
+  std::vector<int32_t>
+      prompt_ids;                // must be non-empty, shorter than the context
+  int64_t max_new_tokens = 128;  // >= 1
   SamplingParams sampling;
-  std::vector<std::string> stop_strings;   // output ends before the first match
-  std::vector<int32_t> stop_token_ids;     // output ends after such a token
-  bool ignore_eos = false;                 // keep going past the model's EOS ids
-  int64_t prefill_chunk = 512;             // positions per prefill forward
+  std::vector<std::string> stop_strings;  // output ends before the first match
+  std::vector<int32_t> stop_token_ids;    // output ends after such a token
+  bool ignore_eos = false;                // keep going past the model's EOS ids
+  int64_t prefill_chunk = 512;            // positions per prefill forward
   SpeculationConfig speculation;
   // Fault injection for tests; empty (the default) in production, where it
   // costs one empty-function check per step. Runs before decode step `step`
@@ -96,15 +105,18 @@ struct GenerationStats {
   double prefill_seconds = 0;  // prompt forward + first token
   double decode_seconds = 0;   // everything after the first token
   double total_seconds = 0;
-  double draft_seconds = 0;    // inside decode_seconds: masked draft forwards
-  double verify_seconds = 0;   // inside decode_seconds: full forwards (all of them when off)
+  double draft_seconds = 0;  // inside decode_seconds: masked draft forwards
+  double verify_seconds =
+      0;  // inside decode_seconds: full forwards (all of them when off)
   // Inside decode_seconds: time the decode thread spent on planning (building
   // and submitting requests, applying plans). It never blocks on a solve.
   double waiting_seconds = 0;
-  int64_t steps = 0;           // decode steps (full forwards after prefill)
-  int64_t plan_requests = 0;   // snapshots sent to the planner
-  int64_t plan_failures = 0;   // requests answered with an error (last plan kept)
-  // prompt_tokens / prefill_seconds and (completion_tokens - 1) / decode_seconds.
+  int64_t steps = 0;          // decode steps (full forwards after prefill)
+  int64_t plan_requests = 0;  // snapshots sent to the planner
+  int64_t plan_failures =
+      0;  // requests answered with an error (last plan kept)
+  // prompt_tokens / prefill_seconds and (completion_tokens - 1) /
+  // decode_seconds.
   double prefill_tokens_per_second() const;
   double decode_tokens_per_second() const;
 };
@@ -131,28 +143,33 @@ struct AppliedPlan {
 };
 
 struct GenerationResult {
-  std::vector<int32_t> output_ids;  // generated ids, including a final EOS/stop id
-  std::string text;                 // decoded output, special tokens skipped, cut at a stop string
+  std::vector<int32_t>
+      output_ids;  // generated ids, including a final EOS/stop id
+  std::string
+      text;  // decoded output, special tokens skipped, cut at a stop string
   FinishReason finish_reason = FinishReason::kLength;
-  std::string matched_stop;         // the stop string that ended it, if any
-  uint64_t seed = 0;                // the sampler seed used
-  std::string mask;                 // the layer mask used ("" when off)
+  std::string matched_stop;  // the stop string that ended it, if any
+  uint64_t seed = 0;         // the sampler seed used
+  std::string mask;          // the layer mask used ("" when off)
   GenerationStats stats;
   SpeculationStats speculation;
-  std::vector<AppliedPlan> plans;   // kKnapSpec / kClasp: every plan applied, in order
-  PlanningStats planning;           // kKnapSpec / kClasp: cache, triggers, budget, guard
-  std::string last_plan_error;      // the planner's last error ("" if none)
+  std::vector<AppliedPlan>
+      plans;               // kKnapSpec / kClasp: every plan applied, in order
+  PlanningStats planning;  // kKnapSpec / kClasp: cache, triggers, budget, guard
+  std::string last_plan_error;  // the planner's last error ("" if none)
 };
 
 // Receives each step's newly generated ids and the text they finalized (which
 // may be empty, e.g. half of a UTF-8 character). Returning false aborts the
 // generation (FinishReason::kAborted).
-using StreamCallback = std::function<bool(absl::Span<const int32_t> ids, std::string_view text)>;
+using StreamCallback =
+    std::function<bool(absl::Span<const int32_t> ids, std::string_view text)>;
 // Receives each reference-state snapshot as it completes (the planner's input).
 using ReferenceCallback = std::function<void(ReferenceStates&& states)>;
 
 // Checks `request` against the model: InvalidArgument naming the field.
-absl::Status ValidateGenerationRequest(const GenerationRequest& request, const LlamaModel& model);
+absl::Status ValidateGenerationRequest(const GenerationRequest& request,
+                                       const LlamaModel& model);
 
 // Incremental detokenization plus stop strings for one sequence.
 class TextStream {
@@ -165,7 +182,9 @@ class TextStream {
   // Remaining held-back text at the end of generation (empty after a stop).
   std::string Finish();
   bool stopped() const { return matched_stop_.has_value(); }
-  const std::optional<std::string>& matched_stop() const { return matched_stop_; }
+  const std::optional<std::string>& matched_stop() const {
+    return matched_stop_;
+  }
   // All text emitted so far.
   const std::string& emitted() const { return emitted_text_; }
 
@@ -174,8 +193,8 @@ class TextStream {
 
   IncrementalDecoder decoder_;
   std::vector<std::string> stop_strings_;
-  std::string text_;          // all finalized text, emitted or held
-  size_t emitted_ = 0;        // bytes of text_ already emitted
+  std::string text_;    // all finalized text, emitted or held
+  size_t emitted_ = 0;  // bytes of text_ already emitted
   std::string emitted_text_;
   std::optional<std::string> matched_stop_;
 };
@@ -191,12 +210,11 @@ class TextStream {
 // (draft, verify, commit, callbacks) run inside an exception boundary that
 // turns the exception into an Internal status naming the step, and no
 // exception leaves Generate. The sequence's KV cache is freed on return.
-absl::StatusOr<GenerationResult> Generate(const LlamaModel& model, const Tokenizer& tokenizer,
-                                          const GenerationRequest& request,
-                                          const StreamCallback& on_tokens = nullptr,
-                                          const ReferenceCallback& on_reference = nullptr,
-                                          PlannerClient* planner = nullptr,
-                                          const PlanningShared* shared = nullptr);
+absl::StatusOr<GenerationResult> Generate(
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    const GenerationRequest& request, const StreamCallback& on_tokens = nullptr,
+    const ReferenceCallback& on_reference = nullptr,
+    PlannerClient* planner = nullptr, const PlanningShared* shared = nullptr);
 
 }  // namespace knapserve
 

@@ -6,14 +6,15 @@ KvCache::KvCache(const LlamaModel& model, int64_t capacity)
     : layers_(model.AllocateKv(capacity)), capacity_(capacity) {}
 
 void KvCache::Commit(int64_t new_length) {
-  TORCH_CHECK(new_length >= length_ && new_length <= capacity_, "KvCache::Commit(", new_length,
-              ") with length ", length_, " capacity ", capacity_);
+  TORCH_CHECK(new_length >= length_ && new_length <= capacity_,
+              "KvCache::Commit(", new_length, ") with length ", length_,
+              " capacity ", capacity_);
   length_ = new_length;
 }
 
 void KvCache::Truncate(int64_t new_length) {
-  TORCH_CHECK(new_length >= 0 && new_length <= length_, "KvCache::Truncate(", new_length,
-              ") with length ", length_);
+  TORCH_CHECK(new_length >= 0 && new_length <= length_, "KvCache::Truncate(",
+              new_length, ") with length ", length_);
   length_ = new_length;
 }
 

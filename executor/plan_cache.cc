@@ -7,22 +7,26 @@
 namespace knapserve {
 
 int64_t ContextBucket(int64_t context_length, int64_t bucket_tokens) {
-  return std::max<int64_t>(0, context_length) / std::max<int64_t>(1, bucket_tokens);
+  return std::max<int64_t>(0, context_length) /
+         std::max<int64_t>(1, bucket_tokens);
 }
 
 std::string PlanCacheKey::ExecutionId() const {
-  return absl::StrCat(model_fingerprint, "|", device, "|", dtype, "|threads=", threads);
+  return absl::StrCat(model_fingerprint, "|", device, "|", dtype,
+                      "|threads=", threads);
 }
 
 std::string PlanCacheKey::ToString() const {
-  return absl::StrCat(ExecutionId(), "|", PlanPolicyName(policy), "|", policy_detail,
-                      "|D=", max_draft, "|bucket=", bucket, "x", bucket_tokens);
+  return absl::StrCat(ExecutionId(), "|", PlanPolicyName(policy), "|",
+                      policy_detail, "|D=", max_draft, "|bucket=", bucket, "x",
+                      bucket_tokens);
 }
 
 bool PlanCacheKey::operator==(const PlanCacheKey& o) const {
-  return model_fingerprint == o.model_fingerprint && device == o.device && dtype == o.dtype &&
-         threads == o.threads && policy == o.policy && policy_detail == o.policy_detail &&
-         max_draft == o.max_draft && bucket_tokens == o.bucket_tokens && bucket == o.bucket;
+  return model_fingerprint == o.model_fingerprint && device == o.device &&
+         dtype == o.dtype && threads == o.threads && policy == o.policy &&
+         policy_detail == o.policy_detail && max_draft == o.max_draft &&
+         bucket_tokens == o.bucket_tokens && bucket == o.bucket;
 }
 
 // ---------------------------------------------------------------------------
@@ -52,8 +56,8 @@ int64_t PlanCache::Version(const PlanCacheKey& key) const {
   return it == plans_.end() ? 0 : it->second.version;
 }
 
-int64_t PlanCache::Insert(const PlanCacheKey& key, DraftPlan plan, uint64_t sequence_id,
-                          int64_t context_length) {
+int64_t PlanCache::Insert(const PlanCacheKey& key, DraftPlan plan,
+                          uint64_t sequence_id, int64_t context_length) {
   absl::MutexLock lock(&mu_);
   CachedPlan& entry = plans_[key];
   entry.plan = std::move(plan);
@@ -103,9 +107,11 @@ void PlannerBudget::AddDecodeSeconds(double seconds) {
 
 std::optional<double> PlannerBudget::TryReserve(double fraction) {
   absl::MutexLock lock(&mu_);
-  const double expected = solves_ > 0 ? solve_seconds_ / static_cast<double>(solves_) : 0.0;
+  const double expected =
+      solves_ > 0 ? solve_seconds_ / static_cast<double>(solves_) : 0.0;
   const double committed = solve_seconds_ + reserved_seconds_;
-  const bool allowed = fraction <= 0 || committed <= 0 || committed <= fraction * decode_seconds_;
+  const bool allowed = fraction <= 0 || committed <= 0 ||
+                       committed <= fraction * decode_seconds_;
   if (!allowed) return std::nullopt;
   reserved_seconds_ += expected;
   return expected;
@@ -158,17 +164,18 @@ int64_t PlannerBudget::deferrals() const {
 // ---------------------------------------------------------------------------
 // PlainRateTable
 
-void PlainRateTable::Record(const std::string& execution_id, int64_t bucket_tokens,
-                            int64_t bucket, double seconds) {
+void PlainRateTable::Record(const std::string& execution_id,
+                            int64_t bucket_tokens, int64_t bucket,
+                            double seconds) {
   absl::MutexLock lock(&mu_);
   std::deque<double>& window = steps_[Key(execution_id, bucket_tokens, bucket)];
   window.push_back(seconds);
   while (window.size() > static_cast<size_t>(kWindow)) window.pop_front();
 }
 
-std::optional<double> PlainRateTable::MeanStepSeconds(const std::string& execution_id,
-                                                      int64_t bucket_tokens, int64_t bucket,
-                                                      int min_samples) const {
+std::optional<double> PlainRateTable::MeanStepSeconds(
+    const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
+    int min_samples) const {
   absl::MutexLock lock(&mu_);
   auto it = steps_.find(Key(execution_id, bucket_tokens, bucket));
   if (it == steps_.end() || it->second.empty() ||
@@ -180,8 +187,8 @@ std::optional<double> PlainRateTable::MeanStepSeconds(const std::string& executi
   return sum / static_cast<double>(it->second.size());
 }
 
-int64_t PlainRateTable::samples(const std::string& execution_id, int64_t bucket_tokens,
-                                int64_t bucket) const {
+int64_t PlainRateTable::samples(const std::string& execution_id,
+                                int64_t bucket_tokens, int64_t bucket) const {
   absl::MutexLock lock(&mu_);
   auto it = steps_.find(Key(execution_id, bucket_tokens, bucket));
   return it == steps_.end() ? 0 : static_cast<int64_t>(it->second.size());

@@ -52,30 +52,32 @@ struct PlanCacheKey {
   std::string dtype;              // DtypeName()
   int threads = 0;                // torch intra-op threads of the decode
   PlanPolicy policy = PlanPolicy::kKnapSpec;
-  std::string policy_detail;      // kStatic: the mask; kClasp: "layers=M"; else ""
-  int max_draft = 0;              // D: plans choose gamma in 0..D
-  int64_t bucket_tokens = 256;    // bucket width the key was made with
-  int64_t bucket = 0;             // ContextBucket(context, bucket_tokens)
+  std::string policy_detail;  // kStatic: the mask; kClasp: "layers=M"; else ""
+  int max_draft = 0;          // D: plans choose gamma in 0..D
+  int64_t bucket_tokens = 256;  // bucket width the key was made with
+  int64_t bucket = 0;           // ContextBucket(context, bucket_tokens)
 
-  // Everything but the policy and the bucket: what plain-decoding speed depends on.
+  // Everything but the policy and the bucket: what plain-decoding speed depends
+  // on.
   std::string ExecutionId() const;
   std::string ToString() const;
 
   bool operator==(const PlanCacheKey& other) const;
   template <typename H>
   friend H AbslHashValue(H h, const PlanCacheKey& k) {
-    return H::combine(std::move(h), k.model_fingerprint, k.device, k.dtype, k.threads,
-                      static_cast<int>(k.policy), k.policy_detail, k.max_draft, k.bucket_tokens,
-                      k.bucket);
+    return H::combine(std::move(h), k.model_fingerprint, k.device, k.dtype,
+                      k.threads, static_cast<int>(k.policy), k.policy_detail,
+                      k.max_draft, k.bucket_tokens, k.bucket);
   }
 };
 
 // One cached plan and where it came from.
 struct CachedPlan {
   DraftPlan plan;
-  int64_t version = 0;          // process-wide insert counter: a newer plan has a larger one
-  uint64_t sequence_id = 0;     // the sequence whose snapshot it was solved from
-  int64_t context_length = 0;   // committed length of that snapshot
+  int64_t version =
+      0;  // process-wide insert counter: a newer plan has a larger one
+  uint64_t sequence_id = 0;    // the sequence whose snapshot it was solved from
+  int64_t context_length = 0;  // committed length of that snapshot
 };
 
 class PlanCache {
@@ -85,9 +87,12 @@ class PlanCache {
   PlanCache& operator=(const PlanCache&) = delete;
 
   // The plan for `key`, counting a hit or a miss.
-  std::optional<CachedPlan> Lookup(const PlanCacheKey& key) ABSL_LOCKS_EXCLUDED(mu_);
-  // The same without counting (for the per-step "did a newer plan arrive" check).
-  std::optional<CachedPlan> Peek(const PlanCacheKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  std::optional<CachedPlan> Lookup(const PlanCacheKey& key)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The same without counting (for the per-step "did a newer plan arrive"
+  // check).
+  std::optional<CachedPlan> Peek(const PlanCacheKey& key) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // The version of the plan for `key`, 0 when there is none. Cheap: no copy.
   int64_t Version(const PlanCacheKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
   // Stores `plan` for `key`, replacing an older one; returns its version.
@@ -136,7 +141,8 @@ class PlannerBudget {
   // cost and returns the seconds reserved (give them back to Settle). nullopt
   // when over budget.
   std::optional<double> TryReserve(double fraction) ABSL_LOCKS_EXCLUDED(mu_);
-  // Counts one trigger deferred for the budget (callers count each trigger once).
+  // Counts one trigger deferred for the budget (callers count each trigger
+  // once).
   void CountDeferral() ABSL_LOCKS_EXCLUDED(mu_);
   // A reserved solve ended: frees `reserved` and adds `solve_seconds`
   // (0 for a failed or cancelled request).
@@ -172,15 +178,16 @@ class PlainRateTable {
   PlainRateTable(const PlainRateTable&) = delete;
   PlainRateTable& operator=(const PlainRateTable&) = delete;
 
-  void Record(const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
-              double seconds) ABSL_LOCKS_EXCLUDED(mu_);
+  void Record(const std::string& execution_id, int64_t bucket_tokens,
+              int64_t bucket, double seconds) ABSL_LOCKS_EXCLUDED(mu_);
   // Mean seconds of the recorded plain steps of the bucket (the last kWindow),
   // nullopt with fewer than `min_samples`.
-  std::optional<double> MeanStepSeconds(const std::string& execution_id, int64_t bucket_tokens,
-                                        int64_t bucket, int min_samples) const
+  std::optional<double> MeanStepSeconds(const std::string& execution_id,
+                                        int64_t bucket_tokens, int64_t bucket,
+                                        int min_samples) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  int64_t samples(const std::string& execution_id, int64_t bucket_tokens, int64_t bucket) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t samples(const std::string& execution_id, int64_t bucket_tokens,
+                  int64_t bucket) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   using Key = std::tuple<std::string, int64_t, int64_t>;

@@ -24,7 +24,8 @@ std::string PlanTriggerName(PlanTrigger trigger) {
 
 SpeculationGuard::SpeculationGuard(GuardOptions options,
                                    std::shared_ptr<PlainRateTable> plain_rates,
-                                   std::string execution_id, int64_t bucket_tokens)
+                                   std::string execution_id,
+                                   int64_t bucket_tokens)
     : options_(options),
       plain_rates_(std::move(plain_rates)),
       execution_id_(std::move(execution_id)),
@@ -38,7 +39,8 @@ void SpeculationGuard::Reset() {
   probe_left_ = 0;
 }
 
-void SpeculationGuard::Observe(bool speculating, int64_t bucket, const StepObservation& step,
+void SpeculationGuard::Observe(bool speculating, int64_t bucket,
+                               const StepObservation& step,
                                PlanningStats& stats) {
   if (!options_.enabled) return;
   switch (state_) {
@@ -60,9 +62,10 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket, const StepObser
 }
 
 void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats) {
-  const int min_samples = static_cast<int>(std::max<int64_t>(1, options_.probe_steps));
-  const std::optional<double> plain =
-      plain_rates_->MeanStepSeconds(execution_id_, bucket_tokens_, bucket, min_samples);
+  const int min_samples =
+      static_cast<int>(std::max<int64_t>(1, options_.probe_steps));
+  const std::optional<double> plain = plain_rates_->MeanStepSeconds(
+      execution_id_, bucket_tokens_, bucket, min_samples);
   if (!plain.has_value() || *plain <= 0) {
     if (state_ == State::kProbe) {
       // The probe's steps went to another bucket (the context crossed a
@@ -79,7 +82,8 @@ void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats) {
     return;
   }
   ++stats.guard_checks;
-  const double speculative_tps = static_cast<double>(window_tokens_) / window_seconds_;
+  const double speculative_tps =
+      static_cast<double>(window_tokens_) / window_seconds_;
   const double plain_tps = 1.0 / *plain;
   stats.guard_last_spec_tps = speculative_tps;
   stats.guard_last_plain_tps = plain_tps;
@@ -113,12 +117,14 @@ void CompleteTicket(const PlanningShared& shared, const SubmitTicket& ticket,
 // PlanController
 
 PlanController::PlanController(PlanControllerOptions options, PlanCacheKey key,
-                               uint64_t sequence_id, int initial_gamma, PlanningShared shared)
+                               uint64_t sequence_id, int initial_gamma,
+                               PlanningShared shared)
     : options_(options),
       key_(std::move(key)),
       sequence_id_(sequence_id),
       shared_(std::move(shared)),
-      guard_(options_.guard, shared_.plain_rates, key_.ExecutionId(), options_.bucket_tokens),
+      guard_(options_.guard, shared_.plain_rates, key_.ExecutionId(),
+             options_.bucket_tokens),
       gamma_(initial_gamma) {
   key_.bucket_tokens = options_.bucket_tokens;
 }
@@ -188,7 +194,8 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length) {
     if (version != 0 && version != applied_version_) {
       std::optional<CachedPlan> newer = shared_.cache->Peek(key_);
       if (newer.has_value()) {
-        Apply(*newer, newer->sequence_id == sequence_id_ ? "solve" : "shared", directive);
+        Apply(*newer, newer->sequence_id == sequence_id_ ? "solve" : "shared",
+              directive);
         // The newer plan answers whatever this sequence was waiting for.
         AbandonCapture();
         trigger_ = PlanTrigger::kNone;
@@ -196,9 +203,10 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length) {
     }
   }
 
-  if (trigger_ == PlanTrigger::kNone && !capturing_ && last_trigger_ != PlanTrigger::kDrift &&
-      last_trigger_ != PlanTrigger::kNone && shared_.cache->Version(key_) == 0 &&
-      !shared_.cache->Claimed(key_)) {
+  if (trigger_ == PlanTrigger::kNone && !capturing_ &&
+      last_trigger_ != PlanTrigger::kDrift &&
+      last_trigger_ != PlanTrigger::kNone &&
+      shared_.cache->Version(key_) == 0 && !shared_.cache->Claimed(key_)) {
     // This bucket's solve failed (no plan, none in flight): the same trigger
     // again, not counted twice.
     trigger_ = last_trigger_;
@@ -212,7 +220,8 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length) {
     const bool gap_ok = !last_capture_start_.has_value() ||
                         step - *last_capture_start_ >= options_.min_request_gap;
     if (gap_ok && shared_.cache->TryClaim(key_)) {
-      std::optional<double> reserved = shared_.budget->TryReserve(options_.planner_budget);
+      std::optional<double> reserved =
+          shared_.budget->TryReserve(options_.planner_budget);
       if (reserved.has_value()) {
         capturing_ = true;
         capture_start_ = step;
@@ -239,17 +248,19 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length) {
 void PlanController::AfterStep(const StepObservation& step) {
   shared_.budget->AddDecodeSeconds(step.seconds);
   if (step.gamma == 0 && step.tokens == 1) {
-    shared_.plain_rates->Record(key_.ExecutionId(), options_.bucket_tokens, bucket_,
-                                step.seconds);
+    shared_.plain_rates->Record(key_.ExecutionId(), options_.bucket_tokens,
+                                bucket_, step.seconds);
   }
-  if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 && step.drafted > 0) {
+  if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 &&
+      step.drafted > 0) {
     drift_accepted_ += step.accepted;
     drift_trials_ += step.accepted + (step.accepted < step.drafted ? 1 : 0);
     if (!drift_fired_ && trigger_ == PlanTrigger::kNone &&
         drift_trials_ >= options_.drift_min_tokens && drift_trials_ > 0) {
-      const double observed =
-          static_cast<double>(drift_accepted_) / static_cast<double>(drift_trials_);
-      if (std::abs(observed - in_force_->plan.alpha_hat) > options_.drift_tolerance) {
+      const double observed = static_cast<double>(drift_accepted_) /
+                              static_cast<double>(drift_trials_);
+      if (std::abs(observed - in_force_->plan.alpha_hat) >
+          options_.drift_tolerance) {
         drift_fired_ = true;
         SetTrigger(PlanTrigger::kDrift);
       }

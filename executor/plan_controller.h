@@ -66,8 +66,9 @@ struct GuardOptions {
 };
 
 struct PlanControllerOptions {
-  int64_t bucket_tokens = 256;    // context bucket width, >= 1
-  double drift_tolerance = 0.2;   // |observed acceptance - alpha_hat| that triggers
+  int64_t bucket_tokens = 256;  // context bucket width, >= 1
+  double drift_tolerance =
+      0.2;  // |observed acceptance - alpha_hat| that triggers
   int64_t drift_min_tokens = 40;  // trials before drift is judged
   double planner_budget = 0.05;   // PlannerBudget fraction; <= 0: no limit
   int64_t reference_steps = 5;    // m: steps captured per snapshot, >= 1
@@ -86,14 +87,15 @@ struct PlanningStats {
   int64_t triggers_no_plan = 0;  // first step without a cached plan
   int64_t triggers_new_bucket = 0;
   int64_t triggers_drift = 0;
-  int64_t budget_deferrals = 0;  // triggers that had to wait for the planner budget
-  double solve_seconds = 0;      // planner solve time of this sequence's requests
+  int64_t budget_deferrals =
+      0;                     // triggers that had to wait for the planner budget
+  double solve_seconds = 0;  // planner solve time of this sequence's requests
   // The guard.
-  int64_t guard_checks = 0;       // judgements made
-  int64_t guard_fallbacks = 0;    // judgements that switched to plain decoding
-  int64_t guard_probe_steps = 0;  // plain steps run to measure the plain rate
-  int64_t guard_plain_steps = 0;  // plain steps decoded because a plan lost
-  double guard_last_spec_tps = 0;   // measured at the last judgement
+  int64_t guard_checks = 0;        // judgements made
+  int64_t guard_fallbacks = 0;     // judgements that switched to plain decoding
+  int64_t guard_probe_steps = 0;   // plain steps run to measure the plain rate
+  int64_t guard_plain_steps = 0;   // plain steps decoded because a plan lost
+  double guard_last_spec_tps = 0;  // measured at the last judgement
   double guard_last_plain_tps = 0;  // the plain rate it was compared with
   // Process-wide, when the generation ended: solve seconds / decode seconds.
   double process_planner_cpu_share = 0;
@@ -101,10 +103,10 @@ struct PlanningStats {
 
 // One step's outcome as the decode loop measured it.
 struct StepObservation {
-  int gamma = 0;     // gamma the step ran with (0: plain)
-  int drafted = 0;   // draft tokens proposed
-  int accepted = 0;  // of which accepted
-  int tokens = 0;    // tokens committed
+  int gamma = 0;       // gamma the step ran with (0: plain)
+  int drafted = 0;     // draft tokens proposed
+  int accepted = 0;    // of which accepted
+  int tokens = 0;      // tokens committed
   double seconds = 0;  // wall time of the step (draft + verify)
 };
 
@@ -121,7 +123,8 @@ struct StepObservation {
 // the next min_steps steps.
 class SpeculationGuard {
  public:
-  SpeculationGuard(GuardOptions options, std::shared_ptr<PlainRateTable> plain_rates,
+  SpeculationGuard(GuardOptions options,
+                   std::shared_ptr<PlainRateTable> plain_rates,
                    std::string execution_id, int64_t bucket_tokens);
 
   // A new setting took effect: speculate and measure from scratch.
@@ -152,10 +155,11 @@ class SpeculationGuard {
 // What the decode loop does at one step.
 struct StepDirective {
   std::optional<CachedPlan> apply;  // put this plan in force before the step
-  std::string apply_source;         // "cache" (bucket entered), "solve" (own), "shared"
-  int gamma = 0;                    // gamma of this step
-  bool capture = false;             // capture reference states this step
-  int64_t capture_offset = 0;       // 0 .. reference_steps - 1 within the snapshot
+  std::string
+      apply_source;      // "cache" (bucket entered), "solve" (own), "shared"
+  int gamma = 0;         // gamma of this step
+  bool capture = false;  // capture reference states this step
+  int64_t capture_offset = 0;  // 0 .. reference_steps - 1 within the snapshot
 };
 
 // A snapshot ready to submit: the cache key its plan goes to, the claim on
@@ -178,8 +182,9 @@ class PlanController {
  public:
   // `key`: the sequence's cache key (its bucket is set per step);
   // `initial_gamma`: gamma before any plan (the request's skip mask's D, or 0).
-  PlanController(PlanControllerOptions options, PlanCacheKey key, uint64_t sequence_id,
-                 int initial_gamma, PlanningShared shared);
+  PlanController(PlanControllerOptions options, PlanCacheKey key,
+                 uint64_t sequence_id, int initial_gamma,
+                 PlanningShared shared);
   PlanController(const PlanController&) = delete;
   PlanController& operator=(const PlanController&) = delete;
   ~PlanController();
@@ -201,7 +206,8 @@ class PlanController {
   const std::optional<CachedPlan>& plan_in_force() const { return in_force_; }
 
  private:
-  void Apply(const CachedPlan& plan, const std::string& source, StepDirective& directive);
+  void Apply(const CachedPlan& plan, const std::string& source,
+             StepDirective& directive);
   void SetTrigger(PlanTrigger trigger);
   void AbandonCapture();
 
@@ -215,7 +221,7 @@ class PlanController {
   bool started_ = false;
   int64_t bucket_ = 0;
   std::optional<CachedPlan> in_force_;
-  int gamma_ = 0;               // of the setting in force
+  int gamma_ = 0;  // of the setting in force
   int64_t applied_version_ = 0;
 
   PlanTrigger trigger_ = PlanTrigger::kNone;

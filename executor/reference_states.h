@@ -21,11 +21,12 @@ namespace knapserve {
 
 // One snapshot, ready to hand to a planner.
 struct ReferenceStates {
-  torch::Tensor states;              // [2L+1, r, hidden], model dtype and device
-  std::vector<int64_t> positions;    // the r tokens' positions
-  std::vector<int32_t> target_argmax;  // the full model's argmax at each of them
-  int64_t context_length = 0;        // committed length when the snapshot closed
-  int64_t step = 0;                  // decode step index of the plan boundary
+  torch::Tensor states;            // [2L+1, r, hidden], model dtype and device
+  std::vector<int64_t> positions;  // the r tokens' positions
+  std::vector<int32_t>
+      target_argmax;           // the full model's argmax at each of them
+  int64_t context_length = 0;  // committed length when the snapshot closed
+  int64_t step = 0;            // decode step index of the plan boundary
 };
 
 class ReferenceStateCollector {

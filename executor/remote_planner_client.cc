@@ -26,7 +26,8 @@ RemotePlannerClient::~RemotePlannerClient() {
     queued.swap(queued_);
     order_.clear();
   }
-  for (auto& [id, q] : queued) q.done(absl::UnavailableError("the planner client is closing"));
+  for (auto& [id, q] : queued)
+    q.done(absl::UnavailableError("the planner client is closing"));
   FailInFlight(absl::UnavailableError("the planner client is closing"));
 }
 
@@ -45,7 +46,9 @@ void RemotePlannerClient::Submit(PlanRequest request, PlanCallback done) {
     }
     cv_.SignalAll();
   }
-  if (replaced) replaced(absl::CancelledError("replaced by a newer request of the sequence"));
+  if (replaced)
+    replaced(
+        absl::CancelledError("replaced by a newer request of the sequence"));
 }
 
 void RemotePlannerClient::Forget(uint64_t sequence_id) {
@@ -109,13 +112,15 @@ void RemotePlannerClient::Serve(
       queued_.erase(it);
     }
     v1::PlanRequest wire;
-    absl::Status encoded = EncodePlanRequest(next.request, options_.window, &wire);
+    absl::Status encoded =
+        EncodePlanRequest(next.request, options_.window, &wire);
     next.request = PlanRequest();  // drop the K/V handles
     if (!encoded.ok()) {
       next.done(encoded);
       continue;
     }
-    const Key key{std::stoull(wire.sequence_id()), static_cast<int64_t>(wire.step())};
+    const Key key{std::stoull(wire.sequence_id()),
+                  static_cast<int64_t>(wire.step())};
     {
       absl::MutexLock lock(&mu_);
       in_flight_[key] = std::move(next.done);
@@ -137,9 +142,10 @@ void RemotePlannerClient::Run() {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(options_.max_message_bytes);
     args.SetMaxReceiveMessageSize(options_.max_message_bytes);
-    std::shared_ptr<grpc::Channel> channel =
-        grpc::CreateCustomChannel(options_.address, grpc::InsecureChannelCredentials(), args);
-    const bool up = channel->WaitForConnected(std::chrono::system_clock::now() + backoff);
+    std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+        options_.address, grpc::InsecureChannelCredentials(), args);
+    const bool up =
+        channel->WaitForConnected(std::chrono::system_clock::now() + backoff);
     if (up) {
       auto stub = v1::Planner::NewStub(channel);
       grpc::ClientContext context;
@@ -149,8 +155,9 @@ void RemotePlannerClient::Run() {
         context_ = &context;
         broken_ = false;
       }
-      std::unique_ptr<grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>> stream =
-          stub->Plan(&context);
+      std::unique_ptr<
+          grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>>
+          stream = stub->Plan(&context);
       connected_ = true;
       connections_.fetch_add(1);
       backoff = options_.initial_backoff;
@@ -158,7 +165,8 @@ void RemotePlannerClient::Run() {
       Serve(stream.get());
       context.TryCancel();
       reader.join();
-      stream->Finish().ok();  // the status says why; the caller only needs "gone"
+      stream->Finish()
+          .ok();  // the status says why; the caller only needs "gone"
       connected_ = false;
       {
         absl::MutexLock lock(&mu_);
@@ -170,7 +178,8 @@ void RemotePlannerClient::Run() {
     // Wait before the next attempt (interrupted by the destructor).
     {
       const absl::Time deadline =
-          absl::Now() + absl::FromChrono(up ? options_.initial_backoff : backoff);
+          absl::Now() +
+          absl::FromChrono(up ? options_.initial_backoff : backoff);
       absl::MutexLock lock(&mu_);
       while (!stopping_ && !cv_.WaitWithDeadline(&mu_, deadline)) {
       }

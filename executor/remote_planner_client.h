@@ -1,5 +1,6 @@
-// RemotePlannerClient: the PlannerClient (common/plan/planner_client.h) that talks
-// to a knapserve-planner over one long-lived knapserve.v1.Planner/Plan stream.
+// RemotePlannerClient: the PlannerClient (common/plan/planner_client.h) that
+// talks to a knapserve-planner over one long-lived knapserve.v1.Planner/Plan
+// stream.
 //
 // Submit never blocks the decode thread: it queues the request (a newer
 // request of the same sequence replaces a queued one, whose callback gets
@@ -55,7 +56,8 @@ class RemotePlannerClient : public PlannerClient {
   explicit RemotePlannerClient(RemotePlannerOptions options);
   ~RemotePlannerClient() override;
 
-  void Submit(PlanRequest request, PlanCallback done) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Submit(PlanRequest request, PlanCallback done) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Forget(uint64_t sequence_id) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Whether a stream is open now; how many times one was (re)opened; bytes of
@@ -77,7 +79,8 @@ class RemotePlannerClient : public PlannerClient {
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
   // Writes queued requests until the stream breaks or the client stops
   // (client thread).
-  void Serve(grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>* stream)
+  void Serve(
+      grpc::ClientReaderWriter<v1::PlanRequest, v1::PlanResponse>* stream)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Answers requests in flight until the stream ends, then marks it broken
   // (the reader thread Run starts per stream).
@@ -89,13 +92,16 @@ class RemotePlannerClient : public PlannerClient {
   const RemotePlannerOptions options_;
   absl::Mutex mu_;
   absl::CondVar cv_;  // signalled when the queue, broken_ or stopping_ change
-  std::deque<uint64_t> order_ ABSL_GUARDED_BY(mu_);           // sequences with a queued request
-  std::map<uint64_t, Queued> queued_ ABSL_GUARDED_BY(mu_);    // one per sequence
-  std::map<Key, PlanCallback> in_flight_ ABSL_GUARDED_BY(mu_);  // written, not yet answered
+  std::deque<uint64_t> order_
+      ABSL_GUARDED_BY(mu_);  // sequences with a queued request
+  std::map<uint64_t, Queued> queued_ ABSL_GUARDED_BY(mu_);  // one per sequence
+  std::map<Key, PlanCallback> in_flight_
+      ABSL_GUARDED_BY(mu_);  // written, not yet answered
   // The open stream's context (owned by Run's stack), for the destructor's
   // TryCancel; null between streams.
   grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;    // the open stream's reader saw it end
+  bool broken_ ABSL_GUARDED_BY(mu_) =
+      false;  // the open stream's reader saw it end
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // the destructor runs
   std::atomic<bool> connected_{false};
   std::atomic<int64_t> connections_{0};

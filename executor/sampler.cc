@@ -10,22 +10,25 @@ namespace knapserve {
 
 absl::Status ValidateSamplingParams(const SamplingParams& params) {
   if (!(params.temperature >= 0.0) || !std::isfinite(params.temperature)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("temperature must be a finite number >= 0, got ", params.temperature));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "temperature must be a finite number >= 0, got ", params.temperature));
   }
   if (params.top_k < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("top_k must be >= 0, got ", params.top_k));
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_k must be >= 0, got ", params.top_k));
   }
   if (!(params.top_p > 0.0 && params.top_p <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("top_p must be in (0, 1], got ", params.top_p));
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_p must be in (0, 1], got ", params.top_p));
   }
   return absl::OkStatus();
 }
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
-  seed_ = params.seed.has_value() ? *params.seed
-                                  : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
-                                        std::random_device{}();
+  seed_ = params.seed.has_value()
+              ? *params.seed
+              : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                    std::random_device{}();
   rng_.seed(seed_);
 }
 
@@ -56,7 +59,8 @@ torch::Tensor Sampler::Distribution(const torch::Tensor& logits) const {
     // most likely token is always kept).
     torch::Tensor before = sorted.cumsum(0) - sorted;
     torch::Tensor drop_sorted = before >= params_.top_p;
-    torch::Tensor drop = torch::zeros({vocab}, torch::kBool).scatter(0, order, drop_sorted);
+    torch::Tensor drop =
+        torch::zeros({vocab}, torch::kBool).scatter(0, order, drop_sorted);
     probs = probs.masked_fill(drop, 0.0f);
     probs = probs / probs.sum();
   }

@@ -60,7 +60,8 @@ class Sampler {
   std::mt19937_64 rng_;
 };
 
-// Index of the largest logit ([vocab] on any device); ties go to the lowest index.
+// Index of the largest logit ([vocab] on any device); ties go to the lowest
+// index.
 int32_t Argmax(const torch::Tensor& logits);
 
 }  // namespace knapserve

@@ -61,24 +61,28 @@ Scheduler::~Scheduler() {
 absl::Status Scheduler::Submit(std::function<void()> job) {
   absl::MutexLock lock(&mu_);
   if (draining_) return absl::UnavailableError("the server is draining");
-  const int limit = std::max(1, options_.max_running) + std::max(0, options_.max_queue);
+  const int limit =
+      std::max(1, options_.max_running) + std::max(0, options_.max_queue);
   if (running_ + static_cast<int>(queue_.size()) >= limit) {
-    return absl::ResourceExhaustedError(absl::StrCat("queue full: ", running_, " running and ",
-                                                     queue_.size(), " waiting (limit ", limit,
-                                                     ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("queue full: ", running_, " running and ", queue_.size(),
+                     " waiting (limit ", limit, ")"));
   }
   queue_.push_back(std::move(job));
   return absl::OkStatus();
 }
 
-bool Scheduler::HasJobOrStopping() const { return stopping_ || !queue_.empty(); }
+bool Scheduler::HasJobOrStopping() const {
+  return stopping_ || !queue_.empty();
+}
 
 bool Scheduler::Idle() const { return running_ == 0 && queue_.empty(); }
 
 bool Scheduler::Drain(std::chrono::milliseconds timeout) {
   absl::MutexLock lock(&mu_);
   draining_ = true;
-  return mu_.AwaitWithTimeout(absl::Condition(this, &Scheduler::Idle), absl::FromChrono(timeout));
+  return mu_.AwaitWithTimeout(absl::Condition(this, &Scheduler::Idle),
+                              absl::FromChrono(timeout));
 }
 
 int Scheduler::running() const {
@@ -111,8 +115,8 @@ void Scheduler::Work() {
       job();
     } catch (...) {
       // A bug in the job; the worker (and every other request) goes on.
-      std::cerr << "knapserve scheduler: " << CurrentExceptionAsInternal("a job threw")
-                << std::endl;
+      std::cerr << "knapserve scheduler: "
+                << CurrentExceptionAsInternal("a job threw") << std::endl;
     }
     absl::MutexLock lock(&mu_);
     --running_;

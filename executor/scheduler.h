@@ -113,7 +113,8 @@ class Scheduler {
   int running_ ABSL_GUARDED_BY(mu_) = 0;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::thread> workers_;  // set in the constructor, joined in the destructor
+  std::vector<std::thread>
+      workers_;  // set in the constructor, joined in the destructor
 };
 
 }  // namespace knapserve

@@ -13,18 +13,21 @@ namespace {
 // cheaper modes.
 const std::vector<SpeculationModeInfo>& Table() {
   static const std::vector<SpeculationModeInfo> kModes = {
-      //  mode                      name        drafts planned policy               max_draft
-      {SpeculationMode::kOff,      "off",      false, false, PlanPolicy::kOff,      5},
-      {SpeculationMode::kStatic,   "static",   true,  false, PlanPolicy::kStatic,   5},
-      {SpeculationMode::kClasp,    "clasp",    true,  true,  PlanPolicy::kClasp,    10},
-      {SpeculationMode::kKnapSpec, "knapspec", true,  true,  PlanPolicy::kKnapSpec, 10},
+      //  mode                      name        drafts planned policy max_draft
+      {SpeculationMode::kOff, "off", false, false, PlanPolicy::kOff, 5},
+      {SpeculationMode::kStatic, "static", true, false, PlanPolicy::kStatic, 5},
+      {SpeculationMode::kClasp, "clasp", true, true, PlanPolicy::kClasp, 10},
+      {SpeculationMode::kKnapSpec, "knapspec", true, true,
+       PlanPolicy::kKnapSpec, 10},
   };
   return kModes;
 }
 
 }  // namespace
 
-const std::vector<SpeculationModeInfo>& AllSpeculationModes() { return Table(); }
+const std::vector<SpeculationModeInfo>& AllSpeculationModes() {
+  return Table();
+}
 
 const SpeculationModeInfo& ModeInfo(SpeculationMode mode) {
   for (const SpeculationModeInfo& info : Table()) {
@@ -34,7 +37,9 @@ const SpeculationModeInfo& ModeInfo(SpeculationMode mode) {
   std::abort();
 }
 
-std::string SpeculationModeName(SpeculationMode mode) { return ModeInfo(mode).name; }
+std::string SpeculationModeName(SpeculationMode mode) {
+  return ModeInfo(mode).name;
+}
 
 absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name) {
   std::vector<std::string> names;
@@ -42,9 +47,9 @@ absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name) {
     if (name == info.name) return info.mode;
     names.push_back(info.name);
   }
-  return absl::InvalidArgumentError(absl::StrCat("spec: unknown speculation mode '", name,
-                                                 "' (supported: ", absl::StrJoin(names, ", "),
-                                                 ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("spec: unknown speculation mode '", name,
+                   "' (supported: ", absl::StrJoin(names, ", "), ")"));
 }
 
 bool Drafts(SpeculationMode mode) { return ModeInfo(mode).drafts; }
@@ -53,6 +58,8 @@ bool DraftsWithFixedMask(SpeculationMode mode) {
   return ModeInfo(mode).drafts && !ModeInfo(mode).planned;
 }
 PlanPolicy PlannedPolicy(SpeculationMode mode) { return ModeInfo(mode).policy; }
-int DefaultMaxDraft(SpeculationMode mode) { return ModeInfo(mode).default_max_draft; }
+int DefaultMaxDraft(SpeculationMode mode) {
+  return ModeInfo(mode).default_max_draft;
+}
 
 }  // namespace knapserve

@@ -26,9 +26,11 @@ enum class SpeculationMode { kOff, kStatic, kKnapSpec, kClasp };
 
 struct SpeculationModeInfo {
   SpeculationMode mode;
-  // Flag, JSON and log spelling; the wire enum is SPECULATION_MODE_ + upper case.
+  // Flag, JSON and log spelling; the wire enum is SPECULATION_MODE_ + upper
+  // case.
   const char* name;
-  // Drafts at all: false means plain autoregressive decoding (no mask, gamma 0).
+  // Drafts at all: false means plain autoregressive decoding (no mask, gamma
+  // 0).
   bool drafts;
   // Mask and gamma come from a planner (needs a PlannerClient); the request's
   // `skip` mask only serves until the first plan. Unplanned drafting modes

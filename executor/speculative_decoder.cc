@@ -9,7 +9,8 @@ namespace knapserve {
 namespace {
 
 double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since)
+      .count();
 }
 
 torch::Tensor OneToken(int32_t id) {
@@ -19,15 +20,17 @@ torch::Tensor OneToken(int32_t id) {
 }  // namespace
 
 double SpeculationStats::acceptance_rate() const {
-  return draft_tokens > 0 ? static_cast<double>(accepted_tokens) / draft_tokens : 0.0;
+  return draft_tokens > 0 ? static_cast<double>(accepted_tokens) / draft_tokens
+                          : 0.0;
 }
 
 double SpeculationStats::mean_acceptance_length() const {
   return drafts > 0 ? 1.0 + static_cast<double>(accepted_tokens) / drafts : 1.0;
 }
 
-SpeculativeDecoder::SpeculativeDecoder(const LlamaModel& model, KvCache& cache, Sampler& sampler,
-                                       LayerMask mask, int gamma, double exit_threshold)
+SpeculativeDecoder::SpeculativeDecoder(const LlamaModel& model, KvCache& cache,
+                                       Sampler& sampler, LayerMask mask,
+                                       int gamma, double exit_threshold)
     : model_(model),
       cache_(cache),
       sampler_(sampler),
@@ -35,13 +38,15 @@ SpeculativeDecoder::SpeculativeDecoder(const LlamaModel& model, KvCache& cache, 
       gamma_(gamma),
       exit_threshold_(exit_threshold) {}
 
-StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens, bool capture_states) {
+StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens,
+                                    bool capture_states) {
   c10::InferenceMode inference_mode;
   TORCH_CHECK(max_tokens >= 1, "Step needs max_tokens >= 1");
   const int64_t pos = cache_.length();
   TORCH_CHECK(pos < cache_.capacity(), "no KV room for the step");
   // Drafts + the verified token must fit both the budget and the cache.
-  const int64_t budget = std::min<int64_t>({gamma_, max_tokens - 1, cache_.capacity() - pos - 1});
+  const int64_t budget =
+      std::min<int64_t>({gamma_, max_tokens - 1, cache_.capacity() - pos - 1});
   StepResult result;
   result.first_position = pos;
 
@@ -55,7 +60,8 @@ StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens, bool captu
     options.num_logits = 1;
     int32_t token = last;
     for (int64_t j = 0; j < budget; ++j) {
-      torch::Tensor logits = model_.Forward(OneToken(token), pos + j, cache_.layers(), options)[0];
+      torch::Tensor logits =
+          model_.Forward(OneToken(token), pos + j, cache_.layers(), options)[0];
       int32_t draft;
       if (sampler_.greedy()) {
         draft = Argmax(logits);
@@ -81,8 +87,8 @@ StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens, bool captu
   torch::Tensor states;
   ForwardOptions verify;
   verify.boundary_states = capture_states ? &states : nullptr;
-  torch::Tensor logits =
-      model_.Forward(torch::tensor(input, torch::kInt64), pos, cache_.layers(), verify);
+  torch::Tensor logits = model_.Forward(torch::tensor(input, torch::kInt64),
+                                        pos, cache_.layers(), verify);
   torch::Tensor argmax = logits.argmax(-1).to(torch::kCPU);
   const int64_t* target = argmax.data_ptr<int64_t>();
 
@@ -107,7 +113,8 @@ StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens, bool captu
                                                : sampler_.SampleFrom(p);
       break;
     }
-    if (accepted == m) next = sampler_.SampleFrom(sampler_.Distribution(logits[m]));
+    if (accepted == m)
+      next = sampler_.SampleFrom(sampler_.Distribution(logits[m]));
   }
   stats_.verify_seconds += Seconds(t1);
 

@@ -39,7 +39,8 @@ struct SpeculationStats {
   int64_t drafts = 0;
   int64_t draft_tokens = 0;
   int64_t accepted_tokens = 0;
-  std::vector<int64_t> accepted_per_position;  // [j]: drafts whose j-th token was accepted
+  std::vector<int64_t>
+      accepted_per_position;  // [j]: drafts whose j-th token was accepted
   double draft_seconds = 0;
   double verify_seconds = 0;
   // accepted_tokens / draft_tokens (0 when nothing was drafted).
@@ -65,8 +66,8 @@ struct StepResult {
 class SpeculativeDecoder {
  public:
   // `mask` must have the model's layer count; gamma >= 0 (0 = autoregressive).
-  SpeculativeDecoder(const LlamaModel& model, KvCache& cache, Sampler& sampler, LayerMask mask,
-                     int gamma, double exit_threshold);
+  SpeculativeDecoder(const LlamaModel& model, KvCache& cache, Sampler& sampler,
+                     LayerMask mask, int gamma, double exit_threshold);
 
   // Runs one step feeding `last` at position cache.length(). At most
   // `max_tokens` (>= 1) tokens are committed. With capture_states the result

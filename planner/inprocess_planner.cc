@@ -16,7 +16,8 @@
 namespace knapserve {
 
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> InProcessPlanner::Create(
-    const LlamaModel& model, LatencyProfile profile, InProcessPlannerOptions options) {
+    const LlamaModel& model, LatencyProfile profile,
+    InProcessPlannerOptions options) {
   if (options.nice < 0 || options.nice > 19) {
     return absl::InvalidArgumentError(
         absl::StrCat("planner nice must be in [0, 19], got ", options.nice));
@@ -26,13 +27,15 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> InProcessPlanner::Create(
         absl::StrCat("planner threads must be >= 1, got ", options.threads));
   }
   RETURN_IF_ERROR(Annotate(profile.Validate(), "latency profile"));
-  RETURN_IF_ERROR(profile.CheckMatches(model.config().Fingerprint(), model.device().str(),
-                                       DtypeName(model.dtype()), profile.threads));
+  RETURN_IF_ERROR(
+      profile.CheckMatches(model.config().Fingerprint(), model.device().str(),
+                           DtypeName(model.dtype()), profile.threads));
   return std::unique_ptr<InProcessPlanner>(
       new InProcessPlanner(model, std::move(profile), std::move(options)));
 }
 
-InProcessPlanner::InProcessPlanner(const LlamaModel& model, LatencyProfile profile,
+InProcessPlanner::InProcessPlanner(const LlamaModel& model,
+                                   LatencyProfile profile,
                                    InProcessPlannerOptions options)
     : model_(model),
       profile_(std::move(profile)),
@@ -67,8 +70,10 @@ void InProcessPlanner::Submit(PlanRequest request, PlanCallback done) {
       auto it = pending_.find(id);
       if (it != pending_.end()) {
         replaced_done = std::move(it->second.done);
-        replaced_status = absl::CancelledError("replaced by a newer request of the sequence");
-        it->second = Pending{std::move(request), std::move(done), std::chrono::steady_clock::now()};
+        replaced_status =
+            absl::CancelledError("replaced by a newer request of the sequence");
+        it->second = Pending{std::move(request), std::move(done),
+                             std::chrono::steady_clock::now()};
         ++replaced_;
       } else {
         pending_.emplace(id, Pending{std::move(request), std::move(done),
@@ -105,14 +110,16 @@ int64_t InProcessPlanner::replaced() const {
   return replaced_;
 }
 
-absl::StatusOr<DraftPlan> InProcessPlanner::Solve(const PlanRequest& request) const {
+absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
+    const PlanRequest& request) const {
   const std::string fingerprint = model_.config().Fingerprint();
   if (request.model_fingerprint != fingerprint) {
     return absl::FailedPreconditionError(
         absl::StrCat("plan request for model '", request.model_fingerprint,
                      "' but this planner serves '", fingerprint, "'"));
   }
-  if (request.kv_length > 0 && static_cast<int>(request.kv.size()) != model_.num_layers()) {
+  if (request.kv_length > 0 &&
+      static_cast<int>(request.kv.size()) != model_.num_layers()) {
     return absl::InvalidArgumentError(absl::StrCat("kv: ", request.kv.size(),
                                                    " layers for a model with ",
                                                    model_.num_layers()));
@@ -127,15 +134,19 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(const PlanRequest& request) co
   inputs.states = request.states;
   inputs.first_position = request.first_position;
   inputs.target_argmax = request.target_argmax;
-  if (inputs.target_argmax.empty() && request.states.defined() && request.states.dim() == 3 &&
+  if (inputs.target_argmax.empty() && request.states.defined() &&
+      request.states.dim() == 3 &&
       request.states.size(0) == model_.num_sublayers() + 1) {
     // Not sent: the full model's argmax from the last boundary's states.
     torch::Tensor argmax =
-        model_.Logits(request.states[model_.num_sublayers()].to(model_.device(), model_.dtype()))
+        model_
+            .Logits(request.states[model_.num_sublayers()].to(model_.device(),
+                                                              model_.dtype()))
             .argmax(-1)
             .to(torch::kCPU);
     for (int64_t i = 0; i < argmax.size(0); ++i) {
-      inputs.target_argmax.push_back(static_cast<int32_t>(argmax[i].item<int64_t>()));
+      inputs.target_argmax.push_back(
+          static_cast<int32_t>(argmax[i].item<int64_t>()));
     }
   }
   inputs.prefix_kv = request.kv_length > 0 ? &request.kv : nullptr;
@@ -160,8 +171,8 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(const PlanRequest& request) co
     case PlanPolicy::kOff:
       break;  // answered above
     case PlanPolicy::kStatic: {
-      ASSIGN_OR_RETURN(LayerMask mask,
-                       LayerMask::Parse(request.static_mask, model_.num_layers()));
+      ASSIGN_OR_RETURN(LayerMask mask, LayerMask::Parse(request.static_mask,
+                                                        model_.num_layers()));
       StaticOptions options;
       options.max_draft = request.max_draft;
       options.alpha_prior = options_.knapspec.alpha_prior;
@@ -179,7 +190,8 @@ void InProcessPlanner::Run() {
   omp_set_num_threads(options_.threads);
   if (options_.nice > 0) {
     // Applies to this thread; the OpenMP workers it starts inherit it.
-    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), options_.nice);
+    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)),
+                options_.nice);
   }
   c10::InferenceMode inference_mode;
   while (true) {
@@ -194,12 +206,14 @@ void InProcessPlanner::Run() {
       job = std::move(it->second);
       pending_.erase(it);
     }
-    const double queued = std::chrono::duration<double>(std::chrono::steady_clock::now() -
-                                                         job.queued_at).count();
+    const double queued = std::chrono::duration<double>(
+                              std::chrono::steady_clock::now() - job.queued_at)
+                              .count();
     absl::StatusOr<DraftPlan> plan;
     // The exception boundary of a solve: it fails this request only.
     try {
-      if (options_.before_solve_for_tests) options_.before_solve_for_tests(job.request);
+      if (options_.before_solve_for_tests)
+        options_.before_solve_for_tests(job.request);
       plan = Solve(job.request);
     } catch (...) {
       plan = CurrentExceptionAsInternal("planner: the solve failed");

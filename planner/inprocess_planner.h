@@ -1,5 +1,6 @@
-// InProcessPlanner: the PlannerClient (common/plan/planner_client.h) that solves in
-// the executor's own process, on its own thread, so planning overlaps decoding.
+// InProcessPlanner: the PlannerClient (common/plan/planner_client.h) that
+// solves in the executor's own process, on its own thread, so planning overlaps
+// decoding.
 //
 // Requests are queued per sequence and solved one at a time, oldest sequence
 // first. A sequence has at most one queued request: a newer one replaces it
@@ -68,10 +69,12 @@ class InProcessPlanner : public PlannerClient {
   // decode ran, the planner has its own threads); InvalidArgument for bad
   // options.
   static absl::StatusOr<std::unique_ptr<InProcessPlanner>> Create(
-      const LlamaModel& model, LatencyProfile profile, InProcessPlannerOptions options);
+      const LlamaModel& model, LatencyProfile profile,
+      InProcessPlannerOptions options);
   ~InProcessPlanner() override;
 
-  void Submit(PlanRequest request, PlanCallback done) override ABSL_LOCKS_EXCLUDED(mu_);
+  void Submit(PlanRequest request, PlanCallback done) override
+      ABSL_LOCKS_EXCLUDED(mu_);
   void Forget(uint64_t sequence_id) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Solves `request` on the calling thread (what the worker does per request).
@@ -102,8 +105,10 @@ class InProcessPlanner : public PlannerClient {
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;  // signalled when a request is queued or stopping_ is set
-  std::deque<uint64_t> order_ ABSL_GUARDED_BY(mu_);  // sequences with a queued request
-  absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);  // one per sequence
+  std::deque<uint64_t> order_
+      ABSL_GUARDED_BY(mu_);  // sequences with a queued request
+  absl::flat_hash_map<uint64_t, Pending> pending_
+      ABSL_GUARDED_BY(mu_);  // one per sequence
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t solved_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t replaced_ ABSL_GUARDED_BY(mu_) = 0;

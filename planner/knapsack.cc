@@ -8,54 +8,65 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/llama.h"
 #include "common/base/status.h"
+#include "common/model/llama.h"
 
 namespace knapserve {
 namespace {
 
 // Checks reference [2L+1, r, d] against the runner and the target ids.
-absl::Status CheckReference(const SublayerRunner& runner, const torch::Tensor& reference,
+absl::Status CheckReference(const SublayerRunner& runner,
+                            const torch::Tensor& reference,
                             absl::Span<const int32_t> target_argmax) {
   if (!reference.defined() || reference.dim() != 3) {
-    return absl::InvalidArgumentError("reference states must be a [2L+1, r, hidden] tensor");
+    return absl::InvalidArgumentError(
+        "reference states must be a [2L+1, r, hidden] tensor");
   }
   const int64_t boundaries = runner.num_sublayers() + 1;
   if (reference.size(0) != boundaries) {
-    return absl::InvalidArgumentError(absl::StrCat("reference states have ", reference.size(0),
-                                                   " boundaries, expected 2L+1 = ", boundaries));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reference states have ", reference.size(0),
+                     " boundaries, expected 2L+1 = ", boundaries));
   }
   if (reference.size(1) < 1) {
-    return absl::InvalidArgumentError("reference states hold no tokens (r = 0)");
+    return absl::InvalidArgumentError(
+        "reference states hold no tokens (r = 0)");
   }
-  if (!target_argmax.empty() && static_cast<int64_t>(target_argmax.size()) != reference.size(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("target_argmax has ", target_argmax.size(),
-                                                   " ids but the reference states hold ",
-                                                   reference.size(1), " tokens"));
+  if (!target_argmax.empty() &&
+      static_cast<int64_t>(target_argmax.size()) != reference.size(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target_argmax has ", target_argmax.size(),
+        " ids but the reference states hold ", reference.size(1), " tokens"));
   }
   return absl::OkStatus();
 }
 
 // Share of each row of top [B, r] equal to the target ids.
-absl::StatusOr<std::vector<double>> AlphaHats(const SublayerRunner& runner,
-                                              const torch::Tensor& final_states,
-                                              absl::Span<const int32_t> target_argmax) {
-  if (target_argmax.empty()) return std::vector<double>(final_states.size(0), -1.0);
+absl::StatusOr<std::vector<double>> AlphaHats(
+    const SublayerRunner& runner, const torch::Tensor& final_states,
+    absl::Span<const int32_t> target_argmax) {
+  if (target_argmax.empty())
+    return std::vector<double>(final_states.size(0), -1.0);
   ASSIGN_OR_RETURN(torch::Tensor top, runner.TopTokens(final_states));
   std::vector<int64_t> ids(target_argmax.begin(), target_argmax.end());
   torch::Tensor target = torch::tensor(ids, torch::kInt64).to(top.device());
-  torch::Tensor share =
-      top.to(torch::kInt64).eq(target.unsqueeze(0)).to(torch::kFloat64).mean(-1).cpu();
-  std::vector<double> out(share.data_ptr<double>(), share.data_ptr<double>() + share.numel());
+  torch::Tensor share = top.to(torch::kInt64)
+                            .eq(target.unsqueeze(0))
+                            .to(torch::kFloat64)
+                            .mean(-1)
+                            .cpu();
+  std::vector<double> out(share.data_ptr<double>(),
+                          share.data_ptr<double>() + share.numel());
   return out;
 }
 
-absl::StatusOr<torch::Tensor> CheckedApply(const SublayerRunner& runner, int sublayer,
+absl::StatusOr<torch::Tensor> CheckedApply(const SublayerRunner& runner,
+                                           int sublayer,
                                            const torch::Tensor& h) {
   ASSIGN_OR_RETURN(torch::Tensor out, runner.Apply(sublayer, h));
   if (!out.defined() || out.sizes() != h.sizes()) {
-    return absl::InternalError(
-        absl::StrCat("sublayer ", sublayer, " returned a tensor of the wrong shape"));
+    return absl::InternalError(absl::StrCat(
+        "sublayer ", sublayer, " returned a tensor of the wrong shape"));
   }
   return out;
 }
@@ -64,60 +75,69 @@ absl::StatusOr<torch::Tensor> CheckedApply(const SublayerRunner& runner, int sub
 
 // ---- ModelSublayerRunner ----
 
-absl::StatusOr<ModelSublayerRunner> ModelSublayerRunner::Create(const LlamaModel& model,
-                                                                const std::vector<LayerKv>* prefix,
-                                                                int64_t prefix_len,
-                                                                int64_t first_position,
-                                                                const Options& options) {
-  const int layers = options.num_layers <= 0 ? model.num_layers() : options.num_layers;
+absl::StatusOr<ModelSublayerRunner> ModelSublayerRunner::Create(
+    const LlamaModel& model, const std::vector<LayerKv>* prefix,
+    int64_t prefix_len, int64_t first_position, const Options& options) {
+  const int layers =
+      options.num_layers <= 0 ? model.num_layers() : options.num_layers;
   if (layers > model.num_layers()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("runner over ", layers, " layers but the model has ", model.num_layers()));
+    return absl::InvalidArgumentError(absl::StrCat("runner over ", layers,
+                                                   " layers but the model has ",
+                                                   model.num_layers()));
   }
   if (first_position < 0 || first_position >= model.max_context()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("first_position ", first_position, " outside [0, ", model.max_context(), ")"));
+        absl::StrCat("first_position ", first_position, " outside [0, ",
+                     model.max_context(), ")"));
   }
   if (prefix_len < 0 || prefix_len > first_position) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "prefix_len ", prefix_len, " outside [0, first_position = ", first_position, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix_len ", prefix_len,
+                     " outside [0, first_position = ", first_position, "]"));
   }
   if (prefix_len > 0) {
     if (prefix == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("prefix_len is ", prefix_len, " but no prefix K/V was given"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "prefix_len is ", prefix_len, " but no prefix K/V was given"));
     }
     if (static_cast<int>(prefix->size()) != model.num_layers()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "prefix K/V has ", prefix->size(), " layers, the model has ", model.num_layers()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix K/V has ", prefix->size(),
+                       " layers, the model has ", model.num_layers()));
     }
     for (int i = 0; i < layers; ++i) {
       const LayerKv& kv = (*prefix)[i];
-      if (!kv.k.defined() || !kv.v.defined() || kv.k.dim() != 3 || kv.v.dim() != 3 ||
+      if (!kv.k.defined() || !kv.v.defined() || kv.k.dim() != 3 ||
+          kv.v.dim() != 3 ||
           kv.k.size(0) != model.config().num_key_value_heads ||
-          kv.k.size(2) != model.config().head_dim || kv.k.sizes() != kv.v.sizes()) {
+          kv.k.size(2) != model.config().head_dim ||
+          kv.k.sizes() != kv.v.sizes()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "prefix K/V of layer ", i, " must be two [kv_heads, capacity, head_dim] tensors"));
+            "prefix K/V of layer ", i,
+            " must be two [kv_heads, capacity, head_dim] tensors"));
       }
       if (kv.k.size(1) < prefix_len) {
-        return absl::InvalidArgumentError(absl::StrCat("prefix K/V of layer ", i, " holds ",
-                                                       kv.k.size(1), " positions, prefix_len is ",
-                                                       prefix_len));
-      }
-      if (kv.k.device() != model.device() || kv.k.scalar_type() != model.dtype()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("prefix K/V of layer ", i, " is not on the model's device and dtype"));
+            absl::StrCat("prefix K/V of layer ", i, " holds ", kv.k.size(1),
+                         " positions, prefix_len is ", prefix_len));
+      }
+      if (kv.k.device() != model.device() ||
+          kv.k.scalar_type() != model.dtype()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prefix K/V of layer ", i,
+                         " is not on the model's device and dtype"));
       }
     }
   }
-  return ModelSublayerRunner(model, prefix, prefix_len, first_position, layers, options);
+  return ModelSublayerRunner(model, prefix, prefix_len, first_position, layers,
+                             options);
 }
 
-absl::StatusOr<torch::Tensor> ModelSublayerRunner::Apply(int sublayer,
-                                                         const torch::Tensor& h) const {
+absl::StatusOr<torch::Tensor> ModelSublayerRunner::Apply(
+    int sublayer, const torch::Tensor& h) const {
   if (sublayer < 0 || sublayer >= num_sublayers()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sublayer ", sublayer, " outside [0, ", num_sublayers(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sublayer ", sublayer, " outside [0, ", num_sublayers(), ")"));
   }
   if (h.dim() != 3 || h.size(2) != model_->config().hidden_size) {
     return absl::InvalidArgumentError("runner input must be [B, r, hidden]");
@@ -125,9 +145,9 @@ absl::StatusOr<torch::Tensor> ModelSublayerRunner::Apply(int sublayer,
   const int layer = sublayer / 2;
   const int64_t r = h.size(1);
   if (first_position_ + r > model_->max_context()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("reference tokens at ", first_position_, "..", first_position_ + r - 1,
-                     " run past the model's context ", model_->max_context()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reference tokens at ", first_position_, "..", first_position_ + r - 1,
+        " run past the model's context ", model_->max_context()));
   }
   try {
     c10::InferenceMode guard;
@@ -136,102 +156,117 @@ absl::StatusOr<torch::Tensor> ModelSublayerRunner::Apply(int sublayer,
     static const LayerKv kEmpty;
     const LayerKv& kv = prefix_len_ > 0 ? (*prefix_)[layer] : kEmpty;
     // Score tensors: [B, heads, r, prefix+r] float32, about three live copies.
-    const int64_t per_branch = 3 * 4 * model_->config().num_attention_heads * r * (prefix_len_ + r);
+    const int64_t per_branch =
+        3 * 4 * model_->config().num_attention_heads * r * (prefix_len_ + r);
     const int64_t b = x.size(0);
-    const int64_t limit = options_.max_attention_bytes > 0 ? options_.max_attention_bytes
-                          : model_->device().is_cuda()     ? int64_t{1} << 30
-                                                           : int64_t{16} << 20;
+    const int64_t limit = options_.max_attention_bytes > 0
+                              ? options_.max_attention_bytes
+                          : model_->device().is_cuda() ? int64_t{1} << 30
+                                                       : int64_t{16} << 20;
     const int64_t chunk = std::max<int64_t>(1, limit / per_branch);
-    if (chunk >= b) return model_->BranchAttention(layer, x, first_position_, kv, prefix_len_);
+    if (chunk >= b)
+      return model_->BranchAttention(layer, x, first_position_, kv,
+                                     prefix_len_);
     std::vector<torch::Tensor> parts;
     for (int64_t begin = 0; begin < b; begin += chunk) {
-      parts.push_back(model_->BranchAttention(layer, x.narrow(0, begin, std::min(chunk, b - begin)),
-                                              first_position_, kv, prefix_len_));
+      parts.push_back(model_->BranchAttention(
+          layer, x.narrow(0, begin, std::min(chunk, b - begin)),
+          first_position_, kv, prefix_len_));
     }
     return torch::cat(parts, 0);
   } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat("sublayer ", sublayer, ": torch error: ", e.what_without_backtrace()));
+    return absl::InternalError(absl::StrCat(
+        "sublayer ", sublayer, ": torch error: ", e.what_without_backtrace()));
   }
 }
 
-absl::StatusOr<torch::Tensor> ModelSublayerRunner::TopTokens(const torch::Tensor& h) const {
+absl::StatusOr<torch::Tensor> ModelSublayerRunner::TopTokens(
+    const torch::Tensor& h) const {
   if (h.dim() != 3 || h.size(2) != model_->config().hidden_size) {
     return absl::InvalidArgumentError("runner input must be [B, r, hidden]");
   }
   try {
     c10::InferenceMode guard;
-    torch::Tensor rows = h.to(model_->device(), model_->dtype()).reshape({-1, h.size(2)});
+    torch::Tensor rows =
+        h.to(model_->device(), model_->dtype()).reshape({-1, h.size(2)});
     const int64_t n = rows.size(0);
-    const int64_t chunk =
-        std::max<int64_t>(1, options_.max_logits_bytes / (4 * model_->config().vocab_size));
+    const int64_t chunk = std::max<int64_t>(
+        1, options_.max_logits_bytes / (4 * model_->config().vocab_size));
     std::vector<torch::Tensor> parts;
     for (int64_t begin = 0; begin < n; begin += chunk) {
-      parts.push_back(model_->Logits(rows.narrow(0, begin, std::min(chunk, n - begin))).argmax(-1));
+      parts.push_back(
+          model_->Logits(rows.narrow(0, begin, std::min(chunk, n - begin)))
+              .argmax(-1));
     }
     return torch::cat(parts, 0).view({h.size(0), h.size(1)});
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("LM head: torch error: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("LM head: torch error: ", e.what_without_backtrace()));
   }
 }
 
 // ---- The DP ----
 
-absl::StatusOr<std::vector<double>> MeasureAlphaHats(const SublayerRunner& runner,
-                                                     const torch::Tensor& final_states,
-                                                     absl::Span<const int32_t> target_argmax) {
+absl::StatusOr<std::vector<double>> MeasureAlphaHats(
+    const SublayerRunner& runner, const torch::Tensor& final_states,
+    absl::Span<const int32_t> target_argmax) {
   if (!final_states.defined() || final_states.dim() != 3) {
-    return absl::InvalidArgumentError("final states must be a [B, r, hidden] tensor");
+    return absl::InvalidArgumentError(
+        "final states must be a [B, r, hidden] tensor");
   }
   if (static_cast<int64_t>(target_argmax.size()) != final_states.size(1)) {
-    return absl::InvalidArgumentError(absl::StrCat("target_argmax has ", target_argmax.size(),
-                                                   " ids for r = ", final_states.size(1),
-                                                   " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_argmax has ", target_argmax.size(),
+                     " ids for r = ", final_states.size(1), " tokens"));
   }
-  if (target_argmax.empty()) return std::vector<double>(final_states.size(0), 0.0);
+  if (target_argmax.empty())
+    return std::vector<double>(final_states.size(0), 0.0);
   c10::InferenceMode guard;
   return AlphaHats(runner, final_states, target_argmax);
 }
 
-std::vector<double> MeanCosines(const torch::Tensor& h, const torch::Tensor& x) {
+std::vector<double> MeanCosines(const torch::Tensor& h,
+                                const torch::Tensor& x) {
   c10::InferenceMode guard;
   // float32 at least; float64 inputs (synthetic tests) keep their precision.
   const torch::ScalarType type =
       h.scalar_type() == torch::kFloat64 ? torch::kFloat64 : torch::kFloat32;
-  torch::Tensor cos = torch::cosine_similarity(h.to(type), x.to(h.device(), type).unsqueeze(0),
-                                               /*dim=*/-1, /*eps=*/1e-8)
-                          .mean(-1)
-                          .to(torch::kFloat64)
-                          .cpu()
-                          .contiguous();
-  return std::vector<double>(cos.data_ptr<double>(), cos.data_ptr<double>() + cos.numel());
+  torch::Tensor cos =
+      torch::cosine_similarity(h.to(type), x.to(h.device(), type).unsqueeze(0),
+                               /*dim=*/-1, /*eps=*/1e-8)
+          .mean(-1)
+          .to(torch::kFloat64)
+          .cpu()
+          .contiguous();
+  return std::vector<double>(cos.data_ptr<double>(),
+                             cos.data_ptr<double>() + cos.numel());
 }
 
-absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runner,
-                                                     const torch::Tensor& reference,
-                                                     absl::Span<const int32_t> target_argmax,
-                                                     absl::Span<const SkipUnit> units,
-                                                     const SkipDpOptions& options,
-                                                     SkipDpStats* stats,
-                                                     torch::Tensor* final_states) {
+absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(
+    const SublayerRunner& runner, const torch::Tensor& reference,
+    absl::Span<const int32_t> target_argmax, absl::Span<const SkipUnit> units,
+    const SkipDpOptions& options, SkipDpStats* stats,
+    torch::Tensor* final_states) {
   RETURN_IF_ERROR(CheckReference(runner, reference, target_argmax));
   const int num_sublayers = runner.num_sublayers();
   if (num_sublayers < 2 || num_sublayers % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("runner has ", num_sublayers, " sublayers; expected 2L with L >= 1"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "runner has ", num_sublayers, " sublayers; expected 2L with L >= 1"));
   }
   int next = 0;
   for (const SkipUnit& unit : units) {
-    if (unit.first_sublayer != next || unit.num_sublayers < 1 || unit.weight < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "DP units must cover the sublayers in order with weights >= 1; unit at sublayer ",
-          unit.first_sublayer, " does not"));
+    if (unit.first_sublayer != next || unit.num_sublayers < 1 ||
+        unit.weight < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("DP units must cover the sublayers in order with "
+                       "weights >= 1; unit at sublayer ",
+                       unit.first_sublayer, " does not"));
     }
     next += unit.num_sublayers;
   }
   if (next != num_sublayers) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("DP units cover ", next, " sublayers, the runner has ", num_sublayers));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "DP units cover ", next, " sublayers, the runner has ", num_sublayers));
   }
   if (options.max_weight < 0) {
     return absl::InvalidArgumentError(
@@ -248,7 +283,8 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runne
     bool skipped = false;
     double cosine = 0;
   };
-  std::vector<std::vector<Back>> back(num_units, std::vector<Back>(max_weight + 1));
+  std::vector<std::vector<Back>> back(num_units,
+                                      std::vector<Back>(max_weight + 1));
 
   // Live cells of the current boundary: their weights (increasing) and their
   // states, row k of `states` belongs to live[k].
@@ -275,7 +311,8 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runne
 
     // Row index of each live weight (-1 when dead).
     std::vector<int> row_of(max_weight + 1, -1);
-    for (size_t k = 0; k < live.size(); ++k) row_of[live[k]] = static_cast<int>(k);
+    for (size_t k = 0; k < live.size(); ++k)
+      row_of[live[k]] = static_cast<int>(k);
     const int64_t b = static_cast<int64_t>(live.size());
 
     std::vector<int> next_live;
@@ -291,7 +328,8 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runne
         best_row = row_of[j];
       }
       const int from = j - unit.weight;
-      if (unit.skippable && from >= 0 && row_of[from] >= 0 && skip_cos[row_of[from]] > best_cos) {
+      if (unit.skippable && from >= 0 && row_of[from] >= 0 &&
+          skip_cos[row_of[from]] > best_cos) {
         best = {from, true, skip_cos[row_of[from]]};
         best_cos = best.cosine;
         best_row = b + row_of[from];
@@ -303,19 +341,23 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runne
       gather.push_back(best_row);
       next_cos.push_back(best_cos);
     }
-    const bool any_skip =
-        std::any_of(gather.begin(), gather.end(), [b](int64_t row) { return row >= b; });
-    torch::Tensor pool = any_skip ? torch::cat({executed, states}, 0) : executed;
-    torch::Tensor index = torch::tensor(gather, torch::kInt64).to(pool.device());
+    const bool any_skip = std::any_of(gather.begin(), gather.end(),
+                                      [b](int64_t row) { return row >= b; });
+    torch::Tensor pool =
+        any_skip ? torch::cat({executed, states}, 0) : executed;
+    torch::Tensor index =
+        torch::tensor(gather, torch::kInt64).to(pool.device());
     states = pool.index_select(0, index);
     live = std::move(next_live);
     cosines = std::move(next_cos);
     if (stats != nullptr) {
-      stats->max_live_cells = std::max(stats->max_live_cells, static_cast<int>(live.size()));
+      stats->max_live_cells =
+          std::max(stats->max_live_cells, static_cast<int>(live.size()));
     }
   }
 
-  ASSIGN_OR_RETURN(std::vector<double> alphas, AlphaHats(runner, states, target_argmax));
+  ASSIGN_OR_RETURN(std::vector<double> alphas,
+                   AlphaHats(runner, states, target_argmax));
   if (final_states != nullptr) *final_states = states;
   std::vector<SkipCandidate> candidates;
   candidates.reserve(live.size());
@@ -343,35 +385,41 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runne
   return candidates;
 }
 
-SublayerWeights ComputeSublayerWeights(double attention_seconds, double mlp_seconds, int cap,
+SublayerWeights ComputeSublayerWeights(double attention_seconds,
+                                       double mlp_seconds, int cap,
                                        double tolerance) {
   cap = std::max(1, cap);
   tolerance = std::max(0.0, tolerance);
   SublayerWeights w;
-  if (!(attention_seconds > 0) || !(mlp_seconds > 0) || !std::isfinite(attention_seconds) ||
-      !std::isfinite(mlp_seconds)) {
+  if (!(attention_seconds > 0) || !(mlp_seconds > 0) ||
+      !std::isfinite(attention_seconds) || !std::isfinite(mlp_seconds)) {
     return w;
   }
   const bool attention_dearer = attention_seconds > mlp_seconds;
-  const double ratio = attention_dearer ? attention_seconds / mlp_seconds
-                                        : mlp_seconds / attention_seconds;  // >= 1
-  // p / q for the smallest q within tolerance; else the least error under the cap.
+  const double ratio = attention_dearer
+                           ? attention_seconds / mlp_seconds
+                           : mlp_seconds / attention_seconds;  // >= 1
+  // p / q for the smallest q within tolerance; else the least error under the
+  // cap.
   int best_p = 1, best_q = 1;
   double best_error = std::numeric_limits<double>::infinity();
   for (int q = 1; q <= cap; ++q) {
     const double exact = ratio * q;
-    const int p = static_cast<int>(std::clamp(std::round(exact), 1.0, static_cast<double>(cap)));
+    const int p = static_cast<int>(
+        std::clamp(std::round(exact), 1.0, static_cast<double>(cap)));
     // Relative to the smaller of the two ratios: the same error whichever
     // kind's ratio (attention:MLP or MLP:attention) one looks at.
     const double weight_ratio = static_cast<double>(p) / q;
-    const double error = std::abs(weight_ratio - ratio) / std::min(weight_ratio, ratio);
+    const double error =
+        std::abs(weight_ratio - ratio) / std::min(weight_ratio, ratio);
     if (error < best_error) {
       best_error = error;
       best_p = p;
       best_q = q;
     }
     if (error <= tolerance) break;
-    if (exact > cap + 0.5) break;  // larger q only moves p further above the cap
+    if (exact > cap + 0.5)
+      break;  // larger q only moves p further above the cap
   }
   if (attention_dearer) {
     w.attention = best_p;
@@ -383,23 +431,24 @@ SublayerWeights ComputeSublayerWeights(double attention_seconds, double mlp_seco
   return w;
 }
 
-absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(const SublayerRunner& runner,
-                                                         const torch::Tensor& reference,
-                                                         absl::Span<const int32_t> target_argmax,
-                                                         SublayerWeights weights,
-                                                         const KnapsackOptions& options,
-                                                         SkipDpStats* stats,
-                                                         torch::Tensor* final_states) {
+absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(
+    const SublayerRunner& runner, const torch::Tensor& reference,
+    absl::Span<const int32_t> target_argmax, SublayerWeights weights,
+    const KnapsackOptions& options, SkipDpStats* stats,
+    torch::Tensor* final_states) {
   const int num_layers = runner.num_sublayers() / 2;
   if (weights.attention < 1 || weights.mlp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("sublayer weights must be >= 1, got attention ",
-                                                   weights.attention, ", mlp ", weights.mlp));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sublayer weights must be >= 1, got attention ",
+                     weights.attention, ", mlp ", weights.mlp));
   }
-  const int kept_layers = options.keep_first_and_last ? std::min(num_layers, 2) : 0;
+  const int kept_layers =
+      options.keep_first_and_last ? std::min(num_layers, 2) : 0;
   if (num_layers - kept_layers < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("the model has ", num_layers,
-                     " layers; with the first and last layer kept there is nothing to skip"));
+                     " layers; with the first and last layer kept there is "
+                     "nothing to skip"));
   }
   std::vector<SkipUnit> units;
   units.reserve(2 * num_layers);
@@ -409,27 +458,30 @@ absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(const SublayerRunner& r
     unit.first_sublayer = s;
     unit.num_sublayers = 1;
     unit.weight = s % 2 == 0 ? weights.attention : weights.mlp;
-    unit.skippable = !(options.keep_first_and_last && (layer == 0 || layer == num_layers - 1));
+    unit.skippable = !(options.keep_first_and_last &&
+                       (layer == 0 || layer == num_layers - 1));
     units.push_back(unit);
   }
   SkipDpOptions dp;
   dp.max_weight = num_layers * (weights.attention + weights.mlp) / 2;
   dp.tau = options.tau;
-  return RunSkipDp(runner, reference, target_argmax, units, dp, stats, final_states);
+  return RunSkipDp(runner, reference, target_argmax, units, dp, stats,
+                   final_states);
 }
 
-absl::StatusOr<SkipCandidate> SolveLayerSkip(const SublayerRunner& runner,
-                                             const torch::Tensor& reference,
-                                             absl::Span<const int32_t> target_argmax,
-                                             int num_skipped_layers, bool keep_first_and_last,
-                                             SkipDpStats* stats) {
+absl::StatusOr<SkipCandidate> SolveLayerSkip(
+    const SublayerRunner& runner, const torch::Tensor& reference,
+    absl::Span<const int32_t> target_argmax, int num_skipped_layers,
+    bool keep_first_and_last, SkipDpStats* stats) {
   const int num_layers = runner.num_sublayers() / 2;
-  const int skippable = keep_first_and_last ? std::max(0, num_layers - 2) : num_layers;
+  const int skippable =
+      keep_first_and_last ? std::max(0, num_layers - 2) : num_layers;
   if (num_skipped_layers < 1 || num_skipped_layers > skippable) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "cannot skip exactly ", num_skipped_layers, " layers: the model has ", num_layers,
-        " layers, ", skippable, " of them skippable",
-        keep_first_and_last ? " (the first and last are kept)" : "", "; choose 1..", skippable));
+        "cannot skip exactly ", num_skipped_layers, " layers: the model has ",
+        num_layers, " layers, ", skippable, " of them skippable",
+        keep_first_and_last ? " (the first and last are kept)" : "",
+        "; choose 1..", skippable));
   }
   std::vector<SkipUnit> units;
   for (int layer = 0; layer < num_layers; ++layer) {
@@ -437,13 +489,15 @@ absl::StatusOr<SkipCandidate> SolveLayerSkip(const SublayerRunner& runner,
     unit.first_sublayer = 2 * layer;
     unit.num_sublayers = 2;
     unit.weight = 1;
-    unit.skippable = !(keep_first_and_last && (layer == 0 || layer == num_layers - 1));
+    unit.skippable =
+        !(keep_first_and_last && (layer == 0 || layer == num_layers - 1));
     units.push_back(unit);
   }
   SkipDpOptions dp;
   dp.max_weight = num_skipped_layers;
-  ASSIGN_OR_RETURN(std::vector<SkipCandidate> all,
-                   RunSkipDp(runner, reference, target_argmax, units, dp, stats));
+  ASSIGN_OR_RETURN(
+      std::vector<SkipCandidate> all,
+      RunSkipDp(runner, reference, target_argmax, units, dp, stats));
   for (SkipCandidate& c : all) {
     if (c.skipped_weight == num_skipped_layers) return std::move(c);
   }
@@ -451,17 +505,16 @@ absl::StatusOr<SkipCandidate> SolveLayerSkip(const SublayerRunner& runner,
   return absl::InternalError("layer-skip DP lost its final cell");
 }
 
-absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(const SublayerRunner& runner,
-                                                         const torch::Tensor& reference,
-                                                         absl::Span<const int32_t> target_argmax,
-                                                         absl::Span<const LayerMask> masks,
-                                                         SublayerWeights weights) {
+absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(
+    const SublayerRunner& runner, const torch::Tensor& reference,
+    absl::Span<const int32_t> target_argmax, absl::Span<const LayerMask> masks,
+    SublayerWeights weights) {
   RETURN_IF_ERROR(CheckReference(runner, reference, target_argmax));
   for (const LayerMask& mask : masks) {
     if (mask.num_sublayers() != runner.num_sublayers()) {
-      return absl::InvalidArgumentError(absl::StrCat("mask '", mask.ToString(), "' has ",
-                                                     mask.num_layers(), " layers, the model has ",
-                                                     runner.num_sublayers() / 2));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mask '", mask.ToString(), "' has ", mask.num_layers(),
+                       " layers, the model has ", runner.num_sublayers() / 2));
     }
   }
   std::vector<SkipCandidate> out(masks.size());
@@ -487,13 +540,15 @@ absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(const SublayerRunner& r
       ASSIGN_OR_RETURN(h, CheckedApply(runner, s, h));
     } else if (!kept.empty()) {
       torch::Tensor rows = torch::tensor(kept, torch::kInt64).to(h.device());
-      ASSIGN_OR_RETURN(torch::Tensor applied, CheckedApply(runner, s, h.index_select(0, rows)));
+      ASSIGN_OR_RETURN(torch::Tensor applied,
+                       CheckedApply(runner, s, h.index_select(0, rows)));
       h = h.index_copy(0, rows, applied);
     }
     cos = MeanCosines(h, reference[s + 1]);
     for (int64_t k = 0; k < b; ++k) out[k].path_cosines.push_back(cos[k]);
   }
-  ASSIGN_OR_RETURN(std::vector<double> alphas, AlphaHats(runner, h, target_argmax));
+  ASSIGN_OR_RETURN(std::vector<double> alphas,
+                   AlphaHats(runner, h, target_argmax));
   for (int64_t k = 0; k < b; ++k) {
     out[k].mean_cosine = out[k].path_cosines.back();
     out[k].alpha_hat = alphas[k];
@@ -501,12 +556,13 @@ absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(const SublayerRunner& r
   return out;
 }
 
-absl::StatusOr<SkipCandidate> EvaluateMask(const SublayerRunner& runner,
-                                           const torch::Tensor& reference,
-                                           absl::Span<const int32_t> target_argmax,
-                                           const LayerMask& mask, SublayerWeights weights) {
-  ASSIGN_OR_RETURN(std::vector<SkipCandidate> one,
-                   EvaluateMasks(runner, reference, target_argmax, {&mask, 1}, weights));
+absl::StatusOr<SkipCandidate> EvaluateMask(
+    const SublayerRunner& runner, const torch::Tensor& reference,
+    absl::Span<const int32_t> target_argmax, const LayerMask& mask,
+    SublayerWeights weights) {
+  ASSIGN_OR_RETURN(
+      std::vector<SkipCandidate> one,
+      EvaluateMasks(runner, reference, target_argmax, {&mask, 1}, weights));
   return std::move(one[0]);
 }
 

@@ -50,12 +50,14 @@ class SublayerRunner {
   virtual ~SublayerRunner() = default;
   // 2L: sublayer 2i is attention i, 2i+1 is MLP i.
   virtual int num_sublayers() const = 0;
-  // Sublayer `sublayer` (residual included) applied to h [B, r, d] -> [B, r, d]:
-  // B independent candidate branches of the same r reference tokens.
-  virtual absl::StatusOr<torch::Tensor> Apply(int sublayer, const torch::Tensor& h) const = 0;
+  // Sublayer `sublayer` (residual included) applied to h [B, r, d] -> [B, r,
+  // d]: B independent candidate branches of the same r reference tokens.
+  virtual absl::StatusOr<torch::Tensor> Apply(int sublayer,
+                                              const torch::Tensor& h) const = 0;
   // The argmax token of the output head for final hidden states h [B, r, d],
   // as int64 [B, r].
-  virtual absl::StatusOr<torch::Tensor> TopTokens(const torch::Tensor& h) const = 0;
+  virtual absl::StatusOr<torch::Tensor> TopTokens(
+      const torch::Tensor& h) const = 0;
 };
 
 // The real runner: the first `num_layers` layers of a LlamaModel. Attention
@@ -66,7 +68,8 @@ class SublayerRunner {
 class ModelSublayerRunner final : public SublayerRunner {
  public:
   struct Options {
-    // Layers used (the runner covers sublayers 0..2*num_layers-1); <= 0 means all.
+    // Layers used (the runner covers sublayers 0..2*num_layers-1); <= 0 means
+    // all.
     int num_layers = 0;
     // Attention batches whose score tensors would exceed this many bytes are
     // run in several chunks of branches (results are identical). 0 picks
@@ -82,23 +85,25 @@ class ModelSublayerRunner final : public SublayerRunner {
   // InvalidArgument for a prefix that does not fit: prefix_len < 0,
   // prefix_len > first_position, a prefix with the wrong layer count or too
   // little capacity, or num_layers above the model's.
-  static absl::StatusOr<ModelSublayerRunner> Create(const LlamaModel& model,
-                                                    const std::vector<LayerKv>* prefix,
-                                                    int64_t prefix_len, int64_t first_position,
-                                                    const Options& options);
-  static absl::StatusOr<ModelSublayerRunner> Create(const LlamaModel& model,
-                                                    const std::vector<LayerKv>* prefix,
-                                                    int64_t prefix_len, int64_t first_position) {
+  static absl::StatusOr<ModelSublayerRunner> Create(
+      const LlamaModel& model, const std::vector<LayerKv>* prefix,
+      int64_t prefix_len, int64_t first_position, const Options& options);
+  static absl::StatusOr<ModelSublayerRunner> Create(
+      const LlamaModel& model, const std::vector<LayerKv>* prefix,
+      int64_t prefix_len, int64_t first_position) {
     return Create(model, prefix, prefix_len, first_position, Options());
   }
 
   int num_sublayers() const override { return 2 * num_layers_; }
-  absl::StatusOr<torch::Tensor> Apply(int sublayer, const torch::Tensor& h) const override;
-  absl::StatusOr<torch::Tensor> TopTokens(const torch::Tensor& h) const override;
+  absl::StatusOr<torch::Tensor> Apply(int sublayer,
+                                      const torch::Tensor& h) const override;
+  absl::StatusOr<torch::Tensor> TopTokens(
+      const torch::Tensor& h) const override;
 
  private:
-  ModelSublayerRunner(const LlamaModel& model, const std::vector<LayerKv>* prefix,
-                      int64_t prefix_len, int64_t first_position, int num_layers,
+  ModelSublayerRunner(const LlamaModel& model,
+                      const std::vector<LayerKv>* prefix, int64_t prefix_len,
+                      int64_t first_position, int num_layers,
                       const Options& options)
       : model_(&model),
         prefix_(prefix),
@@ -160,20 +165,18 @@ struct SkipDpStats {
 // If final_states is not null it receives the candidates' hidden states after
 // the last sublayer, [num_candidates, r, d] in the same order (for measuring
 // alpha_hat later with MeasureAlphaHats).
-absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(const SublayerRunner& runner,
-                                                     const torch::Tensor& reference,
-                                                     absl::Span<const int32_t> target_argmax,
-                                                     absl::Span<const SkipUnit> units,
-                                                     const SkipDpOptions& options,
-                                                     SkipDpStats* stats = nullptr,
-                                                     torch::Tensor* final_states = nullptr);
+absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(
+    const SublayerRunner& runner, const torch::Tensor& reference,
+    absl::Span<const int32_t> target_argmax, absl::Span<const SkipUnit> units,
+    const SkipDpOptions& options, SkipDpStats* stats = nullptr,
+    torch::Tensor* final_states = nullptr);
 
 // alpha_hat of B candidates from their final hidden states [B, r, d]: the
 // share of the r tokens whose LM-head argmax equals target_argmax (r ids).
 // InvalidArgument when the shapes disagree; runner errors pass through.
-absl::StatusOr<std::vector<double>> MeasureAlphaHats(const SublayerRunner& runner,
-                                                     const torch::Tensor& final_states,
-                                                     absl::Span<const int32_t> target_argmax);
+absl::StatusOr<std::vector<double>> MeasureAlphaHats(
+    const SublayerRunner& runner, const torch::Tensor& final_states,
+    absl::Span<const int32_t> target_argmax);
 
 // Integer knapsack weights of the two sublayer kinds.
 struct SublayerWeights {
@@ -203,15 +206,16 @@ inline constexpr int kDefaultWeightCap = 16;
 // differ by 30%.
 //
 // Why cheap: the DP has L * (w_attn + w_mlp) / 2 + 1 cells, so its width grows
-// with the weight sum. Since |p/q - x| <= 1/(2q), q <= ceil(1/(2 tolerance)) suffices,
-// and with the defaults (tolerance 0.1, cap 16) w_attn + w_mlp <= cap + 1 = 17
-// for every ratio, and <= 11 for ratios up to 5 (the old rounding with cap 5
-// allowed 6). Tested in knapsack_test.
+// with the weight sum. Since |p/q - x| <= 1/(2q), q <= ceil(1/(2 tolerance))
+// suffices, and with the defaults (tolerance 0.1, cap 16) w_attn + w_mlp <= cap
+// + 1 = 17 for every ratio, and <= 11 for ratios up to 5 (the old rounding with
+// cap 5 allowed 6). Tested in knapsack_test.
 //
 // Non-positive or non-finite times count as equal costs ({1, 1}); cap < 1
 // counts as 1, tolerance < 0 as 0.
-SublayerWeights ComputeSublayerWeights(double attention_seconds, double mlp_seconds, int cap,
-                                       double tolerance = kDefaultWeightTolerance);
+SublayerWeights ComputeSublayerWeights(
+    double attention_seconds, double mlp_seconds, int cap,
+    double tolerance = kDefaultWeightTolerance);
 
 struct KnapsackOptions {
   double tau = 0.5;
@@ -223,40 +227,36 @@ struct KnapsackOptions {
 // weights.mlp, budget K = L * (w_attn + w_mlp), skipped weight <= K / 2.
 // InvalidArgument when nothing is skippable (L <= 2 with keep_first_and_last)
 // or weights < 1; otherwise as RunSkipDp (final_states too).
-absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(const SublayerRunner& runner,
-                                                         const torch::Tensor& reference,
-                                                         absl::Span<const int32_t> target_argmax,
-                                                         SublayerWeights weights,
-                                                         const KnapsackOptions& options,
-                                                         SkipDpStats* stats = nullptr,
-                                                         torch::Tensor* final_states = nullptr);
+absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(
+    const SublayerRunner& runner, const torch::Tensor& reference,
+    absl::Span<const int32_t> target_argmax, SublayerWeights weights,
+    const KnapsackOptions& options, SkipDpStats* stats = nullptr,
+    torch::Tensor* final_states = nullptr);
 
 // The whole-layer DP of CLaSp: a layer's attention and MLP are skipped
 // together, each skipped layer weighs 1, and the candidate with exactly
 // `num_skipped_layers` skipped is returned. No pruning (CLaSp has no tau).
 // InvalidArgument when num_skipped_layers < 1 or exceeds the skippable layers
 // (L, or L - 2 with keep_first_and_last).
-absl::StatusOr<SkipCandidate> SolveLayerSkip(const SublayerRunner& runner,
-                                             const torch::Tensor& reference,
-                                             absl::Span<const int32_t> target_argmax,
-                                             int num_skipped_layers, bool keep_first_and_last,
-                                             SkipDpStats* stats = nullptr);
+absl::StatusOr<SkipCandidate> SolveLayerSkip(
+    const SublayerRunner& runner, const torch::Tensor& reference,
+    absl::Span<const int32_t> target_argmax, int num_skipped_layers,
+    bool keep_first_and_last, SkipDpStats* stats = nullptr);
 
 // Runs the sub-networks `masks` over the reference tokens and measures each
 // like a DP candidate (path_cosines has 2L+1 entries; skipped_weight sums
 // `weights` over the skipped sublayers). Batched: each sublayer runs once over
 // the masks that keep it. InvalidArgument when a mask's layer count or the
 // shapes do not match.
-absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(const SublayerRunner& runner,
-                                                         const torch::Tensor& reference,
-                                                         absl::Span<const int32_t> target_argmax,
-                                                         absl::Span<const LayerMask> masks,
-                                                         SublayerWeights weights = {});
+absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(
+    const SublayerRunner& runner, const torch::Tensor& reference,
+    absl::Span<const int32_t> target_argmax, absl::Span<const LayerMask> masks,
+    SublayerWeights weights = {});
 // The same for one mask.
-absl::StatusOr<SkipCandidate> EvaluateMask(const SublayerRunner& runner,
-                                           const torch::Tensor& reference,
-                                           absl::Span<const int32_t> target_argmax,
-                                           const LayerMask& mask, SublayerWeights weights = {});
+absl::StatusOr<SkipCandidate> EvaluateMask(
+    const SublayerRunner& runner, const torch::Tensor& reference,
+    absl::Span<const int32_t> target_argmax, const LayerMask& mask,
+    SublayerWeights weights = {});
 
 // Mean over the r tokens of the per-token cosine similarity between each of
 // B candidates h [B, r, d] and the reference x [r, d], as B doubles

@@ -16,8 +16,8 @@
 #include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
 #include "common/base/json_fields.h"
-#include "common/model/llama.h"
 #include "common/base/status.h"
+#include "common/model/llama.h"
 #include "nlohmann/json.hpp"
 
 namespace knapserve {
@@ -29,7 +29,8 @@ constexpr const char* kFormat = "knapserve-latency-profile";
 
 // Index of the segment [contexts[k], contexts[k+1]] holding n and the weight
 // of contexts[k+1], clamped at both ends.
-std::pair<size_t, double> Bracket(const std::vector<int64_t>& contexts, int64_t n) {
+std::pair<size_t, double> Bracket(const std::vector<int64_t>& contexts,
+                                  int64_t n) {
   if (contexts.size() == 1 || n <= contexts.front()) return {0, 0.0};
   if (n >= contexts.back()) return {contexts.size() - 2, 1.0};
   size_t k = 0;
@@ -40,10 +41,12 @@ std::pair<size_t, double> Bracket(const std::vector<int64_t>& contexts, int64_t 
 
 // An error of Validate() about one field, in the style of the JSON reader's.
 absl::Status FieldError(const std::string& field, const std::string& problem) {
-  return absl::InvalidArgumentError(absl::StrCat("field \"", field, "\": ", problem));
+  return absl::InvalidArgumentError(
+      absl::StrCat("field \"", field, "\": ", problem));
 }
 
-absl::StatusOr<LineFit> ReadFit(const JsonReader& object, std::string_view name) {
+absl::StatusOr<LineFit> ReadFit(const JsonReader& object,
+                                std::string_view name) {
   ASSIGN_OR_RETURN(const JsonReader value, object.Child(name));
   LineFit fit;
   ASSIGN_OR_RETURN(fit.a, value.RequiredDouble("a"));
@@ -52,39 +55,49 @@ absl::StatusOr<LineFit> ReadFit(const JsonReader& object, std::string_view name)
   return fit;
 }
 
-Json FitToJson(const LineFit& fit) { return Json{{"a", fit.a}, {"b", fit.b}, {"r2", fit.r2}}; }
+Json FitToJson(const LineFit& fit) {
+  return Json{{"a", fit.a}, {"b", fit.b}, {"r2", fit.r2}};
+}
 
 absl::StatusOr<LatencyProfile> ParseProfile(const JsonReader& json) {
   RETURN_IF_ERROR(json.ExpectObject());
   ASSIGN_OR_RETURN(std::string format, json.RequiredString("format"));
   if (format != kFormat) {
-    return json.FieldError("format", absl::StrCat("expected '", kFormat, "', got '", format, "'"));
+    return json.FieldError(
+        "format", absl::StrCat("expected '", kFormat, "', got '", format, "'"));
   }
   ASSIGN_OR_RETURN(int64_t version, json.RequiredInt64("version"));
   if (version != LatencyProfile::kVersion) {
     return json.FieldError(
         "version", absl::StrCat("profile version ", version,
                                 " is not supported (this build reads version ",
-                                LatencyProfile::kVersion, "); re-run `knapserve profile`"));
+                                LatencyProfile::kVersion,
+                                "); re-run `knapserve profile`"));
   }
   LatencyProfile p;
-  ASSIGN_OR_RETURN(p.model_fingerprint, json.RequiredString("model_fingerprint"));
+  ASSIGN_OR_RETURN(p.model_fingerprint,
+                   json.RequiredString("model_fingerprint"));
   ASSIGN_OR_RETURN(p.device, json.RequiredString("device"));
   ASSIGN_OR_RETURN(p.dtype, json.RequiredString("dtype"));
   ASSIGN_OR_RETURN(p.threads, json.RequiredInt("threads"));
   ASSIGN_OR_RETURN(p.attention, ReadFit(json, "attention"));
   ASSIGN_OR_RETURN(p.mlp_seconds, json.RequiredDouble("mlp_seconds"));
   ASSIGN_OR_RETURN(p.mlp_fit, ReadFit(json, "mlp_fit"));
-  ASSIGN_OR_RETURN(p.step_fixed_seconds, json.RequiredDouble("step_fixed_seconds"));
+  ASSIGN_OR_RETURN(p.step_fixed_seconds,
+                   json.RequiredDouble("step_fixed_seconds"));
   ASSIGN_OR_RETURN(p.max_draft, json.RequiredInt("max_draft"));
-  ASSIGN_OR_RETURN(p.verify_contexts, json.RequiredInt64Array("verify_contexts"));
-  ASSIGN_OR_RETURN(const std::vector<JsonReader> rows, json.RequiredArray("verify_seconds"));
+  ASSIGN_OR_RETURN(p.verify_contexts,
+                   json.RequiredInt64Array("verify_contexts"));
+  ASSIGN_OR_RETURN(const std::vector<JsonReader> rows,
+                   json.RequiredArray("verify_seconds"));
   for (const JsonReader& row : rows) {
     ASSIGN_OR_RETURN(std::vector<double> values, row.AsDoubleArray());
     p.verify_seconds.push_back(std::move(values));
   }
-  ASSIGN_OR_RETURN(p.sublayer_contexts, json.RequiredInt64Array("sublayer_contexts"));
-  ASSIGN_OR_RETURN(p.attention_medians, json.RequiredDoubleArray("attention_medians"));
+  ASSIGN_OR_RETURN(p.sublayer_contexts,
+                   json.RequiredInt64Array("sublayer_contexts"));
+  ASSIGN_OR_RETURN(p.attention_medians,
+                   json.RequiredDoubleArray("attention_medians"));
   ASSIGN_OR_RETURN(p.mlp_medians, json.RequiredDoubleArray("mlp_medians"));
   RETURN_IF_ERROR(json.Annotate(p.Validate()));
   return p;
@@ -93,11 +106,13 @@ absl::StatusOr<LatencyProfile> ParseProfile(const JsonReader& json) {
 double Median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+  return values.size() % 2 == 1 ? values[mid]
+                                : 0.5 * (values[mid - 1] + values[mid]);
 }
 
 // Median of `repeats` timings of `fn` after `warmup` untimed calls.
-double MedianSeconds(const std::function<void()>& fn, int warmup, int repeats, bool cuda) {
+double MedianSeconds(const std::function<void()>& fn, int warmup, int repeats,
+                     bool cuda) {
   for (int i = 0; i < warmup; ++i) fn();
   if (cuda) torch::cuda::synchronize();
   std::vector<double> times;
@@ -114,10 +129,11 @@ double MedianSeconds(const std::function<void()>& fn, int warmup, int repeats, b
 
 }  // namespace
 
-absl::StatusOr<LineFit> FitLine(absl::Span<const double> x, absl::Span<const double> y) {
+absl::StatusOr<LineFit> FitLine(absl::Span<const double> x,
+                                absl::Span<const double> y) {
   if (x.size() != y.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("FitLine: ", x.size(), " x values but ", y.size(), " y values"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FitLine: ", x.size(), " x values but ", y.size(), " y values"));
   }
   if (x.size() < 2) {
     return absl::InvalidArgumentError(
@@ -137,7 +153,8 @@ absl::StatusOr<LineFit> FitLine(absl::Span<const double> x, absl::Span<const dou
     sxy += (x[i] - mx) * (y[i] - my);
     syy += (y[i] - my) * (y[i] - my);
   }
-  if (sxx <= 0) return absl::InvalidArgumentError("FitLine: all x values are equal");
+  if (sxx <= 0)
+    return absl::InvalidArgumentError("FitLine: all x values are equal");
   LineFit fit;
   fit.b = sxy / sxx;
   fit.a = my - fit.b * mx;
@@ -151,12 +168,13 @@ absl::StatusOr<LineFit> FitLine(absl::Span<const double> x, absl::Span<const dou
 }
 
 double LatencyProfile::AttentionSeconds(int64_t context_length) const {
-  return std::max(0.0, attention.a + attention.b * static_cast<double>(context_length));
+  return std::max(
+      0.0, attention.a + attention.b * static_cast<double>(context_length));
 }
 
 double LatencyProfile::VerifySlope(int tokens) const {
-  if (verify_contexts.size() < 2 || verify_seconds.size() != verify_contexts.size() ||
-      max_draft < 0) {
+  if (verify_contexts.size() < 2 ||
+      verify_seconds.size() != verify_contexts.size() || max_draft < 0) {
     return 0;
   }
   const int t = std::clamp(tokens, 1, max_draft + 1);
@@ -172,7 +190,8 @@ double LatencyProfile::VerifySlope(int tokens) const {
 }
 
 double LatencyProfile::VerifySeconds(int64_t context_length, int tokens) const {
-  if (verify_contexts.empty() || verify_seconds.empty() || max_draft < 0) return 0;
+  if (verify_contexts.empty() || verify_seconds.empty() || max_draft < 0)
+    return 0;
   const int t_max = std::clamp(tokens, 1, max_draft + 1);
   const auto [k, w] = Bracket(verify_contexts, context_length);
   const int64_t last = verify_contexts.back();
@@ -192,18 +211,21 @@ double LatencyProfile::VerifySeconds(int64_t context_length, int tokens) const {
   return result;
 }
 
-double LatencyProfile::SublayerSeconds(const LayerMask& mask, int64_t context_length) const {
+double LatencyProfile::SublayerSeconds(const LayerMask& mask,
+                                       int64_t context_length) const {
   int kept_attention = 0;
   int kept_mlp = 0;
   for (int layer = 0; layer < mask.num_layers(); ++layer) {
     if (!mask.skip_attention(layer)) ++kept_attention;
     if (!mask.skip_mlp(layer)) ++kept_mlp;
   }
-  return step_fixed_seconds + kept_attention * AttentionSeconds(context_length) +
+  return step_fixed_seconds +
+         kept_attention * AttentionSeconds(context_length) +
          kept_mlp * MlpSeconds();
 }
 
-double LatencyProfile::DraftSeconds(const LayerMask& mask, int64_t context_length) const {
+double LatencyProfile::DraftSeconds(const LayerMask& mask,
+                                    int64_t context_length) const {
   int skipped_attention = 0;
   int skipped_mlp = 0;
   for (int layer = 0; layer < mask.num_layers(); ++layer) {
@@ -215,20 +237,24 @@ double LatencyProfile::DraftSeconds(const LayerMask& mask, int64_t context_lengt
   if (!(full > 0)) return one_token;
   // The measured pass minus the skipped sublayers' share of it: exactly
   // one_token (no rounding) when nothing is skipped.
-  const double skipped =
-      skipped_attention * AttentionSeconds(context_length) + skipped_mlp * MlpSeconds();
+  const double skipped = skipped_attention * AttentionSeconds(context_length) +
+                         skipped_mlp * MlpSeconds();
   return one_token - one_token * (skipped / full);
 }
 
-double LatencyProfile::FullStepSeconds(int num_layers, int64_t context_length) const {
-  return step_fixed_seconds + num_layers * (AttentionSeconds(context_length) + MlpSeconds());
+double LatencyProfile::FullStepSeconds(int num_layers,
+                                       int64_t context_length) const {
+  return step_fixed_seconds +
+         num_layers * (AttentionSeconds(context_length) + MlpSeconds());
 }
 
 absl::Status LatencyProfile::Validate() const {
-  if (model_fingerprint.empty()) return FieldError("model_fingerprint", "is empty");
+  if (model_fingerprint.empty())
+    return FieldError("model_fingerprint", "is empty");
   if (device.empty()) return FieldError("device", "is empty");
   if (dtype.empty()) return FieldError("dtype", "is empty");
-  if (threads < 1) return FieldError("threads", absl::StrCat("must be >= 1, got ", threads));
+  if (threads < 1)
+    return FieldError("threads", absl::StrCat("must be >= 1, got ", threads));
   auto finite = [](double v) { return std::isfinite(v); };
   if (!finite(attention.a) || !finite(attention.b) || !finite(attention.r2)) {
     return FieldError("attention", "has a non-finite coefficient");
@@ -239,29 +265,38 @@ absl::Status LatencyProfile::Validate() const {
   if (!finite(step_fixed_seconds) || step_fixed_seconds < 0) {
     return FieldError("step_fixed_seconds", "must be a non-negative number");
   }
-  if (max_draft < 1) return FieldError("max_draft", absl::StrCat("must be >= 1, got ", max_draft));
+  if (max_draft < 1)
+    return FieldError("max_draft",
+                      absl::StrCat("must be >= 1, got ", max_draft));
   if (verify_contexts.empty()) return FieldError("verify_contexts", "is empty");
   for (size_t i = 0; i < verify_contexts.size(); ++i) {
-    if (verify_contexts[i] < 0 || (i > 0 && verify_contexts[i] <= verify_contexts[i - 1])) {
-      return FieldError("verify_contexts", "must be non-negative and strictly increasing");
+    if (verify_contexts[i] < 0 ||
+        (i > 0 && verify_contexts[i] <= verify_contexts[i - 1])) {
+      return FieldError("verify_contexts",
+                        "must be non-negative and strictly increasing");
     }
   }
   if (AttentionSeconds(verify_contexts.back()) <= 0) {
-    return FieldError("attention", absl::StrCat("predicts no positive latency at context ",
-                                                verify_contexts.back()));
+    return FieldError("attention",
+                      absl::StrCat("predicts no positive latency at context ",
+                                   verify_contexts.back()));
   }
   if (verify_seconds.size() != verify_contexts.size()) {
-    return FieldError("verify_seconds", absl::StrCat("has ", verify_seconds.size(),
-                                                     " rows, expected one per context (",
-                                                     verify_contexts.size(), ")"));
+    return FieldError("verify_seconds",
+                      absl::StrCat("has ", verify_seconds.size(),
+                                   " rows, expected one per context (",
+                                   verify_contexts.size(), ")"));
   }
   for (const std::vector<double>& row : verify_seconds) {
     if (static_cast<int>(row.size()) != max_draft + 1) {
-      return FieldError("verify_seconds", absl::StrCat("rows must hold max_draft + 1 = ",
-                                                       max_draft + 1, " values, got ", row.size()));
+      return FieldError(
+          "verify_seconds",
+          absl::StrCat("rows must hold max_draft + 1 = ", max_draft + 1,
+                       " values, got ", row.size()));
     }
     for (double v : row) {
-      if (!finite(v) || v <= 0) return FieldError("verify_seconds", "must hold positive numbers");
+      if (!finite(v) || v <= 0)
+        return FieldError("verify_seconds", "must hold positive numbers");
     }
   }
   return absl::OkStatus();
@@ -269,9 +304,10 @@ absl::Status LatencyProfile::Validate() const {
 
 absl::Status LatencyProfile::CheckMatches(const std::string& fingerprint,
                                           const std::string& device_name,
-                                          const std::string& dtype_name, int num_threads) const {
-  if (fingerprint == model_fingerprint && device_name == device && dtype_name == dtype &&
-      num_threads == threads) {
+                                          const std::string& dtype_name,
+                                          int num_threads) const {
+  if (fingerprint == model_fingerprint && device_name == device &&
+      dtype_name == dtype && num_threads == threads) {
     return absl::OkStatus();
   }
   std::vector<std::string> differences;
@@ -279,13 +315,14 @@ absl::Status LatencyProfile::CheckMatches(const std::string& fingerprint,
   if (device_name != device) differences.push_back("device");
   if (dtype_name != dtype) differences.push_back("dtype");
   if (num_threads != threads) differences.push_back("threads");
-  return absl::FailedPreconditionError(
-      absl::StrCat("latency profile", source.empty() ? "" : absl::StrCat(" ", source),
-                   " does not match this engine (", absl::StrJoin(differences, ", "),
-                   " differ): profile is {model ", model_fingerprint, ", device ", device,
-                   ", dtype ", dtype, ", threads ", threads, "}, engine is {model ", fingerprint,
-                   ", device ", device_name, ", dtype ", dtype_name, ", threads ", num_threads,
-                   "}; re-run `knapserve profile` for this engine"));
+  return absl::FailedPreconditionError(absl::StrCat(
+      "latency profile", source.empty() ? "" : absl::StrCat(" ", source),
+      " does not match this engine (", absl::StrJoin(differences, ", "),
+      " differ): profile is {model ", model_fingerprint, ", device ", device,
+      ", dtype ", dtype, ", threads ", threads, "}, engine is {model ",
+      fingerprint, ", device ", device_name, ", dtype ", dtype_name,
+      ", threads ", num_threads,
+      "}; re-run `knapserve profile` for this engine"));
 }
 
 std::string LatencyProfile::ToJson() const {
@@ -309,17 +346,20 @@ std::string LatencyProfile::ToJson() const {
   return json.dump(2) + "\n";
 }
 
-absl::StatusOr<LatencyProfile> LatencyProfile::FromJson(const std::string& text,
-                                                        const std::string& source_name) {
+absl::StatusOr<LatencyProfile> LatencyProfile::FromJson(
+    const std::string& text, const std::string& source_name) {
   ASSIGN_OR_RETURN(const Json json, ParseJsonText(text, source_name));
-  ASSIGN_OR_RETURN(LatencyProfile profile, ParseProfile(JsonReader(json, source_name)));
+  ASSIGN_OR_RETURN(LatencyProfile profile,
+                   ParseProfile(JsonReader(json, source_name)));
   profile.source = source_name;
   return profile;
 }
 
 absl::Status LatencyProfile::Save(const std::string& path) const {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot open for writing"));
+  if (!out)
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot open for writing"));
   out << ToJson();
   out.close();
   if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
@@ -342,8 +382,8 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
         absl::StrCat("profile: warmup must be >= 0, got ", options.warmup));
   }
   if (options.max_draft < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("profile: max_draft must be >= 1, got ", options.max_draft));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile: max_draft must be >= 1, got ", options.max_draft));
   }
   const int64_t max_tokens = options.max_draft + 1;
   std::set<int64_t> usable;
@@ -351,10 +391,10 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
     if (n >= 0 && n + max_tokens <= model.max_context()) usable.insert(n);
   }
   if (usable.size() < 2) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("profile: needs at least two distinct context lengths n with n + ", max_tokens,
-                     " <= max_context ", model.max_context(), "; got {",
-                     absl::StrJoin(options.contexts, ", "), "}"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile: needs at least two distinct context lengths n with n + ",
+        max_tokens, " <= max_context ", model.max_context(), "; got {",
+        absl::StrJoin(options.contexts, ", "), "}"));
   }
   const std::vector<int64_t> contexts(usable.begin(), usable.end());
 
@@ -382,12 +422,15 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
       layer.v.normal_(0, 1);
     }
     torch::Tensor sink;  // keeps results alive so nothing is optimized away
-    torch::Tensor one_id = torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt64));
+    torch::Tensor one_id =
+        torch::zeros({1}, torch::TensorOptions().dtype(torch::kInt64));
     auto sync = [cuda] {
       if (cuda) torch::cuda::synchronize();
     };
     auto now = [] { return std::chrono::steady_clock::now(); };
-    auto seconds = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+    auto seconds = [](auto a, auto b) {
+      return std::chrono::duration<double>(b - a).count();
+    };
 
     std::vector<double> xs;
     std::vector<double> fixed_medians;
@@ -430,10 +473,12 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
       fixed_medians.push_back(Median(fixed));
       std::vector<double> row;
       for (int64_t t = 1; t <= max_tokens; ++t) {
-        torch::Tensor ids = torch::randint(model.config().vocab_size, {t},
-                                           torch::TensorOptions().dtype(torch::kInt64));
+        torch::Tensor ids =
+            torch::randint(model.config().vocab_size, {t},
+                           torch::TensorOptions().dtype(torch::kInt64));
         row.push_back(
-            MedianSeconds([&] { sink = model.Forward(ids, n, kv, -1); }, warmup, repeats, cuda));
+            MedianSeconds([&] { sink = model.Forward(ids, n, kv, -1); }, warmup,
+                          repeats, cuda));
       }
       profile.verify_seconds.push_back(std::move(row));
     }
@@ -444,7 +489,8 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
       // timing noise (tiny models, busy machines). Fall back to the mean.
       double sum = 0;
       for (double v : profile.attention_medians) sum += v;
-      profile.attention.a = sum / static_cast<double>(profile.attention_medians.size());
+      profile.attention.a =
+          sum / static_cast<double>(profile.attention_medians.size());
       profile.attention.b = 0;
     }
     ASSIGN_OR_RETURN(profile.mlp_fit, FitLine(xs, profile.mlp_medians));
@@ -452,9 +498,11 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
     for (double v : profile.mlp_medians) sum += v;
     profile.mlp_seconds = sum / static_cast<double>(profile.mlp_medians.size());
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("profile: torch error: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("profile: torch error: ", e.what_without_backtrace()));
   }
-  RETURN_IF_ERROR(Annotate(profile.Validate(), "profile: measured values are unusable"));
+  RETURN_IF_ERROR(
+      Annotate(profile.Validate(), "profile: measured values are unusable"));
   return profile;
 }
 

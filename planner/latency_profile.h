@@ -2,26 +2,31 @@
 // measured once per hardware + dtype + model + thread count and kept as a
 // small JSON file.
 //
-//   t_attn(n)          = attention.a + attention.b * n   (one attention sublayer,
+//   t_attn(n)          = attention.a + attention.b * n   (one attention
+//   sublayer,
 //                        one decode token, context length n)
 //   t_mlp              = mlp_seconds                     (one MLP sublayer)
-//   t_verify(n, t)     = the measured full-model pass over t tokens at context n:
+//   t_verify(n, t)     = the measured full-model pass over t tokens at context
+//   n:
 //                        linear in n between the measured contexts; past the
-//                        largest one, the last measurement plus the least-squares
-//                        slope of that token count's row over all contexts (fitted
-//                        like attention: a line in n, a negative slope counts as
-//                        0), so verification keeps getting dearer with context as
-//                        attention does; below the smallest context, clamped to it
-//                        (the shortest profiled context is short, 128 by default,
-//                        and extrapolating down could only reach non-positive
-//                        times on noisy rows). Non-decreasing in t: a pass over
-//                        more tokens never counts as cheaper (the running maximum
+//                        largest one, the last measurement plus the
+//                        least-squares slope of that token count's row over all
+//                        contexts (fitted like attention: a line in n, a
+//                        negative slope counts as 0), so verification keeps
+//                        getting dearer with context as attention does; below
+//                        the smallest context, clamped to it (the shortest
+//                        profiled context is short, 128 by default, and
+//                        extrapolating down could only reach non-positive times
+//                        on noisy rows). Non-decreasing in t: a pass over more
+//                        tokens never counts as cheaper (the running maximum
 //                        over 1..t hides timing noise that would otherwise make
 //                        "draft, then verify more tokens" look cheaper than
 //                        plain decoding).
-//   t_draft(S, n)      = t_verify(n, 1) * sublayer(S, n) / sublayer(empty, n), where
+//   t_draft(S, n)      = t_verify(n, 1) * sublayer(S, n) / sublayer(empty, n),
+//   where
 //                        sublayer(S, n) = step_fixed_seconds
-//                                         + kept attention sublayers * t_attn(n)
+//                                         + kept attention sublayers *
+//                                         t_attn(n)
 //                                         + kept MLP sublayers * t_mlp
 //
 // One basis: the sublayer timings (each sublayer timed on its own inside a
@@ -35,8 +40,8 @@
 // JSON; CheckMatches refuses a profile measured for another engine.
 //
 //   ASSIGN_OR_RETURN(LatencyProfile profile, LatencyProfile::Load(path));
-//   RETURN_IF_ERROR(profile.CheckMatches(model.config().Fingerprint(), "cpu", "bf16", 2));
-//   double t = profile.DraftSeconds(plan.mask, context_length);
+//   RETURN_IF_ERROR(profile.CheckMatches(model.config().Fingerprint(), "cpu",
+//   "bf16", 2)); double t = profile.DraftSeconds(plan.mask, context_length);
 //
 // A LatencyProfile is a plain value: copy it freely. Its const methods are
 // thread-safe. ProfileModel runs the model and must not race with other heavy
@@ -68,7 +73,8 @@ struct LineFit {
 
 // Least-squares line through (x[i], y[i]). InvalidArgument when the spans
 // differ in length, hold fewer than two points, or all x are equal.
-absl::StatusOr<LineFit> FitLine(absl::Span<const double> x, absl::Span<const double> y);
+absl::StatusOr<LineFit> FitLine(absl::Span<const double> x,
+                                absl::Span<const double> y);
 
 struct LatencyProfile {
   // Bumped when the JSON layout changes; Load refuses other versions.
@@ -95,8 +101,8 @@ struct LatencyProfile {
   int max_draft = 0;
   // Context lengths of the verify table, strictly increasing.
   std::vector<int64_t> verify_contexts;
-  // verify_seconds[c][t-1]: full-model pass over t tokens at verify_contexts[c],
-  // t = 1..max_draft+1.
+  // verify_seconds[c][t-1]: full-model pass over t tokens at
+  // verify_contexts[c], t = 1..max_draft+1.
   std::vector<std::vector<double>> verify_seconds;
 
   // ---- Raw medians behind the fits (diagnostics; not used for planning) ----
@@ -142,15 +148,16 @@ struct LatencyProfile {
 
   // FailedPrecondition naming both keys (the profile's and the engine's) when
   // any of the four differ; the message says to re-run `knapserve profile`.
-  absl::Status CheckMatches(const std::string& fingerprint, const std::string& device,
-                            const std::string& dtype, int threads) const;
+  absl::Status CheckMatches(const std::string& fingerprint,
+                            const std::string& device, const std::string& dtype,
+                            int threads) const;
 
   // JSON text (pretty-printed) and back. FromJson errors are InvalidArgument
   // prefixed with `source_name`: corrupt JSON, a missing or mistyped field, a
   // version other than kVersion, or a profile that fails Validate().
   std::string ToJson() const;
-  static absl::StatusOr<LatencyProfile> FromJson(const std::string& text,
-                                                 const std::string& source_name);
+  static absl::StatusOr<LatencyProfile> FromJson(
+      const std::string& text, const std::string& source_name);
 
   // File round trip. Errors name the path.
   absl::Status Save(const std::string& path) const;
@@ -182,7 +189,8 @@ struct ProfileOptions {
 // thread count.
 // InvalidArgument for bad options (repeats < 1, fewer than two usable
 // contexts); Internal if torch throws.
-absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model, const ProfileOptions& options);
+absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
+                                            const ProfileOptions& options);
 
 }  // namespace knapserve
 

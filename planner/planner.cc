@@ -8,11 +8,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/llama.h"
+#include "common/base/clock.h"
 #include "common/base/status.h"
+#include "common/model/llama.h"
 #include "planner/knapsack.h"
 #include "planner/tpt.h"
-#include "common/base/clock.h"
 
 namespace knapserve {
 namespace {
@@ -24,33 +24,41 @@ struct Checked {
   int64_t context_length = 0;  // PricingContextLength(inputs)
 };
 
-absl::StatusOr<Checked> CheckInputs(const LlamaModel& model, const LatencyProfile& profile,
+absl::StatusOr<Checked> CheckInputs(const LlamaModel& model,
+                                    const LatencyProfile& profile,
                                     const PlanInputs& inputs, int max_draft,
                                     const AlphaPrior& alpha_prior) {
   RETURN_IF_ERROR(ValidateAlphaPrior(alpha_prior));
   if (max_draft < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("max_draft must be >= 1, got ", max_draft));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_draft must be >= 1, got ", max_draft));
   }
   RETURN_IF_ERROR(Annotate(profile.Validate(), "latency profile"));
   if (profile.model_fingerprint != model.config().Fingerprint() ||
-      profile.device != model.device().str() || profile.dtype != DtypeName(model.dtype())) {
+      profile.device != model.device().str() ||
+      profile.dtype != DtypeName(model.dtype())) {
     // Threads are not compared here: the planner may run on a thread whose
     // OpenMP setting differs; the caller checks them once at load.
-    return profile.CheckMatches(model.config().Fingerprint(), model.device().str(),
-                                DtypeName(model.dtype()), profile.threads);
+    return profile.CheckMatches(model.config().Fingerprint(),
+                                model.device().str(), DtypeName(model.dtype()),
+                                profile.threads);
   }
   if (profile.max_draft < max_draft) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "max_draft ", max_draft, " exceeds the latency profile's verify table (max_draft ",
-        profile.max_draft, "); re-run `knapserve profile --max-draft ", max_draft, "`"));
+        "max_draft ", max_draft,
+        " exceeds the latency profile's verify table (max_draft ",
+        profile.max_draft, "); re-run `knapserve profile --max-draft ",
+        max_draft, "`"));
   }
   const torch::Tensor& s = inputs.states;
   const int64_t boundaries = 2 * static_cast<int64_t>(model.num_layers()) + 1;
   if (!s.defined() || s.dim() != 3 || s.size(0) != boundaries ||
       s.size(2) != model.config().hidden_size || s.size(1) < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "states must be [2L+1 = ", boundaries, ", r >= 1, hidden = ", model.config().hidden_size,
-        "], got ", s.defined() ? c10::str(s.sizes()) : std::string("an undefined tensor")));
+        "states must be [2L+1 = ", boundaries,
+        ", r >= 1, hidden = ", model.config().hidden_size, "], got ",
+        s.defined() ? c10::str(s.sizes())
+                    : std::string("an undefined tensor")));
   }
   if (!s.is_floating_point()) {
     return absl::InvalidArgumentError("states must be a floating-point tensor");
@@ -58,73 +66,83 @@ absl::StatusOr<Checked> CheckInputs(const LlamaModel& model, const LatencyProfil
   Checked c;
   c.r = s.size(1);
   if (static_cast<int64_t>(inputs.target_argmax.size()) != c.r) {
-    return absl::InvalidArgumentError(absl::StrCat("target_argmax has ",
-                                                   inputs.target_argmax.size(),
-                                                   " ids for r = ", c.r, " reference tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_argmax has ", inputs.target_argmax.size(),
+                     " ids for r = ", c.r, " reference tokens"));
   }
   for (int32_t id : inputs.target_argmax) {
     if (id < 0 || id >= model.config().vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("target_argmax holds id ", id,
-                                                     " outside the vocabulary [0, ",
-                                                     model.config().vocab_size, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "target_argmax holds id ", id, " outside the vocabulary [0, ",
+          model.config().vocab_size, ")"));
     }
   }
-  if (inputs.first_position < 0 || inputs.first_position + c.r > model.max_context()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("first_position ", inputs.first_position, " with r = ", c.r,
-                     " reference tokens does not fit the model's context ", model.max_context()));
+  if (inputs.first_position < 0 ||
+      inputs.first_position + c.r > model.max_context()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "first_position ", inputs.first_position, " with r = ", c.r,
+        " reference tokens does not fit the model's context ",
+        model.max_context()));
   }
   if (inputs.prefix_len < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("prefix_len must be >= 0, got ", inputs.prefix_len));
   }
   if ((inputs.prefix_kv == nullptr) != (inputs.prefix_len == 0)) {
-    return absl::InvalidArgumentError("prefix_kv must be set exactly when prefix_len > 0");
+    return absl::InvalidArgumentError(
+        "prefix_kv must be set exactly when prefix_len > 0");
   }
   if (inputs.prefix_kv != nullptr) {
     if (static_cast<int>(inputs.prefix_kv->size()) != model.num_layers()) {
-      return absl::InvalidArgumentError(absl::StrCat("prefix_kv has ", inputs.prefix_kv->size(),
-                                                     " layers, the model has ",
-                                                     model.num_layers()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix_kv has ", inputs.prefix_kv->size(),
+                       " layers, the model has ", model.num_layers()));
     }
     for (const LayerKv& kv : *inputs.prefix_kv) {
-      if (!kv.k.defined() || kv.k.dim() != 3 || kv.k.size(1) < inputs.prefix_len) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("prefix_len ", inputs.prefix_len, " but prefix_kv holds ",
-                         kv.k.defined() && kv.k.dim() == 3 ? kv.k.size(1) : 0, " positions"));
+      if (!kv.k.defined() || kv.k.dim() != 3 ||
+          kv.k.size(1) < inputs.prefix_len) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "prefix_len ", inputs.prefix_len, " but prefix_kv holds ",
+            kv.k.defined() && kv.k.dim() == 3 ? kv.k.size(1) : 0,
+            " positions"));
       }
     }
   }
   if (inputs.context_length < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("context_length must be >= 0, got ", inputs.context_length));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "context_length must be >= 0, got ", inputs.context_length));
   }
   if (inputs.plan_lifetime_tokens < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("plan_lifetime_tokens must be >= 0, got ", inputs.plan_lifetime_tokens));
+        absl::StrCat("plan_lifetime_tokens must be >= 0, got ",
+                     inputs.plan_lifetime_tokens));
   }
   c.context_length = PricingContextLength(inputs);
   try {
     c10::InferenceMode guard;
     c.states = s.to(model.device(), model.dtype());
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat("states: ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat("states: ", e.what_without_backtrace()));
   }
   return c;
 }
 
-std::vector<double> VerifyTable(const LatencyProfile& profile, int64_t n, int max_draft) {
+std::vector<double> VerifyTable(const LatencyProfile& profile, int64_t n,
+                                int max_draft) {
   std::vector<double> table;
-  for (int t = 1; t <= max_draft + 1; ++t) table.push_back(profile.VerifySeconds(n, t));
+  for (int t = 1; t <= max_draft + 1; ++t)
+    table.push_back(profile.VerifySeconds(n, t));
   return table;
 }
 
 // Fills plan.gamma / predicted_tpt / baseline_tpt for one fixed candidate
 // measured on r tokens. fixed_gamma > 0 forces gamma (the TPT is still
 // predicted for it).
-absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n, const SkipCandidate& candidate,
-                         int64_t r, const AlphaPrior& prior, int max_draft, int fixed_gamma,
-                         DraftPlan& plan) {
+absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
+                         const SkipCandidate& candidate, int64_t r,
+                         const AlphaPrior& prior, int max_draft,
+                         int fixed_gamma, DraftPlan& plan) {
   const std::vector<double> verify = VerifyTable(profile, n, max_draft);
   const TptCandidate tc{SmoothAlpha(candidate.alpha_hat, r, prior),
                         profile.DraftSeconds(candidate.mask, n)};
@@ -136,8 +154,9 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n, const SkipCan
   if (fixed_gamma > 0) {
     plan.gamma = fixed_gamma;
     plan.alpha_smoothed = tc.alpha;
-    plan.predicted_tpt = TokensPerSecond(tc.alpha, fixed_gamma, tc.draft_seconds,
-                                         profile.VerifySeconds(n, fixed_gamma + 1));
+    plan.predicted_tpt =
+        TokensPerSecond(tc.alpha, fixed_gamma, tc.draft_seconds,
+                        profile.VerifySeconds(n, fixed_gamma + 1));
     plan.baseline_tpt = TokensPerSecond(0, 0, 0, verify[0]);
     return absl::OkStatus();
   }
@@ -152,36 +171,48 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n, const SkipCan
 }  // namespace
 
 int64_t PricingContextLength(const PlanInputs& inputs) {
-  const int64_t r = inputs.states.defined() && inputs.states.dim() >= 2 ? inputs.states.size(1) : 0;
-  const int64_t n = inputs.context_length > 0 ? inputs.context_length : inputs.first_position + r;
+  const int64_t r = inputs.states.defined() && inputs.states.dim() >= 2
+                        ? inputs.states.size(1)
+                        : 0;
+  const int64_t n = inputs.context_length > 0 ? inputs.context_length
+                                              : inputs.first_position + r;
   return n + std::max<int64_t>(0, inputs.plan_lifetime_tokens) / 2;
 }
 
-absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyProfile& profile,
-                                        const PlanInputs& inputs, const KnapSpecOptions& options) {
+absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
+                                        const LatencyProfile& profile,
+                                        const PlanInputs& inputs,
+                                        const KnapSpecOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   if (options.weight_cap < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("weight_cap must be >= 1, got ", options.weight_cap));
   }
-  if (!(options.weight_tolerance >= 0) || !std::isfinite(options.weight_tolerance)) {
+  if (!(options.weight_tolerance >= 0) ||
+      !std::isfinite(options.weight_tolerance)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("weight_tolerance must be finite and >= 0, got ", options.weight_tolerance));
+        absl::StrCat("weight_tolerance must be finite and >= 0, got ",
+                     options.weight_tolerance));
   }
   if (!(options.tau >= -1.0 && options.tau <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("tau must be in [-1, 1], got ", options.tau));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tau must be in [-1, 1], got ", options.tau));
   }
   if (options.max_reference_tokens < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "max_reference_tokens must be >= 0 (0 = all), got ", options.max_reference_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_reference_tokens must be >= 0 (0 = all), got ",
+                     options.max_reference_tokens));
   }
   ASSIGN_OR_RETURN(Checked in,
-                   CheckInputs(model, profile, inputs, options.max_draft, options.alpha_prior));
+                   CheckInputs(model, profile, inputs, options.max_draft,
+                               options.alpha_prior));
   const int64_t n = in.context_length;
-  // The first r_used reference tokens: their prefix K/V is exactly the given one.
+  // The first r_used reference tokens: their prefix K/V is exactly the given
+  // one.
   const int64_t r_used =
-      options.max_reference_tokens > 0 ? std::min<int64_t>(in.r, options.max_reference_tokens)
-                                       : in.r;
+      options.max_reference_tokens > 0
+          ? std::min<int64_t>(in.r, options.max_reference_tokens)
+          : in.r;
   torch::Tensor states;
   {
     c10::InferenceMode guard;
@@ -190,24 +221,27 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyPr
   const absl::Span<const int32_t> targets(inputs.target_argmax.data(),
                                           static_cast<size_t>(r_used));
   const SublayerWeights weights =
-      ComputeSublayerWeights(profile.AttentionSeconds(n), profile.MlpSeconds(), options.weight_cap,
-                             options.weight_tolerance);
+      ComputeSublayerWeights(profile.AttentionSeconds(n), profile.MlpSeconds(),
+                             options.weight_cap, options.weight_tolerance);
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
-                   ModelSublayerRunner::Create(model, inputs.prefix_kv,
-                                               std::min(inputs.prefix_len, inputs.first_position),
-                                               inputs.first_position));
+                   ModelSublayerRunner::Create(
+                       model, inputs.prefix_kv,
+                       std::min(inputs.prefix_len, inputs.first_position),
+                       inputs.first_position));
   KnapsackOptions dp;
   dp.tau = options.tau;
   dp.keep_first_and_last = options.keep_first_and_last;
   torch::Tensor final_states;
-  ASSIGN_OR_RETURN(std::vector<SkipCandidate> candidates,
-                   SolveKnapsack(runner, states,
-                                 options.lazy_alpha ? absl::Span<const int32_t>() : targets,
-                                 weights, dp, /*stats=*/nullptr, &final_states));
+  ASSIGN_OR_RETURN(
+      std::vector<SkipCandidate> candidates,
+      SolveKnapsack(runner, states,
+                    options.lazy_alpha ? absl::Span<const int32_t>() : targets,
+                    weights, dp, /*stats=*/nullptr, &final_states));
 
   std::vector<double> draft_seconds;
   draft_seconds.reserve(candidates.size());
-  for (const SkipCandidate& c : candidates) draft_seconds.push_back(profile.DraftSeconds(c.mask, n));
+  for (const SkipCandidate& c : candidates)
+    draft_seconds.push_back(profile.DraftSeconds(c.mask, n));
   const std::vector<double> verify = VerifyTable(profile, n, options.max_draft);
   TptChoice choice;
   if (options.lazy_alpha) {
@@ -217,19 +251,22 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyPr
         c10::InferenceMode guard;
         one = final_states.narrow(0, i, 1);
       }
-      ASSIGN_OR_RETURN(std::vector<double> share, MeasureAlphaHats(runner, one, targets));
+      ASSIGN_OR_RETURN(std::vector<double> share,
+                       MeasureAlphaHats(runner, one, targets));
       candidates[i].alpha_hat = share[0];
       return SmoothAlpha(share[0], r_used, options.alpha_prior);
     };
-    ASSIGN_OR_RETURN(choice, MaximizeTptLazily(draft_seconds,
-                                               SmoothAlpha(1.0, r_used, options.alpha_prior),
-                                               verify, options.max_draft, alpha_of));
+    ASSIGN_OR_RETURN(
+        choice, MaximizeTptLazily(draft_seconds,
+                                  SmoothAlpha(1.0, r_used, options.alpha_prior),
+                                  verify, options.max_draft, alpha_of));
   } else {
     std::vector<TptCandidate> tpt;
     tpt.reserve(candidates.size());
     for (size_t i = 0; i < candidates.size(); ++i) {
       tpt.push_back(
-          {SmoothAlpha(candidates[i].alpha_hat, r_used, options.alpha_prior), draft_seconds[i]});
+          {SmoothAlpha(candidates[i].alpha_hat, r_used, options.alpha_prior),
+           draft_seconds[i]});
     }
     ASSIGN_OR_RETURN(choice, MaximizeTpt(tpt, verify, options.max_draft));
   }
@@ -245,7 +282,8 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyPr
     const SkipCandidate& best = candidates[choice.candidate];
     plan.mask = best.mask;
     plan.alpha_hat = best.alpha_hat;
-    plan.alpha_smoothed = SmoothAlpha(best.alpha_hat, r_used, options.alpha_prior);
+    plan.alpha_smoothed =
+        SmoothAlpha(best.alpha_hat, r_used, options.alpha_prior);
     plan.mean_cosine = best.mean_cosine;
   } else {
     // No speculation: the full model (candidate j = 0) accepts its own tokens.
@@ -256,64 +294,78 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyPr
   return plan;
 }
 
-absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model, const LatencyProfile& profile,
-                                     const PlanInputs& inputs, const ClaspOptions& options) {
+absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model,
+                                     const LatencyProfile& profile,
+                                     const PlanInputs& inputs,
+                                     const ClaspOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   if (options.gamma < 0 || options.gamma > options.max_draft) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gamma must be in [0, max_draft = ", options.max_draft, "], got ", options.gamma));
+    return absl::InvalidArgumentError(
+        absl::StrCat("gamma must be in [0, max_draft = ", options.max_draft,
+                     "], got ", options.gamma));
   }
   ASSIGN_OR_RETURN(Checked in,
-                   CheckInputs(model, profile, inputs, options.max_draft, options.alpha_prior));
+                   CheckInputs(model, profile, inputs, options.max_draft,
+                               options.alpha_prior));
   // The DP on the last reference token, attending to the full model's K/V of
   // every earlier position it has.
   const int64_t last = inputs.first_position + in.r - 1;
-  ASSIGN_OR_RETURN(ModelSublayerRunner last_runner,
-                   ModelSublayerRunner::Create(model, inputs.prefix_kv,
-                                               std::min(inputs.prefix_len, last), last));
+  ASSIGN_OR_RETURN(
+      ModelSublayerRunner last_runner,
+      ModelSublayerRunner::Create(model, inputs.prefix_kv,
+                                  std::min(inputs.prefix_len, last), last));
   torch::Tensor last_states;
   {
     c10::InferenceMode guard;
     last_states = in.states.narrow(1, in.r - 1, 1);
   }
-  ASSIGN_OR_RETURN(SkipCandidate chosen,
-                   SolveLayerSkip(last_runner, last_states, {}, options.num_skipped_layers,
-                                  options.keep_first_and_last));
+  ASSIGN_OR_RETURN(
+      SkipCandidate chosen,
+      SolveLayerSkip(last_runner, last_states, {}, options.num_skipped_layers,
+                     options.keep_first_and_last));
   // alpha_hat of the chosen mask on all r tokens.
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
-                   ModelSublayerRunner::Create(model, inputs.prefix_kv,
-                                               std::min(inputs.prefix_len, inputs.first_position),
-                                               inputs.first_position));
-  ASSIGN_OR_RETURN(SkipCandidate measured,
-                   EvaluateMask(runner, in.states, inputs.target_argmax, chosen.mask));
+                   ModelSublayerRunner::Create(
+                       model, inputs.prefix_kv,
+                       std::min(inputs.prefix_len, inputs.first_position),
+                       inputs.first_position));
+  ASSIGN_OR_RETURN(
+      SkipCandidate measured,
+      EvaluateMask(runner, in.states, inputs.target_argmax, chosen.mask));
   DraftPlan plan;
-  RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, in.r, options.alpha_prior,
-                              options.max_draft, options.gamma, plan));
+  RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, in.r,
+                              options.alpha_prior, options.max_draft,
+                              options.gamma, plan));
   plan.step = inputs.step;
   plan.solve_seconds = SecondsSince(start);
   return plan;
 }
 
-absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model, const LatencyProfile& profile,
-                                      const PlanInputs& inputs, const LayerMask& mask,
+absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model,
+                                      const LatencyProfile& profile,
+                                      const PlanInputs& inputs,
+                                      const LayerMask& mask,
                                       const StaticOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   if (mask.num_layers() != model.num_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("mask '", mask.ToString(), "' has ",
-                                                   mask.num_layers(), " layers, the model has ",
-                                                   model.num_layers()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mask '", mask.ToString(), "' has ", mask.num_layers(),
+                     " layers, the model has ", model.num_layers()));
   }
   ASSIGN_OR_RETURN(Checked in,
-                   CheckInputs(model, profile, inputs, options.max_draft, options.alpha_prior));
+                   CheckInputs(model, profile, inputs, options.max_draft,
+                               options.alpha_prior));
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
-                   ModelSublayerRunner::Create(model, inputs.prefix_kv,
-                                               std::min(inputs.prefix_len, inputs.first_position),
-                                               inputs.first_position));
+                   ModelSublayerRunner::Create(
+                       model, inputs.prefix_kv,
+                       std::min(inputs.prefix_len, inputs.first_position),
+                       inputs.first_position));
   ASSIGN_OR_RETURN(SkipCandidate measured,
                    EvaluateMask(runner, in.states, inputs.target_argmax, mask));
   DraftPlan plan;
-  RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, in.r, options.alpha_prior,
-                              options.max_draft, /*fixed_gamma=*/0, plan));
+  RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, in.r,
+                              options.alpha_prior, options.max_draft,
+                              /*fixed_gamma=*/0, plan));
   plan.step = inputs.step;
   plan.solve_seconds = SecondsSince(start);
   return plan;

@@ -11,7 +11,8 @@
 //   in.target_argmax = snapshot.target_argmax;
 //   in.prefix_kv = &kv;  in.prefix_len = snapshot.positions[0];
 //   in.context_length = snapshot.context_length;  in.step = snapshot.step;
-//   ASSIGN_OR_RETURN(DraftPlan plan, SolveKnapSpec(model, profile, in, KnapSpecOptions()));
+//   ASSIGN_OR_RETURN(DraftPlan plan, SolveKnapSpec(model, profile, in,
+//   KnapSpecOptions()));
 //
 // The functions are plain C++ (no gRPC, no executor types) and keep no state.
 // They only read the model, the profile and the inputs, so several may run at
@@ -56,7 +57,8 @@ struct PlanInputs {
   // extend past first_position (the executor's cache also holds the
   // reference tokens' own K/V): KnapSpec uses min(prefix_len, first_position),
   // CLaSp min(prefix_len, position of the last reference token). A shorter
-  // prefix_len makes the DP attend to fewer positions. Null iff prefix_len == 0.
+  // prefix_len makes the DP attend to fewer positions. Null iff prefix_len ==
+  // 0.
   const std::vector<LayerKv>* prefix_kv = nullptr;
   int64_t prefix_len = 0;
   // Context length n at the snapshot; 0 means first_position + r.
@@ -113,8 +115,10 @@ struct KnapSpecOptions {
 // was measured. alpha_hat is the raw share of the chosen mask; with gamma 0
 // it is 1 (the full model accepts its own tokens) and mean_cosine is the
 // no-skip cell's.
-absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model, const LatencyProfile& profile,
-                                        const PlanInputs& inputs, const KnapSpecOptions& options);
+absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
+                                        const LatencyProfile& profile,
+                                        const PlanInputs& inputs,
+                                        const KnapSpecOptions& options);
 
 struct ClaspOptions {
   int num_skipped_layers = 0;       // M, required (>= 1)
@@ -129,8 +133,10 @@ struct ClaspOptions {
 // it); the chosen mask's alpha_hat is then measured on all r tokens and gamma
 // comes from the TPT grid with the smoothed alpha_hat at
 // PricingContextLength(inputs) (or ClaspOptions::gamma). num_candidates is 1.
-absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model, const LatencyProfile& profile,
-                                     const PlanInputs& inputs, const ClaspOptions& options);
+absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model,
+                                     const LatencyProfile& profile,
+                                     const PlanInputs& inputs,
+                                     const ClaspOptions& options);
 
 struct StaticOptions {
   int max_draft = 10;      // D for the TPT grid
@@ -140,8 +146,10 @@ struct StaticOptions {
 // A fixed mask: alpha_hat measured on the r reference tokens, gamma from the
 // TPT grid (smoothed alpha_hat, PricingContextLength(inputs)).
 // InvalidArgument when the mask's layer count is not the model's.
-absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model, const LatencyProfile& profile,
-                                      const PlanInputs& inputs, const LayerMask& mask,
+absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model,
+                                      const LatencyProfile& profile,
+                                      const PlanInputs& inputs,
+                                      const LayerMask& mask,
                                       const StaticOptions& options);
 
 }  // namespace knapserve

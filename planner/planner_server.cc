@@ -7,21 +7,22 @@
 
 namespace knapserve {
 
-absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(InProcessPlanner* planner,
-                                                                    int num_layers,
-                                                                    const std::string& listen) {
+absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
+    InProcessPlanner* planner, int num_layers, const std::string& listen) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<PlannerServer> server(new PlannerServer());
   server->service_ = std::make_unique<PlannerService>(planner, num_layers);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
+                           &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(512 << 20);
   builder.SetMaxSendMessageSize(512 << 20);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
-    return absl::UnavailableError(absl::StrCat("planner: cannot listen on ", listen));
+    return absl::UnavailableError(
+        absl::StrCat("planner: cannot listen on ", listen));
   }
   server->server_->GetHealthCheckService()->SetServingStatus(
       v1::Planner::service_full_name(), true);
@@ -31,7 +32,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(InProcessPla
 void PlannerServer::Shutdown(std::chrono::milliseconds grace) {
   if (shut_down_) return;
   shut_down_ = true;
-  server_->GetHealthCheckService()->SetServingStatus(v1::Planner::service_full_name(), false);
+  server_->GetHealthCheckService()->SetServingStatus(
+      v1::Planner::service_full_name(), false);
   server_->Shutdown(std::chrono::system_clock::now() + grace);
 }
 

@@ -23,15 +23,15 @@ namespace knapserve {
 class PlannerServer {
  public:
   // Unavailable if the address cannot be bound.
-  static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(InProcessPlanner* planner,
-                                                              int num_layers,
-                                                              const std::string& listen);
+  static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
+      InProcessPlanner* planner, int num_layers, const std::string& listen);
   ~PlannerServer();
 
   int port() const { return port_; }
   const PlannerService& service() const { return *service_; }
   // Readiness goes NOT_SERVING, then the server stops.
-  void Shutdown(std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
+  void Shutdown(
+      std::chrono::milliseconds grace = std::chrono::milliseconds(2000));
   // Blocks until Shutdown (from another thread).
   void Wait() { server_->Wait(); }
 

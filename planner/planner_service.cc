@@ -18,7 +18,9 @@ namespace knapserve {
 class PlannerService::Stream final
     : public grpc::ServerBidiReactor<v1::PlanRequest, v1::PlanResponse> {
  public:
-  explicit Stream(PlannerService* service) : service_(service) { StartRead(&request_); }
+  explicit Stream(PlannerService* service) : service_(service) {
+    StartRead(&request_);
+  }
 
   void OnReadDone(bool ok) override ABSL_LOCKS_EXCLUDED(mu_) {
     if (!ok) {  // the executor half-closed, or the stream broke
@@ -65,20 +67,22 @@ class PlannerService::Stream final
     }
     request->sequence_id = internal;
     const std::string wire_id = wire.sequence_id();
-    service_->planner_->Submit(std::move(*request),
-                               [this, wire_id, step](absl::StatusOr<DraftPlan> plan) {
-                                 // outstanding_ > 0 keeps the stream alive
-                                 // until OnSolved, the last use of `this`.
-                                 writer_.Enqueue(ResponseFor(wire_id, step, plan));
-                                 OnSolved();
-                               });
+    service_->planner_->Submit(
+        std::move(*request),
+        [this, wire_id, step](absl::StatusOr<DraftPlan> plan) {
+          // outstanding_ > 0 keeps the stream alive
+          // until OnSolved, the last use of `this`.
+          writer_.Enqueue(ResponseFor(wire_id, step, plan));
+          OnSolved();
+        });
   }
 
   // The wire request decoded; an exception (a LibTorch check on a tensor)
   // is an Internal error for this request only.
   absl::StatusOr<PlanRequest> Decode(const v1::PlanRequest& wire) {
     try {
-      return DecodePlanRequest(wire, service_->num_layers_, service_->default_max_draft_);
+      return DecodePlanRequest(wire, service_->num_layers_,
+                               service_->default_max_draft_);
     } catch (...) {
       service_->internal_errors_.fetch_add(1);
       return CurrentExceptionAsInternal("planner: decoding the request");
@@ -135,17 +139,21 @@ class PlannerService::Stream final
   v1::PlanRequest request_;  // the read in flight (reads are sequential)
   QueuedWriter<v1::PlanResponse> writer_{this};
   absl::Mutex mu_;
-  absl::flat_hash_map<std::string, uint64_t> ids_ ABSL_GUARDED_BY(mu_);  // wire id -> planner id
+  absl::flat_hash_map<std::string, uint64_t> ids_
+      ABSL_GUARDED_BY(mu_);                       // wire id -> planner id
   int64_t outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // submitted, not yet answered
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-PlannerService::PlannerService(InProcessPlanner* planner, int num_layers, int default_max_draft)
-    : planner_(planner), num_layers_(num_layers), default_max_draft_(default_max_draft) {}
+PlannerService::PlannerService(InProcessPlanner* planner, int num_layers,
+                               int default_max_draft)
+    : planner_(planner),
+      num_layers_(num_layers),
+      default_max_draft_(default_max_draft) {}
 
-grpc::ServerBidiReactor<v1::PlanRequest, v1::PlanResponse>* PlannerService::Plan(
-    grpc::CallbackServerContext* /*context*/) {
+grpc::ServerBidiReactor<v1::PlanRequest, v1::PlanResponse>*
+PlannerService::Plan(grpc::CallbackServerContext* /*context*/) {
   return new Stream(this);
 }
 

@@ -35,7 +35,8 @@ class PlannerService final : public v1::Planner::CallbackService {
  public:
   // `num_layers` and `default_max_draft` resolve requests (the model's layer
   // count; max_draft_tokens 0 means the default).
-  PlannerService(InProcessPlanner* planner, int num_layers, int default_max_draft = 10);
+  PlannerService(InProcessPlanner* planner, int num_layers,
+                 int default_max_draft = 10);
 
   grpc::ServerBidiReactor<v1::PlanRequest, v1::PlanResponse>* Plan(
       grpc::CallbackServerContext* context) override;

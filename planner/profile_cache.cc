@@ -31,12 +31,13 @@ absl::Status WriteAtomically(const std::string& path, const std::string& text) {
   std::error_code ec;
   fs::create_directories(target.parent_path(), ec);
   if (ec) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "cannot create the profile cache folder ", target.parent_path().string(), ": ",
-        ec.message()));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create the profile cache folder ",
+                     target.parent_path().string(), ": ", ec.message()));
   }
   static std::atomic<uint64_t> counter{0};
-  const std::string temp = absl::StrCat(path, ".tmp.", getpid(), ".", counter++);
+  const std::string temp =
+      absl::StrCat(path, ".tmp.", getpid(), ".", counter++);
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
     if (!out) {
@@ -62,16 +63,17 @@ absl::Status WriteAtomically(const std::string& path, const std::string& text) {
 
 // The cache entry at `path` when it is usable for `key` and `max_draft`;
 // otherwise the reason it is not (NotFound when there is no file).
-absl::StatusOr<LatencyProfile> ReadEntry(const std::string& path, const ProfileKey& key,
-                                         int max_draft) {
+absl::StatusOr<LatencyProfile> ReadEntry(const std::string& path,
+                                         const ProfileKey& key, int max_draft) {
   std::error_code ec;
   if (!fs::exists(path, ec)) return absl::NotFoundError(path);
   ASSIGN_OR_RETURN(LatencyProfile profile, LatencyProfile::Load(path));
-  RETURN_IF_ERROR(profile.CheckMatches(key.model_fingerprint, key.device, key.dtype, key.threads));
+  RETURN_IF_ERROR(profile.CheckMatches(key.model_fingerprint, key.device,
+                                       key.dtype, key.threads));
   if (profile.max_draft < max_draft) {
     return absl::FailedPreconditionError(
-        absl::StrCat("its verify table covers drafts up to ", profile.max_draft, ", ", max_draft,
-                     " are needed"));
+        absl::StrCat("its verify table covers drafts up to ", profile.max_draft,
+                     ", ", max_draft, " are needed"));
   }
   return profile;
 }
@@ -88,10 +90,12 @@ ProfileKey ProfileKey::Of(const LlamaModel& model) {
 }
 
 std::string ProfileKey::FileName() const {
-  std::string name = absl::StrCat(model_fingerprint, "_", device, "_", dtype, "_t", threads);
+  std::string name =
+      absl::StrCat(model_fingerprint, "_", device, "_", dtype, "_t", threads);
   for (char& c : name) {
-    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                      c == '.' || c == '-' || c == '_';
+    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+                      (c >= '0' && c <= '9') || c == '.' || c == '-' ||
+                      c == '_';
     if (!keep) c = '-';
   }
   return name + ".json";
@@ -99,8 +103,10 @@ std::string ProfileKey::FileName() const {
 
 std::string ProfileCacheDir(const std::string& flag_dir) {
   if (!flag_dir.empty()) return flag_dir;
-  if (std::string env = Env("KNAPSERVE_PROFILE_CACHE"); !env.empty()) return env;
-  if (std::string xdg = Env("XDG_CACHE_HOME"); !xdg.empty() && xdg.front() == '/') {
+  if (std::string env = Env("KNAPSERVE_PROFILE_CACHE"); !env.empty())
+    return env;
+  if (std::string xdg = Env("XDG_CACHE_HOME");
+      !xdg.empty() && xdg.front() == '/') {
     return (fs::path(xdg) / "knapserve" / "profiles").string();
   }
   if (std::string home = Env("HOME"); !home.empty()) {
@@ -121,12 +127,13 @@ std::string_view ProfileOriginName(ProfileOrigin origin) {
   return "unknown";
 }
 
-absl::StatusOr<ObtainedProfile> ObtainProfile(const ProfileKey& key,
-                                              const ObtainProfileOptions& options,
-                                              const MeasureProfileFn& measure) {
+absl::StatusOr<ObtainedProfile> ObtainProfile(
+    const ProfileKey& key, const ObtainProfileOptions& options,
+    const MeasureProfileFn& measure) {
   ObtainedProfile obtained;
   if (!options.profile_path.empty()) {
-    ASSIGN_OR_RETURN(obtained.profile, LatencyProfile::Load(options.profile_path));
+    ASSIGN_OR_RETURN(obtained.profile,
+                     LatencyProfile::Load(options.profile_path));
     obtained.origin = ProfileOrigin::kFile;
     obtained.path = options.profile_path;
     return obtained;
@@ -134,12 +141,14 @@ absl::StatusOr<ObtainedProfile> ObtainProfile(const ProfileKey& key,
 
   std::string entry;
   if (options.cache_dir.empty()) {
-    obtained.warnings.push_back(
-        absl::StrCat("no profile cache folder (none of --profile-cache, KNAPSERVE_PROFILE_CACHE, ",
-                     "XDG_CACHE_HOME, HOME is set); the measured profile is not kept"));
+    obtained.warnings.push_back(absl::StrCat(
+        "no profile cache folder (none of --profile-cache, "
+        "KNAPSERVE_PROFILE_CACHE, ",
+        "XDG_CACHE_HOME, HOME is set); the measured profile is not kept"));
   } else {
     entry = (fs::path(options.cache_dir) / key.FileName()).string();
-    absl::StatusOr<LatencyProfile> cached = ReadEntry(entry, key, options.max_draft);
+    absl::StatusOr<LatencyProfile> cached =
+        ReadEntry(entry, key, options.max_draft);
     if (cached.ok()) {
       obtained.profile = std::move(*cached);
       obtained.origin = ProfileOrigin::kCacheHit;
@@ -147,26 +156,29 @@ absl::StatusOr<ObtainedProfile> ObtainProfile(const ProfileKey& key,
       return obtained;
     }
     if (!absl::IsNotFound(cached.status())) {
-      obtained.warnings.push_back(absl::StrCat("profile cache entry ", entry,
-                                               " is not usable (", cached.status().message(),
-                                               "); measuring it again"));
+      obtained.warnings.push_back(
+          absl::StrCat("profile cache entry ", entry, " is not usable (",
+                       cached.status().message(), "); measuring it again"));
     }
   }
 
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(obtained.profile, measure());
   obtained.measure_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   obtained.origin = ProfileOrigin::kMeasured;
-  RETURN_IF_ERROR(
-      obtained.profile.CheckMatches(key.model_fingerprint, key.device, key.dtype, key.threads));
+  RETURN_IF_ERROR(obtained.profile.CheckMatches(
+      key.model_fingerprint, key.device, key.dtype, key.threads));
   if (!entry.empty()) {
-    const absl::Status written = WriteAtomically(entry, obtained.profile.ToJson());
+    const absl::Status written =
+        WriteAtomically(entry, obtained.profile.ToJson());
     if (written.ok()) {
       obtained.path = entry;
     } else {
-      obtained.warnings.push_back(absl::StrCat("the measured profile is not kept in the cache: ",
-                                               written.message()));
+      obtained.warnings.push_back(
+          absl::StrCat("the measured profile is not kept in the cache: ",
+                       written.message()));
     }
   }
   return obtained;

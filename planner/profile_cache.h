@@ -102,9 +102,9 @@ using MeasureProfileFn = std::function<absl::StatusOr<LatencyProfile>()>;
 // else a cache hit, else `measure` (then stored). Errors: those of loading
 // options.profile_path, and those of `measure`; a measured profile for
 // another key is FailedPrecondition (it would never hit).
-absl::StatusOr<ObtainedProfile> ObtainProfile(const ProfileKey& key,
-                                              const ObtainProfileOptions& options,
-                                              const MeasureProfileFn& measure);
+absl::StatusOr<ObtainedProfile> ObtainProfile(
+    const ProfileKey& key, const ObtainProfileOptions& options,
+    const MeasureProfileFn& measure);
 
 // What a cache miss measures: 5 timed runs per point (what `knapserve serve`
 // always measured at start-up), a verify table up to `max_draft`, and the

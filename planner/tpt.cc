@@ -12,7 +12,8 @@ namespace {
 
 absl::Status CheckGrid(absl::Span<const double> verify_seconds, int max_draft) {
   if (max_draft < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("max_draft must be >= 1, got ", max_draft));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_draft must be >= 1, got ", max_draft));
   }
   if (static_cast<int>(verify_seconds.size()) < max_draft + 1) {
     return absl::InvalidArgumentError(
@@ -21,8 +22,8 @@ absl::Status CheckGrid(absl::Span<const double> verify_seconds, int max_draft) {
   }
   for (int t = 0; t <= max_draft; ++t) {
     if (!(verify_seconds[t] > 0) || !std::isfinite(verify_seconds[t])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("verify time for ", t + 1, " tokens must be positive and finite"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "verify time for ", t + 1, " tokens must be positive and finite"));
     }
   }
   return absl::OkStatus();
@@ -30,32 +31,34 @@ absl::Status CheckGrid(absl::Span<const double> verify_seconds, int max_draft) {
 
 absl::Status CheckDraftSeconds(size_t candidate, double draft_seconds) {
   if (!(draft_seconds > 0) || !std::isfinite(draft_seconds)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("candidate ", candidate, ": draft time must be positive and finite"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "candidate ", candidate, ": draft time must be positive and finite"));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckAlpha(size_t candidate, double alpha) {
   if (!(alpha >= 0 && alpha <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("candidate ", candidate, ": alpha_hat ", alpha, " outside [0, 1]"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "candidate ", candidate, ": alpha_hat ", alpha, " outside [0, 1]"));
   }
   return absl::OkStatus();
 }
 
-// Folds candidate i's gamma row into `best` with MaximizeTpt's order: a strictly
-// higher TPT wins, and at an equal TPT the lower candidate index (the one
-// MaximizeTpt would have met first) wins; within a candidate the first gamma.
-// The TPT a draft must exceed to replace plain decoding.
+// Folds candidate i's gamma row into `best` with MaximizeTpt's order: a
+// strictly higher TPT wins, and at an equal TPT the lower candidate index (the
+// one MaximizeTpt would have met first) wins; within a candidate the first
+// gamma. The TPT a draft must exceed to replace plain decoding.
 double BaselineToBeat(const TptChoice& best) {
   return best.baseline_tpt * (1.0 + kMinSpeculationGain);
 }
 
-void Consider(int i, double alpha, double draft_seconds, absl::Span<const double> verify_seconds,
-              int max_draft, TptChoice& best) {
+void Consider(int i, double alpha, double draft_seconds,
+              absl::Span<const double> verify_seconds, int max_draft,
+              TptChoice& best) {
   for (int gamma = 1; gamma <= max_draft; ++gamma) {
-    const double tpt = TokensPerSecond(alpha, gamma, draft_seconds, verify_seconds[gamma]);
+    const double tpt =
+        TokensPerSecond(alpha, gamma, draft_seconds, verify_seconds[gamma]);
     bool wins = false;
     if (best.candidate < 0) {
       wins = tpt > BaselineToBeat(best);
@@ -78,19 +81,20 @@ double ExpectedTokensPerStep(double alpha, int gamma) {
   return (1.0 - std::pow(alpha, gamma + 1)) / (1.0 - alpha);
 }
 
-double TokensPerSecond(double alpha, int gamma, double draft_seconds, double verify_seconds) {
+double TokensPerSecond(double alpha, int gamma, double draft_seconds,
+                       double verify_seconds) {
   const double draft = gamma > 0 ? gamma * draft_seconds : 0.0;
   return ExpectedTokensPerStep(alpha, gamma) / (draft + verify_seconds);
 }
 
 absl::Status ValidateAlphaPrior(const AlphaPrior& prior) {
   if (!(prior.hits >= 0) || !std::isfinite(prior.hits)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("alpha_prior.hits must be finite and >= 0, got ", prior.hits));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "alpha_prior.hits must be finite and >= 0, got ", prior.hits));
   }
   if (!(prior.misses >= 0) || !std::isfinite(prior.misses)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("alpha_prior.misses must be finite and >= 0, got ", prior.misses));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "alpha_prior.misses must be finite and >= 0, got ", prior.misses));
   }
   return absl::OkStatus();
 }
@@ -104,27 +108,30 @@ double SmoothAlpha(double share, int64_t r, const AlphaPrior& prior) {
 }
 
 absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
-                                      absl::Span<const double> verify_seconds, int max_draft) {
+                                      absl::Span<const double> verify_seconds,
+                                      int max_draft) {
   if (absl::Status s = CheckGrid(verify_seconds, max_draft); !s.ok()) return s;
   for (size_t i = 0; i < candidates.size(); ++i) {
     if (absl::Status s = CheckAlpha(i, candidates[i].alpha); !s.ok()) return s;
-    if (absl::Status s = CheckDraftSeconds(i, candidates[i].draft_seconds); !s.ok()) return s;
+    if (absl::Status s = CheckDraftSeconds(i, candidates[i].draft_seconds);
+        !s.ok())
+      return s;
   }
   TptChoice best;
   best.baseline_tpt = TokensPerSecond(0, 0, 0, verify_seconds[0]);
   best.tpt = best.baseline_tpt;
   for (size_t i = 0; i < candidates.size(); ++i) {
-    Consider(static_cast<int>(i), candidates[i].alpha, candidates[i].draft_seconds,
-             verify_seconds, max_draft, best);
+    Consider(static_cast<int>(i), candidates[i].alpha,
+             candidates[i].draft_seconds, verify_seconds, max_draft, best);
   }
   best.num_evaluated = static_cast<int>(candidates.size());
   return best;
 }
 
-absl::StatusOr<TptChoice> MaximizeTptLazily(absl::Span<const double> draft_seconds,
-                                            double alpha_upper,
-                                            absl::Span<const double> verify_seconds,
-                                            int max_draft, const AlphaFunction& alpha_of) {
+absl::StatusOr<TptChoice> MaximizeTptLazily(
+    absl::Span<const double> draft_seconds, double alpha_upper,
+    absl::Span<const double> verify_seconds, int max_draft,
+    const AlphaFunction& alpha_of) {
   if (absl::Status s = CheckGrid(verify_seconds, max_draft); !s.ok()) return s;
   if (!(alpha_upper >= 0 && alpha_upper <= 1)) {
     return absl::InvalidArgumentError(
@@ -133,10 +140,12 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(absl::Span<const double> draft_secon
   const size_t count = draft_seconds.size();
   std::vector<double> bound(count, 0.0);
   for (size_t i = 0; i < count; ++i) {
-    if (absl::Status s = CheckDraftSeconds(i, draft_seconds[i]); !s.ok()) return s;
+    if (absl::Status s = CheckDraftSeconds(i, draft_seconds[i]); !s.ok())
+      return s;
     for (int gamma = 1; gamma <= max_draft; ++gamma) {
-      bound[i] = std::max(bound[i], TokensPerSecond(alpha_upper, gamma, draft_seconds[i],
-                                                    verify_seconds[gamma]));
+      bound[i] = std::max(bound[i],
+                          TokensPerSecond(alpha_upper, gamma, draft_seconds[i],
+                                          verify_seconds[gamma]));
     }
     // A relative margin far above rounding error: the closed form of
     // ExpectedTokensPerStep near alpha = 1 may round a hair above the value at
@@ -145,7 +154,8 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(absl::Span<const double> draft_secon
   }
   std::vector<int> order(count);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&bound](int a, int b) { return bound[a] > bound[b]; });
+  std::stable_sort(order.begin(), order.end(),
+                   [&bound](int a, int b) { return bound[a] > bound[b]; });
 
   TptChoice best;
   best.baseline_tpt = TokensPerSecond(0, 0, 0, verify_seconds[0]);
@@ -164,8 +174,9 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(absl::Span<const double> draft_secon
     ++best.num_evaluated;
     if (absl::Status s = CheckAlpha(i, *alpha); !s.ok()) return s;
     if (*alpha > alpha_upper + 1e-12) {
-      return absl::InvalidArgumentError(absl::StrCat("candidate ", i, ": alpha ", *alpha,
-                                                     " above alpha_upper ", alpha_upper));
+      return absl::InvalidArgumentError(
+          absl::StrCat("candidate ", i, ": alpha ", *alpha,
+                       " above alpha_upper ", alpha_upper));
     }
     Consider(i, *alpha, draft_seconds[i], verify_seconds, max_draft, best);
   }

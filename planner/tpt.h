@@ -5,7 +5,8 @@
 // With per-token acceptance alpha, the expected number of tokens it commits is
 // (1 - alpha^(gamma+1)) / (1 - alpha), so
 //
-//   TPT(S, gamma) = (1 - a^(gamma+1)) / (1 - a) / (gamma * t_draft(S) + t_verify(n, gamma+1))
+//   TPT(S, gamma) = (1 - a^(gamma+1)) / (1 - a) / (gamma * t_draft(S) +
+//   t_verify(n, gamma+1))
 //
 // and plain autoregressive decoding (gamma = 0) gives 1 / t_verify(n, 1).
 // MaximizeTpt searches the grid candidates x gamma in 1..D and reports "no
@@ -42,11 +43,13 @@
 namespace knapserve {
 
 // (1 - a^(gamma+1)) / (1 - a): tokens one step commits in expectation, with
-// its limit gamma + 1 at a = 1 (used when 1 - a < 1e-9). gamma >= 0, a in [0, 1].
+// its limit gamma + 1 at a = 1 (used when 1 - a < 1e-9). gamma >= 0, a in [0,
+// 1].
 double ExpectedTokensPerStep(double alpha, int gamma);
 
 // TPT(S, gamma) in tokens per second. gamma = 0 ignores draft_seconds.
-double TokensPerSecond(double alpha, int gamma, double draft_seconds, double verify_seconds);
+double TokensPerSecond(double alpha, int gamma, double draft_seconds,
+                       double verify_seconds);
 
 // The Beta(hits, misses) prior of SmoothAlpha. {0, 0} turns smoothing off
 // (the raw share is used).
@@ -88,11 +91,13 @@ inline constexpr double kMinSpeculationGain = 1e-9;
 // are ignored). Returns the (candidate, gamma) with the highest TPT over
 // gamma in 1..max_draft; the first one found wins ties (candidates in order,
 // gamma increasing). A choice must beat the autoregressive baseline by more
-// than kMinSpeculationGain, else the result is {-1, 0, baseline, baseline}. num_evaluated is the number
-// of candidates. InvalidArgument for max_draft < 1, a short or non-positive
-// verify table, alpha outside [0, 1] or draft_seconds <= 0.
+// than kMinSpeculationGain, else the result is {-1, 0, baseline, baseline}.
+// num_evaluated is the number of candidates. InvalidArgument for max_draft < 1,
+// a short or non-positive verify table, alpha outside [0, 1] or draft_seconds
+// <= 0.
 absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
-                                      absl::Span<const double> verify_seconds, int max_draft);
+                                      absl::Span<const double> verify_seconds,
+                                      int max_draft);
 
 // Returns candidate i's acceptance in [0, alpha_upper] (measuring it on
 // demand); errors abort the search and are returned as they are.
@@ -108,10 +113,10 @@ using AlphaFunction = std::function<absl::StatusOr<double>(int candidate)>;
 // once per candidate; num_evaluated counts the calls. alpha_upper must bound
 // every value alpha_of returns (InvalidArgument naming the candidate if one
 // exceeds it), e.g. SmoothAlpha(1.0, r, prior). Other errors as MaximizeTpt.
-absl::StatusOr<TptChoice> MaximizeTptLazily(absl::Span<const double> draft_seconds,
-                                            double alpha_upper,
-                                            absl::Span<const double> verify_seconds,
-                                            int max_draft, const AlphaFunction& alpha_of);
+absl::StatusOr<TptChoice> MaximizeTptLazily(
+    absl::Span<const double> draft_seconds, double alpha_upper,
+    absl::Span<const double> verify_seconds, int max_draft,
+    const AlphaFunction& alpha_of);
 
 }  // namespace knapserve
 

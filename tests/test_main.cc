@@ -13,7 +13,8 @@
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   knapserve::testing::SetUpTestEnvironment();
-  ::testing::AddGlobalTestEnvironment(new knapserve::testing::TempDirEnvironment());
+  ::testing::AddGlobalTestEnvironment(
+      new knapserve::testing::TempDirEnvironment());
   at::set_num_threads(1);
   return RUN_ALL_TESTS();
 }

@@ -26,15 +26,14 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/model/layer_mask.h"
 #include "common/base/status.h"
+#include "common/model/layer_mask.h"
 #include "planner/inprocess_planner.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
@@ -97,10 +96,10 @@ FILE* TextOut(bool json) { return json ? stderr : stdout; }
 
 struct SearchStep {
   int round = 0;
-  std::string mask;        // the mask after this round
-  std::string added;       // the sublayer added this round ("" for round 0)
-  double rate = 0;         // decode tok/s of `mask` on the calibration prompts
-  double speedup = 0;      // over off, measured in the same run (PairedGain)
+  std::string mask;    // the mask after this round
+  std::string added;   // the sublayer added this round ("" for round 0)
+  double rate = 0;     // decode tok/s of `mask` on the calibration prompts
+  double speedup = 0;  // over off, measured in the same run (PairedGain)
   double acceptance_rate = 0;
   double mean_acceptance_length = 0;
 };
@@ -110,16 +109,19 @@ struct SearchResult {
   double off_rate = 0;
   std::vector<SearchStep> path;
   std::string stop_reason;
-  std::vector<std::string> lossless_failures;  // "mask / prompt" pairs that differed from off
+  std::vector<std::string>
+      lossless_failures;  // "mask / prompt" pairs that differed from off
 };
 
 // How much faster `runs` decode than `base` (the same prompts, measured in
 // one interleaved RunModes call): the median over prompts of the ratio of
 // decode times. Per-prompt pairs cancel drift that an aggregate would not.
-double PairedGain(const std::vector<PromptRun>& base, const std::vector<PromptRun>& runs) {
+double PairedGain(const std::vector<PromptRun>& base,
+                  const std::vector<PromptRun>& runs) {
   std::vector<double> ratios;
   for (size_t p = 0; p < base.size() && p < runs.size(); ++p) {
-    if (runs[p].decode_seconds > 0) ratios.push_back(base[p].decode_seconds / runs[p].decode_seconds);
+    if (runs[p].decode_seconds > 0)
+      ratios.push_back(base[p].decode_seconds / runs[p].decode_seconds);
   }
   return Median(std::move(ratios));
 }
@@ -129,15 +131,17 @@ std::string SublayerName(int sublayer) {
 }
 
 // Greedy forward selection of a static mask (see the file comment).
-absl::StatusOr<SearchResult> SearchMask(const LlamaModel& model, const Tokenizer& tokenizer,
-                                        bool json) {
+absl::StatusOr<SearchResult> SearchMask(const LlamaModel& model,
+                                        const Tokenizer& tokenizer, bool json) {
   FILE* out = TextOut(json);
   const int64_t tokens = absl::GetFlag(FLAGS_search_tokens);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   const double min_gain = absl::GetFlag(FLAGS_search_min_gain);
   const int max_steps = absl::GetFlag(FLAGS_search_max_steps);
-  ASSIGN_OR_RETURN(std::vector<BenchInput> calibration,
-                   LoadBenchInputs(model, tokenizer, absl::GetFlag(FLAGS_search_prompts), tokens));
+  ASSIGN_OR_RETURN(
+      std::vector<BenchInput> calibration,
+      LoadBenchInputs(model, tokenizer, absl::GetFlag(FLAGS_search_prompts),
+                      tokens));
   ASSIGN_OR_RETURN(GenerationRequest base, BaseRequest(tokens));
   const int num_layers = model.num_layers();
   // Each candidate step skips one sublayer, or with --search-whole-layers both
@@ -161,27 +165,29 @@ absl::StatusOr<SearchResult> SearchMask(const LlamaModel& model, const Tokenizer
   // Confirmation runs use more repeats: the winner of many noisy candidates is
   // biased upward, and a wrong step is never undone.
   const int confirm_repeats = std::max(3, 2 * repeats + 1);
-  // Round 0: off (the reference ids and the speedup baseline) and the empty mask.
-  ASSIGN_OR_RETURN(
-      std::vector<std::vector<PromptRun>> first,
-      RunModes(model, tokenizer, calibration,
-               {WithMode(base, SpeculationMode::kOff, ""),
-                WithMode(base, SpeculationMode::kStatic, "")},
-               confirm_repeats, /*warmup=*/true));
+  // Round 0: off (the reference ids and the speedup baseline) and the empty
+  // mask.
+  ASSIGN_OR_RETURN(std::vector<std::vector<PromptRun>> first,
+                   RunModes(model, tokenizer, calibration,
+                            {WithMode(base, SpeculationMode::kOff, ""),
+                             WithMode(base, SpeculationMode::kStatic, "")},
+                            confirm_repeats, /*warmup=*/true));
   std::vector<std::vector<int32_t>> reference;
   for (const PromptRun& run : first[0]) reference.push_back(run.output_ids);
   result.off_rate = Summarize(first[0]).decode_tokens_per_second();
-  auto check = [&](const std::string& mask, const std::vector<PromptRun>& runs) {
+  auto check = [&](const std::string& mask,
+                   const std::vector<PromptRun>& runs) {
     for (size_t p = 0; p < runs.size(); ++p) {
       if (runs[p].output_ids != reference[p]) {
-        result.lossless_failures.push_back(
-            absl::StrCat("mask '", mask, "' prompt ", calibration[p].prompt.question_id));
+        result.lossless_failures.push_back(absl::StrCat(
+            "mask '", mask, "' prompt ", calibration[p].prompt.question_id));
       }
     }
   };
   check("", first[1]);
   // off_runs: off measured in the same interleaved run as `runs`.
-  auto add_step = [&](int round, const std::string& added, const std::vector<PromptRun>& off_runs,
+  auto add_step = [&](int round, const std::string& added,
+                      const std::vector<PromptRun>& off_runs,
                       const std::vector<PromptRun>& runs) {
     const ModeSummary s = Summarize(runs);
     SearchStep step{round,
@@ -193,42 +199,49 @@ absl::StatusOr<SearchResult> SearchMask(const LlamaModel& model, const Tokenizer
                     s.speculation.mean_acceptance_length()};
     result.path.push_back(step);
     std::fprintf(out, "%5d %7d %-28s %10.1f %7.2fx %7.2f %8.2f\n", round,
-                 result.best.num_skipped(), step.mask.empty() ? "-" : step.mask.c_str(), step.rate,
-                 step.speedup, step.acceptance_rate, step.mean_acceptance_length);
+                 result.best.num_skipped(),
+                 step.mask.empty() ? "-" : step.mask.c_str(), step.rate,
+                 step.speedup, step.acceptance_rate,
+                 step.mean_acceptance_length);
     std::fflush(out);
   };
-  std::fprintf(out,
-               "mask search: %zu calibration prompts x %lld tokens, %zu candidate %s, "
-               "min gain %.1f%%, %d repeats (%d to confirm); off: %.1f tok/s\n",
-               calibration.size(), static_cast<long long>(tokens), pool.size(),
-               whole_layers ? "layers" : "sublayers", 100 * min_gain,
-               repeats, confirm_repeats, result.off_rate);
-  std::fprintf(out, "%5s %7s %-28s %10s %8s %7s %8s\n", "round", "skipped", "mask", "tok/s",
-               "vs off", "accept", "mean len");
+  std::fprintf(
+      out,
+      "mask search: %zu calibration prompts x %lld tokens, %zu candidate %s, "
+      "min gain %.1f%%, %d repeats (%d to confirm); off: %.1f tok/s\n",
+      calibration.size(), static_cast<long long>(tokens), pool.size(),
+      whole_layers ? "layers" : "sublayers", 100 * min_gain, repeats,
+      confirm_repeats, result.off_rate);
+  std::fprintf(out, "%5s %7s %-28s %10s %8s %7s %8s\n", "round", "skipped",
+               "mask", "tok/s", "vs off", "accept", "mean len");
   add_step(0, "", first[0], first[1]);
 
   for (int round = 1;; ++round) {
-    if (max_steps > 0 && static_cast<int>(result.path.size()) - 1 >= max_steps) {
-      result.stop_reason = absl::StrCat("reached --search-max-steps ", max_steps);
+    if (max_steps > 0 &&
+        static_cast<int>(result.path.size()) - 1 >= max_steps) {
+      result.stop_reason =
+          absl::StrCat("reached --search-max-steps ", max_steps);
       break;
     }
     std::vector<const std::vector<int>*> candidates;
-    const GenerationRequest current = WithMode(base, SpeculationMode::kStatic,
-                                               result.best.ToString());
+    const GenerationRequest current =
+        WithMode(base, SpeculationMode::kStatic, result.best.ToString());
     std::vector<GenerationRequest> requests = {current};
     for (const std::vector<int>& step : pool) {
       if (result.best.skipped(step[0])) continue;
       LayerMask mask = result.best;
       for (int s : step) mask.set_skipped(s, true);
       candidates.push_back(&step);
-      requests.push_back(WithMode(base, SpeculationMode::kStatic, mask.ToString()));
+      requests.push_back(
+          WithMode(base, SpeculationMode::kStatic, mask.ToString()));
     }
     if (candidates.empty()) {
       result.stop_reason = "no sublayer left to skip";
       break;
     }
-    ASSIGN_OR_RETURN(std::vector<std::vector<PromptRun>> runs,
-                     RunModes(model, tokenizer, calibration, requests, repeats, false));
+    ASSIGN_OR_RETURN(
+        std::vector<std::vector<PromptRun>> runs,
+        RunModes(model, tokenizer, calibration, requests, repeats, false));
     size_t best = 0;
     std::vector<double> gains;
     for (size_t i = 0; i < candidates.size(); ++i) {
@@ -242,25 +255,29 @@ absl::StatusOr<SearchResult> SearchMask(const LlamaModel& model, const Tokenizer
     }
     if (gains[best] <= 1 + min_gain) {
       result.stop_reason = absl::StrFormat(
-          "no candidate improves: best +%s at %.3fx of the current mask", name, gains[best]);
+          "no candidate improves: best +%s at %.3fx of the current mask", name,
+          gains[best]);
       break;
     }
     ASSIGN_OR_RETURN(std::vector<std::vector<PromptRun>> confirm,
                      RunModes(model, tokenizer, calibration,
-                              {WithMode(base, SpeculationMode::kOff, ""), current,
-                               requests[best + 1]},
+                              {WithMode(base, SpeculationMode::kOff, ""),
+                               current, requests[best + 1]},
                               confirm_repeats, false));
     const double confirm_gain = PairedGain(confirm[1], confirm[2]);
     if (confirm_gain <= 1 + min_gain) {
       result.stop_reason = absl::StrFormat(
-          "no candidate improves: best +%s at %.3fx of the current mask, %.3fx re-measured", name,
-          gains[best], confirm_gain);
+          "no candidate improves: best +%s at %.3fx of the current mask, %.3fx "
+          "re-measured",
+          name, gains[best], confirm_gain);
       break;
     }
-    for (int sublayer : *candidates[best]) result.best.set_skipped(sublayer, true);
+    for (int sublayer : *candidates[best])
+      result.best.set_skipped(sublayer, true);
     add_step(round, name, confirm[0], confirm[2]);
   }
-  std::fprintf(out, "search stopped: %s\nbest mask: %s\n", result.stop_reason.c_str(),
+  std::fprintf(out, "search stopped: %s\nbest mask: %s\n",
+               result.stop_reason.c_str(),
                result.best.empty() ? "(none)" : result.best.ToString().c_str());
   std::fflush(out);
   return result;
@@ -273,7 +290,8 @@ struct BenchMode {
 };
 
 // Mean number of skipped attention and MLP sublayers over `plans` that draft.
-std::pair<double, double> MeanSkipped(const std::vector<AppliedPlan>& plans, int num_layers) {
+std::pair<double, double> MeanSkipped(const std::vector<AppliedPlan>& plans,
+                                      int num_layers) {
   double attention = 0, mlp = 0;
   int counted = 0;
   for (const AppliedPlan& p : plans) {
@@ -292,29 +310,37 @@ std::pair<double, double> MeanSkipped(const std::vector<AppliedPlan>& plans, int
 
 // Runs every mode on `inputs` (interleaved), checks each against off and
 // prints one table in the style of the KnapSpec paper's Table 2.
-absl::StatusOr<nlohmann::json> RunSet(const std::string& label, const LlamaModel& model,
+absl::StatusOr<nlohmann::json> RunSet(const std::string& label,
+                                      const LlamaModel& model,
                                       const Tokenizer& tokenizer,
                                       const std::vector<BenchInput>& inputs,
-                                      const std::vector<BenchMode>& modes, int repeats, FILE* out, std::vector<std::string>* failures) {
+                                      const std::vector<BenchMode>& modes,
+                                      int repeats, FILE* out,
+                                      std::vector<std::string>* failures) {
   std::vector<GenerationRequest> requests;
   std::vector<PlannerClient*> planners;
   for (const BenchMode& m : modes) {
     requests.push_back(m.request);
     planners.push_back(m.planner);
   }
-  ASSIGN_OR_RETURN(std::vector<std::vector<PromptRun>> runs,
-                   RunModes(model, tokenizer, inputs, requests, repeats, /*warmup=*/true, planners,
-                            absl::GetFlag(FLAGS_warm_plan_cache)));
+  ASSIGN_OR_RETURN(
+      std::vector<std::vector<PromptRun>> runs,
+      RunModes(model, tokenizer, inputs, requests, repeats, /*warmup=*/true,
+               planners, absl::GetFlag(FLAGS_warm_plan_cache)));
   int64_t prompt_tokens = 0;
-  for (const BenchInput& input : inputs) prompt_tokens += static_cast<int64_t>(input.ids.size());
-  std::fprintf(out, "\n[%s] %zu prompts, mean prompt %lld tokens\n", label.c_str(), inputs.size(),
-               static_cast<long long>(inputs.empty() ? 0 : prompt_tokens / inputs.size()));
-  std::fprintf(out, "%-9s %8s %8s %7s %7s %6s %9s %9s %7s %7s %5s %6s\n", "mode", "tok/s",
-               "speedup", "accept", "meanlen", "plans", "pred TPT", "meas TPT", "solve%",
-               "wait%", "age", "same");
+  for (const BenchInput& input : inputs)
+    prompt_tokens += static_cast<int64_t>(input.ids.size());
+  std::fprintf(out, "\n[%s] %zu prompts, mean prompt %lld tokens\n",
+               label.c_str(), inputs.size(),
+               static_cast<long long>(
+                   inputs.empty() ? 0 : prompt_tokens / inputs.size()));
+  std::fprintf(out, "%-9s %8s %8s %7s %7s %6s %9s %9s %7s %7s %5s %6s\n",
+               "mode", "tok/s", "speedup", "accept", "meanlen", "plans",
+               "pred TPT", "meas TPT", "solve%", "wait%", "age", "same");
   const ModeSummary off = Summarize(runs[0]);
   const double off_rate = off.decode_tokens_per_second();
-  nlohmann::json set = {{"prompts", inputs.size()}, {"modes", nlohmann::json::object()}};
+  nlohmann::json set = {{"prompts", inputs.size()},
+                        {"modes", nlohmann::json::object()}};
   // Sampled outputs legitimately differ from off's (speculative rejection
   // sampling draws other random numbers; its output distribution is the
   // model's, which SamplingLosslessTest checks statistically). Only greedy
@@ -323,14 +349,14 @@ absl::StatusOr<nlohmann::json> RunSet(const std::string& label, const LlamaModel
   for (size_t k = 0; k < modes.size(); ++k) {
     int differing = 0;
     for (size_t p = 0; p < inputs.size() && greedy; ++p) {
-      const std::optional<size_t> diff = FirstDifference(runs[0][p].output_ids,
-                                                         runs[k][p].output_ids);
+      const std::optional<size_t> diff =
+          FirstDifference(runs[0][p].output_ids, runs[k][p].output_ids);
       if (diff) {
         ++differing;
-        failures->push_back(absl::StrCat(label, " / ", modes[k].name, ": prompt ",
-                                         inputs[p].prompt.question_id, " (",
-                                         inputs[p].prompt.category, ") first differs at output ",
-                                         *diff));
+        failures->push_back(absl::StrCat(
+            label, " / ", modes[k].name, ": prompt ",
+            inputs[p].prompt.question_id, " (", inputs[p].prompt.category,
+            ") first differs at output ", *diff));
       }
     }
     const ModeSummary m = Summarize(runs[k]);
@@ -347,9 +373,12 @@ absl::StatusOr<nlohmann::json> RunSet(const std::string& label, const LlamaModel
       predicted /= static_cast<double>(n_plans);
       age /= static_cast<double>(n_plans);
     }
-    const double solve_share = m.decode_seconds > 0 ? solve / m.decode_seconds : 0.0;
-    const double wait_share = m.decode_seconds > 0 ? m.waiting_seconds / m.decode_seconds : 0.0;
-    const auto [skipped_attention, skipped_mlp] = MeanSkipped(m.plans, model.num_layers());
+    const double solve_share =
+        m.decode_seconds > 0 ? solve / m.decode_seconds : 0.0;
+    const double wait_share =
+        m.decode_seconds > 0 ? m.waiting_seconds / m.decode_seconds : 0.0;
+    const auto [skipped_attention, skipped_mlp] =
+        MeanSkipped(m.plans, model.num_layers());
     nlohmann::json mode_json = ModeJson(m, off_rate);
     mode_json["plans_applied"] = n_plans;
     mode_json["plan_requests"] = m.plan_requests;
@@ -366,26 +395,33 @@ absl::StatusOr<nlohmann::json> RunSet(const std::string& label, const LlamaModel
     if (greedy) mode_json["same_ids"] = differing == 0;
     set["modes"][modes[k].name] = mode_json;
     const bool is_planned = n_plans > 0 || m.plan_requests > 0;
-    std::fprintf(out, "%-9s %8.1f %7.2fx %7.3f %7.2f %6s %9s %9.1f %6s %6s %5s %6s\n",
-                 modes[k].name.c_str(), rate, off_rate > 0 ? rate / off_rate : 0.0,
-                 m.speculation.acceptance_rate(), m.speculation.mean_acceptance_length(),
-                 is_planned ? absl::StrCat(n_plans).c_str() : "-",
-                 n_plans > 0 ? absl::StrFormat("%.1f", predicted).c_str() : "-", rate,
-                 is_planned ? absl::StrFormat("%.1f%%", 100 * solve_share).c_str() : "-",
-                 is_planned ? absl::StrFormat("%.2f%%", 100 * wait_share).c_str() : "-",
-                 n_plans > 0 ? absl::StrFormat("%.1f", age).c_str() : "-",
-                 !greedy ? "-" : differing == 0 ? "yes" : "NO");
+    std::fprintf(
+        out, "%-9s %8.1f %7.2fx %7.3f %7.2f %6s %9s %9.1f %6s %6s %5s %6s\n",
+        modes[k].name.c_str(), rate, off_rate > 0 ? rate / off_rate : 0.0,
+        m.speculation.acceptance_rate(), m.speculation.mean_acceptance_length(),
+        is_planned ? absl::StrCat(n_plans).c_str() : "-",
+        n_plans > 0 ? absl::StrFormat("%.1f", predicted).c_str() : "-", rate,
+        is_planned ? absl::StrFormat("%.1f%%", 100 * solve_share).c_str() : "-",
+        is_planned ? absl::StrFormat("%.2f%%", 100 * wait_share).c_str() : "-",
+        n_plans > 0 ? absl::StrFormat("%.1f", age).c_str() : "-",
+        !greedy          ? "-"
+        : differing == 0 ? "yes"
+                         : "NO");
   }
   for (size_t k = 0; k < modes.size(); ++k) {
     const ModeSummary m = Summarize(runs[k]);
     if (m.plans.empty()) continue;
-    const auto [skipped_attention, skipped_mlp] = MeanSkipped(m.plans, model.num_layers());
+    const auto [skipped_attention, skipped_mlp] =
+        MeanSkipped(m.plans, model.num_layers());
     double context = 0;
-    for (const AppliedPlan& p : m.plans) context += static_cast<double>(p.context_length);
+    for (const AppliedPlan& p : m.plans)
+      context += static_cast<double>(p.context_length);
     std::fprintf(out,
-                 "%s plans: mean context %.0f, skipped attention %.2f and MLP %.2f of %d layers "
+                 "%s plans: mean context %.0f, skipped attention %.2f and MLP "
+                 "%.2f of %d layers "
                  "(plans that draft)\n",
-                 modes[k].name.c_str(), context / static_cast<double>(m.plans.size()),
+                 modes[k].name.c_str(),
+                 context / static_cast<double>(m.plans.size()),
                  skipped_attention, skipped_mlp, model.num_layers());
   }
   std::fflush(out);
@@ -401,15 +437,18 @@ absl::Status BenchSpec() {
   const int64_t max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   ASSIGN_OR_RETURN(GenerationRequest base, BaseRequest(max_new_tokens));
-  // Check the speculation flags up front, so a bad --skip fails before any timing.
+  // Check the speculation flags up front, so a bad --skip fails before any
+  // timing.
   {
-    GenerationRequest check = WithMode(base, SpeculationMode::kStatic, absl::GetFlag(FLAGS_skip));
+    GenerationRequest check =
+        WithMode(base, SpeculationMode::kStatic, absl::GetFlag(FLAGS_skip));
     check.prompt_ids = {0};
     RETURN_IF_ERROR(ValidateGenerationRequest(check, model));
   }
-  ASSIGN_OR_RETURN(std::vector<BenchInput> inputs,
-                   LoadBenchInputs(model, tokenizer, absl::GetFlag(FLAGS_num_prompts),
-                                   max_new_tokens));
+  ASSIGN_OR_RETURN(
+      std::vector<BenchInput> inputs,
+      LoadBenchInputs(model, tokenizer, absl::GetFlag(FLAGS_num_prompts),
+                      max_new_tokens));
 
   nlohmann::json summary = {{"model", engine.model_dir},
                             {"dtype", DtypeName(model.dtype())},
@@ -450,7 +489,8 @@ absl::Status BenchSpec() {
   const bool have_profile = !absl::GetFlag(FLAGS_profile).empty();
   if (mode_names.empty()) {
     for (const SpeculationModeInfo& info : AllSpeculationModes()) {
-      const bool runnable = !info.drafts || (info.planned ? have_profile : !skip.empty());
+      const bool runnable =
+          !info.drafts || (info.planned ? have_profile : !skip.empty());
       if (runnable) mode_names.push_back(info.name);
     }
   }
@@ -461,21 +501,27 @@ absl::Status BenchSpec() {
   std::vector<std::string> remote_of_mode;
   for (const std::string& name : mode_names) {
     const size_t at = name.find('@');
-    remote_of_mode.push_back(at == std::string::npos ? "" : name.substr(at + 1));
-    ASSIGN_OR_RETURN(SpeculationMode mode, ParseSpeculationMode(name.substr(0, at)));
+    remote_of_mode.push_back(at == std::string::npos ? ""
+                                                     : name.substr(at + 1));
+    ASSIGN_OR_RETURN(SpeculationMode mode,
+                     ParseSpeculationMode(name.substr(0, at)));
     if (DraftsWithFixedMask(mode) && skip.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--modes ", SpeculationModeName(mode), " needs --skip MASK or --search-masks"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--modes ", SpeculationModeName(mode),
+                       " needs --skip MASK or --search-masks"));
     }
-    GenerationRequest request = WithMode(base, mode, DraftsWithFixedMask(mode) ? skip : "");
+    GenerationRequest request =
+        WithMode(base, mode, DraftsWithFixedMask(mode) ? skip : "");
     if (IsPlanned(mode)) {
       planned = true;
-      request.speculation.max_draft = absl::GetFlag(FLAGS_max_draft).value_or(DefaultMaxDraft(mode));
+      request.speculation.max_draft =
+          absl::GetFlag(FLAGS_max_draft).value_or(DefaultMaxDraft(mode));
     }
     modes.push_back({name, std::move(request)});
   }
   if (modes.empty() || modes[0].name != "off") {
-    return absl::InvalidArgumentError("--modes must start with off (the baseline)");
+    return absl::InvalidArgumentError(
+        "--modes must start with off (the baseline)");
   }
   PlannerHandle planner;
   bool local_planned = false;
@@ -496,7 +542,8 @@ absl::Status BenchSpec() {
   }
   if (planned && local_planned) {
     ASSIGN_OR_RETURN(planner,
-                     PlannerClientFromFlags(engine, SpeculationMode::kKnapSpec, "bench spec"));
+                     PlannerClientFromFlags(engine, SpeculationMode::kKnapSpec,
+                                            "bench spec"));
     for (BenchMode& m : modes) {
       if (m.planner == nullptr) m.planner = planner.get();
     }
@@ -505,21 +552,26 @@ absl::Status BenchSpec() {
   summary["skip"] = skip;
   summary["sets"] = nlohmann::json::object();
   ASSIGN_OR_RETURN(nlohmann::json set_json,
-                   RunSet("spec_bench", model, tokenizer, inputs, modes, repeats, out, &failures));
+                   RunSet("spec_bench", model, tokenizer, inputs, modes,
+                          repeats, out, &failures));
   summary["sets"]["spec_bench"] = set_json;
   const int64_t long_tokens = absl::GetFlag(FLAGS_long_context_tokens);
   if (long_tokens > 0) {
-    ASSIGN_OR_RETURN(std::vector<BenchInput> long_inputs,
-                     LoadBenchInputs(model, tokenizer, absl::GetFlag(FLAGS_num_prompts),
-                                     max_new_tokens, long_tokens));
-    ASSIGN_OR_RETURN(set_json, RunSet("long_context", model, tokenizer, long_inputs, modes,
-                                      repeats, out, &failures));
+    ASSIGN_OR_RETURN(
+        std::vector<BenchInput> long_inputs,
+        LoadBenchInputs(model, tokenizer, absl::GetFlag(FLAGS_num_prompts),
+                        max_new_tokens, long_tokens));
+    ASSIGN_OR_RETURN(
+        set_json, RunSet("long_context", model, tokenizer, long_inputs, modes,
+                         repeats, out, &failures));
     summary["sets"]["long_context"] = set_json;
   }
   for (const auto& [address, remote] : remotes) {
     const int64_t sent = remote->requests_sent();
-    const double per = sent > 0 ? static_cast<double>(remote->bytes_sent()) / sent : 0.0;
-    std::fprintf(out, "remote planner %s: %lld requests, %.1f KiB per request\n",
+    const double per =
+        sent > 0 ? static_cast<double>(remote->bytes_sent()) / sent : 0.0;
+    std::fprintf(out,
+                 "remote planner %s: %lld requests, %.1f KiB per request\n",
                  address.c_str(), static_cast<long long>(sent), per / 1024);
     summary["remote_planners"][address] = {{"requests", sent},
                                            {"bytes_sent", remote->bytes_sent()},
@@ -528,20 +580,26 @@ absl::Status BenchSpec() {
   const bool lossless = failures.empty();
   summary["lossless"] = lossless;
   summary["lossless_failures"] = failures;
-  std::fprintf(out,
-               "\nmodel %s (%s, %d threads), %lld new tokens per prompt, %s, max_draft %d, "
-               "exit_threshold %.2f, median of %d repeats; static mask: %s\n",
-               engine.model_dir.c_str(), DtypeName(model.dtype()).c_str(), at::get_num_threads(),
-               static_cast<long long>(max_new_tokens),
-               base.sampling.temperature == 0.0
-                   ? "greedy"
-                   : absl::StrCat("sampling at temperature ", base.sampling.temperature).c_str(),
-               base.speculation.max_draft,
-               base.speculation.exit_threshold, repeats, skip.empty() ? "(none)" : skip.c_str());
+  std::fprintf(
+      out,
+      "\nmodel %s (%s, %d threads), %lld new tokens per prompt, %s, max_draft "
+      "%d, "
+      "exit_threshold %.2f, median of %d repeats; static mask: %s\n",
+      engine.model_dir.c_str(), DtypeName(model.dtype()).c_str(),
+      at::get_num_threads(), static_cast<long long>(max_new_tokens),
+      base.sampling.temperature == 0.0
+          ? "greedy"
+          : absl::StrCat("sampling at temperature ", base.sampling.temperature)
+                .c_str(),
+      base.speculation.max_draft, base.speculation.exit_threshold, repeats,
+      skip.empty() ? "(none)" : skip.c_str());
   if (base.sampling.temperature != 0.0) {
-    std::fprintf(out, "sampling: output ids are not compared (the distribution is the model's)\n");
+    std::fprintf(out,
+                 "sampling: output ids are not compared (the distribution is "
+                 "the model's)\n");
   } else if (lossless) {
-    std::fprintf(out, "lossless: every mode's output ids equal off's on every prompt\n");
+    std::fprintf(
+        out, "lossless: every mode's output ids equal off's on every prompt\n");
   } else {
     std::fprintf(out, "LOSSLESS CHECK FAILED on %zu run(s)\n", failures.size());
   }
@@ -550,8 +608,8 @@ absl::Status BenchSpec() {
   if (!lossless) {
     std::string list;
     for (const std::string& f : failures) absl::StrAppend(&list, "\n  ", f);
-    return absl::InternalError(
-        absl::StrCat("greedy speculative output differs from autoregressive output:", list));
+    return absl::InternalError(absl::StrCat(
+        "greedy speculative output differs from autoregressive output:", list));
   }
   return absl::OkStatus();
 }

@@ -33,14 +33,13 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/status.h"
 #include "common/model/layer_mask.h"
 #include "common/model/linear.h"
-#include "common/base/status.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
@@ -69,9 +68,10 @@ LayerMask SkipWholeLayers(int num_layers, int skip) {
 // Bytes one decode step reads per sublayer kind, from the config (the same
 // layout LlamaModel loads), at `context` positions of K/V.
 struct StepBytes {
-  double attention = 0;  // one attention sublayer: norm, qkv, o, K/V of the context
-  double mlp = 0;        // one MLP sublayer: norm, gate/up, down
-  double rest = 0;       // embedding row, final norm, LM head
+  double attention =
+      0;            // one attention sublayer: norm, qkv, o, K/V of the context
+  double mlp = 0;   // one MLP sublayer: norm, gate/up, down
+  double rest = 0;  // embedding row, final norm, LM head
   double Of(const LayerMask& mask) const {
     double total = rest;
     for (int i = 0; i < mask.num_layers(); ++i) {
@@ -90,12 +90,15 @@ StepBytes EstimateStepBytes(const LlamaModel& model, int64_t context) {
   const double kv = static_cast<double>(c.num_key_value_heads * c.head_dim);
   const double m = static_cast<double>(c.intermediate_size);
   StepBytes bytes;
-  bytes.attention = e * (d + d * (q + 2 * kv) + q * d + (c.attention_bias ? q + 2 * kv : 0) +
-                         (c.qk_norm ? 2.0 * c.head_dim : 0) + 2 * kv * context);
+  bytes.attention =
+      e * (d + d * (q + 2 * kv) + q * d + (c.attention_bias ? q + 2 * kv : 0) +
+           (c.qk_norm ? 2.0 * c.head_dim : 0) + 2 * kv * context);
   bytes.mlp = e * (d + 3 * d * m);
-  const double layers = static_cast<double>(c.num_hidden_layers) * (bytes.attention + bytes.mlp) -
-                        static_cast<double>(c.num_hidden_layers) * e * 2 * kv * context;
-  bytes.rest = std::max(0.0, static_cast<double>(model.weight_bytes_per_token()) - layers);
+  const double layers =
+      static_cast<double>(c.num_hidden_layers) * (bytes.attention + bytes.mlp) -
+      static_cast<double>(c.num_hidden_layers) * e * 2 * kv * context;
+  bytes.rest = std::max(
+      0.0, static_cast<double>(model.weight_bytes_per_token()) - layers);
   return bytes;
 }
 
@@ -123,7 +126,8 @@ __attribute__((target("avx512f"))) double SumFloats(const float* p, int64_t n) {
   }
   // Lanes summed by hand: GCC 12 warns inside _mm512_reduce_add_ps.
   alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  _mm512_store_ps(lanes,
+                  _mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
   double s = 0;
   for (float lane : lanes) s += lane;
   for (; i < n; ++i) s += p[i];
@@ -140,18 +144,19 @@ double ReadSeconds(int64_t bytes, int repeats) {
   auto read = [&] {
     const int64_t threads = std::max(1, at::get_num_threads());
     std::vector<double> partial(threads, 0.0);
-    at::parallel_for(0, n, (n + threads - 1) / threads, [&](int64_t b, int64_t e) {
-      double s = 0;
+    at::parallel_for(0, n, (n + threads - 1) / threads,
+                     [&](int64_t b, int64_t e) {
+                       double s = 0;
 #if defined(__x86_64__)
-      if (__builtin_cpu_supports("avx512f")) {
-        s = SumFloats(buffer.data() + b, e - b);
-      } else
+                       if (__builtin_cpu_supports("avx512f")) {
+                         s = SumFloats(buffer.data() + b, e - b);
+                       } else
 #endif
-      {
-        for (int64_t i = b; i < e; ++i) s += buffer[i];
-      }
-      partial[at::get_thread_num()] += s;
-    });
+                       {
+                         for (int64_t i = b; i < e; ++i) s += buffer[i];
+                       }
+                       partial[at::get_thread_num()] += s;
+                     });
     for (double p : partial) sink = sink + p;
   };
   return MedianSeconds(read, 3, std::max(5, repeats));
@@ -181,8 +186,10 @@ absl::Status BenchStepCost() {
   const int repeats = std::max(1, absl::GetFlag(FLAGS_step_repeats));
   const int num_layers = model.num_layers();
   const int64_t room = model.max_context() - (kMaxGamma + 1);
-  if (room < 1) return absl::InvalidArgumentError("model: context too short for step-cost");
-  const int64_t context = std::clamp<int64_t>(absl::GetFlag(FLAGS_context_length), 1, room);
+  if (room < 1)
+    return absl::InvalidArgumentError("model: context too short for step-cost");
+  const int64_t context =
+      std::clamp<int64_t>(absl::GetFlag(FLAGS_context_length), 1, room);
   if (absl::GetFlag(FLAGS_context_length) < 1) {
     return absl::InvalidArgumentError("context_length: must be >= 1");
   }
@@ -191,7 +198,8 @@ absl::Status BenchStepCost() {
   std::vector<LayerKv> kv = model.AllocateKv(context + kMaxGamma + 1);
   // Fill the cache with a deterministic token sequence.
   const int64_t vocab = model.config().vocab_size;
-  torch::Tensor prefix = torch::arange(context, torch::kInt64).mul_(7919).remainder_(vocab);
+  torch::Tensor prefix =
+      torch::arange(context, torch::kInt64).mul_(7919).remainder_(vocab);
   model.Prefill(prefix, 0, kv);
   torch::Tensor one = torch::tensor({int64_t{1} % vocab}, torch::kInt64);
 
@@ -210,7 +218,8 @@ absl::Status BenchStepCost() {
     return cases.size() - 1;
   };
   auto add_verify_case = [&](int64_t tokens) {
-    torch::Tensor ids = torch::arange(tokens, torch::kInt64).add_(3).remainder_(vocab);
+    torch::Tensor ids =
+        torch::arange(tokens, torch::kInt64).add_(3).remainder_(vocab);
     cases.push_back([&model, &kv, ids, context] {
       torch::Tensor logits = model.Forward(ids, context, kv, -1);
       volatile int64_t sink = logits.argmax(-1)[0].item<int64_t>();
@@ -241,8 +250,10 @@ absl::Status BenchStepCost() {
   }
   const size_t full_case = add_step_case(nullptr);
   for (Row& row : masks) row.case_index = add_step_case(&row.mask);
-  std::vector<size_t> verify_cases;  // [0]: one token with all logits; [g]: g+1 tokens
-  for (int gamma = 0; gamma <= kMaxGamma; ++gamma) verify_cases.push_back(add_verify_case(gamma + 1));
+  std::vector<size_t>
+      verify_cases;  // [0]: one token with all logits; [g]: g+1 tokens
+  for (int gamma = 0; gamma <= kMaxGamma; ++gamma)
+    verify_cases.push_back(add_verify_case(gamma + 1));
 
   std::vector<std::vector<double>> samples(cases.size());
   for (int w = 0; w < kWarmup; ++w) {
@@ -253,7 +264,8 @@ absl::Status BenchStepCost() {
       const auto t0 = std::chrono::steady_clock::now();
       cases[c]();
       samples[c].push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count());
     }
   }
   std::vector<double> seconds;
@@ -265,19 +277,22 @@ absl::Status BenchStepCost() {
   const double all_bytes = bytes.Of(LayerMask(num_layers));
   nlohmann::json draft_rows = nlohmann::json::array();
   FILE* out = json ? stderr : stdout;
-  std::fprintf(out,
-               "model %s (%s, %d threads), %d layers = %d sublayers, context %lld, median of %d "
-               "after %d warm-up, cases interleaved\nfull decode step: %.3f ms\n\n",
-               engine.model_dir.c_str(), DtypeName(model.dtype()).c_str(), at::get_num_threads(),
-               num_layers, 2 * num_layers, static_cast<long long>(context), repeats, kWarmup,
-               1e3 * full);
-  std::fprintf(out, "%-26s %5s %9s %9s %7s %11s\n", "draft step", "kept", "ms", "measured",
-               "k/2L", "bytes model");
+  std::fprintf(
+      out,
+      "model %s (%s, %d threads), %d layers = %d sublayers, context %lld, "
+      "median of %d "
+      "after %d warm-up, cases interleaved\nfull decode step: %.3f ms\n\n",
+      engine.model_dir.c_str(), DtypeName(model.dtype()).c_str(),
+      at::get_num_threads(), num_layers, 2 * num_layers,
+      static_cast<long long>(context), repeats, kWarmup, 1e3 * full);
+  std::fprintf(out, "%-26s %5s %9s %9s %7s %11s\n", "draft step", "kept", "ms",
+               "measured", "k/2L", "bytes model");
   for (const Row& row : masks) {
     const double t = seconds[row.case_index];
     const int kept = row.mask.num_kept();
     const double naive = static_cast<double>(kept) / (2.0 * num_layers);
-    const double by_bytes = all_bytes > 0 ? bytes.Of(row.mask) / all_bytes : 0.0;
+    const double by_bytes =
+        all_bytes > 0 ? bytes.Of(row.mask) / all_bytes : 0.0;
     draft_rows.push_back({{"label", row.label},
                           {"mask", row.mask.ToString()},
                           {"kept_sublayers", kept},
@@ -285,15 +300,16 @@ absl::Status BenchStepCost() {
                           {"ratio", t / full},
                           {"kept_fraction", naive},
                           {"bytes_ratio", by_bytes}});
-    std::fprintf(out, "%-26s %2d/%-2d %9.3f %9.3f %7.3f %11.3f\n", row.label.c_str(), kept,
-                 2 * num_layers, 1e3 * t, t / full, naive, by_bytes);
+    std::fprintf(out, "%-26s %2d/%-2d %9.3f %9.3f %7.3f %11.3f\n",
+                 row.label.c_str(), kept, 2 * num_layers, 1e3 * t, t / full,
+                 naive, by_bytes);
   }
 
   // 2. Verification of gamma+1 tokens against gamma+1 single steps.
   const double single = seconds[verify_cases[0]];
   nlohmann::json verify_rows = nlohmann::json::array();
-  std::fprintf(out, "\n%-6s %7s %9s %14s %12s\n", "gamma", "tokens", "ms", "vs (g+1) steps",
-               "vs 1 step");
+  std::fprintf(out, "\n%-6s %7s %9s %14s %12s\n", "gamma", "tokens", "ms",
+               "vs (g+1) steps", "vs 1 step");
   for (int gamma = 1; gamma <= kMaxGamma; ++gamma) {
     const double t = seconds[verify_cases[gamma]];
     const double ratio = t / ((gamma + 1) * single);
@@ -302,24 +318,29 @@ absl::Status BenchStepCost() {
                            {"seconds", t},
                            {"ratio_vs_steps", ratio},
                            {"ratio_vs_one_step", t / single}});
-    std::fprintf(out, "%-6d %7d %9.3f %14.3f %12.3f\n", gamma, gamma + 1, 1e3 * t, ratio,
-                 t / single);
+    std::fprintf(out, "%-6d %7d %9.3f %14.3f %12.3f\n", gamma, gamma + 1,
+                 1e3 * t, ratio, t / single);
   }
 
   // 3. Roofline: the floor of a k-token pass is max(weight bytes / read
   //    bandwidth, k * FLOPs per token / peak).
-  const double weight_bytes = static_cast<double>(model.weight_bytes_per_token());
-  const double read_seconds = ReadSeconds(model.weight_bytes_per_token(), repeats);
-  const double dram_seconds_per_byte = ReadSeconds(int64_t{512} << 20, 5) / (512.0 * (1 << 20));
+  const double weight_bytes =
+      static_cast<double>(model.weight_bytes_per_token());
+  const double read_seconds =
+      ReadSeconds(model.weight_bytes_per_token(), repeats);
+  const double dram_seconds_per_byte =
+      ReadSeconds(int64_t{512} << 20, 5) / (512.0 * (1 << 20));
   const double peak = KernelPeakFlops(model.dtype(), repeats);
   const double flops = FlopsPerToken(model, context);
-  std::fprintf(out,
-               "\nroofline: weights %.1f MB read in %.3f ms (%.1f GB/s; memory %.1f GB/s, a "
-               "512 MB stream), %.1f MFLOP per token, kernel peak %.1f GFLOP/s\n",
-               weight_bytes / 1e6, 1e3 * read_seconds, weight_bytes / read_seconds / 1e9,
-               1e-9 / dram_seconds_per_byte, flops / 1e6, peak / 1e9);
-  std::fprintf(out, "%-7s %9s %12s %12s %12s %9s\n", "tokens", "ms", "bytes floor", "flops floor",
-               "floor ms", "measured/floor");
+  std::fprintf(
+      out,
+      "\nroofline: weights %.1f MB read in %.3f ms (%.1f GB/s; memory %.1f "
+      "GB/s, a "
+      "512 MB stream), %.1f MFLOP per token, kernel peak %.1f GFLOP/s\n",
+      weight_bytes / 1e6, 1e3 * read_seconds, weight_bytes / read_seconds / 1e9,
+      1e-9 / dram_seconds_per_byte, flops / 1e6, peak / 1e9);
+  std::fprintf(out, "%-7s %9s %12s %12s %12s %9s\n", "tokens", "ms",
+               "bytes floor", "flops floor", "floor ms", "measured/floor");
   nlohmann::json roofline_rows = nlohmann::json::array();
   for (int tokens = 1; tokens <= kMaxGamma + 1; ++tokens) {
     const double t = seconds[verify_cases[tokens - 1]];
@@ -330,28 +351,30 @@ absl::Status BenchStepCost() {
                              {"bytes_floor_seconds", read_seconds},
                              {"flops_floor_seconds", flop_seconds},
                              {"measured_over_floor", t / floor}});
-    std::fprintf(out, "%-7d %9.3f %12.3f %12.3f %12.3f %9.2f\n", tokens, 1e3 * t,
-                 1e3 * read_seconds, 1e3 * flop_seconds, 1e3 * floor, t / floor);
+    std::fprintf(out, "%-7d %9.3f %12.3f %12.3f %12.3f %9.2f\n", tokens,
+                 1e3 * t, 1e3 * read_seconds, 1e3 * flop_seconds, 1e3 * floor,
+                 t / floor);
   }
   std::fflush(out);
   if (json) {
-    nlohmann::json summary = {{"model", engine.model_dir},
-                              {"dtype", DtypeName(model.dtype())},
-                              {"threads", at::get_num_threads()},
-                              {"num_layers", num_layers},
-                              {"context_length", context},
-                              {"repeats", repeats},
-                              {"full_step_seconds", full},
-                              {"single_step_all_logits_seconds", single},
-                              {"draft", draft_rows},
-                              {"verify", verify_rows},
-                              {"roofline",
-                               {{"weight_bytes", weight_bytes},
-                                {"weight_read_seconds", read_seconds},
-                                {"memory_read_bytes_per_second", 1.0 / dram_seconds_per_byte},
-                                {"flops_per_token", flops},
-                                {"kernel_peak_flops_per_second", peak},
-                                {"passes", roofline_rows}}}};
+    nlohmann::json summary = {
+        {"model", engine.model_dir},
+        {"dtype", DtypeName(model.dtype())},
+        {"threads", at::get_num_threads()},
+        {"num_layers", num_layers},
+        {"context_length", context},
+        {"repeats", repeats},
+        {"full_step_seconds", full},
+        {"single_step_all_logits_seconds", single},
+        {"draft", draft_rows},
+        {"verify", verify_rows},
+        {"roofline",
+         {{"weight_bytes", weight_bytes},
+          {"weight_read_seconds", read_seconds},
+          {"memory_read_bytes_per_second", 1.0 / dram_seconds_per_byte},
+          {"flops_per_token", flops},
+          {"kernel_peak_flops_per_second", peak},
+          {"passes", roofline_rows}}}};
     std::cout << summary.dump(2) << std::endl;
   }
   return absl::OkStatus();

@@ -7,10 +7,10 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "tools/shared_data.h"
+#include "common/base/clock.h"
 #include "common/base/status.h"
 #include "tools/cli_flags.h"
-#include "common/base/clock.h"
+#include "tools/shared_data.h"
 
 namespace knapserve {
 double Median(std::vector<double> values) {
@@ -52,42 +52,50 @@ Bandwidth MeasureBandwidth() {
   return best;
 }
 
-absl::StatusOr<std::vector<int32_t>> PromptIds(const Tokenizer& tokenizer, const std::string& text,
-                                               int64_t min_tokens, int64_t max_tokens) {
+absl::StatusOr<std::vector<int32_t>> PromptIds(const Tokenizer& tokenizer,
+                                               const std::string& text,
+                                               int64_t min_tokens,
+                                               int64_t max_tokens) {
   std::string repeated = text;
   while (true) {
-    ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(repeated, true));
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                     tokenizer.Encode(repeated, true));
     if (static_cast<int64_t>(ids.size()) >= min_tokens) {
-      if (max_tokens > 0 && static_cast<int64_t>(ids.size()) > max_tokens) ids.resize(max_tokens);
+      if (max_tokens > 0 && static_cast<int64_t>(ids.size()) > max_tokens)
+        ids.resize(max_tokens);
       return ids;
     }
-    if (text.empty()) return absl::InvalidArgumentError("prompt: empty text cannot be repeated");
+    if (text.empty())
+      return absl::InvalidArgumentError(
+          "prompt: empty text cannot be repeated");
     repeated += "\n\n" + text;
   }
 }
 
-absl::StatusOr<std::vector<BenchInput>> LoadBenchInputs(const LlamaModel& model,
-                                                        const Tokenizer& tokenizer, int count,
-                                                        int64_t max_new_tokens,
-                                                        std::optional<int64_t> min_prompt_tokens) {
+absl::StatusOr<std::vector<BenchInput>> LoadBenchInputs(
+    const LlamaModel& model, const Tokenizer& tokenizer, int count,
+    int64_t max_new_tokens, std::optional<int64_t> min_prompt_tokens) {
   std::string path = absl::GetFlag(FLAGS_prompts);
   if (path.empty()) path = SharedPath("bench/spec_bench/question.jsonl");
-  ASSIGN_OR_RETURN(std::vector<BenchPrompt> prompts, LoadPromptSet(path, count));
+  ASSIGN_OR_RETURN(std::vector<BenchPrompt> prompts,
+                   LoadPromptSet(path, count));
   // Leave room for the generation inside the context.
   const int64_t max_prompt = model.max_context() - max_new_tokens - 1;
   if (max_prompt < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("max_new_tokens: ", max_new_tokens,
-                                                   " leaves no room for a prompt in the context of ",
-                                                   model.max_context(), " tokens"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens: ", max_new_tokens,
+                     " leaves no room for a prompt in the context of ",
+                     model.max_context(), " tokens"));
   }
   std::vector<BenchInput> inputs;
   for (BenchPrompt& prompt : prompts) {
     BenchInput input;
-    ASSIGN_OR_RETURN(input.ids,
-                     PromptIds(tokenizer, prompt.text,
-                               std::min(max_prompt, min_prompt_tokens.value_or(
-                                                        absl::GetFlag(FLAGS_min_prompt_tokens))),
-                               max_prompt));
+    ASSIGN_OR_RETURN(
+        input.ids,
+        PromptIds(tokenizer, prompt.text,
+                  std::min(max_prompt, min_prompt_tokens.value_or(absl::GetFlag(
+                                           FLAGS_min_prompt_tokens))),
+                  max_prompt));
     input.prompt = std::move(prompt);
     inputs.push_back(std::move(input));
   }
@@ -95,7 +103,9 @@ absl::StatusOr<std::vector<BenchInput>> LoadBenchInputs(const LlamaModel& model,
 }
 
 double ModeSummary::decode_tokens_per_second() const {
-  return decode_seconds > 0 ? static_cast<double>(decoded_tokens) / decode_seconds : 0.0;
+  return decode_seconds > 0
+             ? static_cast<double>(decoded_tokens) / decode_seconds
+             : 0.0;
 }
 
 double ModeSummary::draft_share() const {
@@ -120,8 +130,10 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs) {
     sum.speculation.draft_seconds += s.draft_seconds;
     sum.speculation.verify_seconds += s.verify_seconds;
     std::vector<int64_t>& per = sum.speculation.accepted_per_position;
-    if (per.size() < s.accepted_per_position.size()) per.resize(s.accepted_per_position.size(), 0);
-    for (size_t j = 0; j < s.accepted_per_position.size(); ++j) per[j] += s.accepted_per_position[j];
+    if (per.size() < s.accepted_per_position.size())
+      per.resize(s.accepted_per_position.size(), 0);
+    for (size_t j = 0; j < s.accepted_per_position.size(); ++j)
+      per[j] += s.accepted_per_position[j];
     sum.plans.insert(sum.plans.end(), run.plans.begin(), run.plans.end());
     sum.waiting_seconds += run.waiting_seconds;
     sum.plan_requests += run.plan_requests;
@@ -158,7 +170,8 @@ nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds) {
             {"drift", s.triggers_drift}}},
           {"budget_deferrals", s.budget_deferrals},
           {"solve_seconds", s.solve_seconds},
-          {"planner_cpu_share", decode_seconds > 0 ? s.solve_seconds / decode_seconds : 0.0},
+          {"planner_cpu_share",
+           decode_seconds > 0 ? s.solve_seconds / decode_seconds : 0.0},
           {"process_planner_cpu_share", s.process_planner_cpu_share},
           {"guard",
            {{"checks", s.guard_checks},
@@ -170,10 +183,13 @@ nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds) {
 }
 
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
-    const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    const std::vector<BenchInput>& inputs,
     const std::vector<GenerationRequest>& requests, int repeats, bool warmup,
     const std::vector<PlannerClient*>& planners, bool warm_plan_cache) {
-  auto planner_of = [&](size_t mode) { return mode < planners.size() ? planners[mode] : nullptr; };
+  auto planner_of = [&](size_t mode) {
+    return mode < planners.size() ? planners[mode] : nullptr;
+  };
   repeats = std::max(1, repeats);
   const size_t num_modes = requests.size();
   std::vector<PlanningShared> planning(num_modes);
@@ -183,11 +199,11 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     for (size_t k = 0; k < requests.size(); ++k) {
       GenerationRequest short_request = requests[k];
       short_request.prompt_ids = inputs[0].ids;
-      short_request.max_new_tokens = std::min<int64_t>(requests[k].max_new_tokens, 16);
-      RETURN_IF_ERROR(
-          Generate(model, tokenizer, short_request, nullptr, nullptr, planner_of(k),
-                   &warmup_planning)
-              .status());
+      short_request.max_new_tokens =
+          std::min<int64_t>(requests[k].max_new_tokens, 16);
+      RETURN_IF_ERROR(Generate(model, tokenizer, short_request, nullptr,
+                               nullptr, planner_of(k), &warmup_planning)
+                          .status());
     }
   }
   if (warm_plan_cache) {
@@ -195,13 +211,14 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       for (const BenchInput& input : inputs) {
         GenerationRequest request = requests[k];
         request.prompt_ids = input.ids;
-        RETURN_IF_ERROR(
-            Generate(model, tokenizer, request, nullptr, nullptr, planner_of(k), &planning[k])
-                .status());
+        RETURN_IF_ERROR(Generate(model, tokenizer, request, nullptr, nullptr,
+                                 planner_of(k), &planning[k])
+                            .status());
       }
     }
   }
-  std::vector<std::vector<PromptRun>> runs(num_modes, std::vector<PromptRun>(inputs.size()));
+  std::vector<std::vector<PromptRun>> runs(
+      num_modes, std::vector<PromptRun>(inputs.size()));
   for (size_t p = 0; p < inputs.size(); ++p) {
     // results[mode][repeat]
     std::vector<std::vector<GenerationResult>> results(num_modes);
@@ -211,18 +228,20 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
         GenerationRequest request = requests[mode];
         request.prompt_ids = inputs[p].ids;
         ASSIGN_OR_RETURN(GenerationResult result,
-                         Generate(model, tokenizer, request, nullptr, nullptr, planner_of(mode),
-                                  &planning[mode]));
+                         Generate(model, tokenizer, request, nullptr, nullptr,
+                                  planner_of(mode), &planning[mode]));
         results[mode].push_back(std::move(result));
       }
     }
     for (size_t mode = 0; mode < num_modes; ++mode) {
       std::vector<GenerationResult>& reps = results[mode];
       for (const GenerationResult& rep : reps) {
-        if (requests[mode].sampling.temperature == 0.0 && rep.output_ids != reps[0].output_ids) {
-          return absl::InternalError(absl::StrCat(
-              "prompt ", inputs[p].prompt.question_id,
-              ": greedy output differs between repeats of the same mode (nondeterminism)"));
+        if (requests[mode].sampling.temperature == 0.0 &&
+            rep.output_ids != reps[0].output_ids) {
+          return absl::InternalError(
+              absl::StrCat("prompt ", inputs[p].prompt.question_id,
+                           ": greedy output differs between repeats of the "
+                           "same mode (nondeterminism)"));
         }
       }
       // The repeat with the median decode time carries the time split.
@@ -239,7 +258,8 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       }
       PromptRun& run = runs[mode][p];
       run.output_ids = median.output_ids;
-      run.decoded_tokens = std::max<int64_t>(0, median.stats.completion_tokens - 1);
+      run.decoded_tokens =
+          std::max<int64_t>(0, median.stats.completion_tokens - 1);
       run.prefill_seconds = Median(prefill);
       run.decode_seconds = Median(decode);
       run.draft_seconds = median.stats.draft_seconds;

@@ -15,11 +15,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "absl/status/statusor.h"
 #include "common/model/llama.h"
@@ -29,7 +28,8 @@
 
 namespace knapserve {
 
-// The median of `values` (mean of the middle two for an even count); 0 if empty.
+// The median of `values` (mean of the middle two for an even count); 0 if
+// empty.
 double Median(std::vector<double> values);
 
 // Seconds `fn` takes: runs it `warmup` times untimed, then `repeats` times,
@@ -39,7 +39,8 @@ double MedianSeconds(const std::function<void()>& fn, int warmup, int repeats);
 // Memory bandwidth of this machine with torch's current threads, best of five
 // passes over 512 MiB buffers (far larger than any cache here).
 struct Bandwidth {
-  double copy = 0;  // bytes copied per second (memcpy's convention: each byte once)
+  double copy =
+      0;  // bytes copied per second (memcpy's convention: each byte once)
   double read = 0;  // bytes read per second by a reduction
 };
 Bandwidth MeasureBandwidth();
@@ -47,8 +48,10 @@ Bandwidth MeasureBandwidth();
 // Prompt text repeated (joined by blank lines) until it has at least
 // `min_tokens` tokens, then cut to `max_tokens` tokens if longer (max_tokens
 // <= 0: no cut).
-absl::StatusOr<std::vector<int32_t>> PromptIds(const Tokenizer& tokenizer, const std::string& text,
-                                               int64_t min_tokens, int64_t max_tokens);
+absl::StatusOr<std::vector<int32_t>> PromptIds(const Tokenizer& tokenizer,
+                                               const std::string& text,
+                                               int64_t min_tokens,
+                                               int64_t max_tokens);
 
 // One benchmark prompt, tokenized.
 struct BenchInput {
@@ -62,14 +65,16 @@ struct BenchInput {
 // model's context. InvalidArgument when max_new_tokens leaves no room.
 // `min_prompt_tokens` overrides --min-prompt-tokens (capped to what fits).
 absl::StatusOr<std::vector<BenchInput>> LoadBenchInputs(
-    const LlamaModel& model, const Tokenizer& tokenizer, int count, int64_t max_new_tokens,
+    const LlamaModel& model, const Tokenizer& tokenizer, int count,
+    int64_t max_new_tokens,
     std::optional<int64_t> min_prompt_tokens = std::nullopt);
 
 // The outcome of Generate() on one prompt in one mode, with the decode time as
 // the median over repeats (ids must be the same in every repeat: greedy).
 struct PromptRun {
   std::vector<int32_t> output_ids;
-  int64_t decoded_tokens = 0;    // completion tokens after the first (prefill) one
+  int64_t decoded_tokens =
+      0;  // completion tokens after the first (prefill) one
   double prefill_seconds = 0;    // median over repeats
   double decode_seconds = 0;     // median over repeats
   double draft_seconds = 0;      // of the repeat with the median decode time
@@ -89,7 +94,7 @@ struct ModeSummary {
   double decode_seconds = 0;
   double draft_seconds = 0;
   double verify_seconds = 0;
-  SpeculationStats speculation;  // counters summed over prompts
+  SpeculationStats speculation;    // counters summed over prompts
   std::vector<AppliedPlan> plans;  // every plan applied, all prompts
   double waiting_seconds = 0;
   int64_t plan_requests = 0;
@@ -125,9 +130,11 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 // that has already planned for these context buckets (cached plans, plain
 // rates), not its first requests.
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
-    const LlamaModel& model, const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    const std::vector<BenchInput>& inputs,
     const std::vector<GenerationRequest>& requests, int repeats, bool warmup,
-    const std::vector<PlannerClient*>& planners = {}, bool warm_plan_cache = false);
+    const std::vector<PlannerClient*>& planners = {},
+    bool warm_plan_cache = false);
 
 }  // namespace knapserve
 

@@ -12,149 +12,215 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "tools/default_model.h"
 #include "common/base/status.h"
+#include "tools/default_model.h"
 
 ABSL_FLAG(std::string, model, "",
-          "Model folder (config.json, safetensors, tokenizer.json). Default: $KNAPSERVE_MODEL, "
-          "else the bundled stories260k at <executable dir>/../share/knapserve/models.");
-ABSL_FLAG(std::string, prompt, "", "generate: the prompt text (BOS is added as the model's "
-                                   "tokenizer says).");
+          "Model folder (config.json, safetensors, tokenizer.json). Default: "
+          "$KNAPSERVE_MODEL, "
+          "else the bundled stories260k at <executable "
+          "dir>/../share/knapserve/models.");
+ABSL_FLAG(std::string, prompt, "",
+          "generate: the prompt text (BOS is added as the model's "
+          "tokenizer says).");
 ABSL_FLAG(std::string, text, "", "tokenize: the text to encode.");
-ABSL_FLAG(int64_t, max_new_tokens, 128, "generate/bench: tokens to generate at most.");
+ABSL_FLAG(int64_t, max_new_tokens, 128,
+          "generate/bench: tokens to generate at most.");
 ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy.");
 ABSL_FLAG(int64_t, top_k, 0, "Top-k filter; 0 = off.");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus (top-p) filter; 1 = off.");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
-          "Sampling seed (same seed, same output); unset = random, reported in --json.");
+          "Sampling seed (same seed, same output); unset = random, reported in "
+          "--json.");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop strings.");
-ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the model's EOS tokens.");
-ABSL_FLAG(std::string, dtype, "fp32", "Compute dtype: fp32, bf16 or fp16 (fp16: CUDA only).");
+ABSL_FLAG(bool, ignore_eos, false,
+          "Keep generating past the model's EOS tokens.");
+ABSL_FLAG(std::string, dtype, "fp32",
+          "Compute dtype: fp32, bf16 or fp16 (fp16: CUDA only).");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N.");
 ABSL_FLAG(int32_t, threads, 0, "Torch intra-op threads; 0 = one per core.");
-ABSL_FLAG(bool, json, false, "Print one JSON object with ids, text and timings instead of text.");
-ABSL_FLAG(std::string, shape, "", "make-model: the model shape (see `knapserve make-model`).");
-ABSL_FLAG(std::string, out, "", "make-model: output folder; profile: output file.");
+ABSL_FLAG(bool, json, false,
+          "Print one JSON object with ids, text and timings instead of text.");
+ABSL_FLAG(std::string, shape, "",
+          "make-model: the model shape (see `knapserve make-model`).");
+ABSL_FLAG(std::string, out, "",
+          "make-model: output folder; profile: output file.");
 ABSL_FLAG(std::string, tokenizer, "",
-          "make-model: a tokenizer.json to copy into the new model (default: a synthetic "
+          "make-model: a tokenizer.json to copy into the new model (default: a "
+          "synthetic "
           "byte-level one, or the shared SmolLM tokenizer for smollm2-135m).");
 ABSL_FLAG(std::string, prompts, "",
           "bench: a Spec-Bench style JSONL prompt file (default "
           "<shared>/bench/spec_bench/question.jsonl).");
-ABSL_FLAG(int32_t, num_prompts, 8, "bench: prompts to run (spread over the categories).");
+ABSL_FLAG(int32_t, num_prompts, 8,
+          "bench: prompts to run (spread over the categories).");
 ABSL_FLAG(int64_t, min_prompt_tokens, 0,
-          "bench: repeat each prompt's text until it has at least this many tokens (long-context "
+          "bench: repeat each prompt's text until it has at least this many "
+          "tokens (long-context "
           "runs).");
-ABSL_FLAG(int32_t, repeats, 1, "bench: runs per prompt (the median is reported).");
+ABSL_FLAG(int32_t, repeats, 1,
+          "bench: runs per prompt (the median is reported).");
 ABSL_FLAG(std::string, spec, "off",
-          "Speculation mode: off (autoregressive), static (draft with the --skip mask), "
-          "knapspec (the KnapSpec planner picks mask and gamma every --plan-interval steps; "
-          "its latency profile: --profile or the profile cache) or clasp (the CLaSp baseline: "
+          "Speculation mode: off (autoregressive), static (draft with the "
+          "--skip mask), "
+          "knapspec (the KnapSpec planner picks mask and gamma every "
+          "--plan-interval steps; "
+          "its latency profile: --profile or the profile cache) or clasp (the "
+          "CLaSp baseline: "
           "--clasp-layers whole layers).");
 ABSL_FLAG(std::string, skip, "",
-          "Layer mask of the draft: skipped sublayers, e.g. a3,m3,m7 (aN attention, mN MLP of "
-          "layer N, 0-based). With knapspec/clasp: the mask before the first plan (empty: "
+          "Layer mask of the draft: skipped sublayers, e.g. a3,m3,m7 (aN "
+          "attention, mN MLP of "
+          "layer N, 0-based). With knapspec/clasp: the mask before the first "
+          "plan (empty: "
           "autoregressive until then).");
-ABSL_FLAG(std::string, profile, "",
-          "knapspec/clasp (generate, bench, serve, executor, planner): the latency profile JSON "
-          "(`knapserve profile` writes one); it must match the model, device, dtype. Default: "
-          "the profile cache (--profile-cache), measured and stored on a miss.");
-ABSL_FLAG(std::string, profile_cache, "",
-          "knapspec/clasp without --profile: the latency profile cache folder. Default: "
-          "$KNAPSERVE_PROFILE_CACHE, else $XDG_CACHE_HOME/knapserve/profiles, else "
-          "$HOME/.cache/knapserve/profiles. Entries are keyed by model fingerprint, device, "
-          "dtype and threads; a miss measures the profile (seconds for small models) and "
-          "stores it.");
+ABSL_FLAG(
+    std::string, profile, "",
+    "knapspec/clasp (generate, bench, serve, executor, planner): the latency "
+    "profile JSON "
+    "(`knapserve profile` writes one); it must match the model, device, dtype. "
+    "Default: "
+    "the profile cache (--profile-cache), measured and stored on a miss.");
+ABSL_FLAG(
+    std::string, profile_cache, "",
+    "knapspec/clasp without --profile: the latency profile cache folder. "
+    "Default: "
+    "$KNAPSERVE_PROFILE_CACHE, else $XDG_CACHE_HOME/knapserve/profiles, else "
+    "$HOME/.cache/knapserve/profiles. Entries are keyed by model fingerprint, "
+    "device, "
+    "dtype and threads; a miss measures the profile (seconds for small models) "
+    "and "
+    "stores it.");
 ABSL_FLAG(std::vector<std::string>, modes, {},
-          "bench spec: modes to compare, off first (default: off, static if --skip or "
-          "--search-masks, clasp and knapspec if --profile). A planned mode may name a "
+          "bench spec: modes to compare, off first (default: off, static if "
+          "--skip or "
+          "--search-masks, clasp and knapspec if --profile). A planned mode "
+          "may name a "
           "remote planner: knapspec@host:port.");
 ABSL_FLAG(int64_t, long_context_tokens, 0,
-          "bench spec: also run a long-context set whose prompts are repeated to this many "
+          "bench spec: also run a long-context set whose prompts are repeated "
+          "to this many "
           "tokens (capped to fit the context with --max-new-tokens); 0 = off.");
 ABSL_FLAG(std::string, listen, "",
           "planner/executor/serve: address to serve on, e.g. 0.0.0.0:50051.");
 ABSL_FLAG(std::string, server, "",
-          "generate: send the request to a knapserve executor at host:port instead of "
+          "generate: send the request to a knapserve executor at host:port "
+          "instead of "
           "loading the model here.");
 ABSL_FLAG(std::string, planner, "inproc",
-          "generate/bench with knapspec or clasp: where plans come from: inproc (a planner "
+          "generate/bench with knapspec or clasp: where plans come from: "
+          "inproc (a planner "
           "thread in this process) or host:port of a knapserve-planner.");
-ABSL_FLAG(int32_t, clasp_layers, 0, "clasp: whole layers the draft skips (M); 0 = half.");
-ABSL_FLAG(int32_t, planner_threads, 1, "knapspec/clasp: CPU threads of the planner's solves.");
+ABSL_FLAG(int32_t, clasp_layers, 0,
+          "clasp: whole layers the draft skips (M); 0 = half.");
+ABSL_FLAG(int32_t, planner_threads, 1,
+          "knapspec/clasp: CPU threads of the planner's solves.");
 ABSL_FLAG(int32_t, planner_nice, 0,
-          "knapspec/clasp: Linux nice value (0..19) of the planner thread, so decoding keeps "
+          "knapspec/clasp: Linux nice value (0..19) of the planner thread, so "
+          "decoding keeps "
           "the cores and plans arrive later instead.");
 ABSL_FLAG(std::vector<std::string>, profile_contexts, {},
-          "profile: context lengths to measure (default 128,512,1024,2048,4096 and the model's "
+          "profile: context lengths to measure (default 128,512,1024,2048,4096 "
+          "and the model's "
           "context, those that fit).");
-ABSL_FLAG(int32_t, profile_repeats, 20, "profile: timed runs per point (median kept).");
+ABSL_FLAG(int32_t, profile_repeats, 20,
+          "profile: timed runs per point (median kept).");
 ABSL_FLAG(int32_t, profile_max_draft, 10,
-          "profile: the verify table covers 1..N+1 tokens (the planner's largest gamma).");
+          "profile: the verify table covers 1..N+1 tokens (the planner's "
+          "largest gamma).");
 ABSL_FLAG(std::optional<int32_t>, max_draft, std::nullopt,
-          "Draft tokens per speculation step at most: gamma for --spec static (default 5), the "
+          "Draft tokens per speculation step at most: gamma for --spec static "
+          "(default 5), the "
           "planner's largest gamma D for knapspec/clasp (default 10).");
 ABSL_FLAG(double, exit_threshold, 0.7,
           "Stop drafting when the draft's top-1 probability falls below this.");
 ABSL_FLAG(int64_t, plan_interval, 64,
-          "knapspec/clasp: at least this many decode steps between two snapshots a sequence "
+          "knapspec/clasp: at least this many decode steps between two "
+          "snapshots a sequence "
           "sends to the planner (T).");
 ABSL_FLAG(int64_t, reference_steps, 5,
-          "knapspec/clasp: verification steps whose hidden states make one snapshot (m).");
+          "knapspec/clasp: verification steps whose hidden states make one "
+          "snapshot (m).");
 ABSL_FLAG(int64_t, plan_bucket_tokens, 256,
-          "knapspec/clasp: width of the plan cache's context buckets ([0, N), [N, 2N), ...). "
-          "A sequence entering a bucket uses the process's cached plan for it, or asks the "
+          "knapspec/clasp: width of the plan cache's context buckets ([0, N), "
+          "[N, 2N), ...). "
+          "A sequence entering a bucket uses the process's cached plan for it, "
+          "or asks the "
           "planner for one.");
-ABSL_FLAG(double, drift_tolerance, 0.2,
-          "knapspec/clasp: replan when the observed per-token acceptance of the plan in force "
-          "differs from its alpha_hat by more than this (after --drift-min-tokens).");
+ABSL_FLAG(
+    double, drift_tolerance, 0.2,
+    "knapspec/clasp: replan when the observed per-token acceptance of the plan "
+    "in force "
+    "differs from its alpha_hat by more than this (after --drift-min-tokens).");
 ABSL_FLAG(int64_t, drift_min_tokens, 40,
-          "knapspec/clasp: acceptance trials (accepted draft tokens + rejections) under a plan "
+          "knapspec/clasp: acceptance trials (accepted draft tokens + "
+          "rejections) under a plan "
           "before drift is judged.");
 ABSL_FLAG(bool, warm_plan_cache, false,
-          "bench spec: before the timed runs, generate every prompt once per mode with the "
-          "plan cache the mode is then timed with (a server's steady state: plans already "
-          "made for these context buckets). Off: the timed runs include the first solves.");
+          "bench spec: before the timed runs, generate every prompt once per "
+          "mode with the "
+          "plan cache the mode is then timed with (a server's steady state: "
+          "plans already "
+          "made for these context buckets). Off: the timed runs include the "
+          "first solves.");
 ABSL_FLAG(double, planner_budget, 0.05,
-          "knapspec/clasp: planner CPU budget, solve seconds over decode seconds of the whole "
-          "process; a replanning trigger waits while the share is above it. 0 = no limit.");
+          "knapspec/clasp: planner CPU budget, solve seconds over decode "
+          "seconds of the whole "
+          "process; a replanning trigger waits while the share is above it. 0 "
+          "= no limit.");
 ABSL_FLAG(bool, guard, true,
-          "knapspec/clasp: the online guard: decode plainly (gamma 0) while the plan in force "
-          "measures slower than plain decoding at the same context, until the next plan.");
+          "knapspec/clasp: the online guard: decode plainly (gamma 0) while "
+          "the plan in force "
+          "measures slower than plain decoding at the same context, until the "
+          "next plan.");
 ABSL_FLAG(double, guard_margin, 0.03,
-          "knapspec/clasp: speculation must measure at least (1 + this) times the plain rate "
+          "knapspec/clasp: speculation must measure at least (1 + this) times "
+          "the plain rate "
           "to stay on.");
 ABSL_FLAG(int64_t, guard_min_steps, 16,
           "knapspec/clasp: speculative steps per guard judgement.");
 ABSL_FLAG(int64_t, guard_probe_steps, 8,
-          "knapspec/clasp: plain steps the guard measures when the context bucket has no plain "
+          "knapspec/clasp: plain steps the guard measures when the context "
+          "bucket has no plain "
           "timings yet.");
 ABSL_FLAG(bool, search_masks, false,
-          "bench spec: first find a static mask by greedy forward selection (start from no "
-          "skip; each round, skip the one more sublayer that gives the best measured decode "
-          "tok/s on the calibration prompts; stop when none improves), then compare it with "
+          "bench spec: first find a static mask by greedy forward selection "
+          "(start from no "
+          "skip; each round, skip the one more sublayer that gives the best "
+          "measured decode "
+          "tok/s on the calibration prompts; stop when none improves), then "
+          "compare it with "
           "--spec off. Replaces --skip.");
-ABSL_FLAG(int32_t, search_prompts, 3, "bench spec --search-masks: calibration prompts.");
-ABSL_FLAG(int64_t, search_tokens, 64,
-          "bench spec --search-masks: tokens generated per calibration prompt.");
+ABSL_FLAG(int32_t, search_prompts, 3,
+          "bench spec --search-masks: calibration prompts.");
+ABSL_FLAG(
+    int64_t, search_tokens, 64,
+    "bench spec --search-masks: tokens generated per calibration prompt.");
 ABSL_FLAG(int32_t, search_max_steps, 0,
-          "bench spec --search-masks: at most this many steps taken (sublayers, or layers with "
+          "bench spec --search-masks: at most this many steps taken "
+          "(sublayers, or layers with "
           "--search-whole-layers); 0 = no limit.");
 ABSL_FLAG(double, search_min_gain, 0.01,
-          "bench spec --search-masks: a round's best candidate is kept only if it beats the "
-          "current mask by this fraction, in its first measurement and in a re-measurement "
+          "bench spec --search-masks: a round's best candidate is kept only if "
+          "it beats the "
+          "current mask by this fraction, in its first measurement and in a "
+          "re-measurement "
           "(guards against picking timing noise).");
 ABSL_FLAG(bool, search_edge_layers, false,
-          "bench spec --search-masks: also try skipping sublayers of the first and last layer "
+          "bench spec --search-masks: also try skipping sublayers of the first "
+          "and last layer "
           "(the KnapSpec reference code never does).");
 ABSL_FLAG(bool, search_whole_layers, false,
-          "bench spec --search-masks: each step skips a whole layer (attention and MLP) instead "
+          "bench spec --search-masks: each step skips a whole layer (attention "
+          "and MLP) instead "
           "of one sublayer.");
 ABSL_FLAG(int64_t, context_length, 512,
-          "bench step-cost: positions already in the KV cache when a step is timed (capped to "
+          "bench step-cost: positions already in the KV cache when a step is "
+          "timed (capped to "
           "fit the model's context).");
 ABSL_FLAG(int32_t, step_repeats, 30,
-          "bench step-cost: timed runs per measurement (the median is reported, after 3 "
+          "bench step-cost: timed runs per measurement (the median is "
+          "reported, after 3 "
           "warm-up runs).");
 
 namespace knapserve {
@@ -173,8 +239,8 @@ std::vector<std::string> ParseFlagsWithDashes(int argc, char** argv) {
   }
   std::vector<char*> pointers;
   for (std::string& arg : normalized) pointers.push_back(arg.data());
-  std::vector<char*> rest =
-      absl::ParseCommandLine(static_cast<int>(pointers.size()), pointers.data());
+  std::vector<char*> rest = absl::ParseCommandLine(
+      static_cast<int>(pointers.size()), pointers.data());
   return std::vector<std::string>(rest.begin(), rest.end());
 }
 
@@ -190,16 +256,20 @@ absl::StatusOr<Engine> LoadEngineFromFlags() {
   ASSIGN_OR_RETURN(options.device, ParseDevice(absl::GetFlag(FLAGS_device)));
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
-  if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (threads == 0)
+    threads =
+        static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   options.threads = threads;
   Engine engine;
   ASSIGN_OR_RETURN(engine.model_dir, ModelDirFromFlags());
   ASSIGN_OR_RETURN(engine.model, LlamaModel::Load(engine.model_dir, options));
-  ASSIGN_OR_RETURN(engine.tokenizer, Tokenizer::FromFile(engine.model_dir + "/tokenizer.json"));
+  ASSIGN_OR_RETURN(engine.tokenizer,
+                   Tokenizer::FromFile(engine.model_dir + "/tokenizer.json"));
   return engine;
 }
 
-absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t> prompt_ids) {
+absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
+    std::vector<int32_t> prompt_ids) {
   GenerationRequest request;
   request.prompt_ids = std::move(prompt_ids);
   request.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
@@ -209,27 +279,31 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t
   request.sampling.seed = absl::GetFlag(FLAGS_seed);
   request.stop_strings = absl::GetFlag(FLAGS_stop);
   request.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
-  ASSIGN_OR_RETURN(request.speculation.mode, ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
+  ASSIGN_OR_RETURN(request.speculation.mode,
+                   ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
   request.speculation.skip = absl::GetFlag(FLAGS_skip);
   request.speculation.max_draft =
-      absl::GetFlag(FLAGS_max_draft).value_or(DefaultMaxDraft(request.speculation.mode));
+      absl::GetFlag(FLAGS_max_draft)
+          .value_or(DefaultMaxDraft(request.speculation.mode));
   request.speculation.clasp_layers = absl::GetFlag(FLAGS_clasp_layers);
   request.speculation.exit_threshold = absl::GetFlag(FLAGS_exit_threshold);
   request.speculation.plan_interval = absl::GetFlag(FLAGS_plan_interval);
   request.speculation.reference_steps = absl::GetFlag(FLAGS_reference_steps);
-  request.speculation.plan_bucket_tokens = absl::GetFlag(FLAGS_plan_bucket_tokens);
+  request.speculation.plan_bucket_tokens =
+      absl::GetFlag(FLAGS_plan_bucket_tokens);
   request.speculation.drift_tolerance = absl::GetFlag(FLAGS_drift_tolerance);
   request.speculation.drift_min_tokens = absl::GetFlag(FLAGS_drift_min_tokens);
   request.speculation.planner_budget = absl::GetFlag(FLAGS_planner_budget);
   request.speculation.guard = absl::GetFlag(FLAGS_guard);
   request.speculation.guard_margin = absl::GetFlag(FLAGS_guard_margin);
   request.speculation.guard_min_steps = absl::GetFlag(FLAGS_guard_min_steps);
-  request.speculation.guard_probe_steps = absl::GetFlag(FLAGS_guard_probe_steps);
+  request.speculation.guard_probe_steps =
+      absl::GetFlag(FLAGS_guard_probe_steps);
   return request;
 }
 
-absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(const Engine& engine,
-                                                        const std::string& command) {
+absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
+    const Engine& engine, const std::string& command) {
   const LlamaModel& model = *engine.model;
   ObtainProfileOptions options;
   options.profile_path = absl::GetFlag(FLAGS_profile);
@@ -237,8 +311,11 @@ absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(const Engine& engine,
   options.max_draft = std::max(10, absl::GetFlag(FLAGS_max_draft).value_or(10));
   const std::string prefix = absl::StrCat("knapserve ", command, ": ");
   auto measure = [&]() -> absl::StatusOr<LatencyProfile> {
-    std::cerr << prefix << "no --profile and no usable entry in the profile cache"
-              << (options.cache_dir.empty() ? "" : absl::StrCat(" ", options.cache_dir))
+    std::cerr << prefix
+              << "no --profile and no usable entry in the profile cache"
+              << (options.cache_dir.empty()
+                      ? ""
+                      : absl::StrCat(" ", options.cache_dir))
               << "; measuring the latency profile now" << std::endl;
     return ProfileModel(model, QuickProfileOptions(model, options.max_draft));
   };
@@ -249,28 +326,31 @@ absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(const Engine& engine,
   }
   switch (obtained.origin) {
     case ProfileOrigin::kFile:
-      std::cerr << prefix << "latency profile from --profile " << obtained.path << std::endl;
+      std::cerr << prefix << "latency profile from --profile " << obtained.path
+                << std::endl;
       break;
     case ProfileOrigin::kCacheHit:
-      std::cerr << prefix << "latency profile: cache hit " << obtained.path << std::endl;
+      std::cerr << prefix << "latency profile: cache hit " << obtained.path
+                << std::endl;
       break;
     case ProfileOrigin::kMeasured:
       std::cerr << prefix << "latency profile: measured in "
                 << absl::StrFormat("%.1f", obtained.measure_seconds) << " s"
-                << (obtained.path.empty() ? ", not stored"
-                                          : absl::StrCat(", stored in ", obtained.path))
+                << (obtained.path.empty()
+                        ? ", not stored"
+                        : absl::StrCat(", stored in ", obtained.path))
                 << std::endl;
       break;
   }
   return obtained;
 }
 
-absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine& engine,
-                                                                    SpeculationMode mode,
-                                                                    const std::string& command,
-                                                                    ProfileSource* source) {
+absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(
+    const Engine& engine, SpeculationMode mode, const std::string& command,
+    ProfileSource* source) {
   if (!IsPlanned(mode)) return nullptr;
-  ASSIGN_OR_RETURN(ObtainedProfile obtained, LatencyProfileFromFlags(engine, command));
+  ASSIGN_OR_RETURN(ObtainedProfile obtained,
+                   LatencyProfileFromFlags(engine, command));
   if (source != nullptr) {
     source->origin = std::string(ProfileOriginName(obtained.origin));
     source->path = obtained.path;
@@ -278,21 +358,24 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine&
   InProcessPlannerOptions options;
   options.threads = absl::GetFlag(FLAGS_planner_threads);
   options.nice = absl::GetFlag(FLAGS_planner_nice);
-  return InProcessPlanner::Create(*engine.model, std::move(obtained.profile), options);
+  return InProcessPlanner::Create(*engine.model, std::move(obtained.profile),
+                                  options);
 }
 
-absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine, SpeculationMode mode,
-                                                     const std::string& command) {
+absl::StatusOr<PlannerHandle> PlannerClientFromFlags(
+    const Engine& engine, SpeculationMode mode, const std::string& command) {
   PlannerHandle handle;
   if (!IsPlanned(mode)) return handle;
   const std::string where = absl::GetFlag(FLAGS_planner);
   if (where == "inproc") {
-    ASSIGN_OR_RETURN(handle.local, PlannerFromFlags(engine, mode, command, &handle.profile));
+    ASSIGN_OR_RETURN(handle.local,
+                     PlannerFromFlags(engine, mode, command, &handle.profile));
     return handle;
   }
   if (where.empty() || where == "none") {
-    return absl::InvalidArgumentError(absl::StrCat("--spec ", SpeculationModeName(mode),
-                                                   " needs --planner inproc or host:port"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--spec ", SpeculationModeName(mode),
+                     " needs --planner inproc or host:port"));
   }
   RemotePlannerOptions options;
   options.address = where;
@@ -313,7 +396,8 @@ sigset_t StopSignals() {
 
 absl::StatusOr<std::string> ListenAddressAndBlockStopSignals() {
   const std::string listen = absl::GetFlag(FLAGS_listen);
-  if (listen.empty()) return absl::InvalidArgumentError("--listen ADDR is required");
+  if (listen.empty())
+    return absl::InvalidArgumentError("--listen ADDR is required");
   const sigset_t signals = StopSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   return listen;

@@ -108,7 +108,8 @@ struct Engine {
 absl::StatusOr<Engine> LoadEngineFromFlags();
 
 // The generation request the flags describe, for already tokenized prompt ids.
-absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(std::vector<int32_t> prompt_ids);
+absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
+    std::vector<int32_t> prompt_ids);
 
 // Where the latency profile of a local planner came from (for logs and
 // --json): ProfileOriginName() and the file read or written.
@@ -122,17 +123,16 @@ struct ProfileSource {
 // QuickProfileOptions and stored on a miss, for drafts up to --max-draft
 // (default 10). Logs to stderr, prefixed "knapserve <command>: ", where the
 // profile came from (file, cache hit, measured) and any cache warning.
-absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(const Engine& engine,
-                                                        const std::string& command);
+absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
+    const Engine& engine, const std::string& command);
 
-// The in-process planner for a planned --spec mode (IsPlanned) (the profile from
-// LatencyProfileFromFlags, --planner-threads, --planner-nice), or nullptr for
-// the other modes. The profile's load and match errors, and measurement
+// The in-process planner for a planned --spec mode (IsPlanned) (the profile
+// from LatencyProfileFromFlags, --planner-threads, --planner-nice), or nullptr
+// for the other modes. The profile's load and match errors, and measurement
 // errors. `source`, when given, receives where the profile came from.
-absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(const Engine& engine,
-                                                                    SpeculationMode mode,
-                                                                    const std::string& command,
-                                                                    ProfileSource* source = nullptr);
+absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(
+    const Engine& engine, SpeculationMode mode, const std::string& command,
+    ProfileSource* source = nullptr);
 
 // Where a knapspec/clasp generation gets its plans: a planner thread in this
 // process or a knapserve-planner at --planner ADDR. Empty for other modes.
@@ -141,11 +141,12 @@ struct PlannerHandle {
   std::unique_ptr<RemotePlannerClient> remote;
   ProfileSource profile;  // of `local`; empty otherwise
   PlannerClient* get() const {
-    return local != nullptr ? static_cast<PlannerClient*>(local.get()) : remote.get();
+    return local != nullptr ? static_cast<PlannerClient*>(local.get())
+                            : remote.get();
   }
 };
-absl::StatusOr<PlannerHandle> PlannerClientFromFlags(const Engine& engine, SpeculationMode mode,
-                                                     const std::string& command);
+absl::StatusOr<PlannerHandle> PlannerClientFromFlags(
+    const Engine& engine, SpeculationMode mode, const std::string& command);
 
 // For the server commands: blocks SIGTERM and SIGINT in this thread (call
 // before any other thread starts, so every thread inherits the mask) and

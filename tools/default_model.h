@@ -23,7 +23,8 @@ namespace knapserve {
 
 // The default model's folder name and its place relative to a binary's folder.
 inline constexpr char kDefaultModelName[] = "stories260k";
-inline constexpr char kDefaultModelFromBinDir[] = "../share/knapserve/models/stories260k";
+inline constexpr char kDefaultModelFromBinDir[] =
+    "../share/knapserve/models/stories260k";
 
 // The folder of the running executable (from /proc/self/exe), or "" when the
 // link cannot be read.

@@ -6,26 +6,30 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "common/metrics/metrics.h"
 #include "common/base/status.h"
+#include "common/metrics/metrics.h"
 #include "executor/executor_server.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 
 ABSL_FLAG(int32_t, max_running, 4, "executor: requests decoding at once.");
-ABSL_FLAG(int32_t, max_queue, 16,
-          "executor: requests waiting for a slot; beyond that RESOURCE_EXHAUSTED.");
+ABSL_FLAG(
+    int32_t, max_queue, 16,
+    "executor: requests waiting for a slot; beyond that RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int32_t, metrics_port, 0,
-          "executor: serve Prometheus metrics at http://0.0.0.0:PORT/metrics; 0 = off.");
-ABSL_FLAG(double, drain_seconds, 30,
-          "executor: on SIGTERM, how long running requests may take to finish.");
+          "executor: serve Prometheus metrics at http://0.0.0.0:PORT/metrics; "
+          "0 = off.");
+ABSL_FLAG(
+    double, drain_seconds, 30,
+    "executor: on SIGTERM, how long running requests may take to finish.");
 
 namespace knapserve {
 namespace {
 
 absl::Status ServeExecutor(bool one_process) {
   const std::string command = one_process ? "serve" : "executor";
-  ASSIGN_OR_RETURN(const std::string listen, ListenAddressAndBlockStopSignals());
+  ASSIGN_OR_RETURN(const std::string listen,
+                   ListenAddressAndBlockStopSignals());
 
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
   GenerationServiceOptions options;
@@ -33,18 +37,22 @@ absl::Status ServeExecutor(bool one_process) {
   options.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
   options.scheduler.max_queue = absl::GetFlag(FLAGS_max_queue);
   if (options.scheduler.max_running < 1 || options.scheduler.max_queue < 0) {
-    return absl::InvalidArgumentError("--max-running must be >= 1 and --max-queue >= 0");
+    return absl::InvalidArgumentError(
+        "--max-running must be >= 1 and --max-queue >= 0");
   }
   ASSIGN_OR_RETURN(GenerationRequest defaults, GenerationRequestFromFlags({}));
   options.default_max_new_tokens = defaults.max_new_tokens;
   options.default_speculation = defaults.speculation;
 
   PlannerHandle planner;
-  const std::string where = one_process ? "inproc" : absl::GetFlag(FLAGS_planner);
+  const std::string where =
+      one_process ? "inproc" : absl::GetFlag(FLAGS_planner);
   if (where == "inproc") {
-    // The latency profile: --profile, else the profile cache (measured on a miss).
-    ASSIGN_OR_RETURN(planner.local,
-                     PlannerFromFlags(engine, SpeculationMode::kKnapSpec, command));
+    // The latency profile: --profile, else the profile cache (measured on a
+    // miss).
+    ASSIGN_OR_RETURN(
+        planner.local,
+        PlannerFromFlags(engine, SpeculationMode::kKnapSpec, command));
     options.planner_mode = v1::PLANNER_MODE_IN_PROCESS;
   } else if (where != "none") {
     RemotePlannerOptions remote;
@@ -64,19 +72,25 @@ absl::Status ServeExecutor(bool one_process) {
   if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
     metrics_server = MetricsHttpServer::Start(&metrics, "0.0.0.0", port);
     if (metrics_server == nullptr) {
-      return absl::UnavailableError(absl::StrCat("--metrics-port: cannot listen on ", port));
+      return absl::UnavailableError(
+          absl::StrCat("--metrics-port: cannot listen on ", port));
     }
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<ExecutorServer> server,
-                   ExecutorServer::Start(*engine.model, *engine.tokenizer, options, listen));
-  std::cerr << "knapserve-executor: serving " << engine.model_dir << " (planner " << where
-            << ") on port " << server->port() << std::endl;
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<ExecutorServer> server,
+      ExecutorServer::Start(*engine.model, *engine.tokenizer, options, listen));
+  std::cerr << "knapserve-executor: serving " << engine.model_dir
+            << " (planner " << where << ") on port " << server->port()
+            << std::endl;
   const int received = WaitForStopSignal();
-  std::cerr << "knapserve-executor: signal " << received << ", draining" << std::endl;
-  const auto timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(1000 * std::max(0.0, absl::GetFlag(FLAGS_drain_seconds))));
+  std::cerr << "knapserve-executor: signal " << received << ", draining"
+            << std::endl;
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(
+      1000 * std::max(0.0, absl::GetFlag(FLAGS_drain_seconds))));
   if (!server->Drain(timeout)) {
-    std::cerr << "knapserve-executor: drain timed out; cancelling what still runs" << std::endl;
+    std::cerr
+        << "knapserve-executor: drain timed out; cancelling what still runs"
+        << std::endl;
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,7 @@
 // `knapserve generate`: local generation, streamed to stdout or as one JSON.
-#include <iostream>
-
 #include <grpcpp/grpcpp.h>
+
+#include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
@@ -20,20 +20,26 @@ namespace {
 absl::Status GenerateRemote(const std::string& address) {
   v1::GenerateRequest request;
   request.set_text(absl::GetFlag(FLAGS_prompt));
-  request.set_max_new_tokens(static_cast<int32_t>(absl::GetFlag(FLAGS_max_new_tokens)));
+  request.set_max_new_tokens(
+      static_cast<int32_t>(absl::GetFlag(FLAGS_max_new_tokens)));
   request.set_temperature(absl::GetFlag(FLAGS_temperature));
   request.set_top_k(static_cast<int32_t>(absl::GetFlag(FLAGS_top_k)));
   request.set_top_p(absl::GetFlag(FLAGS_top_p));
-  if (absl::GetFlag(FLAGS_seed).has_value()) request.set_seed(*absl::GetFlag(FLAGS_seed));
+  if (absl::GetFlag(FLAGS_seed).has_value())
+    request.set_seed(*absl::GetFlag(FLAGS_seed));
   request.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
-  for (const std::string& stop : absl::GetFlag(FLAGS_stop)) request.add_stop(stop);
-  ASSIGN_OR_RETURN(SpeculationMode mode, ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
+  for (const std::string& stop : absl::GetFlag(FLAGS_stop))
+    request.add_stop(stop);
+  ASSIGN_OR_RETURN(SpeculationMode mode,
+                   ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
   v1::SpeculationOptions* spec = request.mutable_speculation();
   spec->set_mode(ToWireMode(mode));
   if (absl::GetFlag(FLAGS_max_draft).has_value()) {
-    spec->set_max_draft_tokens(static_cast<uint32_t>(*absl::GetFlag(FLAGS_max_draft)));
+    spec->set_max_draft_tokens(
+        static_cast<uint32_t>(*absl::GetFlag(FLAGS_max_draft)));
   }
-  if (!absl::GetFlag(FLAGS_skip).empty()) spec->set_static_mask(absl::GetFlag(FLAGS_skip));
+  if (!absl::GetFlag(FLAGS_skip).empty())
+    spec->set_static_mask(absl::GetFlag(FLAGS_skip));
   spec->set_exit_threshold(absl::GetFlag(FLAGS_exit_threshold));
 
   auto stub = v1::Generation::NewStub(
@@ -58,8 +64,9 @@ absl::Status GenerateRemote(const std::string& address) {
   const grpc::Status status = reader->Finish();
   if (!status.ok()) {
     if (!json) std::cout << std::endl;
-    return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                        absl::StrCat("server ", address, ": ", status.error_message()));
+    return absl::Status(
+        static_cast<absl::StatusCode>(status.error_code()),
+        absl::StrCat("server ", address, ": ", status.error_message()));
   }
   if (!json) {
     std::cout << std::endl;
@@ -78,7 +85,8 @@ absl::Status GenerateRemote(const std::string& address) {
       {"completion_tokens", final.usage().completion_tokens()},
       {"queue_seconds", t.queue_seconds()},
       {"time_to_first_token_seconds", t.time_to_first_token_seconds()},
-      {"mean_inter_token_latency_seconds", t.mean_inter_token_latency_seconds()},
+      {"mean_inter_token_latency_seconds",
+       t.mean_inter_token_latency_seconds()},
       {"total_seconds", t.total_seconds()},
       {"decode_tokens_per_s", t.mean_inter_token_latency_seconds() > 0
                                   ? 1.0 / t.mean_inter_token_latency_seconds()
@@ -89,7 +97,8 @@ absl::Status GenerateRemote(const std::string& address) {
         {"draft_tokens", s.draft_tokens()},
         {"accepted_tokens", s.accepted_tokens()},
         {"accepted_per_position",
-         std::vector<int32_t>(s.accepted_per_position().begin(), s.accepted_per_position().end())},
+         std::vector<int32_t>(s.accepted_per_position().begin(),
+                              s.accepted_per_position().end())},
         {"mean_acceptance_length", s.mean_acceptance_length()},
         {"plans_applied", s.plans_applied()}}},
   };
@@ -105,7 +114,8 @@ absl::Status Generate() {
   ASSIGN_OR_RETURN(std::vector<int32_t> prompt_ids,
                    engine.tokenizer->Encode(absl::GetFlag(FLAGS_prompt),
                                             /*add_special_tokens=*/true));
-  ASSIGN_OR_RETURN(GenerationRequest request, GenerationRequestFromFlags(prompt_ids));
+  ASSIGN_OR_RETURN(GenerationRequest request,
+                   GenerationRequestFromFlags(prompt_ids));
   const bool json = absl::GetFlag(FLAGS_json);
   StreamCallback stream = nullptr;
   if (!json) {
@@ -114,16 +124,19 @@ absl::Status Generate() {
       return true;
     };
   }
-  ASSIGN_OR_RETURN(PlannerHandle planner,
-                   PlannerClientFromFlags(engine, request.speculation.mode, "generate"));
-  ASSIGN_OR_RETURN(GenerationResult result,
-                   knapserve::Generate(*engine.model, *engine.tokenizer, request, stream,
-                                       nullptr, planner.get()));
+  ASSIGN_OR_RETURN(
+      PlannerHandle planner,
+      PlannerClientFromFlags(engine, request.speculation.mode, "generate"));
+  ASSIGN_OR_RETURN(
+      GenerationResult result,
+      knapserve::Generate(*engine.model, *engine.tokenizer, request, stream,
+                          nullptr, planner.get()));
   if (!json) {
     std::cout << std::endl;
     if (!result.last_plan_error.empty()) {
       std::cerr << "knapserve generate: " << result.stats.plan_failures
-                << " plan(s) failed, decoding went on with the last plan; last error: "
+                << " plan(s) failed, decoding went on with the last plan; last "
+                   "error: "
                 << result.last_plan_error << std::endl;
     }
     return absl::OkStatus();
@@ -160,12 +173,14 @@ absl::Status Generate() {
                         {"acceptance_rate", s.acceptance_rate()},
                         {"mean_acceptance_length", s.mean_acceptance_length()}};
   if (planner.local != nullptr) {
-    out["profile"] = {{"origin", planner.profile.origin}, {"path", planner.profile.path}};
+    out["profile"] = {{"origin", planner.profile.origin},
+                      {"path", planner.profile.path}};
   }
   out["plan_requests"] = result.stats.plan_requests;
   out["plan_failures"] = result.stats.plan_failures;
   out["planning"] = PlanningJson(result.planning, result.stats.decode_seconds);
-  if (!result.last_plan_error.empty()) out["last_plan_error"] = result.last_plan_error;
+  if (!result.last_plan_error.empty())
+    out["last_plan_error"] = result.last_plan_error;
   out["plans"] = nlohmann::json::array();
   for (const AppliedPlan& p : result.plans) {
     out["plans"].push_back({{"step", p.applied_step},

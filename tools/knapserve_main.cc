@@ -13,26 +13,39 @@ constexpr char kUsage[] =
     "knapserve <subcommand> [flags]\n"
     "\n"
     "Subcommands:\n"
-    "  generate    generate text from --prompt with a local model (--spec off|static|\n"
+    "  generate    generate text from --prompt with a local model (--spec "
+    "off|static|\n"
     "              knapspec|clasp); default model: the bundled stories260k\n"
-    "  profile     measure the planner's latency model (--model, --out FILE); without\n"
-    "              --profile, planned modes use the profile cache (--profile-cache DIR)\n"
-    "  planner     run the Planner gRPC service (--listen ADDR, [--profile FILE]); the same\n"
+    "  profile     measure the planner's latency model (--model, --out FILE); "
+    "without\n"
+    "              --profile, planned modes use the profile cache "
+    "(--profile-cache DIR)\n"
+    "  planner     run the Planner gRPC service (--listen ADDR, [--profile "
+    "FILE]); the same\n"
     "              as the knapserve-planner binary\n"
-    "  executor    run the Generation gRPC service (--listen, --planner ADDR|inproc|none);\n"
+    "  executor    run the Generation gRPC service (--listen, --planner "
+    "ADDR|inproc|none);\n"
     "              the same as the knapserve-executor binary\n"
-    "  serve       executor with an in-process planner: the one-process deployment\n"
+    "  serve       executor with an in-process planner: the one-process "
+    "deployment\n"
     "  tokenize    print the token ids of --text as a JSON array\n"
-    "  make-model  write a random-weight checkpoint of a real layout (--shape, --out)\n"
+    "  make-model  write a random-weight checkpoint of a real layout (--shape, "
+    "--out)\n"
     "  bench ar    measure prefill and decode speed against memory bandwidth\n"
-    "  bench spec  --spec off vs --spec static --skip MASK on the same prompts: decode tok/s,\n"
-    "              speedup, acceptance, draft/verify time share; checks greedy losslessness\n"
-    "              (exit 1 on a mismatch). --search-masks first finds a mask by greedy\n"
-    "              forward selection on measured tok/s (--search-prompts, --search-tokens,\n"
+    "  bench spec  --spec off vs --spec static --skip MASK on the same "
+    "prompts: decode tok/s,\n"
+    "              speedup, acceptance, draft/verify time share; checks greedy "
+    "losslessness\n"
+    "              (exit 1 on a mismatch). --search-masks first finds a mask "
+    "by greedy\n"
+    "              forward selection on measured tok/s (--search-prompts, "
+    "--search-tokens,\n"
     "              --search-whole-layers, --search-max-steps)\n"
     "  bench step-cost\n"
-    "              draft step with k of 2L sublayers kept vs a full step (and k/2L), and\n"
-    "              verifying gamma+1 tokens vs gamma+1 steps (gamma 1..10), at\n"
+    "              draft step with k of 2L sublayers kept vs a full step (and "
+    "k/2L), and\n"
+    "              verifying gamma+1 tokens vs gamma+1 steps (gamma 1..10), "
+    "at\n"
     "              --context-length positions (--step-repeats runs, median)\n"
     "\n"
     "Run `knapserve --helpfull` for every flag.";
@@ -41,7 +54,8 @@ constexpr char kUsage[] =
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
-  const std::vector<std::string> args = knapserve::ParseFlagsWithDashes(argc, argv);
+  const std::vector<std::string> args =
+      knapserve::ParseFlagsWithDashes(argc, argv);
   if (args.size() < 2) {
     std::cerr << kUsage << std::endl;
     return 2;
@@ -56,6 +70,7 @@ int main(int argc, char** argv) {
   if (command == "executor") return knapserve::RunExecutorServer();
   if (command == "serve") return knapserve::RunServe();
   if (command == "bench") return knapserve::RunBench(rest);
-  std::cerr << "unknown subcommand '" << command << "'\n\n" << kUsage << std::endl;
+  std::cerr << "unknown subcommand '" << command << "'\n\n"
+            << kUsage << std::endl;
   return 2;
 }

@@ -8,7 +8,8 @@
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "knapserve-planner --model DIR --listen ADDR [--profile FILE | --profile-cache DIR] "
+      "knapserve-planner --model DIR --listen ADDR [--profile FILE | "
+      "--profile-cache DIR] "
       "[--dtype] [--threads] [--planner-threads]");
   knapserve::ParseFlagsWithDashes(argc, argv);
   return knapserve::RunPlannerServer();

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/checkpoint/safetensors.h"
 #include "common/base/status.h"
+#include "common/checkpoint/safetensors.h"
 #include "nlohmann/json.hpp"
 
 namespace knapserve {
@@ -164,32 +164,51 @@ std::vector<WeightSpec> WeightSpecs(const ModelConfig& c) {
   const int64_t q_out = c.num_attention_heads * c.head_dim;
   const int64_t kv_out = c.num_key_value_heads * c.head_dim;
   std::vector<WeightSpec> specs;
-  specs.push_back({"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, Init::kNormal});
+  specs.push_back({"model.embed_tokens.weight",
+                   {c.vocab_size, c.hidden_size},
+                   Init::kNormal});
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    specs.push_back({p + "input_layernorm.weight", {c.hidden_size}, Init::kNorm});
-    specs.push_back({p + "self_attn.q_proj.weight", {q_out, c.hidden_size}, Init::kNormal});
-    if (c.attention_bias) specs.push_back({p + "self_attn.q_proj.bias", {q_out}, Init::kNormal});
-    specs.push_back({p + "self_attn.k_proj.weight", {kv_out, c.hidden_size}, Init::kNormal});
-    if (c.attention_bias) specs.push_back({p + "self_attn.k_proj.bias", {kv_out}, Init::kNormal});
-    specs.push_back({p + "self_attn.v_proj.weight", {kv_out, c.hidden_size}, Init::kNormal});
-    if (c.attention_bias) specs.push_back({p + "self_attn.v_proj.bias", {kv_out}, Init::kNormal});
+    specs.push_back(
+        {p + "input_layernorm.weight", {c.hidden_size}, Init::kNorm});
+    specs.push_back(
+        {p + "self_attn.q_proj.weight", {q_out, c.hidden_size}, Init::kNormal});
+    if (c.attention_bias)
+      specs.push_back({p + "self_attn.q_proj.bias", {q_out}, Init::kNormal});
+    specs.push_back({p + "self_attn.k_proj.weight",
+                     {kv_out, c.hidden_size},
+                     Init::kNormal});
+    if (c.attention_bias)
+      specs.push_back({p + "self_attn.k_proj.bias", {kv_out}, Init::kNormal});
+    specs.push_back({p + "self_attn.v_proj.weight",
+                     {kv_out, c.hidden_size},
+                     Init::kNormal});
+    if (c.attention_bias)
+      specs.push_back({p + "self_attn.v_proj.bias", {kv_out}, Init::kNormal});
     if (c.qk_norm) {
-      specs.push_back({p + "self_attn.q_norm.weight", {c.head_dim}, Init::kNorm});
-      specs.push_back({p + "self_attn.k_norm.weight", {c.head_dim}, Init::kNorm});
+      specs.push_back(
+          {p + "self_attn.q_norm.weight", {c.head_dim}, Init::kNorm});
+      specs.push_back(
+          {p + "self_attn.k_norm.weight", {c.head_dim}, Init::kNorm});
     }
-    specs.push_back({p + "self_attn.o_proj.weight", {c.hidden_size, q_out}, Init::kNormal});
-    specs.push_back({p + "post_attention_layernorm.weight", {c.hidden_size}, Init::kNorm});
     specs.push_back(
-        {p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, Init::kNormal});
+        {p + "self_attn.o_proj.weight", {c.hidden_size, q_out}, Init::kNormal});
     specs.push_back(
-        {p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, Init::kNormal});
-    specs.push_back(
-        {p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}, Init::kNormal});
+        {p + "post_attention_layernorm.weight", {c.hidden_size}, Init::kNorm});
+    specs.push_back({p + "mlp.gate_proj.weight",
+                     {c.intermediate_size, c.hidden_size},
+                     Init::kNormal});
+    specs.push_back({p + "mlp.up_proj.weight",
+                     {c.intermediate_size, c.hidden_size},
+                     Init::kNormal});
+    specs.push_back({p + "mlp.down_proj.weight",
+                     {c.hidden_size, c.intermediate_size},
+                     Init::kNormal});
   }
   specs.push_back({"model.norm.weight", {c.hidden_size}, Init::kNorm});
   if (!c.tie_word_embeddings) {
-    specs.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}, Init::kNormal});
+    specs.push_back(
+        {"lm_head.weight", {c.vocab_size, c.hidden_size}, Init::kNormal});
   }
   return specs;
 }
@@ -208,8 +227,10 @@ uint64_t TensorSeed(uint64_t seed, const std::string& name) {
   return z ^ (z >> 31);
 }
 
-torch::Tensor MakeWeight(const WeightSpec& spec, uint64_t seed, torch::ScalarType dtype) {
-  at::Generator generator = at::detail::createCPUGenerator(TensorSeed(seed, spec.name));
+torch::Tensor MakeWeight(const WeightSpec& spec, uint64_t seed,
+                         torch::ScalarType dtype) {
+  at::Generator generator =
+      at::detail::createCPUGenerator(TensorSeed(seed, spec.name));
   torch::Tensor values = torch::empty(spec.shape, torch::kFloat32);
   values.normal_(0.0, kInitStd, generator);
   if (spec.init == Init::kNorm) values.add_(1.0);
@@ -232,13 +253,14 @@ absl::StatusOr<DtypeChoice> ParseDtype(const std::string& dtype) {
   if (dtype == "fp16" || dtype == "float16" || dtype == "f16") {
     return DtypeChoice{torch::kFloat16, "F16", "float16"};
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype '", dtype, "' (supported: fp32, bf16, fp16)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unsupported dtype '", dtype, "' (supported: fp32, bf16, fp16)"));
 }
 
 absl::Status WriteTextFile(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create"));
+  if (!out)
+    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot create"));
   out << text;
   out.close();
   if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
@@ -290,8 +312,9 @@ std::string SyntheticTokenizerJson() {
     merges.push_back(text);
   }
   OrderedJson added = OrderedJson::array();
-  for (const auto& [id, content] : {std::pair<int32_t, const char*>{kSyntheticBosId, "<|bos|>"},
-                                    std::pair<int32_t, const char*>{kSyntheticEosId, "<|eos|>"}}) {
+  for (const auto& [id, content] :
+       {std::pair<int32_t, const char*>{kSyntheticBosId, "<|bos|>"},
+        std::pair<int32_t, const char*>{kSyntheticEosId, "<|eos|>"}}) {
     vocab[content] = id;
     added.push_back({{"id", id},
                      {"content", content},
@@ -329,8 +352,9 @@ std::string SyntheticTokenizerJson() {
 
 std::string GenerationConfigJson(const ModelConfig& config) {
   OrderedJson json;
-  json["bos_token_id"] =
-      config.bos_token_id.has_value() ? OrderedJson(*config.bos_token_id) : OrderedJson(nullptr);
+  json["bos_token_id"] = config.bos_token_id.has_value()
+                             ? OrderedJson(*config.bos_token_id)
+                             : OrderedJson(nullptr);
   if (config.eos_token_ids.size() == 1) {
     json["eos_token_id"] = config.eos_token_ids[0];
   } else if (config.eos_token_ids.empty()) {
@@ -353,38 +377,45 @@ absl::StatusOr<ModelConfig> ModelShapeConfig(const std::string& shape) {
   for (const auto& [name, config] : AllShapes()) {
     if (name == shape) return config;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown model shape '", shape, "' (known: ", absl::StrJoin(KnownModelShapes(), ", "), ")"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model shape '", shape,
+                   "' (known: ", absl::StrJoin(KnownModelShapes(), ", "), ")"));
 }
 
 absl::Status MakeModel(const MakeModelOptions& options) {
   ASSIGN_OR_RETURN(ModelConfig config, ModelShapeConfig(options.shape));
   ASSIGN_OR_RETURN(DtypeChoice dtype, ParseDtype(options.dtype));
   config.torch_dtype = dtype.torch_dtype;
-  if (options.out_dir.empty()) return absl::InvalidArgumentError("make-model: out_dir is empty");
+  if (options.out_dir.empty())
+    return absl::InvalidArgumentError("make-model: out_dir is empty");
   if (!options.tokenizer_json.empty() &&
       !std::filesystem::is_regular_file(options.tokenizer_json)) {
-    return absl::NotFoundError(
-        absl::StrCat(options.tokenizer_json, ": tokenizer.json to copy does not exist"));
+    return absl::NotFoundError(absl::StrCat(
+        options.tokenizer_json, ": tokenizer.json to copy does not exist"));
   }
   std::error_code error;
   std::filesystem::create_directories(options.out_dir, error);
   if (error) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(options.out_dir, ": cannot create folder: ", error.message()));
+    return absl::PermissionDeniedError(absl::StrCat(
+        options.out_dir, ": cannot create folder: ", error.message()));
   }
   const std::string dir = options.out_dir;
 
-  RETURN_IF_ERROR(WriteTextFile(dir + "/config.json", ModelConfigToJson(config)));
-  RETURN_IF_ERROR(WriteTextFile(dir + "/generation_config.json", GenerationConfigJson(config)));
+  RETURN_IF_ERROR(
+      WriteTextFile(dir + "/config.json", ModelConfigToJson(config)));
+  RETURN_IF_ERROR(WriteTextFile(dir + "/generation_config.json",
+                                GenerationConfigJson(config)));
   if (options.tokenizer_json.empty()) {
-    RETURN_IF_ERROR(WriteTextFile(dir + "/tokenizer.json", SyntheticTokenizerJson()));
+    RETURN_IF_ERROR(
+        WriteTextFile(dir + "/tokenizer.json", SyntheticTokenizerJson()));
   } else {
-    std::filesystem::copy_file(options.tokenizer_json, dir + "/tokenizer.json",
-                               std::filesystem::copy_options::overwrite_existing, error);
+    std::filesystem::copy_file(
+        options.tokenizer_json, dir + "/tokenizer.json",
+        std::filesystem::copy_options::overwrite_existing, error);
     if (error) {
       return absl::PermissionDeniedError(
-          absl::StrCat("cannot copy ", options.tokenizer_json, " to ", dir, ": ", error.message()));
+          absl::StrCat("cannot copy ", options.tokenizer_json, " to ", dir,
+                       ": ", error.message()));
     }
   }
 
@@ -394,22 +425,24 @@ absl::Status MakeModel(const MakeModelOptions& options) {
   for (const WeightSpec& weight : weights) {
     specs.push_back({weight.name, dtype.safetensors, weight.shape});
   }
-  RETURN_IF_ERROR(
-      WriteSafetensorsStreaming(dir + "/model.safetensors", specs,
-                                [&](size_t i) -> absl::StatusOr<torch::Tensor> {
-                                  return MakeWeight(weights[i], options.seed, dtype.scalar_type);
-                                },
-                                {{"format", "pt"}, {"knapserve_shape", options.shape}}));
+  RETURN_IF_ERROR(WriteSafetensorsStreaming(
+      dir + "/model.safetensors", specs,
+      [&](size_t i) -> absl::StatusOr<torch::Tensor> {
+        return MakeWeight(weights[i], options.seed, dtype.scalar_type);
+      },
+      {{"format", "pt"}, {"knapserve_shape", options.shape}}));
 
   OrderedJson origin;
   origin["shape"] = options.shape;
   origin["seed"] = options.seed;
   origin["dtype"] = dtype.torch_dtype;
   origin["init_std"] = kInitStd;
-  origin["tokenizer"] = options.tokenizer_json.empty() ? std::string("synthetic byte-level BPE")
-                                                       : options.tokenizer_json;
+  origin["tokenizer"] = options.tokenizer_json.empty()
+                            ? std::string("synthetic byte-level BPE")
+                            : options.tokenizer_json;
   origin["fingerprint"] = config.Fingerprint();
-  return WriteTextFile(dir + "/knapserve_make_model.json", origin.dump(2) + "\n");
+  return WriteTextFile(dir + "/knapserve_make_model.json",
+                       origin.dump(2) + "\n");
 }
 
 }  // namespace knapserve

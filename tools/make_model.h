@@ -42,8 +42,8 @@ inline constexpr int32_t kSyntheticEosId = kSyntheticBosId + 1;
 inline constexpr int32_t kSyntheticVocabSize = kSyntheticEosId + 1;
 
 struct MakeModelOptions {
-  std::string shape;           // One of KnownModelShapes().
-  std::string out_dir;         // Created if missing; existing files are replaced.
+  std::string shape;    // One of KnownModelShapes().
+  std::string out_dir;  // Created if missing; existing files are replaced.
   std::string dtype = "bf16";  // fp32 | bf16 | fp16.
   uint64_t seed = 0;
   // Optional path of a tokenizer.json to copy instead of the synthetic one.

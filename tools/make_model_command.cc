@@ -4,11 +4,11 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_join.h"
-#include "tools/shared_data.h"
 #include "common/base/status.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 #include "tools/make_model.h"
+#include "tools/shared_data.h"
 
 namespace knapserve {
 namespace {
@@ -18,8 +18,9 @@ absl::Status MakeModelFromFlags() {
   options.shape = absl::GetFlag(FLAGS_shape);
   options.out_dir = absl::GetFlag(FLAGS_out);
   if (options.shape.empty() || options.out_dir.empty()) {
-    return absl::InvalidArgumentError("--shape and --out are required; shapes: " +
-                                      absl::StrJoin(KnownModelShapes(), ", "));
+    return absl::InvalidArgumentError(
+        "--shape and --out are required; shapes: " +
+        absl::StrJoin(KnownModelShapes(), ", "));
   }
   options.dtype = absl::GetFlag(FLAGS_dtype);
   options.seed = absl::GetFlag(FLAGS_seed).value_or(0);
@@ -30,8 +31,8 @@ absl::Status MakeModelFromFlags() {
     if (std::filesystem::exists(real)) options.tokenizer_json = real;
   }
   RETURN_IF_ERROR(MakeModel(options));
-  std::cout << "wrote " << options.shape << " (" << options.dtype << ", seed " << options.seed
-            << ") to " << options.out_dir << std::endl;
+  std::cout << "wrote " << options.shape << " (" << options.dtype << ", seed "
+            << options.seed << ") to " << options.out_dir << std::endl;
   return absl::OkStatus();
 }
 

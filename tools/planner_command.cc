@@ -13,18 +13,22 @@ namespace knapserve {
 namespace {
 
 absl::Status ServePlanner() {
-  ASSIGN_OR_RETURN(const std::string listen, ListenAddressAndBlockStopSignals());
+  ASSIGN_OR_RETURN(const std::string listen,
+                   ListenAddressAndBlockStopSignals());
 
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
-  ASSIGN_OR_RETURN(std::unique_ptr<InProcessPlanner> planner,
-                   PlannerFromFlags(engine, SpeculationMode::kKnapSpec, "planner"));
-  ASSIGN_OR_RETURN(std::unique_ptr<PlannerServer> server,
-                   PlannerServer::Start(planner.get(), engine.model->num_layers(), listen));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<InProcessPlanner> planner,
+      PlannerFromFlags(engine, SpeculationMode::kKnapSpec, "planner"));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<PlannerServer> server,
+      PlannerServer::Start(planner.get(), engine.model->num_layers(), listen));
   std::cerr << "knapserve-planner: serving " << engine.model_dir << " ("
-            << engine.model->config().Fingerprint() << ") on port " << server->port()
-            << std::endl;
+            << engine.model->config().Fingerprint() << ") on port "
+            << server->port() << std::endl;
   const int received = WaitForStopSignal();
-  std::cerr << "knapserve-planner: signal " << received << ", shutting down" << std::endl;
+  std::cerr << "knapserve-planner: signal " << received << ", shutting down"
+            << std::endl;
   server->Shutdown();
   return absl::OkStatus();
 }

@@ -15,29 +15,34 @@
 namespace knapserve {
 namespace {
 
-absl::StatusOr<std::vector<int64_t>> ContextsFromFlags(const LlamaModel& model, int max_draft) {
+absl::StatusOr<std::vector<int64_t>> ContextsFromFlags(const LlamaModel& model,
+                                                       int max_draft) {
   std::vector<int64_t> contexts;
   const std::vector<std::string> given = absl::GetFlag(FLAGS_profile_contexts);
   if (given.empty()) {
     // The default grid plus the longest context that fits, so the fit spans
     // the whole range the planner will see.
-    contexts = {128, 512, 1024, 2048, 4096, model.max_context() - max_draft - 1};
+    contexts = {128,  512,  1024,
+                2048, 4096, model.max_context() - max_draft - 1};
   } else {
     for (const std::string& text : given) {
       int64_t n = 0;
       if (!absl::SimpleAtoi(text, &n) || n < 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--profile-contexts: '", text, "' is not a positive integer"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--profile-contexts: '", text, "' is not a positive integer"));
       }
       contexts.push_back(n);
     }
   }
-  std::erase_if(contexts, [&](int64_t n) { return n < 1 || n + max_draft + 1 > model.max_context(); });
+  std::erase_if(contexts, [&](int64_t n) {
+    return n < 1 || n + max_draft + 1 > model.max_context();
+  });
   std::sort(contexts.begin(), contexts.end());
   contexts.erase(std::unique(contexts.begin(), contexts.end()), contexts.end());
   if (contexts.size() < 2) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--profile-contexts: fewer than two context lengths fit the model's context of ",
+        "--profile-contexts: fewer than two context lengths fit the model's "
+        "context of ",
         model.max_context(), " with --profile-max-draft ", max_draft));
   }
   return contexts;
@@ -49,17 +54,24 @@ absl::Status Profile() {
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
   ProfileOptions options;
   options.max_draft = absl::GetFlag(FLAGS_profile_max_draft);
-  if (options.max_draft < 1) return absl::InvalidArgumentError("--profile-max-draft must be >= 1");
+  if (options.max_draft < 1)
+    return absl::InvalidArgumentError("--profile-max-draft must be >= 1");
   options.repeats = absl::GetFlag(FLAGS_profile_repeats);
-  ASSIGN_OR_RETURN(options.contexts, ContextsFromFlags(*engine.model, options.max_draft));
-  ASSIGN_OR_RETURN(LatencyProfile profile, ProfileModel(*engine.model, options));
+  ASSIGN_OR_RETURN(options.contexts,
+                   ContextsFromFlags(*engine.model, options.max_draft));
+  ASSIGN_OR_RETURN(LatencyProfile profile,
+                   ProfileModel(*engine.model, options));
   RETURN_IF_ERROR(profile.Save(out));
-  std::printf("profile of %s (%s, %s, %d threads) -> %s\n", engine.model_dir.c_str(),
-              profile.device.c_str(), profile.dtype.c_str(), profile.threads, out.c_str());
-  std::printf("  t_attn(n) = %.3f us + %.5f us * n   (R^2 %.4f)\n", profile.attention.a * 1e6,
-              profile.attention.b * 1e6, profile.attention.r2);
-  std::printf("  t_mlp     = %.3f us                 (line through n: slope %.5f us, R^2 %.4f)\n",
-              profile.mlp_seconds * 1e6, profile.mlp_fit.b * 1e6, profile.mlp_fit.r2);
+  std::printf("profile of %s (%s, %s, %d threads) -> %s\n",
+              engine.model_dir.c_str(), profile.device.c_str(),
+              profile.dtype.c_str(), profile.threads, out.c_str());
+  std::printf("  t_attn(n) = %.3f us + %.5f us * n   (R^2 %.4f)\n",
+              profile.attention.a * 1e6, profile.attention.b * 1e6,
+              profile.attention.r2);
+  std::printf(
+      "  t_mlp     = %.3f us                 (line through n: slope %.5f us, "
+      "R^2 %.4f)\n",
+      profile.mlp_seconds * 1e6, profile.mlp_fit.b * 1e6, profile.mlp_fit.r2);
   std::printf("  fixed per step (embed, norm, LM head) = %.3f us\n",
               profile.step_fixed_seconds * 1e6);
   std::printf("  %8s %12s %12s %12s\n", "context", "attn us", "verify 1 ms",
@@ -68,7 +80,8 @@ absl::Status Profile() {
     std::printf("  %8lld %12.3f %12.3f %12.3f\n",
                 static_cast<long long>(profile.verify_contexts[c]),
                 profile.AttentionSeconds(profile.verify_contexts[c]) * 1e6,
-                profile.verify_seconds[c].front() * 1e3, profile.verify_seconds[c].back() * 1e3);
+                profile.verify_seconds[c].front() * 1e3,
+                profile.verify_seconds[c].back() * 1e3);
   }
   return absl::OkStatus();
 }

@@ -2,16 +2,17 @@
 
 #include <fstream>
 #include <map>
-
 #include <nlohmann/json.hpp>
 
 #include "absl/strings/str_cat.h"
 
 namespace knapserve {
 
-absl::StatusOr<std::vector<BenchPrompt>> LoadPromptSet(const std::string& path, int count) {
+absl::StatusOr<std::vector<BenchPrompt>> LoadPromptSet(const std::string& path,
+                                                       int count) {
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open prompt set"));
+  if (!in)
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open prompt set"));
   std::vector<std::string> category_order;
   std::map<std::string, std::vector<BenchPrompt>> by_category;
   std::string line;
@@ -19,21 +20,26 @@ absl::StatusOr<std::vector<BenchPrompt>> LoadPromptSet(const std::string& path, 
   while (std::getline(in, line)) {
     ++line_number;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    nlohmann::json row =
+        nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (row.is_discarded() || !row.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(path, ":", line_number, ": not a JSON object"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line_number, ": not a JSON object"));
     }
     auto turns = row.find("turns");
     if (turns == row.end() || !turns->is_array() || turns->empty() ||
         !(*turns)[0].is_string()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(path, ":", line_number, ": needs a non-empty \"turns\" array of strings"));
+          absl::StrCat(path, ":", line_number,
+                       ": needs a non-empty \"turns\" array of strings"));
     }
     BenchPrompt prompt;
     prompt.text = (*turns)[0].get<std::string>();
     prompt.category = row.value("category", std::string("uncategorized"));
-    prompt.question_id = row.value("question_id", static_cast<int64_t>(line_number));
-    if (!by_category.count(prompt.category)) category_order.push_back(prompt.category);
+    prompt.question_id =
+        row.value("question_id", static_cast<int64_t>(line_number));
+    if (!by_category.count(prompt.category))
+      category_order.push_back(prompt.category);
     by_category[prompt.category].push_back(std::move(prompt));
   }
   std::vector<BenchPrompt> picked;
@@ -48,7 +54,8 @@ absl::StatusOr<std::vector<BenchPrompt>> LoadPromptSet(const std::string& path, 
     }
     if (!any) break;
   }
-  if (picked.empty()) return absl::InvalidArgumentError(absl::StrCat(path, ": no prompts"));
+  if (picked.empty())
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no prompts"));
   return picked;
 }
 

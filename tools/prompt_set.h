@@ -22,7 +22,8 @@ struct BenchPrompt {
 
 // Errors name the file and line: unreadable file, malformed JSON, a row
 // without turns. count <= 0 returns every prompt.
-absl::StatusOr<std::vector<BenchPrompt>> LoadPromptSet(const std::string& path, int count);
+absl::StatusOr<std::vector<BenchPrompt>> LoadPromptSet(const std::string& path,
+                                                       int count);
 
 }  // namespace knapserve
 

@@ -9,7 +9,8 @@ namespace knapserve {
 
 // Seconds elapsed since `start` on the steady clock.
 inline double SecondsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+      .count();
 }
 
 }  // namespace knapserve

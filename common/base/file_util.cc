@@ -15,7 +15,8 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
     if (!std::filesystem::exists(path, ec)) {
       return absl::NotFoundError(absl::StrCat(path, ": no such file"));
     }
-    return absl::PermissionDeniedError(absl::StrCat(path, ": cannot be opened"));
+    return absl::PermissionDeniedError(
+        absl::StrCat(path, ": cannot be opened"));
   }
   std::stringstream buffer;
   buffer << in.rdbuf();

@@ -2,11 +2,12 @@
 // (config.json, generation_config.json, tokenizer.json, latency profiles),
 // with one style of error message that names the file and the field:
 //
-//   config.json: field "num_hidden_layers": expected an integer, got string "12"
-//   tokenizer.json: field "model.merges[12]": expected a string or a list of strings, got number 3
-//   profile.json: field "mlp_seconds": required but missing
-//   config.json: field "vocab_size": must be positive, got 0      (reader.FieldError)
-//   config.json: expected an object, got array                    (the root itself)
+//   config.json: field "num_hidden_layers": expected an integer, got string
+//   "12" tokenizer.json: field "model.merges[12]": expected a string or a list
+//   of strings, got number 3 profile.json: field "mlp_seconds": required but
+//   missing config.json: field "vocab_size": must be positive, got 0
+//   (reader.FieldError) config.json: expected an object, got array (the root
+//   itself)
 //
 //   ASSIGN_OR_RETURN(nlohmann::json json, ParseJsonText(text, path));
 //   JsonReader root(json, path);
@@ -52,7 +53,8 @@ namespace knapserve {
 
 // Parses `text` as JSON. InvalidArgument "<file>: not valid JSON: <the
 // parser's reason, with line and column>" when it is not.
-absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text, std::string_view file);
+absl::StatusOr<nlohmann::json> ParseJsonText(std::string_view text,
+                                             std::string_view file);
 
 class JsonReader {
  public:
@@ -81,12 +83,14 @@ class JsonReader {
   // e.g. what = "a token id" gives "expected a token id, got string \"x\"".
   absl::Status TypeError(std::string_view what) const;
   // `status` (not OK) from some other source, e.g. a regex compiler, with this
-  // reader's "<file>: field \"<path>\": " prefix; its code is kept. OK stays OK.
+  // reader's "<file>: field \"<path>\": " prefix; its code is kept. OK stays
+  // OK.
   absl::Status Annotate(const absl::Status& status) const;
 
   // ---- Structure ----
 
-  // OK if this value is an object, else the error "expected an object, got ...".
+  // OK if this value is an object, else the error "expected an object, got
+  // ...".
   absl::Status ExpectObject() const;
   // True when this is an object holding `key` with a non-null value.
   bool Has(std::string_view key) const;
@@ -100,7 +104,8 @@ class JsonReader {
   // The field `key`, which must be present and an object.
   absl::StatusOr<JsonReader> Child(std::string_view key) const;
   // The field `key` if present and not null, which must then be an object.
-  absl::StatusOr<std::optional<JsonReader>> OptionalChild(std::string_view key) const;
+  absl::StatusOr<std::optional<JsonReader>> OptionalChild(
+      std::string_view key) const;
 
   // ---- This value, converted ----
 
@@ -121,7 +126,8 @@ class JsonReader {
   // An array of anything, as readers of its elements.
   absl::StatusOr<std::vector<JsonReader>> AsArray() const;
   // An object, as (key, reader of the value) pairs in key order.
-  absl::StatusOr<std::vector<std::pair<std::string, JsonReader>>> AsMembers() const;
+  absl::StatusOr<std::vector<std::pair<std::string, JsonReader>>> AsMembers()
+      const;
 
   // ---- Fields of this object, converted ----
   // Required*: the field must be present and not null. Optional*: absent or
@@ -130,29 +136,44 @@ class JsonReader {
   absl::StatusOr<int> RequiredInt(std::string_view key) const;
   absl::StatusOr<int> OptionalInt(std::string_view key, int fallback) const;
   absl::StatusOr<int64_t> RequiredInt64(std::string_view key) const;
-  absl::StatusOr<int64_t> OptionalInt64(std::string_view key, int64_t fallback) const;
+  absl::StatusOr<int64_t> OptionalInt64(std::string_view key,
+                                        int64_t fallback) const;
   absl::StatusOr<double> RequiredDouble(std::string_view key) const;
-  absl::StatusOr<double> OptionalDouble(std::string_view key, double fallback) const;
+  absl::StatusOr<double> OptionalDouble(std::string_view key,
+                                        double fallback) const;
   absl::StatusOr<bool> RequiredBool(std::string_view key) const;
   absl::StatusOr<bool> OptionalBool(std::string_view key, bool fallback) const;
   absl::StatusOr<std::string> RequiredString(std::string_view key) const;
   absl::StatusOr<std::string> OptionalString(std::string_view key,
                                              std::string_view fallback) const;
-  absl::StatusOr<std::vector<std::string>> RequiredStringOrList(std::string_view key) const;
-  absl::StatusOr<std::vector<std::string>> OptionalStringOrList(std::string_view key) const;
-  absl::StatusOr<std::vector<int64_t>> RequiredInt64OrList(std::string_view key) const;
-  absl::StatusOr<std::vector<int64_t>> OptionalInt64OrList(std::string_view key) const;
-  absl::StatusOr<std::vector<int64_t>> RequiredInt64Array(std::string_view key) const;
-  absl::StatusOr<std::vector<int64_t>> OptionalInt64Array(std::string_view key) const;
-  absl::StatusOr<std::vector<double>> RequiredDoubleArray(std::string_view key) const;
-  absl::StatusOr<std::vector<double>> OptionalDoubleArray(std::string_view key) const;
-  absl::StatusOr<std::vector<std::string>> RequiredStringArray(std::string_view key) const;
-  absl::StatusOr<std::vector<std::string>> OptionalStringArray(std::string_view key) const;
-  absl::StatusOr<std::vector<JsonReader>> RequiredArray(std::string_view key) const;
-  absl::StatusOr<std::vector<JsonReader>> OptionalArray(std::string_view key) const;
+  absl::StatusOr<std::vector<std::string>> RequiredStringOrList(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<std::string>> OptionalStringOrList(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<int64_t>> RequiredInt64OrList(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<int64_t>> OptionalInt64OrList(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<int64_t>> RequiredInt64Array(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<int64_t>> OptionalInt64Array(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<double>> RequiredDoubleArray(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<double>> OptionalDoubleArray(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<std::string>> RequiredStringArray(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<std::string>> OptionalStringArray(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<JsonReader>> RequiredArray(
+      std::string_view key) const;
+  absl::StatusOr<std::vector<JsonReader>> OptionalArray(
+      std::string_view key) const;
 
  private:
-  JsonReader(const nlohmann::json* value, const std::string& file, std::string path);
+  JsonReader(const nlohmann::json* value, const std::string& file,
+             std::string path);
 
   std::string ChildPath(std::string_view key) const;
 

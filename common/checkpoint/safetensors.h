@@ -57,7 +57,8 @@ class SafetensorsFile {
   // Maps and validates `path`. Errors: NotFound if the file does not exist,
   // InvalidArgument (naming the file and the problem) for a malformed file,
   // Internal for an mmap failure.
-  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(
+      const std::string& path);
 
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -69,7 +70,9 @@ class SafetensorsFile {
   // nullptr if absent.
   const TensorInfo* Find(std::string_view name) const;
   // The header's "__metadata__" (string values only); empty if absent.
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::map<std::string, std::string>& metadata() const {
+    return metadata_;
+  }
 
   // A CPU tensor aliasing the mapped bytes (torch::from_blob, no copy), valid
   // while this object lives. Read-only. NotFound if `name` is absent.
@@ -97,7 +100,8 @@ class Checkpoint {
   // Opens every file and checks that each tensor of the index's weight_map is
   // in its shard. Errors: NotFound if the folder has neither file, or a shard
   // is missing; InvalidArgument for a malformed index or shard.
-  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(
+      const std::string& dir);
 
   const std::string& dir() const { return dir_; }
   bool Has(std::string_view name) const;
@@ -123,7 +127,9 @@ class Checkpoint {
   std::string dir_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   // name -> (file, info) for every tensor of every file.
-  std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>, std::less<>> index_;
+  std::map<std::string, std::pair<const SafetensorsFile*, const TensorInfo*>,
+           std::less<>>
+      index_;
 };
 
 // Writes a .safetensors file: header padded with spaces to a multiple of 8
@@ -132,9 +138,10 @@ class Checkpoint {
 // live on any device and be non-contiguous; they are copied to CPU one at a
 // time. Writes to `path` + ".tmp" and renames, so a failed write leaves no
 // partial file at `path`.
-absl::Status WriteSafetensors(const std::string& path,
-                              const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
-                              const std::map<std::string, std::string>& metadata = {});
+absl::Status WriteSafetensors(
+    const std::string& path,
+    const std::vector<std::pair<std::string, torch::Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata = {});
 
 // Streaming variant for checkpoints too big to hold twice: the header is
 // written from `specs` (name, dtype "F32"/"BF16"/"F16", shape), then
@@ -147,7 +154,8 @@ struct TensorSpec {
 };
 absl::Status WriteSafetensorsStreaming(
     const std::string& path, const std::vector<TensorSpec>& specs,
-    const std::function<absl::StatusOr<torch::Tensor>(size_t index)>& make_tensor,
+    const std::function<absl::StatusOr<torch::Tensor>(size_t index)>&
+        make_tensor,
     const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace knapserve

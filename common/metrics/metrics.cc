@@ -32,7 +32,8 @@ void Histogram::Observe(double v) {
   ++count_;
 }
 
-void Histogram::Snapshot(std::vector<uint64_t>* cumulative, double* sum, uint64_t* count) const {
+void Histogram::Snapshot(std::vector<uint64_t>* cumulative, double* sum,
+                         uint64_t* count) const {
   absl::MutexLock lock(&mu_);
   cumulative->clear();
   uint64_t running = 0;
@@ -55,7 +56,8 @@ MetricsRegistry::Family& MetricsRegistry::FamilyFor(const std::string& name,
   return f;
 }
 
-Counter& MetricsRegistry::AddCounter(const std::string& name, const std::string& help,
+Counter& MetricsRegistry::AddCounter(const std::string& name,
+                                     const std::string& help,
                                      const std::string& labels) {
   absl::MutexLock lock(&mu_);
   Family& f = FamilyFor(name, help, "counter");
@@ -66,12 +68,14 @@ Counter& MetricsRegistry::AddCounter(const std::string& name, const std::string&
   return *f.counters.back().second;
 }
 
-Histogram& MetricsRegistry::AddHistogram(const std::string& name, const std::string& help,
+Histogram& MetricsRegistry::AddHistogram(const std::string& name,
+                                         const std::string& help,
                                          std::vector<double> bounds) {
   absl::MutexLock lock(&mu_);
   Family& f = FamilyFor(name, help, "histogram");
   std::sort(bounds.begin(), bounds.end());
-  if (f.histogram == nullptr) f.histogram = std::make_unique<Histogram>(std::move(bounds));
+  if (f.histogram == nullptr)
+    f.histogram = std::make_unique<Histogram>(std::move(bounds));
   return *f.histogram;
 }
 
@@ -85,7 +89,8 @@ std::string MetricsRegistry::Render() const {
   absl::MutexLock lock(&mu_);
   std::string out;
   for (const auto& f : families_) {
-    out += "# HELP " + f->name + " " + f->help + "\n# TYPE " + f->name + " " + f->type + "\n";
+    out += "# HELP " + f->name + " " + f->help + "\n# TYPE " + f->name + " " +
+           f->type + "\n";
     if (f->type == "counter") {
       for (const auto& [labels, c] : f->counters) {
         out += WithLabels(f->name, labels) + " " + Number(c->value()) + "\n";
@@ -100,8 +105,8 @@ std::string MetricsRegistry::Render() const {
       const std::vector<double>& bounds = f->histogram->bounds();
       for (size_t i = 0; i < cumulative.size(); ++i) {
         const double le = i < bounds.size() ? bounds[i] : INFINITY;
-        out += f->name + "_bucket{le=\"" + Number(le) + "\"} " + std::to_string(cumulative[i]) +
-               "\n";
+        out += f->name + "_bucket{le=\"" + Number(le) + "\"} " +
+               std::to_string(cumulative[i]) + "\n";
       }
       out += f->name + "_sum " + Number(sum) + "\n";
       out += f->name + "_count " + std::to_string(count) + "\n";
@@ -114,15 +119,17 @@ struct MetricsHttpServer::Impl {
   httplib::Server server;
 };
 
-std::unique_ptr<MetricsHttpServer> MetricsHttpServer::Start(const MetricsRegistry* registry,
-                                                            const std::string& host, int port) {
+std::unique_ptr<MetricsHttpServer> MetricsHttpServer::Start(
+    const MetricsRegistry* registry, const std::string& host, int port) {
   std::unique_ptr<MetricsHttpServer> s(new MetricsHttpServer());
   s->impl_ = std::make_unique<Impl>();
-  s->impl_->server.Get("/metrics", [registry](const httplib::Request&, httplib::Response& res) {
-    res.set_content(registry->Render(), "text/plain; version=0.0.4");
-  });
-  s->port_ = port == 0 ? s->impl_->server.bind_to_any_port(host)
-                       : (s->impl_->server.bind_to_port(host, port) ? port : -1);
+  s->impl_->server.Get(
+      "/metrics", [registry](const httplib::Request&, httplib::Response& res) {
+        res.set_content(registry->Render(), "text/plain; version=0.0.4");
+      });
+  s->port_ = port == 0
+                 ? s->impl_->server.bind_to_any_port(host)
+                 : (s->impl_->server.bind_to_port(host, port) ? port : -1);
   if (s->port_ <= 0) return nullptr;
   Impl* impl = s->impl_.get();
   s->thread_ = std::thread([impl] { impl->server.listen_after_bind(); });

@@ -4,9 +4,11 @@
 // text a /metrics endpoint serves (see MetricsHttpServer).
 //
 //   MetricsRegistry registry;
-//   Counter& drafts = registry.AddCounter("knapserve_spec_decode_num_drafts_total", "...");
+//   Counter& drafts =
+//   registry.AddCounter("knapserve_spec_decode_num_drafts_total", "...");
 //   drafts.Add(3);
-//   Histogram& ttft = registry.AddHistogram("knapserve_time_to_first_token_seconds", "...",
+//   Histogram& ttft =
+//   registry.AddHistogram("knapserve_time_to_first_token_seconds", "...",
 //                                           {0.01, 0.1, 1});
 //   ttft.Observe(0.05);
 //
@@ -50,18 +52,19 @@ class Counter {
 
 class Histogram {
  public:
-  explicit Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)),
-                                                   counts_(bounds_.size() + 1, 0) {}
+  explicit Histogram(std::vector<double> bounds)
+      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
   void Observe(double v) ABSL_LOCKS_EXCLUDED(mu_);
   // Cumulative counts per upper bound (last = +Inf), sum and count.
-  void Snapshot(std::vector<uint64_t>* cumulative, double* sum, uint64_t* count) const
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void Snapshot(std::vector<uint64_t>* cumulative, double* sum,
+                uint64_t* count) const ABSL_LOCKS_EXCLUDED(mu_);
   const std::vector<double>& bounds() const { return bounds_; }
 
  private:
   const std::vector<double> bounds_;  // immutable: read without the lock
   mutable absl::Mutex mu_;
-  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);  // per bucket, not cumulative
+  std::vector<uint64_t> counts_
+      ABSL_GUARDED_BY(mu_);  // per bucket, not cumulative
   double sum_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -75,8 +78,8 @@ class MetricsRegistry {
   Histogram& AddHistogram(const std::string& name, const std::string& help,
                           std::vector<double> bounds) ABSL_LOCKS_EXCLUDED(mu_);
   // A gauge read at render time (with the registry's mutex held).
-  void AddGauge(const std::string& name, const std::string& help, std::function<double()> read)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void AddGauge(const std::string& name, const std::string& help,
+                std::function<double()> read) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The Prometheus text format, families in the order they were added.
   std::string Render() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -84,13 +87,14 @@ class MetricsRegistry {
  private:
   struct Family {
     std::string name, help, type;
-    std::vector<std::pair<std::string, std::unique_ptr<Counter>>> counters;  // by labels
+    std::vector<std::pair<std::string, std::unique_ptr<Counter>>>
+        counters;  // by labels
     std::unique_ptr<Histogram> histogram;
     std::function<double()> gauge;
   };
   // The family `name`, added (with `help` and `type`) when there is none.
-  Family& FamilyFor(const std::string& name, const std::string& help, const std::string& type)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Family& FamilyFor(const std::string& name, const std::string& help,
+                    const std::string& type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   // The families and their fields (counters, histogram, gauge: which metric
@@ -103,8 +107,8 @@ class MetricsHttpServer {
  public:
   // port 0 picks a free port; bound_port() says which. Empty pointer if it
   // cannot listen.
-  static std::unique_ptr<MetricsHttpServer> Start(const MetricsRegistry* registry,
-                                                  const std::string& host, int port);
+  static std::unique_ptr<MetricsHttpServer> Start(
+      const MetricsRegistry* registry, const std::string& host, int port);
   ~MetricsHttpServer();
   int bound_port() const { return port_; }
 

@@ -26,19 +26,21 @@
 namespace knapserve::kernels {
 
 // One KV head. Token row t (0 <= t < rows) has `group` query heads at
-// q + t * q_row_stride + g * hd (fp32), and sees keys/values [0, first_len + t).
-// keys, values: [first_len + rows - 1, hd] rows (bf16 as raw 16-bit patterns,
-// or fp32). scores: scratch of rows * group rows of scores_stride floats,
-// scores_stride >= (first_len + rows - 1) rounded up to 16. The output of
-// (t, g) goes to out + t * out_row_stride + g * hd (fp32). hd must be a
+// q + t * q_row_stride + g * hd (fp32), and sees keys/values [0, first_len +
+// t). keys, values: [first_len + rows - 1, hd] rows (bf16 as raw 16-bit
+// patterns, or fp32). scores: scratch of rows * group rows of scores_stride
+// floats, scores_stride >= (first_len + rows - 1) rounded up to 16. The output
+// of (t, g) goes to out + t * out_row_stride + g * hd (fp32). hd must be a
 // multiple of 16, at most 512.
-void AttendKvHeadBf16(const float* q, int64_t q_row_stride, int64_t rows, int64_t group,
-                      int64_t first_len, const uint16_t* keys, const uint16_t* values, int64_t hd,
-                      float scale, float* scores, int64_t scores_stride, float* out,
+void AttendKvHeadBf16(const float* q, int64_t q_row_stride, int64_t rows,
+                      int64_t group, int64_t first_len, const uint16_t* keys,
+                      const uint16_t* values, int64_t hd, float scale,
+                      float* scores, int64_t scores_stride, float* out,
                       int64_t out_row_stride);
-void AttendKvHeadF32(const float* q, int64_t q_row_stride, int64_t rows, int64_t group,
-                     int64_t first_len, const float* keys, const float* values, int64_t hd,
-                     float scale, float* scores, int64_t scores_stride, float* out,
+void AttendKvHeadF32(const float* q, int64_t q_row_stride, int64_t rows,
+                     int64_t group, int64_t first_len, const float* keys,
+                     const float* values, int64_t hd, float scale,
+                     float* scores, int64_t scores_stride, float* out,
                      int64_t out_row_stride);
 
 }  // namespace knapserve::kernels

@@ -10,10 +10,10 @@ namespace {
 
 inline __m512 LoadRow(const uint16_t* p) {
   // bf16 -> fp32 is a 16-bit shift into the high half.
-  return _mm512_castsi512_ps(
-      _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
-                            reinterpret_cast<const __m256i*>(p))),
-                        16));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(
+      _mm512_cvtepu16_epi32(
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+      16));
 }
 inline __m512 LoadRow(const float* p) { return _mm512_loadu_ps(p); }
 
@@ -22,8 +22,9 @@ inline __m512 LoadRow(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 Exp(__m512 x) {
   const __m512 lo = _mm512_set1_ps(-87.3f);
   x = _mm512_max_ps(x, lo);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 n = _mm512_roundscale_ps(
+      _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
   r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
   __m512 p = _mm512_set1_ps(1.9875691500e-4f);
@@ -45,18 +46,23 @@ inline __m512 SumLanes16(const __m512* a) {
   __m512 t[4];
   for (int g = 0; g < 4; ++g) {
     const __m512* x = a + 4 * g;
-    const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]), _mm512_unpackhi_ps(x[0], x[1]));
-    const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]), _mm512_unpackhi_ps(x[2], x[3]));
-    // Per 128-bit chunk c: [x0_c, x1_c, x2_c, x3_c], the chunk's 4 lanes summed.
+    const __m512 s01 = _mm512_add_ps(_mm512_unpacklo_ps(x[0], x[1]),
+                                     _mm512_unpackhi_ps(x[0], x[1]));
+    const __m512 s23 = _mm512_add_ps(_mm512_unpacklo_ps(x[2], x[3]),
+                                     _mm512_unpackhi_ps(x[2], x[3]));
+    // Per 128-bit chunk c: [x0_c, x1_c, x2_c, x3_c], the chunk's 4 lanes
+    // summed.
     t[g] = _mm512_add_ps(_mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
                          _mm512_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2)));
   }
-  // Sum the four chunks of each t[g]; chunk g of the result holds keys 4g..4g+3.
+  // Sum the four chunks of each t[g]; chunk g of the result holds keys
+  // 4g..4g+3.
   const __m512 w01 = _mm512_add_ps(_mm512_shuffle_f32x4(t[0], t[1], 0x88),
                                    _mm512_shuffle_f32x4(t[0], t[1], 0xDD));
   const __m512 w23 = _mm512_add_ps(_mm512_shuffle_f32x4(t[2], t[3], 0x88),
                                    _mm512_shuffle_f32x4(t[2], t[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88), _mm512_shuffle_f32x4(w01, w23, 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w01, w23, 0x88),
+                       _mm512_shuffle_f32x4(w01, w23, 0xDD));
 }
 
 constexpr int kMaxHeadChunks = 32;  // head_dim <= 512
@@ -65,14 +71,18 @@ constexpr int kPvRows = 6;          // query rows per weighted-sum tile
 // CH = head_dim / 16 when known at compile time (the common head sizes), or
 // 0 to read it at run time. The arithmetic is the same either way.
 template <int CH, typename E>
-void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows, int64_t group,
-                  int64_t first_len, const E* keys, const E* values, int64_t hd, float scale,
-                  float* scores, int64_t scores_stride, float* out, int64_t out_row_stride) {
+void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
+                  int64_t group, int64_t first_len, const E* keys,
+                  const E* values, int64_t hd, float scale, float* scores,
+                  int64_t scores_stride, float* out, int64_t out_row_stride) {
   const int64_t chunks = CH > 0 ? CH : hd / 16;
   const int64_t num_q = rows * group;
   const int64_t n_max = first_len + rows - 1;
-  // Query row i is (token row i / group, head i % group); it sees keys [0, len).
-  auto q_at = [&](int64_t i) { return q + (i / group) * q_row_stride + (i % group) * hd; };
+  // Query row i is (token row i / group, head i % group); it sees keys [0,
+  // len).
+  auto q_at = [&](int64_t i) {
+    return q + (i / group) * q_row_stride + (i % group) * hd;
+  };
   auto len_of = [&](int64_t i) { return first_len + i / group; };
 
   // 1. Scores, 16 keys at a time: each block of keys is loaded from memory
@@ -82,14 +92,16 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows, int64_t gr
   __m512 qv[CH > 0 ? CH : kMaxHeadChunks];
   for (int64_t j0 = 0; j0 < n_max; j0 += 16) {
     const E* kr[16];
-    for (int j = 0; j < 16; ++j) kr[j] = keys + (j0 + j < n_max ? j0 + j : n_max - 1) * hd;
+    for (int j = 0; j < 16; ++j)
+      kr[j] = keys + (j0 + j < n_max ? j0 + j : n_max - 1) * hd;
     for (int64_t i = 0; i < num_q; ++i) {
       if (len_of(i) <= j0) continue;
       const float* qi = q_at(i);
       for (int64_t c = 0; c < chunks; ++c) qv[c] = _mm512_loadu_ps(qi + c * 16);
       for (int j = 0; j < 16; ++j) {
         __m512 a = _mm512_mul_ps(qv[0], LoadRow(kr[j]));
-        for (int64_t c = 1; c < chunks; ++c) a = _mm512_fmadd_ps(qv[c], LoadRow(kr[j] + c * 16), a);
+        for (int64_t c = 1; c < chunks; ++c)
+          a = _mm512_fmadd_ps(qv[c], LoadRow(kr[j] + c * 16), a);
         acc[j] = a;
       }
       _mm512_storeu_ps(scores + i * scores_stride + j0,
@@ -107,8 +119,11 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows, int64_t gr
     const int64_t rem = n % 16;
     const __mmask16 tail = rem ? static_cast<__mmask16>((1u << rem) - 1) : 0;
     __m512 vmax = neg_inf;
-    for (int64_t b = 0; b < full; ++b) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + b * 16));
-    if (rem) vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, tail, s + full * 16));
+    for (int64_t b = 0; b < full; ++b)
+      vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(s + b * 16));
+    if (rem)
+      vmax = _mm512_max_ps(vmax,
+                           _mm512_mask_loadu_ps(neg_inf, tail, s + full * 16));
     const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
     __m512 vsum = _mm512_setzero_ps();
     for (int64_t b = 0; b < full; ++b) {
@@ -117,15 +132,16 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows, int64_t gr
       vsum = _mm512_add_ps(vsum, e);
     }
     if (rem) {
-      const __m512 e =
-          _mm512_maskz_mov_ps(tail, Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + full * 16),
-                                                      max)));
+      const __m512 e = _mm512_maskz_mov_ps(
+          tail,
+          Exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + full * 16), max)));
       _mm512_storeu_ps(s + full * 16, e);  // lanes past n become 0
       vsum = _mm512_add_ps(vsum, e);
     }
     const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
     for (int64_t b = 0; b * 16 < n; ++b) {
-      _mm512_storeu_ps(s + b * 16, _mm512_mul_ps(_mm512_loadu_ps(s + b * 16), inv));
+      _mm512_storeu_ps(s + b * 16,
+                       _mm512_mul_ps(_mm512_loadu_ps(s + b * 16), inv));
     }
     for (int64_t j = (n + 15) / 16 * 16; j < n_max; ++j) s[j] = 0.0f;
   }
@@ -153,49 +169,58 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows, int64_t gr
       }
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t i = i0 + r;
-        _mm512_storeu_ps(out + (i / group) * out_row_stride + (i % group) * hd + c * 16, o[r]);
+        _mm512_storeu_ps(
+            out + (i / group) * out_row_stride + (i % group) * hd + c * 16,
+            o[r]);
       }
     }
   }
 }
 
 template <typename E>
-void AttendKvHeadAnyDim(const float* q, int64_t q_row_stride, int64_t rows, int64_t group,
-                        int64_t first_len, const E* keys, const E* values, int64_t hd,
-                        float scale, float* scores, int64_t scores_stride, float* out,
+void AttendKvHeadAnyDim(const float* q, int64_t q_row_stride, int64_t rows,
+                        int64_t group, int64_t first_len, const E* keys,
+                        const E* values, int64_t hd, float scale, float* scores,
+                        int64_t scores_stride, float* out,
                         int64_t out_row_stride) {
   switch (hd / 16) {
     case 2:
-      return AttendKvHead<2>(q, q_row_stride, rows, group, first_len, keys, values, hd, scale,
-                             scores, scores_stride, out, out_row_stride);
+      return AttendKvHead<2>(q, q_row_stride, rows, group, first_len, keys,
+                             values, hd, scale, scores, scores_stride, out,
+                             out_row_stride);
     case 4:
-      return AttendKvHead<4>(q, q_row_stride, rows, group, first_len, keys, values, hd, scale,
-                             scores, scores_stride, out, out_row_stride);
+      return AttendKvHead<4>(q, q_row_stride, rows, group, first_len, keys,
+                             values, hd, scale, scores, scores_stride, out,
+                             out_row_stride);
     case 8:
-      return AttendKvHead<8>(q, q_row_stride, rows, group, first_len, keys, values, hd, scale,
-                             scores, scores_stride, out, out_row_stride);
+      return AttendKvHead<8>(q, q_row_stride, rows, group, first_len, keys,
+                             values, hd, scale, scores, scores_stride, out,
+                             out_row_stride);
     default:
-      return AttendKvHead<0>(q, q_row_stride, rows, group, first_len, keys, values, hd, scale,
-                             scores, scores_stride, out, out_row_stride);
+      return AttendKvHead<0>(q, q_row_stride, rows, group, first_len, keys,
+                             values, hd, scale, scores, scores_stride, out,
+                             out_row_stride);
   }
 }
 
 }  // namespace
 
-void AttendKvHeadBf16(const float* q, int64_t q_row_stride, int64_t rows, int64_t group,
-                      int64_t first_len, const uint16_t* keys, const uint16_t* values, int64_t hd,
-                      float scale, float* scores, int64_t scores_stride, float* out,
+void AttendKvHeadBf16(const float* q, int64_t q_row_stride, int64_t rows,
+                      int64_t group, int64_t first_len, const uint16_t* keys,
+                      const uint16_t* values, int64_t hd, float scale,
+                      float* scores, int64_t scores_stride, float* out,
                       int64_t out_row_stride) {
-  AttendKvHeadAnyDim(q, q_row_stride, rows, group, first_len, keys, values, hd, scale, scores,
-                     scores_stride, out, out_row_stride);
+  AttendKvHeadAnyDim(q, q_row_stride, rows, group, first_len, keys, values, hd,
+                     scale, scores, scores_stride, out, out_row_stride);
 }
 
-void AttendKvHeadF32(const float* q, int64_t q_row_stride, int64_t rows, int64_t group,
-                     int64_t first_len, const float* keys, const float* values, int64_t hd,
-                     float scale, float* scores, int64_t scores_stride, float* out,
+void AttendKvHeadF32(const float* q, int64_t q_row_stride, int64_t rows,
+                     int64_t group, int64_t first_len, const float* keys,
+                     const float* values, int64_t hd, float scale,
+                     float* scores, int64_t scores_stride, float* out,
                      int64_t out_row_stride) {
-  AttendKvHeadAnyDim(q, q_row_stride, rows, group, first_len, keys, values, hd, scale, scores,
-                     scores_stride, out, out_row_stride);
+  AttendKvHeadAnyDim(q, q_row_stride, rows, group, first_len, keys, values, hd,
+                     scale, scores, scores_stride, out, out_row_stride);
 }
 
 }  // namespace knapserve::kernels

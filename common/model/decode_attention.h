@@ -42,14 +42,16 @@ bool DecodeAttentionApplies(const torch::Tensor& q);
 // already hold positions [0, start_pos+T). Row t attends to positions
 // [0, start_pos+t]. Returns [T, num_heads * head_dim] in q's dtype.
 torch::Tensor DecodeAttention(const torch::Tensor& q, const torch::Tensor& keys,
-                              const torch::Tensor& values, int64_t start_pos, double scale);
+                              const torch::Tensor& values, int64_t start_pos,
+                              double scale);
 
 // The same over raw buffers, for callers that hold float32 queries already:
 // q is [t, num_heads, head_dim] float32 (contiguous), keys/values as above
 // (contiguous, same dtype), out receives [t, num_heads * head_dim] float32.
-void DecodeAttentionFloat(const float* q, int64_t t, int64_t num_heads, const torch::Tensor& keys,
-                          const torch::Tensor& values, int64_t start_pos, float scale,
-                          float* out);
+void DecodeAttentionFloat(const float* q, int64_t t, int64_t num_heads,
+                          const torch::Tensor& keys,
+                          const torch::Tensor& values, int64_t start_pos,
+                          float scale, float* out);
 
 }  // namespace knapserve
 

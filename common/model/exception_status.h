@@ -32,11 +32,13 @@ inline absl::Status CurrentExceptionAsInternal(absl::string_view where) {
   try {
     throw;
   } catch (const c10::Error& e) {
-    return absl::InternalError(absl::StrCat(where, ": ", e.what_without_backtrace()));
+    return absl::InternalError(
+        absl::StrCat(where, ": ", e.what_without_backtrace()));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(where, ": ", e.what()));
   } catch (...) {
-    return absl::InternalError(absl::StrCat(where, ": an exception of unknown type"));
+    return absl::InternalError(
+        absl::StrCat(where, ": an exception of unknown type"));
   }
 }
 

@@ -56,12 +56,16 @@ LinearWeight::LinearWeight(const torch::Tensor& w_in) {
   const torch::Tensor w = w_in.contiguous();
   const int64_t panels = kernels::NumPanels(n_);
   if (dtype_ == torch::kBFloat16) {
-    packed_ = torch::empty({panels * kernels::PanelElementsBf16(k_)}, w.options());
-    kernels::PackPanelsBf16(reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), n_, k_,
-                            reinterpret_cast<uint16_t*>(packed_.data_ptr<at::BFloat16>()));
+    packed_ =
+        torch::empty({panels * kernels::PanelElementsBf16(k_)}, w.options());
+    kernels::PackPanelsBf16(
+        reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()), n_, k_,
+        reinterpret_cast<uint16_t*>(packed_.data_ptr<at::BFloat16>()));
   } else {
-    packed_ = torch::empty({panels * kernels::PanelElementsF32(k_)}, w.options());
-    kernels::PackPanelsF32(w.data_ptr<float>(), n_, k_, packed_.data_ptr<float>());
+    packed_ =
+        torch::empty({panels * kernels::PanelElementsF32(k_)}, w.options());
+    kernels::PackPanelsF32(w.data_ptr<float>(), n_, k_,
+                           packed_.data_ptr<float>());
   }
 #endif
 }
@@ -70,7 +74,8 @@ torch::Tensor LinearWeight::ToDense() const {
   if (!packed()) return dense_;
   c10::InferenceMode guard;
   // Row j of the result is x = e_j through the kernel: exact for one-hot x.
-  const torch::Tensor eye = torch::eye(k_, torch::TensorOptions().dtype(torch::kFloat32)).to(dtype_);
+  const torch::Tensor eye =
+      torch::eye(k_, torch::TensorOptions().dtype(torch::kFloat32)).to(dtype_);
   return LinearFloatOut(eye, *this).t().contiguous().to(dtype_);
 }
 
@@ -82,14 +87,17 @@ torch::Tensor LinearFloatOut(const torch::Tensor& x_in, const LinearWeight& w) {
   TORCH_CHECK(w.packed(), "LinearFloatOut: weight is not packed");
   TORCH_CHECK(x_in.dim() == 2 && x_in.size(1) == w.in_features() &&
                   x_in.scalar_type() == w.dtype() && x_in.device().is_cpu(),
-              "LinearFloatOut: x must be a CPU [M, ", w.in_features(), "] tensor of the weight's dtype");
+              "LinearFloatOut: x must be a CPU [M, ", w.in_features(),
+              "] tensor of the weight's dtype");
   const torch::Tensor x = x_in.contiguous();
   const int64_t m = x.size(0), k = w.in_features(), n = w.out_features();
-  torch::Tensor y = torch::empty({m, n}, torch::TensorOptions().dtype(torch::kFloat32));
+  torch::Tensor y =
+      torch::empty({m, n}, torch::TensorOptions().dtype(torch::kFloat32));
   if (m == 0) return y;
   float* out = y.data_ptr<float>();
   const int64_t panels = kernels::NumPanels(n);
-  const int64_t row_chunks = m <= kRowChunk ? 1 : (m + kRowChunk - 1) / kRowChunk;
+  const int64_t row_chunks =
+      m <= kRowChunk ? 1 : (m + kRowChunk - 1) / kRowChunk;
   const int64_t rows_per_chunk = row_chunks == 1 ? m : kRowChunk;
   // Items are (row chunk, panel), panel-minor; each thread takes one
   // contiguous run of items (one fork/join per call).
@@ -110,23 +118,27 @@ torch::Tensor LinearFloatOut(const torch::Tensor& x_in, const LinearWeight& w) {
   };
 #if defined(__x86_64__)
   if (w.dtype() == torch::kBFloat16) {
-    run(kernels::PanelLinearBf16, reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
+    run(kernels::PanelLinearBf16,
+        reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
         reinterpret_cast<const uint16_t*>(w.panels().data_ptr<at::BFloat16>()));
   } else {
-    run(kernels::PanelLinearF32, x.data_ptr<float>(), w.panels().data_ptr<float>());
+    run(kernels::PanelLinearF32, x.data_ptr<float>(),
+        w.panels().data_ptr<float>());
   }
 #endif
   return y;
 }
 
-torch::Tensor Linear(const torch::Tensor& x, const LinearWeight& w, const torch::Tensor& bias) {
+torch::Tensor Linear(const torch::Tensor& x, const LinearWeight& w,
+                     const torch::Tensor& bias) {
   if (w.packed()) {
     torch::Tensor y = LinearFloatOut(x, w);
     if (bias.defined()) y.add_(bias.to(torch::kFloat32));
     return x.scalar_type() == torch::kFloat32 ? y : y.to(x.scalar_type());
   }
   const torch::Tensor& dense = w.dense();
-  return bias.defined() ? torch::addmm(bias, x, dense.t()) : torch::mm(x, dense.t());
+  return bias.defined() ? torch::addmm(bias, x, dense.t())
+                        : torch::mm(x, dense.t());
 }
 
 }  // namespace knapserve

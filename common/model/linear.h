@@ -51,7 +51,8 @@ class LinearWeight {
   const torch::Tensor& dense() const { return dense_; }
   // The packed panels (see linear_kernels.h) when packed.
   const torch::Tensor& panels() const { return packed_; }
-  // [N, K] in the weight's dtype, unpacked again if needed (a copy when packed).
+  // [N, K] in the weight's dtype, unpacked again if needed (a copy when
+  // packed).
   torch::Tensor ToDense() const;
   // Bytes of the weight itself (N * K * element size, without panel padding).
   int64_t bytes() const;

@@ -27,10 +27,14 @@ namespace knapserve::kernels {
 inline constexpr int64_t kPanelWidth = 16;
 
 // Panels for n output columns.
-inline int64_t NumPanels(int64_t n) { return (n + kPanelWidth - 1) / kPanelWidth; }
+inline int64_t NumPanels(int64_t n) {
+  return (n + kPanelWidth - 1) / kPanelWidth;
+}
 // Elements (floats or bf16 values) of one packed panel for reduction size k.
 inline int64_t PanelElementsF32(int64_t k) { return k * kPanelWidth; }
-inline int64_t PanelElementsBf16(int64_t k) { return (k + 1) / 2 * 2 * kPanelWidth; }
+inline int64_t PanelElementsBf16(int64_t k) {
+  return (k + 1) / 2 * 2 * kPanelWidth;
+}
 
 // Packs w [n, k] (row-major) into NumPanels(n) panels at `packed`.
 void PackPanelsF32(const float* w, int64_t n, int64_t k, float* packed);
@@ -38,10 +42,11 @@ void PackPanelsBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed);
 
 // y[m, c] (row stride n) for rows [r0, r1) and the columns of panels [p0, p1),
 // from x [M, k] (row stride k) and the packed weight of an [n, k] matrix.
-void PanelLinearF32(const float* x, const float* packed, float* y, int64_t n, int64_t k,
-                    int64_t r0, int64_t r1, int64_t p0, int64_t p1);
-void PanelLinearBf16(const uint16_t* x, const uint16_t* packed, float* y, int64_t n, int64_t k,
-                     int64_t r0, int64_t r1, int64_t p0, int64_t p1);
+void PanelLinearF32(const float* x, const float* packed, float* y, int64_t n,
+                    int64_t k, int64_t r0, int64_t r1, int64_t p0, int64_t p1);
+void PanelLinearBf16(const uint16_t* x, const uint16_t* packed, float* y,
+                     int64_t n, int64_t k, int64_t r0, int64_t r1, int64_t p0,
+                     int64_t p1);
 
 }  // namespace knapserve::kernels
 

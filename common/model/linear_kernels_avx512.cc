@@ -27,22 +27,26 @@ inline void StoreColumns(float* y, __m512 v, int64_t valid) {
 // MR rows x NV panels. `valid` = output columns left from the tile's first
 // column (the last panel may be padding past n).
 template <int MR, int NV>
-void TileF32(const float* x, int64_t k, const float* panel, int64_t panel_stride, float* y,
-             int64_t ldy, int64_t valid) {
+void TileF32(const float* x, int64_t k, const float* panel,
+             int64_t panel_stride, float* y, int64_t ldy, int64_t valid) {
   __m512 acc[MR][NV];
   for (int r = 0; r < MR; ++r) {
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
   }
   for (int64_t i = 0; i < k; ++i) {
     __m512 w[NV];
-    for (int v = 0; v < NV; ++v) w[v] = _mm512_loadu_ps(panel + v * panel_stride + i * kPanelWidth);
+    for (int v = 0; v < NV; ++v)
+      w[v] = _mm512_loadu_ps(panel + v * panel_stride + i * kPanelWidth);
     for (int r = 0; r < MR; ++r) {
       const __m512 xb = _mm512_set1_ps(x[r * k + i]);
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_fmadd_ps(xb, w[v], acc[r][v]);
+      for (int v = 0; v < NV; ++v)
+        acc[r][v] = _mm512_fmadd_ps(xb, w[v], acc[r][v]);
     }
   }
   for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v) StoreColumns(y + r * ldy + v * kPanelWidth, acc[r][v], valid - v * kPanelWidth);
+    for (int v = 0; v < NV; ++v)
+      StoreColumns(y + r * ldy + v * kPanelWidth, acc[r][v],
+                   valid - v * kPanelWidth);
   }
 }
 
@@ -58,8 +62,8 @@ inline uint32_t PairAt(const uint16_t* row, int64_t i, int64_t k) {
 }
 
 template <int MR, int NV>
-void TileBf16(const uint16_t* x, int64_t k, const uint16_t* panel, int64_t panel_stride, float* y,
-              int64_t ldy, int64_t valid) {
+void TileBf16(const uint16_t* x, int64_t k, const uint16_t* panel,
+              int64_t panel_stride, float* y, int64_t ldy, int64_t valid) {
   __m512 acc[MR][NV];
   for (int r = 0; r < MR; ++r) {
     for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
@@ -68,21 +72,27 @@ void TileBf16(const uint16_t* x, int64_t k, const uint16_t* panel, int64_t panel
   for (int64_t p = 0; p < pairs; ++p) {
     __m512bh w[NV];
     for (int v = 0; v < NV; ++v) {
-      w[v] = (__m512bh)_mm512_loadu_si512(panel + v * panel_stride + p * 2 * kPanelWidth);
+      w[v] = (__m512bh)_mm512_loadu_si512(panel + v * panel_stride +
+                                          p * 2 * kPanelWidth);
     }
     for (int r = 0; r < MR; ++r) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(PairAt(x + r * k, 2 * p, k)));
-      for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xb, w[v]);
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(
+          static_cast<int>(PairAt(x + r * k, 2 * p, k)));
+      for (int v = 0; v < NV; ++v)
+        acc[r][v] = _mm512_dpbf16_ps(acc[r][v], xb, w[v]);
     }
   }
   for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v) StoreColumns(y + r * ldy + v * kPanelWidth, acc[r][v], valid - v * kPanelWidth);
+    for (int v = 0; v < NV; ++v)
+      StoreColumns(y + r * ldy + v * kPanelWidth, acc[r][v],
+                   valid - v * kPanelWidth);
   }
 }
 
 template <typename E>
-using TileFn = void (*)(const E* x, int64_t k, const E* panel, int64_t panel_stride, float* y,
-                        int64_t ldy, int64_t valid);
+using TileFn = void (*)(const E* x, int64_t k, const E* panel,
+                        int64_t panel_stride, float* y, int64_t ldy,
+                        int64_t valid);
 
 template <int MR, int NV>
 struct F32Tile {
@@ -110,15 +120,16 @@ struct Tiles {
 // the group's weights are read from memory once and reused from cache by
 // every row tile.
 template <typename E, template <int, int> class T>
-void RunPanels(const E* x, const E* packed, int64_t panel_elements, float* y, int64_t n,
-               int64_t k, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+void RunPanels(const E* x, const E* packed, int64_t panel_elements, float* y,
+               int64_t n, int64_t k, int64_t r0, int64_t r1, int64_t p0,
+               int64_t p1) {
   for (int64_t p = p0; p < p1; p += kMaxTilePanels) {
     const int64_t nv = p1 - p < kMaxTilePanels ? p1 - p : kMaxTilePanels;
     for (int64_t r = r0; r < r1; r += kMaxTileRows) {
       const int64_t mr = r1 - r < kMaxTileRows ? r1 - r : kMaxTileRows;
-      Tiles<E, T>::table[mr - 1][nv - 1](x + r * k, k, packed + p * panel_elements,
-                                         panel_elements, y + r * n + p * kPanelWidth, n,
-                                         n - p * kPanelWidth);
+      Tiles<E, T>::table[mr - 1][nv - 1](
+          x + r * k, k, packed + p * panel_elements, panel_elements,
+          y + r * n + p * kPanelWidth, n, n - p * kPanelWidth);
     }
   }
 }
@@ -146,21 +157,25 @@ void PackPanelsBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed) {
         const int64_t row = p * kPanelWidth + c;
         for (int64_t h = 0; h < 2; ++h) {
           const int64_t i = 2 * q + h;
-          panel[(q * kPanelWidth + c) * 2 + h] = row < n && i < k ? w[row * k + i] : uint16_t{0};
+          panel[(q * kPanelWidth + c) * 2 + h] =
+              row < n && i < k ? w[row * k + i] : uint16_t{0};
         }
       }
     }
   }
 }
 
-void PanelLinearF32(const float* x, const float* packed, float* y, int64_t n, int64_t k,
-                    int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
-  RunPanels<float, F32Tile>(x, packed, PanelElementsF32(k), y, n, k, r0, r1, p0, p1);
+void PanelLinearF32(const float* x, const float* packed, float* y, int64_t n,
+                    int64_t k, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+  RunPanels<float, F32Tile>(x, packed, PanelElementsF32(k), y, n, k, r0, r1, p0,
+                            p1);
 }
 
-void PanelLinearBf16(const uint16_t* x, const uint16_t* packed, float* y, int64_t n, int64_t k,
-                     int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
-  RunPanels<uint16_t, Bf16Tile>(x, packed, PanelElementsBf16(k), y, n, k, r0, r1, p0, p1);
+void PanelLinearBf16(const uint16_t* x, const uint16_t* packed, float* y,
+                     int64_t n, int64_t k, int64_t r0, int64_t r1, int64_t p0,
+                     int64_t p1) {
+  RunPanels<uint16_t, Bf16Tile>(x, packed, PanelElementsBf16(k), y, n, k, r0,
+                                r1, p0, p1);
 }
 
 }  // namespace knapserve::kernels

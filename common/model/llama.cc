@@ -11,11 +11,11 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/status.h"
+#include "common/checkpoint/safetensors.h"
 #include "common/model/decode_attention.h"
 #include "common/model/linear.h"
 #include "common/model/row_ops.h"
-#include "common/checkpoint/safetensors.h"
-#include "common/base/status.h"
 
 namespace knapserve {
 namespace {
@@ -23,12 +23,14 @@ namespace {
 using torch::indexing::Slice;
 
 // Loads `name` with `shape` from the checkpoint into the target dtype/device.
-absl::StatusOr<torch::Tensor> LoadWeight(const Checkpoint& checkpoint, const std::string& name,
+absl::StatusOr<torch::Tensor> LoadWeight(const Checkpoint& checkpoint,
+                                         const std::string& name,
                                          std::vector<int64_t> shape,
                                          const ModelOptions& options) {
   ASSIGN_OR_RETURN(torch::Tensor view, checkpoint.Get(name, std::move(shape)));
   // The view aliases read-only mapped memory: always copy out of it.
-  return view.to(options.device, options.dtype, /*non_blocking=*/false, /*copy=*/true)
+  return view
+      .to(options.device, options.dtype, /*non_blocking=*/false, /*copy=*/true)
       .contiguous();
 }
 
@@ -43,8 +45,8 @@ absl::StatusOr<torch::ScalarType> ParseDtype(const std::string& name) {
   if (n == "fp32" || n == "float32" || n == "f32") return torch::kFloat32;
   if (n == "bf16" || n == "bfloat16") return torch::kBFloat16;
   if (n == "fp16" || n == "float16" || n == "f16") return torch::kFloat16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unsupported dtype '", name, "' (supported: fp32, bf16, fp16)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unsupported dtype '", name, "' (supported: fp32, bf16, fp16)"));
 }
 
 std::string DtypeName(torch::ScalarType dtype) {
@@ -65,23 +67,26 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& name) {
   if (n == "cpu") return torch::Device(torch::kCPU);
   if (n.rfind("cuda", 0) == 0) {
     if (!torch::cuda::is_available()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("device '", name, "' requested but this build of torch sees no CUDA device"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device '", name,
+          "' requested but this build of torch sees no CUDA device"));
     }
     try {
       return torch::Device(n);
     } catch (const std::exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat("bad device '", name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad device '", name, "'"));
     }
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unsupported device '", name, "' (supported: cpu, cuda, cuda:N)"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unsupported device '", name, "' (supported: cpu, cuda, cuda:N)"));
 }
 
 torch::Tensor RopeInverseFrequencies(const ModelConfig& config) {
   const int64_t half = config.head_dim / 2;
   // Same arithmetic as Hugging Face: float32 exponents over even indices.
-  torch::Tensor idx = torch::arange(0, config.head_dim, 2, torch::kInt64).to(torch::kFloat32);
+  torch::Tensor idx =
+      torch::arange(0, config.head_dim, 2, torch::kInt64).to(torch::kFloat32);
   torch::Tensor inv_freq =
       1.0 / torch::pow(torch::tensor(config.rope_theta, torch::kFloat32),
                        idx / static_cast<float>(config.head_dim));
@@ -90,16 +95,18 @@ torch::Tensor RopeInverseFrequencies(const ModelConfig& config) {
   const RopeScaling& s = *config.rope_scaling;
   if (s.rope_type == "linear") return inv_freq / s.factor;
   if (s.rope_type == "llama3") {
-    const double old_ctx = static_cast<double>(s.original_max_position_embeddings);
+    const double old_ctx =
+        static_cast<double>(s.original_max_position_embeddings);
     const double low_freq_wavelen = old_ctx / s.low_freq_factor;
     const double high_freq_wavelen = old_ctx / s.high_freq_factor;
     torch::Tensor wavelen = 2.0 * M_PI / inv_freq;
     torch::Tensor scaled =
         torch::where(wavelen > low_freq_wavelen, inv_freq / s.factor, inv_freq);
-    torch::Tensor smooth =
-        (old_ctx / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+    torch::Tensor smooth = (old_ctx / wavelen - s.low_freq_factor) /
+                           (s.high_freq_factor - s.low_freq_factor);
     torch::Tensor smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
-    torch::Tensor is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen);
+    torch::Tensor is_medium =
+        (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen);
     return torch::where(is_medium, smoothed, scaled);
   }
   return inv_freq;  // ParseModelConfig rejects other types.
@@ -108,23 +115,25 @@ torch::Tensor RopeInverseFrequencies(const ModelConfig& config) {
 LlamaModel::LlamaModel(ModelConfig config, ModelOptions options)
     : config_(std::move(config)), options_(std::move(options)) {}
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(const std::string& model_dir,
-                                                             const ModelOptions& options) {
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Load(
+    const std::string& model_dir, const ModelOptions& options) {
   ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(model_dir));
-  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint, Checkpoint::Open(model_dir));
+  ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> checkpoint,
+                   Checkpoint::Open(model_dir));
   return FromCheckpoint(config, *checkpoint, options);
 }
 
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
-    const ModelConfig& config, const Checkpoint& checkpoint, const ModelOptions& options) {
+    const ModelConfig& config, const Checkpoint& checkpoint,
+    const ModelOptions& options) {
   if (options.dtype != torch::kFloat32 && options.dtype != torch::kBFloat16 &&
       options.dtype != torch::kFloat16) {
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported model dtype ", DtypeName(options.dtype)));
   }
   if (config.head_dim % 2 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.json: head_dim ", config.head_dim, " must be even for RoPE"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: head_dim ", config.head_dim, " must be even for RoPE"));
   }
   if (options.threads > 0) at::set_num_threads(options.threads);
   c10::InferenceMode inference_mode;
@@ -137,70 +146,90 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
   const int64_t inter = config.intermediate_size;
   model->max_context_ = config.max_context();
 
-  ASSIGN_OR_RETURN(model->embed_, LoadWeight(checkpoint, "model.embed_tokens.weight",
-                                             {config.vocab_size, d}, options));
-  ASSIGN_OR_RETURN(model->final_norm_, LoadWeight(checkpoint, "model.norm.weight", {d}, options));
+  ASSIGN_OR_RETURN(model->embed_,
+                   LoadWeight(checkpoint, "model.embed_tokens.weight",
+                              {config.vocab_size, d}, options));
+  ASSIGN_OR_RETURN(model->final_norm_,
+                   LoadWeight(checkpoint, "model.norm.weight", {d}, options));
   if (config.tie_word_embeddings && !checkpoint.Has("lm_head.weight")) {
     model->lm_head_ = LinearWeight(model->embed_);
   } else {
     ASSIGN_OR_RETURN(torch::Tensor lm_head,
-                     LoadWeight(checkpoint, "lm_head.weight", {config.vocab_size, d}, options));
+                     LoadWeight(checkpoint, "lm_head.weight",
+                                {config.vocab_size, d}, options));
     model->lm_head_ = LinearWeight(lm_head);
   }
 
   for (int64_t i = 0; i < config.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     Layer layer;
-    ASSIGN_OR_RETURN(layer.input_norm,
-                     LoadWeight(checkpoint, p + "input_layernorm.weight", {d}, options));
+    ASSIGN_OR_RETURN(
+        layer.input_norm,
+        LoadWeight(checkpoint, p + "input_layernorm.weight", {d}, options));
     ASSIGN_OR_RETURN(torch::Tensor q,
-                     LoadWeight(checkpoint, p + "self_attn.q_proj.weight", {nh * hd, d}, options));
+                     LoadWeight(checkpoint, p + "self_attn.q_proj.weight",
+                                {nh * hd, d}, options));
     ASSIGN_OR_RETURN(torch::Tensor k,
-                     LoadWeight(checkpoint, p + "self_attn.k_proj.weight", {nkv * hd, d}, options));
+                     LoadWeight(checkpoint, p + "self_attn.k_proj.weight",
+                                {nkv * hd, d}, options));
     ASSIGN_OR_RETURN(torch::Tensor v,
-                     LoadWeight(checkpoint, p + "self_attn.v_proj.weight", {nkv * hd, d}, options));
+                     LoadWeight(checkpoint, p + "self_attn.v_proj.weight",
+                                {nkv * hd, d}, options));
     layer.qkv_proj = LinearWeight(torch::cat({q, k, v}, 0));
     if (config.attention_bias) {
       ASSIGN_OR_RETURN(torch::Tensor qb,
-                       LoadWeight(checkpoint, p + "self_attn.q_proj.bias", {nh * hd}, options));
+                       LoadWeight(checkpoint, p + "self_attn.q_proj.bias",
+                                  {nh * hd}, options));
       ASSIGN_OR_RETURN(torch::Tensor kb,
-                       LoadWeight(checkpoint, p + "self_attn.k_proj.bias", {nkv * hd}, options));
+                       LoadWeight(checkpoint, p + "self_attn.k_proj.bias",
+                                  {nkv * hd}, options));
       ASSIGN_OR_RETURN(torch::Tensor vb,
-                       LoadWeight(checkpoint, p + "self_attn.v_proj.bias", {nkv * hd}, options));
+                       LoadWeight(checkpoint, p + "self_attn.v_proj.bias",
+                                  {nkv * hd}, options));
       layer.qkv_bias = torch::cat({qb, kb, vb}, 0).contiguous();
     }
     if (config.qk_norm) {
-      ASSIGN_OR_RETURN(layer.q_norm,
-                       LoadWeight(checkpoint, p + "self_attn.q_norm.weight", {hd}, options));
-      ASSIGN_OR_RETURN(layer.k_norm,
-                       LoadWeight(checkpoint, p + "self_attn.k_norm.weight", {hd}, options));
+      ASSIGN_OR_RETURN(
+          layer.q_norm,
+          LoadWeight(checkpoint, p + "self_attn.q_norm.weight", {hd}, options));
+      ASSIGN_OR_RETURN(
+          layer.k_norm,
+          LoadWeight(checkpoint, p + "self_attn.k_norm.weight", {hd}, options));
     }
     ASSIGN_OR_RETURN(torch::Tensor o,
-                     LoadWeight(checkpoint, p + "self_attn.o_proj.weight", {d, nh * hd}, options));
+                     LoadWeight(checkpoint, p + "self_attn.o_proj.weight",
+                                {d, nh * hd}, options));
     layer.o_proj = LinearWeight(o);
-    ASSIGN_OR_RETURN(layer.post_norm,
-                     LoadWeight(checkpoint, p + "post_attention_layernorm.weight", {d}, options));
+    ASSIGN_OR_RETURN(
+        layer.post_norm,
+        LoadWeight(checkpoint, p + "post_attention_layernorm.weight", {d},
+                   options));
     ASSIGN_OR_RETURN(torch::Tensor gate,
-                     LoadWeight(checkpoint, p + "mlp.gate_proj.weight", {inter, d}, options));
-    ASSIGN_OR_RETURN(torch::Tensor up,
-                     LoadWeight(checkpoint, p + "mlp.up_proj.weight", {inter, d}, options));
+                     LoadWeight(checkpoint, p + "mlp.gate_proj.weight",
+                                {inter, d}, options));
+    ASSIGN_OR_RETURN(
+        torch::Tensor up,
+        LoadWeight(checkpoint, p + "mlp.up_proj.weight", {inter, d}, options));
     layer.gate_up_proj = LinearWeight(torch::cat({gate, up}, 0));
     ASSIGN_OR_RETURN(torch::Tensor down,
-                     LoadWeight(checkpoint, p + "mlp.down_proj.weight", {d, inter}, options));
+                     LoadWeight(checkpoint, p + "mlp.down_proj.weight",
+                                {d, inter}, options));
     layer.down_proj = LinearWeight(down);
-    model->weight_bytes_per_token_ += Bytes(layer.input_norm) + layer.qkv_proj.bytes() +
-                                      Bytes(layer.qkv_bias) + Bytes(layer.q_norm) +
-                                      Bytes(layer.k_norm) + layer.o_proj.bytes() +
-                                      Bytes(layer.post_norm) + layer.gate_up_proj.bytes() +
-                                      layer.down_proj.bytes();
+    model->weight_bytes_per_token_ +=
+        Bytes(layer.input_norm) + layer.qkv_proj.bytes() +
+        Bytes(layer.qkv_bias) + Bytes(layer.q_norm) + Bytes(layer.k_norm) +
+        layer.o_proj.bytes() + Bytes(layer.post_norm) +
+        layer.gate_up_proj.bytes() + layer.down_proj.bytes();
     model->layers_.push_back(std::move(layer));
   }
-  model->weight_bytes_per_token_ += Bytes(model->final_norm_) + model->lm_head_.bytes();
+  model->weight_bytes_per_token_ +=
+      Bytes(model->final_norm_) + model->lm_head_.bytes();
 
   // RoPE tables for every position, in the model dtype (as Hugging Face casts
   // cos/sin to the activations' dtype before rotating).
   torch::Tensor inv_freq = RopeInverseFrequencies(config);
-  torch::Tensor pos = torch::arange(model->max_context_, torch::kInt64).to(torch::kFloat32);
+  torch::Tensor pos =
+      torch::arange(model->max_context_, torch::kInt64).to(torch::kFloat32);
   torch::Tensor freqs = torch::outer(pos, inv_freq);
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);
   model->rope_cos_ = emb.cos().to(options.device, options.dtype).contiguous();
@@ -209,19 +238,24 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
 }
 
 std::vector<LayerKv> LlamaModel::AllocateKv(int64_t capacity) const {
-  TORCH_CHECK(capacity > 0 && capacity <= max_context_, "KV capacity ", capacity,
-              " outside [1, ", max_context_, "]");
-  auto opts = torch::TensorOptions().dtype(options_.dtype).device(options_.device);
+  TORCH_CHECK(capacity > 0 && capacity <= max_context_, "KV capacity ",
+              capacity, " outside [1, ", max_context_, "]");
+  auto opts =
+      torch::TensorOptions().dtype(options_.dtype).device(options_.device);
   std::vector<LayerKv> kv;
   kv.reserve(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
-    kv.push_back({torch::zeros({config_.num_key_value_heads, capacity, config_.head_dim}, opts),
-                  torch::zeros({config_.num_key_value_heads, capacity, config_.head_dim}, opts)});
+    kv.push_back(
+        {torch::zeros({config_.num_key_value_heads, capacity, config_.head_dim},
+                      opts),
+         torch::zeros({config_.num_key_value_heads, capacity, config_.head_dim},
+                      opts)});
   }
   return kv;
 }
 
-torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x, const torch::Tensor& weight) const {
+torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x,
+                                  const torch::Tensor& weight) const {
   // Hugging Face LlamaRMSNorm: normalize in float32, cast back, then scale.
   torch::Tensor xf = x.to(torch::kFloat32);
   torch::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
@@ -229,7 +263,8 @@ torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x, const torch::Tensor& w
   return weight * xf.to(x.scalar_type());
 }
 
-torch::Tensor LlamaModel::ApplyRope(const torch::Tensor& x, int64_t start_pos) const {
+torch::Tensor LlamaModel::ApplyRope(const torch::Tensor& x,
+                                    int64_t start_pos) const {
   // x: [..., T, heads, head_dim]; rotate_half layout (first half / second
   // half); row t is at position start_pos + t.
   const int64_t t = x.size(-3);
@@ -251,12 +286,15 @@ bool LlamaModel::FewRowsApply(const torch::Tensor& h) const {
   return h.device().is_cpu() && h.dim() == 2 && h.size(0) >= 1 &&
          h.size(0) <= kMaxDecodeAttentionRows && !layers_.empty() &&
          layers_[0].qkv_proj.packed() &&
-         (h.scalar_type() == torch::kFloat32 || h.scalar_type() == torch::kBFloat16);
+         (h.scalar_type() == torch::kFloat32 ||
+          h.scalar_type() == torch::kBFloat16);
 }
 
 template <typename E>
-torch::Tensor LlamaModel::AttentionFewRows(const Layer& layer, const torch::Tensor& h_in,
-                                           int64_t start_pos, LayerKv& kv) const {
+torch::Tensor LlamaModel::AttentionFewRows(const Layer& layer,
+                                           const torch::Tensor& h_in,
+                                           int64_t start_pos,
+                                           LayerKv& kv) const {
   const torch::Tensor h = h_in.contiguous();
   const int64_t t = h.size(0);
   const int64_t d = config_.hidden_size;
@@ -265,14 +303,17 @@ torch::Tensor LlamaModel::AttentionFewRows(const Layer& layer, const torch::Tens
   const int64_t nkv = config_.num_key_value_heads;
   const int64_t width = (nh + 2 * nkv) * hd;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  TORCH_CHECK(kv.k.is_contiguous() && kv.v.is_contiguous(), "K/V cache must be contiguous");
+  TORCH_CHECK(kv.k.is_contiguous() && kv.v.is_contiguous(),
+              "K/V cache must be contiguous");
 
   torch::Tensor x = torch::empty_like(h);
-  row_ops::RmsNorm<E>(h.data_ptr<E>(), layer.input_norm.data_ptr<E>(), t, d, eps,
-                      x.data_ptr<E>());
-  torch::Tensor qkv32 = LinearFloatOut(x, layer.qkv_proj);  // [t, width] float32
+  row_ops::RmsNorm<E>(h.data_ptr<E>(), layer.input_norm.data_ptr<E>(), t, d,
+                      eps, x.data_ptr<E>());
+  torch::Tensor qkv32 =
+      LinearFloatOut(x, layer.qkv_proj);  // [t, width] float32
   if (layer.qkv_bias.defined()) qkv32.add_(layer.qkv_bias.to(torch::kFloat32));
-  // The projection's output in the activation dtype, as the LibTorch path has it.
+  // The projection's output in the activation dtype, as the LibTorch path has
+  // it.
   std::vector<E> qkv(t * width);
   row_ops::Round<E>(qkv32.data_ptr<float>(), t * width, qkv.data());
   E* q = qkv.data();
@@ -280,8 +321,10 @@ torch::Tensor LlamaModel::AttentionFewRows(const Layer& layer, const torch::Tens
   E* v = k + nkv * hd;
   if (layer.q_norm.defined()) {
     for (int64_t r = 0; r < t; ++r) {
-      row_ops::RmsNorm<E>(q + r * width, layer.q_norm.data_ptr<E>(), nh, hd, eps, q + r * width);
-      row_ops::RmsNorm<E>(k + r * width, layer.k_norm.data_ptr<E>(), nkv, hd, eps, k + r * width);
+      row_ops::RmsNorm<E>(q + r * width, layer.q_norm.data_ptr<E>(), nh, hd,
+                          eps, q + r * width);
+      row_ops::RmsNorm<E>(k + r * width, layer.k_norm.data_ptr<E>(), nkv, hd,
+                          eps, k + r * width);
     }
   }
   const E* cos = rope_cos_.data_ptr<E>();
@@ -300,38 +343,46 @@ torch::Tensor LlamaModel::AttentionFewRows(const Layer& layer, const torch::Tens
     }
   }
   std::vector<float> qf(t * nh * hd);
-  for (int64_t r = 0; r < t; ++r) row_ops::ToFloat<E>(q + r * width, nh * hd, qf.data() + r * nh * hd);
+  for (int64_t r = 0; r < t; ++r)
+    row_ops::ToFloat<E>(q + r * width, nh * hd, qf.data() + r * nh * hd);
   std::vector<float> attn(t * nh * hd);
-  DecodeAttentionFloat(qf.data(), t, nh, kv.k, kv.v, start_pos,
-                       static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))), attn.data());
+  DecodeAttentionFloat(
+      qf.data(), t, nh, kv.k, kv.v, start_pos,
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))),
+      attn.data());
   torch::Tensor attn_e = torch::empty({t, nh * hd}, h.options());
   row_ops::Round<E>(attn.data(), t * nh * hd, attn_e.data_ptr<E>());
   torch::Tensor y = LinearFloatOut(attn_e, layer.o_proj);
   torch::Tensor out = torch::empty_like(h);
-  row_ops::AddResidual<E>(h.data_ptr<E>(), y.data_ptr<float>(), t * d, out.data_ptr<E>());
+  row_ops::AddResidual<E>(h.data_ptr<E>(), y.data_ptr<float>(), t * d,
+                          out.data_ptr<E>());
   return out;
 }
 
 template <typename E>
-torch::Tensor LlamaModel::MlpFewRows(const Layer& layer, const torch::Tensor& h_in) const {
+torch::Tensor LlamaModel::MlpFewRows(const Layer& layer,
+                                     const torch::Tensor& h_in) const {
   const torch::Tensor h = h_in.contiguous();
   const int64_t t = h.size(0);
   const int64_t d = config_.hidden_size;
   const int64_t inter = config_.intermediate_size;
   torch::Tensor x = torch::empty_like(h);
   row_ops::RmsNorm<E>(h.data_ptr<E>(), layer.post_norm.data_ptr<E>(), t, d,
-                      static_cast<float>(config_.rms_norm_eps), x.data_ptr<E>());
-  torch::Tensor gu = LinearFloatOut(x, layer.gate_up_proj);  // [t, 2 * inter] float32
+                      static_cast<float>(config_.rms_norm_eps),
+                      x.data_ptr<E>());
+  torch::Tensor gu =
+      LinearFloatOut(x, layer.gate_up_proj);  // [t, 2 * inter] float32
   torch::Tensor act = torch::empty({t, inter}, h.options());
   row_ops::SiluMul<E>(gu.data_ptr<float>(), t, inter, act.data_ptr<E>());
   torch::Tensor y = LinearFloatOut(act, layer.down_proj);
   torch::Tensor out = torch::empty_like(h);
-  row_ops::AddResidual<E>(h.data_ptr<E>(), y.data_ptr<float>(), t * d, out.data_ptr<E>());
+  row_ops::AddResidual<E>(h.data_ptr<E>(), y.data_ptr<float>(), t * d,
+                          out.data_ptr<E>());
   return out;
 }
 
-torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h, int64_t start_pos,
-                                    LayerKv& kv) const {
+torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h,
+                                    int64_t start_pos, LayerKv& kv) const {
   c10::InferenceMode guard;
   const Layer& layer = layers_[layer_index];
   const int64_t t = h.size(0);
@@ -340,7 +391,8 @@ torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h, int
   const int64_t nkv = config_.num_key_value_heads;
   const int64_t group = nh / nkv;
   const int64_t end = start_pos + t;
-  TORCH_CHECK(end <= kv.k.size(1), "attention past KV capacity: ", end, " > ", kv.k.size(1));
+  TORCH_CHECK(end <= kv.k.size(1), "attention past KV capacity: ", end, " > ",
+              kv.k.size(1));
   if (FewRowsApply(h)) {
     return h.scalar_type() == torch::kFloat32
                ? AttentionFewRows<float>(layer, h, start_pos, kv)
@@ -374,20 +426,28 @@ torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h, int
 
   // Grouped-query attention without repeating K/V: fold each KV head's query
   // group and the T positions into one batch row block.
-  torch::Tensor qg = q.view({t, nkv, group, hd}).permute({1, 2, 0, 3}).reshape({nkv, group * t, hd});
-  torch::Tensor scores = torch::bmm(qg, keys.transpose(1, 2)).to(torch::kFloat32);
+  torch::Tensor qg = q.view({t, nkv, group, hd})
+                         .permute({1, 2, 0, 3})
+                         .reshape({nkv, group * t, hd});
+  torch::Tensor scores =
+      torch::bmm(qg, keys.transpose(1, 2)).to(torch::kFloat32);
   scores.mul_(1.0 / std::sqrt(static_cast<double>(hd)));
   if (t > 1) {
     // Query at position start_pos+i sees keys 0..start_pos+i.
     auto opts = torch::TensorOptions().device(options_.device);
-    torch::Tensor qpos = torch::arange(start_pos, end, opts.dtype(torch::kInt64)).unsqueeze(1);
-    torch::Tensor kpos = torch::arange(0, end, opts.dtype(torch::kInt64)).unsqueeze(0);
+    torch::Tensor qpos =
+        torch::arange(start_pos, end, opts.dtype(torch::kInt64)).unsqueeze(1);
+    torch::Tensor kpos =
+        torch::arange(0, end, opts.dtype(torch::kInt64)).unsqueeze(0);
     torch::Tensor masked = (kpos > qpos);  // [T, n]
-    scores = scores.view({nkv, group, t, end}).masked_fill(masked, -INFINITY).view({nkv, group * t, end});
+    scores = scores.view({nkv, group, t, end})
+                 .masked_fill(masked, -INFINITY)
+                 .view({nkv, group * t, end});
   }
   torch::Tensor probs = torch::softmax(scores, -1).to(options_.dtype);
   torch::Tensor out = torch::bmm(probs, values);  // [KV, G*T, hd]
-  out = out.view({nkv, group, t, hd}).permute({2, 0, 1, 3}).reshape({t, nh * hd});
+  out =
+      out.view({nkv, group, t, hd}).permute({2, 0, 1, 3}).reshape({t, nh * hd});
   return h + Linear(out, layer.o_proj);
 }
 
@@ -395,18 +455,23 @@ torch::Tensor LlamaModel::Mlp(int layer_index, const torch::Tensor& h) const {
   c10::InferenceMode guard;
   const Layer& layer = layers_[layer_index];
   if (FewRowsApply(h)) {
-    return h.scalar_type() == torch::kFloat32 ? MlpFewRows<float>(layer, h)
-                                              : MlpFewRows<c10::BFloat16>(layer, h);
+    return h.scalar_type() == torch::kFloat32
+               ? MlpFewRows<float>(layer, h)
+               : MlpFewRows<c10::BFloat16>(layer, h);
   }
   const int64_t inter = config_.intermediate_size;
-  torch::Tensor x = RmsNorm(h, layer.post_norm).reshape({-1, config_.hidden_size});
+  torch::Tensor x =
+      RmsNorm(h, layer.post_norm).reshape({-1, config_.hidden_size});
   torch::Tensor gu = Linear(x, layer.gate_up_proj);
-  torch::Tensor act = torch::silu(gu.narrow(1, 0, inter)) * gu.narrow(1, inter, inter);
+  torch::Tensor act =
+      torch::silu(gu.narrow(1, 0, inter)) * gu.narrow(1, inter, inter);
   return h + Linear(act.contiguous(), layer.down_proj).view(h.sizes());
 }
 
-torch::Tensor LlamaModel::BranchAttention(int layer_index, const torch::Tensor& h,
-                                          int64_t first_position, const LayerKv& prefix,
+torch::Tensor LlamaModel::BranchAttention(int layer_index,
+                                          const torch::Tensor& h,
+                                          int64_t first_position,
+                                          const LayerKv& prefix,
                                           int64_t prefix_len) const {
   c10::InferenceMode guard;
   const Layer& layer = layers_[layer_index];
@@ -417,13 +482,16 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index, const torch::Tensor& 
   const int64_t nh = config_.num_attention_heads;
   const int64_t nkv = config_.num_key_value_heads;
   const int64_t group = nh / nkv;
-  TORCH_CHECK(first_position + r <= max_context_, "BranchAttention past the context");
+  TORCH_CHECK(first_position + r <= max_context_,
+              "BranchAttention past the context");
 
-  torch::Tensor x = RmsNorm(h, layer.input_norm).reshape({b * r, config_.hidden_size});
+  torch::Tensor x =
+      RmsNorm(h, layer.input_norm).reshape({b * r, config_.hidden_size});
   torch::Tensor qkv = Linear(x, layer.qkv_proj, layer.qkv_bias);
   torch::Tensor q = qkv.narrow(1, 0, nh * hd).reshape({b, r, nh, hd});
   torch::Tensor k = qkv.narrow(1, nh * hd, nkv * hd).reshape({b, r, nkv, hd});
-  torch::Tensor v = qkv.narrow(1, (nh + nkv) * hd, nkv * hd).reshape({b, r, nkv, hd});
+  torch::Tensor v =
+      qkv.narrow(1, (nh + nkv) * hd, nkv * hd).reshape({b, r, nkv, hd});
   if (layer.q_norm.defined()) {
     q = RmsNorm(q, layer.q_norm);
     k = RmsNorm(k, layer.k_norm);
@@ -432,21 +500,27 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index, const torch::Tensor& 
   k = ApplyRope(k, first_position);
 
   // [B, KV, G*r, hd]: each KV head's query group and the r tokens as rows.
-  torch::Tensor qg = q.view({b, r, nkv, group, hd}).permute({0, 2, 3, 1, 4}).reshape(
-      {b, nkv, group * r, hd});
+  torch::Tensor qg = q.view({b, r, nkv, group, hd})
+                         .permute({0, 2, 3, 1, 4})
+                         .reshape({b, nkv, group * r, hd});
   torch::Tensor own_k = k.permute({0, 2, 3, 1});  // [B, KV, hd, r]
   torch::Tensor own_v = v.permute({0, 2, 1, 3});  // [B, KV, r, hd]
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
-  torch::Tensor self_scores = torch::matmul(qg, own_k).to(torch::kFloat32) * scale;
-  auto opts = torch::TensorOptions().device(options_.device).dtype(torch::kInt64);
-  torch::Tensor later = torch::arange(r, opts).unsqueeze(0) > torch::arange(r, opts).unsqueeze(1);
-  self_scores = self_scores.view({b, nkv, group, r, r}).masked_fill(later, -INFINITY).view(
-      {b, nkv, group * r, r});
+  torch::Tensor self_scores =
+      torch::matmul(qg, own_k).to(torch::kFloat32) * scale;
+  auto opts =
+      torch::TensorOptions().device(options_.device).dtype(torch::kInt64);
+  torch::Tensor later =
+      torch::arange(r, opts).unsqueeze(0) > torch::arange(r, opts).unsqueeze(1);
+  self_scores = self_scores.view({b, nkv, group, r, r})
+                    .masked_fill(later, -INFINITY)
+                    .view({b, nkv, group * r, r});
   torch::Tensor scores = self_scores;
   if (prefix_len > 0) {
     torch::Tensor pk = prefix.k.narrow(1, 0, prefix_len);  // [KV, P, hd]
     torch::Tensor prefix_scores =
-        torch::matmul(qg, pk.transpose(1, 2).unsqueeze(0)).to(torch::kFloat32) * scale;
+        torch::matmul(qg, pk.transpose(1, 2).unsqueeze(0)).to(torch::kFloat32) *
+        scale;
     scores = torch::cat({prefix_scores, self_scores}, -1);
   }
   torch::Tensor probs = torch::softmax(scores, -1).to(options_.dtype);
@@ -456,7 +530,9 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index, const torch::Tensor& 
                               prefix.v.narrow(1, 0, prefix_len).unsqueeze(0));
   }
   // [B, KV, G*r, hd] -> [B, r, H*hd]
-  out = out.view({b, nkv, group, r, hd}).permute({0, 3, 1, 2, 4}).reshape({b * r, nh * hd});
+  out = out.view({b, nkv, group, r, hd})
+            .permute({0, 3, 1, 2, 4})
+            .reshape({b * r, nh * hd});
   return h + Linear(out, layer.o_proj).view(h.sizes());
 }
 
@@ -465,24 +541,29 @@ torch::Tensor LlamaModel::Logits(const torch::Tensor& h) const {
   torch::Tensor x = RmsNorm(h, final_norm_);
   std::vector<int64_t> out_shape = h.sizes().vec();
   out_shape.back() = config_.vocab_size;
-  return Linear(x.reshape({-1, config_.hidden_size}), lm_head_).to(torch::kFloat32).view(out_shape);
+  return Linear(x.reshape({-1, config_.hidden_size}), lm_head_)
+      .to(torch::kFloat32)
+      .view(out_shape);
 }
 
-torch::Tensor LlamaModel::Forward(const torch::Tensor& token_ids, int64_t start_pos,
-                                  std::vector<LayerKv>& kv, int64_t num_logits) const {
+torch::Tensor LlamaModel::Forward(const torch::Tensor& token_ids,
+                                  int64_t start_pos, std::vector<LayerKv>& kv,
+                                  int64_t num_logits) const {
   ForwardOptions options;
   options.num_logits = num_logits;
   return Forward(token_ids, start_pos, kv, options);
 }
 
-torch::Tensor LlamaModel::Forward(const torch::Tensor& token_ids, int64_t start_pos,
-                                  std::vector<LayerKv>& kv, const ForwardOptions& options) const {
+torch::Tensor LlamaModel::Forward(const torch::Tensor& token_ids,
+                                  int64_t start_pos, std::vector<LayerKv>& kv,
+                                  const ForwardOptions& options) const {
   c10::InferenceMode guard;
   TORCH_CHECK(static_cast<int>(kv.size()) == num_layers(), "KV has ", kv.size(),
               " layers, model has ", num_layers());
   const LayerMask* skip = options.skip;
-  TORCH_CHECK(skip == nullptr || skip->num_layers() == num_layers(), "mask has ",
-              skip == nullptr ? 0 : skip->num_layers(), " layers, model has ", num_layers());
+  TORCH_CHECK(skip == nullptr || skip->num_layers() == num_layers(),
+              "mask has ", skip == nullptr ? 0 : skip->num_layers(),
+              " layers, model has ", num_layers());
   torch::Tensor h = Embed(token_ids);
   std::vector<torch::Tensor> boundaries;
   if (options.boundary_states != nullptr) {
@@ -490,20 +571,24 @@ torch::Tensor LlamaModel::Forward(const torch::Tensor& token_ids, int64_t start_
     boundaries.push_back(h);
   }
   for (int i = 0; i < num_layers(); ++i) {
-    if (skip == nullptr || !skip->skip_attention(i)) h = Attention(i, h, start_pos, kv[i]);
+    if (skip == nullptr || !skip->skip_attention(i))
+      h = Attention(i, h, start_pos, kv[i]);
     if (options.boundary_states != nullptr) boundaries.push_back(h);
     if (skip == nullptr || !skip->skip_mlp(i)) h = Mlp(i, h);
     if (options.boundary_states != nullptr) boundaries.push_back(h);
   }
-  if (options.boundary_states != nullptr) *options.boundary_states = torch::stack(boundaries);
+  if (options.boundary_states != nullptr)
+    *options.boundary_states = torch::stack(boundaries);
   const int64_t t = h.size(0);
   const int64_t num_logits = options.num_logits;
-  if (num_logits >= 0 && num_logits < t) h = h.narrow(0, t - num_logits, num_logits);
+  if (num_logits >= 0 && num_logits < t)
+    h = h.narrow(0, t - num_logits, num_logits);
   return Logits(h);
 }
 
-torch::Tensor LlamaModel::Prefill(const torch::Tensor& token_ids, int64_t start_pos,
-                                  std::vector<LayerKv>& kv, int64_t chunk_size) const {
+torch::Tensor LlamaModel::Prefill(const torch::Tensor& token_ids,
+                                  int64_t start_pos, std::vector<LayerKv>& kv,
+                                  int64_t chunk_size) const {
   c10::InferenceMode guard;
   TORCH_CHECK(chunk_size > 0, "chunk_size must be positive");
   const int64_t n = token_ids.size(0);
@@ -512,7 +597,8 @@ torch::Tensor LlamaModel::Prefill(const torch::Tensor& token_ids, int64_t start_
   for (int64_t begin = 0; begin < n; begin += chunk_size) {
     const int64_t len = std::min(chunk_size, n - begin);
     const bool last = begin + len == n;
-    logits = Forward(token_ids.narrow(0, begin, len), start_pos + begin, kv, last ? 1 : 0);
+    logits = Forward(token_ids.narrow(0, begin, len), start_pos + begin, kv,
+                     last ? 1 : 0);
   }
   return logits[0];
 }

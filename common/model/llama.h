@@ -20,7 +20,8 @@
 //
 // Thread safety: a loaded model is immutable; all const methods may be called
 // from several threads at once as long as each thread passes its own KV
-// storage. Torch's intra-op thread count is process-wide (ModelOptions.threads).
+// storage. Torch's intra-op thread count is process-wide
+// (ModelOptions.threads).
 #ifndef KNAPSERVE_COMMON_MODEL_LLAMA_H_
 #define KNAPSERVE_COMMON_MODEL_LLAMA_H_
 
@@ -32,9 +33,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/checkpoint/model_config.h"
 #include "common/model/layer_mask.h"
 #include "common/model/linear.h"
-#include "common/checkpoint/model_config.h"
 
 namespace knapserve {
 
@@ -81,12 +82,12 @@ class LlamaModel {
   // Loads config.json (+ generation_config.json) and the safetensors weights
   // from `model_dir`. Errors name the file and the problem: a missing or
   // misshapen tensor, an unsupported model_type or dtype.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(const std::string& model_dir,
-                                                          const ModelOptions& options);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Load(
+      const std::string& model_dir, const ModelOptions& options);
   // Same, from an already parsed config and an open checkpoint.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> FromCheckpoint(const ModelConfig& config,
-                                                                    const Checkpoint& checkpoint,
-                                                                    const ModelOptions& options);
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> FromCheckpoint(
+      const ModelConfig& config, const Checkpoint& checkpoint,
+      const ModelOptions& options);
 
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -122,8 +123,9 @@ class LlamaModel {
   // positions [0, prefix_len) (the full model's K/V, shared by all branches)
   // and causally to its own branch's tokens; nothing is written to any cache.
   // prefix_len may be < first_position when only a window of K/V is known.
-  torch::Tensor BranchAttention(int layer, const torch::Tensor& h, int64_t first_position,
-                                const LayerKv& prefix, int64_t prefix_len) const;
+  torch::Tensor BranchAttention(int layer, const torch::Tensor& h,
+                                int64_t first_position, const LayerKv& prefix,
+                                int64_t prefix_len) const;
   // Final RMSNorm and LM head: [..., hidden] -> float32 [..., vocab].
   torch::Tensor Logits(const torch::Tensor& h) const;
 
@@ -132,26 +134,31 @@ class LlamaModel {
   // start_pos.. and returns float32 logits for the last `num_logits` rows
   // (all rows if num_logits < 0). `kv` must hold start_pos+T positions.
   torch::Tensor Forward(const torch::Tensor& token_ids, int64_t start_pos,
-                        std::vector<LayerKv>& kv, int64_t num_logits = -1) const;
+                        std::vector<LayerKv>& kv,
+                        int64_t num_logits = -1) const;
   // The same with a layer mask and/or boundary-state capture.
   torch::Tensor Forward(const torch::Tensor& token_ids, int64_t start_pos,
-                        std::vector<LayerKv>& kv, const ForwardOptions& options) const;
+                        std::vector<LayerKv>& kv,
+                        const ForwardOptions& options) const;
   // Forward in chunks of at most `chunk_size` positions (bounds the attention
   // score memory for long prompts); returns the last position's logits [vocab].
   torch::Tensor Prefill(const torch::Tensor& token_ids, int64_t start_pos,
-                        std::vector<LayerKv>& kv, int64_t chunk_size = 512) const;
+                        std::vector<LayerKv>& kv,
+                        int64_t chunk_size = 512) const;
 
  private:
   struct Layer {
-    torch::Tensor input_norm;   // [hidden]
-    LinearWeight qkv_proj;      // [(H + 2*KV) * head_dim, hidden]: q, k, v rows fused
-    torch::Tensor qkv_bias;     // [(H + 2*KV) * head_dim] or undefined
-    torch::Tensor q_norm;       // [head_dim] (qwen3) or undefined
-    torch::Tensor k_norm;       // [head_dim] (qwen3) or undefined
-    LinearWeight o_proj;        // [hidden, H * head_dim]
-    torch::Tensor post_norm;    // [hidden]
-    LinearWeight gate_up_proj;  // [2 * intermediate, hidden]: gate rows then up rows
-    LinearWeight down_proj;     // [hidden, intermediate]
+    torch::Tensor input_norm;  // [hidden]
+    LinearWeight
+        qkv_proj;  // [(H + 2*KV) * head_dim, hidden]: q, k, v rows fused
+    torch::Tensor qkv_bias;   // [(H + 2*KV) * head_dim] or undefined
+    torch::Tensor q_norm;     // [head_dim] (qwen3) or undefined
+    torch::Tensor k_norm;     // [head_dim] (qwen3) or undefined
+    LinearWeight o_proj;      // [hidden, H * head_dim]
+    torch::Tensor post_norm;  // [hidden]
+    LinearWeight
+        gate_up_proj;  // [2 * intermediate, hidden]: gate rows then up rows
+    LinearWeight down_proj;  // [hidden, intermediate]
   };
 
   LlamaModel(ModelConfig config, ModelOptions options);
@@ -160,18 +167,19 @@ class LlamaModel {
   // most kMaxDecodeAttentionRows rows. Decode, draft and verification steps.
   bool FewRowsApply(const torch::Tensor& h) const;
   template <typename E>
-  torch::Tensor AttentionFewRows(const Layer& layer, const torch::Tensor& h, int64_t start_pos,
-                                 LayerKv& kv) const;
+  torch::Tensor AttentionFewRows(const Layer& layer, const torch::Tensor& h,
+                                 int64_t start_pos, LayerKv& kv) const;
   template <typename E>
   torch::Tensor MlpFewRows(const Layer& layer, const torch::Tensor& h) const;
-  torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight) const;
+  torch::Tensor RmsNorm(const torch::Tensor& x,
+                        const torch::Tensor& weight) const;
   torch::Tensor ApplyRope(const torch::Tensor& x, int64_t start_pos) const;
 
   ModelConfig config_;
   ModelOptions options_;
   int64_t max_context_ = 0;
   int64_t weight_bytes_per_token_ = 0;
-  torch::Tensor embed_;     // [vocab, hidden]
+  torch::Tensor embed_;  // [vocab, hidden]
   torch::Tensor final_norm_;
   LinearWeight lm_head_;    // [vocab, hidden]; packed from embed_ when tied
   torch::Tensor rope_cos_;  // [max_context, head_dim] in the model dtype

@@ -33,21 +33,24 @@ float SumOfSquares(const E* x, int64_t d) {
 }  // namespace
 
 template <typename E>
-void RmsNorm(const E* x, const E* w, int64_t rows, int64_t d, float eps, E* out) {
+void RmsNorm(const E* x, const E* w, int64_t rows, int64_t d, float eps,
+             E* out) {
   for (int64_t r = 0; r < rows; ++r) {
     const E* xr = x + r * d;
     E* o = out + r * d;
-    const float inv = 1.0f / std::sqrt(SumOfSquares(xr, d) / static_cast<float>(d) + eps);
+    const float inv =
+        1.0f / std::sqrt(SumOfSquares(xr, d) / static_cast<float>(d) + eps);
     for (int64_t i = 0; i < d; ++i) {
       const E normalized = static_cast<E>(static_cast<float>(xr[i]) * inv);
-      o[i] = static_cast<E>(static_cast<float>(w[i]) * static_cast<float>(normalized));
+      o[i] = static_cast<E>(static_cast<float>(w[i]) *
+                            static_cast<float>(normalized));
     }
   }
 }
 
 template <typename E>
-void Rope(E* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t hd, int64_t pos0,
-          const E* cos, const E* sin) {
+void Rope(E* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t hd,
+          int64_t pos0, const E* cos, const E* sin) {
   const int64_t half = hd / 2;
   for (int64_t r = 0; r < rows; ++r) {
     const E* c = cos + (pos0 + r) * hd;
@@ -57,9 +60,10 @@ void Rope(E* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t hd, int
       for (int64_t i = 0; i < half; ++i) {
         const float a = static_cast<float>(v[i]);
         const float b = static_cast<float>(v[i + half]);
-        v[i] = static_cast<E>(a * static_cast<float>(c[i]) - b * static_cast<float>(s[i]));
-        v[i + half] =
-            static_cast<E>(b * static_cast<float>(c[i + half]) + a * static_cast<float>(s[i + half]));
+        v[i] = static_cast<E>(a * static_cast<float>(c[i]) -
+                              b * static_cast<float>(s[i]));
+        v[i + half] = static_cast<E>(b * static_cast<float>(c[i + half]) +
+                                     a * static_cast<float>(s[i + half]));
       }
     }
   }
@@ -74,7 +78,8 @@ void SiluMul(const float* gu, int64_t rows, int64_t inter, E* out) {
     for (int64_t i = 0; i < inter; ++i) {
       const float gate = static_cast<float>(static_cast<E>(g[i]));
       const float up = static_cast<float>(static_cast<E>(u[i]));
-      const float silu = static_cast<float>(static_cast<E>(gate / (1.0f + std::exp(-gate))));
+      const float silu =
+          static_cast<float>(static_cast<E>(gate / (1.0f + std::exp(-gate))));
       o[i] = static_cast<E>(silu * up);
     }
   }
@@ -83,7 +88,8 @@ void SiluMul(const float* gu, int64_t rows, int64_t inter, E* out) {
 template <typename E>
 void AddResidual(const E* h, const float* y, int64_t count, E* out) {
   for (int64_t i = 0; i < count; ++i) {
-    out[i] = static_cast<E>(static_cast<float>(h[i]) + static_cast<float>(static_cast<E>(y[i])));
+    out[i] = static_cast<E>(static_cast<float>(h[i]) +
+                            static_cast<float>(static_cast<E>(y[i])));
   }
 }
 
@@ -97,12 +103,13 @@ void ToFloat(const E* x, int64_t count, float* out) {
   for (int64_t i = 0; i < count; ++i) out[i] = static_cast<float>(x[i]);
 }
 
-#define KNAPSERVE_ROW_OPS(E)                                                                  \
-  template void RmsNorm<E>(const E*, const E*, int64_t, int64_t, float, E*);                 \
-  template void Rope<E>(E*, int64_t, int64_t, int64_t, int64_t, int64_t, const E*, const E*); \
-  template void SiluMul<E>(const float*, int64_t, int64_t, E*);                               \
-  template void AddResidual<E>(const E*, const float*, int64_t, E*);                          \
-  template void Round<E>(const float*, int64_t, E*);                                          \
+#define KNAPSERVE_ROW_OPS(E)                                                 \
+  template void RmsNorm<E>(const E*, const E*, int64_t, int64_t, float, E*); \
+  template void Rope<E>(E*, int64_t, int64_t, int64_t, int64_t, int64_t,     \
+                        const E*, const E*);                                 \
+  template void SiluMul<E>(const float*, int64_t, int64_t, E*);              \
+  template void AddResidual<E>(const E*, const float*, int64_t, E*);         \
+  template void Round<E>(const float*, int64_t, E*);                         \
   template void ToFloat<E>(const E*, int64_t, float*);
 KNAPSERVE_ROW_OPS(float)
 KNAPSERVE_ROW_OPS(c10::BFloat16)

@@ -23,15 +23,16 @@ namespace knapserve::row_ops {
 // (row stride d), as Hugging Face's LlamaRMSNorm (normalize in float32,
 // round to E, then scale). out may equal x.
 template <typename E>
-void RmsNorm(const E* x, const E* w, int64_t rows, int64_t d, float eps, E* out);
+void RmsNorm(const E* x, const E* w, int64_t rows, int64_t d, float eps,
+             E* out);
 
 // Rotary embedding in place, rotate-half layout: for each of `rows` rows
 // (row r at position pos0 + r, row stride `row_stride` elements) and each of
-// `heads` heads of width hd starting at `x`, x <- x * cos + rotate_half(x) * sin
-// with cos/sin the [max_positions, hd] tables (rows indexed by position).
+// `heads` heads of width hd starting at `x`, x <- x * cos + rotate_half(x) *
+// sin with cos/sin the [max_positions, hd] tables (rows indexed by position).
 template <typename E>
-void Rope(E* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t hd, int64_t pos0,
-          const E* cos, const E* sin);
+void Rope(E* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t hd,
+          int64_t pos0, const E* cos, const E* sin);
 
 // SwiGLU on a fused gate/up projection: gu is float32 [rows, 2 * inter]
 // (gate columns, then up columns); out[r, i] = E(silu(E(gate)) * E(up)).

@@ -25,8 +25,9 @@ absl::StatusOr<PlanPolicy> ParsePlanPolicy(const std::string& name) {
   if (n == "knapspec") return PlanPolicy::kKnapSpec;
   if (n == "clasp") return PlanPolicy::kClasp;
   if (n == "off") return PlanPolicy::kOff;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown plan policy '", name, "' (supported: static, knapspec, clasp, off)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown plan policy '", name,
+                   "' (supported: static, knapspec, clasp, off)"));
 }
 
 }  // namespace knapserve

@@ -46,12 +46,14 @@ absl::StatusOr<PlanPolicy> ParsePlanPolicy(const std::string& name);
 struct DraftPlan {
   LayerMask mask;
   int gamma = 0;
-  double predicted_tpt = 0;  // tokens per second of (mask, gamma) by the latency model
-  double alpha_hat = 0;      // of the chosen mask on the reference tokens (raw share)
+  double predicted_tpt =
+      0;  // tokens per second of (mask, gamma) by the latency model
+  double alpha_hat =
+      0;  // of the chosen mask on the reference tokens (raw share)
   // The acceptance predicted_tpt assumes: alpha_hat smoothed by the planner's
   // Beta prior (planner/tpt.h SmoothAlpha); 0 with gamma 0.
   double alpha_smoothed = 0;
-  int num_candidates = 0;    // candidates the policy weighed
+  int num_candidates = 0;  // candidates the policy weighed
   // Candidates whose alpha_hat was measured (KnapSpec measures lazily, in
   // order of their best possible TPT); <= num_candidates.
   int num_evaluated = 0;
@@ -59,8 +61,9 @@ struct DraftPlan {
   double queue_seconds = 0;  // time the request waited before its solve began
   int64_t step = 0;          // PlanRequest::step, echoed
   // Extras for logs and metrics.
-  double baseline_tpt = 0;  // 1 / t_verify(n, 1): autoregressive tokens per second
-  double mean_cosine = 0;   // of the chosen mask, at the last boundary
+  double baseline_tpt =
+      0;  // 1 / t_verify(n, 1): autoregressive tokens per second
+  double mean_cosine = 0;  // of the chosen mask, at the last boundary
 };
 
 // One plan request: a snapshot of reference states plus what the DP's
@@ -75,13 +78,15 @@ struct PlanRequest {
   // context_length (the old behaviour).
   int64_t plan_lifetime_tokens = 0;
   PlanPolicy policy = PlanPolicy::kKnapSpec;
-  std::string static_mask;     // kStatic: the mask ("a3,m7")
-  int clasp_layers = 0;        // kClasp: M, the layers to skip (>= 1)
-  int max_draft = 10;          // D: gamma in 1..D
-  std::string model_fingerprint;  // ModelConfig::Fingerprint() of the executor's model
+  std::string static_mask;  // kStatic: the mask ("a3,m7")
+  int clasp_layers = 0;     // kClasp: M, the layers to skip (>= 1)
+  int max_draft = 10;       // D: gamma in 1..D
+  std::string
+      model_fingerprint;  // ModelConfig::Fingerprint() of the executor's model
 
   // The full model's hidden states at all 2L+1 sublayer boundaries for r
-  // tokens at positions first_position .. first_position+r-1: [2L+1, r, hidden].
+  // tokens at positions first_position .. first_position+r-1: [2L+1, r,
+  // hidden].
   torch::Tensor states;
   int64_t first_position = 0;
   // The full model's argmax at each of the r tokens; empty: the planner

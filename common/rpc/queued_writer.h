@@ -95,7 +95,8 @@ class QueuedWriter {
       finished_ = true;
       status = std::move(*status_);
     }
-    finish(reactor, std::move(status));  // last use of `this`: OnDone may delete it
+    finish(reactor,
+           std::move(status));  // last use of `this`: OnDone may delete it
   }
 
   // The reactor's OnWriteDone(ok): the write in flight completed (ok) or the
@@ -184,12 +185,15 @@ class QueuedWriter {
   void (*const finish_)(void* reactor, grpc::Status status);
 
   mutable absl::Mutex mu_;
-  std::deque<Response> queue_ ABSL_GUARDED_BY(mu_);  // front() is in flight while writing_
-  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);  // set by the first Finish
+  std::deque<Response> queue_
+      ABSL_GUARDED_BY(mu_);  // front() is in flight while writing_
+  std::optional<grpc::Status> status_
+      ABSL_GUARDED_BY(mu_);  // set by the first Finish
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // the reactor's Finish was called
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;    // a write failed, or Cancel
+  bool finished_ ABSL_GUARDED_BY(mu_) =
+      false;                                  // the reactor's Finish was called
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;  // a write failed, or Cancel
 };
 
 }  // namespace knapserve

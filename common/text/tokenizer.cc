@@ -130,8 +130,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(
   return FromJson(contents, tokenizer_json_path);
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view text,
-                                                               std::string_view source_name) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(
+    std::string_view text, std::string_view source_name) {
   ASSIGN_OR_RETURN(const nlohmann::json json, ParseJsonText(text, source_name));
   const JsonReader root(json, std::string(source_name));
   RETURN_IF_ERROR(root.ExpectObject());
@@ -139,17 +139,22 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
   // Every field is read through JsonReader, which names the file and the
   // field in its errors and lets no JSON exception escape.
   std::unique_ptr<Tokenizer> tokenizer(new Tokenizer());
-  ASSIGN_OR_RETURN(tokenizer->normalizer_,
-                   tokenizer_internal::ParseNormalizer(root.Field("normalizer")));
-  ASSIGN_OR_RETURN(tokenizer->pre_tokenizer_,
-                   tokenizer_internal::ParsePreTokenizer(root.Field("pre_tokenizer")));
+  ASSIGN_OR_RETURN(tokenizer->normalizer_, tokenizer_internal::ParseNormalizer(
+                                               root.Field("normalizer")));
+  ASSIGN_OR_RETURN(
+      tokenizer->pre_tokenizer_,
+      tokenizer_internal::ParsePreTokenizer(root.Field("pre_tokenizer")));
   ASSIGN_OR_RETURN(const JsonReader model, root.Child("model"));
-  ASSIGN_OR_RETURN(tokenizer->model_, tokenizer_internal::BpeModel::FromJson(model));
-  ASSIGN_OR_RETURN(tokenizer->post_processor_,
-                   tokenizer_internal::ParsePostProcessor(root.Field("post_processor")));
-  ASSIGN_OR_RETURN(tokenizer->decoder_, tokenizer_internal::ParseDecoder(root.Field("decoder")));
+  ASSIGN_OR_RETURN(tokenizer->model_,
+                   tokenizer_internal::BpeModel::FromJson(model));
+  ASSIGN_OR_RETURN(
+      tokenizer->post_processor_,
+      tokenizer_internal::ParsePostProcessor(root.Field("post_processor")));
+  ASSIGN_OR_RETURN(tokenizer->decoder_,
+                   tokenizer_internal::ParseDecoder(root.Field("decoder")));
 
-  ASSIGN_OR_RETURN(const std::vector<JsonReader> added, root.OptionalArray("added_tokens"));
+  ASSIGN_OR_RETURN(const std::vector<JsonReader> added,
+                   root.OptionalArray("added_tokens"));
   int32_t vocab_size = tokenizer->model_->id_limit();
   for (const JsonReader& entry : added) {
     RETURN_IF_ERROR(entry.ExpectObject());
@@ -157,7 +162,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
     ASSIGN_OR_RETURN(token.content, entry.RequiredString("content"));
     ASSIGN_OR_RETURN(int64_t id, entry.RequiredInt64("id"));
     if (id < 0 || id >= (int64_t{1} << 24)) {
-      return entry.FieldError("id", absl::StrCat("must be in [0, 2^24), got ", id));
+      return entry.FieldError("id",
+                              absl::StrCat("must be in [0, 2^24), got ", id));
     }
     if (token.content.empty() || !IsValidUtf8(token.content)) {
       return entry.FieldError("content", "must be non-empty UTF-8");
@@ -166,8 +172,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
     ASSIGN_OR_RETURN(token.special, entry.OptionalBool("special", false));
     ASSIGN_OR_RETURN(token.lstrip, entry.OptionalBool("lstrip", false));
     ASSIGN_OR_RETURN(token.rstrip, entry.OptionalBool("rstrip", false));
-    ASSIGN_OR_RETURN(token.single_word, entry.OptionalBool("single_word", false));
-    ASSIGN_OR_RETURN(token.normalized, entry.OptionalBool("normalized", !token.special));
+    ASSIGN_OR_RETURN(token.single_word,
+                     entry.OptionalBool("single_word", false));
+    ASSIGN_OR_RETURN(token.normalized,
+                     entry.OptionalBool("normalized", !token.special));
     vocab_size = std::max(vocab_size, token.id + 1);
     const size_t index = tokenizer->added_tokens_.size();
     tokenizer->added_by_content_[token.content] = index;
@@ -186,10 +194,12 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view 
     }
     // As in the crate, normalized tokens are matched in normalized text by
     // their normalized form.
-    const std::string pattern = tokenizer->normalizer_ != nullptr
-                                    ? tokenizer->normalizer_->Normalize(token.content)
-                                    : token.content;
-    if (!pattern.empty()) tokenizer->normalized_matcher_->Add(pattern, static_cast<int32_t>(i));
+    const std::string pattern =
+        tokenizer->normalizer_ != nullptr
+            ? tokenizer->normalizer_->Normalize(token.content)
+            : token.content;
+    if (!pattern.empty())
+      tokenizer->normalized_matcher_->Add(pattern, static_cast<int32_t>(i));
   }
 
   if (tokenizer->post_processor_ != nullptr) {
@@ -235,19 +245,21 @@ std::vector<Tokenizer::Segment> Tokenizer::SplitOnAddedTokens(
       }
       if (!start_ok || !stop_ok) continue;
     }
-    if (token.lstrip) begin = std::max(TrailingSpaceStart(text, begin), start_offset);
+    if (token.lstrip)
+      begin = std::max(TrailingSpaceStart(text, begin), start_offset);
     if (token.rstrip) end = LeadingSpaceEnd(text, end);
     if (start_offset < begin) segments.push_back({start_offset, begin, -1});
     segments.push_back({begin, end, index});
     start_offset = end;
     search = std::max(search, end);
   }
-  if (start_offset < text.size()) segments.push_back({start_offset, text.size(), -1});
+  if (start_offset < text.size())
+    segments.push_back({start_offset, text.size(), -1});
   return segments;
 }
 
-absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
-                                                       bool add_special_tokens) const {
+absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(
+    std::string_view text, bool add_special_tokens) const {
   const size_t bad = FirstInvalidUtf8Offset(text);
   if (bad != text.size()) {
     return absl::InvalidArgumentError(
@@ -261,22 +273,28 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
       ids.push_back(added_tokens_[raw.added].id);
       continue;
     }
-    const std::string_view raw_text = text.substr(raw.begin, raw.end - raw.begin);
-    const std::string normalized =
-        normalizer_ != nullptr ? normalizer_->Normalize(raw_text) : std::string(raw_text);
-    for (const Segment& segment : SplitOnAddedTokens(normalized, *normalized_matcher_)) {
+    const std::string_view raw_text =
+        text.substr(raw.begin, raw.end - raw.begin);
+    const std::string normalized = normalizer_ != nullptr
+                                       ? normalizer_->Normalize(raw_text)
+                                       : std::string(raw_text);
+    for (const Segment& segment :
+         SplitOnAddedTokens(normalized, *normalized_matcher_)) {
       if (segment.added >= 0) {
         ids.push_back(added_tokens_[segment.added].id);
         continue;
       }
       pieces.clear();
-      pieces.push_back({normalized.substr(segment.begin, segment.end - segment.begin),
-                        raw.begin == 0 && segment.begin == 0});
+      pieces.push_back(
+          {normalized.substr(segment.begin, segment.end - segment.begin),
+           raw.begin == 0 && segment.begin == 0});
       if (pre_tokenizer_ != nullptr) pre_tokenizer_->PreTokenize(&pieces);
-      for (const tokenizer_internal::PreToken& piece : pieces) model_->Tokenize(piece.text, &ids);
+      for (const tokenizer_internal::PreToken& piece : pieces)
+        model_->Tokenize(piece.text, &ids);
     }
   }
-  if (add_special_tokens && post_processor_ != nullptr) post_processor_->Process(&ids);
+  if (add_special_tokens && post_processor_ != nullptr)
+    post_processor_->Process(&ids);
   return ids;
 }
 
@@ -293,10 +311,12 @@ absl::StatusOr<std::string> Tokenizer::Decode(absl::Span<const int32_t> ids,
   tokens.reserve(ids.size());
   for (int32_t id : ids) {
     if (id < 0) {
-      return absl::OutOfRangeError(absl::StrCat("Decode: negative token id ", id));
+      return absl::OutOfRangeError(
+          absl::StrCat("Decode: negative token id ", id));
     }
     if (skip_special_tokens && IsSpecial(id)) continue;
-    if (const std::string* token = TokenOf(id); token != nullptr) tokens.push_back(*token);
+    if (const std::string* token = TokenOf(id); token != nullptr)
+      tokens.push_back(*token);
   }
   std::string text;
   if (decoder_ != nullptr) {
@@ -340,7 +360,8 @@ constexpr size_t kTrimThreshold = 1024;
 
 }  // namespace
 
-IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens,
+IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer,
+                                       bool skip_special_tokens,
                                        std::vector<int32_t> prompt_ids)
     : tokenizer_(&tokenizer), skip_special_tokens_(skip_special_tokens) {
   const size_t keep = std::min(prompt_ids.size(), kPromptContext);
@@ -354,14 +375,17 @@ IncrementalDecoder::IncrementalDecoder(const Tokenizer& tokenizer, bool skip_spe
 }
 
 std::string IncrementalDecoder::DecodeRange(size_t begin, size_t end) const {
-  auto text = tokenizer_->Decode(absl::MakeConstSpan(ids_).subspan(begin, end - begin),
-                                 skip_special_tokens_);
-  return text.ok() ? std::move(text).value() : std::string();  // Ids were checked.
+  auto text =
+      tokenizer_->Decode(absl::MakeConstSpan(ids_).subspan(begin, end - begin),
+                         skip_special_tokens_);
+  return text.ok() ? std::move(text).value()
+                   : std::string();  // Ids were checked.
 }
 
 absl::StatusOr<std::string> IncrementalDecoder::Push(int32_t id) {
   if (id < 0) {
-    return absl::OutOfRangeError(absl::StrCat("IncrementalDecoder: negative token id ", id));
+    return absl::OutOfRangeError(
+        absl::StrCat("IncrementalDecoder: negative token id ", id));
   }
   // An id the tokenizer does not know (models pad their embedding past the
   // tokenizer, e.g. Qwen2) decodes to nothing, as in the crate.
@@ -369,7 +393,8 @@ absl::StatusOr<std::string> IncrementalDecoder::Push(int32_t id) {
   ids_.push_back(id);
   std::string new_text = DecodeRange(prefix_offset_, ids_.size());
   // Hold back text that has not grown or ends in an incomplete character.
-  if (new_text.size() <= prefix_text_.size() || new_text.ends_with(kReplacementChar)) {
+  if (new_text.size() <= prefix_text_.size() ||
+      new_text.ends_with(kReplacementChar)) {
     return std::string();
   }
   return Emit(new_text);
@@ -397,7 +422,8 @@ std::string IncrementalDecoder::Emit(const std::string& new_text) {
   prefix_offset_ = read_offset_;
   read_offset_ = ids_.size();
   if (prefix_offset_ >= kTrimThreshold) {
-    ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_offset_));
+    ids_.erase(ids_.begin(),
+               ids_.begin() + static_cast<std::ptrdiff_t>(prefix_offset_));
     read_offset_ -= prefix_offset_;
     prefix_offset_ = 0;
   }

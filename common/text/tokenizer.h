@@ -3,24 +3,28 @@
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
 //                    Tokenizer::FromFile(model_dir + "/tokenizer.json"));
-//   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(prompt, true));
-//   IncrementalDecoder stream(*tokenizer, /*skip_special_tokens=*/true, ids);
-//   for (int32_t id : generated) { ASSIGN_OR_RETURN(std::string piece, stream.Push(id)); ... }
-//   std::string tail = stream.Flush();
+//   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode(prompt,
+//   true)); IncrementalDecoder stream(*tokenizer, /*skip_special_tokens=*/true,
+//   ids); for (int32_t id : generated) { ASSIGN_OR_RETURN(std::string piece,
+//   stream.Push(id)); ... } std::string tail = stream.Flush();
 //
 // Supported, with the semantics of the Rust `tokenizers` crate (the goldens in
 // ../shared/tokenizers were made with Hugging Face's Tokenizers.js):
 //   model:          BPE (vocab + merges as "a b" or ["a", "b"], byte_fallback,
-//                   unk/fuse_unk, ignore_merges, continuing/end-of-word affixes)
-//   normalizer:     NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip, Sequence
-//   pre_tokenizer:  ByteLevel, Split (String/Regex, all behaviors, invert), Digits,
-//                   Metaspace (prepend_scheme first/always/never, split), Whitespace,
-//                   WhitespaceSplit, Sequence
-//   post_processor: TemplateProcessing, ByteLevel, RobertaProcessing, BertProcessing,
+//                   unk/fuse_unk, ignore_merges, continuing/end-of-word
+//                   affixes)
+//   normalizer:     NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip,
+//   Sequence pre_tokenizer:  ByteLevel, Split (String/Regex, all behaviors,
+//   invert), Digits,
+//                   Metaspace (prepend_scheme first/always/never, split),
+//                   Whitespace, WhitespaceSplit, Sequence
+//   post_processor: TemplateProcessing, ByteLevel, RobertaProcessing,
+//   BertProcessing,
 //                   Sequence (single sequences only)
 //   decoder:        ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace,
 //                   BPEDecoder, Sequence
-//   added_tokens:   special and normal, with lstrip/rstrip/single_word/normalized.
+//   added_tokens:   special and normal, with
+//   lstrip/rstrip/single_word/normalized.
 // This covers GPT-2 / Llama-3 / Qwen2 / SmolLM byte-level BPE and Llama-2 /
 // Mistral SentencePiece-style BPE. Other component types (WordPiece, Unigram,
 // BertNormalizer, Precompiled, ...) fail to load with Unimplemented naming the
@@ -69,8 +73,8 @@ class Tokenizer {
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(
       const std::string& tokenizer_json_path);
   // The same from the file's text; `source_name` names it in error messages.
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json,
-                                                             std::string_view source_name);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(
+      std::string_view json, std::string_view source_name);
 
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
@@ -81,13 +85,14 @@ class Tokenizer {
   // add_special_tokens applies the post_processor (e.g. Llama-2's BOS; the
   // ByteLevel post-processor adds nothing). InvalidArgument if `text` is not
   // valid UTF-8.
-  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens) const;
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text,
+                                              bool add_special_tokens) const;
 
   // The text of `ids` through the decoder pipeline; special tokens are dropped
   // if skip_special_tokens. Always valid UTF-8 (ill-formed byte sequences
-  // become U+FFFD). OutOfRange for an id < 0; ids that name no token (>= vocab_size(),
-  // as models often pad their embedding past the tokenizer, or holes in the
-  // vocab) are skipped, as in the crate.
+  // become U+FFFD). OutOfRange for an id < 0; ids that name no token (>=
+  // vocab_size(), as models often pad their embedding past the tokenizer, or
+  // holes in the vocab) are skipped, as in the crate.
   absl::StatusOr<std::string> Decode(absl::Span<const int32_t> ids,
                                      bool skip_special_tokens = false) const;
 
@@ -123,18 +128,23 @@ class Tokenizer {
   Tokenizer();
   // The HF AddedVocabulary split: added-token matches and the text between.
   std::vector<Segment> SplitOnAddedTokens(
-      std::string_view text, const tokenizer_internal::AddedTokenMatcher& matcher) const;
+      std::string_view text,
+      const tokenizer_internal::AddedTokenMatcher& matcher) const;
   // The token string of `id` (added first), or nullptr.
   const std::string* TokenOf(int32_t id) const;
 
-  std::unique_ptr<tokenizer_internal::Normalizer> normalizer_;       // May be null.
-  std::unique_ptr<tokenizer_internal::PreTokenizer> pre_tokenizer_;  // May be null.
+  std::unique_ptr<tokenizer_internal::Normalizer> normalizer_;  // May be null.
+  std::unique_ptr<tokenizer_internal::PreTokenizer>
+      pre_tokenizer_;  // May be null.
   std::unique_ptr<tokenizer_internal::BpeModel> model_;
-  std::unique_ptr<tokenizer_internal::PostProcessor> post_processor_;  // May be null.
-  std::unique_ptr<tokenizer_internal::Decoder> decoder_;               // May be null.
+  std::unique_ptr<tokenizer_internal::PostProcessor>
+      post_processor_;                                    // May be null.
+  std::unique_ptr<tokenizer_internal::Decoder> decoder_;  // May be null.
   std::vector<AddedToken> added_tokens_;
-  absl::flat_hash_map<std::string, size_t> added_by_content_;  // -> index in added_tokens_.
-  absl::flat_hash_map<int32_t, size_t> added_by_id_;           // -> index in added_tokens_.
+  absl::flat_hash_map<std::string, size_t>
+      added_by_content_;  // -> index in added_tokens_.
+  absl::flat_hash_map<int32_t, size_t>
+      added_by_id_;  // -> index in added_tokens_.
   // Added tokens matched in the raw text (normalized == false) and in the
   // normalized text (normalized == true, patterns normalized too).
   std::unique_ptr<tokenizer_internal::AddedTokenMatcher> raw_matcher_;
@@ -161,7 +171,8 @@ class Tokenizer {
 // tokenizer, which must outlive it.
 class IncrementalDecoder {
  public:
-  IncrementalDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = false,
+  IncrementalDecoder(const Tokenizer& tokenizer,
+                     bool skip_special_tokens = false,
                      std::vector<int32_t> prompt_ids = {});
 
   // The new stable text after `id` (often empty). An id the tokenizer does
@@ -180,7 +191,8 @@ class IncrementalDecoder {
 
   const Tokenizer* tokenizer_;  // Not owned.
   bool skip_special_tokens_;
-  std::vector<int32_t> ids_;  // Context and generated ids; the front is trimmed.
+  std::vector<int32_t>
+      ids_;  // Context and generated ids; the front is trimmed.
   size_t prefix_offset_ = 0;  // Start of the decode window.
   size_t read_offset_ = 0;    // End of the ids whose text was emitted.
   std::string prefix_text_;   // DecodeRange(prefix_offset_, read_offset_).

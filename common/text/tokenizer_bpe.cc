@@ -19,14 +19,17 @@ namespace {
 constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
 
 // One entry of "merges": "a b" or ["a", "b"].
-absl::StatusOr<std::pair<std::string, std::string>> ParseMerge(const JsonReader& merge) {
+absl::StatusOr<std::pair<std::string, std::string>> ParseMerge(
+    const JsonReader& merge) {
   constexpr std::string_view kExpected = "a merge \"a b\" or [\"a\", \"b\"]";
-  if (!merge.value().is_string() && !merge.value().is_array()) return merge.TypeError(kExpected);
+  if (!merge.value().is_string() && !merge.value().is_array())
+    return merge.TypeError(kExpected);
   ASSIGN_OR_RETURN(std::vector<std::string> parts, merge.AsStringOrList());
   if (merge.value().is_string()) {
     const std::string line = parts[0];
     const size_t space = line.find(' ');
-    if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
+    if (space == std::string::npos ||
+        line.find(' ', space + 1) != std::string::npos) {
       return merge.TypeError(kExpected);
     }
     parts = {line.substr(0, space), line.substr(space + 1)};
@@ -37,15 +40,16 @@ absl::StatusOr<std::pair<std::string, std::string>> ParseMerge(const JsonReader&
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const JsonReader& model) {
+absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(
+    const JsonReader& model) {
   RETURN_IF_ERROR(model.ExpectObject());
   std::string type = "BPE";
   if (model.value().contains("type") || !model.value().contains("merges")) {
     ASSIGN_OR_RETURN(type, model.RequiredString("type"));
   }
   if (type != "BPE") {
-    return model.Annotate(
-        absl::UnimplementedError(absl::StrCat("unsupported model type '", type, "'")));
+    return model.Annotate(absl::UnimplementedError(
+        absl::StrCat("unsupported model type '", type, "'")));
   }
   std::unique_ptr<BpeModel> bpe(new BpeModel());
 
@@ -56,7 +60,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const JsonReader& m
   for (const auto& [token, id_reader] : members) {
     ASSIGN_OR_RETURN(const int64_t id, id_reader.AsInt64());
     if (id < 0 || id > kMaxTokenId) {
-      return id_reader.Error(absl::StrCat("expected a token id in [0, ", kMaxTokenId, "], got ", id));
+      return id_reader.Error(absl::StrCat("expected a token id in [0, ",
+                                          kMaxTokenId, "], got ", id));
     }
     bpe->vocab_[token] = static_cast<int32_t>(id);
     max_id = std::max(max_id, id);
@@ -70,22 +75,28 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const JsonReader& m
 
   ASSIGN_OR_RETURN(bpe->continuing_subword_prefix_,
                    model.OptionalString("continuing_subword_prefix", ""));
-  ASSIGN_OR_RETURN(bpe->end_of_word_suffix_, model.OptionalString("end_of_word_suffix", ""));
-  ASSIGN_OR_RETURN(bpe->byte_fallback_, model.OptionalBool("byte_fallback", false));
+  ASSIGN_OR_RETURN(bpe->end_of_word_suffix_,
+                   model.OptionalString("end_of_word_suffix", ""));
+  ASSIGN_OR_RETURN(bpe->byte_fallback_,
+                   model.OptionalBool("byte_fallback", false));
   ASSIGN_OR_RETURN(bpe->fuse_unk_, model.OptionalBool("fuse_unk", false));
-  ASSIGN_OR_RETURN(bpe->ignore_merges_, model.OptionalBool("ignore_merges", false));
-  ASSIGN_OR_RETURN(const std::string unk, model.OptionalString("unk_token", ""));
+  ASSIGN_OR_RETURN(bpe->ignore_merges_,
+                   model.OptionalBool("ignore_merges", false));
+  ASSIGN_OR_RETURN(const std::string unk,
+                   model.OptionalString("unk_token", ""));
   if (!unk.empty()) {
     // The crate fails at encode time if unk is needed but missing; we treat a
     // missing unk token as none.
-    if (auto it = bpe->vocab_.find(unk); it != bpe->vocab_.end()) bpe->unk_id_ = it->second;
+    if (auto it = bpe->vocab_.find(unk); it != bpe->vocab_.end())
+      bpe->unk_id_ = it->second;
   }
   for (int b = 0; b < 256; ++b) {
     auto it = bpe->vocab_.find(absl::StrFormat("<0x%02X>", b));
     bpe->byte_ids_[b] = it == bpe->vocab_.end() ? -1 : it->second;
   }
 
-  ASSIGN_OR_RETURN(const std::vector<JsonReader> merges, model.OptionalArray("merges"));
+  ASSIGN_OR_RETURN(const std::vector<JsonReader> merges,
+                   model.OptionalArray("merges"));
   bpe->merges_.reserve(merges.size());
   const size_t prefix_len = bpe->continuing_subword_prefix_.size();
   for (size_t i = 0; i < merges.size(); ++i) {
@@ -97,14 +108,15 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const JsonReader& m
     // continuing-subword prefix.
     const std::string merged =
         left +
-        (prefix_len > 0 && right.compare(0, prefix_len, bpe->continuing_subword_prefix_) == 0
+        (prefix_len > 0 && right.compare(0, prefix_len,
+                                         bpe->continuing_subword_prefix_) == 0
              ? right.substr(prefix_len)
              : right);
     auto merged_it = bpe->vocab_.find(merged);
     if (left_it == bpe->vocab_.end() || right_it == bpe->vocab_.end() ||
         merged_it == bpe->vocab_.end()) {
-      return merges[i].Error(
-          absl::StrCat("merge '", left, " ", right, "' uses a token not in the vocab"));
+      return merges[i].Error(absl::StrCat("merge '", left, " ", right,
+                                          "' uses a token not in the vocab"));
     }
     // A repeated pair keeps its last rank, as the crate's map does.
     bpe->merges_[PairKey(left_it->second, right_it->second)] =
@@ -124,7 +136,8 @@ const std::string* BpeModel::IdToToken(int32_t id) const {
   return &id_to_token_[id];
 }
 
-void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const {
+void BpeModel::Tokenize(std::string_view word,
+                        std::vector<int32_t>* ids) const {
   if (word.empty()) return;
   if (ignore_merges_) {
     if (auto it = vocab_.find(AbslView(word)); it != vocab_.end()) {
@@ -145,11 +158,13 @@ void BpeModel::Tokenize(std::string_view word, std::vector<int32_t>* ids) const 
   if (cacheable) {
     absl::WriterMutexLock lock(&cache_mutex_);
     if (cache_.size() >= kMaxCacheEntries) cache_.clear();
-    cache_.emplace(std::string(word), std::vector<int32_t>(ids->begin() + start, ids->end()));
+    cache_.emplace(std::string(word),
+                   std::vector<int32_t>(ids->begin() + start, ids->end()));
   }
 }
 
-void BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids) const {
+void BpeModel::TokenizeUncached(std::string_view word,
+                                std::vector<int32_t>* ids) const {
   std::vector<Symbol> symbols;
   symbols.reserve(word.size());
   const auto add = [&symbols](int32_t id) {
@@ -159,7 +174,8 @@ void BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids
   };
 
   // The crate's merge_word: one symbol per character.
-  int32_t pending_unk = -1;  // An unk symbol not added yet (fuse_unk may extend it).
+  int32_t pending_unk =
+      -1;  // An unk symbol not added yet (fuse_unk may extend it).
   std::string decorated;
   size_t pos = 0;
   while (pos < word.size()) {
@@ -185,7 +201,8 @@ void BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids
     }
     if (byte_fallback_) {
       bool all_bytes = true;
-      for (char c : piece) all_bytes = all_bytes && byte_ids_[static_cast<uint8_t>(c)] >= 0;
+      for (char c : piece)
+        all_bytes = all_bytes && byte_ids_[static_cast<uint8_t>(c)] >= 0;
       if (all_bytes) {
         for (char c : piece) add(byte_ids_[static_cast<uint8_t>(c)]);
         continue;
@@ -210,20 +227,24 @@ void BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids
   const auto later = [](const Candidate& a, const Candidate& b) {
     return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
   };
-  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> queue(later);
+  std::priority_queue<Candidate, std::vector<Candidate>, decltype(later)> queue(
+      later);
   const auto push_pair = [&](int32_t left_pos) {
     const Symbol& left = symbols[left_pos];
     auto it = merges_.find(PairKey(left.id, symbols[left.next].id));
-    if (it != merges_.end()) queue.push(Candidate{it->second.rank, left_pos, it->second.new_id});
+    if (it != merges_.end())
+      queue.push(Candidate{it->second.rank, left_pos, it->second.new_id});
   };
-  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i) push_pair(i);
+  for (int32_t i = 0; i + 1 < static_cast<int32_t>(symbols.size()); ++i)
+    push_pair(i);
   while (!queue.empty()) {
     const Candidate top = queue.top();
     queue.pop();
     Symbol& symbol = symbols[top.pos];
     if (!symbol.alive || symbol.next < 0) continue;
     auto it = merges_.find(PairKey(symbol.id, symbols[symbol.next].id));
-    if (it == merges_.end() || it->second.new_id != top.new_id) continue;  // Stale.
+    if (it == merges_.end() || it->second.new_id != top.new_id)
+      continue;  // Stale.
     Symbol& right = symbols[symbol.next];
     right.alive = false;
     symbol.id = top.new_id;
@@ -232,7 +253,8 @@ void BpeModel::TokenizeUncached(std::string_view word, std::vector<int32_t>* ids
     if (symbol.prev >= 0) push_pair(symbol.prev);
     if (symbol.next >= 0) push_pair(top.pos);
   }
-  for (int32_t i = 0; i >= 0; i = symbols[i].next) ids->push_back(symbols[i].id);
+  for (int32_t i = 0; i >= 0; i = symbols[i].next)
+    ids->push_back(symbols[i].id);
 }
 
 }  // namespace tokenizer_internal

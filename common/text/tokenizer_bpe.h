@@ -37,7 +37,8 @@ class BpeModel {
   // Parses the "model" object. InvalidArgument for a malformed object (bad
   // vocab, a merge whose parts or result are not in the vocab), Unimplemented
   // for a model type other than BPE; messages name the file and the field.
-  static absl::StatusOr<std::unique_ptr<BpeModel>> FromJson(const JsonReader& model);
+  static absl::StatusOr<std::unique_ptr<BpeModel>> FromJson(
+      const JsonReader& model);
 
   // Appends the ids of `word`, one pre-token (valid UTF-8), to *ids.
   void Tokenize(std::string_view word, std::vector<int32_t>* ids) const

@@ -22,8 +22,8 @@ namespace {
 // Unimplemented "unsupported <what> type '<type>'", naming the component.
 absl::Status Unsupported(const JsonReader& component, absl::string_view what,
                          absl::string_view type) {
-  return component.Annotate(
-      absl::UnimplementedError(absl::StrCat("unsupported ", what, " type '", type, "'")));
+  return component.Annotate(absl::UnimplementedError(
+      absl::StrCat("unsupported ", what, " type '", type, "'")));
 }
 
 // The component's "type": it must be an object with a string "type".
@@ -34,18 +34,21 @@ absl::StatusOr<std::string> ComponentType(const JsonReader& component) {
 
 // The single character of a one-character string field (Metaspace's
 // replacement, Strip's content).
-absl::StatusOr<std::string> SingleChar(const JsonReader& obj, std::string_view key,
+absl::StatusOr<std::string> SingleChar(const JsonReader& obj,
+                                       std::string_view key,
                                        std::string_view fallback) {
   ASSIGN_OR_RETURN(std::string s, obj.OptionalString(key, fallback));
   size_t pos = 0;
-  if (s.empty() || !IsValidUtf8(s) || (NextCodePoint(s, &pos), pos != s.size())) {
+  if (s.empty() || !IsValidUtf8(s) ||
+      (NextCodePoint(s, &pos), pos != s.size())) {
     return obj.FieldError(key, "must be a single character");
   }
   return s;
 }
 
 // Replaces every match of `pattern` in `text` by `content`.
-std::string ReplaceAll(const Regex& pattern, std::string_view text, std::string_view content) {
+std::string ReplaceAll(const Regex& pattern, std::string_view text,
+                       std::string_view content) {
   std::vector<std::pair<size_t, size_t>> matches = pattern.FindAll(text);
   if (matches.empty()) return std::string(text);
   std::string out;
@@ -66,17 +69,19 @@ std::string ReplaceAll(const Regex& pattern, std::string_view text, std::string_
 
 namespace {
 
-absl::StatusOr<pcre2_code*> CompilePcre2(std::string_view pattern, uint32_t options) {
+absl::StatusOr<pcre2_code*> CompilePcre2(std::string_view pattern,
+                                         uint32_t options) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                   PCRE2_UTF | options, &error_code, &error_offset, nullptr);
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()),
+                                   pattern.size(), PCRE2_UTF | options,
+                                   &error_code, &error_offset, nullptr);
   if (code == nullptr) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
-    return absl::InvalidArgumentError(absl::StrCat("bad regex '", AbslView(pattern), "' at offset ",
-                                                   error_offset, ": ",
-                                                   reinterpret_cast<const char*>(message)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "bad regex '", AbslView(pattern), "' at offset ", error_offset, ": ",
+        reinterpret_cast<const char*>(message)));
   }
   // JIT is an optimization only; the interpreter is used if it is unavailable.
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
@@ -85,7 +90,8 @@ absl::StatusOr<pcre2_code*> CompilePcre2(std::string_view pattern, uint32_t opti
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(std::string_view pattern) {
+absl::StatusOr<std::unique_ptr<Regex>> Regex::Compile(
+    std::string_view pattern) {
   ASSIGN_OR_RETURN(pcre2_code * code, CompilePcre2(pattern, PCRE2_UCP));
   return std::unique_ptr<Regex>(new Regex(code));
 }
@@ -97,16 +103,21 @@ absl::StatusOr<std::unique_ptr<Regex>> Regex::Literal(std::string_view text) {
 
 Regex::~Regex() { pcre2_code_free(code_); }
 
-std::vector<std::pair<size_t, size_t>> Regex::FindAll(std::string_view subject) const {
+std::vector<std::pair<size_t, size_t>> Regex::FindAll(
+    std::string_view subject) const {
   std::vector<std::pair<size_t, size_t>> matches;
   static constexpr char kEmpty[] = "";
-  const auto* data = reinterpret_cast<PCRE2_SPTR>(subject.empty() ? kEmpty : subject.data());
-  pcre2_match_data* match_data = pcre2_match_data_create_from_pattern(code_, nullptr);
+  const auto* data =
+      reinterpret_cast<PCRE2_SPTR>(subject.empty() ? kEmpty : subject.data());
+  pcre2_match_data* match_data =
+      pcre2_match_data_create_from_pattern(code_, nullptr);
   size_t start = 0;
   while (start <= subject.size()) {
-    const int rc =
-        pcre2_match(code_, data, subject.size(), start, PCRE2_NO_UTF_CHECK, match_data, nullptr);
-    if (rc < 0) break;  // No match (or a resource limit, which these patterns do not reach).
+    const int rc = pcre2_match(code_, data, subject.size(), start,
+                               PCRE2_NO_UTF_CHECK, match_data, nullptr);
+    if (rc < 0)
+      break;  // No match (or a resource limit, which these patterns do not
+              // reach).
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match_data);
     const size_t begin = ovector[0], end = ovector[1];
     matches.emplace_back(begin, end);
@@ -149,14 +160,17 @@ namespace {
 
 struct ByteLevelTables {
   std::array<std::string, 256> byte_to_char;
-  std::array<int16_t, 512> char_to_byte;  // All byte-level code points are < 512.
+  std::array<int16_t, 512>
+      char_to_byte;  // All byte-level code points are < 512.
 
   ByteLevelTables() {
     char_to_byte.fill(-1);
     int n = 0;
     for (int b = 0; b < 256; ++b) {
-      const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
-      const char32_t cp = printable ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
+      const bool printable =
+          (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+      const char32_t cp = printable ? static_cast<char32_t>(b)
+                                    : static_cast<char32_t>(256 + n++);
       AppendUtf8(cp, &byte_to_char[b]);
       char_to_byte[cp] = static_cast<int16_t>(b);
     }
@@ -170,9 +184,13 @@ const ByteLevelTables& GetByteLevelTables() {
 
 }  // namespace
 
-std::string_view ByteLevelChar(uint8_t b) { return GetByteLevelTables().byte_to_char[b]; }
+std::string_view ByteLevelChar(uint8_t b) {
+  return GetByteLevelTables().byte_to_char[b];
+}
 
-int ByteLevelByte(char32_t cp) { return cp < 512 ? GetByteLevelTables().char_to_byte[cp] : -1; }
+int ByteLevelByte(char32_t cp) {
+  return cp < 512 ? GetByteLevelTables().char_to_byte[cp] : -1;
+}
 
 // --- Normalizers ----------------------------------------------------------
 
@@ -191,12 +209,15 @@ class UnicodeFormNormalizer : public Normalizer {
 
 class LowercaseNormalizer : public Normalizer {
  public:
-  std::string Normalize(std::string_view text) const override { return ToLowerUnicode(text); }
+  std::string Normalize(std::string_view text) const override {
+    return ToLowerUnicode(text);
+  }
 };
 
 class PrependNormalizer : public Normalizer {
  public:
-  explicit PrependNormalizer(std::string prepend) : prepend_(std::move(prepend)) {}
+  explicit PrependNormalizer(std::string prepend)
+      : prepend_(std::move(prepend)) {}
   std::string Normalize(std::string_view text) const override {
     if (text.empty()) return std::string();
     return absl::StrCat(prepend_, AbslView(text));
@@ -247,11 +268,13 @@ class StripNormalizer : public Normalizer {
 
 class SequenceNormalizer : public Normalizer {
  public:
-  explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> normalizers)
+  explicit SequenceNormalizer(
+      std::vector<std::unique_ptr<Normalizer>> normalizers)
       : normalizers_(std::move(normalizers)) {}
   std::string Normalize(std::string_view text) const override {
     std::string current(text);
-    for (const auto& normalizer : normalizers_) current = normalizer->Normalize(current);
+    for (const auto& normalizer : normalizers_)
+      current = normalizer->Normalize(current);
     return current;
   }
 
@@ -261,22 +284,29 @@ class SequenceNormalizer : public Normalizer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const JsonReader& json) {
+absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(
+    const JsonReader& json) {
   if (json.is_null()) return nullptr;
   ASSIGN_OR_RETURN(const std::string type, ComponentType(json));
-  if (type == "NFC") return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfc);
-  if (type == "NFD") return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfd);
-  if (type == "NFKC") return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfkc);
-  if (type == "NFKD") return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfkd);
+  if (type == "NFC")
+    return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfc);
+  if (type == "NFD")
+    return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfd);
+  if (type == "NFKC")
+    return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfkc);
+  if (type == "NFKD")
+    return std::make_unique<UnicodeFormNormalizer>(NormalizationForm::kNfkd);
   if (type == "Lowercase") return std::make_unique<LowercaseNormalizer>();
   if (type == "Prepend") {
     ASSIGN_OR_RETURN(std::string prepend, json.RequiredString("prepend"));
     return std::make_unique<PrependNormalizer>(std::move(prepend));
   }
   if (type == "Replace") {
-    ASSIGN_OR_RETURN(std::unique_ptr<Regex> pattern, ParsePattern(json.Field("pattern")));
+    ASSIGN_OR_RETURN(std::unique_ptr<Regex> pattern,
+                     ParsePattern(json.Field("pattern")));
     ASSIGN_OR_RETURN(std::string content, json.RequiredString("content"));
-    return std::make_unique<ReplaceNormalizer>(std::move(pattern), std::move(content));
+    return std::make_unique<ReplaceNormalizer>(std::move(pattern),
+                                               std::move(content));
   }
   if (type == "Strip") {
     ASSIGN_OR_RETURN(bool left, json.OptionalBool("strip_left", true));
@@ -284,10 +314,12 @@ absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const JsonReader& js
     return std::make_unique<StripNormalizer>(left, right);
   }
   if (type == "Sequence") {
-    ASSIGN_OR_RETURN(const std::vector<JsonReader> items, json.RequiredArray("normalizers"));
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> items,
+                     json.RequiredArray("normalizers"));
     std::vector<std::unique_ptr<Normalizer>> normalizers;
     for (const JsonReader& item : items) {
-      ASSIGN_OR_RETURN(std::unique_ptr<Normalizer> normalizer, ParseNormalizer(item));
+      ASSIGN_OR_RETURN(std::unique_ptr<Normalizer> normalizer,
+                       ParseNormalizer(item));
       if (normalizer != nullptr) normalizers.push_back(std::move(normalizer));
     }
     return std::make_unique<SequenceNormalizer>(std::move(normalizers));
@@ -299,16 +331,24 @@ absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const JsonReader& js
 
 namespace {
 
-enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWithNext, kContiguous };
+enum class SplitBehavior {
+  kRemoved,
+  kIsolated,
+  kMergedWithPrevious,
+  kMergedWithNext,
+  kContiguous
+};
 
 absl::StatusOr<SplitBehavior> ParseBehavior(const JsonReader& obj) {
-  ASSIGN_OR_RETURN(const std::string name, obj.OptionalString("behavior", "Isolated"));
+  ASSIGN_OR_RETURN(const std::string name,
+                   obj.OptionalString("behavior", "Isolated"));
   if (name == "Removed") return SplitBehavior::kRemoved;
   if (name == "Isolated") return SplitBehavior::kIsolated;
   if (name == "MergedWithPrevious") return SplitBehavior::kMergedWithPrevious;
   if (name == "MergedWithNext") return SplitBehavior::kMergedWithNext;
   if (name == "Contiguous") return SplitBehavior::kContiguous;
-  return obj.FieldError("behavior", absl::StrCat("unknown behavior '", name, "'"));
+  return obj.FieldError("behavior",
+                        absl::StrCat("unknown behavior '", name, "'"));
 }
 
 struct Span {
@@ -319,8 +359,8 @@ struct Span {
 // The crate's NormalizedString::split: `matches` are the pattern's matches in
 // a text of `length` bytes. Returns the [begin, end) ranges to keep, non-empty.
 std::vector<std::pair<size_t, size_t>> SplitRanges(
-    size_t length, const std::vector<std::pair<size_t, size_t>>& matches, bool invert,
-    SplitBehavior behavior) {
+    size_t length, const std::vector<std::pair<size_t, size_t>>& matches,
+    bool invert, SplitBehavior behavior) {
   std::vector<Span> spans;
   if (length == 0) {
     spans.push_back({0, 0, false});
@@ -386,7 +426,8 @@ std::vector<std::pair<size_t, size_t>> SplitRanges(
   std::vector<std::pair<size_t, size_t>> ranges;
   ranges.reserve(merged.size());
   for (const Span& span : merged) {
-    if (!span.is_match && span.end > span.begin) ranges.emplace_back(span.begin, span.end);
+    if (!span.is_match && span.end > span.begin)
+      ranges.emplace_back(span.begin, span.end);
   }
   return ranges;
 }
@@ -397,14 +438,16 @@ void SplitPieces(const Regex& pattern, bool invert, SplitBehavior behavior,
   std::vector<PreToken> out;
   out.reserve(pieces->size());
   for (PreToken& piece : *pieces) {
-    const auto ranges =
-        SplitRanges(piece.text.size(), pattern.FindAll(piece.text), invert, behavior);
-    if (ranges.size() == 1 && ranges[0].first == 0 && ranges[0].second == piece.text.size()) {
+    const auto ranges = SplitRanges(
+        piece.text.size(), pattern.FindAll(piece.text), invert, behavior);
+    if (ranges.size() == 1 && ranges[0].first == 0 &&
+        ranges[0].second == piece.text.size()) {
       out.push_back(std::move(piece));
       continue;
     }
     for (const auto& [begin, end] : ranges) {
-      out.push_back({piece.text.substr(begin, end - begin), piece.at_start && begin == 0});
+      out.push_back({piece.text.substr(begin, end - begin),
+                     piece.at_start && begin == 0});
     }
   }
   *pieces = std::move(out);
@@ -412,7 +455,8 @@ void SplitPieces(const Regex& pattern, bool invert, SplitBehavior behavior,
 
 class SplitPreTokenizer : public PreTokenizer {
  public:
-  SplitPreTokenizer(std::unique_ptr<Regex> pattern, SplitBehavior behavior, bool invert)
+  SplitPreTokenizer(std::unique_ptr<Regex> pattern, SplitBehavior behavior,
+                    bool invert)
       : pattern_(std::move(pattern)), behavior_(behavior), invert_(invert) {}
   void PreTokenize(std::vector<PreToken>* pieces) const override {
     SplitPieces(*pattern_, invert_, behavior_, pieces);
@@ -435,14 +479,17 @@ class ByteLevelPreTokenizer : public PreTokenizer {
   void PreTokenize(std::vector<PreToken>* pieces) const override {
     if (add_prefix_space_) {
       for (PreToken& piece : *pieces) {
-        if (piece.text.empty() || piece.text[0] != ' ') piece.text.insert(0, 1, ' ');
+        if (piece.text.empty() || piece.text[0] != ' ')
+          piece.text.insert(0, 1, ' ');
       }
     }
-    if (regex_ != nullptr) SplitPieces(*regex_, false, SplitBehavior::kIsolated, pieces);
+    if (regex_ != nullptr)
+      SplitPieces(*regex_, false, SplitBehavior::kIsolated, pieces);
     for (PreToken& piece : *pieces) {
       std::string mapped;
       mapped.reserve(piece.text.size() * 2);
-      for (char c : piece.text) mapped.append(ByteLevelChar(static_cast<uint8_t>(c)));
+      for (char c : piece.text)
+        mapped.append(ByteLevelChar(static_cast<uint8_t>(c)));
       piece.text = std::move(mapped);
     }
   }
@@ -457,8 +504,10 @@ class DigitsPreTokenizer : public PreTokenizer {
   DigitsPreTokenizer(std::unique_ptr<Regex> digit, bool individual)
       : digit_(std::move(digit)), individual_(individual) {}
   void PreTokenize(std::vector<PreToken>* pieces) const override {
-    SplitPieces(*digit_, false, individual_ ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
-                pieces);
+    SplitPieces(
+        *digit_, false,
+        individual_ ? SplitBehavior::kIsolated : SplitBehavior::kContiguous,
+        pieces);
   }
 
  private:
@@ -470,20 +519,24 @@ enum class PrependScheme { kAlways, kFirst, kNever };
 
 absl::StatusOr<PrependScheme> ParsePrependScheme(const JsonReader& obj) {
   if (obj.Has("prepend_scheme")) {
-    ASSIGN_OR_RETURN(const std::string name, obj.RequiredString("prepend_scheme"));
+    ASSIGN_OR_RETURN(const std::string name,
+                     obj.RequiredString("prepend_scheme"));
     if (name == "always") return PrependScheme::kAlways;
     if (name == "first") return PrependScheme::kFirst;
     if (name == "never") return PrependScheme::kNever;
-    return obj.FieldError("prepend_scheme", absl::StrCat("unknown prepend_scheme '", name, "'"));
+    return obj.FieldError("prepend_scheme",
+                          absl::StrCat("unknown prepend_scheme '", name, "'"));
   }
   // The older form.
-  ASSIGN_OR_RETURN(bool add_prefix_space, obj.OptionalBool("add_prefix_space", true));
+  ASSIGN_OR_RETURN(bool add_prefix_space,
+                   obj.OptionalBool("add_prefix_space", true));
   return add_prefix_space ? PrependScheme::kAlways : PrependScheme::kNever;
 }
 
 class MetaspacePreTokenizer : public PreTokenizer {
  public:
-  MetaspacePreTokenizer(std::string replacement, PrependScheme scheme, std::unique_ptr<Regex> space,
+  MetaspacePreTokenizer(std::string replacement, PrependScheme scheme,
+                        std::unique_ptr<Regex> space,
                         std::unique_ptr<Regex> replacement_regex)
       : replacement_(std::move(replacement)),
         scheme_(scheme),
@@ -492,29 +545,34 @@ class MetaspacePreTokenizer : public PreTokenizer {
   void PreTokenize(std::vector<PreToken>* pieces) const override {
     for (PreToken& piece : *pieces) {
       piece.text = ReplaceAll(*space_, piece.text, replacement_);
-      const bool prepend = (scheme_ == PrependScheme::kAlways ||
-                            (scheme_ == PrependScheme::kFirst && piece.at_start)) &&
-                           piece.text.compare(0, replacement_.size(), replacement_) != 0;
+      const bool prepend =
+          (scheme_ == PrependScheme::kAlways ||
+           (scheme_ == PrependScheme::kFirst && piece.at_start)) &&
+          piece.text.compare(0, replacement_.size(), replacement_) != 0;
       if (prepend) piece.text.insert(0, replacement_);
     }
     if (replacement_regex_ != nullptr) {
-      SplitPieces(*replacement_regex_, false, SplitBehavior::kMergedWithNext, pieces);
+      SplitPieces(*replacement_regex_, false, SplitBehavior::kMergedWithNext,
+                  pieces);
     }
   }
 
  private:
   std::string replacement_;
   PrependScheme scheme_;
-  std::unique_ptr<Regex> space_;              // Literal " ".
-  std::unique_ptr<Regex> replacement_regex_;  // Literal replacement; null if split is false.
+  std::unique_ptr<Regex> space_;  // Literal " ".
+  std::unique_ptr<Regex>
+      replacement_regex_;  // Literal replacement; null if split is false.
 };
 
 class SequencePreTokenizer : public PreTokenizer {
  public:
-  explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizer>> pre_tokenizers)
+  explicit SequencePreTokenizer(
+      std::vector<std::unique_ptr<PreTokenizer>> pre_tokenizers)
       : pre_tokenizers_(std::move(pre_tokenizers)) {}
   void PreTokenize(std::vector<PreToken>* pieces) const override {
-    for (const auto& pre_tokenizer : pre_tokenizers_) pre_tokenizer->PreTokenize(pieces);
+    for (const auto& pre_tokenizer : pre_tokenizers_)
+      pre_tokenizer->PreTokenize(pieces);
   }
 
  private:
@@ -523,31 +581,38 @@ class SequencePreTokenizer : public PreTokenizer {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const JsonReader& json) {
+absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(
+    const JsonReader& json) {
   if (json.is_null()) return nullptr;
   ASSIGN_OR_RETURN(const std::string type, ComponentType(json));
   if (type == "ByteLevel") {
-    ASSIGN_OR_RETURN(bool add_prefix_space, json.OptionalBool("add_prefix_space", true));
+    ASSIGN_OR_RETURN(bool add_prefix_space,
+                     json.OptionalBool("add_prefix_space", true));
     ASSIGN_OR_RETURN(bool use_regex, json.OptionalBool("use_regex", true));
     std::unique_ptr<Regex> regex;
     if (use_regex) {
       ASSIGN_OR_RETURN(regex, Regex::Compile(kGpt2Pattern));
     }
-    return std::make_unique<ByteLevelPreTokenizer>(add_prefix_space, std::move(regex));
+    return std::make_unique<ByteLevelPreTokenizer>(add_prefix_space,
+                                                   std::move(regex));
   }
   if (type == "Split") {
-    ASSIGN_OR_RETURN(std::unique_ptr<Regex> pattern, ParsePattern(json.Field("pattern")));
+    ASSIGN_OR_RETURN(std::unique_ptr<Regex> pattern,
+                     ParsePattern(json.Field("pattern")));
     ASSIGN_OR_RETURN(SplitBehavior behavior, ParseBehavior(json));
     ASSIGN_OR_RETURN(bool invert, json.OptionalBool("invert", false));
-    return std::make_unique<SplitPreTokenizer>(std::move(pattern), behavior, invert);
+    return std::make_unique<SplitPreTokenizer>(std::move(pattern), behavior,
+                                               invert);
   }
   if (type == "Digits") {
-    ASSIGN_OR_RETURN(bool individual, json.OptionalBool("individual_digits", false));
+    ASSIGN_OR_RETURN(bool individual,
+                     json.OptionalBool("individual_digits", false));
     ASSIGN_OR_RETURN(std::unique_ptr<Regex> digit, Regex::Compile(R"(\p{N})"));
     return std::make_unique<DigitsPreTokenizer>(std::move(digit), individual);
   }
   if (type == "Metaspace") {
-    ASSIGN_OR_RETURN(std::string replacement, SingleChar(json, "replacement", "\xE2\x96\x81"));
+    ASSIGN_OR_RETURN(std::string replacement,
+                     SingleChar(json, "replacement", "\xE2\x96\x81"));
     ASSIGN_OR_RETURN(PrependScheme scheme, ParsePrependScheme(json));
     ASSIGN_OR_RETURN(bool split, json.OptionalBool("split", true));
     ASSIGN_OR_RETURN(std::unique_ptr<Regex> space, Regex::Literal(" "));
@@ -555,25 +620,32 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const JsonReader
     if (split) {
       ASSIGN_OR_RETURN(replacement_regex, Regex::Literal(replacement));
     }
-    return std::make_unique<MetaspacePreTokenizer>(std::move(replacement), scheme, std::move(space),
-                                                   std::move(replacement_regex));
+    return std::make_unique<MetaspacePreTokenizer>(
+        std::move(replacement), scheme, std::move(space),
+        std::move(replacement_regex));
   }
   if (type == "Whitespace") {
-    ASSIGN_OR_RETURN(std::unique_ptr<Regex> words, Regex::Compile(R"(\w+|[^\w\s]+)"));
-    return std::make_unique<SplitPreTokenizer>(std::move(words), SplitBehavior::kRemoved,
+    ASSIGN_OR_RETURN(std::unique_ptr<Regex> words,
+                     Regex::Compile(R"(\w+|[^\w\s]+)"));
+    return std::make_unique<SplitPreTokenizer>(std::move(words),
+                                               SplitBehavior::kRemoved,
                                                /*invert=*/true);
   }
   if (type == "WhitespaceSplit") {
     ASSIGN_OR_RETURN(std::unique_ptr<Regex> spaces, Regex::Compile(R"(\s+)"));
-    return std::make_unique<SplitPreTokenizer>(std::move(spaces), SplitBehavior::kRemoved,
+    return std::make_unique<SplitPreTokenizer>(std::move(spaces),
+                                               SplitBehavior::kRemoved,
                                                /*invert=*/false);
   }
   if (type == "Sequence") {
-    ASSIGN_OR_RETURN(const std::vector<JsonReader> items, json.RequiredArray("pretokenizers"));
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> items,
+                     json.RequiredArray("pretokenizers"));
     std::vector<std::unique_ptr<PreTokenizer>> pre_tokenizers;
     for (const JsonReader& item : items) {
-      ASSIGN_OR_RETURN(std::unique_ptr<PreTokenizer> pre_tokenizer, ParsePreTokenizer(item));
-      if (pre_tokenizer != nullptr) pre_tokenizers.push_back(std::move(pre_tokenizer));
+      ASSIGN_OR_RETURN(std::unique_ptr<PreTokenizer> pre_tokenizer,
+                       ParsePreTokenizer(item));
+      if (pre_tokenizer != nullptr)
+        pre_tokenizers.push_back(std::move(pre_tokenizer));
     }
     return std::make_unique<SequencePreTokenizer>(std::move(pre_tokenizers));
   }
@@ -616,7 +688,8 @@ class ReplaceDecoder : public Decoder {
   ReplaceDecoder(std::unique_ptr<Regex> pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
   void DecodeChain(std::vector<std::string>* tokens) const override {
-    for (std::string& token : *tokens) token = ReplaceAll(*pattern_, token, content_);
+    for (std::string& token : *tokens)
+      token = ReplaceAll(*pattern_, token, content_);
   }
 
  private:
@@ -626,7 +699,8 @@ class ReplaceDecoder : public Decoder {
 
 // The byte of a "<0xNN>" token, or -1.
 int ByteFallbackByte(std::string_view token) {
-  if (token.size() != 6 || token.substr(0, 3) != "<0x" || token[5] != '>') return -1;
+  if (token.size() != 6 || token.substr(0, 3) != "<0x" || token[5] != '>')
+    return -1;
   int value = 0;
   for (size_t i = 3; i < 5; ++i) {
     const char c = token[i];
@@ -696,7 +770,8 @@ class StripDecoder : public Decoder {
         begin += content_.size();
       }
       for (size_t i = 0; i < stop_ && end >= begin + content_.size(); ++i) {
-        if (view.substr(end - content_.size(), content_.size()) != content_) break;
+        if (view.substr(end - content_.size(), content_.size()) != content_)
+          break;
         end -= content_.size();
       }
       token = std::string(view.substr(begin, end - begin));
@@ -715,7 +790,8 @@ class MetaspaceDecoder : public Decoder {
   void DecodeChain(std::vector<std::string>* tokens) const override {
     for (size_t i = 0; i < tokens->size(); ++i) {
       std::string& token = (*tokens)[i];
-      const std::string_view with = (i == 0 && scheme_ != PrependScheme::kNever) ? "" : " ";
+      const std::string_view with =
+          (i == 0 && scheme_ != PrependScheme::kNever) ? "" : " ";
       std::string out;
       out.reserve(token.size());
       size_t pos = 0;
@@ -785,9 +861,11 @@ absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const JsonReader& json) {
   ASSIGN_OR_RETURN(const std::string type, ComponentType(json));
   if (type == "ByteLevel") return std::make_unique<ByteLevelDecoder>();
   if (type == "Replace") {
-    ASSIGN_OR_RETURN(std::unique_ptr<Regex> pattern, ParsePattern(json.Field("pattern")));
+    ASSIGN_OR_RETURN(std::unique_ptr<Regex> pattern,
+                     ParsePattern(json.Field("pattern")));
     ASSIGN_OR_RETURN(std::string content, json.RequiredString("content"));
-    return std::make_unique<ReplaceDecoder>(std::move(pattern), std::move(content));
+    return std::make_unique<ReplaceDecoder>(std::move(pattern),
+                                            std::move(content));
   }
   if (type == "ByteFallback") return std::make_unique<ByteFallbackDecoder>();
   if (type == "Fuse") return std::make_unique<FuseDecoder>();
@@ -795,13 +873,18 @@ absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const JsonReader& json) {
     ASSIGN_OR_RETURN(std::string content, SingleChar(json, "content", " "));
     ASSIGN_OR_RETURN(int64_t start, json.OptionalInt64("start", 0));
     ASSIGN_OR_RETURN(int64_t stop, json.OptionalInt64("stop", 0));
-    if (start < 0) return json.FieldError("start", absl::StrCat("must be >= 0, got ", start));
-    if (stop < 0) return json.FieldError("stop", absl::StrCat("must be >= 0, got ", stop));
-    return std::make_unique<StripDecoder>(std::move(content), static_cast<size_t>(start),
+    if (start < 0)
+      return json.FieldError("start",
+                             absl::StrCat("must be >= 0, got ", start));
+    if (stop < 0)
+      return json.FieldError("stop", absl::StrCat("must be >= 0, got ", stop));
+    return std::make_unique<StripDecoder>(std::move(content),
+                                          static_cast<size_t>(start),
                                           static_cast<size_t>(stop));
   }
   if (type == "Metaspace") {
-    ASSIGN_OR_RETURN(std::string replacement, SingleChar(json, "replacement", "\xE2\x96\x81"));
+    ASSIGN_OR_RETURN(std::string replacement,
+                     SingleChar(json, "replacement", "\xE2\x96\x81"));
     ASSIGN_OR_RETURN(PrependScheme scheme, ParsePrependScheme(json));
     return std::make_unique<MetaspaceDecoder>(std::move(replacement), scheme);
   }
@@ -810,7 +893,8 @@ absl::StatusOr<std::unique_ptr<Decoder>> ParseDecoder(const JsonReader& json) {
     return std::make_unique<BpeSuffixDecoder>(std::move(suffix));
   }
   if (type == "Sequence") {
-    ASSIGN_OR_RETURN(const std::vector<JsonReader> items, json.RequiredArray("decoders"));
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> items,
+                     json.RequiredArray("decoders"));
     std::vector<std::unique_ptr<Decoder>> decoders;
     for (const JsonReader& item : items) {
       ASSIGN_OR_RETURN(std::unique_ptr<Decoder> decoder, ParseDecoder(item));
@@ -845,7 +929,8 @@ class WrapProcessor : public PostProcessor {
 
 class SequenceProcessor : public PostProcessor {
  public:
-  explicit SequenceProcessor(std::vector<std::unique_ptr<PostProcessor>> processors)
+  explicit SequenceProcessor(
+      std::vector<std::unique_ptr<PostProcessor>> processors)
       : processors_(std::move(processors)) {}
   void Process(std::vector<int32_t>* ids) const override {
     for (const auto& processor : processors_) processor->Process(ids);
@@ -862,7 +947,8 @@ class SequenceProcessor : public PostProcessor {
   std::vector<std::unique_ptr<PostProcessor>> processors_;
 };
 
-absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const JsonReader& json) {
+absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(
+    const JsonReader& json) {
   // Special token name -> ids. A "special_tokens" that is not an object is
   // ignored, as it always was (a template naming a token then fails below).
   std::map<std::string, std::vector<int32_t>> special;
@@ -871,7 +957,8 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const JsonReader& j
     ASSIGN_OR_RETURN(const auto members, specials.AsMembers());
     for (const auto& [name, entry] : members) {
       RETURN_IF_ERROR(entry.ExpectObject());
-      ASSIGN_OR_RETURN(const std::vector<JsonReader> ids, entry.RequiredArray("ids"));
+      ASSIGN_OR_RETURN(const std::vector<JsonReader> ids,
+                       entry.RequiredArray("ids"));
       std::vector<int32_t>& out = special[name];
       for (const JsonReader& id : ids) {
         ASSIGN_OR_RETURN(int value, id.AsInt());
@@ -881,17 +968,21 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const JsonReader& j
   }
   // The template's pieces as (is_sequence, special name).
   std::vector<std::pair<bool, std::string>> pieces;
-  if (!json.value().contains("single")) return json.FieldError("single", "required but missing");
+  if (!json.value().contains("single"))
+    return json.FieldError("single", "required but missing");
   const JsonReader single = json.Field("single");
   if (single.value().is_string()) {
     ASSIGN_OR_RETURN(const std::string text, single.AsString());
     // The string form: "<s> $A" / "[CLS]:0 $A:0 [SEP]:0".
-    for (absl::string_view piece : absl::StrSplit(text, ' ', absl::SkipEmpty())) {
+    for (absl::string_view piece :
+         absl::StrSplit(text, ' ', absl::SkipEmpty())) {
       std::string_view word(piece.data(), piece.size());
       // Drop a ":<type id>" suffix.
       const size_t colon = word.rfind(':');
-      if (colon != std::string_view::npos && colon > 0 && colon + 1 < word.size() &&
-          word.find_first_not_of("0123456789", colon + 1) == std::string_view::npos) {
+      if (colon != std::string_view::npos && colon > 0 &&
+          colon + 1 < word.size() &&
+          word.find_first_not_of("0123456789", colon + 1) ==
+              std::string_view::npos) {
         word = word.substr(0, colon);
       }
       if (!word.empty() && word[0] == '$') {
@@ -905,12 +996,15 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const JsonReader& j
     for (const JsonReader& item : items) {
       if (item.value().is_object() && item.value().contains("Sequence")) {
         pieces.emplace_back(true, "");
-      } else if (item.value().is_object() && item.value().contains("SpecialToken")) {
-        ASSIGN_OR_RETURN(const JsonReader special_token, item.Child("SpecialToken"));
+      } else if (item.value().is_object() &&
+                 item.value().contains("SpecialToken")) {
+        ASSIGN_OR_RETURN(const JsonReader special_token,
+                         item.Child("SpecialToken"));
         ASSIGN_OR_RETURN(std::string name, special_token.RequiredString("id"));
         pieces.emplace_back(false, std::move(name));
       } else {
-        return item.TypeError("a template piece {\"Sequence\": ...} or {\"SpecialToken\": ...}");
+        return item.TypeError(
+            "a template piece {\"Sequence\": ...} or {\"SpecialToken\": ...}");
       }
     }
   } else {
@@ -921,15 +1015,16 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const JsonReader& j
   for (const auto& [is_sequence, name] : pieces) {
     if (is_sequence) {
       if (seen_sequence) {
-        return single.Annotate(
-            absl::UnimplementedError("a single template with two sequences is not supported"));
+        return single.Annotate(absl::UnimplementedError(
+            "a single template with two sequences is not supported"));
       }
       seen_sequence = true;
       continue;
     }
     auto it = special.find(name);
     if (it == special.end()) {
-      return single.Error(absl::StrCat("template names unknown special token '", name, "'"));
+      return single.Error(
+          absl::StrCat("template names unknown special token '", name, "'"));
     }
     std::vector<int32_t>& target = seen_sequence ? after : before;
     target.insert(target.end(), it->second.begin(), it->second.end());
@@ -938,10 +1033,12 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseTemplate(const JsonReader& j
 }
 
 // RobertaProcessing / BertProcessing: {"cls": ["<s>", 0], "sep": ["</s>", 2]}.
-absl::StatusOr<std::unique_ptr<PostProcessor>> ParseClsSep(const JsonReader& json) {
+absl::StatusOr<std::unique_ptr<PostProcessor>> ParseClsSep(
+    const JsonReader& json) {
   std::vector<int32_t> ids;
   for (const char* key : {"cls", "sep"}) {
-    ASSIGN_OR_RETURN(const std::vector<JsonReader> pair, json.RequiredArray(key));
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> pair,
+                     json.RequiredArray(key));
     if (pair.size() != 2) return json.Field(key).TypeError("[token, id]");
     ASSIGN_OR_RETURN(int id, pair[1].AsInt());
     ids.push_back(id);
@@ -952,19 +1049,24 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseClsSep(const JsonReader& jso
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const JsonReader& json) {
+absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(
+    const JsonReader& json) {
   if (json.is_null()) return nullptr;
   ASSIGN_OR_RETURN(const std::string type, ComponentType(json));
   if (type == "TemplateProcessing") return ParseTemplate(json);
   if (type == "ByteLevel") {
-    return std::make_unique<WrapProcessor>(std::vector<int32_t>{}, std::vector<int32_t>{});
+    return std::make_unique<WrapProcessor>(std::vector<int32_t>{},
+                                           std::vector<int32_t>{});
   }
-  if (type == "RobertaProcessing" || type == "BertProcessing") return ParseClsSep(json);
+  if (type == "RobertaProcessing" || type == "BertProcessing")
+    return ParseClsSep(json);
   if (type == "Sequence") {
-    ASSIGN_OR_RETURN(const std::vector<JsonReader> items, json.RequiredArray("processors"));
+    ASSIGN_OR_RETURN(const std::vector<JsonReader> items,
+                     json.RequiredArray("processors"));
     std::vector<std::unique_ptr<PostProcessor>> processors;
     for (const JsonReader& item : items) {
-      ASSIGN_OR_RETURN(std::unique_ptr<PostProcessor> processor, ParsePostProcessor(item));
+      ASSIGN_OR_RETURN(std::unique_ptr<PostProcessor> processor,
+                       ParsePostProcessor(item));
       if (processor != nullptr) processors.push_back(std::move(processor));
     }
     return std::make_unique<SequenceProcessor>(std::move(processors));

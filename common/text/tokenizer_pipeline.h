@@ -1,6 +1,7 @@
 // The pieces of a Hugging Face tokenizer.json pipeline other than the model:
 // normalizers, pre-tokenizers, decoders and post-processors, plus a PCRE2
-// regex wrapper they share. Internal to common/text/tokenizer.cc; use Tokenizer.
+// regex wrapper they share. Internal to common/text/tokenizer.cc; use
+// Tokenizer.
 //
 // Each Parse* function reads one component object of tokenizer.json and
 // returns it, nullptr for a JSON null (component absent), InvalidArgument for
@@ -37,7 +38,8 @@ namespace tokenizer_internal {
 class Regex {
  public:
   // InvalidArgument with PCRE2's message if `pattern` does not compile.
-  static absl::StatusOr<std::unique_ptr<Regex>> Compile(std::string_view pattern);
+  static absl::StatusOr<std::unique_ptr<Regex>> Compile(
+      std::string_view pattern);
   // A pattern that matches `text` literally.
   static absl::StatusOr<std::unique_ptr<Regex>> Literal(std::string_view text);
   ~Regex();
@@ -47,7 +49,8 @@ class Regex {
   // The non-overlapping matches in `subject` (valid UTF-8), left to right, as
   // [begin, end) byte offsets. After an empty match the search resumes one
   // character later.
-  std::vector<std::pair<size_t, size_t>> FindAll(std::string_view subject) const;
+  std::vector<std::pair<size_t, size_t>> FindAll(
+      std::string_view subject) const;
 
  private:
   explicit Regex(pcre2_real_code_8* code) : code_(code) {}
@@ -58,13 +61,16 @@ class Regex {
 absl::StatusOr<std::unique_ptr<Regex>> ParsePattern(const JsonReader& pattern);
 
 // The 256 printable characters GPT-2's byte-level BPE uses for bytes
-// (bytes_to_unicode): ByteLevelChar(b) is the UTF-8 of the character for byte b.
+// (bytes_to_unicode): ByteLevelChar(b) is the UTF-8 of the character for byte
+// b.
 std::string_view ByteLevelChar(uint8_t b);
 // The byte a byte-level character stands for, or -1 if `cp` is not one.
 int ByteLevelByte(char32_t cp);
 
 // Debian's Abseil has its own string_view type; this converts for absl calls.
-inline absl::string_view AbslView(std::string_view s) { return {s.data(), s.size()}; }
+inline absl::string_view AbslView(std::string_view s) {
+  return {s.data(), s.size()};
+}
 
 // --- Normalizers --------------------------------------------------------
 
@@ -75,7 +81,8 @@ class Normalizer {
 };
 
 // Supports NFC, NFD, NFKC, NFKD, Lowercase, Prepend, Replace, Strip, Sequence.
-absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(const JsonReader& json);
+absl::StatusOr<std::unique_ptr<Normalizer>> ParseNormalizer(
+    const JsonReader& json);
 
 // --- Pre-tokenizers -----------------------------------------------------
 
@@ -96,7 +103,8 @@ class PreTokenizer {
 
 // Supports ByteLevel, Split, Digits, Metaspace, Whitespace, WhitespaceSplit,
 // Sequence.
-absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const JsonReader& json);
+absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(
+    const JsonReader& json);
 
 // --- Decoders -----------------------------------------------------------
 
@@ -126,7 +134,8 @@ class PostProcessor {
 
 // Supports TemplateProcessing, ByteLevel (adds nothing), RobertaProcessing,
 // BertProcessing, Sequence.
-absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const JsonReader& json);
+absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(
+    const JsonReader& json);
 
 }  // namespace tokenizer_internal
 }  // namespace knapserve

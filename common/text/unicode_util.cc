@@ -88,7 +88,9 @@ std::string Utf8Lossy(std::string_view bytes) {
 }
 
 char32_t NextCodePoint(std::string_view text, size_t* pos) {
-  const auto byte = [&](size_t i) { return static_cast<char32_t>(static_cast<uint8_t>(text[i])); };
+  const auto byte = [&](size_t i) {
+    return static_cast<char32_t>(static_cast<uint8_t>(text[i]));
+  };
   const size_t p = *pos;
   const char32_t b0 = byte(p);
   if (b0 < 0x80) {
@@ -101,16 +103,18 @@ char32_t NextCodePoint(std::string_view text, size_t* pos) {
   }
   if (b0 < 0xF0) {
     *pos = p + 3;
-    return ((b0 & 0x0F) << 12) | ((byte(p + 1) & 0x3F) << 6) | (byte(p + 2) & 0x3F);
+    return ((b0 & 0x0F) << 12) | ((byte(p + 1) & 0x3F) << 6) |
+           (byte(p + 2) & 0x3F);
   }
   *pos = p + 4;
-  return ((b0 & 0x07) << 18) | ((byte(p + 1) & 0x3F) << 12) | ((byte(p + 2) & 0x3F) << 6) |
-         (byte(p + 3) & 0x3F);
+  return ((b0 & 0x07) << 18) | ((byte(p + 1) & 0x3F) << 12) |
+         ((byte(p + 2) & 0x3F) << 6) | (byte(p + 3) & 0x3F);
 }
 
 char32_t PrevCodePoint(std::string_view text, size_t* end) {
   size_t start = *end - 1;
-  while (start > 0 && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) --start;
+  while (start > 0 && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80)
+    --start;
   *end = start;
   return NextCodePoint(text, &start);
 }
@@ -157,7 +161,8 @@ bool IsUnicodeWhitespace(char32_t cp) {
 
 bool IsUnicodeAlphanumeric(char32_t cp) {
   if (cp < 0x80) {
-    return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') || (cp >= 'A' && cp <= 'Z');
+    return (cp >= '0' && cp <= '9') || (cp >= 'a' && cp <= 'z') ||
+           (cp >= 'A' && cp <= 'Z');
   }
   switch (utf8proc_category(static_cast<utf8proc_int32_t>(cp))) {
     case UTF8PROC_CATEGORY_LU:
@@ -192,15 +197,17 @@ std::string NormalizeUnicode(std::string_view text, NormalizationForm form) {
       break;
   }
   utf8proc_uint8_t* result = nullptr;
-  const utf8proc_ssize_t n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                                          static_cast<utf8proc_ssize_t>(text.size()), &result,
-                                          static_cast<utf8proc_option_t>(options));
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &result,
+                   static_cast<utf8proc_option_t>(options));
   if (n < 0 || result == nullptr) {
     // Only on invalid UTF-8 or out of memory; callers pass valid text.
     std::free(result);
     return std::string(text);
   }
-  std::string out(reinterpret_cast<const char*>(result), static_cast<size_t>(n));
+  std::string out(reinterpret_cast<const char*>(result),
+                  static_cast<size_t>(n));
   std::free(result);
   return out;
 }
@@ -212,9 +219,12 @@ std::string ToLowerUnicode(std::string_view text) {
   while (pos < text.size()) {
     const char32_t cp = NextCodePoint(text, &pos);
     if (cp < 0x80) {
-      out.push_back(static_cast<char>(cp >= 'A' && cp <= 'Z' ? cp + ('a' - 'A') : cp));
+      out.push_back(
+          static_cast<char>(cp >= 'A' && cp <= 'Z' ? cp + ('a' - 'A') : cp));
     } else {
-      AppendUtf8(static_cast<char32_t>(utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))), &out);
+      AppendUtf8(static_cast<char32_t>(
+                     utf8proc_tolower(static_cast<utf8proc_int32_t>(cp))),
+                 &out);
     }
   }
   return out;

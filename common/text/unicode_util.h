@@ -17,9 +17,9 @@ namespace knapserve {
 // The encoding of U+FFFD REPLACEMENT CHARACTER.
 inline constexpr std::string_view kReplacementChar = "\xEF\xBF\xBD";
 
-// Length of the valid UTF-8 sequence that starts at text[pos], or 0 if the bytes
-// there are not a complete, well-formed sequence (overlongs, surrogates and code
-// points above U+10FFFF are ill-formed). `pos` must be < text.size().
+// Length of the valid UTF-8 sequence that starts at text[pos], or 0 if the
+// bytes there are not a complete, well-formed sequence (overlongs, surrogates
+// and code points above U+10FFFF are ill-formed). `pos` must be < text.size().
 size_t ValidUtf8SequenceLength(std::string_view text, size_t pos);
 
 // Offset of the first byte that is not part of a well-formed UTF-8 sequence, or
@@ -34,8 +34,8 @@ inline bool IsValidUtf8(std::string_view text) {
 // String::from_utf8_lossy and Python's errors="replace" follow).
 std::string Utf8Lossy(std::string_view bytes);
 
-// Decodes the code point at text[*pos] and advances *pos past it. `text` must be
-// valid UTF-8 and *pos < text.size() on a character boundary.
+// Decodes the code point at text[*pos] and advances *pos past it. `text` must
+// be valid UTF-8 and *pos < text.size() on a character boundary.
 char32_t NextCodePoint(std::string_view text, size_t* pos);
 
 // Decodes the code point that ends at text[*end - 1] and moves *end back to its

@@ -77,23 +77,28 @@ absl::Status StatusFromWire(const v1::PlanError& error) {
     case v1::PLAN_ERROR_CODE_RESOURCE_EXHAUSTED:
       return absl::ResourceExhaustedError(m);
     default:
-      return absl::InternalError(m.empty() ? "planner error without a code" : m);
+      return absl::InternalError(m.empty() ? "planner error without a code"
+                                           : m);
   }
 }
 
 // The prefix positions a window of `options` keeps out of [0, prefix).
-std::vector<int64_t> WindowPositions(int64_t prefix, const KvWindowOptions& options) {
+std::vector<int64_t> WindowPositions(int64_t prefix,
+                                     const KvWindowOptions& options) {
   std::vector<int64_t> positions;
-  const int64_t leading = std::min(prefix, std::max<int64_t>(0, options.leading));
+  const int64_t leading =
+      std::min(prefix, std::max<int64_t>(0, options.leading));
   for (int64_t p = 0; p < leading; ++p) positions.push_back(p);
-  const int64_t tail_start = std::max(leading, prefix - std::max<int64_t>(0, options.window));
+  const int64_t tail_start =
+      std::max(leading, prefix - std::max<int64_t>(0, options.window));
   for (int64_t p = tail_start; p < prefix; ++p) positions.push_back(p);
   return positions;
 }
 
 }  // namespace
 
-absl::Status EncodePlanRequest(const PlanRequest& request, const KvWindowOptions& options,
+absl::Status EncodePlanRequest(const PlanRequest& request,
+                               const KvWindowOptions& options,
                                v1::PlanRequest* out) {
   c10::InferenceMode guard;
   out->Clear();
@@ -103,20 +108,26 @@ absl::Status EncodePlanRequest(const PlanRequest& request, const KvWindowOptions
   out->set_plan_lifetime_tokens(request.plan_lifetime_tokens);
   out->set_model_fingerprint(request.model_fingerprint);
   out->set_policy(WirePolicy(request.policy));
-  if (request.policy == PlanPolicy::kClasp) out->set_clasp_skip_layers(request.clasp_layers);
+  if (request.policy == PlanPolicy::kClasp)
+    out->set_clasp_skip_layers(request.clasp_layers);
   out->set_static_mask(request.static_mask);
-  out->set_max_draft_tokens(static_cast<uint32_t>(std::max(0, request.max_draft)));
-  RETURN_IF_ERROR(Annotate(EncodeTensor(request.states, out->mutable_reference_states()),
-                           "reference_states"));
+  out->set_max_draft_tokens(
+      static_cast<uint32_t>(std::max(0, request.max_draft)));
+  RETURN_IF_ERROR(
+      Annotate(EncodeTensor(request.states, out->mutable_reference_states()),
+               "reference_states"));
   const int64_t r = request.states.dim() >= 2 ? request.states.size(1) : 0;
-  for (int64_t i = 0; i < r; ++i) out->add_reference_positions(request.first_position + i);
+  for (int64_t i = 0; i < r; ++i)
+    out->add_reference_positions(request.first_position + i);
   for (int32_t id : request.target_argmax) out->add_reference_token_ids(id);
 
   v1::KvWindow* window = out->mutable_kv_context()->mutable_window();
   const int64_t prefix = std::min(request.kv_length, request.first_position);
-  const std::vector<int64_t> positions =
-      request.kv.empty() ? std::vector<int64_t>() : WindowPositions(prefix, options);
-  window->set_leading_positions(std::min(prefix, std::max<int64_t>(0, options.leading)));
+  const std::vector<int64_t> positions = request.kv.empty()
+                                             ? std::vector<int64_t>()
+                                             : WindowPositions(prefix, options);
+  window->set_leading_positions(
+      std::min(prefix, std::max<int64_t>(0, options.leading)));
   window->set_window_positions(static_cast<int64_t>(positions.size()) -
                                window->leading_positions());
   for (int64_t p : positions) window->add_positions(p);
@@ -125,30 +136,34 @@ absl::Status EncodePlanRequest(const PlanRequest& request, const KvWindowOptions
     for (const LayerKv& layer : request.kv) {
       v1::LayerKv* wire = window->add_layers();
       const torch::Tensor idx = index.to(layer.k.device());
-      RETURN_IF_ERROR(EncodeTensor(layer.k.index_select(1, idx), wire->mutable_k()));
-      RETURN_IF_ERROR(EncodeTensor(layer.v.index_select(1, idx), wire->mutable_v()));
+      RETURN_IF_ERROR(
+          EncodeTensor(layer.k.index_select(1, idx), wire->mutable_k()));
+      RETURN_IF_ERROR(
+          EncodeTensor(layer.v.index_select(1, idx), wire->mutable_v()));
     }
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto, int num_layers,
+absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto,
+                                              int num_layers,
                                               int default_max_draft) {
   c10::InferenceMode guard;
   PlanRequest request;
   if (!absl::SimpleAtoi(proto.sequence_id(), &request.sequence_id)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("sequence_id: '", proto.sequence_id(), "' is not a decimal integer"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sequence_id: '", proto.sequence_id(), "' is not a decimal integer"));
   }
   request.step = static_cast<int64_t>(proto.step());
   if (proto.context_length() < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("context_length: must be >= 1, got ", proto.context_length()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "context_length: must be >= 1, got ", proto.context_length()));
   }
   request.context_length = proto.context_length();
   if (proto.plan_lifetime_tokens() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("plan_lifetime_tokens: must be >= 0, got ",
-                                                   proto.plan_lifetime_tokens()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan_lifetime_tokens: must be >= 0, got ",
+                     proto.plan_lifetime_tokens()));
   }
   request.plan_lifetime_tokens = proto.plan_lifetime_tokens();
   if (proto.model_fingerprint().empty()) {
@@ -156,23 +171,28 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto, int 
   }
   request.model_fingerprint = proto.model_fingerprint();
   ASSIGN_OR_RETURN(request.policy, PolicyFromWire(proto.policy()));
-  request.clasp_layers = proto.has_clasp_skip_layers() ? proto.clasp_skip_layers() : 0;
+  request.clasp_layers =
+      proto.has_clasp_skip_layers() ? proto.clasp_skip_layers() : 0;
   request.static_mask = proto.static_mask();
-  request.max_draft = proto.max_draft_tokens() > 0 ? static_cast<int>(proto.max_draft_tokens())
-                                                   : default_max_draft;
-  if (!proto.has_reference_states()) return absl::InvalidArgumentError("reference_states: required");
-  ASSIGN_OR_RETURN(request.states, DecodeTensor(proto.reference_states(), "reference_states"));
-  if (request.states.dim() != 3 || request.states.size(0) != 2 * num_layers + 1 ||
+  request.max_draft = proto.max_draft_tokens() > 0
+                          ? static_cast<int>(proto.max_draft_tokens())
+                          : default_max_draft;
+  if (!proto.has_reference_states())
+    return absl::InvalidArgumentError("reference_states: required");
+  ASSIGN_OR_RETURN(request.states,
+                   DecodeTensor(proto.reference_states(), "reference_states"));
+  if (request.states.dim() != 3 ||
+      request.states.size(0) != 2 * num_layers + 1 ||
       request.states.size(1) < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "reference_states: shape ", c10::str(request.states.sizes()), ", want [2L+1 = ",
-        2 * num_layers + 1, ", r >= 1, hidden]"));
+        "reference_states: shape ", c10::str(request.states.sizes()),
+        ", want [2L+1 = ", 2 * num_layers + 1, ", r >= 1, hidden]"));
   }
   const int64_t r = request.states.size(1);
   if (proto.reference_positions_size() != r) {
-    return absl::InvalidArgumentError(absl::StrCat("reference_positions: ",
-                                                   proto.reference_positions_size(),
-                                                   " entries for r = ", r));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reference_positions: ", proto.reference_positions_size(),
+                     " entries for r = ", r));
   }
   for (int64_t i = 0; i < r; ++i) {
     if (proto.reference_positions(i) != proto.reference_positions(0) + i) {
@@ -184,34 +204,39 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto, int 
   if (request.first_position < 0) {
     return absl::InvalidArgumentError("reference_positions: negative");
   }
-  if (proto.reference_token_ids_size() != 0 && proto.reference_token_ids_size() != r) {
-    return absl::InvalidArgumentError(absl::StrCat("reference_token_ids: ",
-                                                   proto.reference_token_ids_size(),
-                                                   " entries for r = ", r, " (or send none)"));
+  if (proto.reference_token_ids_size() != 0 &&
+      proto.reference_token_ids_size() != r) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reference_token_ids: ", proto.reference_token_ids_size(),
+                     " entries for r = ", r, " (or send none)"));
   }
   request.target_argmax.assign(proto.reference_token_ids().begin(),
                                proto.reference_token_ids().end());
 
-  if (!proto.has_kv_context()) return absl::InvalidArgumentError("kv_context: required");
+  if (!proto.has_kv_context())
+    return absl::InvalidArgumentError("kv_context: required");
   if (proto.kv_context().has_all_in_memory()) {
     return absl::InvalidArgumentError(
-        "kv_context.all_in_memory: only an in-process planner shares the executor's memory");
+        "kv_context.all_in_memory: only an in-process planner shares the "
+        "executor's memory");
   }
   const v1::KvWindow& window = proto.kv_context().window();
   for (int i = 0; i < window.positions_size(); ++i) {
     const int64_t p = window.positions(i);
-    if (p < 0 || p >= request.first_position || (i > 0 && p <= window.positions(i - 1))) {
+    if (p < 0 || p >= request.first_position ||
+        (i > 0 && p <= window.positions(i - 1))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "kv_context.window.positions[", i, "]: ", p,
           " (must ascend strictly and precede the first reference position ",
           request.first_position, ")"));
     }
   }
-  if (window.layers_size() == 0 && window.positions_size() == 0) return request;  // no K/V
+  if (window.layers_size() == 0 && window.positions_size() == 0)
+    return request;  // no K/V
   if (window.layers_size() != num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("kv_context.window.layers: ",
-                                                   window.layers_size(), " for a model with ",
-                                                   num_layers, " layers"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_context.window.layers: ", window.layers_size(),
+                     " for a model with ", num_layers, " layers"));
   }
   const int64_t n = window.positions_size();
   for (int i = 0; i < num_layers; ++i) {
@@ -219,11 +244,13 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto, int 
     LayerKv layer;
     ASSIGN_OR_RETURN(layer.k, DecodeTensor(window.layers(i).k(), field + ".k"));
     ASSIGN_OR_RETURN(layer.v, DecodeTensor(window.layers(i).v(), field + ".v"));
-    if (layer.k.dim() != 3 || layer.k.size(1) != n || !layer.k.sizes().equals(layer.v.sizes()) ||
+    if (layer.k.dim() != 3 || layer.k.size(1) != n ||
+        !layer.k.sizes().equals(layer.v.sizes()) ||
         layer.k.scalar_type() != layer.v.scalar_type()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": k ", c10::str(layer.k.sizes()), " and v ", c10::str(layer.v.sizes()),
-          " must both be [kv_heads, ", n, " positions, head_dim] of one dtype"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": k ", c10::str(layer.k.sizes()), " and v ",
+                       c10::str(layer.v.sizes()), " must both be [kv_heads, ",
+                       n, " positions, head_dim] of one dtype"));
     }
     request.kv.push_back(std::move(layer));
   }
@@ -253,7 +280,8 @@ v1::PlanResponse EncodePlanResponse(uint64_t sequence_id, int64_t step,
   return out;
 }
 
-absl::StatusOr<DraftPlan> DecodePlanResponse(const v1::PlanResponse& proto, int num_layers) {
+absl::StatusOr<DraftPlan> DecodePlanResponse(const v1::PlanResponse& proto,
+                                             int num_layers) {
   if (proto.has_error()) return StatusFromWire(proto.error());
   DraftPlan plan;
   ASSIGN_OR_RETURN(plan.mask, LayerMask::Parse(proto.mask(), num_layers));

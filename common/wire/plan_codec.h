@@ -26,14 +26,16 @@ namespace knapserve {
 
 // Which prefix K/V positions a request carries.
 struct KvWindowOptions {
-  int64_t leading = 4;    // positions 0 .. leading-1 (attention sinks)
-  int64_t window = 1024;  // the last `window` positions before the reference tokens
+  int64_t leading = 4;  // positions 0 .. leading-1 (attention sinks)
+  int64_t window =
+      1024;  // the last `window` positions before the reference tokens
 };
 
 // Encodes `request` with the K/V window `options` selects from request.kv
 // (positions [0, min(kv_length, first_position))). Reference states travel in
 // their own dtype; sequence_id as its decimal string.
-absl::Status EncodePlanRequest(const PlanRequest& request, const KvWindowOptions& options,
+absl::Status EncodePlanRequest(const PlanRequest& request,
+                               const KvWindowOptions& options,
                                v1::PlanRequest* out);
 
 // Decodes a request for a planner serving a model with `num_layers` layers.
@@ -43,7 +45,8 @@ absl::Status EncodePlanRequest(const PlanRequest& request, const KvWindowOptions
 // malformed tensors, positions not ascending or not matching r, a window of
 // the wrong layer count or shape, max_draft_tokens 0 resolved by
 // `default_max_draft`.
-absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto, int num_layers,
+absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto,
+                                              int num_layers,
                                               int default_max_draft);
 
 // A solved plan (or the status of a failed solve) as a PlanResponse for the
@@ -54,7 +57,8 @@ v1::PlanResponse EncodePlanResponse(uint64_t sequence_id, int64_t step,
 // The plan a PlanResponse carries, or its error as a Status (the codes map
 // back: FINGERPRINT_MISMATCH -> FailedPrecondition, SUPERSEDED -> Cancelled,
 // RESOURCE_EXHAUSTED -> ResourceExhausted, ...). `num_layers` parses the mask.
-absl::StatusOr<DraftPlan> DecodePlanResponse(const v1::PlanResponse& proto, int num_layers);
+absl::StatusOr<DraftPlan> DecodePlanResponse(const v1::PlanResponse& proto,
+                                             int num_layers);
 
 }  // namespace knapserve
 

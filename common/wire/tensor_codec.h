@@ -30,7 +30,8 @@ namespace knapserve {
 absl::Status EncodeTensor(const torch::Tensor& tensor, v1::Tensor* out);
 
 // Reads `proto` back into a CPU tensor.
-absl::StatusOr<torch::Tensor> DecodeTensor(const v1::Tensor& proto, const std::string& field);
+absl::StatusOr<torch::Tensor> DecodeTensor(const v1::Tensor& proto,
+                                           const std::string& field);
 
 }  // namespace knapserve
 

@@ -21,49 +21,61 @@ TEST(GenerationCodecTest, EveryModeRoundTripsThroughItsWireValue) {
   std::set<int> wire_values;
   for (const SpeculationModeInfo& info : AllSpeculationModes()) {
     const v1::SpeculationMode wire = ToWireMode(info.mode);
-    EXPECT_NE(wire, v1::SPECULATION_MODE_UNSPECIFIED) << info.name << " has no wire value";
+    EXPECT_NE(wire, v1::SPECULATION_MODE_UNSPECIFIED)
+        << info.name << " has no wire value";
     EXPECT_EQ(v1::SpeculationMode_Name(wire),
               "SPECULATION_MODE_" + absl::AsciiStrToUpper(info.name));
     EXPECT_TRUE(wire_values.insert(wire).second) << info.name;
-    absl::StatusOr<SpeculationMode> back = FromWireMode(wire, SpeculationMode::kOff);
+    absl::StatusOr<SpeculationMode> back =
+        FromWireMode(wire, SpeculationMode::kOff);
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(*back, info.mode);
   }
   // And every wire value but UNSPECIFIED names a mode.
-  for (int value = v1::SpeculationMode_MIN; value <= v1::SpeculationMode_MAX; ++value) {
-    if (!v1::SpeculationMode_IsValid(value) || value == v1::SPECULATION_MODE_UNSPECIFIED) continue;
-    EXPECT_TRUE(FromWireMode(static_cast<v1::SpeculationMode>(value), SpeculationMode::kOff).ok())
+  for (int value = v1::SpeculationMode_MIN; value <= v1::SpeculationMode_MAX;
+       ++value) {
+    if (!v1::SpeculationMode_IsValid(value) ||
+        value == v1::SPECULATION_MODE_UNSPECIFIED)
+      continue;
+    EXPECT_TRUE(FromWireMode(static_cast<v1::SpeculationMode>(value),
+                             SpeculationMode::kOff)
+                    .ok())
         << v1::SpeculationMode_Name(static_cast<v1::SpeculationMode>(value));
   }
 }
 
 TEST(GenerationCodecTest, UnspecifiedModeIsTheDefaultAndBadValuesNameTheField) {
-  EXPECT_EQ(*FromWireMode(v1::SPECULATION_MODE_UNSPECIFIED, SpeculationMode::kStatic),
-            SpeculationMode::kStatic);
+  EXPECT_EQ(
+      *FromWireMode(v1::SPECULATION_MODE_UNSPECIFIED, SpeculationMode::kStatic),
+      SpeculationMode::kStatic);
   for (int bad : {42, -1, 1000}) {
-    absl::StatusOr<SpeculationMode> mode =
-        FromWireMode(static_cast<v1::SpeculationMode>(bad), SpeculationMode::kOff);
+    absl::StatusOr<SpeculationMode> mode = FromWireMode(
+        static_cast<v1::SpeculationMode>(bad), SpeculationMode::kOff);
     EXPECT_EQ(mode.status().code(), absl::StatusCode::kInvalidArgument) << bad;
-    EXPECT_NE(mode.status().message().find("speculation.mode"), std::string::npos)
+    EXPECT_NE(mode.status().message().find("speculation.mode"),
+              std::string::npos)
         << mode.status();
   }
 }
 
 TEST(GenerationCodecTest, FinishReasonsMapToTheirNamedWireValues) {
   std::set<int> values;
-  for (FinishReason reason : {FinishReason::kEos, FinishReason::kLength,
-                              FinishReason::kStopSequence, FinishReason::kAborted}) {
+  for (FinishReason reason :
+       {FinishReason::kEos, FinishReason::kLength, FinishReason::kStopSequence,
+        FinishReason::kAborted}) {
     const v1::FinishReason wire = ToWireFinishReason(reason);
     EXPECT_NE(wire, v1::FINISH_REASON_UNSPECIFIED);
     EXPECT_TRUE(values.insert(wire).second);
-    EXPECT_EQ(v1::FinishReason_Name(wire),
-              "FINISH_REASON_" + absl::AsciiStrToUpper(FinishReasonName(reason)));
+    EXPECT_EQ(
+        v1::FinishReason_Name(wire),
+        "FINISH_REASON_" + absl::AsciiStrToUpper(FinishReasonName(reason)));
   }
 }
 
 TEST(GenerationCodecTest, StatusesKeepTheirCodeAndMessage) {
   EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
-  const grpc::Status internal = ToGrpcStatus(absl::InternalError("decode step 3: boom"));
+  const grpc::Status internal =
+      ToGrpcStatus(absl::InternalError("decode step 3: boom"));
   EXPECT_EQ(internal.error_code(), grpc::StatusCode::INTERNAL);
   EXPECT_EQ(internal.error_message(), "decode step 3: boom");
   EXPECT_EQ(ToGrpcStatus(absl::InvalidArgumentError("x")).error_code(),
@@ -84,7 +96,8 @@ class DecodeGenerateRequestTest : public ::testing::Test {
     defaults_.speculation.max_draft = 4;
   }
 
-  absl::StatusOr<GenerationRequest> Decode(const v1::GenerateRequest& wire) const {
+  absl::StatusOr<GenerationRequest> Decode(
+      const v1::GenerateRequest& wire) const {
     return DecodeGenerateRequest(wire, defaults_, *model_, *StoriesTokenizer());
   }
 
@@ -154,20 +167,25 @@ TEST_F(DecodeGenerateRequestTest, BadRequestsNameTheField) {
        [](v1::GenerateRequest& r) { r.mutable_token_ids()->add_ids(9999); }},
       {"speculation.mode: unknown value 42", absl::StatusCode::kInvalidArgument,
        [](v1::GenerateRequest& r) {
-         r.mutable_speculation()->set_mode(static_cast<v1::SpeculationMode>(42));
+         r.mutable_speculation()->set_mode(
+             static_cast<v1::SpeculationMode>(42));
        }},
-      {"speculation.mode: knapspec needs a planner", absl::StatusCode::kFailedPrecondition,
+      {"speculation.mode: knapspec needs a planner",
+       absl::StatusCode::kFailedPrecondition,
        [](v1::GenerateRequest& r) {
          r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_KNAPSPEC);
        }},
-      {"speculation.mode: clasp needs a planner", absl::StatusCode::kFailedPrecondition,
+      {"speculation.mode: clasp needs a planner",
+       absl::StatusCode::kFailedPrecondition,
        [](v1::GenerateRequest& r) {
          r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_CLASP);
        }},
       {"max_new_tokens", absl::StatusCode::kInvalidArgument,
        [](v1::GenerateRequest& r) { r.set_max_new_tokens(0); }},
       {"max_draft", absl::StatusCode::kInvalidArgument,
-       [](v1::GenerateRequest& r) { r.mutable_speculation()->set_max_draft_tokens(16); }},
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_max_draft_tokens(16);
+       }},
       {"temperature", absl::StatusCode::kInvalidArgument,
        [](v1::GenerateRequest& r) { r.set_temperature(-1); }},
   };
@@ -176,7 +194,8 @@ TEST_F(DecodeGenerateRequestTest, BadRequestsNameTheField) {
     wire.set_text("Hello");
     c.edit(wire);
     absl::StatusOr<GenerationRequest> request = Decode(wire);
-    EXPECT_EQ(request.status().code(), c.code) << c.field << ": " << request.status();
+    EXPECT_EQ(request.status().code(), c.code)
+        << c.field << ": " << request.status();
     EXPECT_NE(request.status().message().find(c.field), std::string::npos)
         << c.field << ": " << request.status();
   }
@@ -218,8 +237,8 @@ TEST(GenerationCodecTest, EncodesChunksAndFinalResults) {
   plan.gamma = 3;
   plan.age_steps = 2;
   r.plans.push_back(plan);
-  v1::GenerateResponse final =
-      EncodeFinal("req-2", r, SpeculationMode::kKnapSpec, ServiceTimings{0.1, 0.2, 3.0});
+  v1::GenerateResponse final = EncodeFinal(
+      "req-2", r, SpeculationMode::kKnapSpec, ServiceTimings{0.1, 0.2, 3.0});
   ASSERT_TRUE(final.has_final());
   const v1::FinalResult& f = final.final();
   EXPECT_EQ(f.request_id(), "req-2");

@@ -3,12 +3,9 @@
 // generation, invalid requests name their field, concurrency, admission,
 // cancellation, deadlines, Abort, drain, and a LibTorch exception in one
 // stream's forward pass failing that stream only.
-#include "executor/executor_server.h"
-
-#include <gtest/gtest.h>
-
 #include <c10/util/Exception.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -16,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "executor/executor_server.h"
 #include "planner/inprocess_planner.h"
 #include "tests/testing/test_models.h"
 
@@ -41,12 +39,14 @@ Server StartServer(int max_running = 4, int max_queue = 16,
   options.scheduler.max_queue = max_queue;
   options.model_path = testing::Stories260kDir();
   options.metrics = metrics;
-  auto server = ExecutorServer::Start(*s.model, *StoriesTokenizer(), options, "127.0.0.1:0");
+  auto server = ExecutorServer::Start(*s.model, *StoriesTokenizer(), options,
+                                      "127.0.0.1:0");
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return s;
   s.server = std::move(*server);
-  s.stub = v1::Generation::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", s.server->port()), grpc::InsecureChannelCredentials()));
+  s.stub = v1::Generation::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", s.server->port()),
+                          grpc::InsecureChannelCredentials()));
   return s;
 }
 
@@ -61,8 +61,8 @@ struct Streamed {
 // Runs one Generate call to the end. `on_first_chunk` runs once, when the
 // first chunk arrives (for tests that act mid-stream).
 Streamed Call(v1::Generation::Stub& stub, const v1::GenerateRequest& request,
-             grpc::ClientContext* context = nullptr,
-             const std::function<void()>& on_first_chunk = nullptr) {
+              grpc::ClientContext* context = nullptr,
+              const std::function<void()>& on_first_chunk = nullptr) {
   grpc::ClientContext local;
   if (context == nullptr) context = &local;
   Streamed out;
@@ -94,7 +94,8 @@ TEST(GenerationServiceTest, StreamsWhatLocalGenerationProduces) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Server s = StartServer();
   ASSERT_NE(s.server, nullptr);
-  for (const std::string prompt : {"Once upon a time", "Zoo", "The little dog"}) {
+  for (const std::string prompt :
+       {"Once upon a time", "Zoo", "The little dog"}) {
     v1::GenerateRequest request = TextRequest(prompt, 60);
     request.mutable_speculation()->set_mode(v1::SPECULATION_MODE_STATIC);
     request.mutable_speculation()->set_static_mask("a1,m3");
@@ -108,20 +109,25 @@ TEST(GenerationServiceTest, StreamsWhatLocalGenerationProduces) {
     EXPECT_EQ(got.ids, want->output_ids) << prompt;
     EXPECT_EQ(got.text, want->text) << prompt;
     ASSERT_TRUE(got.final.has_value());
-    EXPECT_EQ(got.final->usage().completion_tokens(), static_cast<int>(got.ids.size()));
-    EXPECT_EQ(got.final->usage().prompt_tokens(), static_cast<int>(local.prompt_ids.size()));
+    EXPECT_EQ(got.final->usage().completion_tokens(),
+              static_cast<int>(got.ids.size()));
+    EXPECT_EQ(got.final->usage().prompt_tokens(),
+              static_cast<int>(local.prompt_ids.size()));
     EXPECT_NE(got.final->finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
     EXPECT_GT(got.final->timings().time_to_first_token_seconds(), 0);
-    EXPECT_EQ(got.final->speculation_stats().mode(), v1::SPECULATION_MODE_STATIC);
+    EXPECT_EQ(got.final->speculation_stats().mode(),
+              v1::SPECULATION_MODE_STATIC);
     EXPECT_GT(got.final->speculation_stats().drafts(), 0);
     EXPECT_FALSE(got.final->request_id().empty());
   }
   grpc::ClientContext context;
   v1::GetModelInfoResponse info;
-  ASSERT_TRUE(s.stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  ASSERT_TRUE(
+      s.stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
   EXPECT_EQ(info.model_info().num_layers(), 5);
   EXPECT_EQ(info.model_info().max_context(), s.model->max_context());
-  EXPECT_EQ(info.model_info().model_fingerprint(), s.model->config().Fingerprint());
+  EXPECT_EQ(info.model_info().model_fingerprint(),
+            s.model->config().Fingerprint());
 }
 
 TEST(GenerationServiceTest, CountsRequestsTokensAndSpeculationInMetrics) {
@@ -140,27 +146,37 @@ TEST(GenerationServiceTest, CountsRequestsTokensAndSpeculationInMetrics) {
   bad.set_temperature(-1);
   Call(*s.stub, bad);
   const std::string text = metrics.Render();
-  EXPECT_NE(text.find("knapserve_requests_total{code=\"OK\"} 2\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("knapserve_requests_total{code=\"INVALID_ARGUMENT\"} 1\n"),
+  EXPECT_NE(text.find("knapserve_requests_total{code=\"OK\"} 2\n"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("knapserve_generation_tokens_total 80\n"), std::string::npos) << text;
+  EXPECT_NE(
+      text.find("knapserve_requests_total{code=\"INVALID_ARGUMENT\"} 1\n"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_generation_tokens_total 80\n"),
+            std::string::npos)
+      << text;
   const int drafts = first.final->speculation_stats().drafts() * 2;
-  EXPECT_NE(text.find("knapserve_spec_decode_num_drafts_total " + std::to_string(drafts) + "\n"),
+  EXPECT_NE(text.find("knapserve_spec_decode_num_drafts_total " +
+                      std::to_string(drafts) + "\n"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("knapserve_spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"}"),
+  EXPECT_NE(text.find("knapserve_spec_decode_num_accepted_tokens_per_pos_total{"
+                      "position=\"0\"}"),
             std::string::npos);
-  EXPECT_NE(text.find("knapserve_time_to_first_token_seconds_count 2\n"), std::string::npos);
+  EXPECT_NE(text.find("knapserve_time_to_first_token_seconds_count 2\n"),
+            std::string::npos);
   // The worker leaves the running count just after the stream ends: give it
   // a moment.
   std::string gauges = text;
-  for (int i = 0; i < 200 && gauges.find("knapserve_running_requests 0\n") == std::string::npos;
+  for (int i = 0; i < 200 && gauges.find("knapserve_running_requests 0\n") ==
+                                 std::string::npos;
        ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     gauges = metrics.Render();
   }
-  EXPECT_NE(gauges.find("knapserve_running_requests 0\n"), std::string::npos) << gauges;
+  EXPECT_NE(gauges.find("knapserve_running_requests 0\n"), std::string::npos)
+      << gauges;
 }
 
 // The service shares one plan cache among its requests: the first knapspec
@@ -170,8 +186,8 @@ TEST(GenerationServiceTest, RequestsShareThePlanCacheAndReportPlanningMetrics) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = CachedModel("stories260k");
   ASSERT_NE(model, nullptr);
-  auto planner = InProcessPlanner::Create(*model, testing::HandLatencyProfile(*model),
-                                          InProcessPlannerOptions());
+  auto planner = InProcessPlanner::Create(
+      *model, testing::HandLatencyProfile(*model), InProcessPlannerOptions());
   ASSERT_TRUE(planner.ok()) << planner.status();
   MetricsRegistry metrics;
   GenerationServiceOptions options;
@@ -183,10 +199,12 @@ TEST(GenerationServiceTest, RequestsShareThePlanCacheAndReportPlanningMetrics) {
   options.default_speculation.planner_budget = 0;
   options.default_speculation.reference_steps = 2;
   const PlanningShared planning = options.planning;
-  auto server = ExecutorServer::Start(*model, *StoriesTokenizer(), options, "127.0.0.1:0");
+  auto server = ExecutorServer::Start(*model, *StoriesTokenizer(), options,
+                                      "127.0.0.1:0");
   ASSERT_TRUE(server.ok()) << server.status();
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
+                          grpc::InsecureChannelCredentials()));
   v1::GenerateRequest request = TextRequest("Once upon a time", 40);
   request.set_ignore_eos(true);
   request.mutable_speculation()->set_mode(v1::SPECULATION_MODE_KNAPSPEC);
@@ -203,14 +221,23 @@ TEST(GenerationServiceTest, RequestsShareThePlanCacheAndReportPlanningMetrics) {
   EXPECT_EQ(planning.cache->hits(), 1);
   EXPECT_EQ(planning.cache->misses(), 1);
   const std::string text = metrics.Render();
-  EXPECT_NE(text.find("knapserve_plan_cache_hits_total 1\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("knapserve_plan_cache_misses_total 1\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("knapserve_plan_triggers_total{kind=\"no_plan\"} 1\n"), std::string::npos)
+  EXPECT_NE(text.find("knapserve_plan_cache_hits_total 1\n"), std::string::npos)
       << text;
-  EXPECT_NE(text.find("knapserve_plan_cache_entries 1\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("knapserve_planner_cpu_share "), std::string::npos) << text;
-  EXPECT_NE(text.find("knapserve_guard_fallbacks_total "), std::string::npos) << text;
-  EXPECT_NE(text.find("knapserve_planner_budget_deferrals_total 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("knapserve_plan_cache_misses_total 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_plan_triggers_total{kind=\"no_plan\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_plan_cache_entries 1\n"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_planner_cpu_share "), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_guard_fallbacks_total "), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_planner_budget_deferrals_total 0\n"),
+            std::string::npos)
+      << text;
 }
 
 TEST(GenerationServiceTest, InvalidRequestsNameTheField) {
@@ -223,14 +250,16 @@ TEST(GenerationServiceTest, InvalidRequestsNameTheField) {
     std::function<void(v1::GenerateRequest&)> edit;
   };
   const std::vector<Case> cases = {
-      {"prompt", grpc::StatusCode::INVALID_ARGUMENT, [](v1::GenerateRequest& r) { r.clear_prompt(); }},
+      {"prompt", grpc::StatusCode::INVALID_ARGUMENT,
+       [](v1::GenerateRequest& r) { r.clear_prompt(); }},
       {"prompt.text: empty", grpc::StatusCode::INVALID_ARGUMENT,
        [](v1::GenerateRequest& r) { r.set_text(""); }},
       {"temperature", grpc::StatusCode::INVALID_ARGUMENT,
        [](v1::GenerateRequest& r) { r.set_temperature(-1); }},
       {"speculation.mode", grpc::StatusCode::INVALID_ARGUMENT,
        [](v1::GenerateRequest& r) {
-         r.mutable_speculation()->set_mode(static_cast<v1::SpeculationMode>(42));
+         r.mutable_speculation()->set_mode(
+             static_cast<v1::SpeculationMode>(42));
        }},
       {"prompt: 600 tokens", grpc::StatusCode::INVALID_ARGUMENT,
        [](v1::GenerateRequest& r) {
@@ -247,7 +276,8 @@ TEST(GenerationServiceTest, InvalidRequestsNameTheField) {
     v1::GenerateRequest request = TextRequest("Hello", 8);
     c.edit(request);
     Streamed got = Call(*s.stub, request);
-    EXPECT_EQ(got.status.error_code(), c.code) << c.expected << ": " << got.status.error_message();
+    EXPECT_EQ(got.status.error_code(), c.code)
+        << c.expected << ": " << got.status.error_message();
     EXPECT_NE(got.status.error_message().find(c.expected), std::string::npos)
         << c.expected << ": " << got.status.error_message();
     EXPECT_EQ(got.chunks, 0);
@@ -262,10 +292,12 @@ struct RawOutcome {
   int responses = 0;
 };
 
-RawOutcome RawGenerate(const std::shared_ptr<grpc::Channel>& channel, const std::string& bytes) {
+RawOutcome RawGenerate(const std::shared_ptr<grpc::Channel>& channel,
+                       const std::string& bytes) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
   grpc::CompletionQueue cq;
   // One operation at a time: start it, then wait for its tag.
   auto wait = [&cq]() {
@@ -309,16 +341,22 @@ RawOutcome RawGenerate(const std::shared_ptr<grpc::Channel>& channel, const std:
 TEST(GenerationServiceTest, NonUtf8TextFailsTheCallAndTheServerServesOn) {
   Server s = StartServer();
   ASSERT_NE(s.server, nullptr);
-  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", s.server->port()),
-                                     grpc::InsecureChannelCredentials());
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", s.server->port()),
+                          grpc::InsecureChannelCredentials());
   // GenerateRequest{text = 2: "Zoo", max_new_tokens = 8: 4}, encoded by hand:
   // the control, which must work.
-  const RawOutcome good = RawGenerate(channel, std::string("\x12\x03Zoo\x40\x04", 7));
-  ASSERT_TRUE(good.status.ok()) << good.status.error_code() << " " << good.status.error_message();
+  const RawOutcome good =
+      RawGenerate(channel, std::string("\x12\x03Zoo\x40\x04", 7));
+  ASSERT_TRUE(good.status.ok())
+      << good.status.error_code() << " " << good.status.error_message();
   EXPECT_GE(good.responses, 2);  // chunks, then the final message
 
   // The same with text = "caf" + a lone UTF-8 lead byte.
-  const RawOutcome bad = RawGenerate(channel, std::string("\x12\x04" "caf\xC3" "\x40\x04", 8));
+  const RawOutcome bad = RawGenerate(channel, std::string("\x12\x04"
+                                                          "caf\xC3"
+                                                          "\x40\x04",
+                                                          8));
   EXPECT_FALSE(bad.status.ok());
   EXPECT_EQ(bad.status.error_code(), grpc::StatusCode::UNIMPLEMENTED)
       << bad.status.error_message();
@@ -346,7 +384,8 @@ TEST(GenerationServiceTest, SixteenConcurrentStreamsAllComplete) {
   }
   for (std::thread& t : threads) t.join();
   for (int i = 0; i < 16; ++i) {
-    EXPECT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_TRUE(results[i].status.ok())
+        << i << ": " << results[i].status.error_message();
     EXPECT_EQ(results[i].ids, reference.ids) << i;
   }
 }
@@ -373,7 +412,8 @@ TEST(GenerationServiceTest, FullQueueRefusesAndCancellationFreesTheSlot) {
   Streamed third;
   for (int attempt = 0; attempt < 100; ++attempt) {
     third = Call(*s.stub, TextRequest("Zoo", 4));
-    if (third.status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED) break;
+    if (third.status.error_code() != grpc::StatusCode::RESOURCE_EXHAUSTED)
+      break;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_TRUE(third.status.ok()) << third.status.error_message();
@@ -387,7 +427,8 @@ TEST(GenerationServiceTest, DeadlinesAndAbortStopTheSequence) {
   longer.set_ignore_eos(true);
   {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(30));
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::milliseconds(30));
     Streamed late = Call(*s.stub, longer, &context);
     EXPECT_EQ(late.status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
   }
@@ -419,8 +460,10 @@ TEST(GenerationServiceTest, DrainFinishesRunningRequestsAndRefusesNewOnes) {
   std::thread drainer;
   Streamed refused;
   Streamed running = Call(*s.stub, longer, nullptr, [&] {
-    drainer = std::thread([&] { EXPECT_TRUE(s.server->Drain(std::chrono::seconds(30))); });
-    while (!s.server->service().scheduler().draining()) std::this_thread::yield();
+    drainer = std::thread(
+        [&] { EXPECT_TRUE(s.server->Drain(std::chrono::seconds(30))); });
+    while (!s.server->service().scheduler().draining())
+      std::this_thread::yield();
     refused = Call(*s.stub, TextRequest("Zoo", 4));
   });
   drainer.join();
@@ -451,12 +494,15 @@ TEST(GenerationServiceTest, AnExceptionInOneStreamsForwardFailsThatStreamOnly) {
       absl::MutexLock lock(&mu);
       steps.emplace_back(std::string(id), step);
     }
-    TORCH_CHECK(!(id == "faulty" && step == kFaultStep), "injected fault at step ", step);
+    TORCH_CHECK(!(id == "faulty" && step == kFaultStep),
+                "injected fault at step ", step);
   };
-  auto server = ExecutorServer::Start(*model, *StoriesTokenizer(), options, "127.0.0.1:0");
+  auto server = ExecutorServer::Start(*model, *StoriesTokenizer(), options,
+                                      "127.0.0.1:0");
   ASSERT_TRUE(server.ok()) << server.status();
-  auto stub = v1::Generation::NewStub(grpc::CreateChannel(
-      absl::StrCat("127.0.0.1:", (*server)->port()), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
+                          grpc::InsecureChannelCredentials()));
 
   v1::GenerateRequest healthy = TextRequest("Once upon a time", 160);
   healthy.set_ignore_eos(true);
@@ -487,10 +533,13 @@ TEST(GenerationServiceTest, AnExceptionInOneStreamsForwardFailsThatStreamOnly) {
   });
   faulty_client.join();
 
-  EXPECT_EQ(failed.status.error_code(), grpc::StatusCode::INTERNAL) << failed.status.error_message();
-  EXPECT_NE(failed.status.error_message().find("injected fault at step 12"), std::string::npos)
+  EXPECT_EQ(failed.status.error_code(), grpc::StatusCode::INTERNAL)
       << failed.status.error_message();
-  EXPECT_NE(failed.status.error_message().find("decode step 12"), std::string::npos)
+  EXPECT_NE(failed.status.error_message().find("injected fault at step 12"),
+            std::string::npos)
+      << failed.status.error_message();
+  EXPECT_NE(failed.status.error_message().find("decode step 12"),
+            std::string::npos)
       << failed.status.error_message();
   // It streamed its first token and one per step before the fault.
   EXPECT_EQ(failed.ids.size(), static_cast<size_t>(kFaultStep + 1));
@@ -505,18 +554,22 @@ TEST(GenerationServiceTest, AnExceptionInOneStreamsForwardFailsThatStreamOnly) {
     // The two really ran side by side: the healthy stream stepped before and
     // after the fault.
     absl::MutexLock lock(&mu);
-    auto fault = std::find(steps.begin(), steps.end(),
-                           std::pair<std::string, int64_t>("faulty", kFaultStep));
+    auto fault =
+        std::find(steps.begin(), steps.end(),
+                  std::pair<std::string, int64_t>("faulty", kFaultStep));
     ASSERT_NE(fault, steps.end());
-    EXPECT_NE(std::find_if(steps.begin(), fault, [](const auto& s) { return s.first == "healthy"; }),
+    EXPECT_NE(std::find_if(steps.begin(), fault,
+                           [](const auto& s) { return s.first == "healthy"; }),
               fault);
-    EXPECT_NE(std::find_if(fault, steps.end(), [](const auto& s) { return s.first == "healthy"; }),
+    EXPECT_NE(std::find_if(fault, steps.end(),
+                           [](const auto& s) { return s.first == "healthy"; }),
               steps.end());
   }
 
   // The step turn was released and the server still serves.
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(60));
   v1::GenerateRequest zoo = TextRequest("Zoo", 20);
   zoo.set_ignore_eos(true);
   const Streamed third = Call(*stub, zoo, &context);
@@ -524,10 +577,15 @@ TEST(GenerationServiceTest, AnExceptionInOneStreamsForwardFailsThatStreamOnly) {
   EXPECT_EQ(third.ids.size(), 20u);
 
   const std::string text = metrics.Render();
-  EXPECT_NE(text.find("knapserve_request_internal_errors_total 1\n"), std::string::npos) << text;
-  EXPECT_NE(text.find("knapserve_requests_total{code=\"INTERNAL\"} 1\n"), std::string::npos)
+  EXPECT_NE(text.find("knapserve_request_internal_errors_total 1\n"),
+            std::string::npos)
       << text;
-  EXPECT_NE(text.find("knapserve_requests_total{code=\"OK\"} 3\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("knapserve_requests_total{code=\"INTERNAL\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_requests_total{code=\"OK\"} 3\n"),
+            std::string::npos)
+      << text;
 }
 
 }  // namespace

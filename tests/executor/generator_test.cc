@@ -15,15 +15,17 @@ const std::vector<int32_t> kZooPrompt = {1, 410, 469, 347};
 // The bundled stories260k's greedy ids after "Zoo" (the text in
 // tools/models/stories260k/PROVENANCE.md).
 const std::vector<int32_t> kZooGolden = {
-    286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411,
-    322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426,
-    338, 391, 266, 267, 337, 335, 312, 432, 398, 358, 279, 292, 416, 439, 413, 391, 267, 337, 335};
+    286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410,
+    408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394,
+    261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312,
+    432, 398, 358, 279, 292, 416, 439, 413, 391, 267, 337, 335};
 
 class GeneratorTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string dir = testing::Stories260kDir();
-    if (!std::filesystem::exists(dir + "/model.safetensors")) GTEST_SKIP() << "no stories260k";
+    if (!std::filesystem::exists(dir + "/model.safetensors"))
+      GTEST_SKIP() << "no stories260k";
     auto model = LlamaModel::Load(dir, ModelOptions());
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
@@ -49,21 +51,24 @@ TEST_F(GeneratorTest, GreedyReproducesGoldenAndStreamsTheSameText) {
   EXPECT_EQ(*encoded, kZooPrompt);
   std::string streamed;
   int calls = 0;
-  auto result = Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 57),
-                         [&](absl::Span<const int32_t> ids, std::string_view text) {
-                           EXPECT_EQ(ids.size(), 1u);
-                           streamed += text;
-                           ++calls;
-                           return true;
-                         });
+  auto result =
+      Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 57),
+               [&](absl::Span<const int32_t> ids, std::string_view text) {
+                 EXPECT_EQ(ids.size(), 1u);
+                 streamed += text;
+                 ++calls;
+                 return true;
+               });
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->output_ids, kZooGolden);
   EXPECT_EQ(result->finish_reason, FinishReason::kLength);
   EXPECT_EQ(calls, 57);
   EXPECT_EQ(streamed, result->text);
   EXPECT_EQ("Zoo" + result->text,
-            "Zoo was a little girl named Lily. She loved to play outside in the park. One day, she "
-            "saw a big, red ball. She wanted to play with it, but she didn't want to play with");
+            "Zoo was a little girl named Lily. She loved to play outside in "
+            "the park. One day, she "
+            "saw a big, red ball. She wanted to play with it, but she didn't "
+            "want to play with");
   EXPECT_EQ(result->stats.prompt_tokens, 4);
   EXPECT_EQ(result->stats.completion_tokens, 57);
   EXPECT_GT(result->stats.decode_tokens_per_second(), 0);
@@ -73,10 +78,11 @@ TEST_F(GeneratorTest, StopStringEndsOutputBeforeIt) {
   GenerationRequest r = Greedy(kZooPrompt, 57);
   r.stop_strings = {"Lily", "never appears"};
   std::string streamed;
-  auto result = Generate(*model_, *tokenizer_, r, [&](auto, std::string_view text) {
-    streamed += text;
-    return true;
-  });
+  auto result =
+      Generate(*model_, *tokenizer_, r, [&](auto, std::string_view text) {
+        streamed += text;
+        return true;
+      });
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->finish_reason, FinishReason::kStopSequence);
   EXPECT_EQ(result->matched_stop, "Lily");
@@ -89,7 +95,8 @@ TEST_F(GeneratorTest, StopTokenIdEndsAfterIt) {
   r.stop_token_ids = {kZooGolden[2]};
   auto result = Generate(*model_, *tokenizer_, r);
   ASSERT_TRUE(result.ok());
-  EXPECT_EQ(result->output_ids, std::vector<int32_t>(kZooGolden.begin(), kZooGolden.begin() + 3));
+  EXPECT_EQ(result->output_ids,
+            std::vector<int32_t>(kZooGolden.begin(), kZooGolden.begin() + 3));
   EXPECT_EQ(result->finish_reason, FinishReason::kStopSequence);
 }
 
@@ -126,7 +133,8 @@ TEST_F(GeneratorTest, RejectsBadRequestsNamingTheField) {
     auto result = Generate(*model_, *tokenizer_, r);
     ASSERT_FALSE(result.ok());
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(result.status().message().find(field), std::string::npos) << result.status();
+    EXPECT_NE(result.status().message().find(field), std::string::npos)
+        << result.status();
   };
   expect_error(Greedy({}, 5), "prompt");
   expect_error(Greedy(std::vector<int32_t>(512, 5), 5), "prompt");
@@ -154,7 +162,8 @@ TEST_F(GeneratorTest, AnExceptionInsideGenerationIsAnInternalErrorNotACrash) {
     if (++calls == 3) throw std::runtime_error("stream broke");
     return true;
   };
-  auto result = Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 10), throwing);
+  auto result =
+      Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 10), throwing);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
   EXPECT_NE(result.status().message().find("stream broke"), std::string::npos);

@@ -8,7 +8,8 @@ namespace knapserve {
 namespace {
 
 TEST(KvCacheTest, PreallocatesAndMovesLengthWithoutCopying) {
-  auto model = LlamaModel::Load(testing::RandomModelDir("tiny-llama"), ModelOptions());
+  auto model =
+      LlamaModel::Load(testing::RandomModelDir("tiny-llama"), ModelOptions());
   ASSERT_TRUE(model.ok()) << model.status();
   KvCache cache(**model, 32);
   EXPECT_EQ(cache.capacity(), 32);
@@ -24,7 +25,8 @@ TEST(KvCacheTest, PreallocatesAndMovesLengthWithoutCopying) {
   cache.Truncate(4);
   EXPECT_EQ(cache.length(), 4);
   EXPECT_EQ(cache.layers()[0].k.data_ptr(), storage);
-  EXPECT_EQ(cache.BytesUsed(), 4 * 2 * c.num_key_value_heads * c.head_dim * 4 * c.num_hidden_layers);
+  EXPECT_EQ(cache.BytesUsed(), 4 * 2 * c.num_key_value_heads * c.head_dim * 4 *
+                                   c.num_hidden_layers);
   EXPECT_THROW(cache.Truncate(5), c10::Error);
   EXPECT_THROW(cache.Commit(33), c10::Error);
 }

@@ -53,15 +53,33 @@ TEST(PlanCacheTest, EveryKeyFieldSeparatesPlans) {
   for (int field = 0; field < 9; ++field) {
     PlanCacheKey k = Key(1);
     switch (field) {
-      case 0: k.model_fingerprint = "llama:L=3"; break;
-      case 1: k.device = "cuda:0"; break;
-      case 2: k.dtype = "bf16"; break;
-      case 3: k.threads = 4; break;
-      case 4: k.policy = PlanPolicy::kClasp; break;
-      case 5: k.policy_detail = "layers=1"; break;
-      case 6: k.max_draft = 10; break;
-      case 7: k.bucket_tokens = 128; break;
-      case 8: k.bucket = 2; break;
+      case 0:
+        k.model_fingerprint = "llama:L=3";
+        break;
+      case 1:
+        k.device = "cuda:0";
+        break;
+      case 2:
+        k.dtype = "bf16";
+        break;
+      case 3:
+        k.threads = 4;
+        break;
+      case 4:
+        k.policy = PlanPolicy::kClasp;
+        break;
+      case 5:
+        k.policy_detail = "layers=1";
+        break;
+      case 6:
+        k.max_draft = 10;
+        break;
+      case 7:
+        k.bucket_tokens = 128;
+        break;
+      case 8:
+        k.bucket = 2;
+        break;
     }
     SCOPED_TRACE(field);
     EXPECT_FALSE(cache.Lookup(k).has_value()) << k.ToString();
@@ -85,7 +103,8 @@ TEST(PlanCacheTest, InsertReplacesAndBumpsTheVersion) {
   EXPECT_EQ(got->plan.gamma, 5);
   EXPECT_EQ(got->sequence_id, 8u);
   EXPECT_EQ(got->context_length, 60);
-  EXPECT_EQ(cache.hits() + cache.misses(), 0) << "Peek and Version do not count";
+  EXPECT_EQ(cache.hits() + cache.misses(), 0)
+      << "Peek and Version do not count";
 }
 
 TEST(PlanCacheTest, OneClaimPerKey) {
@@ -121,7 +140,8 @@ TEST(PlanCacheTest, ConcurrentUseIsConsistent) {
   std::vector<int64_t> all;
   for (const auto& v : versions) all.insert(all.end(), v.begin(), v.end());
   std::sort(all.begin(), all.end());
-  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end()) << "duplicate version";
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end())
+      << "duplicate version";
   EXPECT_EQ(claims_won.load(), kRounds);
   EXPECT_EQ(cache.hits() + cache.misses(), kThreads * kRounds);
   EXPECT_EQ(cache.size(), 4);
@@ -175,9 +195,11 @@ TEST(PlainRateTableTest, MeanOfTheLastWindowPerBucketAndExecution) {
   EXPECT_FALSE(table.MeanStepSeconds("a", 256, 1, 1).has_value());
   EXPECT_FALSE(table.MeanStepSeconds("b", 256, 0, 1).has_value());
   EXPECT_FALSE(table.MeanStepSeconds("a", 128, 0, 1).has_value());
-  for (int i = 0; i < PlainRateTable::kWindow; ++i) table.Record("a", 256, 0, 0.02);
+  for (int i = 0; i < PlainRateTable::kWindow; ++i)
+    table.Record("a", 256, 0, 0.02);
   EXPECT_EQ(table.samples("a", 256, 0), PlainRateTable::kWindow);
-  EXPECT_NEAR(*table.MeanStepSeconds("a", 256, 0, 4), 0.02, 1e-12);  // old ones dropped
+  EXPECT_NEAR(*table.MeanStepSeconds("a", 256, 0, 4), 0.02,
+              1e-12);  // old ones dropped
 }
 
 }  // namespace

@@ -49,7 +49,9 @@ PlanControllerOptions Options() {
 StepObservation Spec(int gamma, int drafted, int accepted, double seconds) {
   return StepObservation{gamma, drafted, accepted, accepted + 1, seconds};
 }
-StepObservation Plain(double seconds) { return StepObservation{0, 0, 0, 1, seconds}; }
+StepObservation Plain(double seconds) {
+  return StepObservation{0, 0, 0, 1, seconds};
+}
 
 TEST(PlanControllerTest, CachedPlanTakesEffectAtTheFirstStepWithoutASnapshot) {
   PlanningShared shared = PlanningShared::Create();
@@ -61,14 +63,16 @@ TEST(PlanControllerTest, CachedPlanTakesEffectAtTheFirstStepWithoutASnapshot) {
   EXPECT_EQ(d.gamma, 4);
   EXPECT_FALSE(d.capture);
   for (int64_t step = 1; step < 15; ++step) {
-    c.AfterStep(Spec(4, 4, 3, 0.01));  // acceptance close to alpha_hat: no drift
+    c.AfterStep(
+        Spec(4, 4, 3, 0.01));  // acceptance close to alpha_hat: no drift
     d = c.BeforeStep(step, 10 + step);
     EXPECT_FALSE(d.capture) << step;
     EXPECT_FALSE(d.apply.has_value()) << step;
   }
   EXPECT_EQ(c.stats().cache_hits, 1);
   EXPECT_EQ(c.stats().cache_misses, 0);
-  EXPECT_EQ(c.stats().triggers_no_plan + c.stats().triggers_new_bucket + c.stats().triggers_drift,
+  EXPECT_EQ(c.stats().triggers_no_plan + c.stats().triggers_new_bucket +
+                c.stats().triggers_drift,
             0);
 }
 
@@ -191,7 +195,8 @@ TEST(PlanControllerTest, DriftBeyondToleranceTriggersOncePerPlan) {
   EXPECT_EQ(ticket.trigger, PlanTrigger::kDrift);
   for (int i = 0; i < 20; ++i) {
     c.AfterStep(Spec(4, 4, 0, 0.01));
-    EXPECT_FALSE(c.BeforeStep(++step, 1).capture) << "drift fires once per plan";
+    EXPECT_FALSE(c.BeforeStep(++step, 1).capture)
+        << "drift fires once per plan";
   }
   EXPECT_EQ(c.stats().triggers_drift, 1);
   // The new plan replaces the cached one for every sequence in the bucket.
@@ -224,7 +229,8 @@ TEST(PlanControllerTest, TheBudgetDefersATriggerUntilDecodingCatchesUp) {
   StepDirective d = c.BeforeStep(0, 5);
   EXPECT_FALSE(d.capture);
   EXPECT_EQ(c.pending_trigger(), PlanTrigger::kNoPlan);
-  EXPECT_FALSE(shared.cache->Claimed(KeyAt(0))) << "a deferred trigger holds no claim";
+  EXPECT_FALSE(shared.cache->Claimed(KeyAt(0)))
+      << "a deferred trigger holds no claim";
   for (int64_t step = 1; step < 10; ++step) {
     c.AfterStep(Plain(1.0));
     EXPECT_FALSE(c.BeforeStep(step, 5).capture);
@@ -309,13 +315,15 @@ TEST(SpeculationGuardTest, AWinningPlanKeepsSpeculatingAndIsJudgedAgain) {
   PlanningShared shared = PlanningShared::Create();
   shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
   // Plain timings from another sequence: 0.005 s per token (200 tokens/s).
-  for (int i = 0; i < 3; ++i) shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  for (int i = 0; i < 3; ++i)
+    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
   PlanController c(GuardOn(), BaseKey(), 1, 0, shared);
   for (int64_t step = 0; step < 12; ++step) {
     EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << step;
     c.AfterStep(Spec(3, 3, 2, 0.012));  // 3 tokens in 12 ms: 250 tokens/s > 210
   }
-  EXPECT_EQ(c.stats().guard_probe_steps, 0) << "the table already had plain timings";
+  EXPECT_EQ(c.stats().guard_probe_steps, 0)
+      << "the table already had plain timings";
   EXPECT_EQ(c.stats().guard_checks, 3);
   EXPECT_EQ(c.stats().guard_fallbacks, 0);
 }
@@ -338,9 +346,11 @@ TEST(SpeculationGuardTest, TheMarginDecidesCloseCalls) {
   }
 }
 
-TEST(SpeculationGuardTest, DisabledGuardNeverForcesPlainAndPlainStepsAreRecorded) {
+TEST(SpeculationGuardTest,
+     DisabledGuardNeverForcesPlainAndPlainStepsAreRecorded) {
   PlanningShared shared = PlanningShared::Create();
-  shared.cache->Insert(KeyAt(0), Plan(0, 0.0), 50, 10);  // the planner said: plain
+  shared.cache->Insert(KeyAt(0), Plan(0, 0.0), 50,
+                       10);  // the planner said: plain
   PlanControllerOptions o = GuardOn();
   PlanController c(o, BaseKey(), 1, 0, shared);
   for (int64_t step = 0; step < 5; ++step) {

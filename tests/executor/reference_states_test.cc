@@ -57,7 +57,8 @@ TEST(ReferenceStateCollectorTest, WantsTheFirstMStepsOfEveryInterval) {
 
   // m = 1: only the boundaries; T = 1: every step is a boundary.
   ReferenceStateCollector boundaries(4, 1);
-  for (int64_t step = 0; step < 12; ++step) EXPECT_EQ(boundaries.Wants(step), step % 4 == 0);
+  for (int64_t step = 0; step < 12; ++step)
+    EXPECT_EQ(boundaries.Wants(step), step % 4 == 0);
   ReferenceStateCollector every(1, 1);
   for (int64_t step = 0; step < 5; ++step) EXPECT_TRUE(every.Wants(step));
   // m >= T: every step.
@@ -67,7 +68,8 @@ TEST(ReferenceStateCollectorTest, WantsTheFirstMStepsOfEveryInterval) {
 
 // A StepResult as SpeculativeDecoder::Step would give with capture on: rows
 // positions first..first+rows-1, states filled with the position number.
-StepResult FakeStep(int64_t first, int64_t rows, int sublayers = 5, int hidden = 3) {
+StepResult FakeStep(int64_t first, int64_t rows, int sublayers = 5,
+                    int hidden = 3) {
   c10::InferenceMode guard;
   StepResult result;
   result.first_position = first;
@@ -83,7 +85,8 @@ StepResult FakeStep(int64_t first, int64_t rows, int sublayers = 5, int hidden =
   return result;
 }
 
-TEST(ReferenceStateCollectorTest, GluesTheCapturedStepsOfAnIntervalIntoOneSnapshot) {
+TEST(ReferenceStateCollectorTest,
+     GluesTheCapturedStepsOfAnIntervalIntoOneSnapshot) {
   c10::InferenceMode guard;
   ReferenceStateCollector collector(/*interval=*/4, /*steps=*/2);
   // Steps 0 and 1 (3 and 1 rows) make the first snapshot.
@@ -92,11 +95,14 @@ TEST(ReferenceStateCollectorTest, GluesTheCapturedStepsOfAnIntervalIntoOneSnapsh
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(first->step, 0);
   EXPECT_EQ(first->positions, (std::vector<int64_t>{10, 11, 12, 13}));
-  EXPECT_EQ(first->target_argmax, (std::vector<int32_t>{1010, 1011, 1012, 1013}));
+  EXPECT_EQ(first->target_argmax,
+            (std::vector<int32_t>{1010, 1011, 1012, 1013}));
   EXPECT_EQ(first->context_length, 14);
   ASSERT_EQ(first->states.sizes(), (std::vector<int64_t>{5, 4, 3}));
   for (int64_t i = 0; i < 4; ++i) {
-    EXPECT_TRUE(torch::all(first->states.select(1, i) == static_cast<float>(10 + i)).item<bool>());
+    EXPECT_TRUE(
+        torch::all(first->states.select(1, i) == static_cast<float>(10 + i))
+            .item<bool>());
   }
   // Steps 2 and 3 are not captured.
   EXPECT_FALSE(collector.Add(2, FakeStep(14, 2), 16).has_value());
@@ -127,7 +133,9 @@ TEST(ReferenceStateCollectorTest, AStepWithoutStatesAddsNothing) {
 // ---------------------------------------------------------------------------
 // End to end through Generate().
 
-const LlamaModel* GetModel(const std::string& name) { return testing::CachedModel(name); }
+const LlamaModel* GetModel(const std::string& name) {
+  return testing::CachedModel(name);
+}
 
 // stories260k's tokenizer decodes every id of every model used here (the tiny
 // shapes' synthetic tokenizer knows only 288 of their 300 ids).
@@ -150,7 +158,8 @@ struct ReferenceCase {
 
 class ReferenceStatesTest : public ::testing::TestWithParam<ReferenceCase> {};
 
-TEST_P(ReferenceStatesTest, SnapshotsCoverTheFirstStepsOfEachIntervalAndMatchAFullForward) {
+TEST_P(ReferenceStatesTest,
+       SnapshotsCoverTheFirstStepsOfEachIntervalAndMatchAFullForward) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const ReferenceCase& param = GetParam();
   const LlamaModel* model = GetModel(param.model);
@@ -158,7 +167,8 @@ TEST_P(ReferenceStatesTest, SnapshotsCoverTheFirstStepsOfEachIntervalAndMatchAFu
   const ModelConfig& c = model->config();
   std::mt19937 rng(17);
   std::vector<int32_t> prompt = {c.bos_token_id.value_or(1)};
-  for (int i = 0; i < 5; ++i) prompt.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+  for (int i = 0; i < 5; ++i)
+    prompt.push_back(static_cast<int32_t>(rng() % c.vocab_size));
   const int64_t n = static_cast<int64_t>(prompt.size());
 
   GenerationRequest request;
@@ -182,7 +192,9 @@ TEST_P(ReferenceStatesTest, SnapshotsCoverTheFirstStepsOfEachIntervalAndMatchAFu
         committed_per_call.push_back(static_cast<int64_t>(ids.size()));
         return true;
       },
-      [&](ReferenceStates&& states) { snapshots.push_back(std::move(states)); });
+      [&](ReferenceStates&& states) {
+        snapshots.push_back(std::move(states));
+      });
   ASSERT_TRUE(result.ok()) << result.status();
   const int64_t steps = result->stats.steps;
   ASSERT_EQ(static_cast<int64_t>(committed_per_call.size()), 1 + steps);
@@ -199,8 +211,10 @@ TEST_P(ReferenceStatesTest, SnapshotsCoverTheFirstStepsOfEachIntervalAndMatchAFu
 
   // One snapshot per boundary whose m captured steps all ran, in order.
   std::vector<int64_t> boundaries;
-  for (int64_t b = 0; b + param.steps - 1 < steps; b += param.interval) boundaries.push_back(b);
-  ASSERT_GE(boundaries.size(), 2u) << "too few steps (" << steps << ") for the test";
+  for (int64_t b = 0; b + param.steps - 1 < steps; b += param.interval)
+    boundaries.push_back(b);
+  ASSERT_GE(boundaries.size(), 2u)
+      << "too few steps (" << steps << ") for the test";
   ASSERT_EQ(snapshots.size(), boundaries.size());
 
   // A fresh full forward over every committed position.
@@ -212,8 +226,8 @@ TEST_P(ReferenceStatesTest, SnapshotsCoverTheFirstStepsOfEachIntervalAndMatchAFu
   torch::Tensor full_states;
   ForwardOptions options;
   options.boundary_states = &full_states;
-  torch::Tensor full_logits =
-      model->Forward(torch::tensor(all, torch::kInt64), 0, kv, options);  // [n, vocab]
+  torch::Tensor full_logits = model->Forward(torch::tensor(all, torch::kInt64),
+                                             0, kv, options);  // [n, vocab]
   torch::Tensor full_argmax = full_logits.argmax(-1);
 
   for (size_t i = 0; i < snapshots.size(); ++i) {
@@ -223,12 +237,14 @@ TEST_P(ReferenceStatesTest, SnapshotsCoverTheFirstStepsOfEachIntervalAndMatchAFu
     EXPECT_EQ(s.step, b);
     std::vector<int64_t> expected_positions;
     for (int64_t k = b; k < b + param.steps; ++k) {
-      for (int64_t r = 0; r < step_rows[k]; ++r) expected_positions.push_back(step_first[k] + r);
+      for (int64_t r = 0; r < step_rows[k]; ++r)
+        expected_positions.push_back(step_first[k] + r);
     }
     EXPECT_EQ(s.positions, expected_positions);
     const int64_t rows = static_cast<int64_t>(s.positions.size());
     ASSERT_GE(rows, param.steps);
-    for (int64_t r = 1; r < rows; ++r) EXPECT_EQ(s.positions[r], s.positions[r - 1] + 1);
+    for (int64_t r = 1; r < rows; ++r)
+      EXPECT_EQ(s.positions[r], s.positions[r - 1] + 1);
     EXPECT_EQ(s.context_length, s.positions.back() + 1);
     ASSERT_EQ(s.states.dim(), 3);
     EXPECT_EQ(s.states.size(0), 2 * model->num_layers() + 1);
@@ -240,29 +256,33 @@ TEST_P(ReferenceStatesTest, SnapshotsCoverTheFirstStepsOfEachIntervalAndMatchAFu
     torch::Tensor index = torch::tensor(s.positions, torch::kInt64);
     torch::Tensor expected = full_states.index_select(1, index);
     EXPECT_TRUE(torch::allclose(s.states, expected, kRtol, kAtol))
-        << "states differ by up to " << (s.states - expected).abs().max().item<double>();
+        << "states differ by up to "
+        << (s.states - expected).abs().max().item<double>();
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t p = s.positions[r];
-      EXPECT_EQ(s.target_argmax[r], full_argmax[p].item<int64_t>()) << "position " << p;
+      EXPECT_EQ(s.target_argmax[r], full_argmax[p].item<int64_t>())
+          << "position " << p;
       if (param.temperature == 0.0) {
         // Greedy commits the target's argmax: it is the token at p + 1.
-        EXPECT_EQ(s.target_argmax[r], result->output_ids[p + 1 - n]) << "position " << p;
+        EXPECT_EQ(s.target_argmax[r], result->output_ids[p + 1 - n])
+            << "position " << p;
       }
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, ReferenceStatesTest,
-                         ::testing::Values(ReferenceCase{"stories260k", "a2,m2,a3", 3, 0.0, 8, 3},
-                                           ReferenceCase{"stories260k", "m0,a1,m3", 4, 1.0, 8, 3},
-                                           ReferenceCase{"stories260k", "", 2, 0.0, 5, 1},
-                                           ReferenceCase{"tiny-qwen3", "a1", 3, 0.0, 8, 3},
-                                           ReferenceCase{"tiny-llama", "m0", 2, 1.0, 6, 4}),
-                         [](const ::testing::TestParamInfo<ReferenceCase>& info) {
-                           std::string name = absl::StrCat(info.param.model, "_", info.index);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ReferenceStatesTest,
+    ::testing::Values(ReferenceCase{"stories260k", "a2,m2,a3", 3, 0.0, 8, 3},
+                      ReferenceCase{"stories260k", "m0,a1,m3", 4, 1.0, 8, 3},
+                      ReferenceCase{"stories260k", "", 2, 0.0, 5, 1},
+                      ReferenceCase{"tiny-qwen3", "a1", 3, 0.0, 8, 3},
+                      ReferenceCase{"tiny-llama", "m0", 2, 1.0, 6, 4}),
+    [](const ::testing::TestParamInfo<ReferenceCase>& info) {
+      std::string name = absl::StrCat(info.param.model, "_", info.index);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
 
 // Without a callback nothing is captured, and the output is the same.
 TEST(ReferenceStatesGenerateTest, NoCallbackNoCaptureSameOutput) {
@@ -278,8 +298,8 @@ TEST(ReferenceStatesGenerateTest, NoCallbackNoCaptureSameOutput) {
   request.speculation.reference_steps = 2;
   auto plain = Generate(*model, *GetTokenizer(), request);
   int snapshots = 0;
-  auto captured =
-      Generate(*model, *GetTokenizer(), request, nullptr, [&](ReferenceStates&&) { ++snapshots; });
+  auto captured = Generate(*model, *GetTokenizer(), request, nullptr,
+                           [&](ReferenceStates&&) { ++snapshots; });
   ASSERT_TRUE(plain.ok() && captured.ok());
   EXPECT_EQ(plain->output_ids, captured->output_ids);
   EXPECT_GT(snapshots, 0);
@@ -289,7 +309,8 @@ TEST(ReferenceStatesGenerateTest, NoCallbackNoCaptureSameOutput) {
 // either the request is refused naming the field, or snapshots arrive. (It
 // once returned OK and never delivered: the collector dropped its pieces at
 // every boundary.) Generate() now refuses it.
-TEST(ReferenceStatesGenerateTest, MoreReferenceStepsThanTheIntervalIsRefusedOrDelivers) {
+TEST(ReferenceStatesGenerateTest,
+     MoreReferenceStepsThanTheIntervalIsRefusedOrDelivers) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
@@ -301,17 +322,19 @@ TEST(ReferenceStatesGenerateTest, MoreReferenceStepsThanTheIntervalIsRefusedOrDe
   request.speculation.plan_interval = 2;
   request.speculation.reference_steps = 5;
   int snapshots = 0;
-  auto result =
-      Generate(*model, *GetTokenizer(), request, nullptr, [&](ReferenceStates&&) { ++snapshots; });
+  auto result = Generate(*model, *GetTokenizer(), request, nullptr,
+                         [&](ReferenceStates&&) { ++snapshots; });
   if (!result.ok()) {
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(result.status().message().find("reference_steps"), std::string::npos)
+    EXPECT_NE(result.status().message().find("reference_steps"),
+              std::string::npos)
         << result.status();
   } else {
     ASSERT_GE(result->stats.steps, 6);
-    EXPECT_GT(snapshots, 0) << "Generate() accepted reference_steps 5 > plan_interval 2 and "
-                               "delivered no reference states in "
-                            << result->stats.steps << " steps";
+    EXPECT_GT(snapshots, 0)
+        << "Generate() accepted reference_steps 5 > plan_interval 2 and "
+           "delivered no reference states in "
+        << result->stats.steps << " steps";
   }
 }
 

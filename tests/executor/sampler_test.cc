@@ -8,7 +8,9 @@
 namespace knapserve {
 namespace {
 
-torch::Tensor Logits() { return torch::tensor({2.0f, 1.0f, 0.5f, 0.0f, -1.0f, 3.0f}); }
+torch::Tensor Logits() {
+  return torch::tensor({2.0f, 1.0f, 0.5f, 0.0f, -1.0f, 3.0f});
+}
 
 TEST(SamplerTest, GreedyIsArgmaxAndOneHot) {
   Sampler sampler(SamplingParams{});
@@ -27,7 +29,8 @@ TEST(SamplerTest, TemperatureScalesSoftmax) {
   SamplingParams p;
   p.temperature = 2.0;
   torch::Tensor d = Sampler(p).Distribution(Logits());
-  EXPECT_TRUE(torch::allclose(d, torch::softmax(Logits() / 2.0, 0), 1e-6, 1e-6));
+  EXPECT_TRUE(
+      torch::allclose(d, torch::softmax(Logits() / 2.0, 0), 1e-6, 1e-6));
 }
 
 TEST(SamplerTest, TopKKeepsTheKLargest) {
@@ -52,7 +55,8 @@ TEST(SamplerTest, TopPKeepsTheSmallestNucleus) {
   EXPECT_EQ((d > 0).sum().item<int64_t>(), 2);
   EXPECT_GT(d[5].item<float>(), 0);
   EXPECT_GT(d[0].item<float>(), 0);
-  EXPECT_NEAR(d[5].item<float>(), full[5].item<float>() / (full[5] + full[0]).item<float>(), 1e-5);
+  EXPECT_NEAR(d[5].item<float>(),
+              full[5].item<float>() / (full[5] + full[0]).item<float>(), 1e-5);
   // A tiny top_p still keeps the most likely token.
   p.top_p = 1e-6;
   d = Sampler(p).Distribution(Logits());
@@ -87,7 +91,8 @@ TEST(SamplerTest, DrawsFollowTheDistribution) {
   const int n = 20000;
   std::map<int32_t, int> counts;
   for (int i = 0; i < n; ++i) ++counts[sampler.SampleFrom(d)];
-  // Chi-square goodness of fit, 5 degrees of freedom: 20.5 is the 0.1% quantile.
+  // Chi-square goodness of fit, 5 degrees of freedom: 20.5 is the 0.1%
+  // quantile.
   double chi2 = 0;
   for (int64_t k = 0; k < d.size(0); ++k) {
     const double expected = n * d[k].item<double>();
@@ -114,13 +119,16 @@ TEST(SamplerTest, ValidatesParams) {
   SamplingParams p;
   EXPECT_TRUE(ValidateSamplingParams(p).ok());
   p.temperature = -0.5;
-  EXPECT_NE(ValidateSamplingParams(p).message().find("temperature"), std::string::npos);
+  EXPECT_NE(ValidateSamplingParams(p).message().find("temperature"),
+            std::string::npos);
   p = SamplingParams();
   p.top_k = -1;
-  EXPECT_NE(ValidateSamplingParams(p).message().find("top_k"), std::string::npos);
+  EXPECT_NE(ValidateSamplingParams(p).message().find("top_k"),
+            std::string::npos);
   p = SamplingParams();
   p.top_p = 0;
-  EXPECT_NE(ValidateSamplingParams(p).message().find("top_p"), std::string::npos);
+  EXPECT_NE(ValidateSamplingParams(p).message().find("top_p"),
+            std::string::npos);
   p.top_p = 1.5;
   EXPECT_FALSE(ValidateSamplingParams(p).ok());
   p = SamplingParams();

@@ -61,7 +61,8 @@ TEST(StepLockTest, YieldLetsTheWaitingSequenceGoFirstAndTurnsAlternate) {
     }
   }
   b.join();
-  EXPECT_EQ(log.events(), (std::vector<std::string>{"a0", "b0", "a1", "b1", "a2", "b2"}));
+  EXPECT_EQ(log.events(),
+            (std::vector<std::string>{"a0", "b0", "a1", "b1", "a2", "b2"}));
 }
 
 TEST(StepLockTest, AnExceptionEndsTheTurn) {
@@ -93,7 +94,8 @@ TEST(SchedulerTest, RefusesBeyondTheLimitAndWhileDraining) {
                   .ok());
   started.WaitForNotification();
   EXPECT_TRUE(scheduler.Submit([] {}).ok());  // queued
-  EXPECT_EQ(scheduler.Submit([] {}).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(scheduler.Submit([] {}).code(),
+            absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(scheduler.running(), 1);
   EXPECT_EQ(scheduler.queued(), 1);
   release.Notify();
@@ -105,7 +107,9 @@ TEST(SchedulerTest, RefusesBeyondTheLimitAndWhileDraining) {
 
 TEST(SchedulerTest, AJobThatThrowsDoesNotTakeItsWorker) {
   Scheduler scheduler(SchedulerOptions{/*max_running=*/1, /*max_queue=*/4});
-  ASSERT_TRUE(scheduler.Submit([] { throw std::runtime_error("a bug in a job"); }).ok());
+  ASSERT_TRUE(
+      scheduler.Submit([] { throw std::runtime_error("a bug in a job"); })
+          .ok());
   std::atomic<bool> ran{false};
   ASSERT_TRUE(scheduler.Submit([&] { ran = true; }).ok());
   EXPECT_TRUE(scheduler.Drain(std::chrono::seconds(30)));

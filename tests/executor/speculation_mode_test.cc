@@ -22,7 +22,8 @@ TEST(SpeculationModeTest, TheTableListsEveryModeOnceOffFirst) {
     EXPECT_TRUE(names.insert(info.name).second) << info.name;
     EXPECT_EQ(&ModeInfo(info.mode), &info);
     EXPECT_GE(info.default_max_draft, 1) << info.name;
-    EXPECT_TRUE(!info.planned || info.drafts) << info.name << ": planned modes draft";
+    EXPECT_TRUE(!info.planned || info.drafts)
+        << info.name << ": planned modes draft";
   }
 }
 
@@ -31,7 +32,8 @@ TEST(SpeculationModeTest, PropertiesOfTheFourModes) {
   EXPECT_FALSE(IsPlanned(SpeculationMode::kOff));
   EXPECT_TRUE(DraftsWithFixedMask(SpeculationMode::kStatic));
   EXPECT_FALSE(IsPlanned(SpeculationMode::kStatic));
-  for (SpeculationMode planned : {SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
+  for (SpeculationMode planned :
+       {SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
     EXPECT_TRUE(Drafts(planned));
     EXPECT_TRUE(IsPlanned(planned));
     EXPECT_FALSE(DraftsWithFixedMask(planned));
@@ -51,8 +53,10 @@ TEST(SpeculationModeTest, NamesRoundTripAndUnknownNamesAreRefused) {
   }
   absl::StatusOr<SpeculationMode> bad = ParseSpeculationMode("eagle");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("'eagle'"), std::string::npos) << bad.status();
-  EXPECT_NE(bad.status().message().find("off, static, clasp, knapspec"), std::string::npos)
+  EXPECT_NE(bad.status().message().find("'eagle'"), std::string::npos)
+      << bad.status();
+  EXPECT_NE(bad.status().message().find("off, static, clasp, knapspec"),
+            std::string::npos)
       << bad.status();
 }
 

@@ -42,7 +42,9 @@ using testing::Stories260kDir;
 
 // Models by name: "stories260k", a make-model tiny shape ("tiny-llama"), or a
 // tiny shape loaded in bf16 ("tiny-qwen2/bf16"). Loaded once per process.
-const LlamaModel* GetModel(const std::string& name) { return testing::CachedModel(name); }
+const LlamaModel* GetModel(const std::string& name) {
+  return testing::CachedModel(name);
+}
 
 // Generate() needs a tokenizer only to detokenize; stories260k's tokenizer
 // (512 ids) decodes every id of every model used here, so texts compare
@@ -50,16 +52,19 @@ const LlamaModel* GetModel(const std::string& name) { return testing::CachedMode
 const Tokenizer* GetTokenizer() { return testing::StoriesTokenizer(); }
 
 // `n` ids in [0, vocab) from a fixed seed, starting with `bos`.
-std::vector<int32_t> RandomPrompt(int32_t bos, int64_t vocab, int n, uint32_t seed) {
+std::vector<int32_t> RandomPrompt(int32_t bos, int64_t vocab, int n,
+                                  uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> ids = {bos};
-  while (static_cast<int>(ids.size()) < n) ids.push_back(static_cast<int32_t>(rng() % vocab));
+  while (static_cast<int>(ids.size()) < n)
+    ids.push_back(static_cast<int32_t>(rng() % vocab));
   return ids;
 }
 
 std::string Describe(const std::vector<int32_t>& ids) {
   std::string s;
-  for (size_t i = 0; i < ids.size() && i < 40; ++i) absl::StrAppend(&s, i ? " " : "", ids[i]);
+  for (size_t i = 0; i < ids.size() && i < 40; ++i)
+    absl::StrAppend(&s, i ? " " : "", ids[i]);
   if (ids.size() > 40) absl::StrAppend(&s, " ... (", ids.size(), " ids)");
   return s;
 }
@@ -72,8 +77,8 @@ GenerationRequest Request(std::vector<int32_t> prompt, int64_t max_new) {
   return r;
 }
 
-GenerationRequest Speculative(GenerationRequest r, const std::string& skip, int gamma,
-                              double exit_threshold) {
+GenerationRequest Speculative(GenerationRequest r, const std::string& skip,
+                              int gamma, double exit_threshold) {
   r.speculation.mode = SpeculationMode::kStatic;
   r.speculation.skip = skip;
   r.speculation.max_draft = gamma;
@@ -96,14 +101,16 @@ void ExpectConsistentStats(const GenerationResult& result, int gamma) {
     if (j == 0) {
       EXPECT_LE(s.accepted_per_position[0], s.drafts);
     } else {
-      EXPECT_LE(s.accepted_per_position[j], s.accepted_per_position[j - 1]) << "position " << j;
+      EXPECT_LE(s.accepted_per_position[j], s.accepted_per_position[j - 1])
+          << "position " << j;
     }
   }
   EXPECT_EQ(sum, s.accepted_tokens);
   if (s.drafts > 0) {
     EXPECT_DOUBLE_EQ(s.mean_acceptance_length(),
                      1.0 + static_cast<double>(s.accepted_tokens) / s.drafts);
-    EXPECT_DOUBLE_EQ(s.acceptance_rate(), static_cast<double>(s.accepted_tokens) / s.draft_tokens);
+    EXPECT_DOUBLE_EQ(s.acceptance_rate(),
+                     static_cast<double>(s.accepted_tokens) / s.draft_tokens);
   } else {
     EXPECT_EQ(s.draft_tokens, 0);
     EXPECT_EQ(s.acceptance_rate(), 0.0);
@@ -112,7 +119,8 @@ void ExpectConsistentStats(const GenerationResult& result, int gamma) {
   // Each step commits its accepted drafts plus one token; the first token
   // comes from the prefill. (Holds while nothing cuts a step short: these
   // runs ignore EOS and have no stop conditions.)
-  EXPECT_EQ(result.stats.completion_tokens, 1 + result.stats.steps + s.accepted_tokens);
+  EXPECT_EQ(result.stats.completion_tokens,
+            1 + result.stats.steps + s.accepted_tokens);
 }
 
 // ---------------------------------------------------------------------------
@@ -144,15 +152,18 @@ std::vector<MaskCase> MasksFor(int num_layers) {
   for (int i = 0; i < 4; ++i) {
     LayerMask m(num_layers);
     for (int s = 0; s < 2 * num_layers; ++s) m.set_skipped(s, rng() % 2 == 0);
-    if (m.empty()) m.set_skipped(static_cast<int>(rng() % (2 * num_layers)), true);
+    if (m.empty())
+      m.set_skipped(static_cast<int>(rng() % (2 * num_layers)), true);
     masks.push_back({"random", m.ToString()});
   }
   return masks;
 }
 
-void ExpectSameGeneration(const GenerationResult& spec, const GenerationResult& ar) {
+void ExpectSameGeneration(const GenerationResult& spec,
+                          const GenerationResult& ar) {
   EXPECT_EQ(spec.output_ids, ar.output_ids)
-      << "spec: " << Describe(spec.output_ids) << "\nar:   " << Describe(ar.output_ids);
+      << "spec: " << Describe(spec.output_ids)
+      << "\nar:   " << Describe(ar.output_ids);
   EXPECT_EQ(spec.finish_reason, ar.finish_reason);
   EXPECT_EQ(spec.text, ar.text);
 }
@@ -164,10 +175,11 @@ class GreedyLosslessTest : public ::testing::TestWithParam<std::string> {};
 // short prompt; stories260k (5 layers, 17 masks) gets every length for the
 // empty and the middle mask and three rotating lengths for the others, so all
 // of 1..10 still appear several times.
-std::vector<int> GammasFor(bool thorough, const std::string& prompt, const MaskCase& mask,
-                           size_t mask_index) {
+std::vector<int> GammasFor(bool thorough, const std::string& prompt,
+                           const MaskCase& mask, size_t mask_index) {
   const int r = static_cast<int>(mask_index % 10);
-  if (prompt == "short" && (thorough || mask.label == "none" || mask.label == "middle")) {
+  if (prompt == "short" &&
+      (thorough || mask.label == "none" || mask.label == "middle")) {
     return {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
   }
   if (prompt == "short") return {1 + r, 1 + (r + 3) % 10, 1 + (r + 7) % 10};
@@ -176,7 +188,8 @@ std::vector<int> GammasFor(bool thorough, const std::string& prompt, const MaskC
 }
 
 TEST_P(GreedyLosslessTest, SpeculativeOutputEqualsAutoregressive) {
-  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k (model and tokenizer)";
+  if (!testing::HaveStories260k())
+    GTEST_SKIP() << "no stories260k (model and tokenizer)";
   const LlamaModel* model = GetModel(GetParam());
   ASSERT_NE(model, nullptr);
   const Tokenizer* tokenizer = GetTokenizer();
@@ -192,10 +205,13 @@ TEST_P(GreedyLosslessTest, SpeculativeOutputEqualsAutoregressive) {
     bool to_context_limit;
   };
   std::vector<PromptCase> prompts = {
-      {"short", Request(RandomPrompt(bos, c.vocab_size, 6, 1), thorough ? 40 : 24), false},
+      {"short",
+       Request(RandomPrompt(bos, c.vocab_size, 6, 1), thorough ? 40 : 24),
+       false},
       {"one-token", Request({bos}, 16), false},
       // Ends by the context limit: prompt + output == max context.
-      {"context-limit", Request(RandomPrompt(bos, c.vocab_size, ctx - 21, 2), 100), true},
+      {"context-limit",
+       Request(RandomPrompt(bos, c.vocab_size, ctx - 21, 2), 100), true},
   };
 
   const std::vector<MaskCase> masks = MasksFor(model->num_layers());
@@ -206,7 +222,9 @@ TEST_P(GreedyLosslessTest, SpeculativeOutputEqualsAutoregressive) {
     ASSERT_EQ(ar->speculation.drafts, 0);
     if (p.to_context_limit) {
       ASSERT_EQ(ar->finish_reason, FinishReason::kLength);
-      ASSERT_EQ(static_cast<int64_t>(p.request.prompt_ids.size() + ar->output_ids.size()), ctx);
+      ASSERT_EQ(static_cast<int64_t>(p.request.prompt_ids.size() +
+                                     ar->output_ids.size()),
+                ctx);
     }
     for (size_t mi = 0; mi < masks.size(); ++mi) {
       const MaskCase& mask = masks[mi];
@@ -216,11 +234,13 @@ TEST_P(GreedyLosslessTest, SpeculativeOutputEqualsAutoregressive) {
         if (p.label == "short" && gamma % 3 == 0) thresholds.push_back(0.7);
         if (p.label != "short" && mi % 2 == 1) thresholds = {0.7};
         for (double exit_threshold : thresholds) {
-          SCOPED_TRACE(absl::StrCat("model ", GetParam(), ", prompt ", p.label, ", mask ",
-                                    mask.label, " '", mask.skip, "', gamma ", gamma,
-                                    ", exit_threshold ", exit_threshold));
-          auto spec = Generate(*model, *tokenizer,
-                               Speculative(p.request, mask.skip, gamma, exit_threshold));
+          SCOPED_TRACE(absl::StrCat("model ", GetParam(), ", prompt ", p.label,
+                                    ", mask ", mask.label, " '", mask.skip,
+                                    "', gamma ", gamma, ", exit_threshold ",
+                                    exit_threshold));
+          auto spec = Generate(
+              *model, *tokenizer,
+              Speculative(p.request, mask.skip, gamma, exit_threshold));
           ASSERT_TRUE(spec.ok()) << spec.status();
           ++runs;
           ExpectSameGeneration(*spec, *ar);
@@ -251,7 +271,8 @@ TEST(GreedyLosslessTest, Stories24lSpeculativeOutputEqualsAutoregressive) {
   const Tokenizer* tokenizer = GetTokenizer();
   ASSERT_NE(tokenizer, nullptr);
   auto prompt = tokenizer->Encode(
-      "Once upon a time, in a small village by the sea, there lived a girl named Mia who loved "
+      "Once upon a time, in a small village by the sea, there lived a girl "
+      "named Mia who loved "
       "to collect shells.",
       /*add_special_tokens=*/true);
   ASSERT_TRUE(prompt.ok()) << prompt.status();
@@ -261,12 +282,14 @@ TEST(GreedyLosslessTest, Stories24lSpeculativeOutputEqualsAutoregressive) {
     const GenerationRequest request = Request(*prompt, 48);
     auto ar = Generate(*model, *tokenizer, request);
     ASSERT_TRUE(ar.ok()) << ar.status();
-    for (const std::string skip : {"a6,m6,a7,m7,a8,m8,a9,m9,a10,m10,a11,m11,a12,m12,a13,m13,a14,"
-                                   "m14,a15,m15,a16,m16,a17,m17",
-                                   "a3,a5,a8,a11,a14,a17,a20,m4,m9,m12,m15,m19"}) {
+    for (const std::string skip :
+         {"a6,m6,a7,m7,a8,m8,a9,m9,a10,m10,a11,m11,a12,m12,a13,m13,a14,"
+          "m14,a15,m15,a16,m16,a17,m17",
+          "a3,a5,a8,a11,a14,a17,a20,m4,m9,m12,m15,m19"}) {
       for (int gamma : {2, 4, 8}) {
         SCOPED_TRACE(absl::StrCat(name, " mask '", skip, "' gamma ", gamma));
-        auto spec = Generate(*model, *tokenizer, Speculative(request, skip, gamma, 0.0));
+        auto spec = Generate(*model, *tokenizer,
+                             Speculative(request, skip, gamma, 0.0));
         ASSERT_TRUE(spec.ok()) << spec.status();
         ExpectSameGeneration(*spec, *ar);
         EXPECT_GT(spec->speculation.drafts, 0);
@@ -279,20 +302,19 @@ TEST(GreedyLosslessTest, Stories24lSpeculativeOutputEqualsAutoregressive) {
 // verification pass and one-token decoding flips near-tie argmaxes, so it
 // passes only because decode attention is batch-invariant
 // (common/model/decode_attention.h) as well as the projections.
-INSTANTIATE_TEST_SUITE_P(Models, GreedyLosslessTest,
-                         ::testing::Values("stories260k", "stories260k/bf16", "tiny-llama",
-                                           "tiny-qwen2", "tiny-qwen3", "tiny-llama3",
-                                           "tiny-qwen2/bf16"),
-                         [](const ::testing::TestParamInfo<std::string>& info) {
-                           std::string name = info.param;
-                           std::replace_if(
-                               name.begin(), name.end(),
-                               [](char ch) {
-                                 return !std::isalnum(static_cast<unsigned char>(ch));
-                               },
-                               '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, GreedyLosslessTest,
+    ::testing::Values("stories260k", "stories260k/bf16", "tiny-llama",
+                      "tiny-qwen2", "tiny-qwen3", "tiny-llama3",
+                      "tiny-qwen2/bf16"),
+    [](const ::testing::TestParamInfo<std::string>& info) {
+      std::string name = info.param;
+      std::replace_if(
+          name.begin(), name.end(),
+          [](char ch) { return !std::isalnum(static_cast<unsigned char>(ch)); },
+          '_');
+      return name;
+    });
 
 // The property greedy losslessness rests on (common/model/linear.h, "Batch
 // invariance"): a verification pass over T rows must produce, bit for bit,
@@ -312,12 +334,14 @@ TEST_P(BatchInvarianceTest, VerificationPassMatchesOneTokenForwardsBitForBit) {
   ASSERT_NE(model, nullptr);
   c10::InferenceMode guard;
   const ModelConfig& c = model->config();
-  const std::vector<int32_t> prompt = RandomPrompt(c.bos_token_id.value_or(1), c.vocab_size, 9, 3);
+  const std::vector<int32_t> prompt =
+      RandomPrompt(c.bos_token_id.value_or(1), c.vocab_size, 9, 3);
   const std::vector<int32_t> rows = RandomPrompt(7, c.vocab_size, 8, 4);
   const int64_t n = static_cast<int64_t>(prompt.size());
   const int64_t t = static_cast<int64_t>(rows.size());
   auto ids = [](const std::vector<int32_t>& v) {
-    return torch::tensor(std::vector<int64_t>(v.begin(), v.end()), torch::kInt64);
+    return torch::tensor(std::vector<int64_t>(v.begin(), v.end()),
+                         torch::kInt64);
   };
   KvCache one(*model, n + t), batch(*model, n + t);
   model->Prefill(ids(prompt), 0, one.layers());
@@ -331,8 +355,10 @@ TEST_P(BatchInvarianceTest, VerificationPassMatchesOneTokenForwardsBitForBit) {
   for (int64_t i = 0; i < t; ++i) {
     if (!torch::equal(single[i], verify[i])) {
       ++differing_rows;
-      ADD_FAILURE() << "row " << i << " of a " << t << "-row pass differs from a one-token forward"
-                    << " by up to " << (single[i] - verify[i]).abs().max().item<float>();
+      ADD_FAILURE() << "row " << i << " of a " << t
+                    << "-row pass differs from a one-token forward"
+                    << " by up to "
+                    << (single[i] - verify[i]).abs().max().item<float>();
     }
   }
   for (int layer = 0; layer < model->num_layers(); ++layer) {
@@ -345,8 +371,8 @@ TEST_P(BatchInvarianceTest, VerificationPassMatchesOneTokenForwardsBitForBit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BatchInvarianceTest,
-                         ::testing::Values("stories260k", "stories260k/bf16", "tiny-qwen3",
-                                           "tiny-qwen2/bf16"),
+                         ::testing::Values("stories260k", "stories260k/bf16",
+                                           "tiny-qwen3", "tiny-qwen2/bf16"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            std::replace(name.begin(), name.end(), '/', '_');
@@ -389,7 +415,9 @@ double UpperGammaQ(double a, double x) {
   return std::exp(log_prefactor) * h;
 }
 
-double ChiSquarePValue(double statistic, int df) { return UpperGammaQ(df / 2.0, statistic / 2.0); }
+double ChiSquarePValue(double statistic, int df) {
+  return UpperGammaQ(df / 2.0, statistic / 2.0);
+}
 
 using Histogram = std::map<std::vector<int32_t>, int64_t>;
 
@@ -425,9 +453,10 @@ ChiSquare TwoSampleChiSquare(const Histogram& a, const Histogram& b) {
     if (other.first + other.second >= 10 || bins.empty()) {
       bins.push_back(other);
     } else {
-      auto smallest = std::min_element(bins.begin(), bins.end(), [](const auto& x, const auto& y) {
-        return x.first + x.second < y.first + y.second;
-      });
+      auto smallest = std::min_element(
+          bins.begin(), bins.end(), [](const auto& x, const auto& y) {
+            return x.first + x.second < y.first + y.second;
+          });
       smallest->first += other.first;
       smallest->second += other.second;
     }
@@ -476,8 +505,8 @@ struct Samples {
   std::vector<int64_t> accepted_per_position;
 };
 
-Samples Draw(const LlamaModel& model, const Tokenizer& tokenizer, GenerationRequest request,
-             uint64_t first_seed, int n) {
+Samples Draw(const LlamaModel& model, const Tokenizer& tokenizer,
+             GenerationRequest request, uint64_t first_seed, int n) {
   Samples samples;
   for (int i = 0; i < n; ++i) {
     request.sampling.seed = first_seed + i;
@@ -501,16 +530,21 @@ Samples Draw(const LlamaModel& model, const Tokenizer& tokenizer, GenerationRequ
 
 // Draw() with kSamples seeds from first_seed, memoized per process so tests
 // that compare against the same autoregressive sample draw it once.
-const Samples& CachedDraw(const LlamaModel& model, const GenerationRequest& request,
+const Samples& CachedDraw(const LlamaModel& model,
+                          const GenerationRequest& request,
                           uint64_t first_seed) {
   static auto* cache = new std::map<std::string, Samples>();
   const std::string key =
-      absl::StrCat(SpeculationModeName(request.speculation.mode), "/", request.speculation.skip,
-                   "/", request.speculation.max_draft, "/", request.sampling.temperature, "/",
+      absl::StrCat(SpeculationModeName(request.speculation.mode), "/",
+                   request.speculation.skip, "/", request.speculation.max_draft,
+                   "/", request.sampling.temperature, "/",
                    request.sampling.top_p, "/", first_seed);
   auto it = cache->find(key);
   if (it == cache->end()) {
-    it = cache->emplace(key, Draw(model, *GetTokenizer(), request, first_seed, kSamples)).first;
+    it = cache
+             ->emplace(key, Draw(model, *GetTokenizer(), request, first_seed,
+                                 kSamples))
+             .first;
   }
   return it->second;
 }
@@ -520,7 +554,8 @@ Histogram Tally(const Samples& samples, const std::vector<int>& positions) {
   Histogram h;
   for (const auto& out : samples.outputs) {
     std::vector<int32_t> key;
-    for (int p : positions) key.push_back(p < static_cast<int>(out.size()) ? out[p] : -1);
+    for (int p : positions)
+      key.push_back(p < static_cast<int>(out.size()) ? out[p] : -1);
     ++h[key];
   }
   return h;
@@ -530,13 +565,14 @@ Histogram Tally(const Samples& samples, const std::vector<int>& positions) {
 // first two, and of all four, generated tokens.
 const std::vector<std::pair<std::string, std::vector<int>>>& Statistics() {
   static const auto* stats =
-      new std::vector<std::pair<std::string, std::vector<int>>>{{"token 0", {0}},
-                                                                {"token 1", {1}},
-                                                                {"token 2", {2}},
-                                                                {"token 3", {3}},
-                                                                {"tokens 0-1", {0, 1}},
-                                                                {"tokens 1-2", {1, 2}},
-                                                                {"tokens 0-3", {0, 1, 2, 3}}};
+      new std::vector<std::pair<std::string, std::vector<int>>>{
+          {"token 0", {0}},
+          {"token 1", {1}},
+          {"token 2", {2}},
+          {"token 3", {3}},
+          {"tokens 0-1", {0, 1}},
+          {"tokens 1-2", {1, 2}},
+          {"tokens 0-3", {0, 1, 2, 3}}};
   return *stats;
 }
 
@@ -555,7 +591,8 @@ GenerationRequest SamplingRequest(double temperature, double top_p) {
 // position 1, the bonus token and the resampling after a rejection all decide
 // tokens 1-3. The mask makes the draft differ from the target.
 GenerationRequest SpeculativeSampling(double temperature, double top_p) {
-  return Speculative(SamplingRequest(temperature, top_p), "a2,m2,a3", /*gamma=*/3,
+  return Speculative(SamplingRequest(temperature, top_p), "a2,m2,a3",
+                     /*gamma=*/3,
                      /*exit_threshold=*/0.0);
 }
 
@@ -567,7 +604,8 @@ TEST_P(SamplingLosslessTest, FirstTokensHaveTheAutoregressiveDistribution) {
   ASSERT_NE(model, nullptr);
   const double top_p = GetParam();
   const Samples& ar = CachedDraw(*model, SamplingRequest(1.0, top_p), 1);
-  const Samples& spec = CachedDraw(*model, SpeculativeSampling(1.0, top_p), 1'000'001);
+  const Samples& spec =
+      CachedDraw(*model, SpeculativeSampling(1.0, top_p), 1'000'001);
   ASSERT_EQ(ar.outputs.size(), static_cast<size_t>(kSamples));
   ASSERT_EQ(spec.outputs.size(), static_cast<size_t>(kSamples));
 
@@ -575,7 +613,8 @@ TEST_P(SamplingLosslessTest, FirstTokensHaveTheAutoregressiveDistribution) {
   // so the resampling path decided some tokens.
   EXPECT_EQ(ar.drafts, 0);
   ASSERT_GT(spec.drafts, 0);
-  const double acceptance = static_cast<double>(spec.accepted_tokens) / spec.draft_tokens;
+  const double acceptance =
+      static_cast<double>(spec.accepted_tokens) / spec.draft_tokens;
   EXPECT_GT(acceptance, 0.0);
   EXPECT_LT(acceptance, 1.0);
   ASSERT_GE(spec.accepted_per_position.size(), 2u);
@@ -585,14 +624,18 @@ TEST_P(SamplingLosslessTest, FirstTokensHaveTheAutoregressiveDistribution) {
   RecordProperty("acceptance_rate", absl::StrCat(acceptance));
 
   for (const auto& [name, positions] : Statistics()) {
-    const ChiSquare test = TwoSampleChiSquare(Tally(ar, positions), Tally(spec, positions));
-    EXPECT_GE(test.p_value, kAlpha) << "top_p " << top_p << ", " << name << ": " << test.Describe();
+    const ChiSquare test =
+        TwoSampleChiSquare(Tally(ar, positions), Tally(spec, positions));
+    EXPECT_GE(test.p_value, kAlpha)
+        << "top_p " << top_p << ", " << name << ": " << test.Describe();
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(TopP, SamplingLosslessTest, ::testing::Values(1.0, 0.8),
+INSTANTIATE_TEST_SUITE_P(TopP, SamplingLosslessTest,
+                         ::testing::Values(1.0, 0.8),
                          [](const ::testing::TestParamInfo<double>& info) {
-                           return info.param == 1.0 ? std::string("Full") : std::string("TopP08");
+                           return info.param == 1.0 ? std::string("Full")
+                                                    : std::string("TopP08");
                          });
 
 // The same statistic must be able to fail: autoregressive sampling at
@@ -603,9 +646,11 @@ TEST(SamplingLosslessTest, StatisticRejectsAWrongSampler) {
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   const Samples& right = CachedDraw(*model, SamplingRequest(1.0, 1.0), 1);
-  const Samples& wrong = CachedDraw(*model, SamplingRequest(1.5, 1.0), 2'000'001);
+  const Samples& wrong =
+      CachedDraw(*model, SamplingRequest(1.5, 1.0), 2'000'001);
   for (const auto& [name, positions] : Statistics()) {
-    const ChiSquare test = TwoSampleChiSquare(Tally(right, positions), Tally(wrong, positions));
+    const ChiSquare test =
+        TwoSampleChiSquare(Tally(right, positions), Tally(wrong, positions));
     EXPECT_LT(test.p_value, kAlpha) << name << ": " << test.Describe();
   }
 }
@@ -622,7 +667,8 @@ constexpr double kKvAtol = 1e-5;
 constexpr double kKvRtol = 1e-4;
 
 torch::Tensor Ids(const std::vector<int32_t>& ids) {
-  return torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()), torch::kInt64);
+  return torch::tensor(std::vector<int64_t>(ids.begin(), ids.end()),
+                       torch::kInt64);
 }
 
 struct KvCase {
@@ -634,8 +680,9 @@ struct KvCase {
 };
 
 std::string Describe(const KvCase& c) {
-  return absl::StrCat(c.model, " mask '", c.skip, "' gamma ", c.gamma, " temperature ",
-                      c.temperature, " exit_threshold ", c.exit_threshold);
+  return absl::StrCat(c.model, " mask '", c.skip, "' gamma ", c.gamma,
+                      " temperature ", c.temperature, " exit_threshold ",
+                      c.exit_threshold);
 }
 
 class KvStateTest : public ::testing::TestWithParam<KvCase> {};
@@ -647,7 +694,8 @@ TEST_P(KvStateTest, CacheEqualsAFreshForwardAfterEveryStep) {
   ASSERT_NE(model, nullptr);
   c10::InferenceMode guard;
   const ModelConfig& c = model->config();
-  const std::vector<int32_t> prompt = RandomPrompt(c.bos_token_id.value_or(1), c.vocab_size, 7, 5);
+  const std::vector<int32_t> prompt =
+      RandomPrompt(c.bos_token_id.value_or(1), c.vocab_size, 7, 5);
   const int64_t capacity = static_cast<int64_t>(prompt.size()) + 48;
   auto mask = LayerMask::Parse(param.skip, model->num_layers());
   ASSERT_TRUE(mask.ok()) << mask.status();
@@ -669,16 +717,19 @@ TEST_P(KvStateTest, CacheEqualsAFreshForwardAfterEveryStep) {
     v_ptrs.push_back(layer.v.data_ptr());
   }
 
-  SpeculativeDecoder decoder(*model, cache, sampler, *mask, param.gamma, param.exit_threshold);
+  SpeculativeDecoder decoder(*model, cache, sampler, *mask, param.gamma,
+                             param.exit_threshold);
   int steps = 0, rejections = 0, full_accepts = 0;
   SpeculationStats expected;  // rebuilt from the step results
   while (cache.length() < capacity) {
     const int64_t pos = cache.length();
     ASSERT_EQ(pos + 1, static_cast<int64_t>(tokens.size()));
-    const StepResult step = decoder.Step(tokens.back(), capacity - pos, /*capture_states=*/false);
+    const StepResult step =
+        decoder.Step(tokens.back(), capacity - pos, /*capture_states=*/false);
     ++steps;
-    SCOPED_TRACE(absl::StrCat(Describe(param), ", step ", steps, " at position ", pos, ": drafted ",
-                              step.drafted, ", accepted ", step.accepted));
+    SCOPED_TRACE(absl::StrCat(Describe(param), ", step ", steps,
+                              " at position ", pos, ": drafted ", step.drafted,
+                              ", accepted ", step.accepted));
 
     // What the step says it did.
     ASSERT_GE(step.drafted, step.accepted);
@@ -697,7 +748,9 @@ TEST_P(KvStateTest, CacheEqualsAFreshForwardAfterEveryStep) {
       // pass wrote the rejected draft's position, which now lies past the end.
       const int64_t rejected = pos + step.drafted;
       EXPECT_LT(cache.length(), rejected + 1);
-      EXPECT_TRUE(cache.layers()[0].k.select(1, rejected).abs().sum().item<double>() > 0)
+      EXPECT_TRUE(
+          cache.layers()[0].k.select(1, rejected).abs().sum().item<double>() >
+          0)
           << "the verification pass did not write position " << rejected;
     } else if (step.drafted > 0) {
       ++full_accepts;
@@ -706,16 +759,20 @@ TEST_P(KvStateTest, CacheEqualsAFreshForwardAfterEveryStep) {
       ++expected.drafts;
       expected.draft_tokens += step.drafted;
       expected.accepted_tokens += step.accepted;
-      if (static_cast<int>(expected.accepted_per_position.size()) < step.drafted) {
+      if (static_cast<int>(expected.accepted_per_position.size()) <
+          step.drafted) {
         expected.accepted_per_position.resize(step.drafted);
       }
-      for (int j = 0; j < step.accepted; ++j) ++expected.accepted_per_position[j];
+      for (int j = 0; j < step.accepted; ++j)
+        ++expected.accepted_per_position[j];
     }
 
     // Never reallocated: same storage, same capacity.
     for (int layer = 0; layer < model->num_layers(); ++layer) {
-      ASSERT_EQ(cache.layers()[layer].k.data_ptr(), k_ptrs[layer]) << "layer " << layer;
-      ASSERT_EQ(cache.layers()[layer].v.data_ptr(), v_ptrs[layer]) << "layer " << layer;
+      ASSERT_EQ(cache.layers()[layer].k.data_ptr(), k_ptrs[layer])
+          << "layer " << layer;
+      ASSERT_EQ(cache.layers()[layer].v.data_ptr(), v_ptrs[layer])
+          << "layer " << layer;
       ASSERT_EQ(cache.layers()[layer].k.size(1), capacity);
     }
     ASSERT_EQ(cache.capacity(), capacity);
@@ -724,8 +781,10 @@ TEST_P(KvStateTest, CacheEqualsAFreshForwardAfterEveryStep) {
     // except the newest.
     const int64_t length = cache.length();
     std::vector<LayerKv> fresh = model->AllocateKv(length);
-    model->Forward(Ids(std::vector<int32_t>(tokens.begin(), tokens.begin() + length)), 0, fresh,
-                   /*num_logits=*/1);
+    model->Forward(
+        Ids(std::vector<int32_t>(tokens.begin(), tokens.begin() + length)), 0,
+        fresh,
+        /*num_logits=*/1);
     for (int layer = 0; layer < model->num_layers(); ++layer) {
       const torch::Tensor k = cache.layers()[layer].k.narrow(1, 0, length);
       const torch::Tensor v = cache.layers()[layer].v.narrow(1, 0, length);
@@ -754,21 +813,22 @@ TEST_P(KvStateTest, CacheEqualsAFreshForwardAfterEveryStep) {
   RecordProperty("full_accepts", full_accepts);
 }
 
-INSTANTIATE_TEST_SUITE_P(Cases, KvStateTest,
-                         ::testing::Values(KvCase{"stories260k", "a2,m2,a3", 4, 0.0, 0.0},
-                                           KvCase{"stories260k", "a1,m1,a2,m2,a3,m3", 7, 0.0, 0.0},
-                                           KvCase{"stories260k", "a0,m3,a4", 3, 0.0, 0.7},
-                                           KvCase{"stories260k", "a2,m2,a3", 3, 1.0, 0.0},
-                                           KvCase{"stories260k", "m0,a1,m4", 10, 1.0, 0.0},
-                                           KvCase{"stories260k", "a0", 1, 1.0, 0.0},
-                                           KvCase{"tiny-qwen3", "a1", 5, 0.0, 0.0},
-                                           KvCase{"tiny-qwen2", "m0,a1", 2, 1.0, 0.0},
-                                           KvCase{"tiny-llama3", "a0,m0,a1,m1", 6, 1.0, 0.0}),
-                         [](const ::testing::TestParamInfo<KvCase>& info) {
-                           std::string name = absl::StrCat(info.param.model, "_", info.index);
-                           std::replace(name.begin(), name.end(), '-', '_');
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Cases, KvStateTest,
+    ::testing::Values(KvCase{"stories260k", "a2,m2,a3", 4, 0.0, 0.0},
+                      KvCase{"stories260k", "a1,m1,a2,m2,a3,m3", 7, 0.0, 0.0},
+                      KvCase{"stories260k", "a0,m3,a4", 3, 0.0, 0.7},
+                      KvCase{"stories260k", "a2,m2,a3", 3, 1.0, 0.0},
+                      KvCase{"stories260k", "m0,a1,m4", 10, 1.0, 0.0},
+                      KvCase{"stories260k", "a0", 1, 1.0, 0.0},
+                      KvCase{"tiny-qwen3", "a1", 5, 0.0, 0.0},
+                      KvCase{"tiny-qwen2", "m0,a1", 2, 1.0, 0.0},
+                      KvCase{"tiny-llama3", "a0,m0,a1,m1", 6, 1.0, 0.0}),
+    [](const ::testing::TestParamInfo<KvCase>& info) {
+      std::string name = absl::StrCat(info.param.model, "_", info.index);
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
 
 // A skipped attention sublayer computes nothing and writes no K/V: the draft
 // forward leaves that layer's cache untouched.
@@ -784,9 +844,11 @@ TEST(SpeculativeDecoderTest, DraftWritesKvOnlyForKeptAttention) {
   options.skip = &*mask;
   model->Forward(Ids({1, 410, 469}), 0, kv, options);
   for (int layer = 0; layer < model->num_layers(); ++layer) {
-    const bool written = kv[layer].k.narrow(1, 0, 3).abs().sum().item<double>() > 0;
+    const bool written =
+        kv[layer].k.narrow(1, 0, 3).abs().sum().item<double>() > 0;
     EXPECT_EQ(written, !mask->skip_attention(layer)) << "layer " << layer;
-    EXPECT_EQ(kv[layer].v.narrow(1, 0, 3).abs().sum().item<double>() > 0, written);
+    EXPECT_EQ(kv[layer].v.narrow(1, 0, 3).abs().sum().item<double>() > 0,
+              written);
     EXPECT_EQ(kv[layer].k.narrow(1, 3, 5).abs().sum().item<double>(), 0.0);
   }
 }
@@ -802,7 +864,8 @@ TEST(SpeculativeDecoderTest, GammaZeroIsAnAutoregressiveStep) {
   torch::Tensor logits = model->Prefill(Ids(kZooPrompt), 0, cache.layers());
   cache.Commit(4);
   Sampler sampler(SamplingParams{});
-  SpeculativeDecoder decoder(*model, cache, sampler, LayerMask(model->num_layers()), 0, 0.0);
+  SpeculativeDecoder decoder(*model, cache, sampler,
+                             LayerMask(model->num_layers()), 0, 0.0);
   int32_t last = Argmax(logits);
   for (int i = 0; i < 5; ++i) {
     StepResult step = decoder.Step(last, 10, false);
@@ -831,7 +894,8 @@ TEST(SpeculativeDecoderTest, BudgetBoundsTheDraft) {
       cache.Commit(4);
       Sampler sampler(SamplingParams{});
       // The empty mask accepts everything, so the budget alone limits the step.
-      SpeculativeDecoder decoder(*model, cache, sampler, LayerMask(model->num_layers()), 8, 0.0);
+      SpeculativeDecoder decoder(*model, cache, sampler,
+                                 LayerMask(model->num_layers()), 8, 0.0);
       StepResult step = decoder.Step(Argmax(logits), max_tokens, false);
       const int64_t budget = std::min<int64_t>({8, max_tokens - 1, room - 1});
       EXPECT_EQ(step.drafted, budget);
@@ -854,9 +918,10 @@ TEST(SpeculationStatsTest, EmptyMaskAcceptsEverythingUnderGreedy) {
     for (int gamma : {1, 4, 10}) {
       SCOPED_TRACE(absl::StrCat(name, " gamma ", gamma));
       const std::vector<int32_t> prompt =
-          RandomPrompt(model->config().bos_token_id.value_or(1), model->config().vocab_size, 4, 9);
-      auto result =
-          Generate(*model, *GetTokenizer(), Speculative(Request(prompt, 40), "", gamma, 0.0));
+          RandomPrompt(model->config().bos_token_id.value_or(1),
+                       model->config().vocab_size, 4, 9);
+      auto result = Generate(*model, *GetTokenizer(),
+                             Speculative(Request(prompt, 40), "", gamma, 0.0));
       ASSERT_TRUE(result.ok()) << result.status();
       const SpeculationStats& s = result->speculation;
       ExpectConsistentStats(*result, gamma);
@@ -884,21 +949,26 @@ TEST(SpeculationStatsTest, CountersFollowTheSteps) {
   for (const std::string skip : {"a2,m2,a3", "a1,m1,a2,m2,a3,m3", "m4"}) {
     for (int gamma : {2, 5}) {
       for (double temperature : {0.0, 1.0}) {
-        SCOPED_TRACE(absl::StrCat("mask ", skip, " gamma ", gamma, " temperature ", temperature));
-        GenerationRequest r = Speculative(Request(kZooPrompt, 30), skip, gamma, 0.0);
+        SCOPED_TRACE(absl::StrCat("mask ", skip, " gamma ", gamma,
+                                  " temperature ", temperature));
+        GenerationRequest r =
+            Speculative(Request(kZooPrompt, 30), skip, gamma, 0.0);
         r.sampling.temperature = temperature;
         r.sampling.seed = 11;
         std::vector<int64_t> per_call;
-        auto result = Generate(*model, *GetTokenizer(), r, [&](auto ids, std::string_view) {
-          per_call.push_back(static_cast<int64_t>(ids.size()));
-          return true;
-        });
+        auto result = Generate(
+            *model, *GetTokenizer(), r, [&](auto ids, std::string_view) {
+              per_call.push_back(static_cast<int64_t>(ids.size()));
+              return true;
+            });
         ASSERT_TRUE(result.ok()) << result.status();
         ExpectConsistentStats(*result, gamma);
         const SpeculationStats& s = result->speculation;
         // First call: the prefill's token; then one call per step.
-        ASSERT_EQ(static_cast<int64_t>(per_call.size()), 1 + result->stats.steps);
-        int64_t produced = per_call[0], drafts = 0, draft_tokens = 0, accepted = 0;
+        ASSERT_EQ(static_cast<int64_t>(per_call.size()),
+                  1 + result->stats.steps);
+        int64_t produced = per_call[0], drafts = 0, draft_tokens = 0,
+                accepted = 0;
         for (size_t i = 1; i < per_call.size(); ++i) {
           const int64_t budget = std::min<int64_t>(gamma, 30 - produced - 1);
           if (budget > 0) {
@@ -926,8 +996,8 @@ TEST(SpeculationStatsTest, ExitThresholdOneDraftsOneToken) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
-  auto result =
-      Generate(*model, *GetTokenizer(), Speculative(Request(kZooPrompt, 30), "a2", 6, 1.0));
+  auto result = Generate(*model, *GetTokenizer(),
+                         Speculative(Request(kZooPrompt, 30), "a2", 6, 1.0));
   ASSERT_TRUE(result.ok()) << result.status();
   ExpectConsistentStats(*result, 6);
   ASSERT_GT(result->speculation.drafts, 0);
@@ -963,7 +1033,8 @@ class SpeculationRequestTest : public ::testing::Test {
   void ExpectInvalid(const GenerationRequest& r, const std::string& needle) {
     auto result = Generate(*model_, *GetTokenizer(), r);
     ASSERT_FALSE(result.ok()) << "accepted";
-    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << result.status();
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+        << result.status();
     EXPECT_NE(result.status().message().find(needle), std::string::npos)
         << "'" << needle << "' not in: " << result.status();
     // ValidateGenerationRequest gives the same answer up front.
@@ -980,7 +1051,8 @@ TEST_F(SpeculationRequestTest, RejectsBadMasks) {
   ExpectInvalid(Speculative(base, "a5", 3, 0.0), "'a5'");
   ExpectInvalid(Speculative(base, "m1,m17", 3, 0.0), "5 layers");
   // Malformed entries, each named in the message.
-  for (const std::string skip : {"x3", "a", "a-1", "a1,a1", "3", "a1,", "a1;m2"}) {
+  for (const std::string skip :
+       {"x3", "a", "a-1", "a1,a1", "3", "a1,", "a1;m2"}) {
     SCOPED_TRACE("mask '" + skip + "'");
     ExpectInvalid(Speculative(base, skip, 3, 0.0), "layer mask");
   }
@@ -1014,7 +1086,8 @@ TEST_F(SpeculationRequestTest, AcceptsTheBoundaryValues) {
     EXPECT_TRUE(result.ok()) << r.speculation.skip << ": " << result.status();
   }
   // The result reports the mask in its canonical form.
-  auto result = Generate(*model_, *GetTokenizer(), Speculative(base, " m4 , a0 ", 2, 0.0));
+  auto result = Generate(*model_, *GetTokenizer(),
+                         Speculative(base, " m4 , a0 ", 2, 0.0));
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->mask, "a0,m4");
 }

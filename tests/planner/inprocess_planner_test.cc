@@ -1,6 +1,7 @@
 // Tests of the in-process planner (planner/inprocess_planner.h) and of
 // planned generation end to end: executor/generator.h driving a real
-// InProcessPlanner through the PlannerClient interface (common/plan/planner_client.h).
+// InProcessPlanner through the PlannerClient interface
+// (common/plan/planner_client.h).
 #include "planner/inprocess_planner.h"
 
 #include <c10/core/InferenceMode.h>
@@ -13,8 +14,8 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "common/wire/plan_codec.h"
 #include "common/text/tokenizer.h"
+#include "common/wire/plan_codec.h"
 #include "executor/generator.h"
 #include "tests/testing/test_models.h"
 
@@ -27,32 +28,37 @@ using testing::Stories260kDir;
 
 // Models by name ("stories260k", "tiny-llama", "stories260k/bf16"), loaded
 // once per process.
-const LlamaModel* GetModel(const std::string& name) { return testing::CachedModel(name); }
+const LlamaModel* GetModel(const std::string& name) {
+  return testing::CachedModel(name);
+}
 
 const Tokenizer* GetTokenizer() { return testing::StoriesTokenizer(); }
 
-PlanRequest MakeRequest(const LlamaModel& model, uint64_t sequence_id, int64_t prefix, int64_t r) {
+PlanRequest MakeRequest(const LlamaModel& model, uint64_t sequence_id,
+                        int64_t prefix, int64_t r) {
   return testing::ForwardPlanRequest(model, sequence_id, prefix, r);
 }
 
 // The tiny 2-layer shapes have no middle layer: they may skip the first and
 // last, and keep every DP cell (random weights give low cosines).
-std::unique_ptr<InProcessPlanner> MakePlanner(const LlamaModel& model,
-                                              const AlphaPrior& alpha_prior = AlphaPrior()) {
+std::unique_ptr<InProcessPlanner> MakePlanner(
+    const LlamaModel& model, const AlphaPrior& alpha_prior = AlphaPrior()) {
   InProcessPlannerOptions options;
   options.knapspec.alpha_prior = alpha_prior;
   if (model.num_layers() <= 2) {
     options.knapspec.keep_first_and_last = false;
     options.knapspec.tau = -1;
   }
-  auto planner = InProcessPlanner::Create(model, HandLatencyProfile(model), options);
+  auto planner =
+      InProcessPlanner::Create(model, HandLatencyProfile(model), options);
   EXPECT_TRUE(planner.ok()) << planner.status();
   return planner.ok() ? std::move(*planner) : nullptr;
 }
 
 // Waits for a callback's result (bounded, so a lost callback fails the test
 // instead of hanging it).
-absl::StatusOr<DraftPlan> Await(std::future<absl::StatusOr<DraftPlan>>& future) {
+absl::StatusOr<DraftPlan> Await(
+    std::future<absl::StatusOr<DraftPlan>>& future) {
   if (future.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
     return absl::DeadlineExceededError("no callback within 60 s");
   }
@@ -68,10 +74,11 @@ TEST(InProcessPlannerTest, SolvesOnItsOwnThreadAndCallsBack) {
   std::promise<absl::StatusOr<DraftPlan>> promise;
   auto future = promise.get_future();
   std::thread::id callback_thread;
-  planner->Submit(MakeRequest(*model, 1, 40, 8), [&](absl::StatusOr<DraftPlan> plan) {
-    callback_thread = std::this_thread::get_id();
-    promise.set_value(std::move(plan));
-  });
+  planner->Submit(MakeRequest(*model, 1, 40, 8),
+                  [&](absl::StatusOr<DraftPlan> plan) {
+                    callback_thread = std::this_thread::get_id();
+                    promise.set_value(std::move(plan));
+                  });
   auto plan = Await(future);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_NE(callback_thread, std::this_thread::get_id());
@@ -103,7 +110,8 @@ TEST(InProcessPlannerTest, EveryPolicyAnswers) {
   if (plan->gamma > 0) {
     int skipped_layers = 0;
     for (int i = 0; i < model->num_layers(); ++i) {
-      EXPECT_EQ(plan->mask.skip_attention(i), plan->mask.skip_mlp(i)) << "whole layers only";
+      EXPECT_EQ(plan->mask.skip_attention(i), plan->mask.skip_mlp(i))
+          << "whole layers only";
       skipped_layers += plan->mask.skip_attention(i) ? 1 : 0;
     }
     EXPECT_EQ(skipped_layers, 2);
@@ -117,7 +125,8 @@ TEST(InProcessPlannerTest, EveryPolicyAnswers) {
     EXPECT_EQ(plan->mask.ToString(), "a2,m3");
   }
   fixed.static_mask = "a9";
-  EXPECT_EQ(planner->Solve(fixed).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(planner->Solve(fixed).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // PlanRequest::plan_lifetime_tokens reaches every policy: the plan is priced
@@ -126,13 +135,15 @@ TEST(InProcessPlannerTest, PricesEveryPolicyAtTheMeanContextOfThePlansLife) {
   const LlamaModel* model = GetModel("tiny-llama");
   ASSERT_NE(model, nullptr);
   LatencyProfile profile = HandLatencyProfile(*model);
-  for (double& v : profile.verify_seconds.back()) v *= 4;  // dearer with context
+  for (double& v : profile.verify_seconds.back())
+    v *= 4;  // dearer with context
   InProcessPlannerOptions options;
   options.knapspec.keep_first_and_last = false;
   options.knapspec.tau = -1;
   auto planner = InProcessPlanner::Create(*model, profile, options);
   ASSERT_TRUE(planner.ok()) << planner.status();
-  for (PlanPolicy policy : {PlanPolicy::kKnapSpec, PlanPolicy::kClasp, PlanPolicy::kStatic}) {
+  for (PlanPolicy policy :
+       {PlanPolicy::kKnapSpec, PlanPolicy::kClasp, PlanPolicy::kStatic}) {
     SCOPED_TRACE(PlanPolicyName(policy));
     PlanRequest request = MakeRequest(*model, 4, 24, 6);  // context 30
     request.policy = policy;
@@ -159,22 +170,27 @@ TEST(InProcessPlannerTest, RefusesRequestsAndProfilesOfAnotherModel) {
   request.model_fingerprint = "llama-some-other-model";
   std::promise<absl::StatusOr<DraftPlan>> promise;
   auto future = promise.get_future();
-  planner->Submit(std::move(request),
-                  [&](absl::StatusOr<DraftPlan> plan) { promise.set_value(std::move(plan)); });
+  planner->Submit(std::move(request), [&](absl::StatusOr<DraftPlan> plan) {
+    promise.set_value(std::move(plan));
+  });
   auto plan = Await(future);
-  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition) << plan.status();
-  EXPECT_NE(plan.status().message().find("llama-some-other-model"), std::string::npos);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition)
+      << plan.status();
+  EXPECT_NE(plan.status().message().find("llama-some-other-model"),
+            std::string::npos);
 
   LatencyProfile other = HandLatencyProfile(*model);
   other.dtype = "bf16";
   auto refused = InProcessPlanner::Create(*model, other, {});
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused.status();
   InProcessPlannerOptions no_threads;
   no_threads.threads = 0;
-  EXPECT_EQ(InProcessPlanner::Create(*model, HandLatencyProfile(*model), no_threads)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      InProcessPlanner::Create(*model, HandLatencyProfile(*model), no_threads)
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 // A request that crossed the wire with a window covering the whole prefix
@@ -188,7 +204,8 @@ TEST(InProcessPlannerTest, AnExactKvWindowGivesTheInMemoryPlan) {
   const PlanRequest request = MakeRequest(*model, 5, 60, 8);
   auto direct = planner->Solve(request);
   ASSERT_TRUE(direct.ok()) << direct.status();
-  for (const KvWindowOptions& window : {KvWindowOptions{4, 1024}, KvWindowOptions{2, 16}}) {
+  for (const KvWindowOptions& window :
+       {KvWindowOptions{4, 1024}, KvWindowOptions{2, 16}}) {
     v1::PlanRequest wire;
     ASSERT_TRUE(EncodePlanRequest(request, window, &wire).ok());
     auto decoded = DecodePlanRequest(wire, model->num_layers(), 10);
@@ -202,10 +219,13 @@ TEST(InProcessPlannerTest, AnExactKvWindowGivesTheInMemoryPlan) {
       EXPECT_DOUBLE_EQ(remote->alpha_hat, direct->alpha_hat);
       EXPECT_DOUBLE_EQ(remote->mean_cosine, direct->mean_cosine);
     }
-    std::printf("[ window %lld+%lld ] mask '%s' gamma %d alpha_hat %.3f (in memory: '%s' %d %.3f)\n",
-                static_cast<long long>(window.leading), static_cast<long long>(window.window),
-                remote->mask.ToString().c_str(), remote->gamma, remote->alpha_hat,
-                direct->mask.ToString().c_str(), direct->gamma, direct->alpha_hat);
+    std::printf(
+        "[ window %lld+%lld ] mask '%s' gamma %d alpha_hat %.3f (in memory: "
+        "'%s' %d %.3f)\n",
+        static_cast<long long>(window.leading),
+        static_cast<long long>(window.window), remote->mask.ToString().c_str(),
+        remote->gamma, remote->alpha_hat, direct->mask.ToString().c_str(),
+        direct->gamma, direct->alpha_hat);
   }
   PlanRequest off = request;
   off.policy = PlanPolicy::kOff;
@@ -225,27 +245,33 @@ TEST(InProcessPlannerTest, NewerRequestReplacesTheQueuedOneAndForgetDrops) {
   std::promise<void> release;
   std::shared_future<void> released = release.get_future().share();
   std::promise<void> holding;
-  planner->Submit(MakeRequest(*model, 10, 20, 4), [&](absl::StatusOr<DraftPlan>) {
-    holding.set_value();
-    released.wait();
-  });
+  planner->Submit(MakeRequest(*model, 10, 20, 4),
+                  [&](absl::StatusOr<DraftPlan>) {
+                    holding.set_value();
+                    released.wait();
+                  });
   holding.get_future().wait();  // the worker is now busy in the callback
 
   std::promise<absl::StatusOr<DraftPlan>> first, second, other;
-  auto first_f = first.get_future(), second_f = second.get_future(), other_f = other.get_future();
+  auto first_f = first.get_future(), second_f = second.get_future(),
+       other_f = other.get_future();
   PlanRequest older = MakeRequest(*model, 11, 20, 4);
   older.step = 1;
   PlanRequest newer = MakeRequest(*model, 11, 24, 4);
   newer.step = 2;
-  planner->Submit(std::move(older), [&](absl::StatusOr<DraftPlan> p) { first.set_value(p); });
-  planner->Submit(std::move(newer), [&](absl::StatusOr<DraftPlan> p) { second.set_value(p); });
+  planner->Submit(std::move(older),
+                  [&](absl::StatusOr<DraftPlan> p) { first.set_value(p); });
+  planner->Submit(std::move(newer),
+                  [&](absl::StatusOr<DraftPlan> p) { second.set_value(p); });
   planner->Submit(MakeRequest(*model, 12, 20, 4),
                   [&](absl::StatusOr<DraftPlan> p) { other.set_value(p); });
   auto replaced = Await(first_f);
-  EXPECT_EQ(replaced.status().code(), absl::StatusCode::kCancelled) << replaced.status();
+  EXPECT_EQ(replaced.status().code(), absl::StatusCode::kCancelled)
+      << replaced.status();
   planner->Forget(12);
   auto forgotten = Await(other_f);
-  EXPECT_EQ(forgotten.status().code(), absl::StatusCode::kCancelled) << forgotten.status();
+  EXPECT_EQ(forgotten.status().code(), absl::StatusCode::kCancelled)
+      << forgotten.status();
   release.set_value();
   auto solved = Await(second_f);
   ASSERT_TRUE(solved.ok()) << solved.status();
@@ -265,7 +291,8 @@ TEST(InProcessPlannerTest, ASolveThatThrowsIsInternalForThatRequestOnly) {
     TORCH_CHECK(request.sequence_id != 21, "injected solve fault for sequence ",
                 request.sequence_id);
   };
-  auto planner = InProcessPlanner::Create(*model, HandLatencyProfile(*model), options);
+  auto planner =
+      InProcessPlanner::Create(*model, HandLatencyProfile(*model), options);
   ASSERT_TRUE(planner.ok()) << planner.status();
   std::promise<absl::StatusOr<DraftPlan>> failed, solved;
   auto failed_f = failed.get_future(), solved_f = solved.get_future();
@@ -274,12 +301,15 @@ TEST(InProcessPlannerTest, ASolveThatThrowsIsInternalForThatRequestOnly) {
   (*planner)->Submit(MakeRequest(*model, 22, 20, 4),
                      [&](absl::StatusOr<DraftPlan> p) { solved.set_value(p); });
   auto error = Await(failed_f);
-  EXPECT_EQ(error.status().code(), absl::StatusCode::kInternal) << error.status();
-  EXPECT_NE(error.status().message().find("injected solve fault for sequence 21"),
-            std::string::npos)
+  EXPECT_EQ(error.status().code(), absl::StatusCode::kInternal)
+      << error.status();
+  EXPECT_NE(
+      error.status().message().find("injected solve fault for sequence 21"),
+      std::string::npos)
       << error.status();
   // The message is LibTorch's, without the C++ backtrace it appends to what().
-  EXPECT_EQ(error.status().message().find("most recent call first"), std::string::npos)
+  EXPECT_EQ(error.status().message().find("most recent call first"),
+            std::string::npos)
       << error.status();
   auto plan = Await(solved_f);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -343,13 +373,15 @@ TEST_P(PlannedGenerationTest, GreedyOutputEqualsAutoregressive) {
   auto core = MakePlanner(*model, AlphaPrior{0, 0});
   ASSERT_NE(core, nullptr);
   const int64_t tokens = std::min<int64_t>(160, model->max_context() - 5);
-  auto ar = Generate(*model, *GetTokenizer(), PlannedRequest(SpeculationMode::kOff, tokens));
+  auto ar = Generate(*model, *GetTokenizer(),
+                     PlannedRequest(SpeculationMode::kOff, tokens));
   ASSERT_TRUE(ar.ok()) << ar.status();
-  for (SpeculationMode mode : {SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
+  for (SpeculationMode mode :
+       {SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
     SCOPED_TRACE(SpeculationModeName(mode));
     SynchronousPlanner planner(core.get());
-    auto spec = Generate(*model, *GetTokenizer(), PlannedRequest(mode, tokens), nullptr, nullptr,
-                         &planner);
+    auto spec = Generate(*model, *GetTokenizer(), PlannedRequest(mode, tokens),
+                         nullptr, nullptr, &planner);
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_EQ(spec->output_ids, ar->output_ids);
     EXPECT_EQ(spec->text, ar->text);
@@ -363,37 +395,43 @@ TEST_P(PlannedGenerationTest, GreedyOutputEqualsAutoregressive) {
       EXPECT_GT(p.context_length, 0);
       drafted = drafted || p.gamma > 0;
     }
-    EXPECT_TRUE(drafted) << "no plan drafted; the hand profile makes drafts cheap";
+    EXPECT_TRUE(drafted)
+        << "no plan drafted; the hand profile makes drafts cheap";
     EXPECT_GT(spec->speculation.drafts, 0);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, PlannedGenerationTest,
-                         ::testing::Values("stories260k", "stories260k/bf16", "tiny-llama",
-                                           "tiny-qwen3"),
+                         ::testing::Values("stories260k", "stories260k/bf16",
+                                           "tiny-llama", "tiny-qwen3"),
                          [](const ::testing::TestParamInfo<std::string>& info) {
                            std::string name = info.param;
                            for (char& c : name) {
-                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                             if (!std::isalnum(static_cast<unsigned char>(c)))
+                               c = '_';
                            }
                            return name;
                          });
 
-TEST(PlannedGenerationFaultTest, PlannerFailuresKeepTheLastPlanAndOutputIsUnchanged) {
+TEST(PlannedGenerationFaultTest,
+     PlannerFailuresKeepTheLastPlanAndOutputIsUnchanged) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto core = MakePlanner(*model);
   ASSERT_NE(core, nullptr);
-  auto ar = Generate(*model, *GetTokenizer(), PlannedRequest(SpeculationMode::kOff, 150));
+  auto ar = Generate(*model, *GetTokenizer(),
+                     PlannedRequest(SpeculationMode::kOff, 150));
   ASSERT_TRUE(ar.ok()) << ar.status();
   SynchronousPlanner flaky(core.get(), /*fail_every=*/2);
-  auto spec = Generate(*model, *GetTokenizer(), PlannedRequest(SpeculationMode::kKnapSpec, 150),
-                       nullptr, nullptr, &flaky);
+  auto spec = Generate(*model, *GetTokenizer(),
+                       PlannedRequest(SpeculationMode::kKnapSpec, 150), nullptr,
+                       nullptr, &flaky);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->output_ids, ar->output_ids);
   EXPECT_GT(spec->stats.plan_failures, 0);
-  EXPECT_NE(spec->last_plan_error.find("injected planner failure"), std::string::npos)
+  EXPECT_NE(spec->last_plan_error.find("injected planner failure"),
+            std::string::npos)
       << spec->last_plan_error;
   EXPECT_EQ(static_cast<int64_t>(spec->plans.size()),
             spec->stats.plan_requests - spec->stats.plan_failures);
@@ -407,11 +445,13 @@ TEST(PlannedGenerationFaultTest, AsynchronousPlannerGivesIdenticalOutput) {
   ASSERT_NE(model, nullptr);
   auto planner = MakePlanner(*model);
   ASSERT_NE(planner, nullptr);
-  auto ar = Generate(*model, *GetTokenizer(), PlannedRequest(SpeculationMode::kOff, 200));
+  auto ar = Generate(*model, *GetTokenizer(),
+                     PlannedRequest(SpeculationMode::kOff, 200));
   ASSERT_TRUE(ar.ok()) << ar.status();
-  for (SpeculationMode mode : {SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
-    auto spec = Generate(*model, *GetTokenizer(), PlannedRequest(mode, 200), nullptr, nullptr,
-                         planner.get());
+  for (SpeculationMode mode :
+       {SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
+    auto spec = Generate(*model, *GetTokenizer(), PlannedRequest(mode, 200),
+                         nullptr, nullptr, planner.get());
     ASSERT_TRUE(spec.ok()) << spec.status();
     EXPECT_EQ(spec->output_ids, ar->output_ids) << SpeculationModeName(mode);
     EXPECT_GT(spec->stats.plan_requests, 0);
@@ -423,16 +463,19 @@ TEST(PlannedGenerationFaultTest, BadPlannedRequestsAreClearErrors) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
-  auto no_planner =
-      Generate(*model, *GetTokenizer(), PlannedRequest(SpeculationMode::kKnapSpec, 10));
+  auto no_planner = Generate(*model, *GetTokenizer(),
+                             PlannedRequest(SpeculationMode::kKnapSpec, 10));
   EXPECT_EQ(no_planner.status().code(), absl::StatusCode::kFailedPrecondition);
   auto planner = MakePlanner(*model);
   GenerationRequest request = PlannedRequest(SpeculationMode::kClasp, 10);
   request.speculation.clasp_layers = model->num_layers();
-  auto bad = Generate(*model, *GetTokenizer(), request, nullptr, nullptr, planner.get());
+  auto bad = Generate(*model, *GetTokenizer(), request, nullptr, nullptr,
+                      planner.get());
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("clasp_layers"), std::string::npos) << bad.status();
-  EXPECT_EQ(ParseSpeculationMode("knapsack").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("clasp_layers"), std::string::npos)
+      << bad.status();
+  EXPECT_EQ(ParseSpeculationMode("knapsack").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -16,9 +16,9 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/llama.h"
 #include "common/checkpoint/model_config.h"
 #include "common/checkpoint/safetensors.h"
+#include "common/model/llama.h"
 #include "tests/testing/test_models.h"
 #include "tests/testing/test_util.h"
 
@@ -39,7 +39,8 @@ using testing::Stories260kDir;
 // subset of weight j with the least lost energy.
 class AdditiveRunner : public SublayerRunner {
  public:
-  AdditiveRunner(int num_layers, int r, uint64_t seed, std::vector<double>* magnitudes)
+  AdditiveRunner(int num_layers, int r, uint64_t seed,
+                 std::vector<double>* magnitudes)
       : num_sublayers_(2 * num_layers) {
     c10::InferenceMode guard;
     const int d = num_sublayers_ + 3;
@@ -50,7 +51,8 @@ class AdditiveRunner : public SublayerRunner {
     for (int s = 0; s < num_sublayers_; ++s) magnitudes->push_back(mag(rng));
     std::vector<torch::Tensor> bases;
     for (int t = 0; t < r; ++t) {
-      torch::Tensor q = std::get<0>(torch::linalg_qr(torch::randn({d, d}, torch::kFloat64)));
+      torch::Tensor q =
+          std::get<0>(torch::linalg_qr(torch::randn({d, d}, torch::kFloat64)));
       bases.push_back(q);  // columns orthonormal
     }
     base_ = torch::empty({r, d}, torch::kFloat64);
@@ -64,19 +66,22 @@ class AdditiveRunner : public SublayerRunner {
   }
 
   int num_sublayers() const override { return num_sublayers_; }
-  absl::StatusOr<torch::Tensor> Apply(int sublayer, const torch::Tensor& h) const override {
+  absl::StatusOr<torch::Tensor> Apply(int sublayer,
+                                      const torch::Tensor& h) const override {
     ++calls_;
     rows_ += h.size(0);
     return h + deltas_[sublayer].unsqueeze(0);
   }
-  absl::StatusOr<torch::Tensor> TopTokens(const torch::Tensor& h) const override {
+  absl::StatusOr<torch::Tensor> TopTokens(
+      const torch::Tensor& h) const override {
     return h.argmax(-1);
   }
 
   // [2L+1, r, d]: the no-skip path.
   torch::Tensor Reference() const {
     std::vector<torch::Tensor> xs = {base_};
-    for (int s = 0; s < num_sublayers_; ++s) xs.push_back(xs.back() + deltas_[s]);
+    for (int s = 0; s < num_sublayers_; ++s)
+      xs.push_back(xs.back() + deltas_[s]);
     return torch::stack(xs);
   }
 
@@ -107,10 +112,11 @@ bool Skippable(int sublayer, int num_layers, bool keep_first_and_last) {
 TEST(KnapsackTest, FindsTheExactOptimumForEveryBudgetOnAnAdditiveStack) {
   const int num_layers = 6;
   for (bool keep : {false, true}) {
-    for (SublayerWeights w : {SublayerWeights{1, 1}, SublayerWeights{1, 3}, SublayerWeights{2, 1},
-                              SublayerWeights{1, 5}}) {
+    for (SublayerWeights w : {SublayerWeights{1, 1}, SublayerWeights{1, 3},
+                              SublayerWeights{2, 1}, SublayerWeights{1, 5}}) {
       for (uint64_t seed : {1, 2, 3}) {
-        SCOPED_TRACE(absl::StrCat("keep=", keep, " w=", w.attention, "/", w.mlp, " seed=", seed));
+        SCOPED_TRACE(absl::StrCat("keep=", keep, " w=", w.attention, "/", w.mlp,
+                                  " seed=", seed));
         std::vector<double> m;
         AdditiveRunner runner(num_layers, /*r=*/3, seed, &m);
         const torch::Tensor x = runner.Reference();
@@ -138,15 +144,18 @@ TEST(KnapsackTest, FindsTheExactOptimumForEveryBudgetOnAnAdditiveStack) {
           }
           if (!ok || weight > max_weight) continue;
           auto it = best_loss.find(weight);
-          if (it == best_loss.end() || loss < it->second) best_loss[weight] = loss;
+          if (it == best_loss.end() || loss < it->second)
+            best_loss[weight] = loss;
         }
 
         ASSERT_EQ(candidates->size(), best_loss.size());
         for (const SkipCandidate& c : *candidates) {
           ASSERT_TRUE(best_loss.count(c.skipped_weight)) << c.skipped_weight;
           const double optimum =
-              std::sqrt(total_energy - best_loss[c.skipped_weight]) / std::sqrt(total_energy);
-          EXPECT_NEAR(c.mean_cosine, optimum, 1e-9) << "weight " << c.skipped_weight;
+              std::sqrt(total_energy - best_loss[c.skipped_weight]) /
+              std::sqrt(total_energy);
+          EXPECT_NEAR(c.mean_cosine, optimum, 1e-9)
+              << "weight " << c.skipped_weight;
           // The backtracked mask has that weight, respects the keep flags, and
           // reproduces the cosine when run on its own.
           EXPECT_EQ(MaskWeight(c.mask, w), c.skipped_weight);
@@ -175,7 +184,8 @@ TEST(KnapsackTest, RunsAllLiveCellsOfABoundaryAsOneBatch) {
   SkipDpStats stats;
   KnapsackOptions options;
   options.tau = -1;
-  auto candidates = SolveKnapsack(runner, runner.Reference(), {}, {1, 1}, options, &stats);
+  auto candidates =
+      SolveKnapsack(runner, runner.Reference(), {}, {1, 1}, options, &stats);
   ASSERT_TRUE(candidates.ok()) << candidates.status();
   // One Apply per sublayer, however many cells are live.
   EXPECT_EQ(runner.calls(), 8);
@@ -239,10 +249,12 @@ TEST(KnapsackTest, ComputesIntegerWeightsFromLatencies) {
   };
   EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 1.0, 16), 1, 1));
   EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 2.0, 16), 1, 2));
-  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 2.4, 16), 2, 5));   // 2.5: 4% off (1:2 was 17%)
-  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 2.6, 16), 2, 5));   // 2.5: 4% off (1:3 was 15%)
+  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 2.4, 16), 2,
+                 5));  // 2.5: 4% off (1:2 was 17%)
+  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 2.6, 16), 2,
+                 5));  // 2.5: 4% off (1:3 was 15%)
   EXPECT_TRUE(eq(ComputeSublayerWeights(3.0, 1.0, 16), 3, 1));
-  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 1.05, 16), 1, 1));  // within 10%
+  EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 1.05, 16), 1, 1));   // within 10%
   EXPECT_TRUE(eq(ComputeSublayerWeights(1.0, 40.0, 16), 1, 16));  // capped
   EXPECT_TRUE(eq(ComputeSublayerWeights(40.0, 1.0, 3), 3, 1));    // capped
   EXPECT_TRUE(eq(ComputeSublayerWeights(0.0, 1.0, 16), 1, 1));    // degenerate
@@ -259,7 +271,8 @@ TEST(KnapsackTest, IntegerWeightsAreFaithfulToTheCostRatioWithABoundedBudget) {
   auto ratio_error = [](SublayerWeights w, double attention, double mlp) {
     const double cost = attention / mlp;
     const double weight = static_cast<double>(w.attention) / w.mlp;
-    // Relative to the smaller ratio: the same for attention:MLP and MLP:attention.
+    // Relative to the smaller ratio: the same for attention:MLP and
+    // MLP:attention.
     return std::abs(weight - cost) / std::min(weight, cost);
   };
   SublayerWeights w = ComputeSublayerWeights(1.3, 1.0, kDefaultWeightCap);
@@ -283,7 +296,8 @@ TEST(KnapsackTest, IntegerWeightsAreFaithfulToTheCostRatioWithABoundedBudget) {
       ASSERT_LE(ratio_error(w, ratio, 1.0), kDefaultWeightTolerance + 1e-12);
     }
     widest = std::max(widest, w.attention + w.mlp);
-    if (ratio <= 5.0 && ratio >= 0.2) widest_up_to_5 = std::max(widest_up_to_5, w.attention + w.mlp);
+    if (ratio <= 5.0 && ratio >= 0.2)
+      widest_up_to_5 = std::max(widest_up_to_5, w.attention + w.mlp);
   }
   // The bounds the header states: the DP has at most L * 17 / 2 + 1 cells.
   EXPECT_LE(widest, kDefaultWeightCap + 1);
@@ -298,7 +312,8 @@ TEST(KnapsackTest, RejectsBadInputs) {
   // Wrong boundary count.
   auto bad = SolveKnapsack(runner, x.narrow(0, 0, 6), {}, {1, 1}, options);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("2L+1"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("2L+1"), std::string::npos)
+      << bad.status();
   // Not 3-D.
   bad = SolveKnapsack(runner, x[0], {}, {1, 1}, options);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
@@ -313,9 +328,11 @@ TEST(KnapsackTest, RejectsBadInputs) {
   AdditiveRunner two(/*num_layers=*/2, /*r=*/2, /*seed=*/1, &m);
   bad = SolveKnapsack(two, two.Reference(), {}, {1, 1}, options);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("nothing to skip"), std::string::npos) << bad.status();
+  EXPECT_NE(bad.status().message().find("nothing to skip"), std::string::npos)
+      << bad.status();
   // Layer DP budgets: M must be 1..skippable.
-  auto layer = SolveLayerSkip(runner, x, {}, /*num_skipped_layers=*/2, /*keep=*/true);
+  auto layer =
+      SolveLayerSkip(runner, x, {}, /*num_skipped_layers=*/2, /*keep=*/true);
   EXPECT_EQ(layer.status().code(), absl::StatusCode::kInvalidArgument);
   layer = SolveLayerSkip(runner, x, {}, 0, /*keep=*/false);
   EXPECT_EQ(layer.status().code(), absl::StatusCode::kInvalidArgument);
@@ -338,7 +355,8 @@ TEST(KnapsackTest, LayerSkipFindsTheBestWholeLayerSetOnAnAdditiveStack) {
     // Brute force: the M middle layers with the least energy.
     std::vector<std::pair<double, int>> layer_loss;
     for (int l = 1; l < num_layers - 1; ++l) {
-      layer_loss.push_back({m[2 * l] * m[2 * l] + m[2 * l + 1] * m[2 * l + 1], l});
+      layer_loss.push_back(
+          {m[2 * l] * m[2 * l] + m[2 * l + 1] * m[2 * l + 1], l});
     }
     std::sort(layer_loss.begin(), layer_loss.end());
     LayerMask expected(num_layers);
@@ -363,12 +381,14 @@ struct Snapshot {
   int64_t first_position = 0;
 };
 
-Snapshot MakeSnapshot(const LlamaModel& model, int64_t prefix, int64_t r, uint64_t seed) {
+Snapshot MakeSnapshot(const LlamaModel& model, int64_t prefix, int64_t r,
+                      uint64_t seed) {
   c10::InferenceMode guard;
   torch::manual_seed(seed);
   Snapshot snap;
   snap.first_position = prefix;
-  torch::Tensor ids = torch::randint(3, model.config().vocab_size, {prefix + r}, torch::kInt64);
+  torch::Tensor ids =
+      torch::randint(3, model.config().vocab_size, {prefix + r}, torch::kInt64);
   snap.kv = model.AllocateKv(prefix + r);
   torch::Tensor boundaries;
   ForwardOptions options;
@@ -395,16 +415,18 @@ TEST(KnapsackModelTest, NoSkipCandidateReproducesTheFullModel) {
     auto model = testing::LoadModelOrFail(dir);
     ASSERT_NE(model, nullptr);
     Snapshot snap = MakeSnapshot(*model, /*prefix=*/40, /*r=*/12, /*seed=*/5);
-    auto runner =
-        ModelSublayerRunner::Create(*model, &snap.kv, snap.first_position, snap.first_position);
+    auto runner = ModelSublayerRunner::Create(
+        *model, &snap.kv, snap.first_position, snap.first_position);
     ASSERT_TRUE(runner.ok()) << runner.status();
     KnapsackOptions options;
     options.keep_first_and_last = false;
     torch::Tensor final_states;
-    auto candidates = SolveKnapsack(*runner, snap.states, snap.target, {1, 1}, options,
-                                    /*stats=*/nullptr, &final_states);
+    auto candidates =
+        SolveKnapsack(*runner, snap.states, snap.target, {1, 1}, options,
+                      /*stats=*/nullptr, &final_states);
     ASSERT_TRUE(candidates.ok()) << candidates.status();
-    // The final states measure the same alpha_hat later (the planner's lazy path).
+    // The final states measure the same alpha_hat later (the planner's lazy
+    // path).
     ASSERT_EQ(final_states.size(0), static_cast<int64_t>(candidates->size()));
     auto later = MeasureAlphaHats(*runner, final_states, snap.target);
     ASSERT_TRUE(later.ok()) << later.status();
@@ -416,7 +438,8 @@ TEST(KnapsackModelTest, NoSkipCandidateReproducesTheFullModel) {
     const SkipCandidate& full = candidates->front();
     ASSERT_EQ(full.skipped_weight, 0);
     EXPECT_TRUE(full.mask.empty());
-    ASSERT_EQ(full.path_cosines.size(), static_cast<size_t>(2 * model->num_layers() + 1));
+    ASSERT_EQ(full.path_cosines.size(),
+              static_cast<size_t>(2 * model->num_layers() + 1));
     for (size_t i = 0; i < full.path_cosines.size(); ++i) {
       EXPECT_NEAR(full.path_cosines[i], 1.0, 1e-5) << "boundary " << i;
     }
@@ -433,7 +456,8 @@ TEST(KnapsackModelTest, NoSkipCandidateReproducesTheFullModel) {
 
 // A random mask of exactly `weight` over the skippable sublayers, or nullopt
 // if the draw missed.
-std::optional<LayerMask> RandomMask(int num_layers, int weight, SublayerWeights w, bool keep,
+std::optional<LayerMask> RandomMask(int num_layers, int weight,
+                                    SublayerWeights w, bool keep,
                                     std::mt19937& rng) {
   std::vector<int> order;
   for (int s = 0; s < 2 * num_layers; ++s) {
@@ -482,29 +506,34 @@ std::string DeepTinyModelDir() {
     auto normal = [](std::vector<int64_t> shape, double std) {
       return torch::randn(shape, torch::kFloat32) * std;
     };
-    const int64_t d = c.hidden_size, hd = c.head_dim, inter = c.intermediate_size;
+    const int64_t d = c.hidden_size, hd = c.head_dim,
+                  inter = c.intermediate_size;
     std::vector<std::pair<std::string, torch::Tensor>> tensors;
-    tensors.push_back({"model.embed_tokens.weight", normal({c.vocab_size, d}, 1.0)});
+    tensors.push_back(
+        {"model.embed_tokens.weight", normal({c.vocab_size, d}, 1.0)});
     tensors.push_back({"model.norm.weight", torch::ones({d})});
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
       const std::string p = absl::StrCat("model.layers.", i, ".");
       const double sd = 1.0 / std::sqrt(static_cast<double>(d));
       tensors.push_back({p + "input_layernorm.weight", torch::ones({d})});
-      tensors.push_back({p + "post_attention_layernorm.weight", torch::ones({d})});
       tensors.push_back(
-          {p + "self_attn.q_proj.weight", normal({c.num_attention_heads * hd, d}, sd)});
-      tensors.push_back(
-          {p + "self_attn.k_proj.weight", normal({c.num_key_value_heads * hd, d}, sd)});
-      tensors.push_back(
-          {p + "self_attn.v_proj.weight", normal({c.num_key_value_heads * hd, d}, sd)});
-      tensors.push_back(
-          {p + "self_attn.o_proj.weight", normal({d, c.num_attention_heads * hd}, sd)});
+          {p + "post_attention_layernorm.weight", torch::ones({d})});
+      tensors.push_back({p + "self_attn.q_proj.weight",
+                         normal({c.num_attention_heads * hd, d}, sd)});
+      tensors.push_back({p + "self_attn.k_proj.weight",
+                         normal({c.num_key_value_heads * hd, d}, sd)});
+      tensors.push_back({p + "self_attn.v_proj.weight",
+                         normal({c.num_key_value_heads * hd, d}, sd)});
+      tensors.push_back({p + "self_attn.o_proj.weight",
+                         normal({d, c.num_attention_heads * hd}, sd)});
       tensors.push_back({p + "mlp.gate_proj.weight", normal({inter, d}, sd)});
       tensors.push_back({p + "mlp.up_proj.weight", normal({inter, d}, sd)});
-      tensors.push_back({p + "mlp.down_proj.weight",
-                         normal({d, inter}, 1.0 / std::sqrt(static_cast<double>(inter)))});
+      tensors.push_back(
+          {p + "mlp.down_proj.weight",
+           normal({d, inter}, 1.0 / std::sqrt(static_cast<double>(inter)))});
     }
-    absl::Status status = WriteSafetensors(*out + "/model.safetensors", tensors);
+    absl::Status status =
+        WriteSafetensors(*out + "/model.safetensors", tensors);
     EXPECT_TRUE(status.ok()) << status;
     return out;
   }();
@@ -518,11 +547,12 @@ TEST(KnapsackModelTest, BeatsRandomMasksOfTheSameWeight) {
     bool keep;
     SublayerWeights w;
   };
-  std::vector<Case> cases = {{"tiny-llama", RandomModelDir("tiny-llama"), false, {1, 1}},
-                             {"tiny-qwen3", RandomModelDir("tiny-qwen3"), false, {1, 2}},
-                             {"deep-tiny", DeepTinyModelDir(), true, {1, 1}},
-                             {"deep-tiny", DeepTinyModelDir(), true, {1, 3}},
-                             {"deep-tiny", DeepTinyModelDir(), false, {2, 1}}};
+  std::vector<Case> cases = {
+      {"tiny-llama", RandomModelDir("tiny-llama"), false, {1, 1}},
+      {"tiny-qwen3", RandomModelDir("tiny-qwen3"), false, {1, 2}},
+      {"deep-tiny", DeepTinyModelDir(), true, {1, 1}},
+      {"deep-tiny", DeepTinyModelDir(), true, {1, 3}},
+      {"deep-tiny", DeepTinyModelDir(), false, {2, 1}}};
   if (std::filesystem::exists(Stories260kDir() + "/model.safetensors")) {
     cases.push_back({"stories260k", Stories260kDir(), true, {1, 1}});
     cases.push_back({"stories260k", Stories260kDir(), false, {1, 1}});
@@ -541,21 +571,23 @@ TEST(KnapsackModelTest, BeatsRandomMasksOfTheSameWeight) {
     int budgets = 0, at_least_best = 0, above_median = 0;
     double worst_gap = 0;
     for (uint64_t seed : {1, 2}) {
-      SCOPED_TRACE(absl::StrCat(tc.name, " keep=", tc.keep, " w=", tc.w.attention, "/", tc.w.mlp,
-                                " seed=", seed));
+      SCOPED_TRACE(absl::StrCat(tc.name, " keep=", tc.keep, " w=",
+                                tc.w.attention, "/", tc.w.mlp, " seed=", seed));
       Snapshot snap = MakeSnapshot(*model, /*prefix=*/30, /*r=*/10, seed);
-      auto runner =
-          ModelSublayerRunner::Create(*model, &snap.kv, snap.first_position, snap.first_position);
+      auto runner = ModelSublayerRunner::Create(
+          *model, &snap.kv, snap.first_position, snap.first_position);
       ASSERT_TRUE(runner.ok()) << runner.status();
       KnapsackOptions options;
       options.keep_first_and_last = tc.keep;
-      auto candidates = SolveKnapsack(*runner, snap.states, snap.target, tc.w, options);
+      auto candidates =
+          SolveKnapsack(*runner, snap.states, snap.target, tc.w, options);
       ASSERT_TRUE(candidates.ok()) << candidates.status();
       for (const SkipCandidate& c : *candidates) {
         if (c.skipped_weight == 0) continue;
         std::vector<LayerMask> masks;
         for (int draw = 0; draw < kDraws; ++draw) {
-          auto mask = RandomMask(model->num_layers(), c.skipped_weight, tc.w, tc.keep, rng);
+          auto mask = RandomMask(model->num_layers(), c.skipped_weight, tc.w,
+                                 tc.keep, rng);
           if (mask.has_value()) masks.push_back(*mask);
         }
         if (masks.empty()) continue;
@@ -575,16 +607,19 @@ TEST(KnapsackModelTest, BeatsRandomMasksOfTheSameWeight) {
       }
     }
     std::printf(
-        "[ DP vs random ] %-11s keep=%d w=%d/%d: DP >= best of %d random masks on %d of "
+        "[ DP vs random ] %-11s keep=%d w=%d/%d: DP >= best of %d random masks "
+        "on %d of "
         "%d budgets, >= their median on %d; worst gap to the best %.4f\n",
-        tc.name.c_str(), tc.keep, tc.w.attention, tc.w.mlp, kDraws, at_least_best, budgets,
-        above_median, worst_gap);
+        tc.name.c_str(), tc.keep, tc.w.attention, tc.w.mlp, kDraws,
+        at_least_best, budgets, above_median, worst_gap);
     all_budgets += budgets;
     all_at_least_best += at_least_best;
   }
   const double fraction = static_cast<double>(all_at_least_best) / all_budgets;
-  std::printf("[ DP vs random ] overall: DP >= best random mask on %.1f%% of %d budgets\n",
-              100 * fraction, all_budgets);
+  std::printf(
+      "[ DP vs random ] overall: DP >= best random mask on %.1f%% of %d "
+      "budgets\n",
+      100 * fraction, all_budgets);
   EXPECT_GE(fraction, 0.75);
 }
 
@@ -607,13 +642,14 @@ TEST(KnapsackModelTest, ReportsHowOftenTheDpIsOptimalOnThreeLayers) {
   }
   int budgets = 0, optimal = 0;
   double worst_gap = 0;
-  for (SublayerWeights w : {SublayerWeights{1, 1}, SublayerWeights{1, 2}, SublayerWeights{2, 1}}) {
+  for (SublayerWeights w :
+       {SublayerWeights{1, 1}, SublayerWeights{1, 2}, SublayerWeights{2, 1}}) {
     for (uint64_t seed = 1; seed <= 8; ++seed) {
       Snapshot snap = MakeSnapshot(*model, /*prefix=*/24, /*r=*/8, seed);
       ModelSublayerRunner::Options ro;
       ro.num_layers = layers;
-      auto runner = ModelSublayerRunner::Create(*model, &snap.kv, snap.first_position,
-                                                snap.first_position, ro);
+      auto runner = ModelSublayerRunner::Create(
+          *model, &snap.kv, snap.first_position, snap.first_position, ro);
       ASSERT_TRUE(runner.ok()) << runner.status();
       torch::Tensor x = snap.states.narrow(0, 0, 2 * layers + 1);
       KnapsackOptions options;
@@ -626,7 +662,8 @@ TEST(KnapsackModelTest, ReportsHowOftenTheDpIsOptimalOnThreeLayers) {
       std::map<int, double> best;
       for (const SkipCandidate& e : *evals) {
         auto it = best.find(e.skipped_weight);
-        if (it == best.end() || e.mean_cosine > it->second) best[e.skipped_weight] = e.mean_cosine;
+        if (it == best.end() || e.mean_cosine > it->second)
+          best[e.skipped_weight] = e.mean_cosine;
       }
       for (const SkipCandidate& c : *candidates) {
         ASSERT_TRUE(best.count(c.skipped_weight));
@@ -640,7 +677,8 @@ TEST(KnapsackModelTest, ReportsHowOftenTheDpIsOptimalOnThreeLayers) {
   }
   const double fraction = static_cast<double>(optimal) / budgets;
   std::printf(
-      "[ DP optimality ] 3 layers of stories260k: optimal on %d of %d budgets (%.1f%%), "
+      "[ DP optimality ] 3 layers of stories260k: optimal on %d of %d budgets "
+      "(%.1f%%), "
       "worst cosine gap %.4g\n",
       optimal, budgets, 100 * fraction, worst_gap);
   EXPECT_GE(fraction, 0.5);

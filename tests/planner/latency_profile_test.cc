@@ -36,7 +36,8 @@ LatencyProfile HandProfile() {
   return p;
 }
 
-std::string WriteFile(const std::string& dir, const std::string& name, const std::string& text) {
+std::string WriteFile(const std::string& dir, const std::string& name,
+                      const std::string& text) {
   const std::string path = dir + "/" + name;
   std::ofstream(path) << text;
   return path;
@@ -59,12 +60,14 @@ TEST(FitLineTest, RecoversKnownCoefficientsFromNoisyTimings) {
   EXPECT_LE(fit->r2, 1.0);
 
   // Exact line: r2 = 1; flat data: b = 0, r2 = 1 (the fit is exact).
-  auto exact = FitLine(std::vector<double>{1, 2, 3}, std::vector<double>{2, 4, 6});
+  auto exact =
+      FitLine(std::vector<double>{1, 2, 3}, std::vector<double>{2, 4, 6});
   ASSERT_TRUE(exact.ok());
   EXPECT_NEAR(exact->a, 0, 1e-12);
   EXPECT_NEAR(exact->b, 2, 1e-12);
   EXPECT_NEAR(exact->r2, 1, 1e-12);
-  auto flat = FitLine(std::vector<double>{1, 2, 3}, std::vector<double>{5, 5, 5});
+  auto flat =
+      FitLine(std::vector<double>{1, 2, 3}, std::vector<double>{5, 5, 5});
   ASSERT_TRUE(flat.ok());
   EXPECT_NEAR(flat->b, 0, 1e-12);
   // Pure noise around a constant: r2 near 0.
@@ -76,11 +79,16 @@ TEST(FitLineTest, RecoversKnownCoefficientsFromNoisyTimings) {
 }
 
 TEST(FitLineTest, RejectsDegenerateInput) {
-  EXPECT_EQ(FitLine(std::vector<double>{1}, std::vector<double>{1}).status().code(),
+  EXPECT_EQ(
+      FitLine(std::vector<double>{1}, std::vector<double>{1}).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(FitLine(std::vector<double>{1, 2}, std::vector<double>{1})
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FitLine(std::vector<double>{1, 2}, std::vector<double>{1}).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(FitLine(std::vector<double>{3, 3, 3}, std::vector<double>{1, 2, 3}).status().code(),
+  EXPECT_EQ(FitLine(std::vector<double>{3, 3, 3}, std::vector<double>{1, 2, 3})
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -88,14 +96,17 @@ TEST(LatencyProfileTest, InterpolatesInsideAndClampsBelowTheVerifyTable) {
   const LatencyProfile p = HandProfile();
   ASSERT_TRUE(p.Validate().ok()) << p.Validate();
   EXPECT_DOUBLE_EQ(p.VerifySeconds(100, 1), 1e-3);
-  EXPECT_DOUBLE_EQ(p.VerifySeconds(600, 1), 1.5e-3);    // halfway
-  EXPECT_DOUBLE_EQ(p.VerifySeconds(350, 3), 2.25e-3);   // a quarter
-  EXPECT_DOUBLE_EQ(p.VerifySeconds(0, 2), 1.5e-3);      // clamped below
-  EXPECT_DOUBLE_EQ(p.VerifySeconds(1100, 2), 2.5e-3);   // the last measured context
-  EXPECT_DOUBLE_EQ(p.VerifySeconds(100, 9), 2e-3);      // tokens clamped to max_draft+1
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(600, 1), 1.5e-3);   // halfway
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(350, 3), 2.25e-3);  // a quarter
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(0, 2), 1.5e-3);     // clamped below
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(1100, 2),
+                   2.5e-3);  // the last measured context
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(100, 9),
+                   2e-3);  // tokens clamped to max_draft+1
   EXPECT_DOUBLE_EQ(p.AttentionSeconds(1000), 1e-4 + 2e-5);
 
-  // The raw sublayer model: fixed + kept attention * t_attn(n) + kept MLP * t_mlp.
+  // The raw sublayer model: fixed + kept attention * t_attn(n) + kept MLP *
+  // t_mlp.
   LayerMask mask(4);
   EXPECT_DOUBLE_EQ(p.SublayerSeconds(mask, 1000), 5e-4 + 4 * 1.2e-4 + 4 * 3e-4);
   EXPECT_DOUBLE_EQ(p.FullStepSeconds(4, 1000), p.SublayerSeconds(mask, 1000));
@@ -114,14 +125,16 @@ TEST(LatencyProfileTest, ExtrapolatesVerifyCostPastTheLargestContext) {
   p.verify_seconds.clear();
   for (int64_t n : p.verify_contexts) {
     std::vector<double> row;
-    for (int t = 1; t <= 3; ++t) row.push_back((0.8 + 0.2 * t) * 1e-3 + t * 1e-6 * n);
+    for (int t = 1; t <= 3; ++t)
+      row.push_back((0.8 + 0.2 * t) * 1e-3 + t * 1e-6 * n);
     p.verify_seconds.push_back(row);
   }
   ASSERT_TRUE(p.Validate().ok()) << p.Validate();
   for (int t = 1; t <= 3; ++t) {
     EXPECT_NEAR(p.VerifySlope(t), t * 1e-6, 1e-15) << t;
     for (int64_t n : {1024, 1500, 4096, 16384}) {
-      EXPECT_NEAR(p.VerifySeconds(n, t), (0.8 + 0.2 * t) * 1e-3 + t * 1e-6 * n, 1e-12)
+      EXPECT_NEAR(p.VerifySeconds(n, t), (0.8 + 0.2 * t) * 1e-3 + t * 1e-6 * n,
+                  1e-12)
           << "n " << n << " t " << t;
     }
   }
@@ -132,7 +145,8 @@ TEST(LatencyProfileTest, ExtrapolatesVerifyCostPastTheLargestContext) {
   const double slope = p.VerifySlope(1);
   EXPECT_GT(slope, 0);
   EXPECT_DOUBLE_EQ(p.VerifySeconds(1024, 1), p.verify_seconds[2][0]);
-  EXPECT_NEAR(p.VerifySeconds(2024, 1), p.verify_seconds[2][0] + 1000 * slope, 1e-15);
+  EXPECT_NEAR(p.VerifySeconds(2024, 1), p.verify_seconds[2][0] + 1000 * slope,
+              1e-15);
   // A falling row (timing noise) extrapolates flat, never below the last point.
   p.verify_seconds[0][0] = 9e-3;
   EXPECT_DOUBLE_EQ(p.VerifySlope(1), 0);
@@ -149,11 +163,13 @@ TEST(LatencyProfileTest, ExtrapolatesVerifyCostPastTheLargestContext) {
 // Verifying more tokens never counts as cheaper than verifying fewer.
 TEST(LatencyProfileTest, VerifyCostIsNonDecreasingInTokens) {
   LatencyProfile p = HandProfile();
-  p.verify_seconds = {{1e-3, 0.9e-3, 1.2e-3}, {2e-3, 1.8e-3, 1.9e-3}};  // noisy rows
+  p.verify_seconds = {{1e-3, 0.9e-3, 1.2e-3},
+                      {2e-3, 1.8e-3, 1.9e-3}};  // noisy rows
   ASSERT_TRUE(p.Validate().ok());
   for (int64_t n : {0, 100, 600, 1100, 5000}) {
     for (int t = 2; t <= 3; ++t) {
-      EXPECT_GE(p.VerifySeconds(n, t), p.VerifySeconds(n, t - 1)) << "n " << n << " t " << t;
+      EXPECT_GE(p.VerifySeconds(n, t), p.VerifySeconds(n, t - 1))
+          << "n " << n << " t " << t;
     }
   }
   EXPECT_DOUBLE_EQ(p.VerifySeconds(100, 2), 1e-3);
@@ -181,9 +197,10 @@ TEST(LatencyProfileTest, DraftAndVerifyCostsShareOneBasis) {
   mask.set_skipped(2, true);  // a1
   mask.set_skipped(5, true);  // m2
   mask.set_skipped(7, true);  // m3
-  EXPECT_NEAR(p.DraftSeconds(mask, 1000), p.VerifySeconds(1000, 1) - scale * (1.2e-4 + 2 * 3e-4),
+  EXPECT_NEAR(p.DraftSeconds(mask, 1000),
+              p.VerifySeconds(1000, 1) - scale * (1.2e-4 + 2 * 3e-4), 1e-15);
+  EXPECT_NEAR(p.DraftSeconds(mask, 1000), scale * p.SublayerSeconds(mask, 1000),
               1e-15);
-  EXPECT_NEAR(p.DraftSeconds(mask, 1000), scale * p.SublayerSeconds(mask, 1000), 1e-15);
   EXPECT_LT(p.DraftSeconds(mask, 1000), p.DraftSeconds(LayerMask(4), 1000));
 }
 
@@ -218,11 +235,14 @@ TEST(LatencyProfileTest, RefusesCorruptFilesNamingThem) {
   const LatencyProfile good = HandProfile();
 
   // Not JSON.
-  std::string path = WriteFile(dir, "corrupt.json", "{\"format\": \"knapserve-lat");
+  std::string path =
+      WriteFile(dir, "corrupt.json", "{\"format\": \"knapserve-lat");
   auto loaded = LatencyProfile::Load(path);
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(loaded.status().message().find(path), std::string::npos) << loaded.status();
-  EXPECT_NE(loaded.status().message().find("not valid JSON"), std::string::npos);
+  EXPECT_NE(loaded.status().message().find(path), std::string::npos)
+      << loaded.status();
+  EXPECT_NE(loaded.status().message().find("not valid JSON"),
+            std::string::npos);
 
   // A missing field.
   std::string text = good.ToJson();
@@ -233,7 +253,8 @@ TEST(LatencyProfileTest, RefusesCorruptFilesNamingThem) {
   path = WriteFile(dir, "missing.json", missing);
   loaded = LatencyProfile::Load(path);
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(loaded.status().message().find(path), std::string::npos) << loaded.status();
+  EXPECT_NE(loaded.status().message().find(path), std::string::npos)
+      << loaded.status();
   EXPECT_EQ(loaded.status().message(),
             path + ": field \"mlp_seconds\": required but missing");
 
@@ -245,7 +266,8 @@ TEST(LatencyProfileTest, RefusesCorruptFilesNamingThem) {
   path = WriteFile(dir, "version.json", versioned);
   loaded = LatencyProfile::Load(path);
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(loaded.status().message().find("version 99"), std::string::npos) << loaded.status();
+  EXPECT_NE(loaded.status().message().find("version 99"), std::string::npos)
+      << loaded.status();
   EXPECT_NE(loaded.status().message().find(path), std::string::npos);
 
   // A verify table of the wrong shape.
@@ -254,17 +276,20 @@ TEST(LatencyProfileTest, RefusesCorruptFilesNamingThem) {
   path = WriteFile(dir, "table.json", bad.ToJson());
   loaded = LatencyProfile::Load(path);
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(loaded.status().message().find("verify_seconds"), std::string::npos) << loaded.status();
+  EXPECT_NE(loaded.status().message().find("verify_seconds"), std::string::npos)
+      << loaded.status();
 
   // A mistyped field.
   std::string typed = text;
   const size_t t = typed.find("\"threads\": 2");
   ASSERT_NE(t, std::string::npos);
-  typed.replace(t, std::string("\"threads\": 2").size(), "\"threads\": \"two\"");
+  typed.replace(t, std::string("\"threads\": 2").size(),
+                "\"threads\": \"two\"");
   loaded = LatencyProfile::FromJson(typed, "inline");
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(loaded.status().message(),
-            "inline: field \"threads\": expected an integer, got string \"two\"");
+  EXPECT_EQ(
+      loaded.status().message(),
+      "inline: field \"threads\": expected an integer, got string \"two\"");
 
   // A malformed element of a nested array is named by its indices.
   std::string nested = text;
@@ -274,7 +299,8 @@ TEST(LatencyProfileTest, RefusesCorruptFilesNamingThem) {
   nested.insert(first, "\"slow\", ");
   loaded = LatencyProfile::FromJson(nested, "nested.json");
   EXPECT_EQ(loaded.status().message(),
-            "nested.json: field \"verify_seconds[0][0]\": expected a number, got string "
+            "nested.json: field \"verify_seconds[0][0]\": expected a number, "
+            "got string "
             "\"slow\"");
 
   // No file at all.
@@ -307,7 +333,8 @@ TEST(ProfileModelTest, MeasuresAModel) {
   auto model = LlamaModel::Load(Stories260kDir(), ModelOptions());
   ASSERT_TRUE(model.ok()) << model.status();
   ProfileOptions options;
-  options.contexts = {16, 128, 256, 4096};  // 4096 does not fit (max 512): dropped
+  options.contexts = {16, 128, 256,
+                      4096};  // 4096 does not fit (max 512): dropped
   options.repeats = 3;
   options.warmup = 1;
   options.max_draft = 4;
@@ -324,16 +351,19 @@ TEST(ProfileModelTest, MeasuresAModel) {
   EXPECT_GT(profile->mlp_seconds, 0);
   EXPECT_GT(profile->AttentionSeconds(128), 0);
   EXPECT_GE(profile->step_fixed_seconds, 0);
-  EXPECT_TRUE(
-      profile->CheckMatches((*model)->config().Fingerprint(), "cpu", "fp32", profile->threads)
-          .ok());
+  EXPECT_TRUE(profile
+                  ->CheckMatches((*model)->config().Fingerprint(), "cpu",
+                                 "fp32", profile->threads)
+                  .ok());
 
   // Bad options.
   options.contexts = {16};
-  EXPECT_EQ(ProfileModel(**model, options).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ProfileModel(**model, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
   options.contexts = {16, 128};
   options.repeats = 0;
-  EXPECT_EQ(ProfileModel(**model, options).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ProfileModel(**model, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

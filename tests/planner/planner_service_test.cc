@@ -3,8 +3,6 @@
 // (executor/remote_planner_client.h), over real loopback gRPC in one process:
 // answers, errors, planned generation through the wire, and a planner that
 // dies mid-generation and comes back.
-#include "planner/planner_server.h"
-
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -17,6 +15,7 @@
 #include "common/wire/plan_codec.h"
 #include "executor/generator.h"
 #include "executor/remote_planner_client.h"
+#include "planner/planner_server.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -38,10 +37,12 @@ Fixture StartPlanner(const std::string& listen = "127.0.0.1:0") {
   Fixture f;
   f.model = CachedModel("stories260k");
   if (f.model == nullptr) return f;
-  auto planner = InProcessPlanner::Create(*f.model, HandLatencyProfile(*f.model), {});
+  auto planner =
+      InProcessPlanner::Create(*f.model, HandLatencyProfile(*f.model), {});
   EXPECT_TRUE(planner.ok()) << planner.status();
   f.planner = std::move(*planner);
-  auto server = PlannerServer::Start(f.planner.get(), f.model->num_layers(), listen);
+  auto server =
+      PlannerServer::Start(f.planner.get(), f.model->num_layers(), listen);
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return f;
   f.server = std::move(*server);
@@ -58,11 +59,13 @@ RemotePlannerOptions ClientOptions(const Fixture& f) {
   return options;
 }
 
-absl::StatusOr<DraftPlan> SubmitAndWait(PlannerClient& client, PlanRequest request) {
+absl::StatusOr<DraftPlan> SubmitAndWait(PlannerClient& client,
+                                        PlanRequest request) {
   auto promise = std::make_shared<std::promise<absl::StatusOr<DraftPlan>>>();
   auto future = promise->get_future();
-  client.Submit(std::move(request),
-                [promise](absl::StatusOr<DraftPlan> plan) { promise->set_value(std::move(plan)); });
+  client.Submit(std::move(request), [promise](absl::StatusOr<DraftPlan> plan) {
+    promise->set_value(std::move(plan));
+  });
   if (future.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
     return absl::DeadlineExceededError("no answer within 60 s");
   }
@@ -92,11 +95,13 @@ TEST(PlannerServiceTest, AnswersOverTheWireLikeTheInProcessPlanner) {
   PlanRequest other = ForwardPlanRequest(*f.model, 8, 20, 4);
   other.model_fingerprint = "llama-another-model";
   auto refused = SubmitAndWait(client, other);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused.status();
   PlanRequest bad = ForwardPlanRequest(*f.model, 9, 20, 4);
   bad.states = bad.states.narrow(0, 0, 3);  // not 2L+1 boundaries
   auto invalid = SubmitAndWait(client, bad);
-  EXPECT_EQ(invalid.status().code(), absl::StatusCode::kInvalidArgument) << invalid.status();
+  EXPECT_EQ(invalid.status().code(), absl::StatusCode::kInvalidArgument)
+      << invalid.status();
 }
 
 // A solve that throws behind the service answers that request
@@ -110,9 +115,11 @@ TEST(PlannerServiceTest, ASolveThatThrowsIsInternalAndTheServiceKeepsServing) {
   options.before_solve_for_tests = [](const PlanRequest& request) {
     TORCH_CHECK(request.step != 666, "injected solve fault");
   };
-  auto planner = InProcessPlanner::Create(*model, HandLatencyProfile(*model), options);
+  auto planner =
+      InProcessPlanner::Create(*model, HandLatencyProfile(*model), options);
   ASSERT_TRUE(planner.ok()) << planner.status();
-  auto server = PlannerServer::Start(planner->get(), model->num_layers(), "127.0.0.1:0");
+  auto server =
+      PlannerServer::Start(planner->get(), model->num_layers(), "127.0.0.1:0");
   ASSERT_TRUE(server.ok()) << server.status();
   Fixture f;
   f.model = model;
@@ -121,11 +128,14 @@ TEST(PlannerServiceTest, ASolveThatThrowsIsInternalAndTheServiceKeepsServing) {
   PlanRequest faulty = ForwardPlanRequest(*model, 5, 30, 4);
   faulty.step = 666;
   auto failed = SubmitAndWait(client, faulty);
-  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal) << failed.status();
-  EXPECT_NE(failed.status().message().find("injected solve fault"), std::string::npos)
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInternal)
+      << failed.status();
+  EXPECT_NE(failed.status().message().find("injected solve fault"),
+            std::string::npos)
       << failed.status();
   for (uint64_t sequence : {5, 6}) {
-    auto plan = SubmitAndWait(client, ForwardPlanRequest(*model, sequence, 30, 4));
+    auto plan =
+        SubmitAndWait(client, ForwardPlanRequest(*model, sequence, 30, 4));
     ASSERT_TRUE(plan.ok()) << sequence << ": " << plan.status();
   }
   EXPECT_EQ((*planner)->internal_errors(), 1);
@@ -154,13 +164,14 @@ TEST(PlannerServiceTest, PlannedGenerationThroughARemotePlannerIsLossless) {
   off.speculation.mode = SpeculationMode::kOff;
   auto ar = Generate(*f.model, *StoriesTokenizer(), off);
   ASSERT_TRUE(ar.ok()) << ar.status();
-  auto spec = Generate(*f.model, *StoriesTokenizer(), Planned(300), nullptr, nullptr, &client);
+  auto spec = Generate(*f.model, *StoriesTokenizer(), Planned(300), nullptr,
+                       nullptr, &client);
   ASSERT_TRUE(spec.ok()) << spec.status();
   EXPECT_EQ(spec->output_ids, ar->output_ids);
   EXPECT_GT(spec->stats.plan_requests, 0);
   std::printf("[ remote ] %lld plan requests, %zu applied, %lld bytes sent\n",
-              static_cast<long long>(spec->stats.plan_requests), spec->plans.size(),
-              static_cast<long long>(client.bytes_sent()));
+              static_cast<long long>(spec->stats.plan_requests),
+              spec->plans.size(), static_cast<long long>(client.bytes_sent()));
 }
 
 // The planner goes away mid-generation: decoding goes on (same output), and
@@ -171,7 +182,8 @@ TEST(PlannerServiceTest, SurvivesAPlannerRestart) {
   ASSERT_NE(f.server, nullptr);
   const int port = f.server->port();
   RemotePlannerClient client(ClientOptions(f));
-  ASSERT_TRUE(SubmitAndWait(client, ForwardPlanRequest(*f.model, 1, 30, 4)).ok());
+  ASSERT_TRUE(
+      SubmitAndWait(client, ForwardPlanRequest(*f.model, 1, 30, 4)).ok());
   EXPECT_EQ(client.connections(), 1);
 
   GenerationRequest off = Planned(400);
@@ -180,14 +192,16 @@ TEST(PlannerServiceTest, SurvivesAPlannerRestart) {
   ASSERT_TRUE(ar.ok());
   std::atomic<int> steps{0};
   std::thread killer([&] {
-    while (steps.load() < 40) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    while (steps.load() < 40)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     f.server.reset();  // the planner dies
   });
   auto spec = Generate(
       *f.model, *StoriesTokenizer(), Planned(400),
       [&](absl::Span<const int32_t>, std::string_view) {
         ++steps;
-        if (steps.load() > 40) std::this_thread::sleep_for(std::chrono::microseconds(300));
+        if (steps.load() > 40)
+          std::this_thread::sleep_for(std::chrono::microseconds(300));
         return true;
       },
       nullptr, &client);
@@ -202,7 +216,8 @@ TEST(PlannerServiceTest, SurvivesAPlannerRestart) {
   absl::StatusOr<DraftPlan> again = absl::UnavailableError("not tried");
   for (int attempt = 0; attempt < 50 && !again.ok(); ++attempt) {
     again = SubmitAndWait(client, ForwardPlanRequest(*f.model, 2, 30, 4));
-    if (!again.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!again.ok())
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_GE(client.connections(), 2);

@@ -23,12 +23,13 @@
 namespace knapserve {
 namespace {
 
-using testing::RandomModelDir;
 using testing::LoadModelOrFail;
+using testing::RandomModelDir;
 using testing::Stories260kDir;
 
-LatencyProfile ProfileFor(const LlamaModel& model, double attention = 1e-4, double mlp = 2e-4,
-                          double fixed = 1e-4, int max_draft = 10) {
+LatencyProfile ProfileFor(const LlamaModel& model, double attention = 1e-4,
+                          double mlp = 2e-4, double fixed = 1e-4,
+                          int max_draft = 10) {
   return testing::HandLatencyProfile(model, attention, mlp, fixed, max_draft);
 }
 
@@ -39,12 +40,13 @@ struct Snapshot {
 
 // Full forward over prefix + r random tokens (no gradient, one pass) with
 // boundary states captured: the planner inputs for the last r tokens.
-std::unique_ptr<Snapshot> MakeSnapshot(const LlamaModel& model, int64_t prefix, int64_t r,
-                                       uint64_t seed) {
+std::unique_ptr<Snapshot> MakeSnapshot(const LlamaModel& model, int64_t prefix,
+                                       int64_t r, uint64_t seed) {
   c10::InferenceMode guard;
   torch::manual_seed(seed);
   auto snap = std::make_unique<Snapshot>();
-  torch::Tensor ids = torch::randint(3, model.config().vocab_size, {prefix + r}, torch::kInt64);
+  torch::Tensor ids =
+      torch::randint(3, model.config().vocab_size, {prefix + r}, torch::kInt64);
   snap->kv = model.AllocateKv(prefix + r);
   torch::Tensor boundaries;
   ForwardOptions options;
@@ -54,7 +56,8 @@ std::unique_ptr<Snapshot> MakeSnapshot(const LlamaModel& model, int64_t prefix, 
   in.states = boundaries.narrow(1, prefix, r).contiguous();
   in.first_position = prefix;
   torch::Tensor top = logits.narrow(0, prefix, r).argmax(-1);
-  for (int64_t i = 0; i < r; ++i) in.target_argmax.push_back(top[i].item<int64_t>());
+  for (int64_t i = 0; i < r; ++i)
+    in.target_argmax.push_back(top[i].item<int64_t>());
   in.prefix_kv = &snap->kv;
   in.prefix_len = prefix;
   in.context_length = prefix + r;
@@ -63,7 +66,8 @@ std::unique_ptr<Snapshot> MakeSnapshot(const LlamaModel& model, int64_t prefix, 
 }
 
 TEST(SolveKnapSpecTest, PlansOnStories260k) {
-  if (!testing::HaveStories260k()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
+  if (!testing::HaveStories260k())
+    GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
   auto model = LoadModelOrFail(Stories260kDir());
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/48, /*r=*/16, /*seed=*/3);
@@ -82,19 +86,23 @@ TEST(SolveKnapSpecTest, PlansOnStories260k) {
   EXPECT_FALSE(plan->mask.skip_attention(0) || plan->mask.skip_mlp(0));
   EXPECT_FALSE(plan->mask.skip_attention(4) || plan->mask.skip_mlp(4));
   std::printf(
-      "[ stories260k ] plan: mask '%s' gamma %d alpha_hat %.3f cosine %.4f tpt %.1f "
+      "[ stories260k ] plan: mask '%s' gamma %d alpha_hat %.3f cosine %.4f tpt "
+      "%.1f "
       "(AR %.1f) from %d candidates in %.2f ms\n",
-      plan->mask.ToString().c_str(), plan->gamma, plan->alpha_hat, plan->mean_cosine,
-      plan->predicted_tpt, plan->baseline_tpt, plan->num_candidates, 1e3 * plan->solve_seconds);
+      plan->mask.ToString().c_str(), plan->gamma, plan->alpha_hat,
+      plan->mean_cosine, plan->predicted_tpt, plan->baseline_tpt,
+      plan->num_candidates, 1e3 * plan->solve_seconds);
 
   // The same pieces by hand give the same plan.
   auto runner = ModelSublayerRunner::Create(*model, &snap->kv, 48, 48);
   ASSERT_TRUE(runner.ok());
-  const SublayerWeights w = ComputeSublayerWeights(1e-4, 2e-4, options.weight_cap);
+  const SublayerWeights w =
+      ComputeSublayerWeights(1e-4, 2e-4, options.weight_cap);
   EXPECT_EQ(w.attention, 1);
   EXPECT_EQ(w.mlp, 2);
   auto candidates =
-      SolveKnapsack(*runner, snap->inputs.states, snap->inputs.target_argmax, w, KnapsackOptions());
+      SolveKnapsack(*runner, snap->inputs.states, snap->inputs.target_argmax, w,
+                    KnapsackOptions());
   ASSERT_TRUE(candidates.ok());
   EXPECT_EQ(static_cast<int>(candidates->size()), plan->num_candidates);
   EXPECT_GE(plan->num_evaluated, 0);
@@ -102,7 +110,8 @@ TEST(SolveKnapSpecTest, PlansOnStories260k) {
   std::vector<TptCandidate> tc;
   for (const SkipCandidate& c : *candidates) {
     // r = 16 reference tokens, smoothed with the default Beta(1, 1) prior.
-    tc.push_back({SmoothAlpha(c.alpha_hat, 16, AlphaPrior()), profile.DraftSeconds(c.mask, 64)});
+    tc.push_back({SmoothAlpha(c.alpha_hat, 16, AlphaPrior()),
+                  profile.DraftSeconds(c.mask, 64)});
   }
   std::vector<double> verify;
   for (int t = 1; t <= 11; ++t) verify.push_back(profile.VerifySeconds(64, t));
@@ -112,12 +121,14 @@ TEST(SolveKnapSpecTest, PlansOnStories260k) {
   EXPECT_DOUBLE_EQ(plan->predicted_tpt, choice->tpt);
   if (choice->candidate >= 0) {
     EXPECT_EQ(plan->mask, (*candidates)[choice->candidate].mask);
-    EXPECT_DOUBLE_EQ(plan->alpha_hat, (*candidates)[choice->candidate].alpha_hat);
+    EXPECT_DOUBLE_EQ(plan->alpha_hat,
+                     (*candidates)[choice->candidate].alpha_hat);
     EXPECT_DOUBLE_EQ(plan->alpha_smoothed, tc[choice->candidate].alpha);
   }
 }
 
-TEST(SolveKnapSpecTest, SpeculatesWhenDraftsAreCheapAndAcceptedAndNotOtherwise) {
+TEST(SolveKnapSpecTest,
+     SpeculatesWhenDraftsAreCheapAndAcceptedAndNotOtherwise) {
   auto model = LoadModelOrFail(RandomModelDir("tiny-llama"));
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/20, /*r=*/12, /*seed=*/1);
@@ -135,13 +146,15 @@ TEST(SolveKnapSpecTest, SpeculatesWhenDraftsAreCheapAndAcceptedAndNotOtherwise) 
   cheap.step_fixed_seconds = 0;
   cheap.attention = {1e-9, 0, 1};
   cheap.mlp_seconds = 1e-9;
-  for (auto& row : cheap.verify_seconds) std::fill(row.begin(), row.end(), 1e-3);
+  for (auto& row : cheap.verify_seconds)
+    std::fill(row.begin(), row.end(), 1e-3);
   auto plan = SolveKnapSpec(*model, cheap, snap->inputs, options);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->gamma > 0 && plan->mask.empty()) << plan->mask.ToString();
   if (plan->gamma > 0) {
     EXPECT_GT(plan->predicted_tpt, plan->baseline_tpt);
-    EXPECT_DOUBLE_EQ(plan->alpha_smoothed, SmoothAlpha(plan->alpha_hat, 12, AlphaPrior()));
+    EXPECT_DOUBLE_EQ(plan->alpha_smoothed,
+                     SmoothAlpha(plan->alpha_hat, 12, AlphaPrior()));
   }
   // A draft accepted on every reference token speculates: make the targets
   // the argmax of the DP's candidate that skips the most.
@@ -153,14 +166,16 @@ TEST(SolveKnapSpecTest, SpeculatesWhenDraftsAreCheapAndAcceptedAndNotOtherwise) 
     dp.tau = -1;
     dp.keep_first_and_last = false;
     torch::Tensor final_states;
-    auto candidates = SolveKnapsack(*runner, snap->inputs.states, {}, {1, 1}, dp, nullptr,
-                                    &final_states);
+    auto candidates = SolveKnapsack(*runner, snap->inputs.states, {}, {1, 1},
+                                    dp, nullptr, &final_states);
     ASSERT_TRUE(candidates.ok()) << candidates.status();
     ASSERT_GT(candidates->back().skipped_weight, 0);
     c10::InferenceMode guard;
-    auto top = runner->TopTokens(final_states.narrow(0, final_states.size(0) - 1, 1));
+    auto top =
+        runner->TopTokens(final_states.narrow(0, final_states.size(0) - 1, 1));
     ASSERT_TRUE(top.ok());
-    for (int64_t i = 0; i < 12; ++i) agreeing.target_argmax[i] = (*top)[0][i].item<int64_t>();
+    for (int64_t i = 0; i < 12; ++i)
+      agreeing.target_argmax[i] = (*top)[0][i].item<int64_t>();
   }
   plan = SolveKnapSpec(*model, cheap, agreeing, options);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -172,7 +187,8 @@ TEST(SolveKnapSpecTest, SpeculatesWhenDraftsAreCheapAndAcceptedAndNotOtherwise) 
   // decoding, whatever the drafts cost.
   LatencyProfile dear = ProfileFor(*model, 1e-3, 1e-3, 1e-3);
   for (auto& row : dear.verify_seconds) {
-    for (size_t t = 0; t < row.size(); ++t) row[t] = 1e-4 * static_cast<double>(t + 1);
+    for (size_t t = 0; t < row.size(); ++t)
+      row[t] = 1e-4 * static_cast<double>(t + 1);
   }
   for (const PlanInputs* in : {&snap->inputs, &agreeing}) {
     plan = SolveKnapSpec(*model, dear, *in, options);
@@ -202,10 +218,12 @@ TEST(SolveStaticTest, TheEmptyMaskNeverBeatsPlainDecoding) {
   cheap.step_fixed_seconds = 0;
   cheap.attention = {1e-9, 0, 1};
   cheap.mlp_seconds = 1e-9;
-  for (auto& row : cheap.verify_seconds) std::fill(row.begin(), row.end(), 1e-3);
+  for (auto& row : cheap.verify_seconds)
+    std::fill(row.begin(), row.end(), 1e-3);
   profiles.push_back(cheap);
   for (int i = 0; i < 30; ++i) {
-    LatencyProfile p = ProfileFor(*model, 1e-5 + 1e-4 * u(rng), 1e-5 + 1e-4 * u(rng), 1e-4 * u(rng));
+    LatencyProfile p = ProfileFor(*model, 1e-5 + 1e-4 * u(rng),
+                                  1e-5 + 1e-4 * u(rng), 1e-4 * u(rng));
     // Noisy verify rows, some of them cheaper for more tokens.
     for (auto& row : p.verify_seconds) {
       for (double& v : row) v = 1e-4 + 1e-3 * u(rng);
@@ -216,8 +234,8 @@ TEST(SolveStaticTest, TheEmptyMaskNeverBeatsPlainDecoding) {
     for (size_t i = 0; i < profiles.size(); ++i) {
       StaticOptions options;
       options.alpha_prior = prior;
-      auto plan = SolveStatic(*model, profiles[i], snap->inputs, LayerMask(model->num_layers()),
-                              options);
+      auto plan = SolveStatic(*model, profiles[i], snap->inputs,
+                              LayerMask(model->num_layers()), options);
       ASSERT_TRUE(plan.ok()) << plan.status();
       EXPECT_DOUBLE_EQ(plan->alpha_hat, 1.0);
       EXPECT_EQ(plan->gamma, 0) << "profile " << i << " prior " << prior.hits;
@@ -253,13 +271,16 @@ TEST(SolveStaticTest, APerfectShareFromFiveTokensDoesNotPickTheLargestGamma) {
       if (!mask->skipped(s)) h = *runner->Apply(s, h);
     }
     torch::Tensor top = *runner->TopTokens(h);
-    for (int64_t i = 0; i < 5; ++i) snap->inputs.target_argmax[i] = top[0][i].item<int64_t>();
+    for (int64_t i = 0; i < 5; ++i)
+      snap->inputs.target_argmax[i] = top[0][i].item<int64_t>();
   }
   // MLPs dominate (a skipped MLP saves 40% of the step) and verification
   // grows 2% per token (HandLatencyProfile).
-  const LatencyProfile profile = ProfileFor(*model, /*attention=*/1e-5, /*mlp=*/4e-4,
-                                            /*fixed=*/1e-5);
-  auto plan = SolveStatic(*model, profile, snap->inputs, *mask, StaticOptions());
+  const LatencyProfile profile =
+      ProfileFor(*model, /*attention=*/1e-5, /*mlp=*/4e-4,
+                 /*fixed=*/1e-5);
+  auto plan =
+      SolveStatic(*model, profile, snap->inputs, *mask, StaticOptions());
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_DOUBLE_EQ(plan->alpha_hat, 1.0);
   EXPECT_DOUBLE_EQ(plan->alpha_smoothed, 6.0 / 7.0);
@@ -325,13 +346,15 @@ TEST(SolveKnapSpecTest, PricesThePlanAtTheMeanContextOfItsLife) {
   lived.plan_lifetime_tokens = -1;
   auto bad = SolveKnapSpec(*model, profile, lived, options);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("plan_lifetime_tokens"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("plan_lifetime_tokens"),
+            std::string::npos);
 }
 
 // Measuring alpha_hat lazily in order of the best possible TPT gives the
 // plan that measuring every candidate gives.
 TEST(SolveKnapSpecTest, LazyAlphaGivesTheSamePlanAsMeasuringEveryCandidate) {
-  std::vector<std::string> dirs = {RandomModelDir("tiny-llama"), RandomModelDir("tiny-qwen3")};
+  std::vector<std::string> dirs = {RandomModelDir("tiny-llama"),
+                                   RandomModelDir("tiny-qwen3")};
   if (testing::HaveStories260k()) dirs.push_back(Stories260kDir());
   int skipped = 0;
   int speculated = 0;
@@ -347,11 +370,13 @@ TEST(SolveKnapSpecTest, LazyAlphaGivesTheSamePlanAsMeasuringEveryCandidate) {
         for (double growth : {0.0, 0.05, 0.3}) {
           LatencyProfile profile = ProfileFor(*model, attention, 1e-4, 2e-5);
           for (auto& row : profile.verify_seconds) {
-            for (size_t t = 0; t < row.size(); ++t) row[t] = row[0] * (1 + growth * t);
+            for (size_t t = 0; t < row.size(); ++t)
+              row[t] = row[0] * (1 + growth * t);
           }
           for (double tau : {-1.0, 0.5}) {
-            SCOPED_TRACE(absl::StrCat(dir, " seed ", seed, " attention ", attention, " growth ",
-                                      growth, " tau ", tau));
+            SCOPED_TRACE(absl::StrCat(dir, " seed ", seed, " attention ",
+                                      attention, " growth ", growth, " tau ",
+                                      tau));
             KnapSpecOptions options;
             options.tau = tau;
             options.keep_first_and_last = model->num_layers() > 2;
@@ -377,8 +402,9 @@ TEST(SolveKnapSpecTest, LazyAlphaGivesTheSamePlanAsMeasuringEveryCandidate) {
       }
     }
   }
-  std::printf("[ lazy alpha ] %d solves, %d speculated, %d measured fewer candidates\n", solves,
-              speculated, skipped);
+  std::printf(
+      "[ lazy alpha ] %d solves, %d speculated, %d measured fewer candidates\n",
+      solves, speculated, skipped);
   EXPECT_GT(skipped, solves / 2);
   EXPECT_GT(speculated, 0);
 }
@@ -413,17 +439,21 @@ TEST(SolveKnapSpecTest, CapsTheReferenceTokensTheDpUses) {
     EXPECT_DOUBLE_EQ(capped->predicted_tpt, truncated->predicted_tpt);
     // alpha_hat is a share of 16 tokens, not of 24.
     if (capped->gamma > 0) {
-      EXPECT_DOUBLE_EQ(capped->alpha_hat * 16, std::round(capped->alpha_hat * 16));
-      EXPECT_DOUBLE_EQ(capped->alpha_smoothed, SmoothAlpha(capped->alpha_hat, 16, AlphaPrior()));
+      EXPECT_DOUBLE_EQ(capped->alpha_hat * 16,
+                       std::round(capped->alpha_hat * 16));
+      EXPECT_DOUBLE_EQ(capped->alpha_smoothed,
+                       SmoothAlpha(capped->alpha_hat, 16, AlphaPrior()));
     }
     if (all->gamma > 0) {
-      EXPECT_DOUBLE_EQ(all->alpha_smoothed, SmoothAlpha(all->alpha_hat, 24, AlphaPrior()));
+      EXPECT_DOUBLE_EQ(all->alpha_smoothed,
+                       SmoothAlpha(all->alpha_hat, 24, AlphaPrior()));
     }
   }
   options.max_reference_tokens = -1;
   auto bad = SolveKnapSpec(*model, profile, snap->inputs, options);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.status().message().find("max_reference_tokens"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("max_reference_tokens"),
+            std::string::npos);
 }
 
 TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
@@ -438,14 +468,16 @@ TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
   // Two layers with first and last kept: nothing to skip.
   auto plan = SolveKnapSpec(*model, profile, snap->inputs, KnapSpecOptions());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(plan.status().message().find("nothing to skip"), std::string::npos) << plan.status();
+  EXPECT_NE(plan.status().message().find("nothing to skip"), std::string::npos)
+      << plan.status();
 
   // A profile for another model or dtype.
   LatencyProfile other = profile;
   other.model_fingerprint = "ffffffffffffffff";
   plan = SolveKnapSpec(*model, other, snap->inputs, free);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(plan.status().message().find("ffffffffffffffff"), std::string::npos);
+  EXPECT_NE(plan.status().message().find("ffffffffffffffff"),
+            std::string::npos);
   other = profile;
   other.dtype = "bf16";
   EXPECT_EQ(SolveKnapSpec(*model, other, snap->inputs, free).status().code(),
@@ -460,7 +492,8 @@ TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
   auto expect_invalid = [&](const PlanInputs& in, const std::string& needle) {
     auto p = SolveKnapSpec(*model, profile, in, free);
     EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << needle;
-    EXPECT_NE(p.status().message().find(needle), std::string::npos) << p.status();
+    EXPECT_NE(p.status().message().find(needle), std::string::npos)
+        << p.status();
   };
   PlanInputs in = snap->inputs;
   in.states = in.states.narrow(0, 0, 4);
@@ -492,12 +525,14 @@ TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
   bad.weight_tolerance = -0.1;
   plan = SolveKnapSpec(*model, profile, snap->inputs, bad);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(plan.status().message().find("weight_tolerance"), std::string::npos);
+  EXPECT_NE(plan.status().message().find("weight_tolerance"),
+            std::string::npos);
   bad = free;
   bad.alpha_prior.misses = -1;
   plan = SolveKnapSpec(*model, profile, snap->inputs, bad);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(plan.status().message().find("alpha_prior.misses"), std::string::npos);
+  EXPECT_NE(plan.status().message().find("alpha_prior.misses"),
+            std::string::npos);
 
   // prefix_len past first_position is fine (the executor's cache also holds
   // the reference tokens' K/V): the DP uses the first first_position.
@@ -513,7 +548,8 @@ TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
 }
 
 TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
-  if (!testing::HaveStories260k()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
+  if (!testing::HaveStories260k())
+    GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
   auto model = LoadModelOrFail(Stories260kDir());
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/40, /*r=*/10, /*seed=*/4);
@@ -525,7 +561,8 @@ TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
     ASSERT_TRUE(plan.ok()) << plan.status();
     int skipped_layers = 0;
     for (int l = 0; l < model->num_layers(); ++l) {
-      EXPECT_EQ(plan->mask.skip_attention(l), plan->mask.skip_mlp(l)) << "layer " << l;
+      EXPECT_EQ(plan->mask.skip_attention(l), plan->mask.skip_mlp(l))
+          << "layer " << l;
       if (plan->mask.skip_attention(l)) ++skipped_layers;
     }
     EXPECT_EQ(skipped_layers, m);
@@ -538,7 +575,8 @@ TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
     // alpha_hat is measured on all r tokens: it agrees with EvaluateMask.
     auto runner = ModelSublayerRunner::Create(*model, &snap->kv, 40, 40);
     ASSERT_TRUE(runner.ok());
-    auto eval = EvaluateMask(*runner, snap->inputs.states, snap->inputs.target_argmax, plan->mask);
+    auto eval = EvaluateMask(*runner, snap->inputs.states,
+                             snap->inputs.target_argmax, plan->mask);
     ASSERT_TRUE(eval.ok());
     EXPECT_DOUBLE_EQ(plan->alpha_hat, eval->alpha_hat);
   }
@@ -563,19 +601,22 @@ TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
 }
 
 TEST(SolveStaticTest, MeasuresTheGivenMaskAndPicksGamma) {
-  if (!testing::HaveStories260k()) GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
+  if (!testing::HaveStories260k())
+    GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
   auto model = LoadModelOrFail(Stories260kDir());
   ASSERT_NE(model, nullptr);
   auto snap = MakeSnapshot(*model, /*prefix=*/40, /*r=*/10, /*seed=*/5);
   const LatencyProfile profile = ProfileFor(*model);
   auto mask = LayerMask::Parse("a2,m2,m3", 5);
   ASSERT_TRUE(mask.ok());
-  auto plan = SolveStatic(*model, profile, snap->inputs, *mask, StaticOptions());
+  auto plan =
+      SolveStatic(*model, profile, snap->inputs, *mask, StaticOptions());
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->mask, *mask);
   auto runner = ModelSublayerRunner::Create(*model, &snap->kv, 40, 40);
   ASSERT_TRUE(runner.ok());
-  auto eval = EvaluateMask(*runner, snap->inputs.states, snap->inputs.target_argmax, *mask);
+  auto eval = EvaluateMask(*runner, snap->inputs.states,
+                           snap->inputs.target_argmax, *mask);
   ASSERT_TRUE(eval.ok());
   EXPECT_DOUBLE_EQ(plan->alpha_hat, eval->alpha_hat);
   std::vector<double> verify;
@@ -586,13 +627,16 @@ TEST(SolveStaticTest, MeasuresTheGivenMaskAndPicksGamma) {
   EXPECT_EQ(plan->gamma, choice->gamma);
 
   // The empty mask is the full model: alpha_hat 1.
-  plan = SolveStatic(*model, profile, snap->inputs, LayerMask(5), StaticOptions());
+  plan =
+      SolveStatic(*model, profile, snap->inputs, LayerMask(5), StaticOptions());
   ASSERT_TRUE(plan.ok());
   EXPECT_DOUBLE_EQ(plan->alpha_hat, 1.0);
   EXPECT_NEAR(plan->mean_cosine, 1.0, 1e-5);
   // A mask for another model.
   EXPECT_EQ(
-      SolveStatic(*model, profile, snap->inputs, LayerMask(4), StaticOptions()).status().code(),
+      SolveStatic(*model, profile, snap->inputs, LayerMask(4), StaticOptions())
+          .status()
+          .code(),
       absl::StatusCode::kInvalidArgument);
 }
 
@@ -615,16 +659,20 @@ TEST(SolveKnapSpecBenchmark, DISABLED_SolveTimeOnSmollm2Shape) {
   auto profile = ProfileModel(*model, po);
   ASSERT_TRUE(profile.ok()) << profile.status();
   std::printf(
-      "[ profile ] t_attn(n) = %.3g + %.3g n s (r2 %.3f); t_mlp %.3g s; fixed %.3g s; "
+      "[ profile ] t_attn(n) = %.3g + %.3g n s (r2 %.3f); t_mlp %.3g s; fixed "
+      "%.3g s; "
       "t_verify(512, 1) %.3g s, (4096, 1) %.3g s, (4096, 11) %.3g s\n",
-      profile->attention.a, profile->attention.b, profile->attention.r2, profile->mlp_seconds,
-      profile->step_fixed_seconds, profile->VerifySeconds(512, 1), profile->VerifySeconds(4096, 1),
+      profile->attention.a, profile->attention.b, profile->attention.r2,
+      profile->mlp_seconds, profile->step_fixed_seconds,
+      profile->VerifySeconds(512, 1), profile->VerifySeconds(4096, 1),
       profile->VerifySeconds(4096, 11));
   for (int64_t n : {512, 4096}) {
     std::printf(
-        "[ profile ] n=%lld: sublayer model of the full step %.4f s vs measured "
+        "[ profile ] n=%lld: sublayer model of the full step %.4f s vs "
+        "measured "
         "t_verify(n, 1) %.4f s\n",
-        static_cast<long long>(n), profile->FullStepSeconds(model->num_layers(), n),
+        static_cast<long long>(n),
+        profile->FullStepSeconds(model->num_layers(), n),
         profile->VerifySeconds(n, 1));
   }
 
@@ -632,17 +680,21 @@ TEST(SolveKnapSpecBenchmark, DISABLED_SolveTimeOnSmollm2Shape) {
   const int64_t max_r = 30;
   torch::manual_seed(1);
   std::vector<LayerKv> kv = model->AllocateKv(4096 + max_r);
-  torch::Tensor prompt = torch::randint(3, model->config().vocab_size, {4096}, torch::kInt64);
+  torch::Tensor prompt =
+      torch::randint(3, model->config().vocab_size, {4096}, torch::kInt64);
   auto start = std::chrono::steady_clock::now();
   model->Prefill(prompt, 0, kv);
-  std::printf("[ prefill ] 4096 random ids in %.1f s\n",
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  std::printf(
+      "[ prefill ] 4096 random ids in %.1f s\n",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count());
   for (int64_t context : {512, 4096}) {
     for (int64_t r : {10, 30}) {
       // The reference tokens: a full forward over r ids at positions
       // context.. (this overwrites the prefill's K/V past `context`, which the
       // DP does not read).
-      torch::Tensor ids = torch::randint(3, model->config().vocab_size, {r}, torch::kInt64);
+      torch::Tensor ids =
+          torch::randint(3, model->config().vocab_size, {r}, torch::kInt64);
       torch::Tensor boundaries;
       ForwardOptions fo;
       fo.boundary_states = &boundaries;
@@ -670,19 +722,22 @@ TEST(SolveKnapSpecBenchmark, DISABLED_SolveTimeOnSmollm2Shape) {
       variants[2].options.max_reference_tokens = 0;
       variants[2].options.lazy_alpha = false;
       for (const Variant& v : variants) {
-        const SublayerWeights w =
-            ComputeSublayerWeights(profile->AttentionSeconds(context + r), profile->MlpSeconds(),
-                                   v.options.weight_cap, v.options.weight_tolerance);
+        const SublayerWeights w = ComputeSublayerWeights(
+            profile->AttentionSeconds(context + r), profile->MlpSeconds(),
+            v.options.weight_cap, v.options.weight_tolerance);
         auto plan = SolveKnapSpec(*model, *profile, in, v.options);  // warm-up
         ASSERT_TRUE(plan.ok()) << plan.status();
         plan = SolveKnapSpec(*model, *profile, in, v.options);
         ASSERT_TRUE(plan.ok()) << plan.status();
         std::printf(
-            "[ smollm2-135m bf16 ] n=%lld r=%lld %s: weights attn/mlp %d/%d, solve %.3f s, "
-            "%d candidates (%d measured), gamma %d, alpha_hat %.2f, mask '%s'\n",
-            static_cast<long long>(context), static_cast<long long>(r), v.name, w.attention,
-            w.mlp, plan->solve_seconds, plan->num_candidates, plan->num_evaluated, plan->gamma,
-            plan->alpha_hat, plan->mask.ToString().c_str());
+            "[ smollm2-135m bf16 ] n=%lld r=%lld %s: weights attn/mlp %d/%d, "
+            "solve %.3f s, "
+            "%d candidates (%d measured), gamma %d, alpha_hat %.2f, mask "
+            "'%s'\n",
+            static_cast<long long>(context), static_cast<long long>(r), v.name,
+            w.attention, w.mlp, plan->solve_seconds, plan->num_candidates,
+            plan->num_evaluated, plan->gamma, plan->alpha_hat,
+            plan->mask.ToString().c_str());
       }
     }
   }

@@ -59,7 +59,8 @@ const LlamaModel* Model() { return testing::CachedModel("tiny-llama"); }
 TEST(ProfileCacheTest, MissMeasuresAndStoresThenHitDoesNotMeasure) {
   const LlamaModel* model = Model();
   ASSERT_NE(model, nullptr);
-  const std::string dir = testing::MakeTempDir("profile_cache") + "/nested/profiles";
+  const std::string dir =
+      testing::MakeTempDir("profile_cache") + "/nested/profiles";
   Fixture f(*model);
 
   auto first = ObtainProfile(f.key, InCache(dir), f.Measure(*model));
@@ -108,7 +109,8 @@ TEST(ProfileCacheTest, DifferentDtypeOrThreadsAreDifferentEntries) {
     EXPECT_EQ(got->profile.threads, f->key.threads);
   }
   int files = 0;
-  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir)) ++files;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir))
+    ++files;
   EXPECT_EQ(files, 3);
   // Each key now hits its own entry.
   for (Fixture* f : {&base, &bf16, &threads}) {
@@ -136,13 +138,15 @@ TEST(ProfileCacheTest, CorruptOrMismatchedEntryIsMeasuredAgainWithAWarning) {
   const std::string entry = (fs::path(dir) / f.key.FileName()).string();
 
   // Not JSON (a write cut short by hand, say).
-  std::ofstream(entry) << "{\"format\": \"knapserve-latency-profile\", \"version\": ";
+  std::ofstream(entry)
+      << "{\"format\": \"knapserve-latency-profile\", \"version\": ";
   auto got = ObtainProfile(f.key, InCache(dir), f.Measure(*model));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->origin, ProfileOrigin::kMeasured);
   EXPECT_EQ(f.calls, 1);
   ASSERT_THAT(got->warnings, SizeIs(1));
-  EXPECT_THAT(got->warnings[0], AllOf(HasSubstr(entry), HasSubstr("measuring it again")));
+  EXPECT_THAT(got->warnings[0],
+              AllOf(HasSubstr(entry), HasSubstr("measuring it again")));
   // The entry was replaced by a good one.
   auto again = ObtainProfile(f.key, InCache(dir), f.Measure(*model));
   ASSERT_TRUE(again.ok()) << again.status();
@@ -182,7 +186,8 @@ TEST(ProfileCacheTest, ProfileFileWinsOverTheCache) {
   ASSERT_NE(model, nullptr);
   const std::string dir = testing::MakeTempDir("profile_cache");
   Fixture f(*model);
-  ASSERT_TRUE(ObtainProfile(f.key, InCache(dir), f.Measure(*model)).ok());  // fills the cache
+  ASSERT_TRUE(ObtainProfile(f.key, InCache(dir), f.Measure(*model))
+                  .ok());  // fills the cache
   const std::string file = testing::MakeTempDir("profile_file") + "/p.json";
   LatencyProfile given = testing::HandLatencyProfile(*model, 1e-4, 7e-4);
   ASSERT_TRUE(given.Save(file).ok());
@@ -210,10 +215,12 @@ TEST(ProfileCacheTest, UnwritableOrMissingCacheIsAWarning) {
   ASSERT_NE(model, nullptr);
   // A regular file where the cache folder should be: it cannot be created
   // (true for root too, unlike a permission bit).
-  const std::string blocker = testing::MakeTempDir("profile_cache") + "/not_a_folder";
+  const std::string blocker =
+      testing::MakeTempDir("profile_cache") + "/not_a_folder";
   std::ofstream(blocker) << "x";
   Fixture f(*model);
-  auto got = ObtainProfile(f.key, InCache(blocker + "/profiles"), f.Measure(*model));
+  auto got =
+      ObtainProfile(f.key, InCache(blocker + "/profiles"), f.Measure(*model));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->origin, ProfileOrigin::kMeasured);
   EXPECT_EQ(got->path, "");
@@ -232,10 +239,11 @@ TEST(ProfileCacheTest, MeasureErrorsAreReturned) {
   const LlamaModel* model = Model();
   ASSERT_NE(model, nullptr);
   Fixture f(*model);
-  auto got = ObtainProfile(f.key, InCache(testing::MakeTempDir("profile_cache")),
-                           []() -> absl::StatusOr<LatencyProfile> {
-                             return absl::InternalError("torch threw");
-                           });
+  auto got =
+      ObtainProfile(f.key, InCache(testing::MakeTempDir("profile_cache")),
+                    []() -> absl::StatusOr<LatencyProfile> {
+                      return absl::InternalError("torch threw");
+                    });
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInternal);
 }
 
@@ -273,7 +281,8 @@ TEST(ProfileCacheTest, CacheDirComesFromFlagThenEnvironment) {
     ScopedEnv no_cache("KNAPSERVE_PROFILE_CACHE", std::nullopt);
     EXPECT_EQ(ProfileCacheDir(""), "/c/xdg/knapserve/profiles");
     {
-      ScopedEnv relative_xdg("XDG_CACHE_HOME", "relative");  // ignored, as XDG says
+      ScopedEnv relative_xdg("XDG_CACHE_HOME",
+                             "relative");  // ignored, as XDG says
       EXPECT_EQ(ProfileCacheDir(""), "/c/home/.cache/knapserve/profiles");
       ScopedEnv no_home("HOME", std::nullopt);
       EXPECT_EQ(ProfileCacheDir(""), "");
@@ -288,7 +297,8 @@ TEST(ProfileCacheTest, QuickOptionsFitTheModel) {
   EXPECT_EQ(options.repeats, 5);
   EXPECT_EQ(options.max_draft, 10);
   ASSERT_FALSE(options.contexts.empty());
-  for (int64_t n : options.contexts) EXPECT_LE(n + 11, model->max_context()) << n;
+  for (int64_t n : options.contexts)
+    EXPECT_LE(n + 11, model->max_context()) << n;
   EXPECT_EQ(options.contexts.back(), model->max_context() - 11);
 }
 

@@ -17,7 +17,8 @@ TEST(TptTest, ExpectedTokensMatchesTheGeometricSeries) {
     for (int gamma = 0; gamma <= 10; ++gamma) {
       double sum = 0;
       for (int k = 0; k <= gamma; ++k) sum += std::pow(a, k);
-      EXPECT_NEAR(ExpectedTokensPerStep(a, gamma), sum, 1e-12) << a << " " << gamma;
+      EXPECT_NEAR(ExpectedTokensPerStep(a, gamma), sum, 1e-12)
+          << a << " " << gamma;
     }
   }
   // a == 1: the limit gamma + 1, and continuous next to it.
@@ -75,14 +76,16 @@ TEST(TptTest, GridMatchesBruteForceOnRandomTables) {
     double best = 1.0 / verify[0];
     for (const TptCandidate& c : candidates) {
       for (int g = 1; g <= d; ++g) {
-        best = std::max(best, TokensPerSecond(c.alpha, g, c.draft_seconds, verify[g]));
+        best = std::max(
+            best, TokensPerSecond(c.alpha, g, c.draft_seconds, verify[g]));
       }
     }
     EXPECT_DOUBLE_EQ(choice->tpt, best);
     if (choice->candidate >= 0) {
       const TptCandidate& c = candidates[choice->candidate];
-      EXPECT_DOUBLE_EQ(
-          TokensPerSecond(c.alpha, choice->gamma, c.draft_seconds, verify[choice->gamma]), best);
+      EXPECT_DOUBLE_EQ(TokensPerSecond(c.alpha, choice->gamma, c.draft_seconds,
+                                       verify[choice->gamma]),
+                       best);
       EXPECT_GT(choice->tpt, choice->baseline_tpt);
     }
   }
@@ -107,18 +110,26 @@ TEST(TptTest, SaysNoSpeculationWhenNothingBeatsAutoregressive) {
 TEST(TptTest, RejectsBadInputs) {
   const std::vector<double> verify = {0.01, 0.02, 0.03};
   const std::vector<TptCandidate> ok = {{0.5, 0.001}};
-  EXPECT_EQ(MaximizeTpt(ok, verify, 0).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MaximizeTpt(ok, verify, 3).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MaximizeTpt(ok, std::vector<double>{0.01, 0.0, 0.03}, 2).status().code(),
+  EXPECT_EQ(MaximizeTpt(ok, verify, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MaximizeTpt(std::vector<TptCandidate>{{1.5, 0.001}}, verify, 2).status().code(),
+  EXPECT_EQ(MaximizeTpt(ok, verify, 3).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MaximizeTpt(std::vector<TptCandidate>{{0.5, 0.0}}, verify, 2).status().code(),
+  EXPECT_EQ(
+      MaximizeTpt(ok, std::vector<double>{0.01, 0.0, 0.03}, 2).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MaximizeTpt(std::vector<TptCandidate>{{1.5, 0.001}}, verify, 2)
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MaximizeTpt(std::vector<TptCandidate>{{NAN, 0.01}}, verify, 2).status().code(),
+  EXPECT_EQ(MaximizeTpt(std::vector<TptCandidate>{{0.5, 0.0}}, verify, 2)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MaximizeTpt(std::vector<TptCandidate>{{NAN, 0.01}}, verify, 2)
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
-
 
 TEST(TptTest, SmoothsAlphaWithABetaPrior) {
   // Laplace's rule of succession for the default Beta(1, 1).
@@ -127,7 +138,8 @@ TEST(TptTest, SmoothsAlphaWithABetaPrior) {
   EXPECT_DOUBLE_EQ(SmoothAlpha(0.6, 5, AlphaPrior()), 4.0 / 7.0);
   EXPECT_DOUBLE_EQ(SmoothAlpha(1.0, 16, AlphaPrior()), 17.0 / 18.0);
   // Shrinks toward the prior mean, less with more tokens.
-  EXPECT_LT(SmoothAlpha(1.0, 5, AlphaPrior()), SmoothAlpha(1.0, 50, AlphaPrior()));
+  EXPECT_LT(SmoothAlpha(1.0, 5, AlphaPrior()),
+            SmoothAlpha(1.0, 50, AlphaPrior()));
   EXPECT_NEAR(SmoothAlpha(0.9, 100000, AlphaPrior()), 0.9, 1e-4);
   // {0, 0}: no smoothing; r = 0 with no prior: the share itself.
   EXPECT_DOUBLE_EQ(SmoothAlpha(1.0, 5, AlphaPrior{0, 0}), 1.0);
@@ -150,8 +162,9 @@ TEST(TptTest, APerfectShareFromFiveTokensNoLongerDrivesGammaToTheMaximum) {
   auto raw = MaximizeTpt(std::vector<TptCandidate>{{1.0, draft}}, verify, 10);
   ASSERT_TRUE(raw.ok());
   EXPECT_EQ(raw->gamma, 10);  // what 5 of 5 did before smoothing
-  auto smoothed =
-      MaximizeTpt(std::vector<TptCandidate>{{SmoothAlpha(1.0, 5, AlphaPrior()), draft}}, verify, 10);
+  auto smoothed = MaximizeTpt(
+      std::vector<TptCandidate>{{SmoothAlpha(1.0, 5, AlphaPrior()), draft}},
+      verify, 10);
   ASSERT_TRUE(smoothed.ok());
   EXPECT_GT(smoothed->gamma, 0);
   EXPECT_LT(smoothed->gamma, 10);
@@ -201,7 +214,8 @@ TEST(TptTest, LazySearchMatchesTheFullGridAndSkipsHopelessCandidates) {
     EXPECT_DOUBLE_EQ(lazy->baseline_tpt, eager->baseline_tpt);
     EXPECT_EQ(eager->num_evaluated, count);
     EXPECT_EQ(lazy->num_evaluated, static_cast<int>(asked.size()));
-    for (int i : asked) EXPECT_EQ(asked.count(i), 1u) << "candidate " << i << " asked twice";
+    for (int i : asked)
+      EXPECT_EQ(asked.count(i), 1u) << "candidate " << i << " asked twice";
     // A candidate it never asked about could not have won.
     for (int c = 0; c < count; ++c) {
       if (asked.count(c) > 0) continue;
@@ -219,11 +233,12 @@ TEST(TptTest, LazySearchStopsAtTheBaselineAndPassesErrorsThrough) {
   // Verifying two tokens costs two steps: no draft can beat plain decoding,
   // so no alpha is measured at all.
   int calls = 0;
-  auto choice = MaximizeTptLazily(std::vector<double>{0.001, 0.002}, 1.0, verify, 2,
-                                  [&](int) -> absl::StatusOr<double> {
-                                    ++calls;
-                                    return 1.0;
-                                  });
+  auto choice =
+      MaximizeTptLazily(std::vector<double>{0.001, 0.002}, 1.0, verify, 2,
+                        [&](int) -> absl::StatusOr<double> {
+                          ++calls;
+                          return 1.0;
+                        });
   ASSERT_TRUE(choice.ok());
   EXPECT_EQ(choice->gamma, 0);
   EXPECT_EQ(calls, 0);
@@ -245,7 +260,8 @@ TEST(TptTest, LazySearchStopsAtTheBaselineAndPassesErrorsThrough) {
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(MaximizeTptLazily({}, 1.5, flat, 2, [](int) -> absl::StatusOr<double> { return 0.5; })
+  EXPECT_EQ(MaximizeTptLazily({}, 1.5, flat, 2,
+                              [](int) -> absl::StatusOr<double> { return 0.5; })
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

@@ -13,7 +13,8 @@ namespace {
 
 ABSL_CONST_INIT absl::Mutex mu(absl::kConstInit);
 // The folders MakeTempDir made and TempDirEnvironment has not removed yet.
-std::vector<std::string>& BinaryLifetimeDirs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+std::vector<std::string>& BinaryLifetimeDirs()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
   static auto* dirs = new std::vector<std::string>();
   return *dirs;
 }
@@ -21,7 +22,8 @@ std::vector<std::string>& BinaryLifetimeDirs() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu)
 // mkdtemp under temp_directory_path() ($TMPDIR, else /tmp).
 std::string CreateTempDir(const std::string& prefix) {
   std::error_code error;
-  const std::filesystem::path base = std::filesystem::temp_directory_path(error);
+  const std::filesystem::path base =
+      std::filesystem::temp_directory_path(error);
   if (error) {
     ADD_FAILURE() << "no temporary folder: " << error.message();
     return "";
@@ -38,12 +40,14 @@ void RemoveTree(const std::string& path) {
   if (path.empty()) return;
   std::error_code error;
   std::filesystem::remove_all(path, error);
-  if (error) ADD_FAILURE() << "cannot remove " << path << ": " << error.message();
+  if (error)
+    ADD_FAILURE() << "cannot remove " << path << ": " << error.message();
 }
 
 }  // namespace
 
-ScopedTempDir::ScopedTempDir(const std::string& prefix) : path_(CreateTempDir(prefix)) {}
+ScopedTempDir::ScopedTempDir(const std::string& prefix)
+    : path_(CreateTempDir(prefix)) {}
 
 ScopedTempDir::~ScopedTempDir() { RemoveTree(path_); }
 

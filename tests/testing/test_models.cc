@@ -1,5 +1,6 @@
 #include "tests/testing/test_models.h"
 
+#include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
@@ -13,11 +14,10 @@
 #include "absl/synchronization/mutex.h"
 #include "common/model/llama.h"
 #include "common/plan/planner_client.h"
-#include <c10/core/InferenceMode.h>
 #include "common/text/tokenizer.h"
 #include "testing/build_paths.h"
-#include "tools/shared_data.h"
 #include "tools/make_model.h"
+#include "tools/shared_data.h"
 
 namespace knapserve::testing {
 namespace {
@@ -33,16 +33,18 @@ std::map<std::string, std::string>* random_model_dirs ABSL_GUARDED_BY(mu)
 // CachedModel's loaded models by name (made on first use); models_mu is held
 // across a load, so a model loads once even when several threads ask for it.
 ABSL_CONST_INIT absl::Mutex models_mu(absl::kConstInit);
-std::map<std::string, std::unique_ptr<LlamaModel>>* cached_models ABSL_GUARDED_BY(models_mu)
-    ABSL_PT_GUARDED_BY(models_mu) = nullptr;
+std::map<std::string, std::unique_ptr<LlamaModel>>* cached_models
+    ABSL_GUARDED_BY(models_mu) ABSL_PT_GUARDED_BY(models_mu) = nullptr;
 
 }  // namespace
 
-std::string RandomModelDir(const std::string& shape, uint64_t seed, const std::string& dtype) {
+std::string RandomModelDir(const std::string& shape, uint64_t seed,
+                           const std::string& dtype) {
   const std::string key = absl::StrCat(shape, "/", seed, "/", dtype);
   {
     absl::MutexLock lock(&mu);
-    if (random_model_dirs == nullptr) random_model_dirs = new std::map<std::string, std::string>();
+    if (random_model_dirs == nullptr)
+      random_model_dirs = new std::map<std::string, std::string>();
     auto it = random_model_dirs->find(key);
     if (it != random_model_dirs->end()) return it->second;
   }
@@ -68,7 +70,9 @@ bool HaveStories260k() {
          std::filesystem::exists(Stories260kDir() + "/tokenizer.json");
 }
 
-std::string SharedModelDir(const std::string& name) { return SharedPath("models/" + name); }
+std::string SharedModelDir(const std::string& name) {
+  return SharedPath("models/" + name);
+}
 
 bool HaveSharedModel(const std::string& name) {
   const std::string dir = SharedModelDir(name);
@@ -83,7 +87,8 @@ bool HaveShared(const std::string& relative) {
 
 std::string NeedsSharedMessage(const std::string& relative) {
   std::error_code ec;
-  const std::string path = std::filesystem::absolute(SharedPath(relative), ec).string();
+  const std::string path =
+      std::filesystem::absolute(SharedPath(relative), ec).string();
   return absl::StrCat("needs <shared>/", relative, " (not found at ", path,
                       "); set KNAPSERVE_SHARED to the shared data folder");
 }
@@ -92,13 +97,15 @@ void SetUpTestEnvironment() {
   const char* shared = std::getenv("KNAPSERVE_SHARED");
   if (shared == nullptr) {
     const std::filesystem::path beside =
-        (std::filesystem::path(kSourceDir) / ".." / "shared").lexically_normal();
+        (std::filesystem::path(kSourceDir) / ".." / "shared")
+            .lexically_normal();
     std::error_code ec;
     if (std::filesystem::is_directory(beside, ec)) {
       setenv("KNAPSERVE_SHARED", beside.c_str(), /*overwrite=*/0);
     }
   }
-  setenv("KNAPSERVE_PROFILE_CACHE", MakeTempDir("profile_cache").c_str(), /*overwrite=*/1);
+  setenv("KNAPSERVE_PROFILE_CACHE", MakeTempDir("profile_cache").c_str(),
+         /*overwrite=*/1);
 }
 
 const LlamaModel* CachedModel(const std::string& name) {
@@ -106,7 +113,8 @@ const LlamaModel* CachedModel(const std::string& name) {
   if (cached_models == nullptr) {
     cached_models = new std::map<std::string, std::unique_ptr<LlamaModel>>();
   }
-  if (auto it = cached_models->find(name); it != cached_models->end()) return it->second.get();
+  if (auto it = cached_models->find(name); it != cached_models->end())
+    return it->second.get();
   std::string shape = name;
   ModelOptions options;
   if (const size_t slash = name.find('/'); slash != std::string::npos) {
@@ -118,7 +126,7 @@ const LlamaModel* CachedModel(const std::string& name) {
   }
   // The bundled stories260k, a trained checkpoint in <shared>/models by that
   // name, else a make-model shape.
-  const std::string dir = shape == "stories260k"  ? Stories260kDir()
+  const std::string dir = shape == "stories260k"   ? Stories260kDir()
                           : HaveSharedModel(shape) ? SharedModelDir(shape)
                                                    : RandomModelDir(shape);
   if (dir.empty()) return nullptr;
@@ -137,11 +145,12 @@ const Tokenizer* StoriesTokenizer() {
   return tokenizer;
 }
 
-PlanRequest ForwardPlanRequest(const LlamaModel& model, uint64_t sequence_id, int64_t prefix,
-                               int64_t r) {
+PlanRequest ForwardPlanRequest(const LlamaModel& model, uint64_t sequence_id,
+                               int64_t prefix, int64_t r) {
   c10::InferenceMode guard;
   torch::manual_seed(static_cast<uint64_t>(sequence_id));
-  torch::Tensor ids = torch::randint(3, model.config().vocab_size, {prefix + r}, torch::kInt64);
+  torch::Tensor ids =
+      torch::randint(3, model.config().vocab_size, {prefix + r}, torch::kInt64);
   std::vector<LayerKv> kv = model.AllocateKv(prefix + r);
   torch::Tensor boundaries;
   ForwardOptions options;
@@ -157,14 +166,15 @@ PlanRequest ForwardPlanRequest(const LlamaModel& model, uint64_t sequence_id, in
   request.states = boundaries.narrow(1, prefix, r).contiguous();
   request.first_position = prefix;
   torch::Tensor argmax = logits.narrow(0, prefix, r).argmax(-1);
-  for (int64_t i = 0; i < r; ++i) request.target_argmax.push_back(argmax[i].item<int32_t>());
+  for (int64_t i = 0; i < r; ++i)
+    request.target_argmax.push_back(argmax[i].item<int32_t>());
   request.kv = std::move(kv);
   request.kv_length = prefix;
   return request;
 }
 
-LatencyProfile HandLatencyProfile(const LlamaModel& model, double attention, double mlp,
-                                  double fixed, int max_draft) {
+LatencyProfile HandLatencyProfile(const LlamaModel& model, double attention,
+                                  double mlp, double fixed, int max_draft) {
   LatencyProfile p;
   p.model_fingerprint = model.config().Fingerprint();
   p.device = model.device().str();
@@ -179,7 +189,8 @@ LatencyProfile HandLatencyProfile(const LlamaModel& model, double attention, dou
   const double full = fixed + model.num_layers() * (attention + mlp);
   for (int c = 0; c < 2; ++c) {
     std::vector<double> row;
-    for (int t = 1; t <= max_draft + 1; ++t) row.push_back(full * (1 + 0.02 * (t - 1)));
+    for (int t = 1; t <= max_draft + 1; ++t)
+      row.push_back(full * (1 + 0.02 * (t - 1)));
     p.verify_seconds.push_back(row);
   }
   return p;

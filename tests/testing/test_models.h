@@ -21,7 +21,7 @@
 namespace knapserve {
 class LlamaModel;
 class Tokenizer;
-}
+}  // namespace knapserve
 
 namespace knapserve::testing {
 
@@ -37,7 +37,8 @@ std::string Stories260kDir();
 // Whether stories260k (weights and tokenizer) is there; tests skip without it.
 bool HaveStories260k();
 
-// <shared>/models/<name>, and whether it holds a checkpoint ("stories-24l", ...).
+// <shared>/models/<name>, and whether it holds a checkpoint ("stories-24l",
+// ...).
 std::string SharedModelDir(const std::string& name);
 bool HaveSharedModel(const std::string& name);
 
@@ -49,18 +50,18 @@ std::string NeedsSharedMessage(const std::string& relative);
 
 // In a test body (or SetUp): skip the test unless <shared>/<relative>
 // exists, or unless <shared>/models/<name> holds a checkpoint.
-#define KNAPSERVE_SKIP_WITHOUT_SHARED(relative)                                         \
-  do {                                                                                  \
-    if (!::knapserve::testing::HaveShared(relative)) {                                  \
-      GTEST_SKIP() << ::knapserve::testing::NeedsSharedMessage(relative);               \
-    }                                                                                   \
+#define KNAPSERVE_SKIP_WITHOUT_SHARED(relative)                           \
+  do {                                                                    \
+    if (!::knapserve::testing::HaveShared(relative)) {                    \
+      GTEST_SKIP() << ::knapserve::testing::NeedsSharedMessage(relative); \
+    }                                                                     \
   } while (0)
-#define KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL(name)                                       \
-  do {                                                                                  \
-    if (!::knapserve::testing::HaveSharedModel(name)) {                                 \
-      GTEST_SKIP() << ::knapserve::testing::NeedsSharedMessage(                         \
-          std::string("models/") + std::string(name));                                  \
-    }                                                                                   \
+#define KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL(name)               \
+  do {                                                          \
+    if (!::knapserve::testing::HaveSharedModel(name)) {         \
+      GTEST_SKIP() << ::knapserve::testing::NeedsSharedMessage( \
+          std::string("models/") + std::string(name));          \
+    }                                                           \
   } while (0)
 
 // Called by main() before the tests run: sets KNAPSERVE_SHARED to the
@@ -83,14 +84,15 @@ const Tokenizer* StoriesTokenizer();
 // A knapspec plan request for `model` from one full forward over prefix + r
 // random tokens (seeded by sequence_id): the last r tokens' boundary states,
 // their argmax, and the prefix K/V (kv_length = prefix).
-PlanRequest ForwardPlanRequest(const LlamaModel& model, uint64_t sequence_id, int64_t prefix,
-                               int64_t r);
+PlanRequest ForwardPlanRequest(const LlamaModel& model, uint64_t sequence_id,
+                               int64_t prefix, int64_t r);
 
 // A hand-made latency profile keyed for `model`: attention and MLP sublayers
 // cost `attention` and `mlp` seconds at every context, `fixed` per step, and
 // verifying t tokens costs the full step plus 2% per extra token.
-LatencyProfile HandLatencyProfile(const LlamaModel& model, double attention = 1e-4,
-                                  double mlp = 2e-4, double fixed = 1e-4, int max_draft = 10);
+LatencyProfile HandLatencyProfile(const LlamaModel& model,
+                                  double attention = 1e-4, double mlp = 2e-4,
+                                  double fixed = 1e-4, int max_draft = 10);
 
 }  // namespace knapserve::testing
 

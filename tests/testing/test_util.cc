@@ -10,11 +10,14 @@
 
 namespace knapserve::testing {
 
-std::string Message(const absl::Status& status) { return std::string(status.message()); }
+std::string Message(const absl::Status& status) {
+  return std::string(status.message());
+}
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  return std::string(std::istreambuf_iterator<char>(in),
+                     std::istreambuf_iterator<char>());
 }
 
 void WriteFile(const std::string& path, std::string_view contents) {
@@ -24,7 +27,8 @@ void WriteFile(const std::string& path, std::string_view contents) {
   EXPECT_TRUE(out.good()) << "cannot write " << path;
 }
 
-std::unique_ptr<LlamaModel> LoadModelOrFail(const std::string& dir, c10::ScalarType dtype) {
+std::unique_ptr<LlamaModel> LoadModelOrFail(const std::string& dir,
+                                            c10::ScalarType dtype) {
   ModelOptions options;
   options.dtype = dtype;
   auto model = LlamaModel::Load(dir, options);

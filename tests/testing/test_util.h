@@ -31,8 +31,8 @@ std::string ReadFile(const std::string& path);
 void WriteFile(const std::string& path, std::string_view contents);
 
 // LlamaModel::Load(dir) in `dtype`; nullptr and a test failure on error.
-std::unique_ptr<LlamaModel> LoadModelOrFail(const std::string& dir,
-                                            c10::ScalarType dtype = c10::ScalarType::Float);
+std::unique_ptr<LlamaModel> LoadModelOrFail(
+    const std::string& dir, c10::ScalarType dtype = c10::ScalarType::Float);
 
 // Tokenizer::FromFile(path); nullptr and a test failure on error.
 std::unique_ptr<Tokenizer> LoadTokenizerOrFail(const std::string& path);

@@ -3,6 +3,7 @@
 // and checks exit codes and error messages.
 #include <fcntl.h>
 #include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -18,13 +19,12 @@
 #include "absl/strings/str_cat.h"
 #include "common/text/tokenizer.h"
 #include "knapserve/v1/generation.grpc.pb.h"
-#include <grpcpp/grpcpp.h>
 #include "nlohmann/json.hpp"
 #include "testing/build_paths.h"
-#include "tools/shared_data.h"
 #include "tests/testing/test_models.h"
 #include "tests/testing/test_util.h"
 #include "tools/prompt_set.h"
+#include "tools/shared_data.h"
 
 extern char** environ;
 
@@ -40,25 +40,31 @@ using testing::ReadFile;
 // (tools/models/stories260k/PROVENANCE.md: the text llama2.c64 prints).
 const std::vector<int32_t> kZooPromptIds = {1, 410, 469, 347};
 const std::vector<int32_t> kZooGreedyIds = {
-    286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411,
-    322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426,
-    338, 391, 266, 267, 337, 335, 312, 432, 398, 358, 279, 292, 416, 439, 413, 391, 267, 337, 335};
+    286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410,
+    408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394,
+    261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312,
+    432, 398, 358, 279, 292, 416, 439, 413, 391, 267, 337, 335};
 
 struct Outcome {
-  int exit_code = -1;  // the child's exit status; -1 if it did not exit normally
+  int exit_code =
+      -1;  // the child's exit status; -1 if it did not exit normally
   std::string out;
   std::string err;
 };
 
 // This process's environment with `changes` applied: "NAME=VALUE" sets,
 // "NAME" removes.
-std::vector<std::string> EnvironmentWith(const std::vector<std::string>& changes) {
+std::vector<std::string> EnvironmentWith(
+    const std::vector<std::string>& changes) {
   std::vector<std::string> env;
-  auto name_of = [](const std::string& entry) { return entry.substr(0, entry.find('=')); };
+  auto name_of = [](const std::string& entry) {
+    return entry.substr(0, entry.find('='));
+  };
   for (char** e = environ; *e != nullptr; ++e) {
     const std::string entry = *e;
     bool changed = false;
-    for (const std::string& change : changes) changed |= name_of(change) == name_of(entry);
+    for (const std::string& change : changes)
+      changed |= name_of(change) == name_of(entry);
     if (!changed) env.push_back(entry);
   }
   for (const std::string& change : changes) {
@@ -91,7 +97,8 @@ Outcome RunProcess(std::vector<std::string> argv_strings,
   env.push_back(nullptr);
   Outcome outcome;
   pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), env.data());
+  const int spawned =
+      posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), env.data());
   posix_spawn_file_actions_destroy(&actions);
   if (spawned != 0) {
     ADD_FAILURE() << "cannot start " << argv[0] << ": error " << spawned;
@@ -115,11 +122,12 @@ Outcome RunKnapserve(const std::vector<std::string>& args,
   return RunProcess(std::move(argv), env_changes);
 }
 
-std::string Describe(const std::vector<std::string>& args, const Outcome& outcome) {
+std::string Describe(const std::vector<std::string>& args,
+                     const Outcome& outcome) {
   std::string command = "knapserve";
   for (const std::string& a : args) absl::StrAppend(&command, " ", a);
-  return absl::StrCat(command, "\nexit ", outcome.exit_code, "\nstdout:\n", outcome.out,
-                      "\nstderr:\n", outcome.err);
+  return absl::StrCat(command, "\nexit ", outcome.exit_code, "\nstdout:\n",
+                      outcome.out, "\nstderr:\n", outcome.err);
 }
 
 // Runs and expects exit 0 and stdout holding one JSON value.
@@ -127,14 +135,17 @@ nlohmann::json RunJson(const std::vector<std::string>& args,
                        const std::vector<std::string>& env_changes = {}) {
   const Outcome outcome = RunKnapserve(args, env_changes);
   EXPECT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
-  nlohmann::json parsed = nlohmann::json::parse(outcome.out, nullptr, /*allow_exceptions=*/false);
-  EXPECT_FALSE(parsed.is_discarded()) << "stdout is not JSON\n" << Describe(args, outcome);
+  nlohmann::json parsed =
+      nlohmann::json::parse(outcome.out, nullptr, /*allow_exceptions=*/false);
+  EXPECT_FALSE(parsed.is_discarded()) << "stdout is not JSON\n"
+                                      << Describe(args, outcome);
   return parsed;
 }
 
 // Appends the model and thread flags (Abseil takes flags anywhere).
 std::vector<std::string> Stories(std::vector<std::string> args) {
-  args.insert(args.end(), {"--model", knapserve::testing::Stories260kDir(), "--threads", "1"});
+  args.insert(args.end(), {"--model", knapserve::testing::Stories260kDir(),
+                           "--threads", "1"});
   return args;
 }
 
@@ -146,9 +157,11 @@ std::vector<int32_t> Ids(const nlohmann::json& value) {
 // A tiny random model written by `knapserve make-model` itself (once).
 const std::string& TinyModelDir() {
   static const std::string* dir = [] {
-    auto* path = new std::string(knapserve::testing::MakeTempDir("cli_model") + "/tiny");
-    const std::vector<std::string> args = {"make-model", "--shape", "tiny-llama", "--out", *path,
-                                           "--dtype", "fp32"};
+    auto* path =
+        new std::string(knapserve::testing::MakeTempDir("cli_model") + "/tiny");
+    const std::vector<std::string> args = {
+        "make-model", "--shape", "tiny-llama", "--out",
+        *path,        "--dtype", "fp32"};
     const Outcome outcome = RunKnapserve(args);
     EXPECT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
     return path;
@@ -162,12 +175,14 @@ std::vector<std::string> Tiny(std::vector<std::string> args) {
 }
 
 TEST(KnapserveCliTest, GreedyGenerateReproducesGoldenIds) {
-  const nlohmann::json out = RunJson(Stories(
-      {"generate", "--prompt", "Zoo", "--max-new-tokens", "57", "--temperature", "0", "--json"}));
+  const nlohmann::json out =
+      RunJson(Stories({"generate", "--prompt", "Zoo", "--max-new-tokens", "57",
+                       "--temperature", "0", "--json"}));
   EXPECT_THAT(Ids(out["prompt_ids"]), ElementsAreArray(kZooPromptIds));
   EXPECT_THAT(Ids(out["output_ids"]), ElementsAreArray(kZooGreedyIds));
   ASSERT_TRUE(out["text"].is_string());
-  EXPECT_THAT(out["text"].get<std::string>(), HasSubstr("was a little girl named Lily"));
+  EXPECT_THAT(out["text"].get<std::string>(),
+              HasSubstr("was a little girl named Lily"));
   for (const char* key : {"prefill_tokens_per_s", "decode_tokens_per_s"}) {
     ASSERT_TRUE(out.contains(key)) << key;
     EXPECT_GT(out[key].get<double>(), 0) << key;
@@ -175,17 +190,19 @@ TEST(KnapserveCliTest, GreedyGenerateReproducesGoldenIds) {
   EXPECT_EQ(out["finish_reason"], "length");
   EXPECT_EQ(out["spec"], "off");
   const nlohmann::json& spec = out["speculation"];
-  for (const char* key : {"drafts", "draft_tokens", "accepted_tokens", "accepted_per_position",
-                          "acceptance_rate", "mean_acceptance_length"}) {
+  for (const char* key :
+       {"drafts", "draft_tokens", "accepted_tokens", "accepted_per_position",
+        "acceptance_rate", "mean_acceptance_length"}) {
     EXPECT_TRUE(spec.contains(key)) << key;
   }
   EXPECT_EQ(spec["drafts"], 0);
 }
 
 TEST(KnapserveCliTest, StaticSpeculationGivesTheSameGreedyIds) {
-  const nlohmann::json out = RunJson(
-      Stories({"generate", "--prompt", "Zoo", "--max-new-tokens", "57", "--temperature", "0",
-               "--spec", "static", "--skip", "a1,m3", "--max-draft", "4", "--json"}));
+  const nlohmann::json out =
+      RunJson(Stories({"generate", "--prompt", "Zoo", "--max-new-tokens", "57",
+                       "--temperature", "0", "--spec", "static", "--skip",
+                       "a1,m3", "--max-draft", "4", "--json"}));
   EXPECT_THAT(Ids(out["prompt_ids"]), ElementsAreArray(kZooPromptIds));
   EXPECT_THAT(Ids(out["output_ids"]), ElementsAreArray(kZooGreedyIds));
   EXPECT_EQ(out["spec"], "static");
@@ -193,7 +210,8 @@ TEST(KnapserveCliTest, StaticSpeculationGivesTheSameGreedyIds) {
   EXPECT_EQ(out["max_draft"], 4);
   const nlohmann::json& spec = out["speculation"];
   EXPECT_GT(spec["drafts"].get<int64_t>(), 0);
-  EXPECT_LE(spec["accepted_tokens"].get<int64_t>(), spec["draft_tokens"].get<int64_t>());
+  EXPECT_LE(spec["accepted_tokens"].get<int64_t>(),
+            spec["draft_tokens"].get<int64_t>());
   EXPECT_LE(spec["accepted_per_position"].size(), 4u);
   EXPECT_GE(spec["mean_acceptance_length"].get<double>(), 1.0);
 }
@@ -202,7 +220,8 @@ TEST(KnapserveCliTest, StaticSpeculationGivesTheSameGreedyIds) {
 // --spec knapspec|clasp then plans with.
 const std::string& StoriesProfile() {
   static const std::string* path = [] {
-    auto* file = new std::string(knapserve::testing::MakeTempDir("cli_profile") + "/p.json");
+    auto* file = new std::string(
+        knapserve::testing::MakeTempDir("cli_profile") + "/p.json");
     const std::vector<std::string> args =
         Stories({"profile", "--out", *file, "--profile-repeats", "3",
                  "--profile-contexts", "32,128,256"});
@@ -215,27 +234,35 @@ const std::string& StoriesProfile() {
 }
 
 TEST(KnapserveCliTest, ProfileThenPlannedGenerationGivesTheSameGreedyIds) {
-  const nlohmann::json profile = nlohmann::json::parse(ReadFile(StoriesProfile()), nullptr, false);
+  const nlohmann::json profile =
+      nlohmann::json::parse(ReadFile(StoriesProfile()), nullptr, false);
   ASSERT_FALSE(profile.is_discarded());
   EXPECT_EQ(profile["device"], "cpu");
   EXPECT_EQ(profile["dtype"], "fp32");
-  const std::vector<std::string> base = {"generate", "--prompt", "Once upon a time",
-                                         "--max-new-tokens", "150", "--temperature", "0",
-                                         "--ignore-eos", "--json"};
+  const std::vector<std::string> base = {"generate",
+                                         "--prompt",
+                                         "Once upon a time",
+                                         "--max-new-tokens",
+                                         "150",
+                                         "--temperature",
+                                         "0",
+                                         "--ignore-eos",
+                                         "--json"};
   std::vector<std::string> off_args = base;
   const nlohmann::json off = RunJson(Stories(off_args));
   for (const char* mode : {"knapspec", "clasp"}) {
     std::vector<std::string> args = base;
-    args.insert(args.end(), {"--spec", mode, "--profile", StoriesProfile(), "--plan-interval",
-                             "8", "--reference-steps", "3", "--clasp-layers", "2"});
+    args.insert(args.end(), {"--spec", mode, "--profile", StoriesProfile(),
+                             "--plan-interval", "8", "--reference-steps", "3",
+                             "--clasp-layers", "2"});
     const nlohmann::json out = RunJson(Stories(args));
     EXPECT_EQ(Ids(out["output_ids"]), Ids(off["output_ids"])) << mode;
     EXPECT_EQ(out["spec"], mode);
     EXPECT_GT(out["plan_requests"].get<int64_t>(), 0) << mode;
     ASSERT_TRUE(out["plans"].is_array());
     for (const nlohmann::json& plan : out["plans"]) {
-      for (const char* key : {"step", "mask", "gamma", "alpha_hat", "predicted_tpt",
-                              "solve_seconds", "age_steps"}) {
+      for (const char* key : {"step", "mask", "gamma", "alpha_hat",
+                              "predicted_tpt", "solve_seconds", "age_steps"}) {
         EXPECT_TRUE(plan.contains(key)) << key;
       }
     }
@@ -246,7 +273,8 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
   const knapserve::testing::ScopedTempDir temp("cli_bad_profile");
   const std::string& dir = temp.path();
   {
-    std::ofstream(dir + "/corrupt.json") << "{\"version\": 1, \"model_fingerprint\": ";
+    std::ofstream(dir + "/corrupt.json")
+        << "{\"version\": 1, \"model_fingerprint\": ";
   }
   struct Case {
     std::vector<std::string> args;
@@ -254,19 +282,24 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
     bool tiny = false;  // run on the tiny model instead of stories260k
   };
   const std::vector<Case> cases = {
-      {{"generate", "--prompt", "Hi", "--spec", "clasp", "--profile", dir + "/missing.json"},
+      {{"generate", "--prompt", "Hi", "--spec", "clasp", "--profile",
+        dir + "/missing.json"},
        "missing.json"},
-      {{"generate", "--prompt", "Hi", "--spec", "knapspec", "--profile", dir + "/corrupt.json"},
+      {{"generate", "--prompt", "Hi", "--spec", "knapspec", "--profile",
+        dir + "/corrupt.json"},
        "corrupt.json"},
       // A profile of the stories model for the tiny one: the key differs.
-      {{"generate", "--prompt", "Hi", "--spec", "knapspec", "--profile", StoriesProfile()},
+      {{"generate", "--prompt", "Hi", "--spec", "knapspec", "--profile",
+        StoriesProfile()},
        "knapserve profile",
        true},
       {{"generate", "--prompt", "Hi", "--spec", "knapsack"}, "knapsack"},
-      {{"profile", "--out", dir + "/p.json", "--profile-contexts", "100000"}, "profile-contexts"},
+      {{"profile", "--out", dir + "/p.json", "--profile-contexts", "100000"},
+       "profile-contexts"},
   };
   for (const Case& c : cases) {
-    const std::vector<std::string> args = c.tiny ? Tiny(c.args) : Stories(c.args);
+    const std::vector<std::string> args =
+        c.tiny ? Tiny(c.args) : Stories(c.args);
     const Outcome outcome = RunKnapserve(args);
     EXPECT_NE(outcome.exit_code, 0) << Describe(args, outcome);
     EXPECT_THAT(outcome.err, HasSubstr(c.expected)) << Describe(args, outcome);
@@ -286,7 +319,9 @@ class ServerProcess {
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path_.c_str(),
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) != 0) pid_ = 0;
+    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) !=
+        0)
+      pid_ = 0;
     posix_spawn_file_actions_destroy(&actions);
     for (int i = 0; i < 1200 && pid_ != 0 && port_.empty(); ++i) {
       const std::string err = ReadFile(err_path_);
@@ -334,32 +369,39 @@ class ServerProcess {
 // the one-process `knapserve serve`. Greedy ids equal local --spec off, and
 // SIGTERM stops each server with exit 0.
 TEST(KnapserveCliTest, SplitAndOneProcessDeploymentsGiveTheSameGreedyIds) {
-  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the prompts
-  ServerProcess planner(Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
-                                 "127.0.0.1:0", "--profile", StoriesProfile()}));
+  KNAPSERVE_SKIP_WITHOUT_SHARED(
+      "bench/spec_bench/question.jsonl");  // the prompts
+  ServerProcess planner(
+      Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
+               "127.0.0.1:0", "--profile", StoriesProfile()}));
   ASSERT_FALSE(planner.port().empty()) << planner.log();
-  ServerProcess executor(Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
-                                  "127.0.0.1:0", "--planner", planner.address()}));
+  ServerProcess executor(
+      Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
+               "127.0.0.1:0", "--planner", planner.address()}));
   ASSERT_FALSE(executor.port().empty()) << executor.log();
-  ServerProcess serve(Stories({knapserve::testing::kKnapserveBinary, "serve", "--listen",
-                               "127.0.0.1:0", "--profile", StoriesProfile()}));
+  ServerProcess serve(
+      Stories({knapserve::testing::kKnapserveBinary, "serve", "--listen",
+               "127.0.0.1:0", "--profile", StoriesProfile()}));
   ASSERT_FALSE(serve.port().empty()) << serve.log();
 
   // Spec-Bench prompts (three categories), cut to fit stories260k's context.
-  auto prompts = LoadPromptSet(SharedPath("bench/spec_bench/question.jsonl"), 3);
+  auto prompts =
+      LoadPromptSet(SharedPath("bench/spec_bench/question.jsonl"), 3);
   ASSERT_TRUE(prompts.ok()) << prompts.status();
   for (const BenchPrompt& prompt : *prompts) {
     const std::string text = prompt.text.substr(0, 300);
     SCOPED_TRACE(prompt.category);
-    const std::vector<std::string> base = {"generate", "--prompt", text, "--max-new-tokens",
-                                           "100", "--temperature", "0", "--ignore-eos",
-                                           "--json"};
+    const std::vector<std::string> base = {
+        "generate", "--prompt",      text, "--max-new-tokens",
+        "100",      "--temperature", "0",  "--ignore-eos",
+        "--json"};
     const nlohmann::json off = RunJson(Stories(base));
     std::vector<std::string> planned = base;
-    planned.insert(planned.end(),
-                   {"--spec", "knapspec", "--plan-interval", "8", "--reference-steps", "2"});
+    planned.insert(planned.end(), {"--spec", "knapspec", "--plan-interval", "8",
+                                   "--reference-steps", "2"});
     std::vector<std::string> local_remote_planner = planned;
-    local_remote_planner.insert(local_remote_planner.end(), {"--planner", planner.address()});
+    local_remote_planner.insert(local_remote_planner.end(),
+                                {"--planner", planner.address()});
     const nlohmann::json a = RunJson(Stories(local_remote_planner));
     EXPECT_EQ(Ids(a["output_ids"]), Ids(off["output_ids"]));
     EXPECT_GT(a["plan_requests"].get<int64_t>(), 0);
@@ -374,8 +416,8 @@ TEST(KnapserveCliTest, SplitAndOneProcessDeploymentsGiveTheSameGreedyIds) {
     }
   }
   // A bad request over the wire is refused naming the field.
-  const Outcome bad = RunKnapserve({"generate", "--server", executor.address(), "--prompt", "Hi",
-                                    "--temperature", "-1"});
+  const Outcome bad = RunKnapserve({"generate", "--server", executor.address(),
+                                    "--prompt", "Hi", "--temperature", "-1"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_THAT(bad.err, HasSubstr("temperature"));
   EXPECT_EQ(serve.Stop(), 0) << serve.log();
@@ -387,24 +429,28 @@ TEST(KnapserveCliTest, SplitAndOneProcessDeploymentsGiveTheSameGreedyIds) {
 // checks grpc.health.v1, and gets INVALID_ARGUMENT for a bad request.
 TEST(KnapserveCliTest, IndependentPythonClientStreamsAndChecksHealth) {
   const std::string python = "/usr/bin/python3";
-  if (RunProcess({python, "-c", "import grpc, google.protobuf"}).exit_code != 0) {
+  if (RunProcess({python, "-c", "import grpc, google.protobuf"}).exit_code !=
+      0) {
     GTEST_SKIP() << "python3-grpcio / python3-protobuf not installed";
   }
-  ServerProcess serve(Stories({knapserve::testing::kKnapserveBinary, "serve", "--listen",
-                               "127.0.0.1:0", "--profile", StoriesProfile()}));
+  ServerProcess serve(
+      Stories({knapserve::testing::kKnapserveBinary, "serve", "--listen",
+               "127.0.0.1:0", "--profile", StoriesProfile()}));
   ASSERT_FALSE(serve.port().empty()) << serve.log();
   const knapserve::testing::ScopedTempDir work_dir("python_client");
   const std::string& work = work_dir.path();
   const Outcome client = RunProcess(
-      {python, knapserve::testing::kSourceDir + std::string("/tests/tools/independent_client.py"),
-       serve.address(), knapserve::testing::kSourceDir + std::string("/proto"), work,
-       "Once upon a time", "60"});
+      {python,
+       knapserve::testing::kSourceDir +
+           std::string("/tests/tools/independent_client.py"),
+       serve.address(), knapserve::testing::kSourceDir + std::string("/proto"),
+       work, "Once upon a time", "60"});
   ASSERT_EQ(client.exit_code, 0) << client.out << client.err;
   const nlohmann::json out = nlohmann::json::parse(client.out, nullptr, false);
   ASSERT_TRUE(out.is_object()) << client.out;
-  const nlohmann::json local = RunJson(Stories({"generate", "--prompt", "Once upon a time",
-                                                "--max-new-tokens", "60", "--temperature", "0",
-                                                "--ignore-eos", "--json"}));
+  const nlohmann::json local = RunJson(
+      Stories({"generate", "--prompt", "Once upon a time", "--max-new-tokens",
+               "60", "--temperature", "0", "--ignore-eos", "--json"}));
   EXPECT_EQ(Ids(out["ids"]), Ids(local["output_ids"]));
   EXPECT_EQ(out["text"], local["text"]);
   EXPECT_EQ(out["finish_reason"], "FINISH_REASON_LENGTH");
@@ -415,8 +461,10 @@ TEST(KnapserveCliTest, IndependentPythonClientStreamsAndChecksHealth) {
   EXPECT_EQ(out["bad_request_code"], "INVALID_ARGUMENT");
   // Server reflection lists the public service and health.
   const std::string services = out["reflected_services"].dump();
-  EXPECT_NE(services.find("knapserve.v1.Generation"), std::string::npos) << services;
-  EXPECT_NE(services.find("grpc.health.v1.Health"), std::string::npos) << services;
+  EXPECT_NE(services.find("knapserve.v1.Generation"), std::string::npos)
+      << services;
+  EXPECT_NE(services.find("grpc.health.v1.Health"), std::string::npos)
+      << services;
   EXPECT_EQ(serve.Stop(), 0) << serve.log();
 }
 
@@ -426,22 +474,31 @@ TEST(KnapserveCliTest, IndependentPythonClientStreamsAndChecksHealth) {
 // executor reconnects and applies plans.
 TEST(KnapserveCliTest, ExecutorSurvivesAPlannerKillAndReconnects) {
   const std::string python = "/usr/bin/python3";
-  const bool have_python = RunProcess({python, "-c", "import grpc"}).exit_code == 0;
-  auto planner = std::make_unique<ServerProcess>(Stories(
-      {knapserve::testing::kKnapservePlannerBinary, "--listen", "127.0.0.1:0", "--profile",
-       StoriesProfile()}));
+  const bool have_python =
+      RunProcess({python, "-c", "import grpc"}).exit_code == 0;
+  auto planner = std::make_unique<ServerProcess>(
+      Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
+               "127.0.0.1:0", "--profile", StoriesProfile()}));
   ASSERT_FALSE(planner->port().empty()) << planner->log();
   const std::string planner_port = planner->port();
-  ServerProcess executor(Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
-                                  "127.0.0.1:0", "--planner", planner->address()}));
+  ServerProcess executor(
+      Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
+               "127.0.0.1:0", "--planner", planner->address()}));
   ASSERT_FALSE(executor.port().empty()) << executor.log();
-  const std::vector<std::string> base = {"generate", "--prompt", "Once upon a time",
-                                         "--max-new-tokens", "480", "--temperature", "0",
-                                         "--ignore-eos", "--json"};
+  const std::vector<std::string> base = {"generate",
+                                         "--prompt",
+                                         "Once upon a time",
+                                         "--max-new-tokens",
+                                         "480",
+                                         "--temperature",
+                                         "0",
+                                         "--ignore-eos",
+                                         "--json"};
   const nlohmann::json off = RunJson(Stories(base));
   std::vector<std::string> remote = base;
-  remote.insert(remote.end(), {"--spec", "knapspec", "--plan-interval", "8",
-                               "--reference-steps", "2", "--server", executor.address()});
+  remote.insert(remote.end(),
+                {"--spec", "knapspec", "--plan-interval", "8",
+                 "--reference-steps", "2", "--server", executor.address()});
   nlohmann::json during;
   std::thread client([&] { during = RunJson(remote); });
   usleep(150 * 1000);
@@ -451,17 +508,22 @@ TEST(KnapserveCliTest, ExecutorSurvivesAPlannerKillAndReconnects) {
   if (have_python) {
     const knapserve::testing::ScopedTempDir work_dir("python_health");
     const std::string& work = work_dir.path();
-    const Outcome health = RunProcess(
-        {python, knapserve::testing::kSourceDir + std::string("/tests/tools/independent_client.py"),
-         executor.address(), knapserve::testing::kSourceDir + std::string("/proto"), work, "",
-         "0"});
+    const Outcome health =
+        RunProcess({python,
+                    knapserve::testing::kSourceDir +
+                        std::string("/tests/tools/independent_client.py"),
+                    executor.address(),
+                    knapserve::testing::kSourceDir + std::string("/proto"),
+                    work, "", "0"});
     ASSERT_EQ(health.exit_code, 0) << health.err;
     const nlohmann::json h = nlohmann::json::parse(health.out, nullptr, false);
-    EXPECT_EQ(h["health"]["knapserve.v1.Generation"], 1) << health.out;  // still SERVING
+    EXPECT_EQ(h["health"]["knapserve.v1.Generation"], 1)
+        << health.out;  // still SERVING
   }
   // The planner comes back on the same port; plans flow again.
-  ServerProcess restarted(Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
-                                   "127.0.0.1:" + planner_port, "--profile", StoriesProfile()}));
+  ServerProcess restarted(
+      Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
+               "127.0.0.1:" + planner_port, "--profile", StoriesProfile()}));
   ASSERT_EQ(restarted.port(), planner_port) << restarted.log();
   int plans = 0;
   for (int attempt = 0; attempt < 40 && plans == 0; ++attempt) {
@@ -476,11 +538,12 @@ TEST(KnapserveCliTest, ExecutorSurvivesAPlannerKillAndReconnects) {
 // SIGTERM on a knapserve-executor process with a request running: the
 // request finishes in full, a new one is refused UNAVAILABLE, exit code 0.
 TEST(KnapserveCliTest, ExecutorDrainsOnSigterm) {
-  ServerProcess executor(Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
-                                  "127.0.0.1:0", "--planner", "none"}));
+  ServerProcess executor(
+      Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
+               "127.0.0.1:0", "--planner", "none"}));
   ASSERT_FALSE(executor.port().empty()) << executor.log();
-  auto stub = v1::Generation::NewStub(
-      grpc::CreateChannel(executor.address(), grpc::InsecureChannelCredentials()));
+  auto stub = v1::Generation::NewStub(grpc::CreateChannel(
+      executor.address(), grpc::InsecureChannelCredentials()));
   v1::GenerateRequest request;
   request.set_text("Once upon a time");
   request.set_max_new_tokens(480);
@@ -512,7 +575,8 @@ TEST(KnapserveCliTest, ExecutorDrainsOnSigterm) {
   const grpc::Status status = reader->Finish();
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(tokens, 480);
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE) << refused.error_message();
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << refused.error_message();
   EXPECT_EQ(executor.Wait(), 0) << executor.log();
 }
 
@@ -520,18 +584,19 @@ TEST(KnapserveCliTest, ExecutorDrainsOnSigterm) {
 // build copied to <build>/share/knapserve/models/stories260k, found relative
 // to the binary; no ../shared needed. KNAPSERVE_MODEL names another model.
 TEST(KnapserveCliTest, GenerateWithoutAModelUsesTheBundledOne) {
-  const nlohmann::json out =
-      RunJson({"generate", "--prompt", "Zoo", "--max-new-tokens", "57", "--temperature", "0",
-               "--threads", "1", "--json"},
-              {"KNAPSERVE_MODEL", "KNAPSERVE_SHARED=/nonexistent/knapserve_shared"});
+  const nlohmann::json out = RunJson(
+      {"generate", "--prompt", "Zoo", "--max-new-tokens", "57", "--temperature",
+       "0", "--threads", "1", "--json"},
+      {"KNAPSERVE_MODEL", "KNAPSERVE_SHARED=/nonexistent/knapserve_shared"});
   EXPECT_THAT(Ids(out["output_ids"]), ElementsAreArray(kZooGreedyIds));
   ASSERT_TRUE(out["model"].is_string());
-  EXPECT_EQ(std::filesystem::weakly_canonical(out["model"].get<std::string>()),
-            std::filesystem::weakly_canonical(knapserve::testing::Stories260kDir()));
+  EXPECT_EQ(
+      std::filesystem::weakly_canonical(out["model"].get<std::string>()),
+      std::filesystem::weakly_canonical(knapserve::testing::Stories260kDir()));
 
   const nlohmann::json tiny =
-      RunJson({"generate", "--prompt", "hello", "--max-new-tokens", "3", "--ignore-eos",
-               "--threads", "1", "--json"},
+      RunJson({"generate", "--prompt", "hello", "--max-new-tokens", "3",
+               "--ignore-eos", "--threads", "1", "--json"},
               {"KNAPSERVE_MODEL=" + TinyModelDir()});
   EXPECT_EQ(tiny["model"], TinyModelDir());
   EXPECT_EQ(Ids(tiny["output_ids"]).size(), 3u);
@@ -542,7 +607,8 @@ TEST(KnapserveCliTest, GenerateWithoutAModelUsesTheBundledOne) {
 // what `cmake --install` writes) finds the model.
 TEST(KnapserveCliTest, DefaultModelIsFoundRelativeToTheExecutable) {
   namespace fs = std::filesystem;
-  const fs::path prefix = fs::weakly_canonical(knapserve::testing::MakeTempDir("cli_install"));
+  const fs::path prefix =
+      fs::weakly_canonical(knapserve::testing::MakeTempDir("cli_install"));
   fs::create_directories(prefix / "bin");
   const std::string binary = (prefix / "bin" / "knapserve").string();
   std::error_code ec;
@@ -552,27 +618,33 @@ TEST(KnapserveCliTest, DefaultModelIsFoundRelativeToTheExecutable) {
     fs::copy_file(knapserve::testing::kKnapserveBinary, binary, ec);
   }
   ASSERT_FALSE(ec) << ec.message();
-  const std::vector<std::string> argv = {binary,      "generate", "--prompt",      "Zoo",
-                                         "--max-new-tokens", "5",  "--temperature", "0",
-                                         "--threads", "1",        "--json"};
-  const std::string model_dir = (prefix / "share/knapserve/models/stories260k").string();
+  const std::vector<std::string> argv = {
+      binary,  "generate",      "--prompt", "Zoo",       "--max-new-tokens",
+      "5",     "--temperature", "0",        "--threads", "1",
+      "--json"};
+  const std::string model_dir =
+      (prefix / "share/knapserve/models/stories260k").string();
 
   const Outcome missing = RunProcess(argv, {"KNAPSERVE_MODEL"});
   EXPECT_EQ(missing.exit_code, 1) << missing.err;
-  EXPECT_THAT(missing.err, AllOf(HasSubstr("default model stories260k was not found"),
-                                 HasSubstr(model_dir), HasSubstr("KNAPSERVE_MODEL"),
-                                 HasSubstr("--model DIR")));
+  EXPECT_THAT(missing.err,
+              AllOf(HasSubstr("default model stories260k was not found"),
+                    HasSubstr(model_dir), HasSubstr("KNAPSERVE_MODEL"),
+                    HasSubstr("--model DIR")));
 
   fs::create_directories(prefix / "share/knapserve/models");
-  fs::copy(knapserve::testing::Stories260kDir(), model_dir, fs::copy_options::recursive, ec);
+  fs::copy(knapserve::testing::Stories260kDir(), model_dir,
+           fs::copy_options::recursive, ec);
   ASSERT_FALSE(ec) << ec.message();
   const Outcome installed = RunProcess(argv, {"KNAPSERVE_MODEL"});
   ASSERT_EQ(installed.exit_code, 0) << installed.err;
-  const nlohmann::json out = nlohmann::json::parse(installed.out, nullptr, false);
+  const nlohmann::json out =
+      nlohmann::json::parse(installed.out, nullptr, false);
   ASSERT_TRUE(out.is_object()) << installed.out;
   EXPECT_EQ(out["model"], model_dir);
-  EXPECT_THAT(Ids(out["output_ids"]),
-              ElementsAreArray(kZooGreedyIds.begin(), kZooGreedyIds.begin() + 5));
+  EXPECT_THAT(
+      Ids(out["output_ids"]),
+      ElementsAreArray(kZooGreedyIds.begin(), kZooGreedyIds.begin() + 5));
 }
 
 // Planned generation without --profile: the first run measures the latency
@@ -580,58 +652,73 @@ TEST(KnapserveCliTest, DefaultModelIsFoundRelativeToTheExecutable) {
 // --profile-cache or KNAPSERVE_PROFILE_CACHE), --profile still wins, and
 // knapserve-planner without --profile hits the same entry. Output ids equal
 // --spec off throughout.
-TEST(KnapserveCliTest, PlannedGenerationWithoutProfileMeasuresOnceThenHitsTheCache) {
-  const std::string cache = knapserve::testing::MakeTempDir("cli_profile_cache") + "/profiles";
-  const std::vector<std::string> base = {"generate", "--prompt", "Once upon a time",
-                                         "--max-new-tokens", "60", "--temperature", "0",
-                                         "--ignore-eos", "--json"};
+TEST(KnapserveCliTest,
+     PlannedGenerationWithoutProfileMeasuresOnceThenHitsTheCache) {
+  const std::string cache =
+      knapserve::testing::MakeTempDir("cli_profile_cache") + "/profiles";
+  const std::vector<std::string> base = {"generate",
+                                         "--prompt",
+                                         "Once upon a time",
+                                         "--max-new-tokens",
+                                         "60",
+                                         "--temperature",
+                                         "0",
+                                         "--ignore-eos",
+                                         "--json"};
   const nlohmann::json off = RunJson(Stories(base));
   std::vector<std::string> planned = base;
-  planned.insert(planned.end(),
-                 {"--spec", "knapspec", "--plan-interval", "8", "--reference-steps", "2"});
+  planned.insert(planned.end(), {"--spec", "knapspec", "--plan-interval", "8",
+                                 "--reference-steps", "2"});
   std::vector<std::string> with_flag = planned;
   with_flag.insert(with_flag.end(), {"--profile-cache", cache});
 
-  auto run = [&](const std::vector<std::string>& args, const std::vector<std::string>& env,
-                 const std::string& origin, const std::string& log) {
+  auto run = [&](const std::vector<std::string>& args,
+                 const std::vector<std::string>& env, const std::string& origin,
+                 const std::string& log) {
     const std::vector<std::string> full = Stories(args);
     const Outcome outcome = RunKnapserve(full, env);
     EXPECT_EQ(outcome.exit_code, 0) << Describe(full, outcome);
     EXPECT_THAT(outcome.err, HasSubstr(log)) << Describe(full, outcome);
-    const nlohmann::json out = nlohmann::json::parse(outcome.out, nullptr, false);
+    const nlohmann::json out =
+        nlohmann::json::parse(outcome.out, nullptr, false);
     EXPECT_TRUE(out.is_object()) << Describe(full, outcome);
     if (!out.is_object()) return nlohmann::json();
     EXPECT_EQ(out["profile"]["origin"], origin) << Describe(full, outcome);
     EXPECT_EQ(Ids(out["output_ids"]), Ids(off["output_ids"]));
     return out;
   };
-  const nlohmann::json first = run(with_flag, {}, "measured", "latency profile: measured");
+  const nlohmann::json first =
+      run(with_flag, {}, "measured", "latency profile: measured");
   ASSERT_TRUE(first.is_object());
   const std::string entry = first["profile"]["path"].get<std::string>();
   EXPECT_EQ(entry.rfind(cache + "/", 0), 0u) << entry;
   EXPECT_TRUE(std::filesystem::exists(entry)) << entry;
 
-  const nlohmann::json second = run(with_flag, {}, "cache", "latency profile: cache hit");
+  const nlohmann::json second =
+      run(with_flag, {}, "cache", "latency profile: cache hit");
   EXPECT_EQ(second["profile"]["path"], entry);
   const nlohmann::json by_env =
-      run(planned, {"KNAPSERVE_PROFILE_CACHE=" + cache}, "cache", "latency profile: cache hit");
+      run(planned, {"KNAPSERVE_PROFILE_CACHE=" + cache}, "cache",
+          "latency profile: cache hit");
   EXPECT_EQ(by_env["profile"]["path"], entry);
   std::vector<std::string> with_file = with_flag;
   with_file.insert(with_file.end(), {"--profile", StoriesProfile()});
-  const nlohmann::json file = run(with_file, {}, "file", "latency profile from --profile");
+  const nlohmann::json file =
+      run(with_file, {}, "file", "latency profile from --profile");
   EXPECT_EQ(file["profile"]["path"], StoriesProfile());
 
-  ServerProcess planner(Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
-                                 "127.0.0.1:0", "--profile-cache", cache}));
+  ServerProcess planner(
+      Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
+               "127.0.0.1:0", "--profile-cache", cache}));
   ASSERT_FALSE(planner.port().empty()) << planner.log();
   EXPECT_THAT(planner.log(), HasSubstr("latency profile: cache hit " + entry));
   EXPECT_EQ(planner.Stop(), 0) << planner.log();
 }
 
 TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {
-  const std::vector<std::string> args = Stories({"generate", "--prompt", "Once upon a time",
-                                                 "--max-new-tokens", "30", "--temperature", "0.8",
-                                                 "--seed", "5", "--json"});
+  const std::vector<std::string> args =
+      Stories({"generate", "--prompt", "Once upon a time", "--max-new-tokens",
+               "30", "--temperature", "0.8", "--seed", "5", "--json"});
   const nlohmann::json first = RunJson(args);
   const nlohmann::json second = RunJson(args);
   EXPECT_EQ(first["seed"], 5);
@@ -641,11 +728,13 @@ TEST(KnapserveCliTest, SampledGenerationIsReproducibleWithASeed) {
 }
 
 TEST(KnapserveCliTest, TokenizePrintsTheTokenizerIds) {
-  const nlohmann::json out = RunJson(Stories({"tokenize", "--text", "Hello world"}));
-  auto tokenizer =
-      Tokenizer::FromFile(knapserve::testing::Stories260kDir() + "/tokenizer.json");
+  const nlohmann::json out =
+      RunJson(Stories({"tokenize", "--text", "Hello world"}));
+  auto tokenizer = Tokenizer::FromFile(knapserve::testing::Stories260kDir() +
+                                       "/tokenizer.json");
   ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  auto expected = (*tokenizer)->Encode("Hello world", /*add_special_tokens=*/true);
+  auto expected =
+      (*tokenizer)->Encode("Hello world", /*add_special_tokens=*/true);
   ASSERT_TRUE(expected.ok()) << expected.status();
   ASSERT_TRUE(out.is_array());
   EXPECT_THAT(Ids(out), ElementsAreArray(*expected));
@@ -664,48 +753,59 @@ TEST(KnapserveCliTest, BadInputExitsNonZeroNamingTheProblem) {
   for (int i = 0; i < 400; ++i) long_prompt += "Zoo ";
   const std::vector<BadInput> cases = {
       {"unknown subcommand", {"frobnicate"}, "unknown subcommand 'frobnicate'"},
-      {"unknown bench mode", {"bench", "frobnicate"}, "unknown mode 'frobnicate'"},
+      {"unknown bench mode",
+       {"bench", "frobnicate"},
+       "unknown mode 'frobnicate'"},
       {"layer out of range",
-       Stories({"generate", "--prompt", "Zoo", "--spec", "static", "--skip", "a99"}),
+       Stories({"generate", "--prompt", "Zoo", "--spec", "static", "--skip",
+                "a99"}),
        "'a99' names layer 99"},
       {"malformed mask",
-       Stories({"generate", "--prompt", "Zoo", "--spec", "static", "--skip", "x1"}),
+       Stories(
+           {"generate", "--prompt", "Zoo", "--spec", "static", "--skip", "x1"}),
        "bad entry 'x1'"},
       {"zero max draft",
-       Stories({"generate", "--prompt", "Zoo", "--spec", "static", "--max-draft", "0"}),
+       Stories({"generate", "--prompt", "Zoo", "--spec", "static",
+                "--max-draft", "0"}),
        "max_draft"},
-      {"unknown spec mode", Stories({"generate", "--prompt", "Zoo", "--spec", "bogus"}),
+      {"unknown spec mode",
+       Stories({"generate", "--prompt", "Zoo", "--spec", "bogus"}),
        "unknown speculation mode 'bogus'"},
-      {"negative temperature", Stories({"generate", "--prompt", "Zoo", "--temperature", "-1"}),
+      {"negative temperature",
+       Stories({"generate", "--prompt", "Zoo", "--temperature", "-1"}),
        "temperature"},
       {"missing model dir",
-       {"generate", "--model", "/nonexistent/knapserve_model", "--prompt", "Zoo"},
+       {"generate", "--model", "/nonexistent/knapserve_model", "--prompt",
+        "Zoo"},
        "/nonexistent/knapserve_model"},
-      {"prompt longer than the context", Stories({"generate", "--prompt", long_prompt}),
-       "context"},
+      {"prompt longer than the context",
+       Stories({"generate", "--prompt", long_prompt}), "context"},
       {"bench spec bad mask",
-       Stories({"bench", "spec", "--skip", "a99", "--num-prompts", "1", "--max-new-tokens", "4"}),
+       Stories({"bench", "spec", "--skip", "a99", "--num-prompts", "1",
+                "--max-new-tokens", "4"}),
        "'a99' names layer 99"},
   };
   for (const BadInput& c : cases) {
     SCOPED_TRACE(c.name);
     const Outcome outcome = RunKnapserve(c.args);
     EXPECT_NE(outcome.exit_code, 0) << Describe(c.args, outcome);
-    EXPECT_GT(outcome.exit_code, 0) << "crashed?\n" << Describe(c.args, outcome);
+    EXPECT_GT(outcome.exit_code, 0) << "crashed?\n"
+                                    << Describe(c.args, outcome);
     EXPECT_THAT(outcome.err, HasSubstr(c.message)) << Describe(c.args, outcome);
   }
 }
 
 TEST(KnapserveCliTest, MakeModelThenGenerate) {
-  const nlohmann::json out = RunJson(Tiny({"generate", "--prompt", "hello world",
-                                           "--max-new-tokens", "6", "--ignore-eos", "--json"}));
+  const nlohmann::json out =
+      RunJson(Tiny({"generate", "--prompt", "hello world", "--max-new-tokens",
+                    "6", "--ignore-eos", "--json"}));
   EXPECT_FALSE(Ids(out["prompt_ids"]).empty());
   EXPECT_EQ(Ids(out["output_ids"]).size(), 6u);
   EXPECT_EQ(out["finish_reason"], "length");
   // Self-speculation on the random model is lossless too.
-  const nlohmann::json spec =
-      RunJson(Tiny({"generate", "--prompt", "hello world", "--max-new-tokens", "6",
-                    "--ignore-eos", "--spec", "static", "--skip", "m0", "--json"}));
+  const nlohmann::json spec = RunJson(
+      Tiny({"generate", "--prompt", "hello world", "--max-new-tokens", "6",
+            "--ignore-eos", "--spec", "static", "--skip", "m0", "--json"}));
   EXPECT_EQ(Ids(spec["output_ids"]), Ids(out["output_ids"]));
 }
 
@@ -714,12 +814,14 @@ TEST(KnapserveCliTest, MakeModelThenGenerate) {
 // generated id the tokenizer does not know fails detokenization, which the
 // bench prompts happen to trigger.
 TEST(KnapserveCliTest, BenchArPrintsItsSummary) {
-  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the default --prompts
+  KNAPSERVE_SKIP_WITHOUT_SHARED(
+      "bench/spec_bench/question.jsonl");  // the default --prompts
   const std::vector<std::string> args =
       Stories({"bench", "ar", "--num-prompts", "2", "--max-new-tokens", "8"});
   const Outcome text = RunKnapserve(args);
   ASSERT_EQ(text.exit_code, 0) << Describe(args, text);
-  EXPECT_THAT(text.out, AllOf(HasSubstr("median decode"), HasSubstr("of copy bandwidth")));
+  EXPECT_THAT(text.out, AllOf(HasSubstr("median decode"),
+                              HasSubstr("of copy bandwidth")));
 
   std::vector<std::string> json_args = args;
   json_args.push_back("--json");
@@ -728,19 +830,23 @@ TEST(KnapserveCliTest, BenchArPrintsItsSummary) {
   EXPECT_EQ(out["prompts"].size(), 2u);
   EXPECT_GT(out["decode_tokens_per_s"].get<double>(), 0);
   EXPECT_GT(out["copy_bandwidth_bytes_per_s"].get<double>(), 0);
-  for (const nlohmann::json& row : out["prompts"]) EXPECT_EQ(row["new_tokens"], 8);
+  for (const nlohmann::json& row : out["prompts"])
+    EXPECT_EQ(row["new_tokens"], 8);
 }
 
 TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
-  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the default --prompts
+  KNAPSERVE_SKIP_WITHOUT_SHARED(
+      "bench/spec_bench/question.jsonl");  // the default --prompts
   // With --json the tables go to stderr and one JSON object to stdout.
   const std::vector<std::string> args =
-      Stories({"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "8", "--skip", "m0",
-               "--max-draft", "3", "--json"});
+      Stories({"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "8",
+               "--skip", "m0", "--max-draft", "3", "--json"});
   const Outcome outcome = RunKnapserve(args);
   ASSERT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
-  EXPECT_THAT(outcome.err, AllOf(HasSubstr("tok/s"), HasSubstr("speedup"),
-                                 HasSubstr("lossless: every mode's output ids equal off's")));
+  EXPECT_THAT(
+      outcome.err,
+      AllOf(HasSubstr("tok/s"), HasSubstr("speedup"),
+            HasSubstr("lossless: every mode's output ids equal off's")));
   const nlohmann::json out =
       nlohmann::json::parse(outcome.out, nullptr, /*allow_exceptions=*/false);
   ASSERT_TRUE(out.is_object());
@@ -751,10 +857,12 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
   for (const char* mode : {"off", "static"}) {
     const nlohmann::json& m = set["modes"][mode];
     EXPECT_GT(m["decode_tokens_per_s"].get<double>(), 0) << mode;
-    EXPECT_EQ(m["decoded_tokens"], 2 * 7) << mode;  // the first token comes from prefill
+    EXPECT_EQ(m["decoded_tokens"], 2 * 7)
+        << mode;  // the first token comes from prefill
     EXPECT_EQ(m["same_ids"], true) << mode;
-    for (const char* key : {"speedup", "acceptance_rate", "mean_acceptance_length",
-                            "draft_share", "verify_share"}) {
+    for (const char* key :
+         {"speedup", "acceptance_rate", "mean_acceptance_length", "draft_share",
+          "verify_share"}) {
       EXPECT_TRUE(m.contains(key)) << mode << " " << key;
     }
   }
@@ -765,15 +873,18 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
 // Off, static, clasp and knapspec on the Spec-Bench set and a long-context
 // set: the Table-2 style comparison, all lossless.
 TEST(KnapserveCliTest, BenchSpecComparesPlannedModesOnTwoSets) {
-  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the default --prompts
-  const std::vector<std::string> args = Stories(
-      {"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "48", "--skip", "a2",
-       "--profile", StoriesProfile(), "--long-context-tokens", "300", "--plan-interval", "8",
-       "--reference-steps", "2", "--clasp-layers", "2", "--json"});
+  KNAPSERVE_SKIP_WITHOUT_SHARED(
+      "bench/spec_bench/question.jsonl");  // the default --prompts
+  const std::vector<std::string> args =
+      Stories({"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "48",
+               "--skip", "a2", "--profile", StoriesProfile(),
+               "--long-context-tokens", "300", "--plan-interval", "8",
+               "--reference-steps", "2", "--clasp-layers", "2", "--json"});
   const Outcome outcome = RunKnapserve(args);
   ASSERT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
-  EXPECT_THAT(outcome.err, AllOf(HasSubstr("[spec_bench]"), HasSubstr("[long_context]"),
-                                 HasSubstr("pred TPT"), HasSubstr("wait%")));
+  EXPECT_THAT(outcome.err,
+              AllOf(HasSubstr("[spec_bench]"), HasSubstr("[long_context]"),
+                    HasSubstr("pred TPT"), HasSubstr("wait%")));
   const nlohmann::json out = nlohmann::json::parse(outcome.out, nullptr, false);
   ASSERT_TRUE(out.is_object());
   EXPECT_EQ(out["lossless"], true);
@@ -784,15 +895,20 @@ TEST(KnapserveCliTest, BenchSpecComparesPlannedModesOnTwoSets) {
       EXPECT_EQ(m["same_ids"], true) << set << " " << mode;
       EXPECT_GT(m["measured_tpt"].get<double>(), 0) << set << " " << mode;
     }
-    EXPECT_GT(out["sets"][set]["modes"]["knapspec"]["plan_requests"].get<int64_t>(), 0) << set;
+    EXPECT_GT(
+        out["sets"][set]["modes"]["knapspec"]["plan_requests"].get<int64_t>(),
+        0)
+        << set;
   }
 }
 
 TEST(KnapserveCliTest, BenchSpecSearchesAMask) {
-  KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");  // the default --prompts
+  KNAPSERVE_SKIP_WITHOUT_SHARED(
+      "bench/spec_bench/question.jsonl");  // the default --prompts
   const nlohmann::json out = RunJson(
-      Stories({"bench", "spec", "--num-prompts", "1", "--max-new-tokens", "8", "--search-masks",
-            "--search-prompts", "1", "--search-tokens", "8", "--search-max-steps", "2", "--json"}));
+      Stories({"bench", "spec", "--num-prompts", "1", "--max-new-tokens", "8",
+               "--search-masks", "--search-prompts", "1", "--search-tokens",
+               "8", "--search-max-steps", "2", "--json"}));
   ASSERT_TRUE(out.is_object());
   ASSERT_TRUE(out.contains("search"));
   const nlohmann::json& search = out["search"];
@@ -800,13 +916,15 @@ TEST(KnapserveCliTest, BenchSpecSearchesAMask) {
   EXPECT_EQ(search["path"][0]["mask"], "");
   EXPECT_EQ(search["best_mask"], search["path"].back()["mask"]);
   EXPECT_EQ(out["skip"], search["best_mask"]);
-  EXPECT_LE(search["path"].size(), 3u);  // round 0 + at most 2 skipped sublayers
+  EXPECT_LE(search["path"].size(),
+            3u);  // round 0 + at most 2 skipped sublayers
   EXPECT_EQ(out["lossless"], true);
 }
 
 TEST(KnapserveCliTest, BenchStepCostPrintsRatios) {
-  const nlohmann::json out = RunJson(Tiny({"bench", "step-cost", "--context-length", "32",
-                                           "--step-repeats", "3", "--json"}));
+  const nlohmann::json out =
+      RunJson(Tiny({"bench", "step-cost", "--context-length", "32",
+                    "--step-repeats", "3", "--json"}));
   ASSERT_TRUE(out.is_object());
   EXPECT_EQ(out["context_length"], 32);
   ASSERT_EQ(out["draft"].size(), 6u);

@@ -30,9 +30,11 @@ using testing::ReadFile;
 
 // The tensors a checkpoint of `c` must hold, written out independently of
 // make_model.cc.
-std::map<std::string, std::vector<int64_t>> ExpectedTensors(const ModelConfig& c) {
+std::map<std::string, std::vector<int64_t>> ExpectedTensors(
+    const ModelConfig& c) {
   const int64_t d = c.hidden_size, q = c.num_attention_heads * c.head_dim,
-                kv = c.num_key_value_heads * c.head_dim, m = c.intermediate_size;
+                kv = c.num_key_value_heads * c.head_dim,
+                m = c.intermediate_size;
   std::map<std::string, std::vector<int64_t>> tensors;
   tensors["model.embed_tokens.weight"] = {c.vocab_size, d};
   tensors["model.norm.weight"] = {d};
@@ -62,13 +64,15 @@ std::map<std::string, std::vector<int64_t>> ExpectedTensors(const ModelConfig& c
 }
 
 TEST(MakeModelTest, KnownShapes) {
-  EXPECT_THAT(KnownModelShapes(),
-              ElementsAre("smollm2-135m", "llama-3.2-1b", "qwen3-0.6b", "qwen2.5-0.5b",
-                          "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-llama3"));
+  EXPECT_THAT(
+      KnownModelShapes(),
+      ElementsAre("smollm2-135m", "llama-3.2-1b", "qwen3-0.6b", "qwen2.5-0.5b",
+                  "tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-llama3"));
   auto unknown = ModelShapeConfig("gpt-5");
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(unknown.status()),
-              AllOf(HasSubstr("'gpt-5'"), HasSubstr("smollm2-135m"), HasSubstr("tiny-llama3")));
+              AllOf(HasSubstr("'gpt-5'"), HasSubstr("smollm2-135m"),
+                    HasSubstr("tiny-llama3")));
 }
 
 TEST(MakeModelTest, EveryShapeConfigRoundTripsThroughJson) {
@@ -158,7 +162,8 @@ TEST(MakeModelTest, RealShapeConfigs) {
 }
 
 TEST(MakeModelTest, WritesEveryTinyShapeAndItLoadsBack) {
-  for (const std::string shape : {"tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-llama3"}) {
+  for (const std::string shape :
+       {"tiny-llama", "tiny-qwen2", "tiny-qwen3", "tiny-llama3"}) {
     SCOPED_TRACE(shape);
     const testing::ScopedTempDir temp("make_model");
     const std::string& dir = temp.path();
@@ -202,27 +207,30 @@ TEST(MakeModelTest, WritesEveryTinyShapeAndItLoadsBack) {
     }
 
     // Tied shapes have no lm_head; the others do.
-    EXPECT_EQ((*checkpoint)->Has("lm_head.weight"), !config->tie_word_embeddings);
+    EXPECT_EQ((*checkpoint)->Has("lm_head.weight"),
+              !config->tie_word_embeddings);
     if (shape == std::string("tiny-qwen2")) {
       EXPECT_TRUE(config->attention_bias);
     }
     if (shape == std::string("tiny-qwen3")) {
       EXPECT_TRUE(config->qk_norm);
       EXPECT_EQ(config->head_dim, 32);
-      EXPECT_NE(config->head_dim * config->num_attention_heads, config->hidden_size);
+      EXPECT_NE(config->head_dim * config->num_attention_heads,
+                config->hidden_size);
     }
     if (shape == std::string("tiny-llama3")) {
       ASSERT_TRUE(config->rope_scaling.has_value());
       EXPECT_EQ(config->rope_scaling->rope_type, "llama3");
     }
 
-    nlohmann::json origin =
-        nlohmann::json::parse(ReadFile(options.out_dir + "/knapserve_make_model.json"));
+    nlohmann::json origin = nlohmann::json::parse(
+        ReadFile(options.out_dir + "/knapserve_make_model.json"));
     EXPECT_EQ(origin["shape"], shape);
     EXPECT_EQ(origin["seed"], 7);
     EXPECT_EQ(origin["dtype"], "float32");
     EXPECT_TRUE(std::filesystem::exists(options.out_dir + "/tokenizer.json"));
-    EXPECT_TRUE(std::filesystem::exists(options.out_dir + "/generation_config.json"));
+    EXPECT_TRUE(
+        std::filesystem::exists(options.out_dir + "/generation_config.json"));
   }
 }
 
@@ -270,7 +278,8 @@ TEST(MakeModelTest, Dtypes) {
   const std::string& dir = temp.path();
   for (const auto& [dtype, safetensors_dtype, scalar_type] :
        std::vector<std::tuple<std::string, std::string, torch::ScalarType>>{
-           {"bf16", "BF16", torch::kBFloat16}, {"fp16", "F16", torch::kFloat16}}) {
+           {"bf16", "BF16", torch::kBFloat16},
+           {"fp16", "F16", torch::kFloat16}}) {
     MakeModelOptions options;
     options.shape = "tiny-qwen3";
     options.dtype = dtype;
@@ -278,7 +287,8 @@ TEST(MakeModelTest, Dtypes) {
     ASSERT_TRUE(MakeModel(options).ok());
     auto file = SafetensorsFile::Open(options.out_dir + "/model.safetensors");
     ASSERT_TRUE(file.ok());
-    for (const TensorInfo& info : (*file)->tensors()) EXPECT_EQ(info.dtype, safetensors_dtype);
+    for (const TensorInfo& info : (*file)->tensors())
+      EXPECT_EQ(info.dtype, safetensors_dtype);
     auto view = (*file)->View("model.norm.weight");
     ASSERT_TRUE(view.ok());
     EXPECT_EQ(view->scalar_type(), scalar_type);
@@ -332,7 +342,8 @@ TEST(MakeModelTest, CopiesGivenTokenizer) {
   options.out_dir = dir + "/m";
   options.tokenizer_json = dir + "/my_tokenizer.json";
   ASSERT_TRUE(MakeModel(options).ok());
-  EXPECT_EQ(ReadFile(options.out_dir + "/tokenizer.json"), R"({"version": "1.0", "marker": 42})");
+  EXPECT_EQ(ReadFile(options.out_dir + "/tokenizer.json"),
+            R"({"version": "1.0", "marker": 42})");
 }
 
 TEST(MakeModelTest, SyntheticTokenizerIsConsistentByteLevelBpe) {
@@ -342,7 +353,8 @@ TEST(MakeModelTest, SyntheticTokenizerIsConsistentByteLevelBpe) {
   options.shape = "tiny-llama";
   options.out_dir = dir;
   ASSERT_TRUE(MakeModel(options).ok());
-  nlohmann::json tokenizer = nlohmann::json::parse(ReadFile(dir + "/tokenizer.json"));
+  nlohmann::json tokenizer =
+      nlohmann::json::parse(ReadFile(dir + "/tokenizer.json"));
   const nlohmann::json& model = tokenizer["model"];
   EXPECT_EQ(model["type"], "BPE");
   EXPECT_EQ(tokenizer["pre_tokenizer"]["type"], "ByteLevel");
@@ -372,7 +384,8 @@ TEST(MakeModelTest, SyntheticTokenizerIsConsistentByteLevelBpe) {
     const std::string text = merge.get<std::string>();
     const size_t space = text.find(' ');
     ASSERT_NE(space, std::string::npos);
-    const std::string left = text.substr(0, space), right = text.substr(space + 1);
+    const std::string left = text.substr(0, space),
+                      right = text.substr(space + 1);
     EXPECT_TRUE(vocab.contains(left)) << text;
     EXPECT_TRUE(vocab.contains(right)) << text;
     EXPECT_EQ(vocab[left + right], expected_id++) << text;

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "tools/shared_data.h"
 #include "tests/testing/test_models.h"
 #include "tests/testing/test_util.h"
+#include "tools/shared_data.h"
 
 namespace knapserve {
 namespace {
@@ -22,14 +22,15 @@ using testing::Message;
 
 // Writes `content` to a fresh file and returns its path.
 std::string WriteFile(const std::string& name, const std::string& content) {
-  const std::string path = knapserve::testing::MakeTempDir("prompt_set") + "/" + name;
+  const std::string path =
+      knapserve::testing::MakeTempDir("prompt_set") + "/" + name;
   std::ofstream(path) << content;
   return path;
 }
 
 std::string Row(const std::string& category, int id, const std::string& text) {
-  return "{\"question_id\": " + std::to_string(id) + ", \"category\": \"" + category +
-         "\", \"turns\": [\"" + text + "\", \"a second turn\"]}\n";
+  return "{\"question_id\": " + std::to_string(id) + ", \"category\": \"" +
+         category + "\", \"turns\": [\"" + text + "\", \"a second turn\"]}\n";
 }
 
 std::vector<int64_t> QuestionIds(const std::vector<BenchPrompt>& prompts) {
@@ -41,8 +42,9 @@ std::vector<int64_t> QuestionIds(const std::vector<BenchPrompt>& prompts) {
 // writing: 1, 2, 5; math: 3; coding: 4, 6 (file order of first appearance:
 // writing, math, coding).
 std::string ThreeCategories() {
-  return Row("writing", 1, "w1") + Row("writing", 2, "w2") + Row("math", 3, "m1") +
-         Row("coding", 4, "c1") + "\n   \n" + Row("writing", 5, "w3") + Row("coding", 6, "c2");
+  return Row("writing", 1, "w1") + Row("writing", 2, "w2") +
+         Row("math", 3, "m1") + Row("coding", 4, "c1") + "\n   \n" +
+         Row("writing", 5, "w3") + Row("coding", 6, "c2");
 }
 
 TEST(PromptSetTest, RoundRobinOverCategoriesInFileOrder) {
@@ -78,7 +80,8 @@ TEST(PromptSetTest, CountTakesThatManyCoveringEveryCategoryFirst) {
 }
 
 TEST(PromptSetTest, DefaultsForMissingCategoryAndQuestionId) {
-  const std::string path = WriteFile("q.jsonl", "{\"turns\": [\"only text\"]}\n");
+  const std::string path =
+      WriteFile("q.jsonl", "{\"turns\": [\"only text\"]}\n");
   auto prompts = LoadPromptSet(path, 0);
   ASSERT_TRUE(prompts.ok()) << prompts.status();
   ASSERT_EQ(prompts->size(), 1u);
@@ -89,11 +92,13 @@ TEST(PromptSetTest, DefaultsForMissingCategoryAndQuestionId) {
 
 TEST(PromptSetTest, MalformedJsonNamesFileAndLine) {
   const std::string path =
-      WriteFile("bad.jsonl", Row("writing", 1, "w1") + "\n" + "{not json\n" + Row("math", 2, "m"));
+      WriteFile("bad.jsonl", Row("writing", 1, "w1") + "\n" + "{not json\n" +
+                                 Row("math", 2, "m"));
   auto prompts = LoadPromptSet(path, 0);
   ASSERT_FALSE(prompts.ok());
   EXPECT_EQ(prompts.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(prompts.status()), AllOf(HasSubstr(path + ":3"), HasSubstr("JSON")));
+  EXPECT_THAT(Message(prompts.status()),
+              AllOf(HasSubstr(path + ":3"), HasSubstr("JSON")));
 }
 
 TEST(PromptSetTest, NonObjectRowNamesFileAndLine) {
@@ -104,16 +109,18 @@ TEST(PromptSetTest, NonObjectRowNamesFileAndLine) {
 }
 
 TEST(PromptSetTest, RowWithoutTurnsNamesFileAndLine) {
-  for (const std::string& bad : {std::string("{\"category\": \"x\"}"),
-                                 std::string("{\"turns\": []}"),
-                                 std::string("{\"turns\": [3]}"),
-                                 std::string("{\"turns\": \"text\"}")}) {
+  for (const std::string& bad :
+       {std::string("{\"category\": \"x\"}"), std::string("{\"turns\": []}"),
+        std::string("{\"turns\": [3]}"),
+        std::string("{\"turns\": \"text\"}")}) {
     SCOPED_TRACE(bad);
-    const std::string path = WriteFile("turns.jsonl", Row("writing", 1, "w1") + bad + "\n");
+    const std::string path =
+        WriteFile("turns.jsonl", Row("writing", 1, "w1") + bad + "\n");
     auto prompts = LoadPromptSet(path, 0);
     ASSERT_FALSE(prompts.ok());
     EXPECT_EQ(prompts.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(Message(prompts.status()), AllOf(HasSubstr(path + ":2"), HasSubstr("turns")));
+    EXPECT_THAT(Message(prompts.status()),
+                AllOf(HasSubstr(path + ":2"), HasSubstr("turns")));
   }
 }
 
@@ -121,23 +128,27 @@ TEST(PromptSetTest, MissingAndEmptyFiles) {
   auto missing = LoadPromptSet("/nonexistent/questions.jsonl", 0);
   ASSERT_FALSE(missing.ok());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(Message(missing.status()), HasSubstr("/nonexistent/questions.jsonl"));
+  EXPECT_THAT(Message(missing.status()),
+              HasSubstr("/nonexistent/questions.jsonl"));
 
   const std::string empty = WriteFile("empty.jsonl", "\n\n");
   auto none = LoadPromptSet(empty, 0);
   ASSERT_FALSE(none.ok());
-  EXPECT_THAT(Message(none.status()), AllOf(HasSubstr(empty), HasSubstr("no prompts")));
+  EXPECT_THAT(Message(none.status()),
+              AllOf(HasSubstr(empty), HasSubstr("no prompts")));
 }
 
 TEST(PromptSetTest, SharedSpecBenchFileLoads) {
   // The default prompt set of `knapserve bench`: one prompt per category first.
   KNAPSERVE_SKIP_WITHOUT_SHARED("bench/spec_bench/question.jsonl");
-  auto prompts = LoadPromptSet(SharedPath("bench/spec_bench/question.jsonl"), 13);
+  auto prompts =
+      LoadPromptSet(SharedPath("bench/spec_bench/question.jsonl"), 13);
   ASSERT_TRUE(prompts.ok()) << prompts.status();
   ASSERT_EQ(prompts->size(), 13u);  // 13 categories
   for (size_t i = 0; i < prompts->size(); ++i) {
     EXPECT_FALSE((*prompts)[i].text.empty());
-    for (size_t j = 0; j < i; ++j) EXPECT_NE((*prompts)[i].category, (*prompts)[j].category);
+    for (size_t j = 0; j < i; ++j)
+      EXPECT_NE((*prompts)[i].category, (*prompts)[j].category);
   }
 }
 

@@ -42,32 +42,40 @@ class JsonReaderTest : public ::testing::Test {
 TEST_F(JsonReaderTest, Integers) {
   EXPECT_EQ(*root_.RequiredInt("int"), 7);
   EXPECT_EQ(*root_.RequiredInt("negative"), -3);
-  EXPECT_EQ(*root_.RequiredInt("float_int"), 512);  // Integral floats are integers.
+  EXPECT_EQ(*root_.RequiredInt("float_int"),
+            512);  // Integral floats are integers.
   EXPECT_EQ(*root_.RequiredInt64("big"), 9000000000);
   EXPECT_EQ(*root_.OptionalInt("absent", 4), 4);
   EXPECT_EQ(*root_.OptionalInt("null", 4), 4);
   EXPECT_EQ(*root_.OptionalInt64("int", 4), 7);
   EXPECT_EQ(*root_.OptionalInt64("absent", -1), -1);
 
-  EXPECT_EQ(Message(root_.RequiredInt("name").status()),
-            "config.json: field \"name\": expected an integer, got string \"llama\"");
-  EXPECT_EQ(Message(root_.RequiredInt64("fraction").status()),
-            "config.json: field \"fraction\": expected an integer, got number 12.5");
-  EXPECT_EQ(Message(root_.OptionalInt("yes", 0).status()),
-            "config.json: field \"yes\": expected an integer, got boolean true");
+  EXPECT_EQ(
+      Message(root_.RequiredInt("name").status()),
+      "config.json: field \"name\": expected an integer, got string \"llama\"");
+  EXPECT_EQ(
+      Message(root_.RequiredInt64("fraction").status()),
+      "config.json: field \"fraction\": expected an integer, got number 12.5");
+  EXPECT_EQ(
+      Message(root_.OptionalInt("yes", 0).status()),
+      "config.json: field \"yes\": expected an integer, got boolean true");
   EXPECT_EQ(Message(root_.RequiredInt("big").status()),
-            "config.json: field \"big\": integer 9000000000 is out of the 32-bit range");
-  EXPECT_EQ(Message(root_.RequiredInt64("huge").status()),
-            "config.json: field \"huge\": integer 1e+30 is out of the 64-bit range");
-  EXPECT_EQ(root_.RequiredInt("name").status().code(), absl::StatusCode::kInvalidArgument);
+            "config.json: field \"big\": integer 9000000000 is out of the "
+            "32-bit range");
+  EXPECT_EQ(
+      Message(root_.RequiredInt64("huge").status()),
+      "config.json: field \"huge\": integer 1e+30 is out of the 64-bit range");
+  EXPECT_EQ(root_.RequiredInt("name").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST_F(JsonReaderTest, DoublesAndBools) {
   EXPECT_DOUBLE_EQ(*root_.RequiredDouble("number"), 0.25);
   EXPECT_DOUBLE_EQ(*root_.RequiredDouble("int"), 7);
   EXPECT_DOUBLE_EQ(*root_.OptionalDouble("absent", 1.5), 1.5);
-  EXPECT_EQ(Message(root_.RequiredDouble("name").status()),
-            "config.json: field \"name\": expected a number, got string \"llama\"");
+  EXPECT_EQ(
+      Message(root_.RequiredDouble("name").status()),
+      "config.json: field \"name\": expected a number, got string \"llama\"");
 
   EXPECT_TRUE(*root_.RequiredBool("yes"));
   EXPECT_FALSE(*root_.OptionalBool("absent", false));
@@ -86,9 +94,10 @@ TEST_F(JsonReaderTest, Strings) {
   // Long values are cut in messages.
   nlohmann::json long_value = {{"s", 1}, {"t", std::string(100, 'x')}};
   JsonReader reader(long_value, "f.json");
-  EXPECT_EQ(Message(reader.RequiredInt("t").status()),
-            absl::StrCat("f.json: field \"t\": expected an integer, got string \"",
-                         std::string(39, 'x'), "..."));
+  EXPECT_EQ(
+      Message(reader.RequiredInt("t").status()),
+      absl::StrCat("f.json: field \"t\": expected an integer, got string \"",
+                   std::string(39, 'x'), "..."));
 }
 
 TEST_F(JsonReaderTest, StringOrListAndIntOrList) {
@@ -96,7 +105,8 @@ TEST_F(JsonReaderTest, StringOrListAndIntOrList) {
   EXPECT_THAT(*root_.RequiredStringOrList("strings"), ElementsAre("a", "b"));
   EXPECT_TRUE(root_.OptionalStringOrList("absent")->empty());
   EXPECT_EQ(Message(root_.RequiredStringOrList("int").status()),
-            "config.json: field \"int\": expected a string or a list of strings, got number 7");
+            "config.json: field \"int\": expected a string or a list of "
+            "strings, got number 7");
   EXPECT_EQ(Message(root_.RequiredStringOrList("mixed").status()),
             "config.json: field \"mixed[0]\": expected a string, got number 1");
 
@@ -104,10 +114,12 @@ TEST_F(JsonReaderTest, StringOrListAndIntOrList) {
   EXPECT_THAT(*root_.RequiredInt64OrList("ints"), ElementsAre(1, 2, 3));
   EXPECT_TRUE(root_.OptionalInt64OrList("null")->empty());
   EXPECT_EQ(Message(root_.RequiredInt64OrList("name").status()),
-            "config.json: field \"name\": expected an integer or a list of integers, got "
+            "config.json: field \"name\": expected an integer or a list of "
+            "integers, got "
             "string \"llama\"");
-  EXPECT_EQ(Message(root_.RequiredInt64OrList("mixed").status()),
-            "config.json: field \"mixed[1]\": expected an integer, got string \"x\"");
+  EXPECT_EQ(
+      Message(root_.RequiredInt64OrList("mixed").status()),
+      "config.json: field \"mixed[1]\": expected an integer, got string \"x\"");
 }
 
 TEST_F(JsonReaderTest, Arrays) {
@@ -118,12 +130,15 @@ TEST_F(JsonReaderTest, Arrays) {
   EXPECT_TRUE(root_.OptionalInt64Array("absent")->empty());
   EXPECT_TRUE(root_.OptionalDoubleArray("absent")->empty());
   EXPECT_TRUE(root_.OptionalStringArray("absent")->empty());
-  EXPECT_EQ(Message(root_.RequiredDoubleArray("mixed").status()),
-            "config.json: field \"mixed[1]\": expected a number, got string \"x\"");
-  EXPECT_EQ(Message(root_.RequiredInt64Array("doubles").status()),
-            "config.json: field \"doubles[1]\": expected an integer, got number 2.5");
+  EXPECT_EQ(
+      Message(root_.RequiredDoubleArray("mixed").status()),
+      "config.json: field \"mixed[1]\": expected a number, got string \"x\"");
+  EXPECT_EQ(
+      Message(root_.RequiredInt64Array("doubles").status()),
+      "config.json: field \"doubles[1]\": expected an integer, got number 2.5");
   EXPECT_EQ(Message(root_.RequiredStringArray("name").status()),
-            "config.json: field \"name\": expected an array of strings, got string \"llama\"");
+            "config.json: field \"name\": expected an array of strings, got "
+            "string \"llama\"");
 
   auto items = root_.RequiredArray("mixed");
   ASSERT_TRUE(items.ok()) << items.status();
@@ -147,12 +162,18 @@ TEST_F(JsonReaderTest, MissingAndNullFields) {
   EXPECT_EQ(root_.Field("absent").path(), "absent");
   // Every getter of each kind says "required but missing" the same way.
   for (const absl::Status& status :
-       {root_.RequiredInt64("absent").status(), root_.RequiredDouble("absent").status(),
-        root_.RequiredBool("absent").status(), root_.RequiredStringOrList("absent").status(),
-        root_.RequiredInt64OrList("absent").status(), root_.RequiredDoubleArray("absent").status(),
-        root_.RequiredStringArray("absent").status(), root_.RequiredInt64Array("absent").status(),
-        root_.RequiredArray("absent").status(), root_.Child("absent").status()}) {
-    EXPECT_EQ(Message(status), "config.json: field \"absent\": required but missing");
+       {root_.RequiredInt64("absent").status(),
+        root_.RequiredDouble("absent").status(),
+        root_.RequiredBool("absent").status(),
+        root_.RequiredStringOrList("absent").status(),
+        root_.RequiredInt64OrList("absent").status(),
+        root_.RequiredDoubleArray("absent").status(),
+        root_.RequiredStringArray("absent").status(),
+        root_.RequiredInt64Array("absent").status(),
+        root_.RequiredArray("absent").status(),
+        root_.Child("absent").status()}) {
+    EXPECT_EQ(Message(status),
+              "config.json: field \"absent\": required but missing");
   }
 }
 
@@ -163,15 +184,18 @@ TEST_F(JsonReaderTest, NestedPaths) {
   EXPECT_EQ(model->file(), "config.json");
   EXPECT_EQ(*model->RequiredString("type"), "BPE");
   EXPECT_EQ(Message(model->RequiredInt("type").status()),
-            "config.json: field \"model.type\": expected an integer, got string \"BPE\"");
+            "config.json: field \"model.type\": expected an integer, got "
+            "string \"BPE\"");
 
   auto merges = model->RequiredArray("merges");
   ASSERT_TRUE(merges.ok());
   EXPECT_THAT(*(*merges)[1].AsStringOrList(), ElementsAre("c", "d"));
   EXPECT_EQ(Message((*merges)[2].AsStringOrList().status()),
-            "config.json: field \"model.merges[2]\": expected a string or a list of strings, "
+            "config.json: field \"model.merges[2]\": expected a string or a "
+            "list of strings, "
             "got number 3");
-  EXPECT_EQ(model->Field("merges").Element(1).Element(0).path(), "model.merges[1][0]");
+  EXPECT_EQ(model->Field("merges").Element(1).Element(0).path(),
+            "model.merges[1][0]");
   EXPECT_TRUE(model->Field("merges").Element(9).is_null());
 
   // Keys that are not identifiers are quoted.
@@ -182,7 +206,8 @@ TEST_F(JsonReaderTest, NestedPaths) {
   ASSERT_EQ(members->size(), 2u);
   EXPECT_EQ((*members)[0].first, "<s>");
   EXPECT_EQ(Message((*members)[0].second.AsInt64().status()),
-            "config.json: field \"model.vocab['<s>']\": expected an integer, got string \"one\"");
+            "config.json: field \"model.vocab['<s>']\": expected an integer, "
+            "got string \"one\"");
   EXPECT_EQ(vocab->Field("it's").path(), "model.vocab['it\\'s']");
 
   // Child and OptionalChild need objects.
@@ -191,8 +216,9 @@ TEST_F(JsonReaderTest, NestedPaths) {
   EXPECT_FALSE(root_.OptionalChild("absent")->has_value());
   EXPECT_FALSE(root_.OptionalChild("null")->has_value());
   EXPECT_TRUE(root_.OptionalChild("model")->has_value());
-  EXPECT_EQ(Message(root_.OptionalChild("name").status()),
-            "config.json: field \"name\": expected an object, got string \"llama\"");
+  EXPECT_EQ(
+      Message(root_.OptionalChild("name").status()),
+      "config.json: field \"name\": expected an object, got string \"llama\"");
 }
 
 TEST_F(JsonReaderTest, FieldsOfANonObject) {
@@ -208,20 +234,24 @@ TEST_F(JsonReaderTest, FieldsOfANonObject) {
   // At the root there is no field to name.
   nlohmann::json array = nlohmann::json::array({1});
   JsonReader root(array, "some/config.json");
-  EXPECT_EQ(Message(root.ExpectObject()), "some/config.json: expected an object, got array");
+  EXPECT_EQ(Message(root.ExpectObject()),
+            "some/config.json: expected an object, got array");
 }
 
 TEST_F(JsonReaderTest, ErrorHelpers) {
   EXPECT_EQ(Message(root_.FieldError("vocab_size", "must be positive, got 0")),
             "config.json: field \"vocab_size\": must be positive, got 0");
   EXPECT_EQ(Message(root_.Error("bad")), "config.json: bad");
-  EXPECT_EQ(Message(root_.Field("model").Error("bad")), "config.json: field \"model\": bad");
-  EXPECT_EQ(Message(root_.Field("name").TypeError("a token id")),
-            "config.json: field \"name\": expected a token id, got string \"llama\"");
-  const absl::Status annotated =
-      root_.Field("model").Annotate(absl::UnimplementedError("unsupported model type 'X'"));
+  EXPECT_EQ(Message(root_.Field("model").Error("bad")),
+            "config.json: field \"model\": bad");
+  EXPECT_EQ(
+      Message(root_.Field("name").TypeError("a token id")),
+      "config.json: field \"name\": expected a token id, got string \"llama\"");
+  const absl::Status annotated = root_.Field("model").Annotate(
+      absl::UnimplementedError("unsupported model type 'X'"));
   EXPECT_EQ(annotated.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_EQ(Message(annotated), "config.json: field \"model\": unsupported model type 'X'");
+  EXPECT_EQ(Message(annotated),
+            "config.json: field \"model\": unsupported model type 'X'");
   EXPECT_TRUE(root_.Annotate(absl::OkStatus()).ok());
 }
 
@@ -232,7 +262,8 @@ TEST(ParseJsonTextTest, NamesTheFileAndThePosition) {
 
   auto bad = ParseJsonText("{\"a\": ", "dir/x.json");
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(bad.status()), StartsWith("dir/x.json: not valid JSON: "));
+  EXPECT_THAT(Message(bad.status()),
+              StartsWith("dir/x.json: not valid JSON: "));
   EXPECT_THAT(Message(bad.status()), HasSubstr("line 1"));
   EXPECT_FALSE(ParseJsonText("", "empty.json").ok());
   EXPECT_FALSE(ParseJsonText("\xff\xfe", "binary.json").ok());
@@ -246,9 +277,11 @@ TEST(JsonReaderInvalidUtf8Test, MessagesNeverThrow) {
   JsonReader reader(json, "u.json");
   auto value = reader.RequiredInt("s");
   EXPECT_EQ(value.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(value.status()), StartsWith("u.json: field \"s\": expected an integer"));
+  EXPECT_THAT(Message(value.status()),
+              StartsWith("u.json: field \"s\": expected an integer"));
   EXPECT_EQ(*reader.RequiredInt("k\xff"), 1);
-  EXPECT_EQ(reader.RequiredString("k\xff").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(reader.RequiredString("k\xff").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

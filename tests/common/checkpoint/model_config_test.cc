@@ -5,9 +5,9 @@
 
 #include <string>
 
-#include "tests/testing/test_models.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/test_models.h"
 #include "tests/testing/test_util.h"
 #include "tools/shared_data.h"
 
@@ -62,8 +62,10 @@ void ExpectSameConfig(const ModelConfig& a, const ModelConfig& b) {
   if (a.rope_scaling.has_value()) {
     EXPECT_EQ(a.rope_scaling->rope_type, b.rope_scaling->rope_type);
     EXPECT_DOUBLE_EQ(a.rope_scaling->factor, b.rope_scaling->factor);
-    EXPECT_DOUBLE_EQ(a.rope_scaling->low_freq_factor, b.rope_scaling->low_freq_factor);
-    EXPECT_DOUBLE_EQ(a.rope_scaling->high_freq_factor, b.rope_scaling->high_freq_factor);
+    EXPECT_DOUBLE_EQ(a.rope_scaling->low_freq_factor,
+                     b.rope_scaling->low_freq_factor);
+    EXPECT_DOUBLE_EQ(a.rope_scaling->high_freq_factor,
+                     b.rope_scaling->high_freq_factor);
     EXPECT_EQ(a.rope_scaling->original_max_position_embeddings,
               b.rope_scaling->original_max_position_embeddings);
   }
@@ -104,8 +106,9 @@ TEST(ModelConfigTest, ParsesLlama) {
 
 TEST(ModelConfigTest, Defaults) {
   nlohmann::json json = LlamaJson();
-  for (const char* field : {"num_key_value_heads", "rms_norm_eps", "rope_theta", "rope_scaling",
-                            "tie_word_embeddings", "bos_token_id", "eos_token_id", "torch_dtype"}) {
+  for (const char* field :
+       {"num_key_value_heads", "rms_norm_eps", "rope_theta", "rope_scaling",
+        "tie_word_embeddings", "bos_token_id", "eos_token_id", "torch_dtype"}) {
     json.erase(field);
   }
   json["head_dim"] = nullptr;
@@ -165,9 +168,11 @@ TEST(ModelConfigTest, RopeScalingLlama3) {
 TEST(ModelConfigTest, RopeScalingErrors) {
   nlohmann::json json = LlamaJson();
   json["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("unsupported rope_scaling type 'yarn'"));
+  EXPECT_THAT(Message(ParseError(json)),
+              HasSubstr("unsupported rope_scaling type 'yarn'"));
   json["rope_scaling"] = {{"type", "dynamic"}, {"factor", 4.0}};
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("unsupported rope_scaling type 'dynamic'"));
+  EXPECT_THAT(Message(ParseError(json)),
+              HasSubstr("unsupported rope_scaling type 'dynamic'"));
   json["rope_scaling"] = {{"factor", 4.0}};
   EXPECT_THAT(Message(ParseError(json)), HasSubstr("rope_type"));
   json["rope_scaling"] = {{"rope_type", "linear"}};
@@ -178,7 +183,8 @@ TEST(ModelConfigTest, RopeScalingErrors) {
                           {"factor", 8.0},
                           {"low_freq_factor", 4.0},
                           {"high_freq_factor", 1.0}};
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("high_freq_factor > low_freq_factor"));
+  EXPECT_THAT(Message(ParseError(json)),
+              HasSubstr("high_freq_factor > low_freq_factor"));
   json["rope_scaling"] = "llama3";
   EXPECT_THAT(Message(ParseError(json)), HasSubstr("rope_scaling"));
 }
@@ -239,56 +245,75 @@ TEST(ModelConfigTest, MistralSlidingWindowWhenNonNull) {
   EXPECT_EQ(config->max_context(), 2048);
 
   json["sliding_window"] = 0;
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("config.json: field \"sliding_window\": must be positive, got 0"));
+  EXPECT_THAT(
+      Message(ParseError(json)),
+      HasSubstr(
+          "config.json: field \"sliding_window\": must be positive, got 0"));
 }
 
 TEST(ModelConfigTest, UnsupportedModelType) {
   nlohmann::json json = LlamaJson();
   json["model_type"] = "gpt2";
   EXPECT_EQ(Message(ParseError(json)),
-            "config.json: field \"model_type\": unsupported model_type 'gpt2' (supported: llama, "
+            "config.json: field \"model_type\": unsupported model_type 'gpt2' "
+            "(supported: llama, "
             "mistral, qwen2, qwen3)");
   json.erase("model_type");
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("field \"model_type\": required but missing"));
+  EXPECT_THAT(Message(ParseError(json)),
+              HasSubstr("field \"model_type\": required but missing"));
   json["model_type"] = 3;
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("field \"model_type\": expected a string, got number 3"));
+  EXPECT_THAT(
+      Message(ParseError(json)),
+      HasSubstr("field \"model_type\": expected a string, got number 3"));
 }
 
 TEST(ModelConfigTest, RequiredFieldsAreNamed) {
-  for (const char* field : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                            "num_attention_heads", "max_position_embeddings"}) {
+  for (const char* field :
+       {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+        "num_attention_heads", "max_position_embeddings"}) {
     nlohmann::json json = LlamaJson();
     json.erase(field);
     EXPECT_THAT(Message(ParseError(json)),
-                HasSubstr(std::string("field \"") + field + "\": required but missing"));
+                HasSubstr(std::string("field \"") + field +
+                          "\": required but missing"));
     json[field] = 0;
-    EXPECT_THAT(Message(ParseError(json)), AllOf(HasSubstr(std::string("field \"") + field + "\""),
-                                                 HasSubstr("must be positive, got 0")));
+    EXPECT_THAT(Message(ParseError(json)),
+                AllOf(HasSubstr(std::string("field \"") + field + "\""),
+                      HasSubstr("must be positive, got 0")));
     json[field] = -3;
-    EXPECT_THAT(Message(ParseError(json)), HasSubstr("must be positive, got -3"));
+    EXPECT_THAT(Message(ParseError(json)),
+                HasSubstr("must be positive, got -3"));
     json[field] = "12";
-    EXPECT_THAT(Message(ParseError(json)), HasSubstr("expected an integer, got string \"12\""));
+    EXPECT_THAT(Message(ParseError(json)),
+                HasSubstr("expected an integer, got string \"12\""));
     json[field] = 12.5;
-    EXPECT_THAT(Message(ParseError(json)), HasSubstr("expected an integer, got number 12.5"));
+    EXPECT_THAT(Message(ParseError(json)),
+                HasSubstr("expected an integer, got number 12.5"));
   }
   for (const char* field : {"num_key_value_heads", "head_dim"}) {
     nlohmann::json json = LlamaJson();
     json[field] = -1;
-    EXPECT_THAT(Message(ParseError(json)), HasSubstr(std::string("field \"") + field + "\""));
+    EXPECT_THAT(Message(ParseError(json)),
+                HasSubstr(std::string("field \"") + field + "\""));
   }
   nlohmann::json json = LlamaJson();
   json["rms_norm_eps"] = 0;
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("field \"rms_norm_eps\": must be positive"));
+  EXPECT_THAT(Message(ParseError(json)),
+              HasSubstr("field \"rms_norm_eps\": must be positive"));
   json = LlamaJson();
   json["rope_theta"] = "big";
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("field \"rope_theta\": expected a number"));
+  EXPECT_THAT(Message(ParseError(json)),
+              HasSubstr("field \"rope_theta\": expected a number"));
   json = LlamaJson();
   json["tie_word_embeddings"] = 1;
-  EXPECT_THAT(Message(ParseError(json)), HasSubstr("field \"tie_word_embeddings\": expected true or false"));
+  EXPECT_THAT(
+      Message(ParseError(json)),
+      HasSubstr("field \"tie_word_embeddings\": expected true or false"));
   json = LlamaJson();
   json["eos_token_id"] = {2, -1};
   EXPECT_THAT(Message(ParseError(json)),
-              HasSubstr("field \"eos_token_id[1]\": expected a token id (0 to 2147483647), got -1"));
+              HasSubstr("field \"eos_token_id[1]\": expected a token id (0 to "
+                        "2147483647), got -1"));
   // Integral floats are accepted.
   json = LlamaJson();
   json["vocab_size"] = 1000.0;
@@ -298,13 +323,16 @@ TEST(ModelConfigTest, RequiredFieldsAreNamed) {
 TEST(ModelConfigTest, MalformedFieldNamesFileAndField) {
   nlohmann::json json = LlamaJson();
   json["num_hidden_layers"] = "4";
-  EXPECT_EQ(Message(ParseModelConfig(json.dump(), "models/x/config.json").status()),
-            "models/x/config.json: field \"num_hidden_layers\": expected an integer, got "
-            "string \"4\"");
+  EXPECT_EQ(
+      Message(ParseModelConfig(json.dump(), "models/x/config.json").status()),
+      "models/x/config.json: field \"num_hidden_layers\": expected an integer, "
+      "got "
+      "string \"4\"");
   json = LlamaJson();
   json["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", "eight"}};
   EXPECT_EQ(Message(ParseError(json)),
-            "config.json: field \"rope_scaling.factor\": expected a number, got string "
+            "config.json: field \"rope_scaling.factor\": expected a number, "
+            "got string "
             "\"eight\"");
 }
 
@@ -312,23 +340,28 @@ TEST(ModelConfigTest, HeadDivisibility) {
   nlohmann::json json = LlamaJson();
   json["num_attention_heads"] = 7;
   json["num_key_value_heads"] = 7;
-  EXPECT_THAT(Message(ParseError(json)),
-              HasSubstr("hidden_size 128 is not divisible by num_attention_heads 7"));
+  EXPECT_THAT(
+      Message(ParseError(json)),
+      HasSubstr("hidden_size 128 is not divisible by num_attention_heads 7"));
   json["head_dim"] = 16;  // An explicit head_dim needs no divisibility.
   EXPECT_TRUE(Parse(json).ok());
 
   json = LlamaJson();
   json["num_key_value_heads"] = 3;
-  EXPECT_THAT(Message(ParseError(json)),
-              HasSubstr("num_attention_heads 8 is not divisible by num_key_value_heads 3"));
+  EXPECT_THAT(
+      Message(ParseError(json)),
+      HasSubstr(
+          "num_attention_heads 8 is not divisible by num_key_value_heads 3"));
 }
 
 TEST(ModelConfigTest, NotJson) {
   auto config = ParseModelConfig("{\"model_type\": ", "some/config.json");
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(config.status()), StartsWith("some/config.json: not valid JSON: "));
+  EXPECT_THAT(Message(config.status()),
+              StartsWith("some/config.json: not valid JSON: "));
   config = ParseModelConfig("[1]", "config.json");
-  EXPECT_EQ(Message(config.status()), "config.json: expected an object, got array");
+  EXPECT_EQ(Message(config.status()),
+            "config.json: expected an object, got array");
 }
 
 TEST(ModelConfigTest, LoadsStories260k) {
@@ -355,8 +388,9 @@ TEST(ModelConfigTest, GenerationConfigOverridesTokenIds) {
   const testing::ScopedTempDir temp("model_config");
   const std::string& dir = temp.path();
   WriteFile(dir + "/config.json", LlamaJson().dump());
-  WriteFile(dir + "/generation_config.json",
-            R"({"bos_token_id": 5, "eos_token_id": [7, 8], "temperature": 0.6})");
+  WriteFile(
+      dir + "/generation_config.json",
+      R"({"bos_token_id": 5, "eos_token_id": [7, 8], "temperature": 0.6})");
   auto config = LoadModelConfig(dir);
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->bos_token_id, 5);
@@ -372,18 +406,21 @@ TEST(ModelConfigTest, GenerationConfigOverridesTokenIds) {
   WriteFile(dir + "/generation_config.json", "{oops");
   config = LoadModelConfig(dir);
   EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(config.status()), HasSubstr(dir + "/generation_config.json"));
+  EXPECT_THAT(Message(config.status()),
+              HasSubstr(dir + "/generation_config.json"));
 
   WriteFile(dir + "/generation_config.json", R"({"eos_token_id": "x"})");
   config = LoadModelConfig(dir);
   EXPECT_THAT(Message(config.status()),
-              HasSubstr("generation_config.json: field \"eos_token_id\": expected an integer or a "
+              HasSubstr("generation_config.json: field \"eos_token_id\": "
+                        "expected an integer or a "
                         "list of integers, got string \"x\""));
 
   WriteFile(dir + "/config.json", R"({"model_type": "gpt2"})");
   config = LoadModelConfig(dir);
   EXPECT_THAT(Message(config.status()),
-              AllOf(HasSubstr(dir + "/config.json"), HasSubstr("unsupported model_type 'gpt2'")));
+              AllOf(HasSubstr(dir + "/config.json"),
+                    HasSubstr("unsupported model_type 'gpt2'")));
 }
 
 TEST(ModelConfigTest, MissingFolder) {
@@ -442,7 +479,8 @@ TEST(ModelConfigTest, Fingerprint) {
   ASSERT_TRUE(base.ok());
   const std::string fingerprint = base->Fingerprint();
   EXPECT_EQ(fingerprint.size(), 16u);
-  EXPECT_EQ(fingerprint.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(fingerprint.find_first_not_of("0123456789abcdef"),
+            std::string::npos);
   EXPECT_EQ(fingerprint, Parse(LlamaJson())->Fingerprint());
 
   // Token ids and dtype are not architecture.

@@ -12,8 +12,8 @@
 #include <thread>
 #include <vector>
 
-#include "tests/testing/test_models.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/test_models.h"
 #include "tests/testing/test_util.h"
 #include "tools/shared_data.h"
 
@@ -41,10 +41,12 @@ class SafetensorsBadFileTest : public ::testing::Test {
   absl::Status OpenBytes(const std::string& bytes) {
     path_ = temp_.path() + "/bad.safetensors";
     WriteFile(path_, bytes);
-    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path_);
+    absl::StatusOr<std::unique_ptr<SafetensorsFile>> file =
+        SafetensorsFile::Open(path_);
     EXPECT_FALSE(file.ok());
     if (file.ok()) return absl::OkStatus();
-    EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument) << file.status();
+    EXPECT_EQ(file.status().code(), absl::StatusCode::kInvalidArgument)
+        << file.status();
     EXPECT_THAT(Message(file.status()), HasSubstr(path_));
     return file.status();
   }
@@ -101,12 +103,13 @@ TEST(SafetensorsTest, RoundTripsEveryDtypeWithValues) {
   EXPECT_EQ((*file)->Find("c.f16")->dtype, "F16");
 
   for (const auto& [name, expected] :
-       std::vector<std::pair<std::string, torch::Tensor>>{{"a.f32", f32},
-                                                          {"b.bf16", bf16},
-                                                          {"c.f16", f16},
-                                                          {"d.scalar", scalar},
-                                                          {"e.empty", empty},
-                                                          {"f.transposed", transposed}}) {
+       std::vector<std::pair<std::string, torch::Tensor>>{
+           {"a.f32", f32},
+           {"b.bf16", bf16},
+           {"c.f16", f16},
+           {"d.scalar", scalar},
+           {"e.empty", empty},
+           {"f.transposed", transposed}}) {
     auto view = (*file)->View(name);
     ASSERT_TRUE(view.ok()) << view.status();
     EXPECT_EQ(view->scalar_type(), expected.scalar_type()) << name;
@@ -115,13 +118,15 @@ TEST(SafetensorsTest, RoundTripsEveryDtypeWithValues) {
   }
   auto missing = (*file)->View("nope");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(Message(missing.status()), AllOf(HasSubstr("nope"), HasSubstr(path)));
+  EXPECT_THAT(Message(missing.status()),
+              AllOf(HasSubstr("nope"), HasSubstr(path)));
 }
 
 TEST(SafetensorsTest, ViewsAliasTheMapping) {
   const testing::ScopedTempDir temp("safetensors");
   const std::string path = temp.path() + "/model.safetensors";
-  ASSERT_TRUE(WriteSafetensors(path, {{"x", torch::arange(16, torch::kFloat32)}}).ok());
+  ASSERT_TRUE(
+      WriteSafetensors(path, {{"x", torch::arange(16, torch::kFloat32)}}).ok());
   auto file = SafetensorsFile::Open(path);
   ASSERT_TRUE(file.ok());
   auto a = (*file)->View("x");
@@ -150,10 +155,13 @@ TEST(SafetensorsTest, ZeroTensorsIsValid) {
 TEST(SafetensorsTest, WriteRejectsUnsupportedDtypes) {
   const testing::ScopedTempDir temp("safetensors");
   const std::string path = temp.path() + "/model.safetensors";
-  absl::Status status = WriteSafetensors(path, {{"ints", torch::zeros({2}, torch::kInt64)}});
+  absl::Status status =
+      WriteSafetensors(path, {{"ints", torch::zeros({2}, torch::kInt64)}});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(status), AllOf(HasSubstr("ints"), HasSubstr("unsupported")));
-  status = WriteSafetensors(path, {{"x", torch::zeros({2})}, {"x", torch::zeros({2})}});
+  EXPECT_THAT(Message(status),
+              AllOf(HasSubstr("ints"), HasSubstr("unsupported")));
+  status = WriteSafetensors(
+      path, {{"x", torch::zeros({2})}, {"x", torch::zeros({2})}});
   EXPECT_THAT(Message(status), HasSubstr("duplicate"));
   EXPECT_FALSE(std::filesystem::exists(path));
 }
@@ -161,18 +169,22 @@ TEST(SafetensorsTest, WriteRejectsUnsupportedDtypes) {
 TEST(SafetensorsTest, StreamingWriteChecksEachTensorAgainstItsSpec) {
   const testing::ScopedTempDir temp("safetensors");
   const std::string path = temp.path() + "/model.safetensors";
-  absl::Status status = WriteSafetensorsStreaming(
-      path, {{"w", "F32", {2, 2}}},
-      [](size_t) -> absl::StatusOr<torch::Tensor> { return torch::zeros({3}); });
+  absl::Status status =
+      WriteSafetensorsStreaming(path, {{"w", "F32", {2, 2}}},
+                                [](size_t) -> absl::StatusOr<torch::Tensor> {
+                                  return torch::zeros({3});
+                                });
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(status), AllOf(HasSubstr("'w'"), HasSubstr("[3]"), HasSubstr("[2, 2]")));
+  EXPECT_THAT(Message(status),
+              AllOf(HasSubstr("'w'"), HasSubstr("[3]"), HasSubstr("[2, 2]")));
   EXPECT_FALSE(std::filesystem::exists(path));
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp"));
 
   ASSERT_TRUE(WriteSafetensorsStreaming(
                   path, {{"w", "BF16", {2, 2}}, {"v", "F32", {3}}},
                   [](size_t i) -> absl::StatusOr<torch::Tensor> {
-                    return i == 0 ? torch::ones({2, 2}, torch::kBFloat16) : torch::ones({3});
+                    return i == 0 ? torch::ones({2, 2}, torch::kBFloat16)
+                                  : torch::ones({3});
                   })
                   .ok());
   auto file = SafetensorsFile::Open(path);
@@ -185,7 +197,8 @@ TEST(SafetensorsTest, StreamingWriteChecksEachTensorAgainstItsSpec) {
 // Bad files: every problem gets an InvalidArgument naming the file.
 
 TEST_F(SafetensorsBadFileTest, ShorterThanEightBytes) {
-  EXPECT_THAT(Message(OpenBytes("abc")), HasSubstr("shorter than the 8-byte header length"));
+  EXPECT_THAT(Message(OpenBytes("abc")),
+              HasSubstr("shorter than the 8-byte header length"));
   EXPECT_THAT(Message(OpenBytes("")), HasSubstr("0 bytes"));
 }
 
@@ -193,38 +206,52 @@ TEST_F(SafetensorsBadFileTest, HeaderLengthPastEndOfFile) {
   std::string bytes = RawFile("{}", 0);
   uint64_t huge = 1000;
   std::memcpy(bytes.data(), &huge, 8);
-  EXPECT_THAT(Message(OpenBytes(bytes)), HasSubstr("header length 1000 runs past the end"));
+  EXPECT_THAT(Message(OpenBytes(bytes)),
+              HasSubstr("header length 1000 runs past the end"));
   huge = ~0ull;
   std::memcpy(bytes.data(), &huge, 8);
   EXPECT_THAT(Message(OpenBytes(bytes)), HasSubstr("runs past the end"));
 }
 
 TEST_F(SafetensorsBadFileTest, HeaderNotJson) {
-  EXPECT_THAT(Message(OpenHeader("{\"a\": ", 0)), HasSubstr("header is not valid JSON"));
-  EXPECT_THAT(Message(OpenHeader("\xff\xfe garbage", 0)), HasSubstr("not valid JSON"));
+  EXPECT_THAT(Message(OpenHeader("{\"a\": ", 0)),
+              HasSubstr("header is not valid JSON"));
+  EXPECT_THAT(Message(OpenHeader("\xff\xfe garbage", 0)),
+              HasSubstr("not valid JSON"));
 }
 
 TEST_F(SafetensorsBadFileTest, HeaderNotAnObject) {
-  EXPECT_THAT(Message(OpenHeader("[1, 2]", 0)), HasSubstr("header is not a JSON object"));
-  EXPECT_THAT(Message(OpenHeader("42", 0)), HasSubstr("header is not a JSON object"));
+  EXPECT_THAT(Message(OpenHeader("[1, 2]", 0)),
+              HasSubstr("header is not a JSON object"));
+  EXPECT_THAT(Message(OpenHeader("42", 0)),
+              HasSubstr("header is not a JSON object"));
 }
 
 TEST_F(SafetensorsBadFileTest, EntryMissingFields) {
-  EXPECT_THAT(Message(OpenHeader(R"({"w": {"shape": [2], "data_offsets": [0, 8]}})", 8)),
+  EXPECT_THAT(Message(OpenHeader(
+                  R"({"w": {"shape": [2], "data_offsets": [0, 8]}})", 8)),
               AllOf(HasSubstr("'w'"), HasSubstr("missing 'dtype'")));
-  EXPECT_THAT(Message(OpenHeader(R"({"w": {"dtype": "F32", "data_offsets": [0, 8]}})", 8)),
+  EXPECT_THAT(Message(OpenHeader(
+                  R"({"w": {"dtype": "F32", "data_offsets": [0, 8]}})", 8)),
               AllOf(HasSubstr("'w'"), HasSubstr("missing 'shape'")));
-  EXPECT_THAT(Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [2]}})", 8)),
-              AllOf(HasSubstr("'w'"), HasSubstr("missing 'data_offsets'")));
-  EXPECT_THAT(Message(OpenHeader(R"({"w": 3})", 8)), HasSubstr("not a JSON object"));
   EXPECT_THAT(
-      Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})", 8)),
+      Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [2]}})", 8)),
+      AllOf(HasSubstr("'w'"), HasSubstr("missing 'data_offsets'")));
+  EXPECT_THAT(Message(OpenHeader(R"({"w": 3})", 8)),
+              HasSubstr("not a JSON object"));
+  EXPECT_THAT(
+      Message(OpenHeader(
+          R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0]}})", 8)),
       HasSubstr("'data_offsets' must be two non-negative integers"));
   EXPECT_THAT(
-      Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})", 8)),
+      Message(OpenHeader(
+          R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})",
+          8)),
       HasSubstr("'data_offsets' must be two non-negative integers"));
   EXPECT_THAT(
-      Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}})", 8)),
+      Message(OpenHeader(
+          R"({"w": {"dtype": "F32", "shape": ["2"], "data_offsets": [0, 8]}})",
+          8)),
       HasSubstr("non-integer"));
   EXPECT_THAT(Message(OpenHeader(R"({"__metadata__": [1]})", 0)),
               HasSubstr("'__metadata__' is not a JSON object"));
@@ -233,26 +260,35 @@ TEST_F(SafetensorsBadFileTest, EntryMissingFields) {
 }
 
 TEST_F(SafetensorsBadFileTest, UnsupportedDtypes) {
-  for (const std::string dtype : {"I8", "F64", "BOOL", "U8", "I64", "F8_E4M3"}) {
-    const std::string header =
-        R"({"w": {"dtype": ")" + dtype + R"(", "shape": [2], "data_offsets": [0, 2]}})";
+  for (const std::string dtype :
+       {"I8", "F64", "BOOL", "U8", "I64", "F8_E4M3"}) {
+    const std::string header = R"({"w": {"dtype": ")" + dtype +
+                               R"(", "shape": [2], "data_offsets": [0, 2]}})";
     EXPECT_THAT(Message(OpenHeader(header, 16)),
-                AllOf(HasSubstr("unsupported dtype '" + dtype + "'"), HasSubstr("'w'")));
+                AllOf(HasSubstr("unsupported dtype '" + dtype + "'"),
+                      HasSubstr("'w'")));
   }
 }
 
 TEST_F(SafetensorsBadFileTest, NegativeDimension) {
-  EXPECT_THAT(Message(OpenHeader(
-                  R"({"w": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 8]}})", 8)),
-              AllOf(HasSubstr("'w'"), HasSubstr("negative dimension")));
+  EXPECT_THAT(
+      Message(OpenHeader(
+          R"({"w": {"dtype": "F32", "shape": [2, -1], "data_offsets": [0, 8]}})",
+          8)),
+      AllOf(HasSubstr("'w'"), HasSubstr("negative dimension")));
 }
 
 TEST_F(SafetensorsBadFileTest, OffsetsDoNotMatchShape) {
-  EXPECT_THAT(Message(OpenHeader(
-                  R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 12]}})", 24)),
-              AllOf(HasSubstr("'w'"), HasSubstr("span 12 bytes"), HasSubstr("needs 24 bytes")));
   EXPECT_THAT(
-      Message(OpenHeader(R"({"w": {"dtype": "BF16", "shape": [4], "data_offsets": [8, 0]}})", 8)),
+      Message(OpenHeader(
+          R"({"w": {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 12]}})",
+          24)),
+      AllOf(HasSubstr("'w'"), HasSubstr("span 12 bytes"),
+            HasSubstr("needs 24 bytes")));
+  EXPECT_THAT(
+      Message(OpenHeader(
+          R"({"w": {"dtype": "BF16", "shape": [4], "data_offsets": [8, 0]}})",
+          8)),
       HasSubstr("end before they begin"));
   // Element count overflowing 64 bits.
   EXPECT_THAT(
@@ -264,15 +300,19 @@ TEST_F(SafetensorsBadFileTest, OffsetsDoNotMatchShape) {
 
 TEST_F(SafetensorsBadFileTest, OffsetsOutOfDataSection) {
   EXPECT_THAT(
-      Message(OpenHeader(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})", 16)),
+      Message(OpenHeader(
+          R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})",
+          16)),
       AllOf(HasSubstr("'w'"), HasSubstr("out of the data section (16 bytes)")));
 }
 
 TEST_F(SafetensorsBadFileTest, OverlappingTensors) {
-  EXPECT_THAT(Message(OpenHeader(R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+  EXPECT_THAT(
+      Message(OpenHeader(
+          R"({"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
                                      "b": {"dtype": "F32", "shape": [2], "data_offsets": [8, 16]}})",
-                                 16)),
-              AllOf(HasSubstr("'a'"), HasSubstr("'b'"), HasSubstr("overlap")));
+          16)),
+      AllOf(HasSubstr("'a'"), HasSubstr("'b'"), HasSubstr("overlap")));
 }
 
 TEST(SafetensorsTest, MissingFileIsNotFound) {
@@ -301,29 +341,34 @@ TEST(CheckpointTest, OpensStories260k) {
   EXPECT_EQ(embed->scalar_type(), torch::kFloat32);
   EXPECT_TRUE(torch::isfinite(*embed).all().item<bool>());
   EXPECT_GT(embed->abs().sum().item<float>(), 0);
-  auto q = (*checkpoint)->Get("model.layers.4.self_attn.k_proj.weight", {32, 64});
+  auto q =
+      (*checkpoint)->Get("model.layers.4.self_attn.k_proj.weight", {32, 64});
   ASSERT_TRUE(q.ok()) << q.status();
 
   auto view = (*checkpoint)->View("model.layers.0.mlp.gate_proj.weight");
   ASSERT_TRUE(view.ok()) << view.status();
   EXPECT_EQ(view->sizes(), (std::vector<int64_t>{172, 64}));
-  const TensorInfo* info = (*checkpoint)->Find("model.layers.0.mlp.down_proj.weight");
+  const TensorInfo* info =
+      (*checkpoint)->Find("model.layers.0.mlp.down_proj.weight");
   ASSERT_NE(info, nullptr);
   EXPECT_EQ(info->shape, (std::vector<int64_t>{64, 172}));
   EXPECT_EQ(info->dtype, "F32");
   EXPECT_EQ((*checkpoint)->Find("lm_head.weight"), nullptr);
   auto absent = (*checkpoint)->View("lm_head.weight");
   EXPECT_EQ(absent.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(Message(absent.status()), AllOf(HasSubstr("lm_head.weight"), HasSubstr(dir)));
+  EXPECT_THAT(Message(absent.status()),
+              AllOf(HasSubstr("lm_head.weight"), HasSubstr(dir)));
 
   auto wrong = (*checkpoint)->Get("model.norm.weight", {32});
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(wrong.status()),
-              AllOf(HasSubstr("model.safetensors"), HasSubstr("model.norm.weight"),
-                    HasSubstr("has shape [64]"), HasSubstr("expected [32]")));
+  EXPECT_THAT(
+      Message(wrong.status()),
+      AllOf(HasSubstr("model.safetensors"), HasSubstr("model.norm.weight"),
+            HasSubstr("has shape [64]"), HasSubstr("expected [32]")));
   auto missing = (*checkpoint)->Get("lm_head.weight", {512, 64});
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(Message(missing.status()), AllOf(HasSubstr("lm_head.weight"), HasSubstr(dir)));
+  EXPECT_THAT(Message(missing.status()),
+              AllOf(HasSubstr("lm_head.weight"), HasSubstr(dir)));
 
   auto file = SafetensorsFile::Open(dir + "/model.safetensors");
   ASSERT_TRUE(file.ok());
@@ -365,7 +410,8 @@ TEST(CheckpointTest, BadSingleFileIsReported) {
   WriteFile(dir + "/model.safetensors", "xyz");
   auto checkpoint = Checkpoint::Open(dir);
   EXPECT_EQ(checkpoint.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(Message(checkpoint.status()), HasSubstr(dir + "/model.safetensors"));
+  EXPECT_THAT(Message(checkpoint.status()),
+              HasSubstr(dir + "/model.safetensors"));
 }
 
 // ---------------------------------------------------------------------------
@@ -378,15 +424,20 @@ class ShardedCheckpointTest : public ::testing::Test {
     a_ = torch::randn({4, 3});
     b_ = torch::randn({5}).to(torch::kBFloat16);
     c_ = torch::randn({2, 2}).to(torch::kFloat16);
-    ASSERT_TRUE(
-        WriteSafetensors(dir_ + "/model-00001-of-00002.safetensors", {{"a", a_}, {"b", b_}}).ok());
-    ASSERT_TRUE(WriteSafetensors(dir_ + "/model-00002-of-00002.safetensors", {{"c", c_}}).ok());
+    ASSERT_TRUE(WriteSafetensors(dir_ + "/model-00001-of-00002.safetensors",
+                                 {{"a", a_}, {"b", b_}})
+                    .ok());
+    ASSERT_TRUE(WriteSafetensors(dir_ + "/model-00002-of-00002.safetensors",
+                                 {{"c", c_}})
+                    .ok());
   }
 
   void WriteIndex(const std::string& text) {
     WriteFile(dir_ + "/model.safetensors.index.json", text);
   }
-  std::string IndexPath() const { return dir_ + "/model.safetensors.index.json"; }
+  std::string IndexPath() const {
+    return dir_ + "/model.safetensors.index.json";
+  }
 
   const testing::ScopedTempDir temp_{"safetensors"};
   std::string dir_;
@@ -398,10 +449,13 @@ TEST_F(ShardedCheckpointTest, RoundTrip) {
       "a": "model-00001-of-00002.safetensors", "b": "model-00001-of-00002.safetensors",
       "c": "model-00002-of-00002.safetensors"}})");
   // A single-file model.safetensors beside the index is ignored.
-  ASSERT_TRUE(WriteSafetensors(dir_ + "/model.safetensors", {{"z", torch::zeros({1})}}).ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir_ + "/model.safetensors", {{"z", torch::zeros({1})}})
+          .ok());
   auto checkpoint = Checkpoint::Open(dir_);
   ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
-  EXPECT_EQ((*checkpoint)->TensorNames(), (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ((*checkpoint)->TensorNames(),
+            (std::vector<std::string>{"a", "b", "c"}));
   EXPECT_FALSE((*checkpoint)->Has("z"));
   auto a = (*checkpoint)->Get("a", {4, 3});
   auto b = (*checkpoint)->Get("b", {5});
@@ -411,7 +465,8 @@ TEST_F(ShardedCheckpointTest, RoundTrip) {
   EXPECT_TRUE(torch::equal(*b, b_));
   EXPECT_TRUE(torch::equal(*c, c_));
   auto wrong = (*checkpoint)->Get("c", {4});
-  EXPECT_THAT(Message(wrong.status()), HasSubstr("model-00002-of-00002.safetensors"));
+  EXPECT_THAT(Message(wrong.status()),
+              HasSubstr("model-00002-of-00002.safetensors"));
 }
 
 TEST_F(ShardedCheckpointTest, MalformedIndex) {
@@ -428,7 +483,8 @@ TEST_F(ShardedCheckpointTest, MalformedIndex) {
 
   WriteIndex(R"({"weight_map": {"a": 7}})");
   checkpoint = Checkpoint::Open(dir_);
-  EXPECT_THAT(Message(checkpoint.status()), AllOf(HasSubstr(IndexPath()), HasSubstr("'a'")));
+  EXPECT_THAT(Message(checkpoint.status()),
+              AllOf(HasSubstr(IndexPath()), HasSubstr("'a'")));
 
   WriteIndex(R"({"weight_map": {"a": "../model-00001-of-00002.safetensors"}})");
   checkpoint = Checkpoint::Open(dir_);
@@ -441,7 +497,8 @@ TEST_F(ShardedCheckpointTest, MissingShard) {
   auto checkpoint = Checkpoint::Open(dir_);
   EXPECT_EQ(checkpoint.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(Message(checkpoint.status()),
-              AllOf(HasSubstr(IndexPath()), HasSubstr("model-00003-of-00003.safetensors"),
+              AllOf(HasSubstr(IndexPath()),
+                    HasSubstr("model-00003-of-00003.safetensors"),
                     HasSubstr("'c'"), HasSubstr("does not exist")));
 }
 
@@ -452,7 +509,8 @@ TEST_F(ShardedCheckpointTest, TensorNotInItsShard) {
   EXPECT_EQ(checkpoint.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(checkpoint.status()),
               AllOf(HasSubstr(IndexPath()), HasSubstr("'c'"),
-                    HasSubstr("model-00001-of-00002.safetensors"), HasSubstr("no such tensor")));
+                    HasSubstr("model-00001-of-00002.safetensors"),
+                    HasSubstr("no such tensor")));
 }
 
 TEST_F(ShardedCheckpointTest, CorruptShard) {
@@ -461,7 +519,8 @@ TEST_F(ShardedCheckpointTest, CorruptShard) {
   auto checkpoint = Checkpoint::Open(dir_);
   EXPECT_EQ(checkpoint.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(checkpoint.status()),
-              AllOf(HasSubstr("model-00002-of-00002.safetensors"), HasSubstr("not a JSON object")));
+              AllOf(HasSubstr("model-00002-of-00002.safetensors"),
+                    HasSubstr("not a JSON object")));
 }
 
 }  // namespace

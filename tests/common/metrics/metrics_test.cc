@@ -1,5 +1,5 @@
-// Tests of the Prometheus metrics (common/metrics/metrics.h): the text format and
-// serving it over HTTP.
+// Tests of the Prometheus metrics (common/metrics/metrics.h): the text format
+// and serving it over HTTP.
 #include "common/metrics/metrics.h"
 
 #include <arpa/inet.h>
@@ -15,11 +15,20 @@ namespace {
 
 TEST(MetricsTest, RendersCountersGaugesAndHistograms) {
   MetricsRegistry registry;
-  registry.AddCounter("knapserve_requests_total", "Calls by code.", "code=\"OK\"").Add(3);
-  registry.AddCounter("knapserve_requests_total", "Calls by code.", "code=\"CANCELLED\"").Add();
-  registry.AddCounter("knapserve_requests_total", "Calls by code.", "code=\"OK\"").Add();
-  registry.AddGauge("knapserve_running_requests", "Running.", [] { return 2.0; });
-  Histogram& h = registry.AddHistogram("knapserve_ttft_seconds", "TTFT.", {0.1, 1});
+  registry
+      .AddCounter("knapserve_requests_total", "Calls by code.", "code=\"OK\"")
+      .Add(3);
+  registry
+      .AddCounter("knapserve_requests_total", "Calls by code.",
+                  "code=\"CANCELLED\"")
+      .Add();
+  registry
+      .AddCounter("knapserve_requests_total", "Calls by code.", "code=\"OK\"")
+      .Add();
+  registry.AddGauge("knapserve_running_requests", "Running.",
+                    [] { return 2.0; });
+  Histogram& h =
+      registry.AddHistogram("knapserve_ttft_seconds", "TTFT.", {0.1, 1});
   h.Observe(0.05);
   h.Observe(0.5);
   h.Observe(7);
@@ -30,15 +39,17 @@ TEST(MetricsTest, RendersCountersGaugesAndHistograms) {
                       "knapserve_requests_total{code=\"CANCELLED\"} 1\n"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("# TYPE knapserve_running_requests gauge\nknapserve_running_requests 2\n"),
+  EXPECT_NE(text.find("# TYPE knapserve_running_requests "
+                      "gauge\nknapserve_running_requests 2\n"),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("knapserve_ttft_seconds_bucket{le=\"0.10000000000000001\"} 1\n"
-                      "knapserve_ttft_seconds_bucket{le=\"1\"} 2\n"
-                      "knapserve_ttft_seconds_bucket{le=\"+Inf\"} 3\n"
-                      "knapserve_ttft_seconds_sum 7.5499999999999998\n"
-                      "knapserve_ttft_seconds_count 3\n"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find("knapserve_ttft_seconds_bucket{le=\"0.10000000000000001\"} 1\n"
+                "knapserve_ttft_seconds_bucket{le=\"1\"} 2\n"
+                "knapserve_ttft_seconds_bucket{le=\"+Inf\"} 3\n"
+                "knapserve_ttft_seconds_sum 7.5499999999999998\n"
+                "knapserve_ttft_seconds_count 3\n"),
+      std::string::npos)
       << text;
 }
 
@@ -53,14 +64,16 @@ std::string HttpGet(int port, const std::string& path) {
     close(fd);
     return "";
   }
-  const std::string request = "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
+  const std::string request =
+      "GET " + path + " HTTP/1.0\r\nHost: localhost\r\n\r\n";
   if (write(fd, request.data(), request.size()) < 0) {
     close(fd);
     return "";
   }
   std::string response;
   char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, n);
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;)
+    response.append(buffer, n);
   close(fd);
   return response;
 }
@@ -77,9 +90,13 @@ TEST(MetricsTest, ServesTheTextOverHttp) {
     if (response.empty()) usleep(20 * 1000);
   }
   EXPECT_NE(response.find("200 OK"), std::string::npos) << response;
-  EXPECT_NE(response.find("text/plain; version=0.0.4"), std::string::npos) << response;
-  EXPECT_NE(response.find("knapserve_generation_tokens_total 42"), std::string::npos) << response;
-  EXPECT_NE(HttpGet(server->bound_port(), "/nothing").find("404"), std::string::npos);
+  EXPECT_NE(response.find("text/plain; version=0.0.4"), std::string::npos)
+      << response;
+  EXPECT_NE(response.find("knapserve_generation_tokens_total 42"),
+            std::string::npos)
+      << response;
+  EXPECT_NE(HttpGet(server->bound_port(), "/nothing").find("404"),
+            std::string::npos);
 }
 
 }  // namespace

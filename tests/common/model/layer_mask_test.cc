@@ -141,12 +141,14 @@ TEST(LayerMaskTest, RejectsMalformedEntriesNamingThem) {
     auto mask = LayerMask::Parse(text, 4);
     ASSERT_FALSE(mask.ok()) << "parsed as '" << mask->ToString() << "'";
     EXPECT_EQ(mask.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(mask.status().message().find("layer mask"), std::string::npos) << mask.status();
+    EXPECT_NE(mask.status().message().find("layer mask"), std::string::npos)
+        << mask.status();
   }
   // The bad entry is quoted.
   auto mask = LayerMask::Parse("a1,x3,m2", 4);
   ASSERT_FALSE(mask.ok());
-  EXPECT_NE(mask.status().message().find("'x3'"), std::string::npos) << mask.status();
+  EXPECT_NE(mask.status().message().find("'x3'"), std::string::npos)
+      << mask.status();
 }
 
 TEST(LayerMaskTest, RejectsLayersTheModelDoesNotHave) {
@@ -156,7 +158,8 @@ TEST(LayerMaskTest, RejectsLayersTheModelDoesNotHave) {
     ASSERT_FALSE(mask.ok());
     EXPECT_EQ(mask.status().code(), absl::StatusCode::kInvalidArgument);
     // Names the model's layer count.
-    EXPECT_NE(mask.status().message().find("4 layers"), std::string::npos) << mask.status();
+    EXPECT_NE(mask.status().message().find("4 layers"), std::string::npos)
+        << mask.status();
   }
   // Any entry is out of range for a model without layers; "" is fine.
   EXPECT_FALSE(LayerMask::Parse("a0", 0).ok());
@@ -169,7 +172,8 @@ TEST(LayerMaskTest, RejectsASublayerNamedTwice) {
     auto mask = LayerMask::Parse(text, 4);
     ASSERT_FALSE(mask.ok());
     EXPECT_EQ(mask.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(mask.status().message().find("twice"), std::string::npos) << mask.status();
+    EXPECT_NE(mask.status().message().find("twice"), std::string::npos)
+        << mask.status();
   }
   // Attention and MLP of one layer are two different sublayers.
   EXPECT_TRUE(LayerMask::Parse("a1,m1", 4).ok());

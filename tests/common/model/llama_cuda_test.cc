@@ -45,7 +45,8 @@ TEST_F(LlamaCudaTest, Bf16RunsOnCuda) {
   ASSERT_TRUE(model.ok()) << model.status();
   c10::InferenceMode guard;
   auto kv = (*model)->AllocateKv(8);
-  torch::Tensor logits = (*model)->Forward(torch::arange(1, 9, torch::kInt64), 0, kv);
+  torch::Tensor logits =
+      (*model)->Forward(torch::arange(1, 9, torch::kInt64), 0, kv);
   EXPECT_EQ(logits.device().type(), torch::kCUDA);
   EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
 }

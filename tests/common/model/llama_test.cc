@@ -9,8 +9,8 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -23,14 +23,17 @@
 namespace knapserve {
 namespace {
 
-using testing::RandomModelDir;
 using testing::LoadModelOrFail;
+using testing::RandomModelDir;
 using testing::Stories260kDir;
 
-torch::Tensor Ids(const std::vector<int64_t>& ids) { return torch::tensor(ids, torch::kInt64); }
+torch::Tensor Ids(const std::vector<int64_t>& ids) {
+  return torch::tensor(ids, torch::kInt64);
+}
 
 // Greedy loop over the sublayer API, one token per step.
-std::vector<int64_t> GreedyTokens(const LlamaModel& model, const std::vector<int64_t>& prompt,
+std::vector<int64_t> GreedyTokens(const LlamaModel& model,
+                                  const std::vector<int64_t>& prompt,
                                   int steps) {
   c10::InferenceMode guard;
   auto kv = model.AllocateKv(static_cast<int64_t>(prompt.size()) + steps);
@@ -54,10 +57,12 @@ TEST(LlamaModelTest, Stories260kReproducesGoldenGreedyContinuation) {
   // From ../shared/models/stories260k/SOURCE.md (llama2.c convention, numpy).
   const std::vector<int64_t> prompt = {1, 410, 469, 347};
   const std::vector<int64_t> golden = {
-      286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410, 408, 419, 292, 411,
-      322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394, 261, 370, 432, 352, 266, 268, 388, 426,
-      338, 391, 266, 267, 337, 335, 312, 432, 398, 358, 279, 292, 416, 439, 413, 391, 267, 337, 335};
-  EXPECT_EQ(GreedyTokens(*model, prompt, static_cast<int>(golden.size())), golden);
+      286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410,
+      408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385, 328, 432, 358, 394,
+      261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312,
+      432, 398, 358, 279, 292, 416, 439, 413, 391, 267, 337, 335};
+  EXPECT_EQ(GreedyTokens(*model, prompt, static_cast<int>(golden.size())),
+            golden);
 }
 
 // A deliberately plain forward pass, written the way Hugging Face's
@@ -73,16 +78,21 @@ torch::Tensor ReferenceLogits(const std::string& dir, const ModelConfig& c,
     return (*checkpoint)->View(name).value().to(torch::kFloat32);
   };
   auto rms = [&](torch::Tensor x, torch::Tensor weight) {
-    return weight * (x * torch::rsqrt(x.pow(2).mean(-1, true) + c.rms_norm_eps));
+    return weight *
+           (x * torch::rsqrt(x.pow(2).mean(-1, true) + c.rms_norm_eps));
   };
   const int64_t t = static_cast<int64_t>(ids.size());
-  const int64_t hd = c.head_dim, nh = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const int64_t hd = c.head_dim, nh = c.num_attention_heads,
+                nkv = c.num_key_value_heads;
   torch::Tensor inv_freq = RopeInverseFrequencies(c);
-  torch::Tensor freqs = torch::outer(torch::arange(t).to(torch::kFloat32), inv_freq);
+  torch::Tensor freqs =
+      torch::outer(torch::arange(t).to(torch::kFloat32), inv_freq);
   torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  torch::Tensor cos = emb.cos().unsqueeze(0), sin = emb.sin().unsqueeze(0);  // [1, T, hd]
+  torch::Tensor cos = emb.cos().unsqueeze(0),
+                sin = emb.sin().unsqueeze(0);  // [1, T, hd]
   auto rotate_half = [&](torch::Tensor x) {
-    return torch::cat({-x.narrow(-1, hd / 2, hd / 2), x.narrow(-1, 0, hd / 2)}, -1);
+    return torch::cat({-x.narrow(-1, hd / 2, hd / 2), x.narrow(-1, 0, hd / 2)},
+                      -1);
   };
   torch::Tensor h = w("model.embed_tokens.weight").index_select(0, Ids(ids));
   torch::Tensor causal = torch::ones({t, t}, torch::kBool).triu(1);
@@ -90,12 +100,15 @@ torch::Tensor ReferenceLogits(const std::string& dir, const ModelConfig& c,
     const std::string p = absl::StrCat("model.layers.", i, ".");
     torch::Tensor x = rms(h, w(p + "input_layernorm.weight"));
     auto proj = [&](const std::string& name) {
-      torch::Tensor y = torch::matmul(x, w(p + "self_attn." + name + ".weight").t());
+      torch::Tensor y =
+          torch::matmul(x, w(p + "self_attn." + name + ".weight").t());
       if (c.attention_bias) y = y + w(p + "self_attn." + name + ".bias");
       return y;
     };
-    torch::Tensor q = proj("q_proj").view({t, nh, hd}).transpose(0, 1);    // [H, T, hd]
-    torch::Tensor k = proj("k_proj").view({t, nkv, hd}).transpose(0, 1);   // [KV, T, hd]
+    torch::Tensor q =
+        proj("q_proj").view({t, nh, hd}).transpose(0, 1);  // [H, T, hd]
+    torch::Tensor k =
+        proj("k_proj").view({t, nkv, hd}).transpose(0, 1);  // [KV, T, hd]
     torch::Tensor v = proj("v_proj").view({t, nkv, hd}).transpose(0, 1);
     if (c.qk_norm) {
       q = rms(q, w(p + "self_attn.q_norm.weight"));
@@ -105,32 +118,39 @@ torch::Tensor ReferenceLogits(const std::string& dir, const ModelConfig& c,
     k = k * cos + rotate_half(k) * sin;
     k = k.repeat_interleave(nh / nkv, 0);
     v = v.repeat_interleave(nh / nkv, 0);
-    torch::Tensor scores = torch::matmul(q, k.transpose(1, 2)) / std::sqrt(static_cast<double>(hd));
+    torch::Tensor scores = torch::matmul(q, k.transpose(1, 2)) /
+                           std::sqrt(static_cast<double>(hd));
     scores = scores.masked_fill(causal, -INFINITY);
-    torch::Tensor attn = torch::matmul(torch::softmax(scores, -1), v);  // [H, T, hd]
+    torch::Tensor attn =
+        torch::matmul(torch::softmax(scores, -1), v);  // [H, T, hd]
     attn = attn.transpose(0, 1).reshape({t, nh * hd});
     h = h + torch::matmul(attn, w(p + "self_attn.o_proj.weight").t());
     x = rms(h, w(p + "post_attention_layernorm.weight"));
-    torch::Tensor act = torch::silu(torch::matmul(x, w(p + "mlp.gate_proj.weight").t())) *
-                        torch::matmul(x, w(p + "mlp.up_proj.weight").t());
+    torch::Tensor act =
+        torch::silu(torch::matmul(x, w(p + "mlp.gate_proj.weight").t())) *
+        torch::matmul(x, w(p + "mlp.up_proj.weight").t());
     h = h + torch::matmul(act, w(p + "mlp.down_proj.weight").t());
   }
   h = rms(h, w("model.norm.weight"));
-  const std::string head = (*checkpoint)->Has("lm_head.weight") ? "lm_head.weight"
-                                                               : "model.embed_tokens.weight";
+  const std::string head = (*checkpoint)->Has("lm_head.weight")
+                               ? "lm_head.weight"
+                               : "model.embed_tokens.weight";
   return torch::matmul(h, w(head).t());
 }
 
 std::vector<int64_t> SomeIds(int64_t vocab, int n, int64_t seed) {
   std::vector<int64_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back((seed * 7919 + i * 104729 + i * i * 31) % vocab);
+  for (int i = 0; i < n; ++i)
+    ids.push_back((seed * 7919 + i * 104729 + i * i * 31) % vocab);
   return ids;
 }
 
 class ArchitectureTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ArchitectureTest, MatchesPlainReferenceForward) {
-  const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
+  const std::string dir = GetParam() == "stories260k"
+                              ? Stories260kDir()
+                              : RandomModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
@@ -140,12 +160,15 @@ TEST_P(ArchitectureTest, MatchesPlainReferenceForward) {
   torch::Tensor ours = model->Forward(Ids(ids), 0, kv);
   torch::Tensor reference = ReferenceLogits(dir, model->config(), ids);
   ASSERT_EQ(ours.sizes(), reference.sizes());
-  EXPECT_LT((ours - reference).abs().max().item<double>(), 1e-3 * (1 + reference.abs().max().item<double>()));
+  EXPECT_LT((ours - reference).abs().max().item<double>(),
+            1e-3 * (1 + reference.abs().max().item<double>()));
   EXPECT_TRUE(torch::equal(ours.argmax(-1), reference.argmax(-1)));
 }
 
 TEST_P(ArchitectureTest, IncrementalDecodeMatchesFullForward) {
-  const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
+  const std::string dir = GetParam() == "stories260k"
+                              ? Stories260kDir()
+                              : RandomModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
@@ -156,16 +179,21 @@ TEST_P(ArchitectureTest, IncrementalDecodeMatchesFullForward) {
   auto kv_step = model->AllocateKv(40);
   for (int64_t pos = 0; pos < 40; ++pos) {
     torch::Tensor step = model->Forward(Ids({ids[pos]}), pos, kv_step)[0];
-    ASSERT_TRUE(torch::allclose(step, full[pos], 1e-4, 1e-4)) << "position " << pos;
+    ASSERT_TRUE(torch::allclose(step, full[pos], 1e-4, 1e-4))
+        << "position " << pos;
   }
   for (int layer = 0; layer < model->num_layers(); ++layer) {
-    EXPECT_TRUE(torch::allclose(kv_full[layer].k, kv_step[layer].k, 1e-5, 1e-5));
-    EXPECT_TRUE(torch::allclose(kv_full[layer].v, kv_step[layer].v, 1e-5, 1e-5));
+    EXPECT_TRUE(
+        torch::allclose(kv_full[layer].k, kv_step[layer].k, 1e-5, 1e-5));
+    EXPECT_TRUE(
+        torch::allclose(kv_full[layer].v, kv_step[layer].v, 1e-5, 1e-5));
   }
 }
 
 TEST_P(ArchitectureTest, ChunkedPrefillMatchesOneShot) {
-  const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
+  const std::string dir = GetParam() == "stories260k"
+                              ? Stories260kDir()
+                              : RandomModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
@@ -178,13 +206,16 @@ TEST_P(ArchitectureTest, ChunkedPrefillMatchesOneShot) {
     torch::Tensor chunked = model->Prefill(Ids(ids), 0, kv_chunked, chunk);
     EXPECT_TRUE(torch::allclose(one, chunked, 1e-4, 1e-4)) << "chunk " << chunk;
     for (int layer = 0; layer < model->num_layers(); ++layer) {
-      EXPECT_TRUE(torch::allclose(kv_one[layer].k, kv_chunked[layer].k, 1e-5, 1e-5));
+      EXPECT_TRUE(
+          torch::allclose(kv_one[layer].k, kv_chunked[layer].k, 1e-5, 1e-5));
     }
   }
 }
 
 TEST_P(ArchitectureTest, Bf16StaysCloseToFp32) {
-  const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
+  const std::string dir = GetParam() == "stories260k"
+                              ? Stories260kDir()
+                              : RandomModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto fp32 = LoadModelOrFail(dir);
   auto bf16 = LoadModelOrFail(dir, torch::kBFloat16);
@@ -198,13 +229,15 @@ TEST_P(ArchitectureTest, Bf16StaysCloseToFp32) {
   torch::Tensor b = bf16->Forward(Ids(ids), 0, kv16);
   EXPECT_EQ(b.scalar_type(), torch::kFloat32);
   const double cosine =
-      torch::cosine_similarity(a.reshape({1, -1}), b.reshape({1, -1})).item<double>();
+      torch::cosine_similarity(a.reshape({1, -1}), b.reshape({1, -1}))
+          .item<double>();
   EXPECT_GT(cosine, 0.99);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ArchitectureTest,
-                         ::testing::Values("stories260k", "tiny-llama", "tiny-qwen2",
-                                           "tiny-qwen3", "tiny-llama3"),
+                         ::testing::Values("stories260k", "tiny-llama",
+                                           "tiny-qwen2", "tiny-qwen3",
+                                           "tiny-llama3"),
                          [](const auto& info) {
                            std::string name = info.param;
                            for (char& ch : name) {
@@ -214,32 +247,46 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ArchitectureTest,
                          });
 
 TEST_P(ArchitectureTest, BranchAttentionMatchesCachedAttentionPerBranch) {
-  const std::string dir = GetParam() == "stories260k" ? Stories260kDir() : RandomModelDir(GetParam());
+  const std::string dir = GetParam() == "stories260k"
+                              ? Stories260kDir()
+                              : RandomModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
   c10::InferenceMode guard;
   const int64_t prefix_len = 11, r = 4;
-  const std::vector<int64_t> ids = SomeIds(model->config().vocab_size, prefix_len + r, 4);
+  const std::vector<int64_t> ids =
+      SomeIds(model->config().vocab_size, prefix_len + r, 4);
   auto kv = model->AllocateKv(prefix_len + r);
-  model->Forward(Ids(std::vector<int64_t>(ids.begin(), ids.begin() + prefix_len)), 0, kv);
+  model->Forward(
+      Ids(std::vector<int64_t>(ids.begin(), ids.begin() + prefix_len)), 0, kv);
   // Two branches: the real embeddings of the r tokens, and a perturbed copy.
-  torch::Tensor h0 = model->Embed(Ids(std::vector<int64_t>(ids.begin() + prefix_len, ids.end())));
+  torch::Tensor h0 = model->Embed(
+      Ids(std::vector<int64_t>(ids.begin() + prefix_len, ids.end())));
   torch::Tensor h1 = h0 * 1.5 + 0.01;
   torch::Tensor branches = torch::stack({h0, h1});
   for (int layer = 0; layer < model->num_layers(); ++layer) {
-    torch::Tensor got = model->BranchAttention(layer, branches, prefix_len, kv[layer], prefix_len);
+    torch::Tensor got = model->BranchAttention(layer, branches, prefix_len,
+                                               kv[layer], prefix_len);
     for (int64_t b = 0; b < 2; ++b) {
       auto scratch = model->AllocateKv(prefix_len + r);
-      scratch[layer].k.narrow(1, 0, prefix_len).copy_(kv[layer].k.narrow(1, 0, prefix_len));
-      scratch[layer].v.narrow(1, 0, prefix_len).copy_(kv[layer].v.narrow(1, 0, prefix_len));
-      torch::Tensor want = model->Attention(layer, branches[b], prefix_len, scratch[layer]);
-      EXPECT_TRUE(torch::allclose(got[b], want, 1e-4, 1e-5)) << "layer " << layer << " branch " << b;
+      scratch[layer]
+          .k.narrow(1, 0, prefix_len)
+          .copy_(kv[layer].k.narrow(1, 0, prefix_len));
+      scratch[layer]
+          .v.narrow(1, 0, prefix_len)
+          .copy_(kv[layer].v.narrow(1, 0, prefix_len));
+      torch::Tensor want =
+          model->Attention(layer, branches[b], prefix_len, scratch[layer]);
+      EXPECT_TRUE(torch::allclose(got[b], want, 1e-4, 1e-5))
+          << "layer " << layer << " branch " << b;
     }
   }
   // The prefix cache is only read.
   auto fresh = model->AllocateKv(prefix_len + r);
-  model->Forward(Ids(std::vector<int64_t>(ids.begin(), ids.begin() + prefix_len)), 0, fresh);
+  model->Forward(
+      Ids(std::vector<int64_t>(ids.begin(), ids.begin() + prefix_len)), 0,
+      fresh);
   EXPECT_TRUE(torch::equal(fresh[0].k, kv[0].k));
   // Batched MLP equals per-branch MLP.
   torch::Tensor mlp = model->Mlp(0, branches);
@@ -255,11 +302,13 @@ std::vector<std::vector<int64_t>> IdListsIn(const std::string& path) {
   text << in.rdbuf();
   std::vector<std::vector<int64_t>> lists;
   const std::string s = text.str();
-  for (size_t at = s.find("```\n["); at != std::string::npos; at = s.find("```\n[", at + 1)) {
+  for (size_t at = s.find("```\n["); at != std::string::npos;
+       at = s.find("```\n[", at + 1)) {
     const size_t end = s.find(']', at);
     std::vector<int64_t> ids;
     std::stringstream items(s.substr(at + 5, end - at - 5));
-    for (std::string item; std::getline(items, item, ',');) ids.push_back(std::stoll(item));
+    for (std::string item; std::getline(items, item, ',');)
+      ids.push_back(std::stoll(item));
     lists.push_back(std::move(ids));
   }
   return lists;
@@ -276,7 +325,8 @@ TEST_P(DeepGoldenTest, ReproducesGoldenGreedyContinuation) {
   ASSERT_NE(model, nullptr);
   const std::vector<int64_t>& golden = lists[1];
   ASSERT_EQ(golden.size(), 64u);
-  EXPECT_EQ(GreedyTokens(*model, lists[0], static_cast<int>(golden.size())), golden);
+  EXPECT_EQ(GreedyTokens(*model, lists[0], static_cast<int>(golden.size())),
+            golden);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, DeepGoldenTest,
@@ -316,7 +366,8 @@ TEST(LlamaModelTest, MissingTensorIsAClearError) {
   ASSERT_FALSE(src.empty());
   const testing::ScopedTempDir temp("broken");
   const std::string& dir = temp.path();
-  for (const char* f : {"config.json", "generation_config.json", "tokenizer.json"}) {
+  for (const char* f :
+       {"config.json", "generation_config.json", "tokenizer.json"}) {
     std::filesystem::copy_file(src + "/" + f, dir + "/" + f);
   }
   // Rewrite the checkpoint without one tensor.
@@ -330,7 +381,8 @@ TEST(LlamaModelTest, MissingTensorIsAClearError) {
   ASSERT_TRUE(WriteSafetensors(dir + "/model.safetensors", tensors).ok());
   auto model = LlamaModel::Load(dir, ModelOptions());
   ASSERT_FALSE(model.ok());
-  EXPECT_NE(model.status().message().find("model.layers.1.mlp.up_proj.weight"), std::string::npos)
+  EXPECT_NE(model.status().message().find("model.layers.1.mlp.up_proj.weight"),
+            std::string::npos)
       << model.status();
 }
 

@@ -44,8 +44,8 @@ class TestStream final : public grpc::ServerWriteReactor<Response> {
 
 class TestService final : public v1::Generation::CallbackService {
  public:
-  grpc::ServerWriteReactor<Response>* Generate(grpc::CallbackServerContext*,
-                                               const v1::GenerateRequest*) override {
+  grpc::ServerWriteReactor<Response>* Generate(
+      grpc::CallbackServerContext*, const v1::GenerateRequest*) override {
     auto stream = std::make_unique<TestStream>();
     TestStream* raw = stream.get();
     absl::MutexLock lock(&mu_);
@@ -60,7 +60,8 @@ class TestService final : public v1::Generation::CallbackService {
     auto arrived = [this, want]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return streams_.size() >= want;
     };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&arrived), absl::Seconds(30))) return nullptr;
+    if (!mu_.AwaitWithTimeout(absl::Condition(&arrived), absl::Seconds(30)))
+      return nullptr;
     return streams_[taken_++].get();
   }
 
@@ -85,13 +86,14 @@ class QueuedWriterTest : public ::testing::Test {
  protected:
   void SetUp() override {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port_);
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     ASSERT_NE(port_, 0);
-    stub_ = v1::Generation::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port_),
-                                                        grpc::InsecureChannelCredentials()));
+    stub_ = v1::Generation::NewStub(grpc::CreateChannel(
+        absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials()));
   }
 
   void TearDown() override {
@@ -100,7 +102,8 @@ class QueuedWriterTest : public ::testing::Test {
 
   // Reads one whole call. `before_reading` runs after the call started and
   // before the first Read; `after_first` runs after the first message.
-  Received Read(grpc::ClientContext* context, const std::function<void()>& before_reading,
+  Received Read(grpc::ClientContext* context,
+                const std::function<void()>& before_reading,
                 const std::function<void()>& after_first = nullptr) {
     Received out;
     auto reader = stub_->Generate(context, v1::GenerateRequest());
@@ -136,7 +139,8 @@ TEST_F(QueuedWriterTest, WritesInOrderAndFinishesAfterTheQueueDrains) {
   for (int i = 0; i < kMessages; ++i) {
     ASSERT_TRUE(stream->writer.Enqueue(Message(absl::StrCat(i, ":", padding))));
   }
-  stream->writer.Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "after the last"));
+  stream->writer.Finish(
+      grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "after the last"));
   // Finish did not cut the queue: it is still waiting to be written.
   EXPECT_GT(stream->writer.pending(), 0u);
   EXPECT_FALSE(stream->done.HasBeenNotified());
@@ -153,7 +157,8 @@ TEST_F(QueuedWriterTest, WritesInOrderAndFinishesAfterTheQueueDrains) {
   EXPECT_FALSE(stream->writer.broken());
 }
 
-TEST_F(QueuedWriterTest, ConcurrentEnqueuesFromSeveralThreadsAllArriveInPerThreadOrder) {
+TEST_F(QueuedWriterTest,
+       ConcurrentEnqueuesFromSeveralThreadsAllArriveInPerThreadOrder) {
   constexpr int kThreads = 8;
   constexpr int kPerThread = 300;
   Received got;
@@ -168,7 +173,8 @@ TEST_F(QueuedWriterTest, ConcurrentEnqueuesFromSeveralThreadsAllArriveInPerThrea
   for (int t = 0; t < kThreads; ++t) {
     producers.emplace_back([&, t] {
       for (int i = 0; i < kPerThread; ++i) {
-        if (!stream->writer.Enqueue(Message(absl::StrCat(t, ":", i)))) refused.fetch_add(1);
+        if (!stream->writer.Enqueue(Message(absl::StrCat(t, ":", i))))
+          refused.fetch_add(1);
       }
     });
   }
@@ -184,7 +190,9 @@ TEST_F(QueuedWriterTest, ConcurrentEnqueuesFromSeveralThreadsAllArriveInPerThrea
     ASSERT_EQ(parts.size(), 2u) << text;
     int t = 0;
     int i = 0;
-    ASSERT_TRUE(absl::SimpleAtoi(parts[0], &t) && absl::SimpleAtoi(parts[1], &i)) << text;
+    ASSERT_TRUE(absl::SimpleAtoi(parts[0], &t) &&
+                absl::SimpleAtoi(parts[1], &i))
+        << text;
     ASSERT_GE(t, 0);
     ASSERT_LT(t, kThreads);
     EXPECT_EQ(i, next[t]) << "thread " << t << " out of order";
@@ -203,10 +211,12 @@ TEST_F(QueuedWriterTest, EnqueueAfterFinishIsDroppedAndTheFirstFinishWins) {
   });
   TestStream* stream = service_.NextStream();
   ASSERT_NE(stream, nullptr);
-  for (const char* text : {"a", "b", "c"}) EXPECT_TRUE(stream->writer.Enqueue(Message(text)));
+  for (const char* text : {"a", "b", "c"})
+    EXPECT_TRUE(stream->writer.Enqueue(Message(text)));
   stream->writer.Finish(grpc::Status::OK);
   EXPECT_FALSE(stream->writer.Enqueue(Message("late")));
-  stream->writer.Finish(grpc::Status(grpc::StatusCode::INTERNAL, "second finish"));
+  stream->writer.Finish(
+      grpc::Status(grpc::StatusCode::INTERNAL, "second finish"));
   may_read.Notify();
   client.join();
   EXPECT_EQ(got.texts, (std::vector<std::string>{"a", "b", "c"}));
@@ -217,7 +227,8 @@ TEST_F(QueuedWriterTest, EnqueueAfterFinishIsDroppedAndTheFirstFinishWins) {
   EXPECT_EQ(stream->writer.pending(), 0u);
 }
 
-TEST_F(QueuedWriterTest, CancellationDropsTheQueueRefusesMoreAndTheStreamStillFinishes) {
+TEST_F(QueuedWriterTest,
+       CancellationDropsTheQueueRefusesMoreAndTheStreamStillFinishes) {
   grpc::ClientContext context;
   absl::Notification first_read;
   Received got;
@@ -231,10 +242,12 @@ TEST_F(QueuedWriterTest, CancellationDropsTheQueueRefusesMoreAndTheStreamStillFi
   ASSERT_NE(stream, nullptr);
   ASSERT_TRUE(stream->writer.Enqueue(Message("first")));
   ASSERT_TRUE(first_read.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  ASSERT_TRUE(stream->cancelled.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  ASSERT_TRUE(
+      stream->cancelled.WaitForNotificationWithTimeout(absl::Seconds(30)));
   EXPECT_TRUE(stream->writer.broken());
   EXPECT_FALSE(stream->writer.Enqueue(Message("after cancel")));
-  EXPECT_FALSE(stream->done.HasBeenNotified());  // gRPC still waits for a Finish
+  EXPECT_FALSE(
+      stream->done.HasBeenNotified());  // gRPC still waits for a Finish
   stream->writer.Finish(grpc::Status::OK);
   EXPECT_TRUE(stream->done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   client.join();
@@ -257,7 +270,8 @@ TEST_F(QueuedWriterTest, CancellationWhileAFinishWaitsForAFullQueueFinishes) {
   });
   TestStream* stream = service_.NextStream();
   ASSERT_NE(stream, nullptr);
-  for (int i = 0; i < 4000; ++i) ASSERT_TRUE(stream->writer.Enqueue(Message(padding)));
+  for (int i = 0; i < 4000; ++i)
+    ASSERT_TRUE(stream->writer.Enqueue(Message(padding)));
   stream->writer.Finish(grpc::Status::OK);
   EXPECT_FALSE(stream->done.HasBeenNotified());
   cancel.Notify();

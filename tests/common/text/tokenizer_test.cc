@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "tests/testing/test_models.h"
-#include "tools/shared_data.h"
 #include "common/text/unicode_util.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/test_models.h"
 #include "tests/testing/test_util.h"
+#include "tools/shared_data.h"
 
 namespace knapserve {
 namespace {
@@ -46,7 +46,8 @@ std::vector<Golden> LoadGoldens(const std::string& path) {
   while (std::getline(in, line)) {
     if (line.empty()) continue;
     const json j = json::parse(line);
-    goldens.push_back({j.at("text").get<std::string>(), j.at("ids").get<std::vector<int32_t>>(),
+    goldens.push_back({j.at("text").get<std::string>(),
+                       j.at("ids").get<std::vector<int32_t>>(),
                        j.at("decoded").get<std::string>()});
   }
   return goldens;
@@ -67,15 +68,19 @@ std::vector<GoldenSet> FindGoldenSets() {
     }
     std::sort(dirs.begin(), dirs.end());
     for (const fs::path& dir : dirs) {
-      if (fs::exists(dir / "tokenizer.json") && fs::exists(dir / "golden.jsonl")) {
-        sets.push_back({dir.filename().string(), (dir / "tokenizer.json").string(),
+      if (fs::exists(dir / "tokenizer.json") &&
+          fs::exists(dir / "golden.jsonl")) {
+        sets.push_back({dir.filename().string(),
+                        (dir / "tokenizer.json").string(),
                         (dir / "golden.jsonl").string()});
       }
     }
   }
   const std::string stories = testing::Stories260kDir() + "/tokenizer.json";
-  const std::string golden = SharedPath("models/stories260k/golden_tokenizer.jsonl");
-  if (fs::exists(stories) && fs::exists(golden)) sets.push_back({"stories260k", stories, golden});
+  const std::string golden =
+      SharedPath("models/stories260k/golden_tokenizer.jsonl");
+  if (fs::exists(stories) && fs::exists(golden))
+    sets.push_back({"stories260k", stories, golden});
   return sets;
 }
 
@@ -83,8 +88,8 @@ std::string Printable(const std::string& s) { return json(s).dump(); }
 
 // Streams `ids` through an IncrementalDecoder; checks every piece is valid
 // UTF-8 and returns the concatenation (including Flush).
-std::string Stream(const Tokenizer& tokenizer, const std::vector<int32_t>& ids, bool skip,
-                   std::vector<int32_t> prompt = {}) {
+std::string Stream(const Tokenizer& tokenizer, const std::vector<int32_t>& ids,
+                   bool skip, std::vector<int32_t> prompt = {}) {
   IncrementalDecoder decoder(tokenizer, skip, std::move(prompt));
   std::string text;
   for (int32_t id : ids) {
@@ -103,10 +108,12 @@ std::string Stream(const Tokenizer& tokenizer, const std::vector<int32_t>& ids, 
 
 TEST(TokenizerGoldenTest, EncodeAndDecodeReproduceEveryGoldenLine) {
   const std::vector<GoldenSet> sets = FindGoldenSets();
-  if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
+  if (sets.empty())
+    GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.golden_path);
-    std::unique_ptr<Tokenizer> tokenizer = LoadTokenizerOrFail(set.tokenizer_path);
+    std::unique_ptr<Tokenizer> tokenizer =
+        LoadTokenizerOrFail(set.tokenizer_path);
     ASSERT_NE(tokenizer, nullptr);
     const std::vector<Golden> goldens = LoadGoldens(set.golden_path);
     ASSERT_FALSE(goldens.empty());
@@ -116,22 +123,27 @@ TEST(TokenizerGoldenTest, EncodeAndDecodeReproduceEveryGoldenLine) {
       ASSERT_TRUE(ids.ok()) << ids.status();
       EXPECT_EQ(*ids, golden.ids) << "text " << Printable(golden.text);
       encode_pass += *ids == golden.ids;
-      auto decoded = tokenizer->Decode(golden.ids, /*skip_special_tokens=*/false);
+      auto decoded =
+          tokenizer->Decode(golden.ids, /*skip_special_tokens=*/false);
       ASSERT_TRUE(decoded.ok()) << decoded.status();
-      EXPECT_EQ(*decoded, golden.decoded) << "ids of " << Printable(golden.text);
+      EXPECT_EQ(*decoded, golden.decoded)
+          << "ids of " << Printable(golden.text);
       decode_pass += *decoded == golden.decoded;
     }
-    std::cout << "[ golden   ] " << set.name << ": encode " << encode_pass << "/" << goldens.size()
-              << ", decode " << decode_pass << "/" << goldens.size() << "\n";
+    std::cout << "[ golden   ] " << set.name << ": encode " << encode_pass
+              << "/" << goldens.size() << ", decode " << decode_pass << "/"
+              << goldens.size() << "\n";
   }
 }
 
 TEST(TokenizerGoldenTest, IncrementalDecodeConcatenationEqualsDecode) {
   const std::vector<GoldenSet> sets = FindGoldenSets();
-  if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
+  if (sets.empty())
+    GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.golden_path);
-    std::unique_ptr<Tokenizer> tokenizer = LoadTokenizerOrFail(set.tokenizer_path);
+    std::unique_ptr<Tokenizer> tokenizer =
+        LoadTokenizerOrFail(set.tokenizer_path);
     ASSERT_NE(tokenizer, nullptr);
     for (const Golden& golden : LoadGoldens(set.golden_path)) {
       for (bool skip : {false, true}) {
@@ -148,20 +160,25 @@ TEST(TokenizerGoldenTest, IncrementalDecodeConcatenationEqualsDecode) {
 // prompt's text (where the prompt does not end inside a character).
 TEST(TokenizerGoldenTest, IncrementalDecodeAfterPromptContinuesPromptText) {
   const std::vector<GoldenSet> sets = FindGoldenSets();
-  if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
+  if (sets.empty())
+    GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.golden_path);
-    std::unique_ptr<Tokenizer> tokenizer = LoadTokenizerOrFail(set.tokenizer_path);
+    std::unique_ptr<Tokenizer> tokenizer =
+        LoadTokenizerOrFail(set.tokenizer_path);
     ASSERT_NE(tokenizer, nullptr);
     for (const Golden& golden : LoadGoldens(set.golden_path)) {
       const auto full = tokenizer->Decode(golden.ids);
       ASSERT_TRUE(full.ok());
       for (size_t k = 1; k < golden.ids.size(); ++k) {
-        const std::vector<int32_t> prompt(golden.ids.begin(), golden.ids.begin() + k);
-        const std::vector<int32_t> rest(golden.ids.begin() + k, golden.ids.end());
+        const std::vector<int32_t> prompt(golden.ids.begin(),
+                                          golden.ids.begin() + k);
+        const std::vector<int32_t> rest(golden.ids.begin() + k,
+                                        golden.ids.end());
         const auto prompt_text = tokenizer->Decode(prompt);
         ASSERT_TRUE(prompt_text.ok());
-        if (prompt_text->ends_with(kReplacementChar)) continue;  // Split inside a character.
+        if (prompt_text->ends_with(kReplacementChar))
+          continue;  // Split inside a character.
         EXPECT_EQ(*prompt_text + Stream(*tokenizer, rest, false, prompt), *full)
             << "text " << Printable(golden.text) << " split at " << k;
       }
@@ -169,7 +186,8 @@ TEST(TokenizerGoldenTest, IncrementalDecodeAfterPromptContinuesPromptText) {
   }
 }
 
-// --- SentencePiece-style BPE (stories260k) ------------------------------------
+// --- SentencePiece-style BPE (stories260k)
+// ------------------------------------
 
 class Stories260kTest : public ::testing::Test {
  protected:
@@ -224,7 +242,8 @@ TEST_F(Stories260kTest, StreamingAfterPromptKeepsTheSpace) {
   auto prompt = tokenizer_->Encode("Zoo", true);
   auto hello = tokenizer_->Encode("Hello", false);  // "▁H" "ello"...
   ASSERT_TRUE(prompt.ok() && hello.ok());
-  IncrementalDecoder decoder(*tokenizer_, /*skip_special_tokens=*/true, *prompt);
+  IncrementalDecoder decoder(*tokenizer_, /*skip_special_tokens=*/true,
+                             *prompt);
   std::string text;
   for (int32_t id : *hello) {
     auto piece = decoder.Push(id);
@@ -261,7 +280,8 @@ TEST_F(Stories260kTest, StreamingHoldsBackPartialCharacters) {
   auto decoded = tokenizer_->Decode(absl::MakeConstSpan(*ids).first(3));
   ASSERT_TRUE(decoded.ok());
   EXPECT_EQ(cut.Flush(), *decoded);
-  EXPECT_EQ(*decoded, "\xEF\xBF\xBD");  // One U+FFFD for the truncated sequence.
+  EXPECT_EQ(*decoded,
+            "\xEF\xBF\xBD");  // One U+FFFD for the truncated sequence.
 }
 
 TEST_F(Stories260kTest, MetaspacePreTokenizerVariantMatchesGoldens) {
@@ -276,7 +296,8 @@ TEST_F(Stories260kTest, MetaspacePreTokenizerVariantMatchesGoldens) {
   auto metaspace = Tokenizer::FromJson(j.dump(), "metaspace.json");
   ASSERT_TRUE(metaspace.ok()) << metaspace.status();
   KNAPSERVE_SKIP_WITHOUT_SHARED("models/stories260k/golden_tokenizer.jsonl");
-  const std::string golden_path = SharedPath("models/stories260k/golden_tokenizer.jsonl");
+  const std::string golden_path =
+      SharedPath("models/stories260k/golden_tokenizer.jsonl");
   for (const Golden& golden : LoadGoldens(golden_path)) {
     auto ids = (*metaspace)->Encode(golden.text, false);
     ASSERT_TRUE(ids.ok());
@@ -295,11 +316,14 @@ TEST_F(Stories260kTest, MetaspacePreTokenizerVariantMatchesGoldens) {
   ASSERT_TRUE(after_special.ok() && plain.ok());
   ASSERT_FALSE(after_special->empty());
   EXPECT_EQ((*after_special)[0], 1);
-  EXPECT_NE(std::vector<int32_t>(after_special->begin() + 1, after_special->end()), *plain);
+  EXPECT_NE(
+      std::vector<int32_t>(after_special->begin() + 1, after_special->end()),
+      *plain);
 
   // The Metaspace decoder drops the first token's "▁" and keeps the others.
-  j["decoder"] = {
-      {"type", "Metaspace"}, {"replacement", "\xE2\x96\x81"}, {"prepend_scheme", "always"}};
+  j["decoder"] = {{"type", "Metaspace"},
+                  {"replacement", "\xE2\x96\x81"},
+                  {"prepend_scheme", "always"}};
   auto decoder_variant = Tokenizer::FromJson(j.dump(), "metaspace.json");
   ASSERT_TRUE(decoder_variant.ok()) << decoder_variant.status();
   auto ids = (*decoder_variant)->Encode("Once upon a time", false);
@@ -309,7 +333,8 @@ TEST_F(Stories260kTest, MetaspacePreTokenizerVariantMatchesGoldens) {
   EXPECT_EQ(*text, "Once upon a time");
 }
 
-// --- SmolLM (byte-level BPE) ---------------------------------------------------
+// --- SmolLM (byte-level BPE)
+// ---------------------------------------------------
 
 class SmolLmTest : public ::testing::Test {
  protected:
@@ -346,7 +371,9 @@ TEST_F(SmolLmTest, NoBosAndSpecialTokens) {
 
 TEST_F(SmolLmTest, RoundTripsAndStreamsMixedScripts) {
   const std::vector<std::string> texts = {
-      "Hello 👋🏽 wörld! 中文 text, 日本語 and 한국어… 🏳️‍🌈 done.",
+      "Hello 👋🏽 wörld! 中文 text, 日本語 and 한국어… "
+      "🏳️‍🌈 "
+      "done.",
       "  leading and trailing  ",
       "\n\n\t tabs\r\nand CRLF\r\n",
       "emoji run: 😀😃😄😁😆😅😂🤣",
@@ -361,15 +388,18 @@ TEST_F(SmolLmTest, RoundTripsAndStreamsMixedScripts) {
   }
 }
 
-// --- Random id sequences -------------------------------------------------------
+// --- Random id sequences
+// -------------------------------------------------------
 
 TEST(IncrementalDecoderTest, RandomIdsConcatenateToDecode) {
   const std::vector<GoldenSet> sets = FindGoldenSets();
-  if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
+  if (sets.empty())
+    GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   std::mt19937 rng(1234);
   for (const GoldenSet& set : sets) {
     SCOPED_TRACE(set.tokenizer_path);
-    std::unique_ptr<Tokenizer> tokenizer = LoadTokenizerOrFail(set.tokenizer_path);
+    std::unique_ptr<Tokenizer> tokenizer =
+        LoadTokenizerOrFail(set.tokenizer_path);
     ASSERT_NE(tokenizer, nullptr);
     // Ids of byte tokens (<0xNN>) or of single-byte byte-level pieces, so that
     // characters are split and ill-formed sequences occur.
@@ -386,7 +416,9 @@ TEST(IncrementalDecoderTest, RandomIdsConcatenateToDecode) {
     for (int trial = 0; trial < 500; ++trial) {
       std::vector<int32_t> ids(1 + rng() % 24);
       for (int32_t& id : ids) {
-        id = (!byte_ids.empty() && rng() % 2 == 0) ? byte_ids[rng() % byte_ids.size()] : any(rng);
+        id = (!byte_ids.empty() && rng() % 2 == 0)
+                 ? byte_ids[rng() % byte_ids.size()]
+                 : any(rng);
       }
       for (bool skip : {false, true}) {
         auto full = tokenizer->Decode(ids, skip);
@@ -405,16 +437,19 @@ TEST(IncrementalDecoderTest, RandomIdsConcatenateToDecode) {
   }
 }
 
-// --- A hand-written byte-level tokenizer ---------------------------------------
+// --- A hand-written byte-level tokenizer
+// ---------------------------------------
 
 // GPT-2's bytes_to_unicode character for byte b.
 std::string ByteChar(int b) {
-  const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+  const bool printable =
+      (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
   int cp = b;
   if (!printable) {
     int n = 0;
     for (int i = 0; i < b; ++i) {
-      if (!((i >= '!' && i <= '~') || (i >= 0xA1 && i <= 0xAC) || i >= 0xAE)) ++n;
+      if (!((i >= '!' && i <= '~') || (i >= 0xA1 && i <= 0xAC) || i >= 0xAE))
+        ++n;
     }
     cp = 256 + n;
   }
@@ -482,26 +517,35 @@ json HandWrittenTokenizer() {
       {"normalizer", {{"type", "NFC"}}},
       {"pre_tokenizer",
        {{"type", "Sequence"},
-        {"pretokenizers", json::array({{{"type", "Split"},
-                                        {"pattern", {{"Regex", kLlama3Pattern}}},
-                                        {"behavior", "Isolated"},
-                                        {"invert", false}},
-                                       {{"type", "ByteLevel"},
-                                        {"add_prefix_space", false},
-                                        {"trim_offsets", true},
-                                        {"use_regex", false}}})}}},
+        {"pretokenizers",
+         json::array({{{"type", "Split"},
+                       {"pattern", {{"Regex", kLlama3Pattern}}},
+                       {"behavior", "Isolated"},
+                       {"invert", false}},
+                      {{"type", "ByteLevel"},
+                       {"add_prefix_space", false},
+                       {"trim_offsets", true},
+                       {"use_regex", false}}})}}},
       {"post_processor",
        {{"type", "Sequence"},
         {"processors",
          json::array(
              {{{"type", "ByteLevel"}, {"trim_offsets", false}},
               {{"type", "TemplateProcessing"},
-               {"single", json::array({{{"SpecialToken", {{"id", "<|eot|>"}, {"type_id", 0}}}},
-                                       {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+               {"single",
+                json::array(
+                    {{{"SpecialToken", {{"id", "<|eot|>"}, {"type_id", 0}}}},
+                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
                {"pair", json::array()},
                {"special_tokens",
-                {{"<|eot|>", {{"id", "<|eot|>"}, {"ids", {300}}, {"tokens", {"<|eot|>"}}}}}}}})}}},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"use_regex", true}}},
+                {{"<|eot|>",
+                  {{"id", "<|eot|>"},
+                   {"ids", {300}},
+                   {"tokens", {"<|eot|>"}}}}}}}})}}},
+      {"decoder",
+       {{"type", "ByteLevel"},
+        {"add_prefix_space", true},
+        {"use_regex", true}}},
       {"model",
        {{"type", "BPE"},
         {"dropout", nullptr},
@@ -520,7 +564,8 @@ json HandWrittenTokenizer() {
 class HandWrittenTokenizerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto tokenizer = Tokenizer::FromJson(HandWrittenTokenizer().dump(), "handwritten.json");
+    auto tokenizer =
+        Tokenizer::FromJson(HandWrittenTokenizer().dump(), "handwritten.json");
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
     tokenizer_ = std::move(tokenizer).value();
   }
@@ -538,7 +583,8 @@ class HandWrittenTokenizerTest : public ::testing::Test {
 };
 
 TEST_F(HandWrittenTokenizerTest, AppliesMergesByRank) {
-  EXPECT_EQ(Encode("hello world"), (std::vector<int32_t>{Id("hello"), Id(" world")}));
+  EXPECT_EQ(Encode("hello world"),
+            (std::vector<int32_t>{Id("hello"), Id(" world")}));
   // "abc": "a b" (rank 9) beats "b c" (rank 10), then "ab c".
   EXPECT_EQ(Encode("abc"), std::vector<int32_t>{Id("abc")});
   // "bc" alone uses the lower-priority merge.
@@ -559,13 +605,14 @@ TEST_F(HandWrittenTokenizerTest, AppliesMergesByRank) {
 TEST_F(HandWrittenTokenizerTest, NormalizesToNfcAndRoundTrips) {
   // "e" + COMBINING ACUTE ACCENT composes to "é" before byte mapping.
   EXPECT_EQ(Encode("e\xCC\x81"), Encode("\xC3\xA9"));
-  const std::vector<std::string> texts = {"hello world",
-                                          "  two  spaces ",
-                                          "tabs\tand\nnewlines\r\n",
-                                          "naïve café 中文 🙂 👍🏽",
-                                          "numbers 1234567 and punctuation!!! ...",
-                                          "it's HE'LL we'd",
-                                          ""};
+  const std::vector<std::string> texts = {
+      "hello world",
+      "  two  spaces ",
+      "tabs\tand\nnewlines\r\n",
+      "naïve café 中文 🙂 👍🏽",
+      "numbers 1234567 and punctuation!!! ...",
+      "it's HE'LL we'd",
+      ""};
   for (const std::string& text : texts) {
     auto ids = tokenizer_->Encode(text, false);
     ASSERT_TRUE(ids.ok());
@@ -583,22 +630,26 @@ TEST_F(HandWrittenTokenizerTest, PostProcessorAndAddedTokens) {
   ASSERT_TRUE(ids.ok());
   EXPECT_EQ(*ids, (std::vector<int32_t>{300, Id("hello")}));
   // Special tokens in the text.
-  EXPECT_EQ(Encode("hello<|eot|>hello"), (std::vector<int32_t>{Id("hello"), 300, Id("hello")}));
+  EXPECT_EQ(Encode("hello<|eot|>hello"),
+            (std::vector<int32_t>{Id("hello"), 300, Id("hello")}));
   // lstrip: <mask> takes the spaces before it.
   EXPECT_EQ(Encode("hello  <mask>"), (std::vector<int32_t>{Id("hello"), 301}));
   // single_word: "foo" only as a whole word.
   EXPECT_EQ(Encode("a foo b"), (std::vector<int32_t>{'a', ' ', 302, ' ', 'b'}));
   EXPECT_EQ(Encode("food"), (std::vector<int32_t>{'f', 'o', 'o', 'd'}));
-  auto text = tokenizer_->Decode(std::vector<int32_t>{300, Id("hello"), 302, 301}, false);
+  auto text = tokenizer_->Decode(
+      std::vector<int32_t>{300, Id("hello"), 302, 301}, false);
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(*text, "<|eot|>hellofoo<mask>");
-  text = tokenizer_->Decode(std::vector<int32_t>{300, Id("hello"), 302, 301}, true);
+  text = tokenizer_->Decode(std::vector<int32_t>{300, Id("hello"), 302, 301},
+                            true);
   ASSERT_TRUE(text.ok());
   EXPECT_EQ(*text, "hellofoo");
 }
 
 TEST_F(HandWrittenTokenizerTest, IsThreadSafe) {
-  const std::string text = "hello world, it's 2024! naïve café 中文 🙂 <|eot|> hello";
+  const std::string text =
+      "hello world, it's 2024! naïve café 中文 🙂 <|eot|> hello";
   const std::string expected_text = "<|eot|>" + text;
   auto expected = tokenizer_->Encode(text, true);
   ASSERT_TRUE(expected.ok());
@@ -609,8 +660,10 @@ TEST_F(HandWrittenTokenizerTest, IsThreadSafe) {
       for (int i = 0; i < 200; ++i) {
         auto ids = tokenizer_->Encode(text + std::to_string(i % 7), true);
         if (!ids.ok() || ids->size() < expected->size()) ++mismatches[t];
-        auto back = ids.ok() ? tokenizer_->Decode(*ids) : absl::StatusOr<std::string>("");
-        if (!back.ok() || *back != expected_text + std::to_string(i % 7)) ++mismatches[t];
+        auto back = ids.ok() ? tokenizer_->Decode(*ids)
+                             : absl::StatusOr<std::string>("");
+        if (!back.ok() || *back != expected_text + std::to_string(i % 7))
+          ++mismatches[t];
       }
     });
   }
@@ -618,20 +671,25 @@ TEST_F(HandWrittenTokenizerTest, IsThreadSafe) {
   EXPECT_EQ(mismatches, std::vector<int>(4, 0));
 }
 
-// --- Errors --------------------------------------------------------------------
+// --- Errors
+// --------------------------------------------------------------------
 
 TEST(TokenizerErrorTest, InvalidUtf8IsAnError) {
-  auto tokenizer = Tokenizer::FromJson(HandWrittenTokenizer().dump(), "handwritten.json");
+  auto tokenizer =
+      Tokenizer::FromJson(HandWrittenTokenizer().dump(), "handwritten.json");
   ASSERT_TRUE(tokenizer.ok());
-  for (const std::string& bad : {std::string("abc\xFF"), std::string("\xC3"),
-                                 std::string("\xED\xA0\x80"), std::string("\xC0\xAF")}) {
+  for (const std::string& bad :
+       {std::string("abc\xFF"), std::string("\xC3"),
+        std::string("\xED\xA0\x80"), std::string("\xC0\xAF")}) {
     auto ids = (*tokenizer)->Encode(bad, false);
-    EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument) << Printable(bad);
+    EXPECT_EQ(ids.status().code(), absl::StatusCode::kInvalidArgument)
+        << Printable(bad);
   }
 }
 
 TEST(TokenizerErrorTest, OutOfRangeIds) {
-  auto tokenizer = Tokenizer::FromJson(HandWrittenTokenizer().dump(), "handwritten.json");
+  auto tokenizer =
+      Tokenizer::FromJson(HandWrittenTokenizer().dump(), "handwritten.json");
   ASSERT_TRUE(tokenizer.ok());
   // Ids past the tokenizer (padded embeddings) decode to nothing, as in the
   // crate; negative ids are errors.
@@ -652,10 +710,12 @@ TEST(TokenizerErrorTest, OutOfRangeIds) {
 }
 
 TEST(TokenizerErrorTest, MalformedJsonNamesTheFile) {
-  auto tokenizer = Tokenizer::FromJson("{\"model\": [1, 2", "broken/tokenizer.json");
+  auto tokenizer =
+      Tokenizer::FromJson("{\"model\": [1, 2", "broken/tokenizer.json");
   ASSERT_FALSE(tokenizer.ok());
   EXPECT_EQ(tokenizer.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(tokenizer.status().message().find("broken/tokenizer.json"), std::string::npos);
+  EXPECT_NE(tokenizer.status().message().find("broken/tokenizer.json"),
+            std::string::npos);
 
   EXPECT_EQ(Tokenizer::FromJson("[1, 2]", "x.json").status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -697,28 +757,35 @@ TEST(TokenizerErrorTest, MalformedFieldNamesFileAndField) {
   json j = HandWrittenTokenizer();
   j["model"]["merges"].push_back(5);
   EXPECT_EQ(Tokenizer::FromJson(j.dump(), "tokenizer.json").status().message(),
-            "tokenizer.json: field \"model.merges[13]\": expected a merge \"a b\" or [\"a\", "
+            "tokenizer.json: field \"model.merges[13]\": expected a merge \"a "
+            "b\" or [\"a\", "
             "\"b\"], got number 5");
   j = HandWrittenTokenizer();
   j["added_tokens"][0]["id"] = "seven";
-  EXPECT_EQ(Tokenizer::FromJson(j.dump(), "dir/tokenizer.json").status().message(),
-            "dir/tokenizer.json: field \"added_tokens[0].id\": expected an integer, got string "
-            "\"seven\"");
+  EXPECT_EQ(
+      Tokenizer::FromJson(j.dump(), "dir/tokenizer.json").status().message(),
+      "dir/tokenizer.json: field \"added_tokens[0].id\": expected an integer, "
+      "got string "
+      "\"seven\"");
   j = HandWrittenTokenizer();
   j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"Regex", "(unclosed"}};
-  const std::string message(Tokenizer::FromJson(j.dump(), "tokenizer.json").status().message());
-  EXPECT_EQ(message.rfind("tokenizer.json: field \"pre_tokenizer.pretokenizers[0].pattern.Regex\": "
+  const std::string message(
+      Tokenizer::FromJson(j.dump(), "tokenizer.json").status().message());
+  EXPECT_EQ(message.rfind("tokenizer.json: field "
+                          "\"pre_tokenizer.pretokenizers[0].pattern.Regex\": "
                           "bad regex '(unclosed'",
                           0),
             0u)
       << message;
   // A "String" that is not a string falls through to "Regex", as it always did.
-  j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", 5}, {"Regex", "x"}};
+  j["pre_tokenizer"]["pretokenizers"][0]["pattern"] = {{"String", 5},
+                                                       {"Regex", "x"}};
   EXPECT_TRUE(Tokenizer::FromJson(j.dump(), "tokenizer.json").ok());
   j = HandWrittenTokenizer();
   j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = "no";
   EXPECT_EQ(Tokenizer::FromJson(j.dump(), "tokenizer.json").status().message(),
-            "tokenizer.json: field \"pre_tokenizer.pretokenizers[1].use_regex\": expected true or "
+            "tokenizer.json: field "
+            "\"pre_tokenizer.pretokenizers[1].use_regex\": expected true or "
             "false, got string \"no\"");
 }
 
@@ -731,16 +798,19 @@ TEST(TokenizerErrorTest, UnsupportedComponentsNameFileAndComponent) {
   const std::vector<Case> cases = {
       {"pre_tokenizer",
        {{"type", "BertPreTokenizer"}},
-       "t.json: field \"pre_tokenizer\": unsupported pre_tokenizer type 'BertPreTokenizer'"},
+       "t.json: field \"pre_tokenizer\": unsupported pre_tokenizer type "
+       "'BertPreTokenizer'"},
       {"normalizer",
        {{"type", "Precompiled"}, {"precompiled_charsmap", "AAAA"}},
-       "t.json: field \"normalizer\": unsupported normalizer type 'Precompiled'"},
+       "t.json: field \"normalizer\": unsupported normalizer type "
+       "'Precompiled'"},
       {"decoder",
        {{"type", "WordPiece"}, {"prefix", "##"}},
        "t.json: field \"decoder\": unsupported decoder type 'WordPiece'"},
       {"post_processor",
        {{"type", "Mystery"}},
-       "t.json: field \"post_processor\": unsupported post_processor type 'Mystery'"},
+       "t.json: field \"post_processor\": unsupported post_processor type "
+       "'Mystery'"},
       {"model",
        {{"type", "Unigram"}, {"vocab", json::array()}},
        "t.json: field \"model\": unsupported model type 'Unigram'"},
@@ -758,19 +828,23 @@ TEST(TokenizerErrorTest, UnsupportedComponentsNameFileAndComponent) {
   j["pre_tokenizer"]["pretokenizers"].push_back({{"type", "Punctuation"}});
   auto tokenizer = Tokenizer::FromJson(j.dump(), "t.json");
   EXPECT_EQ(tokenizer.status().message(),
-            "t.json: field \"pre_tokenizer.pretokenizers[2]\": unsupported pre_tokenizer type "
+            "t.json: field \"pre_tokenizer.pretokenizers[2]\": unsupported "
+            "pre_tokenizer type "
             "'Punctuation'");
 }
 
-// --- Speed -----------------------------------------------------------------------
+// --- Speed
+// -----------------------------------------------------------------------
 
 // About 100 KB of varied text: golden lines and pseudo-words.
 std::string HundredKilobytes() {
   std::string text;
   std::mt19937 rng(7);
-  const std::vector<std::string> syllables = {"ka", "ter", "mo",  "lin", "ra",  "ble", "sh",
-                                              "ou", "ing", "pre", "st",  "ion", "é",   "中"};
-  const std::vector<std::string> separators = {" ", " ", " ", ", ", ". ", "\n", " 42 ", "!? "};
+  const std::vector<std::string> syllables = {"ka",  "ter", "mo", "lin", "ra",
+                                              "ble", "sh",  "ou", "ing", "pre",
+                                              "st",  "ion", "é",  "中"};
+  const std::vector<std::string> separators = {" ",  " ",  " ",    ", ",
+                                               ". ", "\n", " 42 ", "!? "};
   while (text.size() < 100 * 1024) {
     const int n = 1 + rng() % 4;
     for (int i = 0; i < n; ++i) text += syllables[rng() % syllables.size()];
@@ -781,21 +855,25 @@ std::string HundredKilobytes() {
 
 TEST(TokenizerSpeedTest, EncodesHundredKilobytesQuickly) {
   const std::vector<GoldenSet> sets = FindGoldenSets();
-  if (sets.empty()) GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
+  if (sets.empty())
+    GTEST_SKIP() << testing::NeedsSharedMessage("tokenizers/*/golden.jsonl");
   const std::string text = HundredKilobytes();
   for (const GoldenSet& set : sets) {
-    std::unique_ptr<Tokenizer> tokenizer = LoadTokenizerOrFail(set.tokenizer_path);
+    std::unique_ptr<Tokenizer> tokenizer =
+        LoadTokenizerOrFail(set.tokenizer_path);
     ASSERT_NE(tokenizer, nullptr);
     const auto start = std::chrono::steady_clock::now();
     auto ids = tokenizer->Encode(text, false);
     const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     ASSERT_TRUE(ids.ok());
     auto decoded = tokenizer->Decode(*ids);
     ASSERT_TRUE(decoded.ok());
     EXPECT_EQ(*decoded, text);
-    std::cout << "[ speed    ] " << set.name << ": " << text.size() << " bytes -> " << ids->size()
-              << " ids in " << seconds * 1000 << " ms\n";
+    std::cout << "[ speed    ] " << set.name << ": " << text.size()
+              << " bytes -> " << ids->size() << " ids in " << seconds * 1000
+              << " ms\n";
     // Generous: the machine may be busy. Typically a few tens of ms.
     EXPECT_LT(seconds, 2.0);
   }

@@ -28,7 +28,8 @@ PlanRequest MakeRequest(int64_t first_position, int64_t r) {
   request.model_fingerprint = "llama-test";
   request.states = torch::randn({2 * kLayers + 1, r, 8}).to(torch::kBFloat16);
   request.first_position = first_position;
-  for (int64_t i = 0; i < r; ++i) request.target_argmax.push_back(static_cast<int32_t>(10 + i));
+  for (int64_t i = 0; i < r; ++i)
+    request.target_argmax.push_back(static_cast<int32_t>(10 + i));
   for (int l = 0; l < kLayers; ++l) {
     request.kv.push_back({torch::randn({2, first_position + r + 5, 4}),
                           torch::randn({2, first_position + r + 5, 4})});
@@ -41,10 +42,12 @@ TEST(PlanCodecTest, RequestRoundTripsWithAWindowOfThePrefix) {
   c10::InferenceMode guard;
   const PlanRequest request = MakeRequest(/*first_position=*/50, /*r=*/6);
   v1::PlanRequest wire;
-  ASSERT_TRUE(EncodePlanRequest(request, {/*leading=*/4, /*window=*/10}, &wire).ok());
+  ASSERT_TRUE(
+      EncodePlanRequest(request, {/*leading=*/4, /*window=*/10}, &wire).ok());
   EXPECT_EQ(wire.sequence_id(), "42");
   EXPECT_EQ(wire.kv_context().window().positions_size(), 14);
-  EXPECT_EQ(wire.kv_context().window().positions(4), 40);  // the window ends at 49
+  EXPECT_EQ(wire.kv_context().window().positions(4),
+            40);  // the window ends at 49
   auto back = DecodePlanRequest(wire, kLayers, 10);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->sequence_id, 42u);
@@ -59,10 +62,13 @@ TEST(PlanCodecTest, RequestRoundTripsWithAWindowOfThePrefix) {
   EXPECT_TRUE(torch::equal(back->states, request.states));
   ASSERT_EQ(back->kv.size(), static_cast<size_t>(kLayers));
   EXPECT_EQ(back->kv_length, 14);
-  torch::Tensor positions = torch::cat({torch::arange(0, 4), torch::arange(40, 50)});
+  torch::Tensor positions =
+      torch::cat({torch::arange(0, 4), torch::arange(40, 50)});
   for (int l = 0; l < kLayers; ++l) {
-    EXPECT_TRUE(torch::equal(back->kv[l].k, request.kv[l].k.index_select(1, positions)));
-    EXPECT_TRUE(torch::equal(back->kv[l].v, request.kv[l].v.index_select(1, positions)));
+    EXPECT_TRUE(torch::equal(back->kv[l].k,
+                             request.kv[l].k.index_select(1, positions)));
+    EXPECT_TRUE(torch::equal(back->kv[l].v,
+                             request.kv[l].v.index_select(1, positions)));
   }
 }
 
@@ -101,8 +107,10 @@ TEST(PlanCodecTest, ResponsesRoundTripAndErrorsKeepTheirKind) {
   EXPECT_EQ(back->num_candidates, 9);
   EXPECT_EQ(back->num_evaluated, 4);
   for (const absl::Status& error :
-       {absl::FailedPreconditionError("other model"), absl::InvalidArgumentError("states: bad"),
-        absl::CancelledError("superseded"), absl::ResourceExhaustedError("queue full"),
+       {absl::FailedPreconditionError("other model"),
+        absl::InvalidArgumentError("states: bad"),
+        absl::CancelledError("superseded"),
+        absl::ResourceExhaustedError("queue full"),
         absl::InternalError("boom")}) {
     auto decoded = DecodePlanResponse(EncodePlanResponse(1, 2, error), kLayers);
     EXPECT_EQ(decoded.status().code(), error.code()) << error;
@@ -122,35 +130,60 @@ TEST(PlanCodecTest, RefusesMalformedRequestsNamingTheField) {
   const std::vector<Case> cases = {
       {"sequence_id", [](v1::PlanRequest& r) { r.set_sequence_id("seq-a"); }},
       {"context_length", [](v1::PlanRequest& r) { r.set_context_length(0); }},
-      {"plan_lifetime_tokens", [](v1::PlanRequest& r) { r.set_plan_lifetime_tokens(-5); }},
-      {"model_fingerprint", [](v1::PlanRequest& r) { r.clear_model_fingerprint(); }},
-      {"reference_states: required", [](v1::PlanRequest& r) { r.clear_reference_states(); }},
-      {"reference_states.data", [](v1::PlanRequest& r) {
+      {"plan_lifetime_tokens",
+       [](v1::PlanRequest& r) { r.set_plan_lifetime_tokens(-5); }},
+      {"model_fingerprint",
+       [](v1::PlanRequest& r) { r.clear_model_fingerprint(); }},
+      {"reference_states: required",
+       [](v1::PlanRequest& r) { r.clear_reference_states(); }},
+      {"reference_states.data",
+       [](v1::PlanRequest& r) {
          r.mutable_reference_states()->mutable_data()->resize(3);
        }},
-      {"reference_positions", [](v1::PlanRequest& r) { r.set_reference_positions(2, 99); }},
-      {"reference_token_ids", [](v1::PlanRequest& r) { r.add_reference_token_ids(5); }},
-      {"kv_context.all_in_memory", [](v1::PlanRequest& r) {
+      {"reference_positions",
+       [](v1::PlanRequest& r) { r.set_reference_positions(2, 99); }},
+      {"reference_token_ids",
+       [](v1::PlanRequest& r) { r.add_reference_token_ids(5); }},
+      {"kv_context.all_in_memory",
+       [](v1::PlanRequest& r) {
          r.mutable_kv_context()->set_all_in_memory(true);
        }},
-      {"kv_context.window.positions[1]", [](v1::PlanRequest& r) {
+      {"kv_context.window.positions[1]",
+       [](v1::PlanRequest& r) {
          r.mutable_kv_context()->mutable_window()->set_positions(1, 0);
        }},
-      {"kv_context.window.layers: 2", [](v1::PlanRequest& r) {
-         r.mutable_kv_context()->mutable_window()->mutable_layers()->RemoveLast();
+      {"kv_context.window.layers: 2",
+       [](v1::PlanRequest& r) {
+         r.mutable_kv_context()
+             ->mutable_window()
+             ->mutable_layers()
+             ->RemoveLast();
        }},
-      {"kv_context.window.layers[0]", [](v1::PlanRequest& r) {
-         r.mutable_kv_context()->mutable_window()->mutable_layers(0)->mutable_v()->set_shape(1, 3);
-         r.mutable_kv_context()->mutable_window()->mutable_layers(0)->mutable_v()->mutable_data()
+      {"kv_context.window.layers[0]",
+       [](v1::PlanRequest& r) {
+         r.mutable_kv_context()
+             ->mutable_window()
+             ->mutable_layers(0)
+             ->mutable_v()
+             ->set_shape(1, 3);
+         r.mutable_kv_context()
+             ->mutable_window()
+             ->mutable_layers(0)
+             ->mutable_v()
+             ->mutable_data()
              ->resize(2 * 3 * 4 * 4);
        }},
-      {"policy", [](v1::PlanRequest& r) { r.set_policy(static_cast<v1::PlannerPolicy>(99)); }},
+      {"policy",
+       [](v1::PlanRequest& r) {
+         r.set_policy(static_cast<v1::PlannerPolicy>(99));
+       }},
   };
   for (const Case& c : cases) {
     v1::PlanRequest bad = good;
     c.corrupt(bad);
     auto decoded = DecodePlanRequest(bad, kLayers, 10);
-    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument) << c.expected;
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.expected;
     EXPECT_NE(decoded.status().message().find(c.expected), std::string::npos)
         << c.expected << ": " << decoded.status();
   }

@@ -16,12 +16,14 @@ TEST(TensorCodecTest, RoundTripsEveryWireDtypeBitForBit) {
   torch::manual_seed(0);
   const torch::Tensor base = torch::randn({3, 5, 7});
   for (torch::ScalarType type :
-       {torch::kFloat32, torch::kBFloat16, torch::kFloat16, torch::kInt32, torch::kInt64}) {
+       {torch::kFloat32, torch::kBFloat16, torch::kFloat16, torch::kInt32,
+        torch::kInt64}) {
     const torch::Tensor t = (base * 100).to(type);
     v1::Tensor proto;
     ASSERT_TRUE(EncodeTensor(t, &proto).ok());
     EXPECT_EQ(proto.shape_size(), 3);
-    EXPECT_EQ(proto.data().size(), static_cast<size_t>(t.numel() * t.element_size()));
+    EXPECT_EQ(proto.data().size(),
+              static_cast<size_t>(t.numel() * t.element_size()));
     auto back = DecodeTensor(proto, "x");
     ASSERT_TRUE(back.ok()) << back.status();
     EXPECT_EQ(back->scalar_type(), type);
@@ -44,7 +46,8 @@ TEST(TensorCodecTest, HandlesScalarsEmptyAndNonContiguousTensors) {
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->sizes(), torch::IntArrayRef({4, 0, 2}));
 
-  const torch::Tensor t = torch::arange(24, torch::kFloat32).view({4, 6}).t();  // strided
+  const torch::Tensor t =
+      torch::arange(24, torch::kFloat32).view({4, 6}).t();  // strided
   ASSERT_FALSE(t.is_contiguous());
   ASSERT_TRUE(EncodeTensor(t, &proto).ok());
   auto back = DecodeTensor(proto, "x");
@@ -62,27 +65,33 @@ TEST(TensorCodecTest, RejectsBrokenTensorsNamingTheField) {
     std::string expected;
   };
   std::vector<Case> cases;
-  cases.push_back({"unspecified dtype", good, "reference_states.dtype: unspecified"});
+  cases.push_back(
+      {"unspecified dtype", good, "reference_states.dtype: unspecified"});
   cases.back().proto.set_dtype(v1::DTYPE_UNSPECIFIED);
-  cases.push_back({"unknown dtype", good, "reference_states.dtype: unknown value 77"});
+  cases.push_back(
+      {"unknown dtype", good, "reference_states.dtype: unknown value 77"});
   cases.back().proto.set_dtype(static_cast<v1::Dtype>(77));
-  cases.push_back({"negative dimension", good, "reference_states.shape[1]: negative"});
+  cases.push_back(
+      {"negative dimension", good, "reference_states.shape[1]: negative"});
   cases.back().proto.set_shape(1, -3);
   cases.push_back({"short data", good, "reference_states.data: 23 bytes"});
   cases.back().proto.mutable_data()->pop_back();
-  cases.push_back({"overflowing shape", good, "reference_states.shape: size overflows"});
+  cases.push_back(
+      {"overflowing shape", good, "reference_states.shape: size overflows"});
   cases.back().proto.set_shape(0, int64_t{1} << 40);
   cases.back().proto.set_shape(1, int64_t{1} << 40);
   for (const Case& c : cases) {
     auto decoded = DecodeTensor(c.proto, "reference_states");
-    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.name;
     EXPECT_NE(decoded.status().message().find(c.expected), std::string::npos)
         << c.name << ": " << decoded.status();
   }
   v1::Tensor out;
   EXPECT_EQ(EncodeTensor(torch::ones({2}, torch::kBool), &out).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EncodeTensor(torch::Tensor(), &out).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EncodeTensor(torch::Tensor(), &out).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
