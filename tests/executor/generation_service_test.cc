@@ -208,26 +208,37 @@ TEST(GenerationServiceTest, RequestsShareThePlanCacheAndReportPlanningMetrics) {
   v1::GenerateRequest request = TextRequest("Once upon a time", 40);
   request.set_ignore_eos(true);
   request.mutable_speculation()->set_mode(v1::SPECULATION_MODE_KNAPSPEC);
-  const Streamed first = Call(*stub, request);
-  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
-  // The solve runs on the planner thread; wait for its plan to be cached.
-  for (int i = 0; i < 1000 && planning.cache->size() == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // The solve runs on the planner thread; wait for its plan to be cached. A
+  // request that ends before the planner thread starts its solve drops it
+  // (Forget), which happens on a loaded machine: then the next request
+  // triggers it again, and each such attempt counts one miss.
+  Streamed first;
+  int attempts = 0;
+  while (planning.cache->size() == 0 && attempts < 5) {
+    ++attempts;
+    first = Call(*stub, request);
+    ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+    for (int i = 0; i < 1000 && planning.cache->size() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
   }
   ASSERT_EQ(planning.cache->size(), 1);
   const Streamed second = Call(*stub, request);
   ASSERT_TRUE(second.status.ok());
   EXPECT_EQ(second.ids, first.ids);
   EXPECT_EQ(planning.cache->hits(), 1);
-  EXPECT_EQ(planning.cache->misses(), 1);
+  EXPECT_EQ(planning.cache->misses(), attempts);
   const std::string text = metrics.Render();
   EXPECT_NE(text.find("knapserve_plan_cache_hits_total 1\n"), std::string::npos)
       << text;
-  EXPECT_NE(text.find("knapserve_plan_cache_misses_total 1\n"),
+  EXPECT_NE(text.find(absl::StrCat("knapserve_plan_cache_misses_total ",
+                                   attempts, "\n")),
             std::string::npos)
       << text;
-  EXPECT_NE(text.find("knapserve_plan_triggers_total{kind=\"no_plan\"} 1\n"),
-            std::string::npos)
+  EXPECT_NE(
+      text.find(absl::StrCat("knapserve_plan_triggers_total{kind=\"no_plan\"} ",
+                             attempts, "\n")),
+      std::string::npos)
       << text;
   EXPECT_NE(text.find("knapserve_plan_cache_entries 1\n"), std::string::npos)
       << text;
