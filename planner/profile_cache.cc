@@ -136,6 +136,17 @@ absl::StatusOr<ObtainedProfile> ObtainProfile(
                      LatencyProfile::Load(options.profile_path));
     obtained.origin = ProfileOrigin::kFile;
     obtained.path = options.profile_path;
+    // A given file is the user's choice, so a profile measured with another
+    // decode thread count is used; its step times are then off by the
+    // difference, which the warning says.
+    if (obtained.profile.threads != key.threads) {
+      obtained.warnings.push_back(absl::StrCat(
+          options.profile_path, " was measured with ", obtained.profile.threads,
+          " threads but decoding runs with ", key.threads,
+          "; its latencies (and so the plans) may be off: "
+          "measure it again with --threads ",
+          key.threads));
+    }
     return obtained;
   }
 

@@ -75,7 +75,8 @@ struct ObtainedProfile {
   // "" when it could not be stored).
   std::string path;
   // Problems that did not stop it, one sentence each: a corrupt or
-  // mismatched cache entry, no cache folder, a failed write.
+  // mismatched cache entry, no cache folder, a failed write, a --profile file
+  // measured with another thread count than the key's.
   std::vector<std::string> warnings;
   // Wall time of the measurement (kMeasured only).
   double measure_seconds = 0;

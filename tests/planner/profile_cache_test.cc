@@ -201,6 +201,23 @@ TEST(ProfileCacheTest, ProfileFileWinsOverTheCache) {
   EXPECT_EQ(got->path, file);
   EXPECT_DOUBLE_EQ(got->profile.mlp_seconds, 7e-4);
   EXPECT_EQ(f.calls, 1);
+  EXPECT_THAT(got->warnings, IsEmpty());
+
+  // A file measured with another thread count is still used, with a warning
+  // that names both counts.
+  LatencyProfile other_threads = given;
+  other_threads.threads = f.key.threads + 3;
+  const std::string other_file = file + ".threads.json";
+  ASSERT_TRUE(other_threads.Save(other_file).ok());
+  options.profile_path = other_file;
+  auto warned = ObtainProfile(f.key, options, f.Measure(*model));
+  ASSERT_TRUE(warned.ok()) << warned.status();
+  EXPECT_EQ(warned->origin, ProfileOrigin::kFile);
+  ASSERT_THAT(warned->warnings, SizeIs(1));
+  EXPECT_THAT(warned->warnings[0],
+              AllOf(HasSubstr(absl::StrCat(f.key.threads + 3, " threads")),
+                    HasSubstr(absl::StrCat("--threads ", f.key.threads))));
+  EXPECT_EQ(f.calls, 1);
 
   // A missing --profile file is an error, not a fallback to the cache.
   options.profile_path = file + ".missing";
