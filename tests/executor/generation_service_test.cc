@@ -23,6 +23,13 @@ namespace {
 using testing::CachedModel;
 using testing::StoriesTokenizer;
 
+// A Generation stub on loopback to `server`.
+std::unique_ptr<v1::Generation::Stub> StubFor(const ExecutorServer& server) {
+  return v1::Generation::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", server.port()),
+                          grpc::InsecureChannelCredentials()));
+}
+
 struct Server {
   const LlamaModel* model = nullptr;
   std::unique_ptr<ExecutorServer> server;
@@ -44,9 +51,7 @@ Server StartServer(int max_running = 4, int max_queue = 16,
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return s;
   s.server = std::move(*server);
-  s.stub = v1::Generation::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", s.server->port()),
-                          grpc::InsecureChannelCredentials()));
+  s.stub = StubFor(*s.server);
   return s;
 }
 
@@ -202,9 +207,7 @@ TEST(GenerationServiceTest, RequestsShareThePlanCacheAndReportPlanningMetrics) {
   auto server = ExecutorServer::Start(*model, *StoriesTokenizer(), options,
                                       "127.0.0.1:0");
   ASSERT_TRUE(server.ok()) << server.status();
-  auto stub = v1::Generation::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
-                          grpc::InsecureChannelCredentials()));
+  auto stub = StubFor(**server);
   v1::GenerateRequest request = TextRequest("Once upon a time", 40);
   request.set_ignore_eos(true);
   request.mutable_speculation()->set_mode(v1::SPECULATION_MODE_KNAPSPEC);
@@ -511,9 +514,7 @@ TEST(GenerationServiceTest, AnExceptionInOneStreamsForwardFailsThatStreamOnly) {
   auto server = ExecutorServer::Start(*model, *StoriesTokenizer(), options,
                                       "127.0.0.1:0");
   ASSERT_TRUE(server.ok()) << server.status();
-  auto stub = v1::Generation::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", (*server)->port()),
-                          grpc::InsecureChannelCredentials()));
+  auto stub = StubFor(**server);
 
   v1::GenerateRequest healthy = TextRequest("Once upon a time", 160);
   healthy.set_ignore_eos(true);
