@@ -19,6 +19,66 @@ torch::Tensor OneToken(int32_t id) {
 
 }  // namespace
 
+int32_t ChooseDraft(Sampler& sampler, const torch::Tensor& logits,
+                    double exit_threshold,
+                    std::vector<torch::Tensor>& draft_dists, bool& confident) {
+  int32_t draft;
+  if (sampler.greedy()) {
+    draft = Argmax(logits);
+  } else {
+    torch::Tensor q = sampler.Distribution(logits);
+    draft = sampler.SampleFrom(q);
+    draft_dists.push_back(q);
+  }
+  // Dynamic exit: stop once the draft is unsure of its own top token.
+  const double top1 = torch::softmax(logits, 0).max().item<double>();
+  confident = top1 >= exit_threshold;
+  return draft;
+}
+
+Acceptance AcceptDrafts(Sampler& sampler, const std::vector<int32_t>& drafts,
+                        const std::vector<torch::Tensor>& draft_dists,
+                        const torch::Tensor& logits, const int64_t* target) {
+  const int64_t m = static_cast<int64_t>(drafts.size());
+  Acceptance out;
+  int64_t& accepted = out.accepted;
+  int32_t& next = out.next;
+  if (sampler.greedy()) {
+    while (accepted < m && target[accepted] == drafts[accepted]) ++accepted;
+    next = static_cast<int32_t>(target[accepted]);
+  } else if (m == 0) {
+    next = sampler.Sample(logits[0]);
+  } else {
+    for (; accepted < m; ++accepted) {
+      torch::Tensor p = sampler.Distribution(logits[accepted]);
+      const torch::Tensor& q = draft_dists[accepted];
+      const int32_t d = drafts[accepted];
+      const double pd = p[d].item<double>();
+      const double qd = q[d].item<double>();
+      if (qd > 0 && sampler.Uniform() < std::min(1.0, pd / qd)) continue;
+      torch::Tensor residual = (p - q).clamp_min(0);
+      next = residual.sum().item<double>() > 0 ? sampler.SampleFrom(residual)
+                                               : sampler.SampleFrom(p);
+      break;
+    }
+    if (accepted == m)
+      next = sampler.SampleFrom(sampler.Distribution(logits[m]));
+  }
+  return out;
+}
+
+void RecordVerification(SpeculationStats& stats, int64_t drafted,
+                        int64_t accepted) {
+  if (drafted == 0) return;
+  ++stats.drafts;
+  stats.draft_tokens += drafted;
+  stats.accepted_tokens += accepted;
+  if (static_cast<int64_t>(stats.accepted_per_position.size()) < drafted) {
+    stats.accepted_per_position.resize(drafted, 0);
+  }
+  for (int64_t j = 0; j < accepted; ++j) ++stats.accepted_per_position[j];
+}
+
 double SpeculationStats::acceptance_rate() const {
   return draft_tokens > 0 ? static_cast<double>(accepted_tokens) / draft_tokens
                           : 0.0;
@@ -62,19 +122,12 @@ StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens,
     for (int64_t j = 0; j < budget; ++j) {
       torch::Tensor logits =
           model_.Forward(OneToken(token), pos + j, cache_.layers(), options)[0];
-      int32_t draft;
-      if (sampler_.greedy()) {
-        draft = Argmax(logits);
-      } else {
-        torch::Tensor q = sampler_.Distribution(logits);
-        draft = sampler_.SampleFrom(q);
-        draft_dists.push_back(q);
-      }
+      bool confident = false;
+      const int32_t draft = ChooseDraft(sampler_, logits, exit_threshold_,
+                                        draft_dists, confident);
       drafts.push_back(draft);
       token = draft;
-      // Dynamic exit: stop once the draft is unsure of its own top token.
-      const double top1 = torch::softmax(logits, 0).max().item<double>();
-      if (top1 < exit_threshold_) break;
+      if (!confident) break;
     }
     stats_.draft_seconds += Seconds(t0);
   }
@@ -93,29 +146,10 @@ StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens,
   const int64_t* target = argmax.data_ptr<int64_t>();
 
   // 3. Accept.
-  int64_t accepted = 0;
-  int32_t next = -1;
-  if (sampler_.greedy()) {
-    while (accepted < m && target[accepted] == drafts[accepted]) ++accepted;
-    next = static_cast<int32_t>(target[accepted]);
-  } else if (m == 0) {
-    next = sampler_.Sample(logits[0]);
-  } else {
-    for (; accepted < m; ++accepted) {
-      torch::Tensor p = sampler_.Distribution(logits[accepted]);
-      const torch::Tensor& q = draft_dists[accepted];
-      const int32_t d = drafts[accepted];
-      const double pd = p[d].item<double>();
-      const double qd = q[d].item<double>();
-      if (qd > 0 && sampler_.Uniform() < std::min(1.0, pd / qd)) continue;
-      torch::Tensor residual = (p - q).clamp_min(0);
-      next = residual.sum().item<double>() > 0 ? sampler_.SampleFrom(residual)
-                                               : sampler_.SampleFrom(p);
-      break;
-    }
-    if (accepted == m)
-      next = sampler_.SampleFrom(sampler_.Distribution(logits[m]));
-  }
+  const Acceptance acceptance =
+      AcceptDrafts(sampler_, drafts, draft_dists, logits, target);
+  const int64_t accepted = acceptance.accepted;
+  const int32_t next = acceptance.next;
   stats_.verify_seconds += Seconds(t1);
 
   // 4. Keep [last, accepted drafts]; the rest of the written positions are
@@ -125,15 +159,7 @@ StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens,
   result.tokens.push_back(next);
   result.drafted = static_cast<int>(m);
   result.accepted = static_cast<int>(accepted);
-  if (m > 0) {
-    ++stats_.drafts;
-    stats_.draft_tokens += m;
-    stats_.accepted_tokens += accepted;
-    if (static_cast<int64_t>(stats_.accepted_per_position.size()) < m) {
-      stats_.accepted_per_position.resize(m, 0);
-    }
-    for (int64_t j = 0; j < accepted; ++j) ++stats_.accepted_per_position[j];
-  }
+  RecordVerification(stats_, m, accepted);
   if (capture_states) {
     result.boundary_states = states.narrow(1, 0, accepted + 1);
     result.target_argmax.assign(target, target + accepted + 1);

@@ -63,6 +63,37 @@ struct StepResult {
   std::vector<int32_t> target_argmax;
 };
 
+// The pieces of a speculative step that do not depend on how forward passes
+// are run, shared by SpeculativeDecoder (one sequence, one pass at a time)
+// and the batched step (executor/sequence.h, many sequences per pass), so
+// both accept exactly alike.
+
+// Picks the draft token from the draft's logits ([vocab] float32): argmax
+// when greedy, else a sample from the sampler's distribution, which is
+// appended to `draft_dists` (q_j, for rejection sampling). Returns the token
+// and sets `confident` to whether the draft's top-1 probability reaches
+// `exit_threshold` (drafting goes on only then).
+int32_t ChooseDraft(Sampler& sampler, const torch::Tensor& logits,
+                    double exit_threshold,
+                    std::vector<torch::Tensor>& draft_dists, bool& confident);
+
+// What verification decided.
+struct Acceptance {
+  int64_t accepted = 0;  // leading drafts kept
+  int32_t next = -1;     // the target's token after them (correction/bonus)
+};
+// Verification of `drafts` against the full model's logits ([m+1, vocab]
+// float32; row j predicts the token after draft j-1) and their argmax
+// (`target`, m+1 ids): greedy keeps the longest matching prefix; sampling
+// runs speculative rejection sampling with `draft_dists`.
+Acceptance AcceptDrafts(Sampler& sampler, const std::vector<int32_t>& drafts,
+                        const std::vector<torch::Tensor>& draft_dists,
+                        const torch::Tensor& logits, const int64_t* target);
+
+// Adds one verification's counts to `stats` (nothing when m == 0).
+void RecordVerification(SpeculationStats& stats, int64_t drafted,
+                        int64_t accepted);
+
 class SpeculativeDecoder {
  public:
   // `mask` must have the model's layer count; gamma >= 0 (0 = autoregressive).

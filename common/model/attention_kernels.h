@@ -25,23 +25,42 @@
 
 namespace knapserve::kernels {
 
+// Where the cached rows of one KV head live: paged K/V (blocks of positions
+// anywhere in a pool) and a contiguous cache are the same to the kernels.
+// Position j is at element offset
+//   blocks[j / block_rows] * block_stride + (j % block_rows) * hd
+// from the head's base pointer. block_rows is a multiple of 16, so each
+// aligned group of 16 keys lies inside one block. A contiguous
+// [capacity, hd] cache is the table {0} with block_rows = capacity rounded
+// up to 16.
+struct KvBlocks {
+  const int32_t* blocks;  // the block table, one entry per block_rows positions
+  int64_t block_rows;     // positions per block, a positive multiple of 16
+  int64_t block_stride;   // elements from block id b to block id b + 1
+};
+
+inline int64_t RowOffset(const KvBlocks& kv, int64_t j, int64_t hd) {
+  return kv.blocks[j / kv.block_rows] * kv.block_stride +
+         (j % kv.block_rows) * hd;
+}
+
 // One KV head. Token row t (0 <= t < rows) has `group` query heads at
 // q + t * q_row_stride + g * hd (fp32), and sees keys/values [0, first_len +
-// t). keys, values: [first_len + rows - 1, hd] rows (bf16 as raw 16-bit
-// patterns, or fp32). scores: scratch of rows * group rows of scores_stride
-// floats, scores_stride >= (first_len + rows - 1) rounded up to 16. The output
-// of (t, g) goes to out + t * out_row_stride + g * hd (fp32). hd must be a
-// multiple of 16, at most 512.
+// t). keys, values: the head's base pointers; position j is at
+// RowOffset(kv, j, hd) (bf16 as raw 16-bit patterns, or fp32). scores: scratch
+// of rows * group rows of scores_stride floats, scores_stride >= (first_len +
+// rows - 1) rounded up to 16. The output of (t, g) goes to out + t *
+// out_row_stride + g * hd (fp32). hd must be a multiple of 16, at most 512.
 void AttendKvHeadBf16(const float* q, int64_t q_row_stride, int64_t rows,
                       int64_t group, int64_t first_len, const uint16_t* keys,
-                      const uint16_t* values, int64_t hd, float scale,
-                      float* scores, int64_t scores_stride, float* out,
-                      int64_t out_row_stride);
+                      const uint16_t* values, const KvBlocks& kv, int64_t hd,
+                      float scale, float* scores, int64_t scores_stride,
+                      float* out, int64_t out_row_stride);
 void AttendKvHeadF32(const float* q, int64_t q_row_stride, int64_t rows,
                      int64_t group, int64_t first_len, const float* keys,
-                     const float* values, int64_t hd, float scale,
-                     float* scores, int64_t scores_stride, float* out,
-                     int64_t out_row_stride);
+                     const float* values, const KvBlocks& kv, int64_t hd,
+                     float scale, float* scores, int64_t scores_stride,
+                     float* out, int64_t out_row_stride);
 
 }  // namespace knapserve::kernels
 

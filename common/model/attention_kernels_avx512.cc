@@ -73,8 +73,9 @@ constexpr int kPvRows = 6;          // query rows per weighted-sum tile
 template <int CH, typename E>
 void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
                   int64_t group, int64_t first_len, const E* keys,
-                  const E* values, int64_t hd, float scale, float* scores,
-                  int64_t scores_stride, float* out, int64_t out_row_stride) {
+                  const E* values, const KvBlocks& kv, int64_t hd, float scale,
+                  float* scores, int64_t scores_stride, float* out,
+                  int64_t out_row_stride) {
   const int64_t chunks = CH > 0 ? CH : hd / 16;
   const int64_t num_q = rows * group;
   const int64_t n_max = first_len + rows - 1;
@@ -93,7 +94,7 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
   for (int64_t j0 = 0; j0 < n_max; j0 += 16) {
     const E* kr[16];
     for (int j = 0; j < 16; ++j)
-      kr[j] = keys + (j0 + j < n_max ? j0 + j : n_max - 1) * hd;
+      kr[j] = keys + RowOffset(kv, j0 + j < n_max ? j0 + j : n_max - 1, hd);
     for (int64_t i = 0; i < num_q; ++i) {
       if (len_of(i) <= j0) continue;
       const float* qi = q_at(i);
@@ -161,10 +162,18 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
     for (int64_t c = 0; c < chunks; ++c) {
       __m512 o[kPvRows];
       for (int r = 0; r < kPvRows; ++r) o[r] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < tile_len; ++j) {
-        const __m512 v = LoadRow(values + j * hd + c * 16);
-        for (int r = 0; r < kPvRows; ++r) {
-          o[r] = _mm512_fmadd_ps(_mm512_set1_ps(srow[r][j]), v, o[r]);
+      // Keys in order, one block of the table at a time.
+      for (int64_t b0 = 0; b0 < tile_len; b0 += kv.block_rows) {
+        const E* block =
+            values + kv.blocks[b0 / kv.block_rows] * kv.block_stride + c * 16;
+        const int64_t end =
+            tile_len - b0 < kv.block_rows ? tile_len - b0 : kv.block_rows;
+        for (int64_t jj = 0; jj < end; ++jj) {
+          const __m512 v = LoadRow(block + jj * hd);
+          const int64_t j = b0 + jj;
+          for (int r = 0; r < kPvRows; ++r) {
+            o[r] = _mm512_fmadd_ps(_mm512_set1_ps(srow[r][j]), v, o[r]);
+          }
         }
       }
       for (int64_t r = 0; r < nr; ++r) {
@@ -180,25 +189,25 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
 template <typename E>
 void AttendKvHeadAnyDim(const float* q, int64_t q_row_stride, int64_t rows,
                         int64_t group, int64_t first_len, const E* keys,
-                        const E* values, int64_t hd, float scale, float* scores,
-                        int64_t scores_stride, float* out,
-                        int64_t out_row_stride) {
+                        const E* values, const KvBlocks& kv, int64_t hd,
+                        float scale, float* scores, int64_t scores_stride,
+                        float* out, int64_t out_row_stride) {
   switch (hd / 16) {
     case 2:
       return AttendKvHead<2>(q, q_row_stride, rows, group, first_len, keys,
-                             values, hd, scale, scores, scores_stride, out,
+                             values, kv, hd, scale, scores, scores_stride, out,
                              out_row_stride);
     case 4:
       return AttendKvHead<4>(q, q_row_stride, rows, group, first_len, keys,
-                             values, hd, scale, scores, scores_stride, out,
+                             values, kv, hd, scale, scores, scores_stride, out,
                              out_row_stride);
     case 8:
       return AttendKvHead<8>(q, q_row_stride, rows, group, first_len, keys,
-                             values, hd, scale, scores, scores_stride, out,
+                             values, kv, hd, scale, scores, scores_stride, out,
                              out_row_stride);
     default:
       return AttendKvHead<0>(q, q_row_stride, rows, group, first_len, keys,
-                             values, hd, scale, scores, scores_stride, out,
+                             values, kv, hd, scale, scores, scores_stride, out,
                              out_row_stride);
   }
 }
@@ -207,20 +216,20 @@ void AttendKvHeadAnyDim(const float* q, int64_t q_row_stride, int64_t rows,
 
 void AttendKvHeadBf16(const float* q, int64_t q_row_stride, int64_t rows,
                       int64_t group, int64_t first_len, const uint16_t* keys,
-                      const uint16_t* values, int64_t hd, float scale,
-                      float* scores, int64_t scores_stride, float* out,
-                      int64_t out_row_stride) {
-  AttendKvHeadAnyDim(q, q_row_stride, rows, group, first_len, keys, values, hd,
-                     scale, scores, scores_stride, out, out_row_stride);
+                      const uint16_t* values, const KvBlocks& kv, int64_t hd,
+                      float scale, float* scores, int64_t scores_stride,
+                      float* out, int64_t out_row_stride) {
+  AttendKvHeadAnyDim(q, q_row_stride, rows, group, first_len, keys, values, kv,
+                     hd, scale, scores, scores_stride, out, out_row_stride);
 }
 
 void AttendKvHeadF32(const float* q, int64_t q_row_stride, int64_t rows,
                      int64_t group, int64_t first_len, const float* keys,
-                     const float* values, int64_t hd, float scale,
-                     float* scores, int64_t scores_stride, float* out,
-                     int64_t out_row_stride) {
-  AttendKvHeadAnyDim(q, q_row_stride, rows, group, first_len, keys, values, hd,
-                     scale, scores, scores_stride, out, out_row_stride);
+                     const float* values, const KvBlocks& kv, int64_t hd,
+                     float scale, float* scores, int64_t scores_stride,
+                     float* out, int64_t out_row_stride) {
+  AttendKvHeadAnyDim(q, q_row_stride, rows, group, first_len, keys, values, kv,
+                     hd, scale, scores, scores_stride, out, out_row_stride);
 }
 
 }  // namespace knapserve::kernels

@@ -27,16 +27,17 @@ void ToFloatRow(const E* src, int64_t n, float* dst) {
 }
 
 // One KV head, one query row: the `group` query heads sharing this KV head
-// attend to keys/values [0, n). q: [group, hd] fp32; out: [group, hd] fp32.
-// scores: scratch of group * n floats.
+// attend to positions [0, n) of keys/values (laid out as `blocks` says).
+// q: [group, hd] fp32; out: [group, hd] fp32. scores: scratch of group * n
+// floats.
 template <typename E>
-void AttendGroup(const float* q, const E* keys, const E* values, int64_t n,
-                 int64_t hd, int64_t group, float scale, float* scores,
-                 float* out) {
+void AttendGroup(const float* q, const E* keys, const E* values,
+                 const kernels::KvBlocks& blocks, int64_t n, int64_t hd,
+                 int64_t group, float scale, float* scores, float* out) {
   const int64_t full = hd / kLanes * kLanes;
   float row[kMaxHeadDim];
   for (int64_t j = 0; j < n; ++j) {
-    ToFloatRow(keys + j * hd, hd, row);
+    ToFloatRow(keys + kernels::RowOffset(blocks, j, hd), hd, row);
     for (int64_t g = 0; g < group; ++g) {
       const float* qg = q + g * hd;
       float acc[kLanes] = {};
@@ -63,7 +64,7 @@ void AttendGroup(const float* q, const E* keys, const E* values, int64_t n,
   }
   std::fill(out, out + group * hd, 0.0f);
   for (int64_t j = 0; j < n; ++j) {
-    ToFloatRow(values + j * hd, hd, row);
+    ToFloatRow(values + kernels::RowOffset(blocks, j, hd), hd, row);
     for (int64_t g = 0; g < group; ++g) {
       const float p = scores[g * n + j];
       float* og = out + g * hd;
@@ -86,74 +87,104 @@ bool CpuHasAvx512() {
 #endif
 }
 
+// Query rows per kernel call: bounds the score scratch for long prefill
+// chunks. A row's result does not depend on the tile it is in.
+constexpr int64_t kRowTile = 64;
+
+// One piece of work: rows [r0, r0 + rows) of one job for one KV head.
+struct WorkItem {
+  int64_t job;
+  int64_t kvh;
+  int64_t r0;
+  int64_t rows;
+};
+
 template <typename E>
-void RunDecodeAttention(const float* q, int64_t t, int64_t nh,
-                        const torch::Tensor& keys, const torch::Tensor& values,
-                        int64_t start_pos, float scale, float* o) {
-  const int64_t hd = keys.size(2);
-  const int64_t nkv = keys.size(0);
-  const int64_t capacity = keys.size(1);
+void RunDecodeAttention(const AttentionJob* jobs, int64_t num_jobs, int64_t nh,
+                        float scale) {
+  if (num_jobs == 0) return;
+  const int64_t hd = jobs[0].kv.head_dim;
+  const int64_t nkv = jobs[0].kv.num_kv_heads;
   const int64_t group = nh / nkv;
-  const E* k = keys.data_ptr<E>();
-  const E* v = values.data_ptr<E>();
   const int64_t threads = std::max(1, at::get_num_threads());
-  // Below this much work (multiply-adds) a fork/join costs more than it saves.
-  const int64_t work = (start_pos + t) * hd * group * t * nkv;
-  const bool inline_only = work < 65536;
-  const int64_t padded = (start_pos + t + 15) / 16 * 16;
+  // Items are (job, KV head, chunk of rows): the rows of a chunk share every
+  // load of K/V. A job's rows are split when there are fewer KV heads than
+  // threads, and into tiles of at most kRowTile rows. Each row's result is
+  // the same in any chunk, so the split never changes a bit.
+  std::vector<WorkItem> items;
+  int64_t work = 0;  // multiply-adds, to decide whether to fork at all
+  for (int64_t j = 0; j < num_jobs; ++j) {
+    const int64_t t = jobs[j].rows;
+    if (t <= 0) continue;
+    work += (jobs[j].start_pos + t) * hd * group * t * nkv;
+    const int64_t chunks =
+        std::min(t, std::max<int64_t>({1, (threads + nkv - 1) / nkv,
+                                       (t + kRowTile - 1) / kRowTile}));
+    const int64_t per_chunk = (t + chunks - 1) / chunks;
+    for (int64_t kvh = 0; kvh < nkv; ++kvh) {
+      for (int64_t r0 = 0; r0 < t; r0 += per_chunk) {
+        items.push_back({j, kvh, r0, std::min(per_chunk, t - r0)});
+      }
+    }
+  }
+  const int64_t n = static_cast<int64_t>(items.size());
+  // Below this much work a fork/join costs more than it saves.
+  const int64_t grain = work < 65536 ? std::max<int64_t>(n, 1) : 1;
 #if defined(__x86_64__)
   constexpr bool kFastDtype =
       std::is_same_v<E, at::BFloat16> || std::is_same_v<E, float>;
   if (kFastDtype && CpuHasAvx512() && hd % 16 == 0) {
-    // Items are (KV head, chunk of rows): the rows of a chunk share every
-    // load of K/V. Rows are split only when there are fewer KV heads than
-    // threads. Each row's result is the same in any chunk.
-    const int64_t row_chunks =
-        std::min(t, std::max<int64_t>(1, (threads + nkv - 1) / nkv));
-    const int64_t rows_per_chunk = (t + row_chunks - 1) / row_chunks;
-    const int64_t items = nkv * row_chunks;
-    at::parallel_for(
-        0, items, inline_only ? items : 1, [&](int64_t begin, int64_t end) {
-          std::vector<float> scores(rows_per_chunk * group * padded);
-          for (int64_t item = begin; item < end; ++item) {
-            const int64_t kvh = item / row_chunks;
-            const int64_t r0 = (item % row_chunks) * rows_per_chunk;
-            const int64_t rows = std::min(rows_per_chunk, t - r0);
-            if (rows <= 0) continue;
-            const float* qi = q + (r0 * nh + kvh * group) * hd;
-            float* oi = o + (r0 * nh + kvh * group) * hd;
-            if constexpr (std::is_same_v<E, at::BFloat16>) {
-              kernels::AttendKvHeadBf16(
-                  qi, nh * hd, rows, group, start_pos + r0 + 1,
-                  reinterpret_cast<const uint16_t*>(k + kvh * capacity * hd),
-                  reinterpret_cast<const uint16_t*>(v + kvh * capacity * hd),
-                  hd, scale, scores.data(), padded, oi, nh * hd);
-            } else if constexpr (std::is_same_v<E, float>) {
-              kernels::AttendKvHeadF32(
-                  qi, nh * hd, rows, group, start_pos + r0 + 1,
-                  k + kvh * capacity * hd, v + kvh * capacity * hd, hd, scale,
-                  scores.data(), padded, oi, nh * hd);
-            }
-          }
-        });
+    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores;
+      for (int64_t w = begin; w < end; ++w) {
+        const WorkItem& item = items[w];
+        const AttentionJob& job = jobs[item.job];
+        const KvView& kv = job.kv;
+        const E* k = static_cast<const E*>(kv.k) + item.kvh * kv.head_stride;
+        const E* v = static_cast<const E*>(kv.v) + item.kvh * kv.head_stride;
+        const int64_t padded =
+            (job.start_pos + item.r0 + item.rows + 15) / 16 * 16;
+        scores.resize(item.rows * group * padded);
+        const float* qi = job.q + (item.r0 * nh + item.kvh * group) * hd;
+        float* oi = job.out + (item.r0 * nh + item.kvh * group) * hd;
+        const int64_t first_len = job.start_pos + item.r0 + 1;
+        if constexpr (std::is_same_v<E, at::BFloat16>) {
+          kernels::AttendKvHeadBf16(qi, nh * hd, item.rows, group, first_len,
+                                    reinterpret_cast<const uint16_t*>(k),
+                                    reinterpret_cast<const uint16_t*>(v),
+                                    kv.blocks, hd, scale, scores.data(), padded,
+                                    oi, nh * hd);
+        } else if constexpr (std::is_same_v<E, float>) {
+          kernels::AttendKvHeadF32(qi, nh * hd, item.rows, group, first_len, k,
+                                   v, kv.blocks, hd, scale, scores.data(),
+                                   padded, oi, nh * hd);
+        }
+      }
+    });
     return;
   }
 #endif
-  // Portable: items are (row, KV head) pairs, KV-head-major, so one thread's
-  // consecutive rows reuse the same keys and values from cache.
-  at::parallel_for(
-      0, t * nkv, inline_only ? t * nkv : 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores(group * padded);
-        for (int64_t item = begin; item < end; ++item) {
-          const int64_t kvh = item / t;
-          const int64_t row = item % t;
-          const int64_t offset = (row * nh + kvh * group) * hd;
-          AttendGroup<E>(q + offset, k + kvh * capacity * hd,
-                         v + kvh * capacity * hd, start_pos + row + 1, hd,
-                         group, scale, scores.data(), o + offset);
-        }
-      });
+  // Portable: one query row at a time within each item.
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    for (int64_t w = begin; w < end; ++w) {
+      const WorkItem& item = items[w];
+      const AttentionJob& job = jobs[item.job];
+      const KvView& kv = job.kv;
+      const E* k = static_cast<const E*>(kv.k) + item.kvh * kv.head_stride;
+      const E* v = static_cast<const E*>(kv.v) + item.kvh * kv.head_stride;
+      for (int64_t row = item.r0; row < item.r0 + item.rows; ++row) {
+        const int64_t len = job.start_pos + row + 1;
+        scores.resize(group * len);
+        const int64_t offset = (row * nh + item.kvh * group) * hd;
+        AttendGroup<E>(job.q + offset, k, v, kv.blocks, len, hd, group, scale,
+                       scores.data(), job.out + offset);
+      }
+    }
+  });
 }
+
+const int32_t kFirstBlock = 0;
 
 }  // namespace
 
@@ -190,20 +221,46 @@ torch::Tensor DecodeAttention(const torch::Tensor& q, const torch::Tensor& keys,
   return q.scalar_type() == torch::kFloat32 ? out : out.to(q.scalar_type());
 }
 
+KvView ContiguousKvView(const torch::Tensor& keys,
+                        const torch::Tensor& values) {
+  KvView view;
+  view.k = keys.data_ptr();
+  view.v = values.data_ptr();
+  view.dtype = keys.scalar_type();
+  view.num_kv_heads = keys.size(0);
+  view.head_dim = keys.size(2);
+  view.head_stride = keys.size(1) * keys.size(2);
+  // One block covering the whole capacity.
+  view.blocks = kernels::KvBlocks{
+      &kFirstBlock, std::max<int64_t>(16, (keys.size(1) + 15) / 16 * 16), 0};
+  return view;
+}
+
 void DecodeAttentionFloat(const float* q, int64_t t, int64_t num_heads,
                           const torch::Tensor& keys,
                           const torch::Tensor& values, int64_t start_pos,
                           float scale, float* out) {
-  switch (keys.scalar_type()) {
+  DecodeAttentionFloat(q, t, num_heads, ContiguousKvView(keys, values),
+                       start_pos, scale, out);
+}
+
+void DecodeAttentionFloat(const float* q, int64_t t, int64_t num_heads,
+                          const KvView& kv, int64_t start_pos, float scale,
+                          float* out) {
+  const AttentionJob job{q, t, start_pos, kv, out};
+  DecodeAttentionBatch(&job, 1, num_heads, scale);
+}
+
+void DecodeAttentionBatch(const AttentionJob* jobs, int64_t num_jobs,
+                          int64_t num_heads, float scale) {
+  if (num_jobs == 0) return;
+  switch (jobs[0].kv.dtype) {
     case torch::kBFloat16:
-      return RunDecodeAttention<at::BFloat16>(q, t, num_heads, keys, values,
-                                              start_pos, scale, out);
+      return RunDecodeAttention<at::BFloat16>(jobs, num_jobs, num_heads, scale);
     case torch::kFloat16:
-      return RunDecodeAttention<at::Half>(q, t, num_heads, keys, values,
-                                          start_pos, scale, out);
+      return RunDecodeAttention<at::Half>(jobs, num_jobs, num_heads, scale);
     default:
-      return RunDecodeAttention<float>(q, t, num_heads, keys, values, start_pos,
-                                       scale, out);
+      return RunDecodeAttention<float>(jobs, num_jobs, num_heads, scale);
   }
 }
 

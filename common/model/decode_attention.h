@@ -16,8 +16,10 @@
 // common/model/attention_kernels.h (FMA chains, a vectorized exp); elsewhere
 // in portable code. Which one runs depends on the machine, never on T.
 //
-// Used by LlamaModel::Attention on CPU for T <= kMaxDecodeAttentionRows; longer
-// chunks (prefill) and CUDA use the LibTorch path.
+// Used by LlamaModel::Attention on CPU for T <= kMaxDecodeAttentionRows (longer
+// chunks there use the LibTorch path), and by LlamaModel::ForwardBatch for
+// every row of a batched step, prefill chunks included, over paged K/V (a
+// KvView says where a sequence's positions are).
 //
 // Thread safety: a pure function of its inputs; it runs on torch's intra-op
 // threads.
@@ -28,7 +30,28 @@
 
 #include <cstdint>
 
+#include "common/model/attention_kernels.h"
+
 namespace knapserve {
+
+// One layer's K/V of one sequence, wherever it is stored: a contiguous
+// [num_kv_heads, capacity, head_dim] cache, or blocks of a paged pool
+// ([num_blocks, num_kv_heads, block_rows, head_dim] per layer). Position j of
+// KV head g starts at element
+//   g * head_stride + RowOffset(blocks, j, head_dim)
+// of k and v. A view borrows everything it points to.
+struct KvView {
+  void* k = nullptr;
+  void* v = nullptr;
+  torch::ScalarType dtype = torch::kFloat32;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t head_stride = 0;  // elements from KV head g to g + 1
+  kernels::KvBlocks blocks{nullptr, 16, 0};
+};
+
+// The view of contiguous [num_kv_heads, capacity, head_dim] caches.
+KvView ContiguousKvView(const torch::Tensor& keys, const torch::Tensor& values);
 
 // Rows (new positions) up to which the batch-invariant path is used.
 inline constexpr int64_t kMaxDecodeAttentionRows = 16;
@@ -52,6 +75,29 @@ void DecodeAttentionFloat(const float* q, int64_t t, int64_t num_heads,
                           const torch::Tensor& keys,
                           const torch::Tensor& values, int64_t start_pos,
                           float scale, float* out);
+// The same over any KvView that holds positions [0, start_pos + t). Any t:
+// rows are processed in tiles, and each row's result is the same in any tile.
+void DecodeAttentionFloat(const float* q, int64_t t, int64_t num_heads,
+                          const KvView& kv, int64_t start_pos, float scale,
+                          float* out);
+
+// One sequence's part of a batched attention call: `rows` query rows (fp32,
+// [rows, num_heads, head_dim]) at positions start_pos.., attending to `kv`,
+// output [rows, num_heads * head_dim] fp32.
+struct AttentionJob {
+  const float* q = nullptr;
+  int64_t rows = 0;
+  int64_t start_pos = 0;
+  KvView kv;
+  float* out = nullptr;
+};
+
+// All jobs in one parallel region (one fork/join for a whole batched step,
+// not one per sequence). Every job's K/V must have the same dtype, head
+// count and head_dim. Each row's result is exactly what DecodeAttentionFloat
+// gives it alone.
+void DecodeAttentionBatch(const AttentionJob* jobs, int64_t num_jobs,
+                          int64_t num_heads, float scale);
 
 }  // namespace knapserve
 

@@ -40,6 +40,14 @@ int64_t Bytes(const torch::Tensor& t) {
 
 }  // namespace
 
+struct LlamaModel::RowSpan {
+  int64_t begin = 0;                   // first row in the pass's hidden states
+  int64_t rows = 0;                    // number of rows
+  int64_t start_pos = 0;               // position of the first row
+  KvView view;                         // this layer's K/V of the sequence
+  const BatchSequence* seq = nullptr;  // the sequence (torch path only)
+};
+
 absl::StatusOr<torch::ScalarType> ParseDtype(const std::string& name) {
   const std::string n = absl::AsciiStrToLower(name);
   if (n == "fp32" || n == "float32" || n == "f32") return torch::kFloat32;
@@ -254,6 +262,31 @@ std::vector<LayerKv> LlamaModel::AllocateKv(int64_t capacity) const {
   return kv;
 }
 
+PagedKvStorage LlamaModel::AllocatePagedKv(int64_t num_blocks,
+                                           int64_t block_rows) const {
+  TORCH_CHECK(num_blocks > 0, "paged K/V needs at least one block");
+  TORCH_CHECK(block_rows > 0 && block_rows % 16 == 0, "block_rows ", block_rows,
+              " must be a positive multiple of 16");
+  auto opts =
+      torch::TensorOptions().dtype(options_.dtype).device(options_.device);
+  PagedKvStorage storage;
+  storage.num_blocks = num_blocks;
+  storage.block_rows = block_rows;
+  storage.layers.reserve(layers_.size());
+  const std::vector<int64_t> shape = {num_blocks, config_.num_key_value_heads,
+                                      block_rows, config_.head_dim};
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    storage.layers.push_back(
+        {torch::zeros(shape, opts), torch::zeros(shape, opts)});
+  }
+  return storage;
+}
+
+int64_t LlamaModel::KvBytesPerBlock(int64_t block_rows) const {
+  return 2 * num_layers() * config_.num_key_value_heads * block_rows *
+         config_.head_dim * c10::elementSize(options_.dtype);
+}
+
 torch::Tensor LlamaModel::RmsNorm(const torch::Tensor& x,
                                   const torch::Tensor& weight) const {
   // Hugging Face LlamaRMSNorm: normalize in float32, cast back, then scale.
@@ -292,9 +325,22 @@ bool LlamaModel::FewRowsApply(const torch::Tensor& h) const {
 
 template <typename E>
 torch::Tensor LlamaModel::AttentionFewRows(const Layer& layer,
-                                           const torch::Tensor& h_in,
+                                           const torch::Tensor& h,
                                            int64_t start_pos,
                                            LayerKv& kv) const {
+  TORCH_CHECK(kv.k.is_contiguous() && kv.v.is_contiguous(),
+              "K/V cache must be contiguous");
+  RowSpan span;
+  span.rows = h.size(0);
+  span.start_pos = start_pos;
+  span.view = ContiguousKvView(kv.k, kv.v);
+  return AttentionRows<E>(layer, h, {span});
+}
+
+template <typename E>
+torch::Tensor LlamaModel::AttentionRows(
+    const Layer& layer, const torch::Tensor& h_in,
+    const std::vector<RowSpan>& spans) const {
   const torch::Tensor h = h_in.contiguous();
   const int64_t t = h.size(0);
   const int64_t d = config_.hidden_size;
@@ -303,8 +349,6 @@ torch::Tensor LlamaModel::AttentionFewRows(const Layer& layer,
   const int64_t nkv = config_.num_key_value_heads;
   const int64_t width = (nh + 2 * nkv) * hd;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  TORCH_CHECK(kv.k.is_contiguous() && kv.v.is_contiguous(),
-              "K/V cache must be contiguous");
 
   torch::Tensor x = torch::empty_like(h);
   row_ops::RmsNorm<E>(h.data_ptr<E>(), layer.input_norm.data_ptr<E>(), t, d,
@@ -316,40 +360,47 @@ torch::Tensor LlamaModel::AttentionFewRows(const Layer& layer,
   // it.
   std::vector<E> qkv(t * width);
   row_ops::Round<E>(qkv32.data_ptr<float>(), t * width, qkv.data());
-  E* q = qkv.data();
-  E* k = q + nh * hd;
-  E* v = k + nkv * hd;
   if (layer.q_norm.defined()) {
     for (int64_t r = 0; r < t; ++r) {
-      row_ops::RmsNorm<E>(q + r * width, layer.q_norm.data_ptr<E>(), nh, hd,
-                          eps, q + r * width);
-      row_ops::RmsNorm<E>(k + r * width, layer.k_norm.data_ptr<E>(), nkv, hd,
-                          eps, k + r * width);
+      E* q = qkv.data() + r * width;
+      E* k = q + nh * hd;
+      row_ops::RmsNorm<E>(q, layer.q_norm.data_ptr<E>(), nh, hd, eps, q);
+      row_ops::RmsNorm<E>(k, layer.k_norm.data_ptr<E>(), nkv, hd, eps, k);
     }
   }
   const E* cos = rope_cos_.data_ptr<E>();
   const E* sin = rope_sin_.data_ptr<E>();
-  row_ops::Rope<E>(q, t, width, nh, hd, start_pos, cos, sin);
-  row_ops::Rope<E>(k, t, width, nkv, hd, start_pos, cos, sin);
-  // This step's K/V into the cache ([kv_heads, capacity, head_dim]).
-  const int64_t capacity = kv.k.size(1);
-  E* kc = kv.k.data_ptr<E>();
-  E* vc = kv.v.data_ptr<E>();
-  for (int64_t r = 0; r < t; ++r) {
-    for (int64_t g = 0; g < nkv; ++g) {
-      const int64_t at = (g * capacity + start_pos + r) * hd;
-      std::copy_n(k + r * width + g * hd, hd, kc + at);
-      std::copy_n(v + r * width + g * hd, hd, vc + at);
-    }
-  }
   std::vector<float> qf(t * nh * hd);
-  for (int64_t r = 0; r < t; ++r)
-    row_ops::ToFloat<E>(q + r * width, nh * hd, qf.data() + r * nh * hd);
   std::vector<float> attn(t * nh * hd);
-  DecodeAttentionFloat(
-      qf.data(), t, nh, kv.k, kv.v, start_pos,
-      static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))),
-      attn.data());
+  std::vector<AttentionJob> jobs;
+  jobs.reserve(spans.size());
+  for (const RowSpan& span : spans) {
+    E* q = qkv.data() + span.begin * width;
+    E* k = q + nh * hd;
+    E* v = k + nkv * hd;
+    row_ops::Rope<E>(q, span.rows, width, nh, hd, span.start_pos, cos, sin);
+    row_ops::Rope<E>(k, span.rows, width, nkv, hd, span.start_pos, cos, sin);
+    // This step's K/V into the sequence's cache, wherever its blocks are.
+    E* kc = static_cast<E*>(span.view.k);
+    E* vc = static_cast<E*>(span.view.v);
+    for (int64_t r = 0; r < span.rows; ++r) {
+      const int64_t offset =
+          kernels::RowOffset(span.view.blocks, span.start_pos + r, hd);
+      for (int64_t g = 0; g < nkv; ++g) {
+        const int64_t at = g * span.view.head_stride + offset;
+        std::copy_n(k + r * width + g * hd, hd, kc + at);
+        std::copy_n(v + r * width + g * hd, hd, vc + at);
+      }
+    }
+    float* qs = qf.data() + span.begin * nh * hd;
+    for (int64_t r = 0; r < span.rows; ++r)
+      row_ops::ToFloat<E>(q + r * width, nh * hd, qs + r * nh * hd);
+    jobs.push_back({qs, span.rows, span.start_pos, span.view,
+                    attn.data() + span.begin * nh * hd});
+  }
+  DecodeAttentionBatch(
+      jobs.data(), static_cast<int64_t>(jobs.size()), nh,
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))));
   torch::Tensor attn_e = torch::empty({t, nh * hd}, h.options());
   row_ops::Round<E>(attn.data(), t * nh * hd, attn_e.data_ptr<E>());
   torch::Tensor y = LinearFloatOut(attn_e, layer.o_proj);
@@ -389,7 +440,6 @@ torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h,
   const int64_t hd = config_.head_dim;
   const int64_t nh = config_.num_attention_heads;
   const int64_t nkv = config_.num_key_value_heads;
-  const int64_t group = nh / nkv;
   const int64_t end = start_pos + t;
   TORCH_CHECK(end <= kv.k.size(1), "attention past KV capacity: ", end, " > ",
               kv.k.size(1));
@@ -421,9 +471,21 @@ torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h,
                                       1.0 / std::sqrt(static_cast<double>(hd))),
                       layer.o_proj);
   }
-  torch::Tensor keys = kv.k.narrow(1, 0, end);    // [KV, n, hd]
-  torch::Tensor values = kv.v.narrow(1, 0, end);  // [KV, n, hd]
+  return h + Linear(AttendTorch(q, kv.k.narrow(1, 0, end),
+                                kv.v.narrow(1, 0, end), start_pos),
+                    layer.o_proj);
+}
 
+torch::Tensor LlamaModel::AttendTorch(const torch::Tensor& q,
+                                      const torch::Tensor& keys,
+                                      const torch::Tensor& values,
+                                      int64_t start_pos) const {
+  const int64_t t = q.size(0);
+  const int64_t hd = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads;
+  const int64_t nkv = config_.num_key_value_heads;
+  const int64_t group = nh / nkv;
+  const int64_t end = start_pos + t;
   // Grouped-query attention without repeating K/V: fold each KV head's query
   // group and the T positions into one batch row block.
   torch::Tensor qg = q.view({t, nkv, group, hd})
@@ -446,9 +508,273 @@ torch::Tensor LlamaModel::Attention(int layer_index, const torch::Tensor& h,
   }
   torch::Tensor probs = torch::softmax(scores, -1).to(options_.dtype);
   torch::Tensor out = torch::bmm(probs, values);  // [KV, G*T, hd]
-  out =
-      out.view({nkv, group, t, hd}).permute({2, 0, 1, 3}).reshape({t, nh * hd});
-  return h + Linear(out, layer.o_proj);
+  return out.view({nkv, group, t, hd})
+      .permute({2, 0, 1, 3})
+      .reshape({t, nh * hd});
+}
+
+torch::Tensor LlamaModel::AttentionRowsTorch(
+    const Layer& layer, int layer_index, const torch::Tensor& h,
+    const std::vector<RowSpan>& spans) const {
+  const int64_t t = h.size(0);
+  const int64_t hd = config_.head_dim;
+  const int64_t nh = config_.num_attention_heads;
+  const int64_t nkv = config_.num_key_value_heads;
+  torch::Tensor x = RmsNorm(h, layer.input_norm);
+  torch::Tensor qkv = Linear(x, layer.qkv_proj, layer.qkv_bias);
+  torch::Tensor q_all = qkv.narrow(1, 0, nh * hd).view({t, nh, hd});
+  torch::Tensor k_all = qkv.narrow(1, nh * hd, nkv * hd).view({t, nkv, hd});
+  torch::Tensor v_all =
+      qkv.narrow(1, (nh + nkv) * hd, nkv * hd).view({t, nkv, hd});
+  if (layer.q_norm.defined()) {
+    q_all = RmsNorm(q_all, layer.q_norm);
+    k_all = RmsNorm(k_all, layer.k_norm);
+  }
+  std::vector<torch::Tensor> outs;
+  outs.reserve(spans.size());
+  auto index_opts =
+      torch::TensorOptions().device(options_.device).dtype(torch::kInt64);
+  for (const RowSpan& span : spans) {
+    const BatchSequence& seq = *span.seq;
+    const int64_t end = span.start_pos + span.rows;
+    torch::Tensor q =
+        ApplyRope(q_all.narrow(0, span.begin, span.rows), span.start_pos);
+    torch::Tensor k =
+        ApplyRope(k_all.narrow(0, span.begin, span.rows), span.start_pos);
+    torch::Tensor v = v_all.narrow(0, span.begin, span.rows);
+    torch::Tensor keys;
+    torch::Tensor values;
+    if (seq.kv != nullptr) {
+      LayerKv& kv = (*seq.kv)[layer_index];
+      kv.k.narrow(1, span.start_pos, span.rows).copy_(k.transpose(0, 1));
+      kv.v.narrow(1, span.start_pos, span.rows).copy_(v.transpose(0, 1));
+      keys = kv.k.narrow(1, 0, end);
+      values = kv.v.narrow(1, 0, end);
+    } else {
+      // Paged: [blocks, KV, block_rows, hd]; position p is row p % B of
+      // block table[p / B].
+      const LayerKv& pool = seq.paged->layers[layer_index];
+      const int64_t rows_per_block = seq.paged->block_rows;
+      const int64_t used_blocks = (end + rows_per_block - 1) / rows_per_block;
+      std::vector<int64_t> table(seq.blocks.begin(),
+                                 seq.blocks.begin() + used_blocks);
+      torch::Tensor table_t = torch::tensor(table, index_opts);
+      torch::Tensor pos = torch::arange(span.start_pos, end, index_opts);
+      torch::Tensor block_of =
+          table_t.index_select(0, torch::div(pos, rows_per_block, "floor"));
+      torch::Tensor row_of = torch::remainder(pos, rows_per_block);
+      using torch::indexing::Slice;
+      torch::Tensor kp = pool.k;  // handles share the pool's storage
+      torch::Tensor vp = pool.v;
+      kp.index_put_({block_of, Slice(), row_of}, k);
+      vp.index_put_({block_of, Slice(), row_of}, v);
+      keys = kp.index_select(0, table_t)
+                 .permute({1, 0, 2, 3})
+                 .reshape({nkv, used_blocks * rows_per_block, hd})
+                 .narrow(1, 0, end);
+      values = vp.index_select(0, table_t)
+                   .permute({1, 0, 2, 3})
+                   .reshape({nkv, used_blocks * rows_per_block, hd})
+                   .narrow(1, 0, end);
+    }
+    outs.push_back(AttendTorch(q, keys, values, span.start_pos));
+  }
+  return h + Linear(torch::cat(outs, 0), layer.o_proj);
+}
+
+bool LlamaModel::RowPathApplies() const {
+  return options_.device.is_cpu() && !layers_.empty() &&
+         layers_[0].qkv_proj.packed() &&
+         (options_.dtype == torch::kFloat32 ||
+          options_.dtype == torch::kBFloat16);
+}
+
+std::vector<torch::Tensor> LlamaModel::ForwardBatch(
+    absl::Span<const BatchSequence> batch) const {
+  c10::InferenceMode guard;
+  const int64_t hd = config_.head_dim;
+  const int64_t nkv = config_.num_key_value_heads;
+  const bool row_path = RowPathApplies();
+  // Rows of the pass: each sequence's tokens, in batch order.
+  std::vector<int64_t> ids;
+  std::vector<int64_t> first_row(batch.size());
+  bool capture = false;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const BatchSequence& seq = batch[s];
+    TORCH_CHECK(!seq.tokens.empty(), "ForwardBatch: sequence ", s,
+                " has no tokens");
+    TORCH_CHECK((seq.paged != nullptr) != (seq.kv != nullptr),
+                "ForwardBatch: sequence ", s,
+                " needs exactly one of paged or contiguous K/V");
+    TORCH_CHECK(seq.skip == nullptr || seq.skip->num_layers() == num_layers(),
+                "mask has ", seq.skip == nullptr ? 0 : seq.skip->num_layers(),
+                " layers, model has ", num_layers());
+    const int64_t end = seq.start_pos + static_cast<int64_t>(seq.tokens.size());
+    TORCH_CHECK(end <= max_context_, "ForwardBatch: position ", end,
+                " past the context of ", max_context_);
+    if (seq.paged != nullptr) {
+      TORCH_CHECK(
+          static_cast<int64_t>(seq.blocks.size()) * seq.paged->block_rows >=
+              end,
+          "ForwardBatch: sequence ", s, " has K/V blocks for ",
+          seq.blocks.size() * seq.paged->block_rows, " positions, needs ", end);
+      for (int32_t b : seq.blocks) {
+        TORCH_CHECK(b >= 0 && b < seq.paged->num_blocks,
+                    "ForwardBatch: block id ", b, " outside the pool");
+      }
+    } else {
+      TORCH_CHECK(static_cast<int>(seq.kv->size()) == num_layers(), "KV has ",
+                  seq.kv->size(), " layers, model has ", num_layers());
+      TORCH_CHECK(end <= (*seq.kv)[0].k.size(1),
+                  "attention past KV capacity: ", end, " > ",
+                  (*seq.kv)[0].k.size(1));
+    }
+    first_row[s] = static_cast<int64_t>(ids.size());
+    ids.insert(ids.end(), seq.tokens.begin(), seq.tokens.end());
+    capture = capture || seq.boundary_states != nullptr;
+  }
+  if (batch.empty()) return {};
+  torch::Tensor h = Embed(torch::tensor(ids, torch::kInt64));
+  std::vector<torch::Tensor> boundaries;
+  if (capture) boundaries.push_back(h);
+
+  // The sequences that run sublayer `sublayer`, as spans of the rows they
+  // occupy in `h` (all rows) or in the gathered subset; `index` receives the
+  // gathered row ids when not all sequences run it.
+  auto spans_for = [&](int sublayer, int layer_index, bool attention,
+                       std::vector<RowSpan>& spans,
+                       std::vector<int64_t>& index) {
+    spans.clear();
+    index.clear();
+    bool all = true;
+    int64_t next = 0;
+    for (size_t s = 0; s < batch.size(); ++s) {
+      const BatchSequence& seq = batch[s];
+      const int64_t rows = static_cast<int64_t>(seq.tokens.size());
+      if (seq.skip != nullptr && seq.skip->skipped(sublayer)) {
+        all = false;
+        continue;
+      }
+      RowSpan span;
+      span.begin = next;
+      span.rows = rows;
+      span.start_pos = seq.start_pos;
+      span.seq = &seq;
+      if (attention && row_path) {
+        if (seq.kv != nullptr) {
+          const LayerKv& kv = (*seq.kv)[layer_index];
+          span.view = ContiguousKvView(kv.k, kv.v);
+        } else {
+          const LayerKv& pool = seq.paged->layers[layer_index];
+          const int64_t b = seq.paged->block_rows;
+          span.view.k = pool.k.data_ptr();
+          span.view.v = pool.v.data_ptr();
+          span.view.dtype = pool.k.scalar_type();
+          span.view.num_kv_heads = nkv;
+          span.view.head_dim = hd;
+          span.view.head_stride = b * hd;
+          span.view.blocks =
+              kernels::KvBlocks{seq.blocks.data(), b, nkv * b * hd};
+        }
+      }
+      spans.push_back(span);
+      for (int64_t r = 0; r < rows; ++r) index.push_back(first_row[s] + r);
+      next += rows;
+    }
+    return all;
+  };
+
+  std::vector<RowSpan> spans;
+  std::vector<int64_t> index;
+  for (int i = 0; i < num_layers(); ++i) {
+    const Layer& layer = layers_[i];
+    for (int part = 0; part < 2; ++part) {
+      const bool attention = part == 0;
+      const bool all = spans_for(2 * i + part, i, attention, spans, index);
+      if (!spans.empty()) {
+        torch::Tensor index_t;
+        torch::Tensor x = h;
+        if (!all) {
+          index_t = torch::tensor(index, torch::kInt64).to(options_.device);
+          x = h.index_select(0, index_t);
+        }
+        torch::Tensor y;
+        if (attention) {
+          if (!row_path) {
+            y = AttentionRowsTorch(layer, i, x, spans);
+          } else if (options_.dtype == torch::kFloat32) {
+            y = AttentionRows<float>(layer, x, spans);
+          } else {
+            y = AttentionRows<c10::BFloat16>(layer, x, spans);
+          }
+        } else if (row_path) {
+          y = options_.dtype == torch::kFloat32
+                  ? MlpFewRows<float>(layer, x)
+                  : MlpFewRows<c10::BFloat16>(layer, x);
+        } else {
+          y = Mlp(i, x);
+        }
+        // Out of place: earlier boundary states keep their values.
+        h = all ? y : h.index_copy(0, index_t, y);
+      }
+      if (capture) boundaries.push_back(h);
+    }
+  }
+
+  // Logits rows: each sequence's last num_logits rows, in one LM-head pass.
+  std::vector<int64_t> logit_rows;
+  std::vector<int64_t> logit_count(batch.size());
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const int64_t rows = static_cast<int64_t>(batch[s].tokens.size());
+    const int64_t n =
+        batch[s].num_logits < 0 ? rows : std::min(batch[s].num_logits, rows);
+    logit_count[s] = n;
+    for (int64_t r = rows - n; r < rows; ++r)
+      logit_rows.push_back(first_row[s] + r);
+  }
+  torch::Tensor logits;
+  if (!logit_rows.empty()) {
+    torch::Tensor x = h.index_select(
+        0, torch::tensor(logit_rows, torch::kInt64).to(options_.device));
+    if (row_path) {
+      // The final norm row by row, so a row's logits never depend on the
+      // number of rows.
+      torch::Tensor normed = torch::empty_like(x);
+      const int64_t n = x.size(0);
+      const float eps = static_cast<float>(config_.rms_norm_eps);
+      if (options_.dtype == torch::kFloat32) {
+        row_ops::RmsNorm<float>(
+            x.data_ptr<float>(), final_norm_.data_ptr<float>(), n,
+            config_.hidden_size, eps, normed.data_ptr<float>());
+      } else {
+        row_ops::RmsNorm<c10::BFloat16>(
+            x.data_ptr<c10::BFloat16>(), final_norm_.data_ptr<c10::BFloat16>(),
+            n, config_.hidden_size, eps, normed.data_ptr<c10::BFloat16>());
+      }
+      logits = LinearFloatOut(normed, lm_head_);
+      if (options_.dtype != torch::kFloat32) {
+        // As Logits(): the LM head's output in the model dtype, then float32.
+        logits = logits.to(options_.dtype).to(torch::kFloat32);
+      }
+    } else {
+      logits = Logits(x);
+    }
+  }
+  std::vector<torch::Tensor> out(batch.size());
+  int64_t at = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    if (logit_count[s] > 0) out[s] = logits.narrow(0, at, logit_count[s]);
+    at += logit_count[s];
+    if (batch[s].boundary_states != nullptr) {
+      const int64_t rows = static_cast<int64_t>(batch[s].tokens.size());
+      std::vector<torch::Tensor> mine;
+      mine.reserve(boundaries.size());
+      for (const torch::Tensor& b : boundaries)
+        mine.push_back(b.narrow(0, first_row[s], rows));
+      *batch[s].boundary_states = torch::stack(mine);
+    }
+  }
+  return out;
 }
 
 torch::Tensor LlamaModel::Mlp(int layer_index, const torch::Tensor& h) const {

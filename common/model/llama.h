@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "common/checkpoint/model_config.h"
 #include "common/model/layer_mask.h"
 #include "common/model/linear.h"
@@ -62,6 +63,38 @@ absl::StatusOr<torch::Device> ParseDevice(const std::string& name);
 struct LayerKv {
   torch::Tensor k;
   torch::Tensor v;
+};
+
+// The K/V memory of a paged pool (executor/kv_pool.h owns one): per layer, K
+// and V of [num_blocks, num_kv_heads, block_rows, head_dim] in the model's
+// dtype and device. A sequence owns some of the blocks, listed in its block
+// table: position p lives in block table[p / block_rows], row p % block_rows.
+struct PagedKvStorage {
+  std::vector<LayerKv> layers;
+  int64_t num_blocks = 0;
+  int64_t block_rows = 0;  // positions per block, a positive multiple of 16
+};
+
+// One sequence's part of a batched forward pass (LlamaModel::ForwardBatch).
+// Everything is borrowed for the duration of the call.
+struct BatchSequence {
+  // The new tokens, at positions start_pos .. start_pos + size - 1.
+  absl::Span<const int32_t> tokens;
+  int64_t start_pos = 0;
+  // Its K/V, which must hold positions [0, start_pos) and room up to
+  // start_pos + size: paged (`paged` and the block table `blocks`) or
+  // contiguous (`kv`, one LayerKv per layer). Exactly one of them.
+  const PagedKvStorage* paged = nullptr;
+  absl::Span<const int32_t> blocks;
+  std::vector<LayerKv>* kv = nullptr;
+  // Sublayers this sequence skips (a draft); nullptr runs all of them. Each
+  // sequence of a batch may have its own mask.
+  const LayerMask* skip = nullptr;
+  // Logits for the last `num_logits` rows (0 = none, < 0 = all rows).
+  int64_t num_logits = 1;
+  // If set, receives this sequence's hidden states at all 2L+1 sublayer
+  // boundaries, [2L+1, size, hidden] (as ForwardOptions::boundary_states).
+  torch::Tensor* boundary_states = nullptr;
 };
 
 // Options of one whole-model pass (LlamaModel::Forward).
@@ -105,6 +138,12 @@ class LlamaModel {
   // K/V storage for `capacity` positions (capacity <= max_context()), one
   // entry per layer, zero-filled.
   std::vector<LayerKv> AllocateKv(int64_t capacity) const;
+  // Paged K/V memory: `num_blocks` blocks of `block_rows` positions (a
+  // positive multiple of 16) for every layer, zero-filled.
+  PagedKvStorage AllocatePagedKv(int64_t num_blocks, int64_t block_rows) const;
+  // Bytes one block of `block_rows` positions takes across all layers (K and
+  // V).
+  int64_t KvBytesPerBlock(int64_t block_rows) const;
 
   // ---- Sublayer API ----
   // [T] int64 token ids (any device) -> [T, hidden].
@@ -140,6 +179,22 @@ class LlamaModel {
   torch::Tensor Forward(const torch::Tensor& token_ids, int64_t start_pos,
                         std::vector<LayerKv>& kv,
                         const ForwardOptions& options) const;
+  // One pass over several sequences at once (continuous batching): every
+  // sequence has its own positions, K/V, mask and logits rows; the linear
+  // layers run over all rows together. Returns, per sequence, float32 logits
+  // [num_logits, vocab] (an undefined tensor for num_logits == 0).
+  //
+  // Batch invariance: on CPU in fp32 or bf16 with packed weights, every row
+  // is computed by the row-wise path (row_ops.h, the packed Linear, the
+  // multi-query attention kernel), whose result for a row depends only on
+  // that row and its own sequence's K/V. So a sequence's logits and K/V are
+  // bit-identical whichever other sequences share the pass, and however its
+  // tokens are split into passes (a prompt prefilled in any chunks). Other
+  // devices and dtypes use LibTorch ops, which are not guaranteed
+  // batch-invariant.
+  std::vector<torch::Tensor> ForwardBatch(
+      absl::Span<const BatchSequence> batch) const;
+
   // Forward in chunks of at most `chunk_size` positions (bounds the attention
   // score memory for long prompts); returns the last position's logits [vocab].
   torch::Tensor Prefill(const torch::Tensor& token_ids, int64_t start_pos,
@@ -171,6 +226,25 @@ class LlamaModel {
                                  int64_t start_pos, LayerKv& kv) const;
   template <typename E>
   torch::Tensor MlpFewRows(const Layer& layer, const torch::Tensor& h) const;
+  // A range of rows of a batched pass that belongs to one sequence.
+  struct RowSpan;
+  // The attention sublayer over rows of several sequences (row-wise path;
+  // h is [rows, hidden], contiguous); returns the new hidden states.
+  template <typename E>
+  torch::Tensor AttentionRows(const Layer& layer, const torch::Tensor& h,
+                              const std::vector<RowSpan>& spans) const;
+  // The same with LibTorch ops (other devices and dtypes).
+  torch::Tensor AttentionRowsTorch(const Layer& layer, int layer_index,
+                                   const torch::Tensor& h,
+                                   const std::vector<RowSpan>& spans) const;
+  // Whether ForwardBatch can take the row-wise path (see ForwardBatch).
+  bool RowPathApplies() const;
+  // Attention of q [T, heads, head_dim] (RoPE applied) over keys/values
+  // [kv_heads, n, head_dim] holding positions [0, start_pos + T), causal,
+  // with LibTorch ops; returns [T, heads * head_dim].
+  torch::Tensor AttendTorch(const torch::Tensor& q, const torch::Tensor& keys,
+                            const torch::Tensor& values,
+                            int64_t start_pos) const;
   torch::Tensor RmsNorm(const torch::Tensor& x,
                         const torch::Tensor& weight) const;
   torch::Tensor ApplyRope(const torch::Tensor& x, int64_t start_pos) const;

@@ -1,0 +1,679 @@
+#include "executor/sequence.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/base/clock.h"
+#include "common/base/status.h"
+#include "common/model/exception_status.h"
+#include "executor/plan_cache.h"
+#include "executor/plan_controller.h"
+#include "executor/speculation_mode.h"
+#include "executor/speculative_decoder.h"
+
+namespace knapserve {
+
+// The planned modes' side of one generation: a PlanController decides, this
+// class acts on the sequence's mask and gamma, the result and the planner.
+// Snapshots go to the planner without waiting; answers land in the plan cache
+// (which the controller reads at step boundaries) from the planner's callback,
+// which may run after the generation ended: it touches only shared_ptr-held
+// state.
+class PlanSession {
+ public:
+  PlanSession(PlannerClient* planner, const LlamaModel& model,
+              const GenerationRequest& request, const PlanningShared& shared,
+              int initial_gamma)
+      : planner_(planner),
+        model_(model),
+        spec_(request.speculation),
+        sequence_id_(request.sequence_id != 0 ? request.sequence_id
+                                              : NextSequenceId()),
+        shared_(shared),
+        mailbox_(std::make_shared<Mailbox>()),
+        controller_(ControllerOptions(request.speculation),
+                    CacheKey(model, request.speculation), sequence_id_,
+                    initial_gamma, shared) {}
+
+  // Before step `step`: puts a plan that took effect into mask and the
+  // result, sets this step's gamma; returns the directive (capture or not).
+  StepDirective BeforeStep(int64_t step, int64_t context_length,
+                           LayerMask& mask, int& gamma,
+                           GenerationResult& result) {
+    const auto start = std::chrono::steady_clock::now();
+    {
+      absl::MutexLock lock(&mailbox_->mu);
+      result.stats.plan_failures += mailbox_->failures;
+      mailbox_->failures = 0;
+      if (!mailbox_->last_error.empty())
+        result.last_plan_error = mailbox_->last_error;
+    }
+    StepDirective directive = controller_.BeforeStep(step, context_length);
+    if (directive.apply.has_value()) {
+      const CachedPlan& cached = *directive.apply;
+      const DraftPlan& plan = cached.plan;
+      mask = plan.mask;
+      AppliedPlan applied;
+      applied.applied_step = step;
+      applied.plan_step = plan.step;
+      applied.age_steps =
+          directive.apply_source == "solve" ? step - plan.step : 0;
+      applied.mask = plan.mask.ToString();
+      applied.gamma = plan.gamma;
+      applied.alpha_hat = plan.alpha_hat;
+      applied.predicted_tpt = plan.predicted_tpt;
+      applied.baseline_tpt = plan.baseline_tpt;
+      applied.num_candidates = plan.num_candidates;
+      applied.solve_seconds = plan.solve_seconds;
+      applied.queue_seconds = plan.queue_seconds;
+      applied.context_length = cached.context_length;
+      applied.source = directive.apply_source;
+      result.plans.push_back(std::move(applied));
+      result.mask = plan.mask.ToString();
+    }
+    gamma = directive.gamma;
+    result.stats.waiting_seconds += SecondsSince(start);
+    return directive;
+  }
+
+  void AfterStep(const StepObservation& observation) {
+    controller_.AfterStep(observation);
+  }
+
+  // Sends one completed snapshot; returns at once.
+  void Submit(const ReferenceStates& snapshot, std::vector<LayerKv> kv,
+              GenerationResult& result) {
+    const auto start = std::chrono::steady_clock::now();
+    const SubmitTicket ticket = controller_.TakeTicket();
+    PlanRequest request;
+    request.sequence_id = sequence_id_;
+    request.step = snapshot.step;
+    request.context_length = snapshot.context_length;
+    request.policy = ticket.key.policy;
+    request.clasp_layers = ClaspLayers(model_, spec_);
+    request.max_draft = spec_.max_draft;
+    request.model_fingerprint = model_.config().Fingerprint();
+    request.states = snapshot.states;
+    request.first_position = snapshot.positions.front();
+    request.target_argmax = snapshot.target_argmax;
+    // Positions [0, context_length) are committed and never rewritten while
+    // the sequence lives; `kv` holds them (handles to a contiguous cache, or
+    // a copy out of the paged pool) for the solve. All of them are sent: the
+    // reference tokens' own positions too, which CLaSp's DP on the last
+    // reference token attends to (KnapSpec's DP on all r tokens uses [0,
+    // first_position) of them).
+    request.kv = std::move(kv);
+    request.kv_length = snapshot.context_length;
+    // The plan is cached for its whole context bucket [b W, (b+1) W), so the
+    // planner should price it at the bucket's middle: it prices at
+    // n + lifetime / 2, hence lifetime = 2 * (middle - n) (0 past the middle).
+    const int64_t width = spec_.plan_bucket_tokens;
+    const int64_t middle = snapshot.context_length / width * width + width / 2;
+    request.plan_lifetime_tokens =
+        std::max<int64_t>(0, 2 * (middle - snapshot.context_length));
+    ++result.stats.plan_requests;
+    std::weak_ptr<Mailbox> weak = mailbox_;
+    PlanningShared shared = shared_;
+    const uint64_t sequence_id = sequence_id_;
+    const int64_t context_length = snapshot.context_length;
+    planner_->Submit(
+        std::move(request), [weak, shared, ticket, sequence_id,
+                             context_length](absl::StatusOr<DraftPlan> plan) {
+          CompleteTicket(shared, ticket, sequence_id, context_length, plan);
+          std::shared_ptr<Mailbox> box = weak.lock();
+          if (box == nullptr) return;  // the generation is over
+          absl::MutexLock lock(&box->mu);
+          if (plan.ok()) {
+            box->solve_seconds += plan->solve_seconds;
+          } else if (plan.status().code() != absl::StatusCode::kCancelled) {
+            ++box->failures;
+            box->last_error = plan.status().ToString();
+          }
+        });
+    result.stats.waiting_seconds += SecondsSince(start);
+  }
+
+  // A generation that ends early (an error) still drops its queued request.
+  ~PlanSession() {
+    if (!finished_) planner_->Forget(sequence_id_);
+  }
+  PlanSession(const PlanSession&) = delete;
+  PlanSession& operator=(const PlanSession&) = delete;
+
+  void Finish(GenerationResult& result) {
+    finished_ = true;
+    planner_->Forget(sequence_id_);
+    controller_.Finish();
+    result.planning = controller_.stats();
+    absl::MutexLock lock(&mailbox_->mu);
+    result.stats.plan_failures += mailbox_->failures;
+    result.planning.solve_seconds = mailbox_->solve_seconds;
+    if (!mailbox_->last_error.empty())
+      result.last_plan_error = mailbox_->last_error;
+  }
+
+ private:
+  // What planner callbacks report back to the decode thread. Shared (the
+  // callback holds a weak_ptr) so a late callback finds it gone rather than
+  // dangling; written by planner threads, drained by the decode thread.
+  struct Mailbox {
+    absl::Mutex mu;
+    int64_t failures ABSL_GUARDED_BY(mu) = 0;  // not yet added to the result
+    std::string last_error ABSL_GUARDED_BY(mu);
+    double solve_seconds ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  static uint64_t NextSequenceId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
+
+  static int ClaspLayers(const LlamaModel& model,
+                         const SpeculationConfig& spec) {
+    return spec.clasp_layers > 0 ? spec.clasp_layers
+                                 : std::max(1, model.num_layers() / 2);
+  }
+
+  static PlanControllerOptions ControllerOptions(
+      const SpeculationConfig& spec) {
+    PlanControllerOptions options;
+    options.bucket_tokens = spec.plan_bucket_tokens;
+    options.drift_tolerance = spec.drift_tolerance;
+    options.drift_min_tokens = spec.drift_min_tokens;
+    options.planner_budget = spec.planner_budget;
+    options.reference_steps = spec.reference_steps;
+    options.min_request_gap = spec.plan_interval;
+    options.guard.enabled = spec.guard;
+    options.guard.margin = spec.guard_margin;
+    options.guard.min_steps = spec.guard_min_steps;
+    options.guard.probe_steps = spec.guard_probe_steps;
+    return options;
+  }
+
+  static PlanCacheKey CacheKey(const LlamaModel& model,
+                               const SpeculationConfig& spec) {
+    PlanCacheKey key;
+    key.model_fingerprint = model.config().Fingerprint();
+    key.device = model.device().str();
+    key.dtype = DtypeName(model.dtype());
+    key.threads = at::get_num_threads();
+    key.policy = PlannedPolicy(spec.mode);
+    if (key.policy == PlanPolicy::kClasp) {
+      key.policy_detail = absl::StrCat("layers=", ClaspLayers(model, spec));
+    }
+    key.max_draft = spec.max_draft;
+    key.bucket_tokens = spec.plan_bucket_tokens;
+    return key;
+  }
+
+  PlannerClient* planner_;
+  const LlamaModel& model_;
+  const SpeculationConfig& spec_;
+  const uint64_t sequence_id_;
+  const PlanningShared shared_;
+  std::shared_ptr<Mailbox> mailbox_;
+  PlanController controller_;
+  bool finished_ = false;  // Finish ran (it already told the planner)
+};
+
+// ---- Sequence ----
+
+absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    GenerationRequest request, StreamCallback on_tokens,
+    ReferenceCallback on_reference, PlannerClient* planner,
+    const PlanningShared* shared) {
+  RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
+  const SpeculationConfig& spec = request.speculation;
+  const bool planned = IsPlanned(spec.mode);
+  if (planned && planner == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec ", SpeculationModeName(spec.mode),
+                     " needs a planner (and its latency profile)"));
+  }
+  LayerMask mask(model.num_layers());
+  if (Drafts(spec.mode)) {
+    ASSIGN_OR_RETURN(mask, LayerMask::Parse(spec.skip, model.num_layers()));
+  }
+  std::unique_ptr<Sequence> seq(
+      new Sequence(model, tokenizer, std::move(request), std::move(on_tokens),
+                   std::move(on_reference), std::move(mask)));
+  if (planned) {
+    const PlanningShared own =
+        shared != nullptr ? PlanningShared() : PlanningShared::Create();
+    seq->plans_ = std::make_unique<PlanSession>(
+        planner, model, seq->request_, shared != nullptr ? *shared : own,
+        seq->gamma_);
+  }
+  return seq;
+}
+
+Sequence::Sequence(const LlamaModel& model, const Tokenizer& tokenizer,
+                   GenerationRequest request, StreamCallback on_tokens,
+                   ReferenceCallback on_reference, LayerMask mask)
+    : model_(model),
+      request_(std::move(request)),
+      on_tokens_(std::move(on_tokens)),
+      on_reference_(std::move(on_reference)),
+      planned_(IsPlanned(request_.speculation.mode)),
+      prompt_len_(static_cast<int64_t>(request_.prompt_ids.size())),
+      // Output stops at max_new_tokens or when prompt + output fills the
+      // context; every position a step feeds is below prompt_len + limit.
+      limit_(
+          std::min(request_.max_new_tokens, model.max_context() - prompt_len_)),
+      sampler_(request_.sampling),
+      stream_(tokenizer, request_.prompt_ids, request_.stop_strings),
+      mask_(std::move(mask)),
+      collector_(request_.speculation.plan_interval,
+                 request_.speculation.reference_steps),
+      planned_collector_(std::numeric_limits<int64_t>::max() / 2,
+                         request_.speculation.reference_steps) {
+  const SpeculationConfig& spec = request_.speculation;
+  // Before the first plan, planned modes draft with `skip` if given, else
+  // decode autoregressively.
+  gamma_ = Drafts(spec.mode) ? spec.max_draft : 0;
+  if (planned_ && spec.skip.empty()) gamma_ = 0;
+  result_.seed = sampler_.seed();
+  result_.mask = Drafts(spec.mode) ? mask_.ToString() : "";
+  result_.stats.prompt_tokens = prompt_len_;
+}
+
+Sequence::~Sequence() = default;
+
+void Sequence::UseKv(std::vector<LayerKv>* contiguous) {
+  contiguous_ = contiguous;
+  paged_ = nullptr;
+}
+
+void Sequence::UseKv(SequenceKv* paged) {
+  paged_ = paged;
+  contiguous_ = nullptr;
+}
+
+absl::Status Sequence::BindKv(BatchSequence& input, int64_t positions) {
+  if (paged_ != nullptr) {
+    RETURN_IF_ERROR(paged_->EnsureCapacity(positions));
+    input.paged = &paged_->storage();
+    input.blocks = paged_->blocks();
+    return absl::OkStatus();
+  }
+  if (contiguous_ == nullptr)
+    return absl::FailedPreconditionError("sequence has no K/V bound");
+  input.kv = contiguous_;
+  return absl::OkStatus();
+}
+
+void Sequence::Abort() {
+  if (done_) return;
+  result_.finish_reason = FinishReason::kAborted;
+  Finish();
+}
+
+void Sequence::Fail(absl::Status status) {
+  if (done_) return;
+  error_ = std::move(status);
+  done_ = true;
+  if (plans_ != nullptr) plans_->Finish(result_);
+}
+
+void Sequence::Finish() {
+  if (done_) return;
+  done_ = true;
+  if (plans_ != nullptr) plans_->Finish(result_);
+  result_.text = stream_.emitted();
+  if (stream_.matched_stop().has_value())
+    result_.matched_stop = *stream_.matched_stop();
+  result_.speculation = spec_stats_;
+  result_.stats.completion_tokens =
+      static_cast<int64_t>(result_.output_ids.size());
+  if (started_) {
+    if (result_.output_ids.empty()) {
+      result_.stats.prefill_seconds = SecondsSince(start_);
+    } else {
+      result_.stats.decode_seconds = SecondsSince(decode_start_);
+    }
+    result_.stats.total_seconds = SecondsSince(start_);
+  }
+  result_.stats.draft_seconds = spec_stats_.draft_seconds;
+  result_.stats.verify_seconds = spec_stats_.verify_seconds;
+}
+
+absl::StatusOr<GenerationResult> Sequence::TakeResult() {
+  if (!done_) return absl::FailedPreconditionError("sequence still running");
+  if (!error_.ok()) return error_;
+  return std::move(result_);
+}
+
+absl::Status Sequence::Commit(const std::vector<int32_t>& tokens) {
+  const std::vector<int32_t>& eos = model_.config().eos_token_ids;
+  auto end_reason = [&](int32_t id) -> std::optional<FinishReason> {
+    if (!request_.ignore_eos &&
+        std::find(eos.begin(), eos.end(), id) != eos.end()) {
+      return FinishReason::kEos;
+    }
+    const std::vector<int32_t>& stops = request_.stop_token_ids;
+    if (std::find(stops.begin(), stops.end(), id) != stops.end()) {
+      return FinishReason::kStopSequence;
+    }
+    return std::nullopt;
+  };
+  const size_t first_new = result_.output_ids.size();
+  std::string text;
+  std::optional<FinishReason> reason;
+  for (int32_t id : tokens) {
+    result_.output_ids.push_back(id);
+    ASSIGN_OR_RETURN(std::string piece, stream_.Push(id));
+    text += piece;
+    reason = end_reason(id);
+    if (stream_.stopped()) reason = FinishReason::kStopSequence;
+    if (!reason && static_cast<int64_t>(result_.output_ids.size()) >= limit_) {
+      reason = FinishReason::kLength;
+    }
+    if (reason) break;
+  }
+  if (reason) text += stream_.Finish();
+  const size_t added = result_.output_ids.size() - first_new;
+  if (on_tokens_ &&
+      !on_tokens_(
+          absl::MakeConstSpan(result_.output_ids.data() + first_new, added),
+          text)) {
+    reason = FinishReason::kAborted;
+  }
+  if (reason) {
+    result_.finish_reason = *reason;
+    Finish();
+  }
+  return absl::OkStatus();
+}
+
+void Sequence::BeginStep() {
+  if (request_.before_step_for_tests) request_.before_step_for_tests(step_);
+  capture_ = false;
+  capture_offset_ = 0;
+  if (planned_) {
+    const StepDirective directive =
+        plans_->BeforeStep(step_, length_, mask_, gamma_, result_);
+    capture_ = directive.capture;
+    capture_offset_ = directive.capture_offset;
+  } else {
+    capture_ = on_reference_ != nullptr && collector_.Wants(step_);
+  }
+  const int64_t remaining =
+      limit_ - static_cast<int64_t>(result_.output_ids.size());
+  // Drafts + the verified token must fit both the budget and the K/V.
+  budget_ =
+      std::max<int64_t>(0, std::min<int64_t>({gamma_, remaining - 1,
+                                              max_positions() - length_ - 1}));
+  drafts_.clear();
+  draft_dists_.clear();
+  drafting_ = budget_ > 0;
+  step_seconds_ = 0;
+}
+
+void Sequence::OnDraftLogits(const torch::Tensor& logits) {
+  bool confident = false;
+  drafts_.push_back(ChooseDraft(sampler_, logits,
+                                request_.speculation.exit_threshold,
+                                draft_dists_, confident));
+  if (!confident || static_cast<int64_t>(drafts_.size()) >= budget_)
+    drafting_ = false;
+}
+
+absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
+  length_ = prompt_len_;
+  const int32_t first = sampler_.Sample(logits);
+  result_.stats.prefill_seconds = SecondsSince(start_);
+  decode_start_ = std::chrono::steady_clock::now();
+  return Commit({first});
+}
+
+absl::Status Sequence::OnVerified(const torch::Tensor& logits,
+                                  const torch::Tensor& states,
+                                  double step_seconds) {
+  const int64_t pos = length_;
+  const int64_t m = static_cast<int64_t>(drafts_.size());
+  torch::Tensor argmax = logits.argmax(-1).to(torch::kCPU);
+  const int64_t* target = argmax.data_ptr<int64_t>();
+  const Acceptance acceptance =
+      AcceptDrafts(sampler_, drafts_, draft_dists_, logits, target);
+  const int64_t accepted = acceptance.accepted;
+  // Keep [last, accepted drafts]; later positions are overwritten later.
+  length_ = pos + accepted + 1;
+  StepResult out;
+  out.first_position = pos;
+  out.tokens.assign(drafts_.begin(), drafts_.begin() + accepted);
+  out.tokens.push_back(acceptance.next);
+  out.drafted = static_cast<int>(m);
+  out.accepted = static_cast<int>(accepted);
+  RecordVerification(spec_stats_, m, accepted);
+  if (capture_) {
+    out.boundary_states = states.narrow(1, 0, accepted + 1);
+    out.target_argmax.assign(target, target + accepted + 1);
+  }
+  ++result_.stats.steps;
+  if (planned_) {
+    StepObservation observation;
+    observation.gamma = gamma_;
+    observation.drafted = out.drafted;
+    observation.accepted = out.accepted;
+    observation.tokens = static_cast<int>(out.tokens.size());
+    observation.seconds = step_seconds;
+    plans_->AfterStep(observation);
+  }
+  if (capture_) {
+    std::optional<ReferenceStates> snapshot =
+        planned_ ? planned_collector_.Add(capture_offset_, out, length_)
+                 : collector_.Add(step_, out, length_);
+    if (snapshot && planned_) {
+      snapshot->step = step_ - capture_offset_;
+      std::vector<LayerKv> kv =
+          paged_ != nullptr ? paged_->ContiguousCopy(length_) : *contiguous_;
+      plans_->Submit(*snapshot, std::move(kv), result_);
+    }
+    if (snapshot && on_reference_) on_reference_(std::move(*snapshot));
+  }
+  ++step_;
+  return Commit(out.tokens);
+}
+
+// ---- RunBatchStep ----
+
+// The step driver; a struct so that it may touch Sequence's privates.
+struct BatchStepRunner {
+  const LlamaModel& model;
+  const BatchStepOptions& options;
+  BatchStepStats stats;
+
+  // Runs `fn` for `seq`, failing only that sequence if it throws.
+  template <typename Fn>
+  static void Guarded(Sequence* seq, const char* what, Fn&& fn) {
+    try {
+      absl::Status status = fn();
+      if (!status.ok()) seq->Fail(std::move(status));
+    } catch (...) {
+      seq->Fail(CurrentExceptionAsInternal(
+          seq->prefilling() ? std::string("generation failed in the prefill")
+                            : absl::StrCat("generation failed at decode step ",
+                                           seq->step_, " (", what, ")")));
+    }
+  }
+
+  // One forward pass; an exception fails every sequence in it.
+  std::vector<torch::Tensor> Pass(const std::vector<Sequence*>& seqs,
+                                  const std::vector<BatchSequence>& inputs,
+                                  double& seconds) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<torch::Tensor> out;
+    try {
+      out = model.ForwardBatch(inputs);
+    } catch (...) {
+      const absl::Status status =
+          CurrentExceptionAsInternal("generation failed in a forward pass");
+      for (Sequence* seq : seqs) seq->Fail(status);
+      out.clear();
+    }
+    seconds = SecondsSince(start);
+    return out;
+  }
+
+  void Run(absl::Span<Sequence* const> batch) {
+    const auto step_start = std::chrono::steady_clock::now();
+    c10::InferenceMode inference_mode;
+    // 1. Begin: decoding sequences set up their step.
+    for (Sequence* seq : batch) {
+      if (seq->done()) continue;
+      if (!seq->started_) {
+        seq->started_ = true;
+        seq->start_ = std::chrono::steady_clock::now();
+      }
+      if (seq->prefilling()) continue;
+      Guarded(seq, "begin", [&] {
+        seq->BeginStep();
+        return absl::OkStatus();
+      });
+    }
+
+    // 2. Draft rounds: one masked pass per round over the sequences still
+    //    drafting, each with its own mask.
+    for (;;) {
+      std::vector<Sequence*> seqs;
+      std::vector<BatchSequence> inputs;
+      std::vector<int32_t> tokens;
+      for (Sequence* seq : batch) {
+        if (!seq->done() && !seq->prefilling() && seq->drafting_)
+          seqs.push_back(seq);
+      }
+      if (seqs.empty()) break;
+      tokens.reserve(seqs.size());
+      for (Sequence* seq : seqs) {
+        tokens.push_back(seq->drafts_.empty() ? seq->result_.output_ids.back()
+                                              : seq->drafts_.back());
+      }
+      std::vector<Sequence*> ready;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        Sequence* seq = seqs[i];
+        BatchSequence input;
+        input.tokens = absl::MakeConstSpan(&tokens[i], 1);
+        input.start_pos =
+            seq->length_ + static_cast<int64_t>(seq->drafts_.size());
+        input.skip = &seq->mask_;
+        input.num_logits = 1;
+        Guarded(seq, "draft",
+                [&] { return seq->BindKv(input, input.start_pos + 1); });
+        if (seq->done()) continue;
+        ready.push_back(seq);
+        inputs.push_back(input);
+      }
+      if (ready.empty()) continue;
+      double seconds = 0;
+      std::vector<torch::Tensor> logits = Pass(ready, inputs, seconds);
+      ++stats.draft_passes;
+      for (size_t i = 0; i < ready.size() && !logits.empty(); ++i) {
+        Sequence* seq = ready[i];
+        seq->spec_stats_.draft_seconds += seconds;
+        seq->step_seconds_ += seconds;
+        Guarded(seq, "draft", [&] {
+          seq->OnDraftLogits(logits[i][0]);
+          return absl::OkStatus();
+        });
+      }
+    }
+
+    // 3. The main pass: decode rows first, then prefill chunks within the
+    //    token budget.
+    std::vector<Sequence*> seqs;
+    std::vector<BatchSequence> inputs;
+    std::vector<std::vector<int32_t>> rows;  // decode rows' tokens
+    std::vector<torch::Tensor> states;
+    std::vector<bool> is_prefill;
+    rows.reserve(batch.size());
+    states.resize(batch.size());
+    int64_t used = 0;
+    for (Sequence* seq : batch) {
+      if (seq->done() || seq->prefilling()) continue;
+      std::vector<int32_t> input = {seq->result_.output_ids.back()};
+      input.insert(input.end(), seq->drafts_.begin(), seq->drafts_.end());
+      rows.push_back(std::move(input));
+      BatchSequence in;
+      in.tokens = rows.back();
+      in.start_pos = seq->length_;
+      in.num_logits = -1;
+      Guarded(seq, "verify",
+              [&] { return seq->BindKv(in, in.start_pos + in.tokens.size()); });
+      if (seq->done()) continue;
+      if (seq->capture_) in.boundary_states = &states[seqs.size()];
+      used += static_cast<int64_t>(in.tokens.size());
+      seqs.push_back(seq);
+      inputs.push_back(in);
+      is_prefill.push_back(false);
+    }
+    const int decoding = static_cast<int>(seqs.size());
+    for (Sequence* seq : batch) {
+      if (!seq->prefilling()) continue;
+      // The first prompt waiting always gets min_prefill_rows, so prompts
+      // make progress however many streams decode; the rest fill the room.
+      int64_t room = options.max_batch_tokens - used;
+      if (room < options.min_prefill_rows) {
+        if (stats.prefilling > 0) break;
+        room = options.min_prefill_rows;
+      }
+      const int64_t chunk = std::min({room, seq->request_.prefill_chunk,
+                                      seq->prompt_len_ - seq->prefilled_});
+      BatchSequence in;
+      in.tokens = absl::MakeConstSpan(
+          seq->request_.prompt_ids.data() + seq->prefilled_, chunk);
+      in.start_pos = seq->prefilled_;
+      in.num_logits = seq->prefilled_ + chunk == seq->prompt_len_ ? 1 : 0;
+      Guarded(seq, "prefill",
+              [&] { return seq->BindKv(in, in.start_pos + chunk); });
+      if (seq->done()) continue;
+      used += chunk;
+      ++stats.prefilling;
+      seqs.push_back(seq);
+      inputs.push_back(in);
+      is_prefill.push_back(true);
+    }
+    stats.decoding = decoding;
+    stats.main_rows = used;
+    if (!seqs.empty()) {
+      double seconds = 0;
+      std::vector<torch::Tensor> logits = Pass(seqs, inputs, seconds);
+      for (size_t i = 0; i < seqs.size() && !logits.empty(); ++i) {
+        Sequence* seq = seqs[i];
+        if (is_prefill[i]) {
+          seq->prefilled_ += static_cast<int64_t>(inputs[i].tokens.size());
+          if (seq->prefilled_ == seq->prompt_len_) {
+            Guarded(seq, "prefill",
+                    [&] { return seq->OnPrefillDone(logits[i][0]); });
+          }
+          continue;
+        }
+        seq->spec_stats_.verify_seconds += seconds;
+        seq->step_seconds_ += seconds;
+        Guarded(seq, "verify", [&] {
+          return seq->OnVerified(logits[i], states[i], seq->step_seconds_);
+        });
+      }
+    }
+    stats.seconds = SecondsSince(step_start);
+  }
+};
+
+BatchStepStats RunBatchStep(const LlamaModel& model,
+                            absl::Span<Sequence* const> batch,
+                            const BatchStepOptions& options) {
+  BatchStepRunner runner{model, options, {}};
+  runner.Run(batch);
+  return runner.stats;
+}
+
+}  // namespace knapserve

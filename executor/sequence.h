@@ -1,0 +1,178 @@
+// Sequence and RunBatchStep: the one decode loop of knapserve, written as a
+// state machine so that many sequences can share every forward pass
+// (continuous batching) and a single sequence runs exactly the same code.
+//
+// A Sequence is one generation request in flight: its prompt, sampler,
+// stop conditions and text stream, its speculation state (mask, gamma, the
+// planned modes' PlanController and plan session), its statistics, and where
+// its K/V lives (a contiguous cache, or blocks of the executor's KvPool).
+// RunBatchStep advances every sequence of a batch by one step:
+//
+//   1. each decoding sequence begins its step: plan bookkeeping (a cached
+//      or newly solved plan takes effect, the guard decides), then the
+//      number of tokens it may draft;
+//   2. draft rounds: every sequence still drafting feeds its newest token
+//      through the model with its own layer mask, all of them in one
+//      masked pass per round (ragged draft lengths simply drop out);
+//   3. one main pass: decoding sequences verify [last, drafts...] (one row
+//      when not speculating), prefilling sequences add a chunk of their
+//      prompt, within --max-batch-tokens (decode rows first, so running
+//      streams keep their pace while a long prompt loads);
+//   4. each sequence accepts, commits, streams and checks its stop
+//      conditions (executor/speculative_decoder.h's AcceptDrafts, so the
+//      output is the model's own, token for token).
+//
+// Passes go through LlamaModel::ForwardBatch, whose rows are batch-invariant
+// on CPU: a sequence's tokens do not depend on who shares its batch.
+//
+// Errors: whatever one sequence's own work throws (its callbacks, its plan
+// bookkeeping, the test hook) fails that sequence only, with Internal naming
+// the step. A forward pass that throws fails every sequence in that pass.
+//
+// Thread safety: a Sequence and RunBatchStep are used by one thread at a
+// time (the engine's step thread, or the caller of Generate). Callbacks run
+// on that thread.
+#ifndef KNAPSERVE_EXECUTOR_SEQUENCE_H_
+#define KNAPSERVE_EXECUTOR_SEQUENCE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model/layer_mask.h"
+#include "common/model/llama.h"
+#include "common/plan/planner_client.h"
+#include "common/text/tokenizer.h"
+#include "executor/generator.h"
+#include "executor/kv_pool.h"
+#include "executor/reference_states.h"
+#include "executor/sampler.h"
+
+namespace knapserve {
+
+class PlanSession;
+
+class Sequence {
+ public:
+  // Validates `request` (InvalidArgument naming the field;
+  // FailedPrecondition for a planned mode without a planner) and sets the
+  // sequence up. `planner` and `shared` as for Generate(); they must outlive
+  // the sequence.
+  static absl::StatusOr<std::unique_ptr<Sequence>> Create(
+      const LlamaModel& model, const Tokenizer& tokenizer,
+      GenerationRequest request, StreamCallback on_tokens,
+      ReferenceCallback on_reference, PlannerClient* planner,
+      const PlanningShared* shared);
+  ~Sequence();
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  // K/V positions this sequence may ever write: prompt + max output (capped
+  // at the context), drafts included.
+  int64_t max_positions() const { return prompt_len_ + limit_; }
+  int64_t prompt_tokens() const { return prompt_len_; }
+  // Where its K/V lives; exactly one, set before the first step and kept
+  // alive (by the caller) until the sequence is destroyed.
+  void UseKv(std::vector<LayerKv>* contiguous);
+  void UseKv(SequenceKv* paged);
+
+  bool prefilling() const { return !done_ && prefilled_ < prompt_len_; }
+  bool done() const { return done_; }
+  // Ends the sequence now with FinishReason::kAborted (cancelled, deadline
+  // passed, Abort), keeping what it generated.
+  void Abort();
+  // The outcome, once done(): the result, or the error that ended it.
+  absl::StatusOr<GenerationResult> TakeResult();
+
+ private:
+  friend struct BatchStepRunner;
+  Sequence(const LlamaModel& model, const Tokenizer& tokenizer,
+           GenerationRequest request, StreamCallback on_tokens,
+           ReferenceCallback on_reference, LayerMask mask);
+
+  // Fills the K/V fields of `input` (and grows paged K/V to `positions`).
+  absl::Status BindKv(BatchSequence& input, int64_t positions);
+  // Step begin for a decoding sequence: hook, plans, draft budget.
+  void BeginStep();
+  // A draft pass's logits ([vocab]) for this sequence.
+  void OnDraftLogits(const torch::Tensor& logits);
+  // The main pass's logits for the prefill chunk that ended the prompt.
+  absl::Status OnPrefillDone(const torch::Tensor& logits);
+  // The main pass's logits ([m+1, vocab]) and boundary states of a decode
+  // step.
+  absl::Status OnVerified(const torch::Tensor& logits,
+                          const torch::Tensor& states, double step_seconds);
+  // Commits `tokens` one by one, streaming them; sets done_ at a stop.
+  absl::Status Commit(const std::vector<int32_t>& tokens);
+  // Ends the sequence with `status` (an error).
+  void Fail(absl::Status status);
+  // Ends the sequence normally and fills the result's totals.
+  void Finish();
+
+  const LlamaModel& model_;
+  GenerationRequest request_;
+  StreamCallback on_tokens_;
+  ReferenceCallback on_reference_;
+  const bool planned_;
+  int64_t prompt_len_ = 0;
+  int64_t limit_ = 0;  // most output tokens (max_new_tokens within context)
+  Sampler sampler_;
+  TextStream stream_;
+  LayerMask mask_;
+  int gamma_ = 0;
+  SpeculationStats spec_stats_;
+  ReferenceStateCollector collector_;
+  ReferenceStateCollector planned_collector_;
+  std::unique_ptr<PlanSession> plans_;
+  std::vector<LayerKv>* contiguous_ = nullptr;
+  SequenceKv* paged_ = nullptr;
+
+  GenerationResult result_;
+  absl::Status error_;
+  bool done_ = false;
+  bool started_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point decode_start_;
+  int64_t prefilled_ = 0;  // prompt positions in the K/V
+  int64_t length_ = 0;     // committed K/V positions
+
+  // The current decode step.
+  int64_t step_ = 0;
+  bool capture_ = false;
+  int64_t capture_offset_ = 0;
+  int64_t budget_ = 0;  // drafts allowed this step
+  bool drafting_ = false;
+  std::vector<int32_t> drafts_;
+  std::vector<torch::Tensor> draft_dists_;
+  double step_seconds_ = 0;  // passes this step took part in
+};
+
+struct BatchStepOptions {
+  // Rows of the main pass: decode rows always run; prefill chunks fill what
+  // is left, at least min_prefill_rows when a prompt is waiting.
+  int64_t max_batch_tokens = 512;
+  int64_t min_prefill_rows = 16;
+};
+
+// What one RunBatchStep did (for metrics and the engine's pacing).
+struct BatchStepStats {
+  int decoding = 0;    // sequences that decoded a step
+  int prefilling = 0;  // sequences that prefilled a chunk
+  int64_t draft_passes = 0;
+  int64_t main_rows = 0;  // rows of the main pass
+  double seconds = 0;
+};
+
+// Advances every sequence of `batch` that is not done by one step (see the
+// file comment). Sequences with their K/V bound.
+BatchStepStats RunBatchStep(const LlamaModel& model,
+                            absl::Span<Sequence* const> batch,
+                            const BatchStepOptions& options);
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_EXECUTOR_SEQUENCE_H_
