@@ -8,6 +8,7 @@ namespace knapserve {
 
 GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
                                      const Scheduler& scheduler,
+                                     const BatchEngine& engine,
                                      const PlanningShared& planning)
     : registry_(r),
       internal_errors_(r.AddCounter(
@@ -89,6 +90,29 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
              [&scheduler] { return scheduler.running(); });
   r.AddGauge("knapserve_queued_requests", "Requests waiting for a slot.",
              [&scheduler] { return scheduler.queued(); });
+  r.AddGauge("knapserve_batch_size",
+             "Sequences in the last batched step (decoding and prefilling).",
+             [&engine] { return engine.stats().last_batch_size; });
+  r.AddGauge("knapserve_batch_steps",
+             "Batched steps run since start (a counter read as a gauge).",
+             [&engine] { return static_cast<double>(engine.stats().steps); });
+  r.AddGauge("knapserve_kv_waiting_requests",
+             "Requests admitted by the scheduler, waiting for K/V blocks.",
+             [&engine] { return engine.waiting(); });
+  const KvPool& pool = engine.pool();
+  r.AddGauge("knapserve_kv_blocks_total", "K/V blocks in the pool.",
+             [&pool] { return static_cast<double>(pool.total_blocks()); });
+  r.AddGauge("knapserve_kv_blocks_used",
+             "K/V blocks holding positions of running sequences.",
+             [&pool] { return static_cast<double>(pool.used_blocks()); });
+  r.AddGauge("knapserve_kv_blocks_reserved",
+             "K/V blocks promised to running sequences (used ones included).",
+             [&pool] { return static_cast<double>(pool.reserved_blocks()); });
+  r.AddGauge("knapserve_kv_blocks_free",
+             "K/V blocks neither used nor reserved.",
+             [&pool] { return static_cast<double>(pool.free_blocks()); });
+  r.AddGauge("knapserve_kv_sequences", "Sequences holding K/V blocks.",
+             [&pool] { return static_cast<double>(pool.sequences()); });
 }
 
 void GenerationMetrics::RecordRequest(absl::StatusCode code,

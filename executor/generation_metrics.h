@@ -7,12 +7,14 @@
 // knapserve_request_internal_errors_total for requests that ended INTERNAL (an
 // exception inside LibTorch or the generator), then tokens, latencies and the
 // speculation and planning statistics of the result, if there is one. Gauges
-// read the scheduler (running, queued) and the process's planning state
-// (plan cache entries, planner CPU share) when rendered.
+// read the scheduler (running, queued), the batch engine (batch size, steps,
+// requests waiting for K/V), the K/V pool (blocks total, used, reserved,
+// free; sequences holding blocks) and the process's planning state (plan
+// cache entries, planner CPU share) when rendered.
 //
-// Ownership: borrows the registry and the scheduler; the registry's gauges
-// keep a reference to the scheduler, so it must not be rendered after the
-// scheduler (the service) is gone. Shares the plan cache and budget.
+// Ownership: borrows the registry, the scheduler and the engine; the
+// registry's gauges keep references to them, so it must not be rendered
+// after they (the service) are gone. Shares the plan cache and budget.
 // Thread safety: RecordRequest from any thread.
 #ifndef KNAPSERVE_EXECUTOR_GENERATION_METRICS_H_
 #define KNAPSERVE_EXECUTOR_GENERATION_METRICS_H_
@@ -21,6 +23,7 @@
 
 #include "absl/status/status.h"
 #include "common/metrics/metrics.h"
+#include "executor/batch_engine.h"
 #include "executor/generator.h"
 #include "executor/plan_cache.h"
 #include "executor/scheduler.h"
@@ -31,7 +34,7 @@ class GenerationMetrics {
  public:
   // Registers every family in `registry`.
   GenerationMetrics(MetricsRegistry& registry, const Scheduler& scheduler,
-                    const PlanningShared& planning);
+                    const BatchEngine& engine, const PlanningShared& planning);
 
   // A finished Generate call: its final status code and, when it produced a
   // result, that result; `ttft_seconds` and `total_seconds` from its arrival.

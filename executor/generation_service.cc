@@ -1,5 +1,7 @@
 #include "executor/generation_service.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
 #include <utility>
 
@@ -95,24 +97,18 @@ class GenerationService::Call final
            id = request_id_](int64_t step) { hook(id, step); };
     }
     bool first = true;
-    absl::StatusOr<GenerationResult> generated;
-    {
-      StepLock::Turn turn(service_->step_lock_);
-      auto on_tokens = [&](absl::Span<const int32_t> ids,
-                           std::string_view text) {
-        // Between steps: let the other running sequences take their turn.
-        turn.Yield();
-        if (first) {
-          first_token_seconds = SecondsSince(arrived_);
-          first = false;
-        }
-        writer_.Enqueue(EncodeChunk(request_id_, ids, text));
-        return !ShouldStop();
-      };
-      generated = knapserve::Generate(
-          service_->model_, service_->tokenizer_, request, on_tokens, nullptr,
-          service_->options_.planner, &service_->planning_);
-    }  // the turn ends here, on every path
+    // on_tokens runs on the engine's step thread while this worker waits in
+    // Generate: it only queues the chunk and says whether to go on.
+    auto on_tokens = [&](absl::Span<const int32_t> ids, std::string_view text) {
+      if (first) {
+        first_token_seconds = SecondsSince(arrived_);
+        first = false;
+      }
+      writer_.Enqueue(EncodeChunk(request_id_, ids, text));
+      return !ShouldStop();
+    };
+    absl::StatusOr<GenerationResult> generated = service_->engine_->Generate(
+        request, on_tokens, nullptr, [this] { return ShouldStop(); });
     if (!generated.ok()) return generated.status();
     result = std::move(*generated);
     if (result->finish_reason == FinishReason::kAborted && !aborted_.load()) {
@@ -146,9 +142,28 @@ GenerationService::GenerationService(const LlamaModel& model,
                         options_.default_speculation,
                         options_.planner != nullptr},
       scheduler_(options_.scheduler) {
+  KvPool* pool = options_.kv_pool;
+  if (pool == nullptr) {
+    absl::StatusOr<std::unique_ptr<KvPool>> own = KvPool::Create(
+        model_,
+        KvPoolOptions{
+            DefaultKvCacheBytes(model_, options_.scheduler.max_running), 16});
+    if (!own.ok()) {
+      // The default is at least one sequence's worth; failing here means
+      // the machine cannot hold even that.
+      std::fprintf(stderr, "knapserve: %s\n", own.status().ToString().c_str());
+      std::abort();
+    }
+    own_pool_ = std::move(*own);
+    pool = own_pool_.get();
+  }
+  BatchEngineOptions engine = options_.engine;
+  engine.max_running = options_.scheduler.max_running;
+  engine_ = std::make_unique<BatchEngine>(model_, tokenizer_, *pool,
+                                          options_.planner, planning_, engine);
   if (options_.metrics != nullptr) {
-    metrics_ = std::make_unique<GenerationMetrics>(*options_.metrics,
-                                                   scheduler_, planning_);
+    metrics_ = std::make_unique<GenerationMetrics>(
+        *options_.metrics, scheduler_, *engine_, planning_);
   }
 }
 

@@ -6,26 +6,29 @@
 // Generate decodes and validates the request (INVALID_ARGUMENT naming the
 // field; FAILED_PRECONDITION for a planned mode on an executor without a
 // planner), admits it through the Scheduler (RESOURCE_EXHAUSTED when the
-// queue is full, UNAVAILABLE while draining), decodes with
-// executor/generator.h and streams one Chunk per decode step, then one
-// FinalResult. Running sequences take turns through a FIFO StepLock: one
-// prefill or decode step at a time, each with all of torch's threads. Client
+// queue is full, UNAVAILABLE while draining), decodes it in the shared
+// batch of executor/batch_engine.h (RESOURCE_EXHAUSTED when it could never
+// fit the K/V pool) and streams one Chunk per decode step, then one
+// FinalResult. All running sequences share every forward pass (continuous
+// batching); a scheduler worker only waits for its sequence. Client
 // cancellation, a passed deadline or Abort(request_id) stop the sequence
-// within one step; its KV cache is freed when the generation returns. Abort
+// within one step, also while it waits for K/V blocks; its blocks go back
+// to the pool at once. Abort
 // ends the stream with FINISH_REASON_ABORTED; cancellation and deadlines end
 // it with CANCELLED and DEADLINE_EXCEEDED.
 //
 // Exceptions: an exception inside LibTorch or the generator (caught at each
 // step by executor/generator.h, and again around the whole request here) ends
 // that one stream with INTERNAL after the chunks it already streamed, counts
-// knapserve_request_internal_errors_total, and releases its step turn; the
+// knapserve_request_internal_errors_total and frees its K/V blocks; the
 // other streams go on.
 //
 // Ownership: borrows the model, tokenizer, planner client and metrics
-// registry (they must outlive the service); owns the scheduler and its
-// workers. A call (its reactor) lives from Generate until gRPC's OnDone.
-// Thread safety: gRPC calls in from its threads; requests run on scheduler
-// workers.
+// registry (they must outlive the service), and the K/V pool when
+// options.kv_pool is set; owns the scheduler and its workers, the batch
+// engine and its step thread, and its own K/V pool otherwise. A call (its
+// reactor) lives from Generate until gRPC's OnDone. Thread safety: gRPC calls
+// in from its threads; requests run on scheduler workers.
 #ifndef KNAPSERVE_EXECUTOR_GENERATION_SERVICE_H_
 #define KNAPSERVE_EXECUTOR_GENERATION_SERVICE_H_
 
@@ -43,16 +46,23 @@
 #include "common/model/llama.h"
 #include "common/plan/planner_client.h"
 #include "common/text/tokenizer.h"
+#include "executor/batch_engine.h"
 #include "executor/generation_codec.h"
 #include "executor/generation_metrics.h"
 #include "executor/generator.h"
+#include "executor/kv_pool.h"
 #include "executor/scheduler.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 
 namespace knapserve {
 
 struct GenerationServiceOptions {
-  SchedulerOptions scheduler;
+  SchedulerOptions scheduler;  // max_running is also the batch's size limit
+  // The batched step loop (--max-batch-tokens, the plain batch size).
+  BatchEngineOptions engine;
+  // The K/V pool (--kv-cache-memory); nullptr: the service makes one of
+  // DefaultKvCacheBytes(model, max_running).
+  KvPool* kv_pool = nullptr;
   // Defaults for fields a request leaves unset.
   int64_t default_max_new_tokens = 256;
   SpeculationConfig default_speculation;  // mode, max_draft, plan interval, ...
@@ -68,9 +78,8 @@ struct GenerationServiceOptions {
   PlanningShared planning;
   // Fault injection for tests; empty (the default) in production. Installed
   // as every request's GenerationRequest::before_step_for_tests with the
-  // request's id: it runs on the worker before each decode step, holding the
-  // step turn, and what it throws fails that request as a LibTorch error in
-  // the step's forward pass would.
+  // request's id: it runs on the engine's step thread before each decode
+  // step of that request, and what it throws fails that request only.
   std::function<void(std::string_view request_id, int64_t step)>
       before_step_for_tests;
 };
@@ -98,6 +107,7 @@ class GenerationService final : public v1::Generation::CallbackService {
     return scheduler_.Drain(timeout);
   }
   const Scheduler& scheduler() const { return scheduler_; }
+  const BatchEngine& engine() const { return *engine_; }
 
  private:
   class Call;
@@ -113,7 +123,8 @@ class GenerationService final : public v1::Generation::CallbackService {
   const PlanningShared planning_;  // options_.planning, or the service's own
   const GenerateRequestDefaults request_defaults_;
   Scheduler scheduler_;
-  StepLock step_lock_;  // running sequences take turns, one decode step each
+  std::unique_ptr<KvPool> own_pool_;     // when options.kv_pool is null
+  std::unique_ptr<BatchEngine> engine_;  // every running sequence's steps
   absl::Mutex calls_mu_;
   absl::flat_hash_map<std::string, Call*> calls_
       ABSL_GUARDED_BY(calls_mu_);  // live, by id

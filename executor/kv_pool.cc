@@ -73,6 +73,16 @@ int64_t TotalRamBytes() {
   return static_cast<int64_t>(pages) * page_size;
 }
 
+int64_t DefaultKvCacheBytes(const LlamaModel& model, int max_running) {
+  const int64_t rows = 16;
+  const int64_t per_sequence =
+      (model.max_context() + rows - 1) / rows * model.KvBytesPerBlock(rows);
+  int64_t bytes = per_sequence * std::max(1, max_running);
+  const int64_t ram = TotalRamBytes();
+  if (ram > 0) bytes = std::min(bytes, ram / 4);
+  return std::max(bytes, per_sequence);
+}
+
 // ---- SequenceKv ----
 
 SequenceKv::SequenceKv(SequenceKv&& other) noexcept

@@ -53,6 +53,10 @@ absl::StatusOr<int64_t> ParseKvCacheMemory(std::string_view text,
                                            int64_t total_ram_bytes);
 // Physical memory of this machine in bytes (0 if unknown).
 int64_t TotalRamBytes();
+// The default pool size: K/V for `max_running` sequences at the model's full
+// context, but at most a quarter of RAM (and at least one full-context
+// sequence).
+int64_t DefaultKvCacheBytes(const LlamaModel& model, int max_running);
 
 class KvPool;
 

@@ -9,41 +9,6 @@
 
 namespace knapserve {
 
-StepLock::Turn::Turn(StepLock& lock) : lock_(lock) { lock_.Acquire(); }
-
-StepLock::Turn::~Turn() { lock_.Release(); }
-
-void StepLock::Turn::Yield() { lock_.ReleaseAndAcquire(); }
-
-void StepLock::AwaitTurn(uint64_t ticket) {
-  auto my_turn = [this, ticket]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return serving_ == ticket;
-  };
-  mu_.Await(absl::Condition(&my_turn));
-}
-
-void StepLock::Acquire() {
-  absl::MutexLock lock(&mu_);
-  AwaitTurn(next_ticket_++);
-}
-
-void StepLock::Release() {
-  absl::MutexLock lock(&mu_);
-  ++serving_;
-}
-
-void StepLock::ReleaseAndAcquire() {
-  absl::MutexLock lock(&mu_);
-  const uint64_t ticket = next_ticket_++;  // queued before anyone else can be
-  ++serving_;
-  AwaitTurn(ticket);
-}
-
-int64_t StepLock::turns_wanted() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int64_t>(next_ticket_ - serving_);
-}
-
 Scheduler::Scheduler(SchedulerOptions options) : options_(options) {
   const int workers = std::max(1, options_.max_running);
   for (int i = 0; i < workers; ++i) workers_.emplace_back([this] { Work(); });

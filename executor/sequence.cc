@@ -395,7 +395,7 @@ absl::Status Sequence::Commit(const std::vector<int32_t>& tokens) {
   return absl::OkStatus();
 }
 
-void Sequence::BeginStep() {
+void Sequence::BeginStep(bool allow_drafts) {
   if (request_.before_step_for_tests) request_.before_step_for_tests(step_);
   capture_ = false;
   capture_offset_ = 0;
@@ -413,6 +413,8 @@ void Sequence::BeginStep() {
   budget_ =
       std::max<int64_t>(0, std::min<int64_t>({gamma_, remaining - 1,
                                               max_positions() - length_ - 1}));
+  step_gamma_ = allow_drafts ? gamma_ : 0;
+  if (!allow_drafts) budget_ = 0;
   drafts_.clear();
   draft_dists_.clear();
   drafting_ = budget_ > 0;
@@ -462,7 +464,7 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   ++result_.stats.steps;
   if (planned_) {
     StepObservation observation;
-    observation.gamma = gamma_;
+    observation.gamma = step_gamma_;
     observation.drafted = out.drafted;
     observation.accepted = out.accepted;
     observation.tokens = static_cast<int>(out.tokens.size());
@@ -537,7 +539,7 @@ struct BatchStepRunner {
       }
       if (seq->prefilling()) continue;
       Guarded(seq, "begin", [&] {
-        seq->BeginStep();
+        seq->BeginStep(options.allow_drafts);
         return absl::OkStatus();
       });
     }

@@ -85,6 +85,8 @@ class Sequence {
   // Ends the sequence now with FinishReason::kAborted (cancelled, deadline
   // passed, Abort), keeping what it generated.
   void Abort();
+  // Ends the sequence now with `status` (an error).
+  void Fail(absl::Status status);
   // The outcome, once done(): the result, or the error that ended it.
   absl::StatusOr<GenerationResult> TakeResult();
 
@@ -96,8 +98,9 @@ class Sequence {
 
   // Fills the K/V fields of `input` (and grows paged K/V to `positions`).
   absl::Status BindKv(BatchSequence& input, int64_t positions);
-  // Step begin for a decoding sequence: hook, plans, draft budget.
-  void BeginStep();
+  // Step begin for a decoding sequence: hook, plans, draft budget (none
+  // unless allow_drafts).
+  void BeginStep(bool allow_drafts);
   // A draft pass's logits ([vocab]) for this sequence.
   void OnDraftLogits(const torch::Tensor& logits);
   // The main pass's logits for the prefill chunk that ended the prompt.
@@ -108,8 +111,6 @@ class Sequence {
                           const torch::Tensor& states, double step_seconds);
   // Commits `tokens` one by one, streaming them; sets done_ at a stop.
   absl::Status Commit(const std::vector<int32_t>& tokens);
-  // Ends the sequence with `status` (an error).
-  void Fail(absl::Status status);
   // Ends the sequence normally and fills the result's totals.
   void Finish();
 
@@ -145,6 +146,7 @@ class Sequence {
   bool capture_ = false;
   int64_t capture_offset_ = 0;
   int64_t budget_ = 0;  // drafts allowed this step
+  int step_gamma_ = 0;  // the gamma this step runs with (0: plain)
   bool drafting_ = false;
   std::vector<int32_t> drafts_;
   std::vector<torch::Tensor> draft_dists_;
@@ -156,6 +158,9 @@ struct BatchStepOptions {
   // is left, at least min_prefill_rows when a prompt is waiting.
   int64_t max_batch_tokens = 512;
   int64_t min_prefill_rows = 16;
+  // Whether sequences may draft this step (false: every decoding sequence
+  // takes a plain step, as at a batch size where speculation stops paying).
+  bool allow_drafts = true;
 };
 
 // What one RunBatchStep did (for metrics and the engine's pacing).

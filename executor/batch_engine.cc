@@ -1,0 +1,204 @@
+#include "executor/batch_engine.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/base/status.h"
+#include "common/model/exception_status.h"
+
+namespace knapserve {
+
+struct BatchEngine::Entry {
+  std::unique_ptr<Sequence> seq;
+  std::function<bool()> should_stop;
+  std::optional<SequenceKv> kv;  // set at admission, reset when it ends
+  absl::Notification done;
+};
+
+BatchEngine::BatchEngine(const LlamaModel& model, const Tokenizer& tokenizer,
+                         KvPool& pool, PlannerClient* planner,
+                         PlanningShared planning, BatchEngineOptions options)
+    : model_(model),
+      tokenizer_(tokenizer),
+      pool_(pool),
+      planner_(planner),
+      planning_(planning.cache != nullptr ? std::move(planning)
+                                          : PlanningShared::Create()),
+      options_(options),
+      threads_(at::get_num_threads()),
+      thread_([this] { Loop(); }) {}
+
+BatchEngine::~BatchEngine() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+absl::StatusOr<GenerationResult> BatchEngine::Generate(
+    const GenerationRequest& request, StreamCallback on_tokens,
+    ReferenceCallback on_reference, std::function<bool()> should_stop) {
+  Entry entry;
+  ASSIGN_OR_RETURN(
+      entry.seq,
+      Sequence::Create(model_, tokenizer_, request, std::move(on_tokens),
+                       std::move(on_reference), planner_, &planning_));
+  const int64_t positions = entry.seq->max_positions();
+  if (!pool_.CanEverFit(positions)) {
+    {
+      absl::MutexLock lock(&mu_);
+      ++stats_.refused_never_fit;
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt: ", entry.seq->prompt_tokens(), " tokens plus up to ",
+        positions - entry.seq->prompt_tokens(), " new ones need K/V for ",
+        positions, " positions (", pool_.BlocksFor(positions),
+        " blocks), more than the whole K/V pool (", pool_.total_blocks(),
+        " blocks of ", pool_.block_rows(),
+        " positions); lower max_new_tokens or raise --kv-cache-memory"));
+  }
+  entry.should_stop = std::move(should_stop);
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the engine is stopping");
+    incoming_.push_back(&entry);
+    ++waiting_;
+  }
+  entry.done.WaitForNotification();
+  return entry.seq->TakeResult();
+}
+
+bool BatchEngine::HasWork() const { return stopping_ || !incoming_.empty(); }
+
+void BatchEngine::Loop() {
+  // The intra-op thread count is per thread for OpenMP: use the creator's.
+  at::set_num_threads(threads_);
+  std::deque<Entry*> waiting;  // FIFO, not yet admitted
+  std::vector<Entry*> running;
+  auto end = [&](Entry* entry) {
+    entry->kv.reset();  // the blocks go back to the pool now
+    entry->done.Notify();
+  };
+  for (;;) {
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiting.empty() && running.empty()) {
+        mu_.Await(absl::Condition(this, &BatchEngine::HasWork));
+      }
+      while (!incoming_.empty()) {
+        waiting.push_back(incoming_.front());
+        incoming_.pop_front();
+      }
+      stopping = stopping_;
+    }
+    // Stops: cancelled, past the deadline, aborted; everything when the
+    // engine itself stops.
+    auto stop_requested = [&](Entry* entry) {
+      if (stopping) return true;
+      try {
+        return entry->should_stop && entry->should_stop();
+      } catch (...) {
+        return true;
+      }
+    };
+    for (auto it = waiting.begin(); it != waiting.end();) {
+      if (stop_requested(*it)) {
+        (*it)->seq->Abort();
+        end(*it);
+        it = waiting.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    for (Entry* entry : running) {
+      if (stop_requested(entry)) entry->seq->Abort();
+    }
+    // Admission, first come first served: K/V blocks and max_running.
+    while (!waiting.empty() &&
+           static_cast<int>(running.size()) < options_.max_running) {
+      Entry* entry = waiting.front();
+      std::optional<SequenceKv> kv =
+          pool_.TryReserve(entry->seq->max_positions());
+      if (!kv.has_value()) break;
+      entry->kv = std::move(kv);
+      entry->seq->UseKv(&*entry->kv);
+      running.push_back(entry);
+      waiting.pop_front();
+    }
+    // One step of everything running.
+    std::vector<Sequence*> batch;
+    int decoding = 0;
+    for (Entry* entry : running) {
+      if (entry->seq->done()) continue;
+      batch.push_back(entry->seq.get());
+      if (!entry->seq->prefilling()) ++decoding;
+    }
+    BatchStepStats step;
+    if (!batch.empty()) {
+      BatchStepOptions options;
+      options.max_batch_tokens = options_.max_batch_tokens;
+      options.min_prefill_rows = options_.min_prefill_rows;
+      options.allow_drafts = options_.plain_batch_size <= 0 ||
+                             decoding <= options_.plain_batch_size;
+      try {
+        step = RunBatchStep(model_, batch, options);
+      } catch (...) {
+        // RunBatchStep guards each sequence and pass; this is a last resort
+        // so that the step thread never dies.
+        const absl::Status status =
+            CurrentExceptionAsInternal("batched step failed");
+        for (Sequence* seq : batch) seq->Fail(status);
+      }
+    }
+    // Ended sequences leave the batch and give their blocks back.
+    for (auto it = running.begin(); it != running.end();) {
+      if ((*it)->seq->done()) {
+        end(*it);
+        it = running.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      waiting_ = static_cast<int>(waiting.size() + incoming_.size());
+      running_ = static_cast<int>(running.size());
+      if (!batch.empty()) {
+        ++stats_.steps;
+        stats_.rows += step.main_rows;
+        stats_.decode_rows += step.decoding;
+        stats_.prefill_chunks += step.prefilling;
+        stats_.last_batch_size = static_cast<int>(batch.size());
+      }
+      if (stopping_ && waiting.empty() && running.empty() &&
+          incoming_.empty()) {
+        return;
+      }
+    }
+  }
+}
+
+int BatchEngine::running() const {
+  absl::MutexLock lock(&mu_);
+  return running_;
+}
+
+int BatchEngine::waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_;
+}
+
+BatchEngineStats BatchEngine::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+}  // namespace knapserve

@@ -1,0 +1,131 @@
+// BatchEngine: continuous batching. One step thread runs every admitted
+// sequence in shared forward passes (executor/sequence.h's RunBatchStep):
+// each decode step is one pass over all running sequences (plus their draft
+// passes when they speculate), and long prompts are prefilled in chunks
+// inside the same passes, so running streams keep getting tokens while a
+// prompt loads.
+//
+// Admission: a sequence joins the batch when the K/V pool (executor/
+// kv_pool.h) can reserve blocks for its longest possible length and fewer
+// than max_running sequences run; otherwise it waits, first come first
+// served. A request that could never fit the whole pool is refused at once
+// (ResourceExhausted). Its blocks go back to the pool the moment it ends:
+// finish, stop condition, cancellation, deadline, Abort or error.
+//
+// Speculation in a batch: each sequence keeps its own mode, mask, gamma and
+// planner state; sequences with gamma > 0 draft in shared masked passes and
+// verify inside the main pass. Above `plain_batch_size` decoding sequences
+// (chosen from the latency profile by the caller; 0 = never), speculation
+// is switched off for the step: at that batch size a pass over B x (gamma+1)
+// rows costs more than the tokens it saves (vLLM's disable-by-batch-size).
+//
+// Ownership: borrows the model, tokenizer, pool and planner (they must
+// outlive the engine); owns its step thread. The destructor stops the
+// thread after aborting whatever still runs.
+//
+// Thread safety: Generate may be called from any number of threads at once
+// (each call blocks its caller until its sequence ends); callbacks run on
+// the engine's step thread, one at a time. Gauges may be read from any
+// thread.
+#ifndef KNAPSERVE_EXECUTOR_BATCH_ENGINE_H_
+#define KNAPSERVE_EXECUTOR_BATCH_ENGINE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model/llama.h"
+#include "common/plan/planner_client.h"
+#include "common/text/tokenizer.h"
+#include "executor/generator.h"
+#include "executor/kv_pool.h"
+#include "executor/plan_cache.h"
+#include "executor/sequence.h"
+
+namespace knapserve {
+
+struct BatchEngineOptions {
+  // Rows of one main pass (--max-batch-tokens): decode rows always run,
+  // prompt chunks fill the rest.
+  int64_t max_batch_tokens = 256;
+  // A waiting prompt gets at least this many rows per step.
+  int64_t min_prefill_rows = 16;
+  // Sequences in the batch at once (the service's --max-running).
+  int max_running = 16;
+  // Above this many decoding sequences a step decodes plainly (no drafts);
+  // 0 = speculation at any batch size. See PlainBatchSize().
+  int plain_batch_size = 0;
+};
+
+// Counters of the step loop (monotonic) and the last step's shape.
+struct BatchEngineStats {
+  int64_t steps = 0;
+  int64_t rows = 0;               // main-pass rows over all steps
+  int64_t decode_rows = 0;        // sequences that decoded, summed over steps
+  int64_t prefill_chunks = 0;     // prompt chunks run
+  int64_t refused_never_fit = 0;  // requests larger than the whole pool
+  int last_batch_size = 0;        // sequences in the last step
+};
+
+class BatchEngine {
+ public:
+  BatchEngine(const LlamaModel& model, const Tokenizer& tokenizer, KvPool& pool,
+              PlannerClient* planner, PlanningShared planning,
+              BatchEngineOptions options);
+  ~BatchEngine();
+  BatchEngine(const BatchEngine&) = delete;
+  BatchEngine& operator=(const BatchEngine&) = delete;
+
+  // Runs one generation in the shared batch and returns its result, as
+  // knapserve::Generate would (same validation errors, same output for the
+  // same request). Blocks the caller. `should_stop` (optional) is polled
+  // before every step, also while the request waits for admission; when it
+  // returns true the sequence ends with FinishReason::kAborted. Callbacks run
+  // on the step thread. ResourceExhausted when the request could never fit
+  // the K/V pool.
+  absl::StatusOr<GenerationResult> Generate(
+      const GenerationRequest& request, StreamCallback on_tokens,
+      ReferenceCallback on_reference = nullptr,
+      std::function<bool()> should_stop = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Gauges.
+  int running() const ABSL_LOCKS_EXCLUDED(mu_);  // in the batch
+  int waiting() const ABSL_LOCKS_EXCLUDED(mu_);  // admitted by the caller,
+                                                 // waiting for K/V
+  BatchEngineStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
+  const KvPool& pool() const { return pool_; }
+
+ private:
+  // One request between Generate and its end. Lives on Generate's stack;
+  // the step thread drops every pointer to it before `done` is notified.
+  struct Entry;
+
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const LlamaModel& model_;
+  const Tokenizer& tokenizer_;
+  KvPool& pool_;
+  PlannerClient* const planner_;
+  const PlanningShared planning_;
+  const BatchEngineOptions options_;
+  const int threads_;  // torch intra-op threads of the creating thread
+
+  mutable absl::Mutex mu_;
+  std::deque<Entry*> incoming_ ABSL_GUARDED_BY(mu_);  // not yet seen
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  int running_ ABSL_GUARDED_BY(mu_) = 0;
+  BatchEngineStats stats_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // started in the constructor, joined in ~BatchEngine
+};
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_EXECUTOR_BATCH_ENGINE_H_
