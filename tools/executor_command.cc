@@ -9,13 +9,27 @@
 #include "common/base/status.h"
 #include "common/metrics/metrics.h"
 #include "executor/executor_server.h"
+#include "executor/kv_pool.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 
-ABSL_FLAG(int32_t, max_running, 4, "executor: requests decoding at once.");
+ABSL_FLAG(int32_t, max_running, 16,
+          "executor: requests decoding at once, in one shared batch.");
 ABSL_FLAG(
-    int32_t, max_queue, 16,
+    int32_t, max_queue, 64,
     "executor: requests waiting for a slot; beyond that RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, kv_cache_memory, "",
+          "executor: K/V pool size: bytes (536870912, 512MiB, 2GB) or a "
+          "fraction of RAM (0.25); empty = K/V for --max-running sequences at "
+          "full context, at most a quarter of RAM.");
+ABSL_FLAG(int32_t, kv_block_size, 16,
+          "executor: positions per K/V block (a multiple of 16).");
+ABSL_FLAG(int64_t, max_batch_tokens, 256,
+          "executor: rows of one batched pass; decode rows always run, "
+          "prompt chunks fill the rest (chunked prefill).");
+ABSL_FLAG(int32_t, plain_batch_size, 0,
+          "executor: above this many decoding sequences a step decodes "
+          "without drafts; 0 = speculate at any batch size.");
 ABSL_FLAG(int32_t, metrics_port, 0,
           "executor: serve Prometheus metrics at http://0.0.0.0:PORT/metrics; "
           "0 = off.");
@@ -40,6 +54,30 @@ absl::Status ServeExecutor(bool one_process) {
     return absl::InvalidArgumentError(
         "--max-running must be >= 1 and --max-queue >= 0");
   }
+  options.engine.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.engine.plain_batch_size = absl::GetFlag(FLAGS_plain_batch_size);
+  if (options.engine.max_batch_tokens < 1 ||
+      options.engine.plain_batch_size < 0) {
+    return absl::InvalidArgumentError(
+        "--max-batch-tokens must be >= 1 and --plain-batch-size >= 0");
+  }
+  KvPoolOptions pool_options;
+  pool_options.block_rows = absl::GetFlag(FLAGS_kv_block_size);
+  const std::string kv_memory = absl::GetFlag(FLAGS_kv_cache_memory);
+  if (kv_memory.empty()) {
+    pool_options.memory_bytes =
+        DefaultKvCacheBytes(*engine.model, options.scheduler.max_running);
+  } else {
+    ASSIGN_OR_RETURN(pool_options.memory_bytes,
+                     ParseKvCacheMemory(kv_memory, TotalRamBytes()));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<KvPool> kv_pool,
+                   KvPool::Create(*engine.model, pool_options));
+  options.kv_pool = kv_pool.get();
+  std::cerr << "knapserve-executor: K/V pool of " << kv_pool->total_blocks()
+            << " blocks x " << kv_pool->block_rows() << " positions ("
+            << kv_pool->total_blocks() * kv_pool->bytes_per_block() / 1e6
+            << " MB)" << std::endl;
   ASSIGN_OR_RETURN(GenerationRequest defaults, GenerationRequestFromFlags({}));
   options.default_max_new_tokens = defaults.max_new_tokens;
   options.default_speculation = defaults.speculation;

@@ -9,7 +9,9 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "knapserve-executor --model DIR --listen ADDR --planner ADDR|inproc|none "
       "[--profile FILE] "
-      "[--max-running N] [--max-queue N] [--drain-seconds S] [--dtype] "
+      "[--max-running N] [--max-queue N] [--kv-cache-memory BYTES|FRACTION] "
+      "[--kv-block-size N] [--max-batch-tokens N] [--plain-batch-size N] "
+      "[--drain-seconds S] [--dtype] "
       "[--threads]");
   knapserve::ParseFlagsWithDashes(argc, argv);
   return knapserve::RunExecutorServer();
