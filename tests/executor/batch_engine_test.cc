@@ -124,7 +124,7 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
                      PlanningShared(), options);
   GenerationRequest runner;
   runner.prompt_ids = {1, 410, 469, 347};
-  runner.max_new_tokens = 200;
+  runner.max_new_tokens = 220;
   runner.ignore_eos = true;
   GenerationRequest longer;
   for (int j = 0; j < 300; ++j) longer.prompt_ids.push_back(3 + (j * 7) % 500);
@@ -137,27 +137,35 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
   std::atomic<int> during_prefill{0};  // runner tokens while `longer` loads
   std::atomic<bool> long_submitted{false};
   std::atomic<bool> long_started{false};
+  absl::StatusOr<GenerationResult> long_run;
+  std::thread long_client;
   std::vector<absl::StatusOr<GenerationResult>> runs(3);
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
       runs[i] = engine.Generate(
           runner, [&](absl::Span<const int32_t> ids, std::string_view) {
-            runner_tokens += static_cast<int>(ids.size());
+            // On the step thread: the long prompt is sent once the runners
+            // have streamed 30 tokens (each has 190 more to go).
+            if (runner_tokens.fetch_add(static_cast<int>(ids.size())) == 29) {
+              long_submitted = true;
+              long_client = std::thread([&] {
+                long_run = engine.Generate(
+                    longer, [&](absl::Span<const int32_t>, std::string_view) {
+                      long_started = true;
+                      return true;
+                    });
+              });
+            }
             if (long_submitted && !long_started)
               during_prefill += static_cast<int>(ids.size());
             return true;
           });
     });
   }
-  while (runner_tokens < 30) std::this_thread::yield();
-  long_submitted = true;
-  auto long_run =
-      engine.Generate(longer, [&](absl::Span<const int32_t>, std::string_view) {
-        long_started = true;
-        return true;
-      });
   for (std::thread& t : threads) t.join();
+  ASSERT_TRUE(long_client.joinable());
+  long_client.join();
   ASSERT_TRUE(long_run.ok()) << long_run.status();
   EXPECT_EQ(long_run->output_ids, alone_long->output_ids);
   for (int i = 0; i < 3; ++i) {
