@@ -82,8 +82,18 @@ void BatchEngine::Loop() {
   at::set_num_threads(threads_);
   std::deque<Entry*> waiting;  // FIFO, not yet admitted
   std::vector<Entry*> running;
-  auto end = [&](Entry* entry) {
-    entry->kv.reset();  // the blocks go back to the pool now
+  // Ends `entry`: its blocks go back to the pool and the gauges count it
+  // out before its caller wakes.
+  auto end = [&](Entry* entry, bool was_running) {
+    entry->kv.reset();
+    {
+      absl::MutexLock lock(&mu_);
+      if (was_running) {
+        --running_;
+      } else {
+        --waiting_;
+      }
+    }
     entry->done.Notify();
   };
   for (;;) {
@@ -112,7 +122,7 @@ void BatchEngine::Loop() {
     for (auto it = waiting.begin(); it != waiting.end();) {
       if (stop_requested(*it)) {
         (*it)->seq->Abort();
-        end(*it);
+        end(*it, /*was_running=*/false);
         it = waiting.erase(it);
       } else {
         ++it;
@@ -132,6 +142,9 @@ void BatchEngine::Loop() {
       entry->seq->UseKv(&*entry->kv);
       running.push_back(entry);
       waiting.pop_front();
+      absl::MutexLock lock(&mu_);
+      --waiting_;
+      ++running_;
     }
     // One step of everything running.
     std::vector<Sequence*> batch;
@@ -161,7 +174,7 @@ void BatchEngine::Loop() {
     // Ended sequences leave the batch and give their blocks back.
     for (auto it = running.begin(); it != running.end();) {
       if ((*it)->seq->done()) {
-        end(*it);
+        end(*it, /*was_running=*/true);
         it = running.erase(it);
       } else {
         ++it;
@@ -169,8 +182,6 @@ void BatchEngine::Loop() {
     }
     {
       absl::MutexLock lock(&mu_);
-      waiting_ = static_cast<int>(waiting.size() + incoming_.size());
-      running_ = static_cast<int>(running.size());
       if (!batch.empty()) {
         ++stats_.steps;
         stats_.rows += step.main_rows;

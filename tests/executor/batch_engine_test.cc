@@ -133,7 +133,7 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
   auto alone_runner = Generate(*model, *StoriesTokenizer(), runner);
   ASSERT_TRUE(alone_long.ok() && alone_runner.ok());
 
-  std::atomic<int> runner_tokens{0};
+  std::atomic<int> per_runner[3] = {0, 0, 0};
   std::atomic<int> during_prefill{0};  // runner tokens while `longer` loads
   std::atomic<bool> long_submitted{false};
   std::atomic<bool> long_started{false};
@@ -145,9 +145,12 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
     threads.emplace_back([&, i] {
       runs[i] = engine.Generate(
           runner, [&](absl::Span<const int32_t> ids, std::string_view) {
-            // On the step thread: the long prompt is sent once the runners
-            // have streamed 30 tokens (each has 190 more to go).
-            if (runner_tokens.fetch_add(static_cast<int>(ids.size())) == 29) {
+            // On the step thread: the long prompt is sent once all three
+            // runners have streamed 10 tokens (each has 210 more to go).
+            per_runner[i] += static_cast<int>(ids.size());
+            const bool all_going = per_runner[0] >= 10 && per_runner[1] >= 10 &&
+                                   per_runner[2] >= 10;
+            if (all_going && !long_submitted) {
               long_submitted = true;
               long_client = std::thread([&] {
                 long_run = engine.Generate(
@@ -196,18 +199,17 @@ TEST(BatchEngineTest, AdmissionWaitsForBlocksAndRefusesWhatCanNeverFit) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 5; ++i) {
     threads.emplace_back([&, i] {
-      bool counted = false;
-      runs[i] =
-          engine.Generate(r, [&](absl::Span<const int32_t>, std::string_view) {
+      size_t seen = 0;
+      // Callbacks run on the step thread in step order, so a sequence's last
+      // token is counted before any sequence admitted after it streams.
+      runs[i] = engine.Generate(
+          r, [&](absl::Span<const int32_t> ids, std::string_view) {
             absl::MutexLock lock(&mu);
-            if (!counted) {
-              counted = true;
-              most_active = std::max(most_active, ++active);
-            }
+            if (seen == 0) most_active = std::max(most_active, ++active);
+            seen += ids.size();
+            if (seen == 40) --active;
             return true;
           });
-      absl::MutexLock lock(&mu);
-      --active;
     });
   }
   for (std::thread& t : threads) t.join();
