@@ -91,10 +91,14 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
   //    lanes past n_max re-read key n_max - 1 (their scores are never used).
   __m512 acc[16];
   __m512 qv[CH > 0 ? CH : kMaxHeadChunks];
+  const E* last_key = keys + RowOffset(kv, n_max - 1, hd);
   for (int64_t j0 = 0; j0 < n_max; j0 += 16) {
+    // The 16 keys of this block share one block of the table (block_rows
+    // is a multiple of 16): one table lookup, no division per key.
     const E* kr[16];
+    const E* first = keys + RowOffset(kv, j0, hd);
     for (int j = 0; j < 16; ++j)
-      kr[j] = keys + RowOffset(kv, j0 + j < n_max ? j0 + j : n_max - 1, hd);
+      kr[j] = j0 + j < n_max ? first + j * hd : last_key;
     for (int64_t i = 0; i < num_q; ++i) {
       if (len_of(i) <= j0) continue;
       const float* qi = q_at(i);
