@@ -148,19 +148,36 @@ void BatchEngine::Loop() {
     }
     // One step of everything running.
     std::vector<Sequence*> batch;
-    int decoding = 0;
+    std::vector<BatchMember> members;
+    int64_t context_sum = 0;
+    bool any_draft = false;
     for (Entry* entry : running) {
       if (entry->seq->done()) continue;
       batch.push_back(entry->seq.get());
-      if (!entry->seq->prefilling()) ++decoding;
+      if (entry->seq->prefilling()) continue;
+      members.push_back(entry->seq->batch_member());
+      any_draft = any_draft || members.back().gamma > 0;
+      context_sum += entry->seq->context_length();
     }
+    const int decoding = static_cast<int>(members.size());
     BatchStepStats step;
+    bool plain_by_policy = false;
     if (!batch.empty()) {
       BatchStepOptions options;
       options.max_batch_tokens = options_.max_batch_tokens;
       options.min_prefill_rows = options_.min_prefill_rows;
       options.allow_drafts = options_.plain_batch_size <= 0 ||
                              decoding <= options_.plain_batch_size;
+      if (options.allow_drafts && any_draft && decoding >= 2 &&
+          options_.cost_model != nullptr) {
+        try {
+          options.allow_drafts =
+              options_.cost_model->DraftsPay(context_sum / decoding, members);
+        } catch (...) {
+          options.allow_drafts = true;  // a pricing failure changes nothing
+        }
+      }
+      plain_by_policy = any_draft && !options.allow_drafts;
       try {
         step = RunBatchStep(model_, batch, options);
       } catch (...) {
@@ -188,6 +205,7 @@ void BatchEngine::Loop() {
         stats_.decode_rows += step.decoding;
         stats_.prefill_chunks += step.prefilling;
         stats_.last_batch_size = static_cast<int>(batch.size());
+        if (plain_by_policy) ++stats_.plain_steps;
       }
       if (stopping_ && waiting.empty() && running.empty() &&
           incoming_.empty()) {

@@ -14,10 +14,12 @@
 //
 // Speculation in a batch: each sequence keeps its own mode, mask, gamma and
 // planner state; sequences with gamma > 0 draft in shared masked passes and
-// verify inside the main pass. Above `plain_batch_size` decoding sequences
-// (chosen from the latency profile by the caller; 0 = never), speculation
-// is switched off for the step: at that batch size a pass over B x (gamma+1)
-// rows costs more than the tokens it saves (vLLM's disable-by-batch-size).
+// verify inside the main pass. Before each step with two or more decoding
+// sequences, the cost model (priced from the latency profile) compares the
+// step drafting against all plain; when a pass over sum(gamma+1) rows plus
+// the draft passes costs more than the tokens it saves, the step runs
+// without drafts (vLLM's disable-by-batch-size, chosen per step from the
+// profile). A fixed plain_batch_size can cap it as well.
 //
 // Ownership: borrows the model, tokenizer, pool and planner (they must
 // outlive the engine); owns its step thread. The destructor stops the
@@ -41,6 +43,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/model/llama.h"
+#include "common/plan/batch_cost_model.h"
 #include "common/plan/planner_client.h"
 #include "common/text/tokenizer.h"
 #include "executor/generator.h"
@@ -59,8 +62,13 @@ struct BatchEngineOptions {
   // Sequences in the batch at once (the service's --max-running).
   int max_running = 16;
   // Above this many decoding sequences a step decodes plainly (no drafts);
-  // 0 = speculation at any batch size. See PlainBatchSize().
+  // 0 = no fixed limit.
   int plain_batch_size = 0;
+  // Prices each step with two or more decoding sequences, drafting against
+  // plain (common/plan/batch_cost_model.h), and drops the drafts when they
+  // do not pay; borrowed, nullptr = never. A lone sequence is governed by
+  // its own mode, plans and guard.
+  const BatchCostModel* cost_model = nullptr;
 };
 
 // Counters of the step loop (monotonic) and the last step's shape.
@@ -70,7 +78,9 @@ struct BatchEngineStats {
   int64_t decode_rows = 0;        // sequences that decoded, summed over steps
   int64_t prefill_chunks = 0;     // prompt chunks run
   int64_t refused_never_fit = 0;  // requests larger than the whole pool
-  int last_batch_size = 0;        // sequences in the last step
+  // Steps whose drafts were switched off (plain_batch_size, cost model).
+  int64_t plain_steps = 0;
+  int last_batch_size = 0;  // sequences in the last step
 };
 
 class BatchEngine {

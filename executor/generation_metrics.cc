@@ -96,6 +96,11 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
   r.AddGauge("knapserve_batch_steps",
              "Batched steps run since start (a counter read as a gauge).",
              [&engine] { return static_cast<double>(engine.stats().steps); });
+  r.AddGauge(
+      "knapserve_batch_plain_steps",
+      "Batched steps run without drafts because drafting would not "
+      "pay at that batch (cost model or --plain-batch-size).",
+      [&engine] { return static_cast<double>(engine.stats().plain_steps); });
   r.AddGauge("knapserve_kv_waiting_requests",
              "Requests admitted by the scheduler, waiting for K/V blocks.",
              [&engine] { return engine.waiting(); });

@@ -312,6 +312,17 @@ absl::Status Sequence::BindKv(BatchSequence& input, int64_t positions) {
   return absl::OkStatus();
 }
 
+BatchMember Sequence::batch_member() const {
+  BatchMember member;
+  if (Drafts(request_.speculation.mode) && gamma_ > 0) {
+    member.gamma = gamma_;
+    member.mask = &mask_;
+  }
+  member.acceptance = (static_cast<double>(spec_stats_.accepted_tokens) + 1.0) /
+                      (static_cast<double>(spec_stats_.draft_tokens) + 2.0);
+  return member;
+}
+
 void Sequence::Abort() {
   if (done_) return;
   result_.finish_reason = FinishReason::kAborted;

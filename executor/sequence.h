@@ -45,6 +45,7 @@
 #include "absl/types/span.h"
 #include "common/model/layer_mask.h"
 #include "common/model/llama.h"
+#include "common/plan/batch_cost_model.h"
 #include "common/plan/planner_client.h"
 #include "common/text/tokenizer.h"
 #include "executor/generator.h"
@@ -81,6 +82,11 @@ class Sequence {
   void UseKv(SequenceKv* paged);
 
   bool prefilling() const { return !done_ && prefilled_ < prompt_len_; }
+  // Committed K/V positions.
+  int64_t context_length() const { return length_; }
+  // How this sequence would draft next (gamma 0 and no mask when it does
+  // not), with its acceptance so far under a Beta(1, 1) prior.
+  BatchMember batch_member() const;
   bool done() const { return done_; }
   // Ends the sequence now with FinishReason::kAborted (cancelled, deadline
   // passed, Abort), keeping what it generated.

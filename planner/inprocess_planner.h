@@ -80,6 +80,9 @@ class InProcessPlanner : public PlannerClient {
   // Solves `request` on the calling thread (what the worker does per request).
   absl::StatusOr<DraftPlan> Solve(const PlanRequest& request) const;
 
+  // The latency profile it plans with (immutable).
+  const LatencyProfile& profile() const { return profile_; }
+
   // Requests solved (or failed) so far, and requests replaced by newer ones.
   int64_t solved() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t replaced() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -10,6 +10,7 @@
 #include "common/metrics/metrics.h"
 #include "executor/executor_server.h"
 #include "executor/kv_pool.h"
+#include "planner/batch_cost.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 
@@ -83,6 +84,7 @@ absl::Status ServeExecutor(bool one_process) {
   options.default_speculation = defaults.speculation;
 
   PlannerHandle planner;
+  std::unique_ptr<ProfileBatchCost> batch_cost;  // outlives the server
   const std::string where =
       one_process ? "inproc" : absl::GetFlag(FLAGS_planner);
   if (where == "inproc") {
@@ -92,6 +94,11 @@ absl::Status ServeExecutor(bool one_process) {
         planner.local,
         PlannerFromFlags(engine, SpeculationMode::kKnapSpec, command));
     options.planner_mode = v1::PLANNER_MODE_IN_PROCESS;
+    // The same profile prices batched steps: drafts are dropped for a step
+    // where they would not pay at that batch size.
+    batch_cost = std::make_unique<ProfileBatchCost>(planner.local->profile(),
+                                                    engine.model->num_layers());
+    options.engine.cost_model = batch_cost.get();
   } else if (where != "none") {
     RemotePlannerOptions remote;
     remote.address = where;

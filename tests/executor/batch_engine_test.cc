@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "planner/batch_cost.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -338,6 +339,50 @@ TEST(BatchEngineTest, PlainBatchSizeSwitchesSpeculationOff) {
   }
   // Without the switch only a last step (one token left) drafts nothing.
   EXPECT_GT(plain_steps, static_cast<int64_t>(requests.size()));
+}
+
+// With the profile's cost model, a batch of speculating sequences drops its
+// drafts on steps where they would not pay (here: a hand profile where every
+// extra verified row costs 2% of a step), and the output is unchanged; a
+// lone sequence keeps drafting.
+TEST(BatchEngineTest, TheCostModelDropsDraftsThatDoNotPayInTheBatch) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  std::unique_ptr<KvPool> pool = Pool(*model, 200);
+  const ProfileBatchCost cost(testing::HandLatencyProfile(*model),
+                              model->num_layers());
+  BatchEngineOptions options;
+  options.cost_model = &cost;
+  BatchEngine engine(*model, *StoriesTokenizer(), *pool, nullptr,
+                     PlanningShared(), options);
+  std::vector<GenerationRequest> requests = MixedRequests(*model, 8);
+  for (GenerationRequest& r : requests) {
+    r.speculation.mode = SpeculationMode::kStatic;
+    r.speculation.skip = "a0,m0,a1,m1,a2,m2,a3";
+    r.speculation.max_draft = 4;
+  }
+  std::vector<absl::StatusOr<GenerationResult>> runs(requests.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { runs[i] = engine.Generate(requests[i], nullptr); });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_GT(engine.stats().plain_steps, 0);
+  for (size_t i = 0; i < requests.size(); ++i) {
+    ASSERT_TRUE(runs[i].ok()) << runs[i].status();
+    GenerationRequest off = requests[i];
+    off.speculation = SpeculationConfig();
+    auto alone = Generate(*model, *StoriesTokenizer(), off);
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ(runs[i]->output_ids, alone->output_ids) << i;
+  }
+  const int64_t plain_before = engine.stats().plain_steps;
+  auto lone = engine.Generate(requests[0], nullptr);
+  ASSERT_TRUE(lone.ok());
+  EXPECT_GT(lone->speculation.drafts, 0);
+  EXPECT_EQ(engine.stats().plain_steps, plain_before);
 }
 
 }  // namespace

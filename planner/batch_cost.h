@@ -1,0 +1,58 @@
+// ProfileBatchCost: common/plan/batch_cost_model.h's question answered from
+// a measured latency profile (planner/latency_profile.h) and the TPT model
+// (planner/tpt.h).
+//
+// The price of one batched pass over R rows from S sequences at context n:
+//
+//   PassSeconds(n, R, S) = t_verify(n, R) + (S - 1) * L * b_attn * n
+//
+// t_verify(n, R) is the profile's multi-token pass for R <= max_draft + 1
+// rows, and beyond that grows along its last measured step per row (a pass
+// that has become compute-bound grows linearly in its rows). The second term
+// is the attention over S separate caches instead of one: every layer's
+// attention reads each sequence's own n positions (b_attn is the
+// per-position slope of the profile's attention fit).
+//
+// A step of the members, drafting: gamma_max draft rounds, round r a masked
+// pass over the members with gamma >= r, priced at PassSeconds over those
+// rows times the mean draft fraction t_draft(S_i, n) / t_verify(n, 1); then
+// one main pass over sum(gamma_i + 1) rows. It commits
+// sum ExpectedTokensPerStep(alpha_i, gamma_i) tokens. Plain: one pass over B
+// rows committing B tokens. Drafting pays when its tokens per second exceed
+// plain's.
+//
+// Thread safety: immutable after construction; const methods from any
+// thread. Owns a copy of the profile.
+#ifndef KNAPSERVE_PLANNER_BATCH_COST_H_
+#define KNAPSERVE_PLANNER_BATCH_COST_H_
+
+#include <cstdint>
+
+#include "common/plan/batch_cost_model.h"
+#include "planner/latency_profile.h"
+
+namespace knapserve {
+
+class ProfileBatchCost final : public BatchCostModel {
+ public:
+  ProfileBatchCost(LatencyProfile profile, int num_layers);
+
+  bool DraftsPay(int64_t context_length,
+                 absl::Span<const BatchMember> members) const override;
+
+  // PassSeconds(n, rows, sequences) of the file comment.
+  double PassSeconds(int64_t context_length, int rows, int sequences) const;
+  // Predicted tokens per second of the members' next step, with their drafts
+  // (drafting = true) or all plain.
+  double StepTokensPerSecond(int64_t context_length,
+                             absl::Span<const BatchMember> members,
+                             bool drafting) const;
+
+ private:
+  const LatencyProfile profile_;
+  const int num_layers_;
+};
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_PLANNER_BATCH_COST_H_
