@@ -68,6 +68,29 @@ inline __m512 SumLanes16(const __m512* a) {
 constexpr int kMaxHeadChunks = 32;  // head_dim <= 512
 constexpr int kPvRows = 6;          // query rows per weighted-sum tile
 
+// The weighted sums of one tile of NR query rows for the 16 dimensions of
+// chunk c: o[r] = sum over keys j < tile_len, in order, of srow[r][j] *
+// values[j][c*16 .. c*16+15]; each value vector is loaded once for the tile.
+template <int NR, typename E>
+inline void PvTile(const float* const* srow, const E* values,
+                   const KvBlocks& kv, int64_t tile_len, int64_t hd,
+                   int64_t c, __m512* o) {
+  for (int r = 0; r < NR; ++r) o[r] = _mm512_setzero_ps();
+  // Keys in order, one block of the table at a time.
+  for (int64_t b0 = 0; b0 < tile_len; b0 += kv.block_rows) {
+    const E* block =
+        values + kv.blocks[b0 / kv.block_rows] * kv.block_stride + c * 16;
+    const int64_t end =
+        tile_len - b0 < kv.block_rows ? tile_len - b0 : kv.block_rows;
+    for (int64_t jj = 0; jj < end; ++jj) {
+      const __m512 v = LoadRow(block + jj * hd);
+      const int64_t j = b0 + jj;
+      for (int r = 0; r < NR; ++r)
+        o[r] = _mm512_fmadd_ps(_mm512_set1_ps(srow[r][j]), v, o[r]);
+    }
+  }
+}
+
 // CH = head_dim / 16 when known at compile time (the common head sizes), or
 // 0 to read it at run time. The arithmetic is the same either way.
 template <int CH, typename E>
@@ -153,8 +176,9 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
 
   // 3. Weighted sums of values, keys in order, in registers: tiles of 6 query
   //    rows x 1 chunk of 16 dimensions; each value vector is loaded once per
-  //    tile. A key a row does not see has p = 0 and adds exactly 0. Tiles of
-  //    fewer rows repeat their first row (computed, never stored).
+  //    tile. A key a row does not see has p = 0 and adds exactly 0. A tile
+  //    of fewer rows computes only those (each row's chain is the same in
+  //    any tile).
   for (int64_t i0 = 0; i0 < num_q; i0 += kPvRows) {
     const int64_t nr = num_q - i0 < kPvRows ? num_q - i0 : kPvRows;
     const float* srow[kPvRows];
@@ -165,20 +189,25 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
     }
     for (int64_t c = 0; c < chunks; ++c) {
       __m512 o[kPvRows];
-      for (int r = 0; r < kPvRows; ++r) o[r] = _mm512_setzero_ps();
-      // Keys in order, one block of the table at a time.
-      for (int64_t b0 = 0; b0 < tile_len; b0 += kv.block_rows) {
-        const E* block =
-            values + kv.blocks[b0 / kv.block_rows] * kv.block_stride + c * 16;
-        const int64_t end =
-            tile_len - b0 < kv.block_rows ? tile_len - b0 : kv.block_rows;
-        for (int64_t jj = 0; jj < end; ++jj) {
-          const __m512 v = LoadRow(block + jj * hd);
-          const int64_t j = b0 + jj;
-          for (int r = 0; r < kPvRows; ++r) {
-            o[r] = _mm512_fmadd_ps(_mm512_set1_ps(srow[r][j]), v, o[r]);
-          }
-        }
+      switch (nr) {
+        case 1:
+          PvTile<1>(srow, values, kv, tile_len, hd, c, o);
+          break;
+        case 2:
+          PvTile<2>(srow, values, kv, tile_len, hd, c, o);
+          break;
+        case 3:
+          PvTile<3>(srow, values, kv, tile_len, hd, c, o);
+          break;
+        case 4:
+          PvTile<4>(srow, values, kv, tile_len, hd, c, o);
+          break;
+        case 5:
+          PvTile<5>(srow, values, kv, tile_len, hd, c, o);
+          break;
+        default:
+          PvTile<kPvRows>(srow, values, kv, tile_len, hd, c, o);
+          break;
       }
       for (int64_t r = 0; r < nr; ++r) {
         const int64_t i = i0 + r;
