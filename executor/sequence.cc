@@ -453,25 +453,10 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
                                   const torch::Tensor& states,
                                   double step_seconds) {
   const int64_t pos = length_;
-  const int64_t m = static_cast<int64_t>(drafts_.size());
-  torch::Tensor argmax = logits.argmax(-1).to(torch::kCPU);
-  const int64_t* target = argmax.data_ptr<int64_t>();
-  const Acceptance acceptance =
-      AcceptDrafts(sampler_, drafts_, draft_dists_, logits, target);
-  const int64_t accepted = acceptance.accepted;
+  StepResult out = FinishVerification(sampler_, drafts_, draft_dists_, logits,
+                                      states, pos, capture_, spec_stats_);
   // Keep [last, accepted drafts]; later positions are overwritten later.
-  length_ = pos + accepted + 1;
-  StepResult out;
-  out.first_position = pos;
-  out.tokens.assign(drafts_.begin(), drafts_.begin() + accepted);
-  out.tokens.push_back(acceptance.next);
-  out.drafted = static_cast<int>(m);
-  out.accepted = static_cast<int>(accepted);
-  RecordVerification(spec_stats_, m, accepted);
-  if (capture_) {
-    out.boundary_states = states.narrow(1, 0, accepted + 1);
-    out.target_argmax.assign(target, target + accepted + 1);
-  }
+  length_ = pos + out.accepted + 1;
   ++result_.stats.steps;
   if (planned_) {
     StepObservation observation;

@@ -79,6 +79,33 @@ void RecordVerification(SpeculationStats& stats, int64_t drafted,
   for (int64_t j = 0; j < accepted; ++j) ++stats.accepted_per_position[j];
 }
 
+StepResult FinishVerification(Sampler& sampler,
+                              const std::vector<int32_t>& drafts,
+                              const std::vector<torch::Tensor>& draft_dists,
+                              const torch::Tensor& logits,
+                              const torch::Tensor& states,
+                              int64_t first_position, bool capture,
+                              SpeculationStats& stats) {
+  torch::Tensor argmax = logits.argmax(-1).to(torch::kCPU);
+  const int64_t* target = argmax.data_ptr<int64_t>();
+  const Acceptance acceptance =
+      AcceptDrafts(sampler, drafts, draft_dists, logits, target);
+  const int64_t accepted = acceptance.accepted;
+  const int64_t m = static_cast<int64_t>(drafts.size());
+  StepResult result;
+  result.first_position = first_position;
+  result.tokens.assign(drafts.begin(), drafts.begin() + accepted);
+  result.tokens.push_back(acceptance.next);
+  result.drafted = static_cast<int>(m);
+  result.accepted = static_cast<int>(accepted);
+  RecordVerification(stats, m, accepted);
+  if (capture) {
+    result.boundary_states = states.narrow(1, 0, accepted + 1);
+    result.target_argmax.assign(target, target + accepted + 1);
+  }
+  return result;
+}
+
 double SpeculationStats::acceptance_rate() const {
   return draft_tokens > 0 ? static_cast<double>(accepted_tokens) / draft_tokens
                           : 0.0;
@@ -107,8 +134,6 @@ StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens,
   // Drafts + the verified token must fit both the budget and the cache.
   const int64_t budget =
       std::min<int64_t>({gamma_, max_tokens - 1, cache_.capacity() - pos - 1});
-  StepResult result;
-  result.first_position = pos;
 
   // 1. Draft with the masked sub-network.
   std::vector<int32_t> drafts;
@@ -136,34 +161,20 @@ StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens,
   const auto t1 = std::chrono::steady_clock::now();
   std::vector<int64_t> input = {last};
   input.insert(input.end(), drafts.begin(), drafts.end());
-  const int64_t m = static_cast<int64_t>(drafts.size());
   torch::Tensor states;
   ForwardOptions verify;
   verify.boundary_states = capture_states ? &states : nullptr;
   torch::Tensor logits = model_.Forward(torch::tensor(input, torch::kInt64),
                                         pos, cache_.layers(), verify);
-  torch::Tensor argmax = logits.argmax(-1).to(torch::kCPU);
-  const int64_t* target = argmax.data_ptr<int64_t>();
 
   // 3. Accept.
-  const Acceptance acceptance =
-      AcceptDrafts(sampler_, drafts, draft_dists, logits, target);
-  const int64_t accepted = acceptance.accepted;
-  const int32_t next = acceptance.next;
+  StepResult result = FinishVerification(sampler_, drafts, draft_dists, logits,
+                                         states, pos, capture_states, stats_);
   stats_.verify_seconds += Seconds(t1);
 
   // 4. Keep [last, accepted drafts]; the rest of the written positions are
   // dropped by length and overwritten later.
-  cache_.Commit(pos + accepted + 1);
-  result.tokens.assign(drafts.begin(), drafts.begin() + accepted);
-  result.tokens.push_back(next);
-  result.drafted = static_cast<int>(m);
-  result.accepted = static_cast<int>(accepted);
-  RecordVerification(stats_, m, accepted);
-  if (capture_states) {
-    result.boundary_states = states.narrow(1, 0, accepted + 1);
-    result.target_argmax.assign(target, target + accepted + 1);
-  }
+  cache_.Commit(pos + result.accepted + 1);
   return result;
 }
 

@@ -94,6 +94,19 @@ Acceptance AcceptDrafts(Sampler& sampler, const std::vector<int32_t>& drafts,
 void RecordVerification(SpeculationStats& stats, int64_t drafted,
                         int64_t accepted);
 
+// The end of a verification: accepts `drafts` against the full model's
+// `logits` ([m+1, vocab]), records the counts in `stats`, and returns the
+// step's result (committed tokens, counts; with `capture`, the committed
+// positions' rows of `states` and the target's argmax). The caller keeps
+// K/V positions [0, first_position + result.accepted + 1).
+StepResult FinishVerification(Sampler& sampler,
+                              const std::vector<int32_t>& drafts,
+                              const std::vector<torch::Tensor>& draft_dists,
+                              const torch::Tensor& logits,
+                              const torch::Tensor& states,
+                              int64_t first_position, bool capture,
+                              SpeculationStats& stats);
+
 class SpeculativeDecoder {
  public:
   // `mask` must have the model's layer count; gamma >= 0 (0 = autoregressive).
