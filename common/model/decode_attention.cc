@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/model/attention_kernels.h"
+#include "common/model/parallel_for.h"
 
 namespace knapserve {
 namespace {
@@ -134,7 +135,7 @@ void RunDecodeAttention(const AttentionJob* jobs, int64_t num_jobs, int64_t nh,
   constexpr bool kFastDtype =
       std::is_same_v<E, at::BFloat16> || std::is_same_v<E, float>;
   if (kFastDtype && CpuHasAvx512() && hd % 16 == 0) {
-    at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    ParallelFor(0, n, grain, [&](int64_t begin, int64_t end) {
       std::vector<float> scores;
       for (int64_t w = begin; w < end; ++w) {
         const WorkItem& item = items[w];
@@ -165,7 +166,7 @@ void RunDecodeAttention(const AttentionJob* jobs, int64_t num_jobs, int64_t nh,
   }
 #endif
   // Portable: one query row at a time within each item.
-  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+  ParallelFor(0, n, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t w = begin; w < end; ++w) {
       const WorkItem& item = items[w];

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "common/model/linear_kernels.h"
+#include "common/model/parallel_for.h"
 
 namespace knapserve {
 namespace {
@@ -105,7 +106,7 @@ torch::Tensor LinearFloatOut(const torch::Tensor& x_in, const LinearWeight& w) {
   const int64_t threads = std::max(1, at::get_num_threads());
   const int64_t grain = std::max<int64_t>(1, (items + threads - 1) / threads);
   auto run = [&](auto kernel, const auto* xp, const auto* wp) {
-    at::parallel_for(0, items, grain, [&](int64_t begin, int64_t end) {
+    ParallelFor(0, items, grain, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end;) {
         const int64_t chunk = item / panels;
         const int64_t p0 = item % panels;

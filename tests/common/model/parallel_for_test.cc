@@ -1,0 +1,175 @@
+// ParallelFor (common/model/parallel_for.h): every index exactly once in the
+// chunks at::parallel_for would make, exceptions reach the caller, busy and
+// nested calls run inline, and concurrent callers from many threads all
+// finish with correct results.
+#include "common/model/parallel_for.h"
+
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+
+namespace knapserve {
+namespace {
+
+// Sets the calling thread's intra-op thread count for the test's scope.
+class ScopedThreads {
+ public:
+  explicit ScopedThreads(int n) : old_(at::get_num_threads()) {
+    at::set_num_threads(n);
+  }
+  ~ScopedThreads() { at::set_num_threads(old_); }
+
+ private:
+  int old_;
+};
+
+struct Chunk {
+  int64_t begin, end;
+  bool operator<(const Chunk& o) const { return begin < o.begin; }
+};
+
+std::vector<Chunk> ChunksOf(int64_t begin, int64_t end, int64_t grain) {
+  absl::Mutex mu;
+  std::vector<Chunk> chunks;
+  ParallelFor(begin, end, grain, [&](int64_t b, int64_t e) {
+    absl::MutexLock lock(&mu);
+    chunks.push_back({b, e});
+  });
+  std::sort(chunks.begin(), chunks.end());
+  return chunks;
+}
+
+TEST(ParallelForTest, CoversEveryIndexOnceInAtParallelForChunks) {
+  for (int threads : {1, 2, 3, 4}) {
+    ScopedThreads scoped(threads);
+    for (int64_t n : {1, 2, 3, 5, 7, 16, 17, 100, 1001}) {
+      for (int64_t grain : {1, 2, 3, 8, 64, 5000}) {
+        const int64_t begin = 3;
+        const std::vector<Chunk> chunks = ChunksOf(begin, begin + n, grain);
+        // The split at::parallel_for makes: min(threads, ceil(n/grain))
+        // chunks of ceil(n/chunks), the last one shorter.
+        const int64_t parts =
+            std::min<int64_t>(threads, (n + grain - 1) / grain);
+        const int64_t size = (n + parts - 1) / parts;
+        std::vector<Chunk> expected;
+        for (int64_t b = begin; b < begin + n; b += size) {
+          expected.push_back({b, std::min(begin + n, b + size)});
+        }
+        ASSERT_EQ(chunks.size(), expected.size())
+            << "threads " << threads << " n " << n << " grain " << grain;
+        for (size_t i = 0; i < chunks.size(); ++i) {
+          EXPECT_EQ(chunks[i].begin, expected[i].begin);
+          EXPECT_EQ(chunks[i].end, expected[i].end);
+        }
+      }
+    }
+  }
+}
+
+TEST(ParallelForTest, AnEmptyRangeCallsNothing) {
+  int calls = 0;
+  ParallelFor(5, 5, 1, [&](int64_t, int64_t) { ++calls; });
+  ParallelFor(5, 2, 1, [&](int64_t, int64_t) { ++calls; });
+  EXPECT_EQ(calls, 0);
+}
+
+TEST(ParallelForTest, RunsChunksOnOtherThreads) {
+  ScopedThreads scoped(2);
+  const auto before = GetParallelForCounters();
+  absl::Mutex mu;
+  std::vector<std::thread::id> ids;
+  ParallelFor(0, 2, 1, [&](int64_t, int64_t) {
+    absl::MutexLock lock(&mu);
+    ids.push_back(std::this_thread::get_id());
+  });
+  ASSERT_EQ(ids.size(), 2u);
+  const auto after = GetParallelForCounters();
+  EXPECT_EQ(after.pooled, before.pooled + 1);
+  // The caller may run both chunks if no worker claimed one in time; over
+  // many calls a worker must take part.
+  bool other_thread = ids[0] != ids[1];
+  for (int i = 0; i < 2000 && !other_thread; ++i) {
+    std::atomic<int> off_caller{0};
+    const auto caller = std::this_thread::get_id();
+    ParallelFor(0, 2, 1, [&](int64_t, int64_t) {
+      if (std::this_thread::get_id() != caller) ++off_caller;
+      // Long enough for a worker to wake and claim the other chunk.
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    });
+    other_thread = off_caller.load() > 0;
+  }
+  EXPECT_TRUE(other_thread);
+}
+
+TEST(ParallelForTest, AnExceptionInAnyChunkReachesTheCallerAfterAllChunks) {
+  ScopedThreads scoped(4);
+  for (int64_t failing = 0; failing < 4; ++failing) {
+    std::atomic<int> finished{0};
+    try {
+      ParallelFor(0, 4, 1, [&](int64_t b, int64_t) {
+        if (b == failing) throw std::runtime_error("chunk failed");
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        ++finished;
+      });
+      ADD_FAILURE() << "no exception for failing chunk " << failing;
+    } catch (const std::runtime_error& e) {
+      EXPECT_STREQ(e.what(), "chunk failed");
+    }
+    EXPECT_EQ(finished.load(), 3) << "failing chunk " << failing;
+  }
+  // The pool still works afterwards.
+  std::atomic<int64_t> sum{0};
+  ParallelFor(0, 100, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) sum += i;
+  });
+  EXPECT_EQ(sum.load(), 4950);
+}
+
+TEST(ParallelForTest, ANestedCallRunsInlineAndCompletes) {
+  ScopedThreads scoped(2);
+  std::atomic<int64_t> sum{0};
+  ParallelFor(0, 4, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      ParallelFor(0, 10, 1, [&](int64_t ib, int64_t ie) {
+        for (int64_t j = ib; j < ie; ++j) sum += j;
+      });
+    }
+  });
+  EXPECT_EQ(sum.load(), 4 * 45);
+}
+
+TEST(ParallelForTest, ConcurrentCallersAllGetCorrectResults) {
+  // Eight threads share the pool: one at a time uses it, the others run
+  // inline; every call must see exactly its own range.
+  ScopedThreads restore(at::get_num_threads());  // at::set_num_threads below
+  std::vector<std::thread> threads;
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      at::set_num_threads(2 + t % 3);
+      for (int call = 0; call < 300; ++call) {
+        const int64_t n = 1 + (call * 7 + t) % 97;
+        std::vector<std::atomic<int>> hits(n);
+        ParallelFor(0, n, 1 + call % 5, [&](int64_t b, int64_t e) {
+          for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+        });
+        for (int64_t i = 0; i < n; ++i) {
+          if (hits[i].load() != 1) ++wrong;
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+}  // namespace
+}  // namespace knapserve
