@@ -89,11 +89,18 @@ class QueuedWriterTest : public ::testing::Test {
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
                              &port_);
     builder.RegisterService(&service_);
+    // Fixed flow-control windows: with BDP probing a client that never
+    // reads could still take in megabytes, and the full-queue test would
+    // drain its queue on a slow machine.
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     ASSERT_NE(port_, 0);
-    stub_ = v1::Generation::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials()));
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    stub_ = v1::Generation::NewStub(grpc::CreateCustomChannel(
+        absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials(),
+        args));
   }
 
   void TearDown() override {
