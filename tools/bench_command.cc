@@ -9,7 +9,8 @@
 // close the engine runs to the limit; the share of pure read bandwidth is
 // printed beside it.
 //
-// `bench spec` and `bench step-cost` live in tools/bench_spec.cc.
+// `bench spec` and `bench step-cost` live in tools/bench_spec.cc and
+// tools/bench_step_cost.cc, `bench serve` in tools/bench_serve.cc.
 #include <ATen/Parallel.h>
 
 #include <cstdio>
@@ -163,6 +164,7 @@ int RunBench(const std::vector<std::string>& args) {
   if (args.size() == 1 && mode == "ar") return ExitCode(BenchAr(), "bench ar");
   if (args.size() == 1 && mode == "spec") return RunBenchSpec();
   if (args.size() == 1 && mode == "step-cost") return RunBenchStepCost();
+  if (args.size() == 1 && mode == "serve") return RunBenchServe();
   if (!mode.empty()) {
     std::cerr << "knapserve bench: unknown mode '" << mode
               << (args.size() > 1 ? "' or extra arguments" : "'") << "\n";

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/status.h"
+#include "executor/generation_codec.h"
 #include "tools/default_model.h"
 
 ABSL_FLAG(std::string, model, "",
@@ -266,6 +267,32 @@ absl::StatusOr<Engine> LoadEngineFromFlags() {
   ASSIGN_OR_RETURN(engine.tokenizer,
                    Tokenizer::FromFile(engine.model_dir + "/tokenizer.json"));
   return engine;
+}
+
+absl::StatusOr<v1::GenerateRequest> WireRequestFromFlags() {
+  v1::GenerateRequest request;
+  request.set_max_new_tokens(
+      static_cast<int32_t>(absl::GetFlag(FLAGS_max_new_tokens)));
+  request.set_temperature(absl::GetFlag(FLAGS_temperature));
+  request.set_top_k(static_cast<int32_t>(absl::GetFlag(FLAGS_top_k)));
+  request.set_top_p(absl::GetFlag(FLAGS_top_p));
+  if (absl::GetFlag(FLAGS_seed).has_value())
+    request.set_seed(*absl::GetFlag(FLAGS_seed));
+  request.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  for (const std::string& stop : absl::GetFlag(FLAGS_stop))
+    request.add_stop(stop);
+  ASSIGN_OR_RETURN(SpeculationMode mode,
+                   ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
+  v1::SpeculationOptions* spec = request.mutable_speculation();
+  spec->set_mode(ToWireMode(mode));
+  if (absl::GetFlag(FLAGS_max_draft).has_value()) {
+    spec->set_max_draft_tokens(
+        static_cast<uint32_t>(*absl::GetFlag(FLAGS_max_draft)));
+  }
+  if (!absl::GetFlag(FLAGS_skip).empty())
+    spec->set_static_mask(absl::GetFlag(FLAGS_skip));
+  spec->set_exit_threshold(absl::GetFlag(FLAGS_exit_threshold));
+  return request;
 }
 
 absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(

@@ -23,6 +23,7 @@
 #include "common/text/tokenizer.h"
 #include "executor/generator.h"
 #include "executor/remote_planner_client.h"
+#include "knapserve/v1/generation.pb.h"
 #include "planner/inprocess_planner.h"
 #include "planner/profile_cache.h"
 
@@ -110,6 +111,11 @@ absl::StatusOr<Engine> LoadEngineFromFlags();
 // The generation request the flags describe, for already tokenized prompt ids.
 absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
     std::vector<int32_t> prompt_ids);
+
+// The same request as a knapserve.v1.GenerateRequest for a server (sampling,
+// stop strings, speculation), without a prompt: the caller sets text or
+// token_ids. InvalidArgument for an unknown --spec.
+absl::StatusOr<v1::GenerateRequest> WireRequestFromFlags();
 
 // Where the latency profile of a local planner came from (for logs and
 // --json): ProfileOriginName() and the file read or written.

@@ -32,6 +32,10 @@ int RunBenchSpec();
 // `knapserve bench step-cost` (tools/bench_step_cost.cc): draft-step and
 // verification costs relative to a full decode step.
 int RunBenchStepCost();
+// `knapserve bench serve` (tools/bench_serve.cc): concurrent gRPC streams
+// against a server (one it starts, or --server): tokens/s, TTFT and ITL
+// percentiles against single streams, and the greedy outputs checked.
+int RunBenchServe();
 
 }  // namespace knapserve
 

@@ -18,29 +18,8 @@ namespace {
 
 // --server: the same request over gRPC to a knapserve executor.
 absl::Status GenerateRemote(const std::string& address) {
-  v1::GenerateRequest request;
+  ASSIGN_OR_RETURN(v1::GenerateRequest request, WireRequestFromFlags());
   request.set_text(absl::GetFlag(FLAGS_prompt));
-  request.set_max_new_tokens(
-      static_cast<int32_t>(absl::GetFlag(FLAGS_max_new_tokens)));
-  request.set_temperature(absl::GetFlag(FLAGS_temperature));
-  request.set_top_k(static_cast<int32_t>(absl::GetFlag(FLAGS_top_k)));
-  request.set_top_p(absl::GetFlag(FLAGS_top_p));
-  if (absl::GetFlag(FLAGS_seed).has_value())
-    request.set_seed(*absl::GetFlag(FLAGS_seed));
-  request.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
-  for (const std::string& stop : absl::GetFlag(FLAGS_stop))
-    request.add_stop(stop);
-  ASSIGN_OR_RETURN(SpeculationMode mode,
-                   ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
-  v1::SpeculationOptions* spec = request.mutable_speculation();
-  spec->set_mode(ToWireMode(mode));
-  if (absl::GetFlag(FLAGS_max_draft).has_value()) {
-    spec->set_max_draft_tokens(
-        static_cast<uint32_t>(*absl::GetFlag(FLAGS_max_draft)));
-  }
-  if (!absl::GetFlag(FLAGS_skip).empty())
-    spec->set_static_mask(absl::GetFlag(FLAGS_skip));
-  spec->set_exit_threshold(absl::GetFlag(FLAGS_exit_threshold));
 
   auto stub = v1::Generation::NewStub(
       grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));

@@ -937,5 +937,93 @@ TEST(KnapserveCliTest, BenchStepCostPrintsRatios) {
   }
 }
 
+// A prompt file of three story openings in the Spec-Bench row format.
+std::string WriteStoryPrompts(const knapserve::testing::ScopedTempDir& dir) {
+  const std::string path = dir.path() + "/prompts.jsonl";
+  std::ofstream out(path);
+  out << R"({"question_id": 1, "category": "a", "turns": ["Once upon a time, there was a little girl named Lily."]})"
+      << "\n"
+      << R"({"question_id": 2, "category": "b", "turns": ["Tom had a red ball. He liked to play with it in the park."]})"
+      << "\n"
+      << R"({"question_id": 3, "category": "c", "turns": ["The sun was hot and the dog was tired."]})"
+      << "\n";
+  return path;
+}
+
+// `bench serve` with a server of its own: closed-loop streams plus a long
+// prompt arriving while they decode, then Poisson arrivals with speculation.
+// Every load stream must equal its prompt's single stream (the command
+// checks it and exits 1 otherwise); the JSON counts must add up.
+TEST(KnapserveCliTest, BenchServeStreamsConcurrentlyAndChecksOutputs) {
+  const knapserve::testing::ScopedTempDir dir("bench_serve");
+  const std::string prompts = WriteStoryPrompts(dir);
+  const nlohmann::json closed =
+      RunJson(Stories({"bench", "serve", "--prompts", prompts, "--concurrency",
+                       "3", "--num-requests", "5", "--max-new-tokens", "12",
+                       "--burst-prompt-tokens", "300", "--json"}));
+  EXPECT_EQ(closed["in_process"], true);
+  EXPECT_EQ(closed["single"]["requests"], 3);
+  EXPECT_EQ(closed["single"]["completion_tokens"], 36);
+  EXPECT_EQ(closed["load"]["requests"], 5);
+  EXPECT_EQ(closed["load"]["failed"], 0);
+  EXPECT_EQ(closed["load"]["completion_tokens"], 60);
+  EXPECT_EQ(closed["checked"], true);
+  EXPECT_EQ(closed["mismatches"], 0);
+  EXPECT_TRUE(closed["errors"].empty());
+  EXPECT_GT(closed["load"]["output_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(closed["load"]["itl_p50_seconds"].get<double>(), 0);
+  EXPECT_GE(closed["load"]["itl_p99_seconds"].get<double>(),
+            closed["load"]["itl_p50_seconds"].get<double>());
+  EXPECT_EQ(closed["burst"]["ok"], true);
+  EXPECT_EQ(closed["burst"]["prompt_tokens"], 300);
+  EXPECT_GT(closed["burst"]["ttft_seconds"].get<double>(), 0);
+  // The 300-token prompt went in as chunks of the batched passes.
+  EXPECT_GE(closed["engine"]["prefill_chunks"].get<int64_t>(), 2);
+
+  const nlohmann::json poisson = RunJson(Stories(
+      {"bench",          "serve",   "--prompts",        prompts,
+       "--arrival",      "poisson", "--request-rate",   "40",
+       "--num-requests", "4",       "--max-new-tokens", "16",
+       "--spec",         "static",  "--skip",           "a1,m2",
+       "--max-draft",    "3",       "--profile",        StoriesProfile(),
+       "--json"}));
+  EXPECT_EQ(poisson["arrival"], "poisson");
+  EXPECT_EQ(poisson["load"]["requests"], 4);
+  EXPECT_EQ(poisson["load"]["completion_tokens"], 64);
+  EXPECT_EQ(poisson["mismatches"], 0);
+  // Speculation commits more than one token in some steps.
+  EXPECT_GT(poisson["single"]["tokens_per_step"].get<double>(), 1.0);
+
+  const Outcome bad = RunKnapserve(
+      Stories({"bench", "serve", "--prompts", prompts, "--arrival", "burst"}));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_THAT(bad.err, HasSubstr("--arrival"));
+}
+
+// `bench serve --server ADDR` drives a separate `knapserve serve` process;
+// the tokenizer comes from the server's model folder.
+TEST(KnapserveCliTest, BenchServeDrivesARunningServer) {
+  const knapserve::testing::ScopedTempDir dir("bench_serve_remote");
+  const std::string prompts = WriteStoryPrompts(dir);
+  ServerProcess serve(
+      Stories({knapserve::testing::kKnapserveBinary, "serve", "--listen",
+               "127.0.0.1:0", "--profile", StoriesProfile()}));
+  ASSERT_FALSE(serve.port().empty()) << serve.log();
+  const nlohmann::json remote = RunJson(
+      {"bench", "serve", "--server", serve.address(), "--prompts", prompts,
+       "--concurrency", "4", "--max-new-tokens", "10", "--json"});
+  EXPECT_EQ(remote["in_process"], false);
+  EXPECT_EQ(remote["load"]["requests"], 4);
+  EXPECT_EQ(remote["load"]["completion_tokens"], 40);
+  EXPECT_EQ(remote["mismatches"], 0);
+  EXPECT_FALSE(remote.contains("engine"));
+  EXPECT_EQ(serve.Stop(), 0) << serve.log();
+  // Nothing listens there any more: a clear error, not a hang.
+  const Outcome gone = RunKnapserve(
+      {"bench", "serve", "--server", serve.address(), "--prompts", prompts});
+  EXPECT_EQ(gone.exit_code, 1);
+  EXPECT_THAT(gone.err, HasSubstr(serve.address()));
+}
+
 }  // namespace
 }  // namespace knapserve

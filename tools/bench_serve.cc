@@ -1,0 +1,647 @@
+// `knapserve bench serve`: a load generator over gRPC. It drives a running
+// server (--server ADDR) or starts one in this process on loopback (the same
+// set-up as `knapserve serve`, tools/executor_from_flags.h), and measures
+// what a client sees.
+//
+// Phases, in order, against the same server:
+//   1. warm-up: one short request, untimed;
+//   2. single: each distinct prompt alone, one after another (the
+//      single-stream baseline, and the reference output of each prompt);
+//   3. load: --num-requests requests, either closed loop (--concurrency
+//      streams, each sending its next request when the last one ends) or
+//      Poisson arrivals at --request-rate per second (each request its own
+//      stream). With --burst-prompt-tokens N, one more request with an
+//      N-token prompt is sent once the first --concurrency requests all have
+//      their first token: the chunked prefill of a long prompt while streams
+//      decode.
+//
+// Per phase: output tokens per second (completion tokens over the phase's
+// wall time, from the first send to the last end), time to first token and
+// inter-token latency percentiles. ITL is per token: a chunk carrying n
+// tokens (speculation commits several per step) after a gap g counts n gaps
+// of g/n. Every request asks for exactly --max-new-tokens tokens (EOS
+// ignored). When the output is deterministic (greedy, or --seed), each load
+// stream must equal its prompt's single-stream output; a mismatch or a
+// failed stream makes the command exit 1.
+#include <ATen/Parallel.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/base/status.h"
+#include "executor/generation_codec.h"
+#include "knapserve/v1/generation.grpc.pb.h"
+#include "tools/bench_util.h"
+#include "tools/cli_flags.h"
+#include "tools/commands.h"
+#include "tools/executor_from_flags.h"
+#include "tools/shared_data.h"
+
+ABSL_FLAG(int32_t, concurrency, 16,
+          "bench serve: concurrent streams of the closed-loop load phase "
+          "(each sends its next request when its last one ends).");
+ABSL_FLAG(int32_t, num_requests, 0,
+          "bench serve: requests in the load phase; 0 = --concurrency.");
+ABSL_FLAG(std::string, arrival, "closed",
+          "bench serve: closed (--concurrency streams back to back) or "
+          "poisson (arrivals at --request-rate per second, each request its "
+          "own stream).");
+ABSL_FLAG(double, request_rate, 4.0,
+          "bench serve: mean arrivals per second with --arrival poisson.");
+ABSL_FLAG(int64_t, burst_prompt_tokens, 0,
+          "bench serve: once the first --concurrency load requests have their "
+          "first token, send one more with a prompt of this many tokens "
+          "(capped to the context); 0 = none.");
+ABSL_FLAG(bool, check_outputs, true,
+          "bench serve: when outputs are deterministic (greedy or --seed), "
+          "require every load stream to equal its single-stream output.");
+
+namespace knapserve {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr uint64_t kArrivalSeed = 20261125;  // Poisson gaps, fixed per run
+constexpr int64_t kBurstNewTokens = 8;
+constexpr int64_t kWarmupNewTokens = 8;
+constexpr double kRequestDeadlineSeconds = 1800;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The q-quantile (0..1) of `values` by linear interpolation between order
+// statistics; 0 when empty.
+double Quantile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double rank = q * static_cast<double>(values.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(values.size() - 1, lo + 1);
+  return values[lo] +
+         (rank - static_cast<double>(lo)) * (values[hi] - values[lo]);
+}
+
+// One request to send: its prompt's index (-1 for the burst) and the wire
+// request.
+struct PlannedRequest {
+  int prompt = -1;
+  v1::GenerateRequest request;
+};
+
+// What the client saw of one stream. Times are seconds since the phase's
+// start.
+struct StreamRecord {
+  int prompt = -1;
+  grpc::Status status;
+  std::vector<int32_t> ids;
+  double send = 0;
+  double end = 0;
+  std::vector<double> chunk_times;
+  std::vector<int> chunk_tokens;
+  v1::FinalResult final;
+
+  double ttft() const {
+    return chunk_times.empty() ? 0.0 : chunk_times.front() - send;
+  }
+  // Per-token gaps after the first chunk.
+  void AppendItl(std::vector<double>& out) const {
+    for (size_t k = 1; k < chunk_times.size(); ++k) {
+      const int n = std::max(1, chunk_tokens[k]);
+      const double gap = (chunk_times[k] - chunk_times[k - 1]) / n;
+      for (int j = 0; j < n; ++j) out.push_back(gap);
+    }
+  }
+};
+
+// Streams `planned` to the end; `on_first_chunk` (optional) runs on this
+// thread when the first chunk arrives.
+StreamRecord RunStream(v1::Generation::Stub& stub,
+                       const PlannedRequest& planned, Clock::time_point t0,
+                       const std::function<void()>& on_first_chunk) {
+  StreamRecord record;
+  record.prompt = planned.prompt;
+  grpc::ClientContext context;
+  context.set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::seconds(static_cast<int64_t>(kRequestDeadlineSeconds)));
+  record.send = SecondsSince(t0);
+  auto reader = stub.Generate(&context, planned.request);
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    if (response.has_chunk()) {
+      const auto& ids = response.chunk().token_ids();
+      if (ids.empty()) continue;
+      record.chunk_times.push_back(SecondsSince(t0));
+      record.chunk_tokens.push_back(ids.size());
+      record.ids.insert(record.ids.end(), ids.begin(), ids.end());
+      if (record.chunk_times.size() == 1 && on_first_chunk) on_first_chunk();
+    } else if (response.has_final()) {
+      record.final = response.final();
+    }
+  }
+  record.status = reader->Finish();
+  record.end = SecondsSince(t0);
+  return record;
+}
+
+// How the load phase sends its requests.
+struct LoadShape {
+  bool poisson = false;
+  int concurrency = 1;      // closed loop: streams at once
+  double request_rate = 0;  // poisson: arrivals per second
+};
+
+struct PhaseResult {
+  std::vector<StreamRecord> streams;
+  std::optional<StreamRecord> burst;
+  double duration = 0;  // first send to last end
+};
+
+// Runs `requests` shaped by `shape`, plus `burst` (when given) once the
+// first `shape.concurrency` requests have their first token.
+PhaseResult RunPhase(v1::Generation::Stub& stub,
+                     const std::vector<PlannedRequest>& requests,
+                     const LoadShape& shape,
+                     const std::optional<PlannedRequest>& burst) {
+  PhaseResult result;
+  result.streams.resize(requests.size());
+  const Clock::time_point t0 = Clock::now();
+  absl::Mutex mu;
+  int first_chunks = 0;  // guarded by mu
+  const int burst_after = std::min<int>(shape.concurrency, requests.size());
+  auto first_chunk_of = [&](size_t index) -> std::function<void()> {
+    if (!burst.has_value() || index >= static_cast<size_t>(burst_after))
+      return nullptr;
+    return [&] {
+      absl::MutexLock lock(&mu);
+      ++first_chunks;
+    };
+  };
+  std::thread burst_thread;
+  if (burst.has_value()) {
+    burst_thread = std::thread([&] {
+      {
+        absl::MutexLock lock(&mu);
+        const auto ready = [&] { return first_chunks >= burst_after; };
+        mu.Await(absl::Condition(&ready));
+      }
+      result.burst = RunStream(stub, *burst, t0, nullptr);
+    });
+  }
+  std::vector<std::thread> threads;
+  if (shape.poisson) {
+    std::mt19937_64 rng(kArrivalSeed);
+    std::exponential_distribution<double> gap(shape.request_rate);
+    double at = 0;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      std::this_thread::sleep_until(t0 +
+                                    std::chrono::duration_cast<Clock::duration>(
+                                        std::chrono::duration<double>(at)));
+      threads.emplace_back([&, i] {
+        result.streams[i] = RunStream(stub, requests[i], t0, first_chunk_of(i));
+      });
+      at += gap(rng);
+    }
+  } else {
+    std::atomic<size_t> next{0};
+    for (int c = 0; c < shape.concurrency; ++c) {
+      threads.emplace_back([&] {
+        for (size_t i = next++; i < requests.size(); i = next++) {
+          result.streams[i] =
+              RunStream(stub, requests[i], t0, first_chunk_of(i));
+        }
+      });
+    }
+  }
+  for (std::thread& t : threads) t.join();
+  if (burst_thread.joinable()) {
+    // If a stream failed before its first token the burst never starts:
+    // release its waiter by counting the missing first chunks.
+    {
+      absl::MutexLock lock(&mu);
+      first_chunks = std::max(first_chunks, burst_after);
+    }
+    burst_thread.join();
+  }
+  double first = 1e300, last = 0;
+  for (const StreamRecord& s : result.streams) {
+    first = std::min(first, s.send);
+    last = std::max(last, s.end);
+  }
+  if (result.burst.has_value()) last = std::max(last, result.burst->end);
+  result.duration = requests.empty() ? 0.0 : last - first;
+  return result;
+}
+
+// Client-side figures of one phase (burst excluded).
+struct PhaseSummary {
+  int requests = 0;
+  int failed = 0;
+  int64_t tokens = 0;
+  double duration = 0;
+  double output_tokens_per_second = 0;
+  double ttft_p50 = 0, ttft_p99 = 0;
+  double itl_p50 = 0, itl_p99 = 0, itl_max = 0;
+  double mean_acceptance_length = 0;  // committed tokens per decode step
+  std::vector<double> itl;            // every per-token gap
+};
+
+PhaseSummary Summarize(const PhaseResult& phase) {
+  PhaseSummary s;
+  std::vector<double> ttft;
+  int64_t steps = 0, step_tokens = 0;
+  for (const StreamRecord& r : phase.streams) {
+    ++s.requests;
+    if (!r.status.ok()) ++s.failed;
+    s.tokens += static_cast<int64_t>(r.ids.size());
+    if (!r.chunk_times.empty()) ttft.push_back(r.ttft());
+    r.AppendItl(s.itl);
+    steps +=
+        std::max<int64_t>(0, static_cast<int64_t>(r.chunk_times.size()) - 1);
+    step_tokens += std::max<int64_t>(0, static_cast<int64_t>(r.ids.size()) - 1);
+  }
+  s.duration = phase.duration;
+  s.output_tokens_per_second =
+      s.duration > 0 ? static_cast<double>(s.tokens) / s.duration : 0.0;
+  s.ttft_p50 = Quantile(ttft, 0.5);
+  s.ttft_p99 = Quantile(ttft, 0.99);
+  s.itl_p50 = Quantile(s.itl, 0.5);
+  s.itl_p99 = Quantile(s.itl, 0.99);
+  s.itl_max =
+      s.itl.empty() ? 0.0 : *std::max_element(s.itl.begin(), s.itl.end());
+  s.mean_acceptance_length =
+      steps > 0 ? static_cast<double>(step_tokens) / steps : 0.0;
+  return s;
+}
+
+nlohmann::json PhaseJson(const PhaseSummary& s) {
+  return {{"requests", s.requests},
+          {"failed", s.failed},
+          {"completion_tokens", s.tokens},
+          {"duration_seconds", s.duration},
+          {"output_tokens_per_s", s.output_tokens_per_second},
+          {"ttft_p50_seconds", s.ttft_p50},
+          {"ttft_p99_seconds", s.ttft_p99},
+          {"itl_p50_seconds", s.itl_p50},
+          {"itl_p99_seconds", s.itl_p99},
+          {"itl_max_seconds", s.itl_max},
+          {"tokens_per_step", s.mean_acceptance_length}};
+}
+
+void PrintPhase(const char* name, const PhaseSummary& s) {
+  std::printf("%-8s %5d %7lld %8.2f %10.1f %9.1f %9.1f %8.2f %8.2f %7.2f\n",
+              name, s.requests, static_cast<long long>(s.tokens), s.duration,
+              s.output_tokens_per_second, 1e3 * s.ttft_p50, 1e3 * s.ttft_p99,
+              1e3 * s.itl_p50, 1e3 * s.itl_p99, s.mean_acceptance_length);
+}
+
+// The tokenizer a remote server's prompts are encoded with: --tokenizer,
+// else tokenizer.json in the server's model folder (readable when the server
+// runs on this machine).
+absl::StatusOr<std::unique_ptr<Tokenizer>> RemoteTokenizer(
+    const v1::ModelInfo& info) {
+  std::string path = absl::GetFlag(FLAGS_tokenizer);
+  if (path.empty()) path = info.model_path() + "/tokenizer.json";
+  auto tokenizer = Tokenizer::FromFile(path);
+  if (!tokenizer.ok()) {
+    return absl::Status(tokenizer.status().code(),
+                        absl::StrCat("bench serve: the server's tokenizer (",
+                                     path, "): ", tokenizer.status().message(),
+                                     "; pass --tokenizer FILE"));
+  }
+  return std::move(*tokenizer);
+}
+
+absl::Status BenchServe() {
+  const int concurrency = absl::GetFlag(FLAGS_concurrency);
+  const int num_requests = absl::GetFlag(FLAGS_num_requests) > 0
+                               ? absl::GetFlag(FLAGS_num_requests)
+                               : concurrency;
+  const std::string arrival = absl::GetFlag(FLAGS_arrival);
+  const int64_t max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  if (concurrency < 1 || absl::GetFlag(FLAGS_num_requests) < 0) {
+    return absl::InvalidArgumentError(
+        "--concurrency must be >= 1 and --num-requests >= 0");
+  }
+  if (arrival != "closed" && arrival != "poisson") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--arrival: expected closed or poisson, got '", arrival, "'"));
+  }
+  if (arrival == "poisson" && !(absl::GetFlag(FLAGS_request_rate) > 0)) {
+    return absl::InvalidArgumentError("--request-rate must be > 0");
+  }
+  if (max_new_tokens < 2 || absl::GetFlag(FLAGS_burst_prompt_tokens) < 0) {
+    return absl::InvalidArgumentError(
+        "--max-new-tokens must be >= 2 and --burst-prompt-tokens >= 0");
+  }
+  ASSIGN_OR_RETURN(v1::GenerateRequest base, WireRequestFromFlags());
+  base.set_ignore_eos(true);  // fixed-length streams
+  base.set_max_new_tokens(static_cast<int32_t>(max_new_tokens));
+
+  // The server: --server, else one in this process on loopback.
+  std::string address = absl::GetFlag(FLAGS_server);
+  Engine engine;
+  std::unique_ptr<RunningExecutor> running;
+  if (address.empty()) {
+    ASSIGN_OR_RETURN(engine, LoadEngineFromFlags());
+    ASSIGN_OR_RETURN(SpeculationMode mode,
+                     ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
+    // Drafting modes get the in-process planner: its profile also prices
+    // batched steps (drafts dropped where they do not pay).
+    const std::string planner = Drafts(mode) ? "inproc" : "none";
+    ASSIGN_OR_RETURN(
+        running,
+        StartExecutorFromFlags(engine, planner, "127.0.0.1:0", "bench serve"));
+    address = absl::StrCat("127.0.0.1:", running->server->port());
+  }
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  v1::ModelInfo info;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(30));
+    v1::GetModelInfoResponse response;
+    const grpc::Status status =
+        stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &response);
+    if (!status.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "bench serve: server ", address, ": ", status.error_message()));
+    }
+    info = response.model_info();
+  }
+  std::unique_ptr<Tokenizer> remote_tokenizer;
+  const Tokenizer* tokenizer = engine.tokenizer.get();
+  if (tokenizer == nullptr) {
+    ASSIGN_OR_RETURN(remote_tokenizer, RemoteTokenizer(info));
+    tokenizer = remote_tokenizer.get();
+  }
+
+  // Prompts, cut so that the generation fits the context.
+  std::string path = absl::GetFlag(FLAGS_prompts);
+  if (path.empty()) path = SharedPath("bench/spec_bench/question.jsonl");
+  ASSIGN_OR_RETURN(std::vector<BenchPrompt> prompts,
+                   LoadPromptSet(path, absl::GetFlag(FLAGS_num_prompts)));
+  if (prompts.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": no prompts"));
+  }
+  const int64_t max_prompt = info.max_context() - max_new_tokens - 1;
+  if (max_prompt < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max-new-tokens: ", max_new_tokens,
+                     " leaves no room for a prompt in the context of ",
+                     info.max_context(), " tokens"));
+  }
+  std::vector<std::vector<int32_t>> prompt_ids;
+  for (const BenchPrompt& p : prompts) {
+    ASSIGN_OR_RETURN(
+        std::vector<int32_t> ids,
+        PromptIds(*tokenizer, p.text,
+                  std::min(max_prompt, absl::GetFlag(FLAGS_min_prompt_tokens)),
+                  max_prompt));
+    prompt_ids.push_back(std::move(ids));
+  }
+  auto request_for = [&](int prompt, int64_t new_tokens,
+                         const std::vector<int32_t>& ids, std::string id) {
+    PlannedRequest planned;
+    planned.prompt = prompt;
+    planned.request = base;
+    planned.request.set_request_id(std::move(id));
+    planned.request.set_max_new_tokens(static_cast<int32_t>(new_tokens));
+    *planned.request.mutable_token_ids()->mutable_ids() = {ids.begin(),
+                                                           ids.end()};
+    return planned;
+  };
+  const int distinct =
+      std::min<int>(num_requests, static_cast<int>(prompt_ids.size()));
+  std::vector<PlannedRequest> singles, load;
+  for (int p = 0; p < distinct; ++p) {
+    singles.push_back(request_for(p, max_new_tokens, prompt_ids[p],
+                                  absl::StrCat("bench-single-", p)));
+  }
+  for (int i = 0; i < num_requests; ++i) {
+    load.push_back(request_for(i % distinct, max_new_tokens,
+                               prompt_ids[i % distinct],
+                               absl::StrCat("bench-load-", i)));
+  }
+  std::optional<PlannedRequest> burst;
+  int64_t burst_tokens = absl::GetFlag(FLAGS_burst_prompt_tokens);
+  if (burst_tokens > 0) {
+    const int64_t cap = info.max_context() - kBurstNewTokens - 1;
+    if (burst_tokens > cap) {
+      std::cerr << "bench serve: --burst-prompt-tokens " << burst_tokens
+                << " capped to " << cap << " (context " << info.max_context()
+                << ")" << std::endl;
+      burst_tokens = cap;
+    }
+    std::string text;
+    for (const BenchPrompt& p : prompts) absl::StrAppend(&text, p.text, "\n\n");
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                     PromptIds(*tokenizer, text, burst_tokens, burst_tokens));
+    burst = request_for(-1, kBurstNewTokens, ids, "bench-burst");
+  }
+
+  // 1. Warm-up, 2. each prompt alone, 3. the load.
+  {
+    PlannedRequest warm =
+        request_for(0, kWarmupNewTokens, prompt_ids[0], "bench-warmup");
+    const StreamRecord r = RunStream(*stub, warm, Clock::now(), nullptr);
+    if (!r.status.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(r.status.error_code()),
+                          absl::StrCat("bench serve: warm-up request: ",
+                                       r.status.error_message()));
+    }
+  }
+  const PhaseResult single_phase =
+      RunPhase(*stub, singles, LoadShape{false, 1, 0}, std::nullopt);
+  BatchEngineStats before;
+  if (running != nullptr) before = running->server->service().engine().stats();
+  LoadShape shape;
+  shape.poisson = arrival == "poisson";
+  shape.concurrency = concurrency;
+  shape.request_rate = absl::GetFlag(FLAGS_request_rate);
+  const PhaseResult load_phase = RunPhase(*stub, load, shape, burst);
+  BatchEngineStats after;
+  if (running != nullptr) after = running->server->service().engine().stats();
+
+  const PhaseSummary single = Summarize(single_phase);
+  const PhaseSummary loaded = Summarize(load_phase);
+  // The outputs: each load stream against its prompt's single stream.
+  const bool deterministic = !(base.temperature() > 0) || base.has_seed();
+  const bool check = deterministic && absl::GetFlag(FLAGS_check_outputs);
+  int mismatches = 0;
+  std::vector<std::string> errors;
+  for (const auto* phase : {&single_phase, &load_phase}) {
+    for (const StreamRecord& r : phase->streams) {
+      if (!r.status.ok()) {
+        errors.push_back(absl::StrCat(
+            "prompt ", r.prompt, ": ",
+            absl::StatusCodeToString(
+                static_cast<absl::StatusCode>(r.status.error_code())),
+            " ", r.status.error_message()));
+      }
+    }
+  }
+  if (load_phase.burst.has_value() && !load_phase.burst->status.ok()) {
+    errors.push_back(
+        absl::StrCat("burst: ", load_phase.burst->status.error_message()));
+  }
+  if (check) {
+    for (const StreamRecord& r : load_phase.streams) {
+      if (r.status.ok() && r.ids != single_phase.streams[r.prompt].ids)
+        ++mismatches;
+    }
+  }
+  const double throughput_ratio =
+      single.output_tokens_per_second > 0
+          ? loaded.output_tokens_per_second / single.output_tokens_per_second
+          : 0.0;
+  const double itl_ratio =
+      single.itl_p50 > 0 ? loaded.itl_p50 / single.itl_p50 : 0.0;
+
+  nlohmann::json out = {
+      {"server", address},
+      {"in_process", running != nullptr},
+      {"model", info.model_name()},
+      {"dtype", info.dtype()},
+      {"spec", absl::GetFlag(FLAGS_spec)},
+      {"arrival", arrival},
+      {"concurrency", concurrency},
+      {"request_rate", shape.poisson ? shape.request_rate : 0.0},
+      {"max_new_tokens", max_new_tokens},
+      {"prompts", path},
+      {"single", PhaseJson(single)},
+      {"load", PhaseJson(loaded)},
+      {"output_throughput_ratio", throughput_ratio},
+      {"itl_p50_ratio", itl_ratio},
+      {"itl_p99_over_p50",
+       loaded.itl_p50 > 0 ? loaded.itl_p99 / loaded.itl_p50 : 0.0},
+      {"checked", check},
+      {"mismatches", mismatches},
+      {"errors", errors},
+  };
+  if (running != nullptr) {
+    out["threads"] = at::get_num_threads();
+    const int64_t steps = after.steps - before.steps;
+    out["engine"] = {
+        {"steps", steps},
+        {"mean_batch_size",
+         steps > 0
+             ? static_cast<double>(after.decode_rows - before.decode_rows) /
+                   steps
+             : 0.0},
+        {"rows", after.rows - before.rows},
+        {"prefill_chunks", after.prefill_chunks - before.prefill_chunks},
+        {"plain_steps", after.plain_steps - before.plain_steps}};
+  }
+  if (load_phase.burst.has_value()) {
+    const StreamRecord& b = *load_phase.burst;
+    // The streams' per-token gaps that ended while the burst prefilled.
+    double window_max = 0;
+    for (const StreamRecord& r : load_phase.streams) {
+      for (size_t k = 1; k < r.chunk_times.size(); ++k) {
+        if (r.chunk_times[k] > b.send &&
+            r.chunk_times[k - 1] < b.send + b.ttft()) {
+          window_max =
+              std::max(window_max, (r.chunk_times[k] - r.chunk_times[k - 1]) /
+                                       std::max(1, r.chunk_tokens[k]));
+        }
+      }
+    }
+    out["burst"] = {{"prompt_tokens", burst_tokens},
+                    {"ttft_seconds", b.ttft()},
+                    {"sent_at_seconds", b.send},
+                    {"ok", b.status.ok()},
+                    {"max_itl_during_prefill_seconds", window_max}};
+  }
+
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << out.dump(2) << std::endl;
+  } else {
+    std::printf(
+        "bench serve: %s (%s) at %s%s, spec %s, %s, %d requests x %lld new "
+        "tokens\n",
+        info.model_name().c_str(), info.dtype().c_str(), address.c_str(),
+        running != nullptr
+            ? absl::StrCat(" (in-process, ", at::get_num_threads(),
+                           " threads, planner ", running->planner_where, ")")
+                  .c_str()
+            : "",
+        absl::GetFlag(FLAGS_spec).c_str(),
+        shape.poisson
+            ? absl::StrCat("Poisson ", shape.request_rate, "/s").c_str()
+            : absl::StrCat(concurrency, " streams closed loop").c_str(),
+        num_requests, static_cast<long long>(max_new_tokens));
+    std::printf("%-8s %5s %7s %8s %10s %9s %9s %8s %8s %7s\n", "phase", "reqs",
+                "tokens", "wall s", "out tok/s", "TTFT p50", "TTFT p99",
+                "ITL p50", "ITL p99", "tok/step");
+    std::printf("%-8s %5s %7s %8s %10s %9s %9s %8s %8s %7s\n", "", "", "", "",
+                "", "ms", "ms", "ms", "ms", "");
+    PrintPhase("single", single);
+    PrintPhase("load", loaded);
+    std::printf(
+        "load / single: output tok/s %.2fx, ITL p50 %.2fx; load ITL "
+        "p99 / p50 %.2fx\n",
+        throughput_ratio, itl_ratio, out["itl_p99_over_p50"].get<double>());
+    if (out.contains("engine")) {
+      const auto& e = out["engine"];
+      std::printf(
+          "engine (load phase): %lld steps, mean batch %.2f, %lld prefill "
+          "chunks, %lld steps without drafts\n",
+          e["steps"].get<long long>(), e["mean_batch_size"].get<double>(),
+          e["prefill_chunks"].get<long long>(),
+          e["plain_steps"].get<long long>());
+    }
+    if (out.contains("burst")) {
+      const auto& b = out["burst"];
+      std::printf(
+          "burst: a %lld-token prompt at %.2f s, TTFT %.1f ms; the streams' "
+          "largest per-token gap while it prefilled %.1f ms\n",
+          static_cast<long long>(burst_tokens),
+          b["sent_at_seconds"].get<double>(),
+          1e3 * b["ttft_seconds"].get<double>(),
+          1e3 * b["max_itl_during_prefill_seconds"].get<double>());
+    }
+    if (check) {
+      std::printf(
+          "outputs: %d of %d load streams equal their single-stream "
+          "output\n",
+          loaded.requests - loaded.failed - mismatches, loaded.requests);
+    } else {
+      std::printf(
+          "outputs: not compared (%s)\n",
+          deterministic ? "--check-outputs=false" : "sampling without --seed");
+    }
+    for (const std::string& e : errors) std::printf("error: %s\n", e.c_str());
+  }
+  if (!errors.empty()) {
+    return absl::InternalError(
+        absl::StrCat("bench serve: ", errors.size(),
+                     " stream(s) failed; first: ", errors.front()));
+  }
+  if (mismatches > 0) {
+    return absl::InternalError(
+        absl::StrCat("bench serve: ", mismatches,
+                     " load stream(s) differ from their single-stream output"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunBenchServe() { return ExitCode(BenchServe(), "bench serve"); }
+
+}  // namespace knapserve

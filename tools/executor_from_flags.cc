@@ -1,0 +1,116 @@
+// The Generation service set up from the command line (see the header).
+#include "tools/executor_from_flags.h"
+
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/status.h"
+
+ABSL_FLAG(int32_t, max_running, 16,
+          "executor: requests decoding at once, in one shared batch.");
+ABSL_FLAG(
+    int32_t, max_queue, 64,
+    "executor: requests waiting for a slot; beyond that RESOURCE_EXHAUSTED.");
+ABSL_FLAG(std::string, kv_cache_memory, "",
+          "executor: K/V pool size: bytes (536870912, 512MiB, 2GB) or a "
+          "fraction of RAM (0.25); empty = K/V for --max-running sequences at "
+          "full context, at most a quarter of RAM.");
+ABSL_FLAG(int32_t, kv_block_size, 16,
+          "executor: positions per K/V block (a multiple of 16).");
+ABSL_FLAG(int64_t, max_batch_tokens, 256,
+          "executor: rows of one batched pass; decode rows always run, "
+          "prompt chunks fill the rest (chunked prefill).");
+ABSL_FLAG(int32_t, plain_batch_size, 0,
+          "executor: above this many decoding sequences a step decodes "
+          "without drafts; 0 = speculate at any batch size.");
+ABSL_FLAG(int32_t, metrics_port, 0,
+          "executor: serve Prometheus metrics at http://0.0.0.0:PORT/metrics; "
+          "0 = off.");
+
+namespace knapserve {
+
+absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
+    const Engine& engine, const std::string& planner_where,
+    const std::string& listen, const std::string& command) {
+  auto running = std::make_unique<RunningExecutor>();
+  running->planner_where = planner_where;
+  GenerationServiceOptions options;
+  options.model_path = engine.model_dir;
+  options.scheduler.max_running = absl::GetFlag(FLAGS_max_running);
+  options.scheduler.max_queue = absl::GetFlag(FLAGS_max_queue);
+  if (options.scheduler.max_running < 1 || options.scheduler.max_queue < 0) {
+    return absl::InvalidArgumentError(
+        "--max-running must be >= 1 and --max-queue >= 0");
+  }
+  options.engine.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.engine.plain_batch_size = absl::GetFlag(FLAGS_plain_batch_size);
+  if (options.engine.max_batch_tokens < 1 ||
+      options.engine.plain_batch_size < 0) {
+    return absl::InvalidArgumentError(
+        "--max-batch-tokens must be >= 1 and --plain-batch-size >= 0");
+  }
+  KvPoolOptions pool_options;
+  pool_options.block_rows = absl::GetFlag(FLAGS_kv_block_size);
+  const std::string kv_memory = absl::GetFlag(FLAGS_kv_cache_memory);
+  if (kv_memory.empty()) {
+    pool_options.memory_bytes =
+        DefaultKvCacheBytes(*engine.model, options.scheduler.max_running);
+  } else {
+    ASSIGN_OR_RETURN(pool_options.memory_bytes,
+                     ParseKvCacheMemory(kv_memory, TotalRamBytes()));
+  }
+  ASSIGN_OR_RETURN(running->kv_pool,
+                   KvPool::Create(*engine.model, pool_options));
+  options.kv_pool = running->kv_pool.get();
+  std::cerr << "knapserve " << command << ": K/V pool of "
+            << running->kv_pool->total_blocks() << " blocks x "
+            << running->kv_pool->block_rows() << " positions ("
+            << running->kv_pool->total_blocks() *
+                   running->kv_pool->bytes_per_block() / 1e6
+            << " MB)" << std::endl;
+  ASSIGN_OR_RETURN(GenerationRequest defaults, GenerationRequestFromFlags({}));
+  options.default_max_new_tokens = defaults.max_new_tokens;
+  options.default_speculation = defaults.speculation;
+
+  if (planner_where == "inproc") {
+    // The latency profile: --profile, else the profile cache (measured on a
+    // miss).
+    ASSIGN_OR_RETURN(
+        running->planner.local,
+        PlannerFromFlags(engine, SpeculationMode::kKnapSpec, command));
+    options.planner_mode = v1::PLANNER_MODE_IN_PROCESS;
+    // The same profile prices batched steps: drafts are dropped for a step
+    // where they would not pay at that batch size.
+    running->batch_cost = std::make_unique<ProfileBatchCost>(
+        running->planner.local->profile(), engine.model->num_layers());
+    options.engine.cost_model = running->batch_cost.get();
+  } else if (planner_where != "none") {
+    RemotePlannerOptions remote;
+    remote.address = planner_where;
+    remote.num_layers = engine.model->num_layers();
+    running->planner.remote = std::make_unique<RemotePlannerClient>(remote);
+    options.planner_mode = v1::PLANNER_MODE_REMOTE;
+    options.planner_address = planner_where;
+  }
+  options.planner = running->planner.get();
+  // One plan cache, planner budget and plain-rate table for every request of
+  // this process; they outlive the planner's callbacks (shared ownership).
+  options.planning = PlanningShared::Create();
+  running->metrics = std::make_unique<MetricsRegistry>();
+  options.metrics = running->metrics.get();
+  if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
+    running->metrics_server =
+        MetricsHttpServer::Start(running->metrics.get(), "0.0.0.0", port);
+    if (running->metrics_server == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("--metrics-port: cannot listen on ", port));
+    }
+  }
+  ASSIGN_OR_RETURN(
+      running->server,
+      ExecutorServer::Start(*engine.model, *engine.tokenizer, options, listen));
+  return running;
+}
+
+}  // namespace knapserve
