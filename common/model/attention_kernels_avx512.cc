@@ -73,8 +73,8 @@ constexpr int kPvRows = 6;          // query rows per weighted-sum tile
 // values[j][c*16 .. c*16+15]; each value vector is loaded once for the tile.
 template <int NR, typename E>
 inline void PvTile(const float* const* srow, const E* values,
-                   const KvBlocks& kv, int64_t tile_len, int64_t hd,
-                   int64_t c, __m512* o) {
+                   const KvBlocks& kv, int64_t tile_len, int64_t hd, int64_t c,
+                   __m512* o) {
   for (int r = 0; r < NR; ++r) o[r] = _mm512_setzero_ps();
   // Keys in order, one block of the table at a time.
   for (int64_t b0 = 0; b0 < tile_len; b0 += kv.block_rows) {
