@@ -3,7 +3,8 @@
 // set-up as `knapserve serve`, tools/executor_from_flags.h), and measures
 // what a client sees.
 //
-// Phases, in order, against the same server:
+// Phases, in order, against the same server, for each speculation mode of
+// --modes (default: --spec) in turn:
 //   1. warm-up: one short request, untimed;
 //   2. single: each distinct prompt alone, one after another (the
 //      single-stream baseline, and the reference output of each prompt);
@@ -20,9 +21,11 @@
 // inter-token latency percentiles. ITL is per token: a chunk carrying n
 // tokens (speculation commits several per step) after a gap g counts n gaps
 // of g/n. Every request asks for exactly --max-new-tokens tokens (EOS
-// ignored). When the output is deterministic (greedy, or --seed), each load
-// stream must equal its prompt's single-stream output; a mismatch or a
-// failed stream makes the command exit 1.
+// ignored). When the output is deterministic (greedy, or --seed), every
+// stream of every mode must equal its prompt's single-stream output in the
+// first mode (batching and speculation are lossless); a mismatch or a failed
+// stream makes the command exit 1. Modes run one after another on one
+// server, so their ratios come from one run.
 #include <ATen/Parallel.h>
 #include <grpcpp/grpcpp.h>
 
@@ -302,7 +305,7 @@ nlohmann::json PhaseJson(const PhaseSummary& s) {
 }
 
 void PrintPhase(const char* name, const PhaseSummary& s) {
-  std::printf("%-8s %5d %7lld %8.2f %10.1f %9.1f %9.1f %8.2f %8.2f %7.2f\n",
+  std::printf("%-16s %5d %7lld %8.2f %10.1f %9.1f %9.1f %8.2f %8.2f %7.2f\n",
               name, s.requests, static_cast<long long>(s.tokens), s.duration,
               s.output_tokens_per_second, 1e3 * s.ttft_p50, 1e3 * s.ttft_p99,
               1e3 * s.itl_p50, 1e3 * s.itl_p99, s.mean_acceptance_length);
@@ -348,6 +351,16 @@ absl::Status BenchServe() {
         "--max-new-tokens must be >= 2 and --burst-prompt-tokens >= 0");
   }
   ASSIGN_OR_RETURN(v1::GenerateRequest base, WireRequestFromFlags());
+  std::vector<SpeculationMode> modes;
+  for (const std::string& name : absl::GetFlag(FLAGS_modes)) {
+    ASSIGN_OR_RETURN(SpeculationMode mode, ParseSpeculationMode(name));
+    modes.push_back(mode);
+  }
+  if (modes.empty()) {
+    ASSIGN_OR_RETURN(SpeculationMode mode,
+                     ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
+    modes.push_back(mode);
+  }
   base.set_ignore_eos(true);  // fixed-length streams
   base.set_max_new_tokens(static_cast<int32_t>(max_new_tokens));
 
@@ -357,11 +370,11 @@ absl::Status BenchServe() {
   std::unique_ptr<RunningExecutor> running;
   if (address.empty()) {
     ASSIGN_OR_RETURN(engine, LoadEngineFromFlags());
-    ASSIGN_OR_RETURN(SpeculationMode mode,
-                     ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
     // Drafting modes get the in-process planner: its profile also prices
     // batched steps (drafts dropped where they do not pay).
-    const std::string planner = Drafts(mode) ? "inproc" : "none";
+    bool any_drafts = false;
+    for (const SpeculationMode mode : modes) any_drafts |= Drafts(mode);
+    const std::string planner = any_drafts ? "inproc" : "none";
     ASSIGN_OR_RETURN(
         running,
         StartExecutorFromFlags(engine, planner, "127.0.0.1:0", "bench serve"));
@@ -454,172 +467,200 @@ absl::Status BenchServe() {
     burst = request_for(-1, kBurstNewTokens, ids, "bench-burst");
   }
 
-  // 1. Warm-up, 2. each prompt alone, 3. the load.
-  {
-    PlannedRequest warm =
-        request_for(0, kWarmupNewTokens, prompt_ids[0], "bench-warmup");
-    const StreamRecord r = RunStream(*stub, warm, Clock::now(), nullptr);
-    if (!r.status.ok()) {
-      return absl::Status(static_cast<absl::StatusCode>(r.status.error_code()),
-                          absl::StrCat("bench serve: warm-up request: ",
-                                       r.status.error_message()));
-    }
-  }
-  const PhaseResult single_phase =
-      RunPhase(*stub, singles, LoadShape{false, 1, 0}, std::nullopt);
-  BatchEngineStats before;
-  if (running != nullptr) before = running->server->service().engine().stats();
   LoadShape shape;
   shape.poisson = arrival == "poisson";
   shape.concurrency = concurrency;
   shape.request_rate = absl::GetFlag(FLAGS_request_rate);
-  const PhaseResult load_phase = RunPhase(*stub, load, shape, burst);
-  BatchEngineStats after;
-  if (running != nullptr) after = running->server->service().engine().stats();
-
-  const PhaseSummary single = Summarize(single_phase);
-  const PhaseSummary loaded = Summarize(load_phase);
-  // The outputs: each load stream against its prompt's single stream.
   const bool deterministic = !(base.temperature() > 0) || base.has_seed();
   const bool check = deterministic && absl::GetFlag(FLAGS_check_outputs);
-  int mismatches = 0;
-  std::vector<std::string> errors;
-  for (const auto* phase : {&single_phase, &load_phase}) {
-    for (const StreamRecord& r : phase->streams) {
-      if (!r.status.ok()) {
-        errors.push_back(absl::StrCat(
-            "prompt ", r.prompt, ": ",
-            absl::StatusCodeToString(
-                static_cast<absl::StatusCode>(r.status.error_code())),
-            " ", r.status.error_message()));
-      }
-    }
-  }
-  if (load_phase.burst.has_value() && !load_phase.burst->status.ok()) {
-    errors.push_back(
-        absl::StrCat("burst: ", load_phase.burst->status.error_message()));
-  }
-  if (check) {
-    for (const StreamRecord& r : load_phase.streams) {
-      if (r.status.ok() && r.ids != single_phase.streams[r.prompt].ids)
-        ++mismatches;
-    }
-  }
-  const double throughput_ratio =
-      single.output_tokens_per_second > 0
-          ? loaded.output_tokens_per_second / single.output_tokens_per_second
-          : 0.0;
-  const double itl_ratio =
-      single.itl_p50 > 0 ? loaded.itl_p50 / single.itl_p50 : 0.0;
-
   nlohmann::json out = {
       {"server", address},
       {"in_process", running != nullptr},
       {"model", info.model_name()},
       {"dtype", info.dtype()},
-      {"spec", absl::GetFlag(FLAGS_spec)},
       {"arrival", arrival},
       {"concurrency", concurrency},
       {"request_rate", shape.poisson ? shape.request_rate : 0.0},
       {"max_new_tokens", max_new_tokens},
       {"prompts", path},
-      {"single", PhaseJson(single)},
-      {"load", PhaseJson(loaded)},
-      {"output_throughput_ratio", throughput_ratio},
-      {"itl_p50_ratio", itl_ratio},
-      {"itl_p99_over_p50",
-       loaded.itl_p50 > 0 ? loaded.itl_p99 / loaded.itl_p50 : 0.0},
       {"checked", check},
-      {"mismatches", mismatches},
-      {"errors", errors},
-  };
-  if (running != nullptr) {
-    out["threads"] = at::get_num_threads();
-    const int64_t steps = after.steps - before.steps;
-    out["engine"] = {
-        {"steps", steps},
-        {"mean_batch_size",
-         steps > 0
-             ? static_cast<double>(after.decode_rows - before.decode_rows) /
-                   steps
-             : 0.0},
-        {"rows", after.rows - before.rows},
-        {"prefill_chunks", after.prefill_chunks - before.prefill_chunks},
-        {"plain_steps", after.plain_steps - before.plain_steps}};
-  }
-  if (load_phase.burst.has_value()) {
-    const StreamRecord& b = *load_phase.burst;
-    // The streams' per-token gaps that ended while the burst prefilled.
-    double window_max = 0;
-    for (const StreamRecord& r : load_phase.streams) {
-      for (size_t k = 1; k < r.chunk_times.size(); ++k) {
-        if (r.chunk_times[k] > b.send &&
-            r.chunk_times[k - 1] < b.send + b.ttft()) {
-          window_max =
-              std::max(window_max, (r.chunk_times[k] - r.chunk_times[k - 1]) /
-                                       std::max(1, r.chunk_tokens[k]));
-        }
-      }
-    }
-    out["burst"] = {{"prompt_tokens", burst_tokens},
-                    {"ttft_seconds", b.ttft()},
-                    {"sent_at_seconds", b.send},
-                    {"ok", b.status.ok()},
-                    {"max_itl_during_prefill_seconds", window_max}};
-  }
-
-  if (absl::GetFlag(FLAGS_json)) {
-    std::cout << out.dump(2) << std::endl;
-  } else {
+      {"modes", nlohmann::json::array()}};
+  if (running != nullptr) out["threads"] = at::get_num_threads();
+  if (!absl::GetFlag(FLAGS_json)) {
     std::printf(
-        "bench serve: %s (%s) at %s%s, spec %s, %s, %d requests x %lld new "
-        "tokens\n",
+        "bench serve: %s (%s) at %s%s, %s, %d requests x %lld new tokens\n",
         info.model_name().c_str(), info.dtype().c_str(), address.c_str(),
         running != nullptr
             ? absl::StrCat(" (in-process, ", at::get_num_threads(),
                            " threads, planner ", running->planner_where, ")")
                   .c_str()
             : "",
-        absl::GetFlag(FLAGS_spec).c_str(),
         shape.poisson
             ? absl::StrCat("Poisson ", shape.request_rate, "/s").c_str()
             : absl::StrCat(concurrency, " streams closed loop").c_str(),
         num_requests, static_cast<long long>(max_new_tokens));
-    std::printf("%-8s %5s %7s %8s %10s %9s %9s %8s %8s %7s\n", "phase", "reqs",
-                "tokens", "wall s", "out tok/s", "TTFT p50", "TTFT p99",
+    std::printf("%-16s %5s %7s %8s %10s %9s %9s %8s %8s %7s\n", "mode, phase",
+                "reqs", "tokens", "wall s", "out tok/s", "TTFT p50", "TTFT p99",
                 "ITL p50", "ITL p99", "tok/step");
-    std::printf("%-8s %5s %7s %8s %10s %9s %9s %8s %8s %7s\n", "", "", "", "",
+    std::printf("%-16s %5s %7s %8s %10s %9s %9s %8s %8s %7s\n", "", "", "", "",
                 "", "ms", "ms", "ms", "ms", "");
-    PrintPhase("single", single);
-    PrintPhase("load", loaded);
-    std::printf(
-        "load / single: output tok/s %.2fx, ITL p50 %.2fx; load ITL "
-        "p99 / p50 %.2fx\n",
-        throughput_ratio, itl_ratio, out["itl_p99_over_p50"].get<double>());
-    if (out.contains("engine")) {
-      const auto& e = out["engine"];
-      std::printf(
-          "engine (load phase): %lld steps, mean batch %.2f, %lld prefill "
-          "chunks, %lld steps without drafts\n",
-          e["steps"].get<long long>(), e["mean_batch_size"].get<double>(),
-          e["prefill_chunks"].get<long long>(),
-          e["plain_steps"].get<long long>());
+  }
+
+  // Per mode: 1. warm-up, 2. each prompt alone, 3. the load. The first
+  // mode's single streams are the reference output of every stream.
+  std::vector<std::vector<int32_t>> reference;
+  std::vector<std::string> errors;
+  int mismatches = 0;
+  double first_load_rate = 0;
+  for (const SpeculationMode mode : modes) {
+    const std::string name = SpeculationModeName(mode);
+    auto set_mode = [&](PlannedRequest& r) {
+      v1::SpeculationOptions* spec = r.request.mutable_speculation();
+      spec->set_mode(ToWireMode(mode));
+      if (!DraftsWithFixedMask(mode)) spec->clear_static_mask();
+    };
+    PlannedRequest warm =
+        request_for(0, kWarmupNewTokens, prompt_ids[0], "bench-warmup");
+    set_mode(warm);
+    for (PlannedRequest& r : singles) set_mode(r);
+    for (PlannedRequest& r : load) set_mode(r);
+    if (burst.has_value()) set_mode(*burst);
+    {
+      const StreamRecord r = RunStream(*stub, warm, Clock::now(), nullptr);
+      if (!r.status.ok()) {
+        return absl::Status(
+            static_cast<absl::StatusCode>(r.status.error_code()),
+            absl::StrCat("bench serve: ", name,
+                         " warm-up request: ", r.status.error_message()));
+      }
     }
-    if (out.contains("burst")) {
-      const auto& b = out["burst"];
-      std::printf(
-          "burst: a %lld-token prompt at %.2f s, TTFT %.1f ms; the streams' "
-          "largest per-token gap while it prefilled %.1f ms\n",
-          static_cast<long long>(burst_tokens),
-          b["sent_at_seconds"].get<double>(),
-          1e3 * b["ttft_seconds"].get<double>(),
-          1e3 * b["max_itl_during_prefill_seconds"].get<double>());
+    const PhaseResult single_phase =
+        RunPhase(*stub, singles, LoadShape{false, 1, 0}, std::nullopt);
+    BatchEngineStats before;
+    if (running != nullptr)
+      before = running->server->service().engine().stats();
+    const PhaseResult load_phase = RunPhase(*stub, load, shape, burst);
+    BatchEngineStats after;
+    if (running != nullptr) after = running->server->service().engine().stats();
+
+    const PhaseSummary single = Summarize(single_phase);
+    const PhaseSummary loaded = Summarize(load_phase);
+    if (reference.empty()) {
+      for (const StreamRecord& r : single_phase.streams)
+        reference.push_back(r.ids);
     }
+    int mode_mismatches = 0;
+    for (const auto* phase : {&single_phase, &load_phase}) {
+      for (const StreamRecord& r : phase->streams) {
+        if (!r.status.ok()) {
+          errors.push_back(absl::StrCat(
+              name, ", prompt ", r.prompt, ": ",
+              absl::StatusCodeToString(
+                  static_cast<absl::StatusCode>(r.status.error_code())),
+              " ", r.status.error_message()));
+        } else if (check && r.ids != reference[r.prompt]) {
+          ++mode_mismatches;
+        }
+      }
+    }
+    if (load_phase.burst.has_value() && !load_phase.burst->status.ok()) {
+      errors.push_back(absl::StrCat(
+          name, ", burst: ", load_phase.burst->status.error_message()));
+    }
+    mismatches += mode_mismatches;
+    if (first_load_rate == 0) first_load_rate = loaded.output_tokens_per_second;
+    nlohmann::json row = {
+        {"spec", name},
+        {"single", PhaseJson(single)},
+        {"load", PhaseJson(loaded)},
+        {"output_throughput_ratio",
+         single.output_tokens_per_second > 0
+             ? loaded.output_tokens_per_second / single.output_tokens_per_second
+             : 0.0},
+        {"itl_p50_ratio",
+         single.itl_p50 > 0 ? loaded.itl_p50 / single.itl_p50 : 0.0},
+        {"itl_p99_over_p50",
+         loaded.itl_p50 > 0 ? loaded.itl_p99 / loaded.itl_p50 : 0.0},
+        {"load_vs_first_mode",
+         first_load_rate > 0 ? loaded.output_tokens_per_second / first_load_rate
+                             : 0.0},
+        {"mismatches", mode_mismatches}};
+    if (running != nullptr) {
+      const int64_t steps = after.steps - before.steps;
+      row["engine"] = {
+          {"steps", steps},
+          {"mean_batch_size",
+           steps > 0
+               ? static_cast<double>(after.decode_rows - before.decode_rows) /
+                     steps
+               : 0.0},
+          {"rows", after.rows - before.rows},
+          {"prefill_chunks", after.prefill_chunks - before.prefill_chunks},
+          {"plain_steps", after.plain_steps - before.plain_steps}};
+    }
+    if (load_phase.burst.has_value()) {
+      const StreamRecord& b = *load_phase.burst;
+      // The streams' per-token gaps that overlap the burst's prefill.
+      double window_max = 0;
+      for (const StreamRecord& r : load_phase.streams) {
+        for (size_t k = 1; k < r.chunk_times.size(); ++k) {
+          if (r.chunk_times[k] > b.send &&
+              r.chunk_times[k - 1] < b.send + b.ttft()) {
+            window_max =
+                std::max(window_max, (r.chunk_times[k] - r.chunk_times[k - 1]) /
+                                         std::max(1, r.chunk_tokens[k]));
+          }
+        }
+      }
+      row["burst"] = {{"prompt_tokens", burst_tokens},
+                      {"ttft_seconds", b.ttft()},
+                      {"sent_at_seconds", b.send},
+                      {"ok", b.status.ok()},
+                      {"max_itl_during_prefill_seconds", window_max}};
+    }
+    if (!absl::GetFlag(FLAGS_json)) {
+      PrintPhase(absl::StrCat(name, ", single").c_str(), single);
+      PrintPhase(absl::StrCat(name, ", load").c_str(), loaded);
+      std::printf(
+          "  load / single: output tok/s %.2fx, ITL p50 %.2fx; load ITL p99 / "
+          "p50 %.2fx; load tok/s vs %s %.3fx\n",
+          row["output_throughput_ratio"].get<double>(),
+          row["itl_p50_ratio"].get<double>(),
+          row["itl_p99_over_p50"].get<double>(),
+          SpeculationModeName(modes.front()).c_str(),
+          row["load_vs_first_mode"].get<double>());
+      if (row.contains("engine")) {
+        const auto& e = row["engine"];
+        std::printf(
+            "  engine (load): %lld steps, mean batch %.2f, %lld prefill "
+            "chunks, %lld steps with drafts dropped\n",
+            e["steps"].get<long long>(), e["mean_batch_size"].get<double>(),
+            e["prefill_chunks"].get<long long>(),
+            e["plain_steps"].get<long long>());
+      }
+      if (row.contains("burst")) {
+        const auto& b = row["burst"];
+        std::printf(
+            "  burst: a %lld-token prompt at %.2f s, TTFT %.1f ms; the "
+            "streams' largest per-token gap while it prefilled %.1f ms\n",
+            static_cast<long long>(burst_tokens),
+            b["sent_at_seconds"].get<double>(),
+            1e3 * b["ttft_seconds"].get<double>(),
+            1e3 * b["max_itl_during_prefill_seconds"].get<double>());
+      }
+    }
+    out["modes"].push_back(std::move(row));
+  }
+  out["mismatches"] = mismatches;
+  out["errors"] = errors;
+
+  if (absl::GetFlag(FLAGS_json)) {
+    std::cout << out.dump(2) << std::endl;
+  } else {
     if (check) {
       std::printf(
-          "outputs: %d of %d load streams equal their single-stream "
-          "output\n",
-          loaded.requests - loaded.failed - mismatches, loaded.requests);
+          "outputs: %d stream(s) differ from the %s single-stream output\n",
+          mismatches, SpeculationModeName(modes.front()).c_str());
     } else {
       std::printf(
           "outputs: not compared (%s)\n",
@@ -633,9 +674,9 @@ absl::Status BenchServe() {
                      " stream(s) failed; first: ", errors.front()));
   }
   if (mismatches > 0) {
-    return absl::InternalError(
-        absl::StrCat("bench serve: ", mismatches,
-                     " load stream(s) differ from their single-stream output"));
+    return absl::InternalError(absl::StrCat(
+        "bench serve: ", mismatches, " stream(s) differ from the ",
+        SpeculationModeName(modes.front()), " single-stream output"));
   }
   return absl::OkStatus();
 }

@@ -962,37 +962,45 @@ TEST(KnapserveCliTest, BenchServeStreamsConcurrentlyAndChecksOutputs) {
                        "3", "--num-requests", "5", "--max-new-tokens", "12",
                        "--burst-prompt-tokens", "300", "--json"}));
   EXPECT_EQ(closed["in_process"], true);
-  EXPECT_EQ(closed["single"]["requests"], 3);
-  EXPECT_EQ(closed["single"]["completion_tokens"], 36);
-  EXPECT_EQ(closed["load"]["requests"], 5);
-  EXPECT_EQ(closed["load"]["failed"], 0);
-  EXPECT_EQ(closed["load"]["completion_tokens"], 60);
+  EXPECT_EQ(closed["modes"][0]["single"]["requests"], 3);
+  EXPECT_EQ(closed["modes"][0]["single"]["completion_tokens"], 36);
+  EXPECT_EQ(closed["modes"][0]["load"]["requests"], 5);
+  EXPECT_EQ(closed["modes"][0]["load"]["failed"], 0);
+  EXPECT_EQ(closed["modes"][0]["load"]["completion_tokens"], 60);
   EXPECT_EQ(closed["checked"], true);
   EXPECT_EQ(closed["mismatches"], 0);
   EXPECT_TRUE(closed["errors"].empty());
-  EXPECT_GT(closed["load"]["output_tokens_per_s"].get<double>(), 0);
-  EXPECT_GT(closed["load"]["itl_p50_seconds"].get<double>(), 0);
-  EXPECT_GE(closed["load"]["itl_p99_seconds"].get<double>(),
-            closed["load"]["itl_p50_seconds"].get<double>());
-  EXPECT_EQ(closed["burst"]["ok"], true);
-  EXPECT_EQ(closed["burst"]["prompt_tokens"], 300);
-  EXPECT_GT(closed["burst"]["ttft_seconds"].get<double>(), 0);
+  EXPECT_GT(closed["modes"][0]["load"]["output_tokens_per_s"].get<double>(), 0);
+  EXPECT_GT(closed["modes"][0]["load"]["itl_p50_seconds"].get<double>(), 0);
+  EXPECT_GE(closed["modes"][0]["load"]["itl_p99_seconds"].get<double>(),
+            closed["modes"][0]["load"]["itl_p50_seconds"].get<double>());
+  EXPECT_EQ(closed["modes"][0]["burst"]["ok"], true);
+  EXPECT_EQ(closed["modes"][0]["burst"]["prompt_tokens"], 300);
+  EXPECT_GT(closed["modes"][0]["burst"]["ttft_seconds"].get<double>(), 0);
   // The 300-token prompt went in as chunks of the batched passes.
-  EXPECT_GE(closed["engine"]["prefill_chunks"].get<int64_t>(), 2);
+  EXPECT_GE(closed["modes"][0]["engine"]["prefill_chunks"].get<int64_t>(), 2);
 
   const nlohmann::json poisson = RunJson(Stories(
-      {"bench",          "serve",   "--prompts",        prompts,
-       "--arrival",      "poisson", "--request-rate",   "40",
-       "--num-requests", "4",       "--max-new-tokens", "16",
-       "--spec",         "static",  "--skip",           "a1,m2",
-       "--max-draft",    "3",       "--profile",        StoriesProfile(),
+      {"bench",          "serve",      "--prompts",        prompts,
+       "--arrival",      "poisson",    "--request-rate",   "40",
+       "--num-requests", "4",          "--max-new-tokens", "16",
+       "--modes",        "off,static", "--skip",           "a1,m2",
+       "--max-draft",    "3",          "--profile",        StoriesProfile(),
        "--json"}));
   EXPECT_EQ(poisson["arrival"], "poisson");
-  EXPECT_EQ(poisson["load"]["requests"], 4);
-  EXPECT_EQ(poisson["load"]["completion_tokens"], 64);
+  ASSERT_EQ(poisson["modes"].size(), 2u);
+  EXPECT_EQ(poisson["modes"][1]["spec"], "static");
+  for (const nlohmann::json& mode : poisson["modes"]) {
+    EXPECT_EQ(mode["load"]["requests"], 4);
+    EXPECT_EQ(mode["load"]["completion_tokens"], 64);
+    EXPECT_EQ(mode["mismatches"], 0);
+  }
+  // Static speculation equals off (the command checks every stream against
+  // off's single streams) and commits more than one token in some steps.
   EXPECT_EQ(poisson["mismatches"], 0);
-  // Speculation commits more than one token in some steps.
-  EXPECT_GT(poisson["single"]["tokens_per_step"].get<double>(), 1.0);
+  EXPECT_EQ(poisson["modes"][0]["single"]["tokens_per_step"], 1.0);
+  EXPECT_GT(poisson["modes"][1]["single"]["tokens_per_step"].get<double>(),
+            1.0);
 
   const Outcome bad = RunKnapserve(
       Stories({"bench", "serve", "--prompts", prompts, "--arrival", "burst"}));
@@ -1013,10 +1021,10 @@ TEST(KnapserveCliTest, BenchServeDrivesARunningServer) {
       {"bench", "serve", "--server", serve.address(), "--prompts", prompts,
        "--concurrency", "4", "--max-new-tokens", "10", "--json"});
   EXPECT_EQ(remote["in_process"], false);
-  EXPECT_EQ(remote["load"]["requests"], 4);
-  EXPECT_EQ(remote["load"]["completion_tokens"], 40);
+  EXPECT_EQ(remote["modes"][0]["load"]["requests"], 4);
+  EXPECT_EQ(remote["modes"][0]["load"]["completion_tokens"], 40);
   EXPECT_EQ(remote["mismatches"], 0);
-  EXPECT_FALSE(remote.contains("engine"));
+  EXPECT_FALSE(remote["modes"][0].contains("engine"));
   EXPECT_EQ(serve.Stop(), 0) << serve.log();
   // Nothing listens there any more: a clear error, not a hang.
   const Outcome gone = RunKnapserve(

@@ -98,9 +98,9 @@ class QueuedWriterTest : public ::testing::Test {
     ASSERT_NE(port_, 0);
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    stub_ = v1::Generation::NewStub(grpc::CreateCustomChannel(
-        absl::StrCat("127.0.0.1:", port_), grpc::InsecureChannelCredentials(),
-        args));
+    stub_ = v1::Generation::NewStub(
+        grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port_),
+                                  grpc::InsecureChannelCredentials(), args));
   }
 
   void TearDown() override {
