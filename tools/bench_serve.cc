@@ -17,15 +17,16 @@
 //      decode.
 //
 // Per phase: output tokens per second (completion tokens over the phase's
-// wall time, from the first send to the last end), time to first token and
-// inter-token latency percentiles. ITL is per token: a chunk carrying n
-// tokens (speculation commits several per step) after a gap g counts n gaps
-// of g/n. Every request asks for exactly --max-new-tokens tokens (EOS
-// ignored). When the output is deterministic (greedy, or --seed), every
-// stream of every mode must equal its prompt's single-stream output in the
-// first mode (batching and speculation are lossless); a mismatch or a failed
-// stream makes the command exit 1. Modes run one after another on one
-// server, so their ratios come from one run.
+// wall time, from the first send to the last end), decode tokens per second
+// (tokens after each stream's first over the time some stream was
+// decoding), time to first token and inter-token latency percentiles. ITL is
+// per token: a chunk carrying n tokens (speculation commits several per step)
+// after a gap g counts n gaps of g/n. Every request asks for exactly
+// --max-new-tokens tokens (EOS ignored). When the output is deterministic
+// (greedy, or --seed), every stream of every mode must equal its prompt's
+// single-stream output in the first mode (batching and speculation are
+// lossless); a mismatch or a failed stream makes the command exit 1. Modes run
+// one after another on one server, so their ratios come from one run.
 #include <ATen/Parallel.h>
 #include <grpcpp/grpcpp.h>
 
@@ -259,7 +260,11 @@ struct PhaseSummary {
   double ttft_p50 = 0, ttft_p99 = 0;
   double itl_p50 = 0, itl_p99 = 0, itl_max = 0;
   double mean_acceptance_length = 0;  // committed tokens per decode step
-  std::vector<double> itl;            // every per-token gap
+  // Tokens after each stream's first, over the time at least one stream was
+  // decoding (the union of the streams' first-to-last-chunk intervals): the
+  // aggregate decode rate, prefill and queueing left out.
+  double decode_tokens_per_second = 0;
+  std::vector<double> itl;  // every per-token gap
 };
 
 PhaseSummary Summarize(const PhaseResult& phase) {
@@ -276,6 +281,27 @@ PhaseSummary Summarize(const PhaseResult& phase) {
         std::max<int64_t>(0, static_cast<int64_t>(r.chunk_times.size()) - 1);
     step_tokens += std::max<int64_t>(0, static_cast<int64_t>(r.ids.size()) - 1);
   }
+  std::vector<std::pair<double, double>> spans;
+  int64_t decode_tokens = 0;
+  for (const StreamRecord& r : phase.streams) {
+    if (r.chunk_times.size() < 2) continue;
+    spans.emplace_back(r.chunk_times.front(), r.chunk_times.back());
+    decode_tokens += static_cast<int64_t>(r.ids.size()) - r.chunk_tokens[0];
+  }
+  std::sort(spans.begin(), spans.end());
+  double covered = 0, open_begin = 0, open_end = -1;
+  for (const auto& [b, e] : spans) {
+    if (b > open_end) {
+      if (open_end > open_begin) covered += open_end - open_begin;
+      open_begin = b;
+      open_end = e;
+    } else {
+      open_end = std::max(open_end, e);
+    }
+  }
+  if (open_end > open_begin) covered += open_end - open_begin;
+  s.decode_tokens_per_second =
+      covered > 0 ? static_cast<double>(decode_tokens) / covered : 0.0;
   s.duration = phase.duration;
   s.output_tokens_per_second =
       s.duration > 0 ? static_cast<double>(s.tokens) / s.duration : 0.0;
@@ -296,6 +322,7 @@ nlohmann::json PhaseJson(const PhaseSummary& s) {
           {"completion_tokens", s.tokens},
           {"duration_seconds", s.duration},
           {"output_tokens_per_s", s.output_tokens_per_second},
+          {"decode_tokens_per_s", s.decode_tokens_per_second},
           {"ttft_p50_seconds", s.ttft_p50},
           {"ttft_p99_seconds", s.ttft_p99},
           {"itl_p50_seconds", s.itl_p50},
@@ -305,10 +332,12 @@ nlohmann::json PhaseJson(const PhaseSummary& s) {
 }
 
 void PrintPhase(const char* name, const PhaseSummary& s) {
-  std::printf("%-16s %5d %7lld %8.2f %10.1f %9.1f %9.1f %8.2f %8.2f %7.2f\n",
-              name, s.requests, static_cast<long long>(s.tokens), s.duration,
-              s.output_tokens_per_second, 1e3 * s.ttft_p50, 1e3 * s.ttft_p99,
-              1e3 * s.itl_p50, 1e3 * s.itl_p99, s.mean_acceptance_length);
+  std::printf(
+      "%-16s %5d %7lld %8.2f %10.1f %10.1f %9.1f %9.1f %8.2f %8.2f %7.2f\n",
+      name, s.requests, static_cast<long long>(s.tokens), s.duration,
+      s.output_tokens_per_second, s.decode_tokens_per_second, 1e3 * s.ttft_p50,
+      1e3 * s.ttft_p99, 1e3 * s.itl_p50, 1e3 * s.itl_p99,
+      s.mean_acceptance_length);
 }
 
 // The tokenizer a remote server's prompts are encoded with: --tokenizer,
@@ -568,7 +597,7 @@ absl::Status BenchServe() {
           name, ", burst: ", load_phase.burst->status.error_message()));
     }
     mismatches += mode_mismatches;
-    if (first_load_rate == 0) first_load_rate = loaded.output_tokens_per_second;
+    if (first_load_rate == 0) first_load_rate = loaded.decode_tokens_per_second;
     nlohmann::json row = {
         {"spec", name},
         {"single", PhaseJson(single)},
@@ -577,12 +606,16 @@ absl::Status BenchServe() {
          single.output_tokens_per_second > 0
              ? loaded.output_tokens_per_second / single.output_tokens_per_second
              : 0.0},
+        {"decode_throughput_ratio",
+         single.decode_tokens_per_second > 0
+             ? loaded.decode_tokens_per_second / single.decode_tokens_per_second
+             : 0.0},
         {"itl_p50_ratio",
          single.itl_p50 > 0 ? loaded.itl_p50 / single.itl_p50 : 0.0},
         {"itl_p99_over_p50",
          loaded.itl_p50 > 0 ? loaded.itl_p99 / loaded.itl_p50 : 0.0},
-        {"load_vs_first_mode",
-         first_load_rate > 0 ? loaded.output_tokens_per_second / first_load_rate
+        {"load_decode_vs_first_mode",
+         first_load_rate > 0 ? loaded.decode_tokens_per_second / first_load_rate
                              : 0.0},
         {"mismatches", mode_mismatches}};
     if (running != nullptr) {
@@ -622,13 +655,14 @@ absl::Status BenchServe() {
       PrintPhase(absl::StrCat(name, ", single").c_str(), single);
       PrintPhase(absl::StrCat(name, ", load").c_str(), loaded);
       std::printf(
-          "  load / single: output tok/s %.2fx, ITL p50 %.2fx; load ITL p99 / "
-          "p50 %.2fx; load tok/s vs %s %.3fx\n",
+          "  load / single: output tok/s %.2fx, decode tok/s %.2fx, ITL p50 "
+          "%.2fx; load ITL p99 / p50 %.2fx; load decode tok/s vs %s %.3fx\n",
           row["output_throughput_ratio"].get<double>(),
+          row["decode_throughput_ratio"].get<double>(),
           row["itl_p50_ratio"].get<double>(),
           row["itl_p99_over_p50"].get<double>(),
           SpeculationModeName(modes.front()).c_str(),
-          row["load_vs_first_mode"].get<double>());
+          row["load_decode_vs_first_mode"].get<double>());
       if (row.contains("engine")) {
         const auto& e = row["engine"];
         std::printf(
@@ -653,10 +687,43 @@ absl::Status BenchServe() {
   }
   out["mismatches"] = mismatches;
   out["errors"] = errors;
+  // A mode listed more than once (off,static,static,off: drift on a shared
+  // machine hits both alike) is summarized by its mean over its runs.
+  std::map<std::string, std::pair<double, int>> by_mode;  // sum, runs
+  std::vector<std::string> order;
+  for (const nlohmann::json& row : out["modes"]) {
+    const std::string name = row["spec"];
+    if (!by_mode.count(name)) order.push_back(name);
+    by_mode[name].first += row["load"]["decode_tokens_per_s"].get<double>();
+    by_mode[name].second += 1;
+  }
+  const double first_mean =
+      by_mode[order.front()].first / by_mode[order.front()].second;
+  nlohmann::json summary = nlohmann::json::array();
+  for (const std::string& name : order) {
+    const double mean = by_mode[name].first / by_mode[name].second;
+    summary.push_back(
+        {{"spec", name},
+         {"runs", by_mode[name].second},
+         {"load_decode_tokens_per_s", mean},
+         {"vs_first_mode", first_mean > 0 ? mean / first_mean : 0.0}});
+  }
+  out["mode_summary"] = summary;
 
   if (absl::GetFlag(FLAGS_json)) {
     std::cout << out.dump(2) << std::endl;
   } else {
+    if (by_mode.size() > 1) {
+      std::printf("load decode tok/s by mode (mean over its runs):");
+      for (const nlohmann::json& m : summary) {
+        std::printf(" %s %.1f (%.3fx, %d run%s)",
+                    m["spec"].get<std::string>().c_str(),
+                    m["load_decode_tokens_per_s"].get<double>(),
+                    m["vs_first_mode"].get<double>(), m["runs"].get<int>(),
+                    m["runs"].get<int>() == 1 ? "" : "s");
+      }
+      std::printf("\n");
+    }
     if (check) {
       std::printf(
           "outputs: %d stream(s) differ from the %s single-stream output\n",

@@ -15,12 +15,36 @@
 #include "common/checkpoint/safetensors.h"
 #include "common/model/decode_attention.h"
 #include "common/model/linear.h"
+#include "common/model/parallel_for.h"
 #include "common/model/row_ops.h"
 
 namespace knapserve {
 namespace {
 
 using torch::indexing::Slice;
+
+// Runs fn(r0, r1) over the rows [0, rows) of a few-row sublayer, split
+// across the kernel pool once there are enough rows to pay for a fork/join.
+// The row operations compute each row on its own, so any split gives the
+// same bits.
+template <typename F>
+void ForRows(int64_t rows, const F& fn) {
+  constexpr int64_t kRowsPerPart = 4;
+  ParallelFor(0, rows, kRowsPerPart, fn);
+}
+
+// out = h + E(y), row by row: the residual add of a sublayer's float32
+// projection output y ([t, d]) to the hidden states h ([t, d], dtype E).
+template <typename E>
+void AddResidualRows(const torch::Tensor& h, const torch::Tensor& y,
+                     torch::Tensor& out) {
+  const int64_t d = h.size(1);
+  ForRows(h.size(0), [&](int64_t r0, int64_t r1) {
+    row_ops::AddResidual<E>(h.data_ptr<E>() + r0 * d,
+                            y.data_ptr<float>() + r0 * d, (r1 - r0) * d,
+                            out.data_ptr<E>() + r0 * d);
+  });
+}
 
 // Loads `name` with `shape` from the checkpoint into the target dtype/device.
 absl::StatusOr<torch::Tensor> LoadWeight(const Checkpoint& checkpoint,
@@ -351,15 +375,21 @@ torch::Tensor LlamaModel::AttentionRows(
   const float eps = static_cast<float>(config_.rms_norm_eps);
 
   torch::Tensor x = torch::empty_like(h);
-  row_ops::RmsNorm<E>(h.data_ptr<E>(), layer.input_norm.data_ptr<E>(), t, d,
-                      eps, x.data_ptr<E>());
+  ForRows(t, [&](int64_t r0, int64_t r1) {
+    row_ops::RmsNorm<E>(h.data_ptr<E>() + r0 * d,
+                        layer.input_norm.data_ptr<E>(), r1 - r0, d, eps,
+                        x.data_ptr<E>() + r0 * d);
+  });
   torch::Tensor qkv32 =
       LinearFloatOut(x, layer.qkv_proj);  // [t, width] float32
   if (layer.qkv_bias.defined()) qkv32.add_(layer.qkv_bias.to(torch::kFloat32));
   // The projection's output in the activation dtype, as the LibTorch path has
   // it.
   std::vector<E> qkv(t * width);
-  row_ops::Round<E>(qkv32.data_ptr<float>(), t * width, qkv.data());
+  ForRows(t, [&](int64_t r0, int64_t r1) {
+    row_ops::Round<E>(qkv32.data_ptr<float>() + r0 * width, (r1 - r0) * width,
+                      qkv.data() + r0 * width);
+  });
   if (layer.q_norm.defined()) {
     for (int64_t r = 0; r < t; ++r) {
       E* q = qkv.data() + r * width;
@@ -402,11 +432,13 @@ torch::Tensor LlamaModel::AttentionRows(
       jobs.data(), static_cast<int64_t>(jobs.size()), nh,
       static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd))));
   torch::Tensor attn_e = torch::empty({t, nh * hd}, h.options());
-  row_ops::Round<E>(attn.data(), t * nh * hd, attn_e.data_ptr<E>());
+  ForRows(t, [&](int64_t r0, int64_t r1) {
+    row_ops::Round<E>(attn.data() + r0 * nh * hd, (r1 - r0) * nh * hd,
+                      attn_e.data_ptr<E>() + r0 * nh * hd);
+  });
   torch::Tensor y = LinearFloatOut(attn_e, layer.o_proj);
   torch::Tensor out = torch::empty_like(h);
-  row_ops::AddResidual<E>(h.data_ptr<E>(), y.data_ptr<float>(), t * d,
-                          out.data_ptr<E>());
+  AddResidualRows<E>(h, y, out);
   return out;
 }
 
@@ -418,17 +450,21 @@ torch::Tensor LlamaModel::MlpFewRows(const Layer& layer,
   const int64_t d = config_.hidden_size;
   const int64_t inter = config_.intermediate_size;
   torch::Tensor x = torch::empty_like(h);
-  row_ops::RmsNorm<E>(h.data_ptr<E>(), layer.post_norm.data_ptr<E>(), t, d,
-                      static_cast<float>(config_.rms_norm_eps),
-                      x.data_ptr<E>());
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  ForRows(t, [&](int64_t r0, int64_t r1) {
+    row_ops::RmsNorm<E>(h.data_ptr<E>() + r0 * d, layer.post_norm.data_ptr<E>(),
+                        r1 - r0, d, eps, x.data_ptr<E>() + r0 * d);
+  });
   torch::Tensor gu =
       LinearFloatOut(x, layer.gate_up_proj);  // [t, 2 * inter] float32
   torch::Tensor act = torch::empty({t, inter}, h.options());
-  row_ops::SiluMul<E>(gu.data_ptr<float>(), t, inter, act.data_ptr<E>());
+  ForRows(t, [&](int64_t r0, int64_t r1) {
+    row_ops::SiluMul<E>(gu.data_ptr<float>() + r0 * 2 * inter, r1 - r0, inter,
+                        act.data_ptr<E>() + r0 * inter);
+  });
   torch::Tensor y = LinearFloatOut(act, layer.down_proj);
   torch::Tensor out = torch::empty_like(h);
-  row_ops::AddResidual<E>(h.data_ptr<E>(), y.data_ptr<float>(), t * d,
-                          out.data_ptr<E>());
+  AddResidualRows<E>(h, y, out);
   return out;
 }
 
