@@ -82,6 +82,14 @@ void BatchEngine::Loop() {
   at::set_num_threads(threads_);
   std::deque<Entry*> waiting;  // FIFO, not yet admitted
   std::vector<Entry*> running;
+  // Pacing (moving averages, seconds): a step that only decodes, and one
+  // prompt row beside decoding; 0 = not measured yet.
+  double decode_step_seconds = 0;
+  double prefill_row_seconds = 0;
+  auto average = [](double& mean, double sample) {
+    constexpr double kWeight = 0.2;
+    mean = mean == 0 ? sample : (1 - kWeight) * mean + kWeight * sample;
+  };
   // Ends `entry`: its blocks go back to the pool and the gauges count it
   // out before its caller wakes.
   auto end = [&](Entry* entry, bool was_running) {
@@ -160,12 +168,23 @@ void BatchEngine::Loop() {
       context_sum += entry->seq->context_length();
     }
     const int decoding = static_cast<int>(members.size());
+    const bool any_prefill = static_cast<int>(batch.size()) > decoding;
     BatchStepStats step;
     bool plain_by_policy = false;
+    bool budgeted = false;
     if (!batch.empty()) {
       BatchStepOptions options;
       options.max_batch_tokens = options_.max_batch_tokens;
       options.min_prefill_rows = options_.min_prefill_rows;
+      if (any_prefill && decoding > 0 && options_.prefill_step_budget > 0 &&
+          decode_step_seconds > 0 && prefill_row_seconds > 0) {
+        const double rows = (options_.prefill_step_budget - 1) *
+                            decode_step_seconds / prefill_row_seconds;
+        options.max_prefill_rows = std::max<int64_t>(
+            1, static_cast<int64_t>(std::min<double>(rows, 1 << 20)));
+        budgeted =
+            options.max_prefill_rows < options_.max_batch_tokens - decoding;
+      }
       options.allow_drafts = options_.plain_batch_size <= 0 ||
                              decoding <= options_.plain_batch_size;
       if (options.allow_drafts && any_draft && decoding >= 2 &&
@@ -180,6 +199,16 @@ void BatchEngine::Loop() {
       plain_by_policy = any_draft && !options.allow_drafts;
       try {
         step = RunBatchStep(model_, batch, options);
+        // Learn the pacing: decode-only steps, and the extra time per
+        // prompt row of steps that carried both.
+        if (step.decoding > 0 && step.prefill_rows == 0) {
+          average(decode_step_seconds, step.seconds);
+        } else if (step.prefill_rows > 0) {
+          const double base = step.decoding > 0 ? decode_step_seconds : 0.0;
+          average(prefill_row_seconds,
+                  std::max(0.0, step.seconds - base) /
+                      static_cast<double>(step.prefill_rows));
+        }
       } catch (...) {
         // RunBatchStep guards each sequence and pass; this is a last resort
         // so that the step thread never dies.
@@ -206,6 +235,7 @@ void BatchEngine::Loop() {
         stats_.prefill_chunks += step.prefilling;
         stats_.last_batch_size = static_cast<int>(batch.size());
         if (plain_by_policy) ++stats_.plain_steps;
+        if (budgeted && step.prefill_rows > 0) ++stats_.budgeted_prefill_steps;
       }
       if (stopping_ && waiting.empty() && running.empty() &&
           incoming_.empty()) {

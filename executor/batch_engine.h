@@ -5,6 +5,11 @@
 // inside the same passes, so running streams keep getting tokens while a
 // prompt loads.
 //
+// Pacing: while sequences decode, prompt rows per step are limited so that
+// a step carrying them costs at most prefill_step_budget decode-only steps
+// (both times measured online, as moving averages), which bounds the
+// inter-token latency a long prompt inflicts on running streams.
+//
 // Admission: a sequence joins the batch when the K/V pool (executor/
 // kv_pool.h) can reserve blocks for its longest possible length and fewer
 // than max_running sequences run; otherwise it waits, first come first
@@ -57,8 +62,18 @@ struct BatchEngineOptions {
   // Rows of one main pass (--max-batch-tokens): decode rows always run,
   // prompt chunks fill the rest.
   int64_t max_batch_tokens = 256;
-  // A waiting prompt gets at least this many rows per step.
+  // A waiting prompt gets at least this many rows per step (unless the
+  // step-time budget allows fewer).
   int64_t min_prefill_rows = 16;
+  // While sequences decode, a step that also carries prompt rows may take
+  // at most this many times as long as a step without them
+  // (--prefill-step-budget): the engine measures, online, the time of
+  // decode-only steps and the time per prompt row, and admits that many
+  // prompt rows. On a CPU a pass is compute-bound, so a full
+  // max_batch_tokens chunk would stall every stream for many steps' worth
+  // of time. 0 = no budget (chunks of max_batch_tokens). A prompt loading
+  // while nothing decodes always gets max_batch_tokens rows.
+  double prefill_step_budget = 2.5;
   // Sequences in the batch at once (the service's --max-running).
   int max_running = 16;
   // Above this many decoding sequences a step decodes plainly (no drafts);
@@ -80,6 +95,9 @@ struct BatchEngineStats {
   int64_t refused_never_fit = 0;  // requests larger than the whole pool
   // Steps whose drafts were switched off (plain_batch_size, cost model).
   int64_t plain_steps = 0;
+  // Steps whose prompt rows the step-time budget cut below what
+  // max_batch_tokens would have allowed.
+  int64_t budgeted_prefill_steps = 0;
   int last_batch_size = 0;  // sequences in the last step
 };
 

@@ -615,15 +615,18 @@ struct BatchStepRunner {
       is_prefill.push_back(false);
     }
     const int decoding = static_cast<int>(seqs.size());
+    int64_t prefill_used = 0;
     for (Sequence* seq : batch) {
       if (!seq->prefilling()) continue;
       // The first prompt waiting always gets min_prefill_rows, so prompts
       // make progress however many streams decode; the rest fill the room.
-      int64_t room = options.max_batch_tokens - used;
+      int64_t room = std::min(options.max_batch_tokens - used,
+                              options.max_prefill_rows - prefill_used);
       if (room < options.min_prefill_rows) {
         if (stats.prefilling > 0) break;
-        room = options.min_prefill_rows;
+        room = std::min(options.min_prefill_rows, options.max_prefill_rows);
       }
+      if (room <= 0) break;
       const int64_t chunk = std::min({room, seq->request_.prefill_chunk,
                                       seq->prompt_len_ - seq->prefilled_});
       BatchSequence in;
@@ -635,6 +638,7 @@ struct BatchStepRunner {
               [&] { return seq->BindKv(in, in.start_pos + chunk); });
       if (seq->done()) continue;
       used += chunk;
+      prefill_used += chunk;
       ++stats.prefilling;
       seqs.push_back(seq);
       inputs.push_back(in);
@@ -642,6 +646,7 @@ struct BatchStepRunner {
     }
     stats.decoding = decoding;
     stats.main_rows = used;
+    stats.prefill_rows = prefill_used;
     if (!seqs.empty()) {
       double seconds = 0;
       std::vector<torch::Tensor> logits = Pass(seqs, inputs, seconds);

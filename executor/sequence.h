@@ -37,6 +37,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -164,6 +165,9 @@ struct BatchStepOptions {
   // is left, at least min_prefill_rows when a prompt is waiting.
   int64_t max_batch_tokens = 512;
   int64_t min_prefill_rows = 16;
+  // At most this many prompt rows in the step, over all prompts (the
+  // engine's step-time budget; it wins over min_prefill_rows).
+  int64_t max_prefill_rows = std::numeric_limits<int64_t>::max();
   // Whether sequences may draft this step (false: every decoding sequence
   // takes a plain step, as at a batch size where speculation stops paying).
   bool allow_drafts = true;
@@ -174,7 +178,8 @@ struct BatchStepStats {
   int decoding = 0;    // sequences that decoded a step
   int prefilling = 0;  // sequences that prefilled a chunk
   int64_t draft_passes = 0;
-  int64_t main_rows = 0;  // rows of the main pass
+  int64_t main_rows = 0;     // rows of the main pass
+  int64_t prefill_rows = 0;  // of which prompt rows
   double seconds = 0;
 };
 

@@ -528,11 +528,12 @@ absl::Status BenchServe() {
             ? absl::StrCat("Poisson ", shape.request_rate, "/s").c_str()
             : absl::StrCat(concurrency, " streams closed loop").c_str(),
         num_requests, static_cast<long long>(max_new_tokens));
-    std::printf("%-16s %5s %7s %8s %10s %9s %9s %8s %8s %7s\n", "mode, phase",
-                "reqs", "tokens", "wall s", "out tok/s", "TTFT p50", "TTFT p99",
-                "ITL p50", "ITL p99", "tok/step");
-    std::printf("%-16s %5s %7s %8s %10s %9s %9s %8s %8s %7s\n", "", "", "", "",
-                "", "ms", "ms", "ms", "ms", "");
+    std::printf("%-16s %5s %7s %8s %10s %10s %9s %9s %8s %8s %7s\n",
+                "mode, phase", "reqs", "tokens", "wall s", "out tok/s",
+                "dec tok/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99",
+                "tok/step");
+    std::printf("%-16s %5s %7s %8s %10s %10s %9s %9s %8s %8s %7s\n", "", "", "",
+                "", "", "", "ms", "ms", "ms", "ms", "");
   }
 
   // Per mode: 1. warm-up, 2. each prompt alone, 3. the load. The first
@@ -629,7 +630,9 @@ absl::Status BenchServe() {
                : 0.0},
           {"rows", after.rows - before.rows},
           {"prefill_chunks", after.prefill_chunks - before.prefill_chunks},
-          {"plain_steps", after.plain_steps - before.plain_steps}};
+          {"plain_steps", after.plain_steps - before.plain_steps},
+          {"budgeted_prefill_steps",
+           after.budgeted_prefill_steps - before.budgeted_prefill_steps}};
     }
     if (load_phase.burst.has_value()) {
       const StreamRecord& b = *load_phase.burst;
@@ -667,9 +670,11 @@ absl::Status BenchServe() {
         const auto& e = row["engine"];
         std::printf(
             "  engine (load): %lld steps, mean batch %.2f, %lld prefill "
-            "chunks, %lld steps with drafts dropped\n",
+            "chunks (%lld cut by the step-time budget), %lld steps with "
+            "drafts dropped\n",
             e["steps"].get<long long>(), e["mean_batch_size"].get<double>(),
             e["prefill_chunks"].get<long long>(),
+            e["budgeted_prefill_steps"].get<long long>(),
             e["plain_steps"].get<long long>());
       }
       if (row.contains("burst")) {

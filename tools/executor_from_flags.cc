@@ -21,6 +21,10 @@ ABSL_FLAG(int32_t, kv_block_size, 16,
 ABSL_FLAG(int64_t, max_batch_tokens, 256,
           "executor: rows of one batched pass; decode rows always run, "
           "prompt chunks fill the rest (chunked prefill).");
+ABSL_FLAG(double, prefill_step_budget, 2.5,
+          "executor: while streams decode, a step that also loads prompt "
+          "rows may take at most this many times a decode-only step "
+          "(measured online); 0 = chunks of --max-batch-tokens.");
 ABSL_FLAG(int32_t, plain_batch_size, 0,
           "executor: above this many decoding sequences a step decodes "
           "without drafts; 0 = speculate at any batch size.");
@@ -45,10 +49,16 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
   }
   options.engine.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   options.engine.plain_batch_size = absl::GetFlag(FLAGS_plain_batch_size);
+  options.engine.prefill_step_budget = absl::GetFlag(FLAGS_prefill_step_budget);
   if (options.engine.max_batch_tokens < 1 ||
       options.engine.plain_batch_size < 0) {
     return absl::InvalidArgumentError(
         "--max-batch-tokens must be >= 1 and --plain-batch-size >= 0");
+  }
+  if (!(options.engine.prefill_step_budget == 0 ||
+        options.engine.prefill_step_budget > 1)) {
+    return absl::InvalidArgumentError(
+        "--prefill-step-budget must be 0 (off) or greater than 1");
   }
   KvPoolOptions pool_options;
   pool_options.block_rows = absl::GetFlag(FLAGS_kv_block_size);

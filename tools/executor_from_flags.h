@@ -1,6 +1,7 @@
 // The Generation service set up from the command line: the K/V pool
 // (--kv-cache-memory, --kv-block-size), the batched step loop
-// (--max-batch-tokens, --plain-batch-size), admission (--max-running,
+// (--max-batch-tokens, --prefill-step-budget, --plain-batch-size), admission
+// (--max-running,
 // --max-queue), the planner (in-process, remote or none), the batch cost model
 // priced from the in-process planner's latency profile, metrics
 // (--metrics-port) and the gRPC server. Used by knapserve-executor,
@@ -33,6 +34,7 @@ ABSL_DECLARE_FLAG(std::string, kv_cache_memory);
 ABSL_DECLARE_FLAG(int32_t, kv_block_size);
 ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(int32_t, plain_batch_size);
+ABSL_DECLARE_FLAG(double, prefill_step_budget);
 ABSL_DECLARE_FLAG(int32_t, metrics_port);
 
 namespace knapserve {

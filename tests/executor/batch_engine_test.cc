@@ -181,6 +181,76 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
   EXPECT_GE(during_prefill.load(), 3 * 9);
 }
 
+// Runs three 200-token streams and, once each has 10 tokens, a 400-token
+// prompt, through an engine with `budget`; checks every output against
+// its single-stream run and returns the engine's counters.
+BatchEngineStats RunLongPromptBesideStreams(double budget) {
+  const LlamaModel* model = CachedModel("stories260k");
+  std::unique_ptr<KvPool> pool = Pool(*model, 200);
+  BatchEngineOptions options;
+  options.max_batch_tokens = 256;
+  options.prefill_step_budget = budget;
+  BatchEngine engine(*model, *StoriesTokenizer(), *pool, nullptr,
+                     PlanningShared(), options);
+  GenerationRequest runner;
+  runner.prompt_ids = {1, 410, 469, 347};
+  runner.max_new_tokens = 200;
+  runner.ignore_eos = true;
+  GenerationRequest longer;
+  for (int j = 0; j < 400; ++j) longer.prompt_ids.push_back(3 + (j * 7) % 500);
+  longer.max_new_tokens = 4;
+  auto alone_long = Generate(*model, *StoriesTokenizer(), longer);
+  auto alone_runner = Generate(*model, *StoriesTokenizer(), runner);
+  EXPECT_TRUE(alone_long.ok() && alone_runner.ok());
+  std::atomic<int> per_runner[3] = {0, 0, 0};
+  std::atomic<bool> submitted{false};
+  absl::StatusOr<GenerationResult> long_run;
+  std::thread long_client;
+  std::vector<absl::StatusOr<GenerationResult>> runs(3);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      runs[i] = engine.Generate(runner, [&](absl::Span<const int32_t> ids,
+                                            std::string_view) {
+        per_runner[i] += static_cast<int>(ids.size());
+        if (per_runner[0] >= 10 && per_runner[1] >= 10 && per_runner[2] >= 10 &&
+            !submitted.exchange(true)) {
+          long_client =
+              std::thread([&] { long_run = engine.Generate(longer, nullptr); });
+        }
+        return true;
+      });
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  if (long_client.joinable()) long_client.join();
+  EXPECT_TRUE(long_run.ok()) << long_run.status();
+  if (long_run.ok()) {
+    EXPECT_EQ(long_run->output_ids, alone_long->output_ids);
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(runs[i].ok()) << runs[i].status();
+    if (runs[i].ok()) {
+      EXPECT_EQ(runs[i]->output_ids, alone_runner->output_ids);
+    }
+  }
+  return engine.stats();
+}
+
+// The step-time budget: while streams decode, a long prompt loads in more,
+// smaller chunks than max_batch_tokens would give (without a budget it needs
+// two), the steps it cut are counted, and every output is unchanged.
+TEST(BatchEngineTest, PrefillStepBudgetLoadsALongPromptInSmallerChunks) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const BatchEngineStats unbudgeted = RunLongPromptBesideStreams(0);
+  const BatchEngineStats budgeted = RunLongPromptBesideStreams(1.5);
+  EXPECT_EQ(unbudgeted.budgeted_prefill_steps, 0);
+  EXPECT_GT(budgeted.budgeted_prefill_steps, 0);
+  // Three 4-token prompts (one chunk each) plus the 400-token prompt.
+  EXPECT_LE(unbudgeted.prefill_chunks, 3 + 2);
+  EXPECT_GT(budgeted.prefill_chunks, unbudgeted.prefill_chunks);
+}
+
 TEST(BatchEngineTest, AdmissionWaitsForBlocksAndRefusesWhatCanNeverFit) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = CachedModel("stories260k");
