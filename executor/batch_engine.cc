@@ -13,6 +13,39 @@
 #include "common/model/exception_status.h"
 
 namespace knapserve {
+namespace {
+
+// Step time as a + b * rows, fitted by least squares over recent
+// decode-only steps (exponentially weighted, so it follows the context
+// growing). With one batch size seen so far it is proportional to rows.
+class StepTimeFit {
+ public:
+  void Add(double rows, double seconds) {
+    constexpr double kDecay = 0.95;
+    w_ = kDecay * w_ + 1;
+    sx_ = kDecay * sx_ + rows;
+    sy_ = kDecay * sy_ + seconds;
+    sxx_ = kDecay * sxx_ + rows * rows;
+    sxy_ = kDecay * sxy_ + rows * seconds;
+  }
+  bool known() const { return w_ > 0; }
+  double At(double rows) const {
+    if (w_ == 0) return 0;
+    const double mx = sx_ / w_, my = sy_ / w_;
+    const double var = sxx_ / w_ - mx * mx;
+    if (var < 1e-6 * std::max(1.0, mx * mx)) {
+      return mx > 0 ? my / mx * rows : my;
+    }
+    const double b = std::max(0.0, (sxy_ / w_ - mx * my) / var);
+    const double a = my - b * mx;
+    return std::max(0.0, a + b * rows);
+  }
+
+ private:
+  double w_ = 0, sx_ = 0, sy_ = 0, sxx_ = 0, sxy_ = 0;
+};
+
+}  // namespace
 
 struct BatchEngine::Entry {
   std::unique_ptr<Sequence> seq;
@@ -82,9 +115,9 @@ void BatchEngine::Loop() {
   at::set_num_threads(threads_);
   std::deque<Entry*> waiting;  // FIFO, not yet admitted
   std::vector<Entry*> running;
-  // Pacing (moving averages, seconds): a step that only decodes, and one
-  // prompt row beside decoding; 0 = not measured yet.
-  double decode_step_seconds = 0;
+  // Pacing: the time of a decode-only step by its rows, and a moving
+  // average of the extra time per prompt row (0 = not measured yet).
+  StepTimeFit decode_time;
   double prefill_row_seconds = 0;
   auto average = [](double& mean, double sample) {
     constexpr double kWeight = 0.2;
@@ -177,9 +210,14 @@ void BatchEngine::Loop() {
       options.max_batch_tokens = options_.max_batch_tokens;
       options.min_prefill_rows = options_.min_prefill_rows;
       if (any_prefill && decoding > 0 && options_.prefill_step_budget > 0 &&
-          decode_step_seconds > 0 && prefill_row_seconds > 0) {
-        const double rows = (options_.prefill_step_budget - 1) *
-                            decode_step_seconds / prefill_row_seconds;
+          decode_time.known() && prefill_row_seconds > 0) {
+        // The baseline is a decode step of every sequence in the batch,
+        // the prefilling ones included (they decode once loaded), so
+        // prompts that arrive together still load in large chunks.
+        const double n = static_cast<double>(batch.size());
+        const double rows = (options_.prefill_step_budget * decode_time.At(n) -
+                             decode_time.At(decoding)) /
+                            prefill_row_seconds;
         options.max_prefill_rows = std::max<int64_t>(
             1, static_cast<int64_t>(std::min<double>(rows, 1 << 20)));
         budgeted =
@@ -201,10 +239,13 @@ void BatchEngine::Loop() {
         step = RunBatchStep(model_, batch, options);
         // Learn the pacing: decode-only steps, and the extra time per
         // prompt row of steps that carried both.
-        if (step.decoding > 0 && step.prefill_rows == 0) {
-          average(decode_step_seconds, step.seconds);
+        const int64_t decode_rows = step.main_rows - step.prefill_rows;
+        if (step.decoding > 0 && step.prefill_rows == 0 && decode_rows > 0) {
+          decode_time.Add(static_cast<double>(decode_rows), step.seconds);
         } else if (step.prefill_rows > 0) {
-          const double base = step.decoding > 0 ? decode_step_seconds : 0.0;
+          const double base =
+              decode_rows > 0 ? decode_time.At(static_cast<double>(decode_rows))
+                              : 0.0;
           average(prefill_row_seconds,
                   std::max(0.0, step.seconds - base) /
                       static_cast<double>(step.prefill_rows));

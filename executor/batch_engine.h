@@ -6,8 +6,9 @@
 // prompt loads.
 //
 // Pacing: while sequences decode, prompt rows per step are limited so that
-// a step carrying them costs at most prefill_step_budget decode-only steps
-// (both times measured online, as moving averages), which bounds the
+// a step carrying them costs at most prefill_step_budget times a
+// decode-only step of every sequence in the batch (the time per decode row
+// and per prompt row measured online, as moving averages), which bounds the
 // inter-token latency a long prompt inflicts on running streams.
 //
 // Admission: a sequence joins the batch when the K/V pool (executor/
@@ -66,9 +67,9 @@ struct BatchEngineOptions {
   // step-time budget allows fewer).
   int64_t min_prefill_rows = 16;
   // While sequences decode, a step that also carries prompt rows may take
-  // at most this many times as long as a step without them
-  // (--prefill-step-budget): the engine measures, online, the time of
-  // decode-only steps and the time per prompt row, and admits that many
+  // at most this many times as long as a decode-only step of all the
+  // batch's sequences (--prefill-step-budget): the engine measures, online,
+  // the time per decode row and per prompt row, and admits that many
   // prompt rows. On a CPU a pass is compute-bound, so a full
   // max_batch_tokens chunk would stall every stream for many steps' worth
   // of time. 0 = no budget (chunks of max_batch_tokens). A prompt loading
