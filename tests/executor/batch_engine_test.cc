@@ -30,6 +30,23 @@ std::unique_ptr<KvPool> Pool(const LlamaModel& model, int64_t blocks) {
   return pool.ok() ? std::move(*pool) : nullptr;
 }
 
+// A short greedy prompt that decodes `new_tokens` tokens.
+GenerationRequest Runner(int64_t new_tokens) {
+  GenerationRequest r;
+  r.prompt_ids = {1, 410, 469, 347};
+  r.max_new_tokens = new_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+// A `tokens`-token prompt that decodes `new_tokens` tokens.
+GenerationRequest LongPrompt(int tokens, int64_t new_tokens) {
+  GenerationRequest r;
+  for (int j = 0; j < tokens; ++j) r.prompt_ids.push_back(3 + (j * 7) % 500);
+  r.max_new_tokens = new_tokens;
+  return r;
+}
+
 // Prompts of different lengths, some speculative, all greedy.
 std::vector<GenerationRequest> MixedRequests(const LlamaModel& model, int n) {
   std::vector<GenerationRequest> requests;
@@ -123,13 +140,8 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
   options.min_prefill_rows = 16;
   BatchEngine engine(*model, *StoriesTokenizer(), *pool, nullptr,
                      PlanningShared(), options);
-  GenerationRequest runner;
-  runner.prompt_ids = {1, 410, 469, 347};
-  runner.max_new_tokens = 220;
-  runner.ignore_eos = true;
-  GenerationRequest longer;
-  for (int j = 0; j < 300; ++j) longer.prompt_ids.push_back(3 + (j * 7) % 500);
-  longer.max_new_tokens = 8;
+  const GenerationRequest runner = Runner(220);
+  const GenerationRequest longer = LongPrompt(300, 8);
   auto alone_long = Generate(*model, *StoriesTokenizer(), longer);
   auto alone_runner = Generate(*model, *StoriesTokenizer(), runner);
   ASSERT_TRUE(alone_long.ok() && alone_runner.ok());
@@ -192,13 +204,8 @@ BatchEngineStats RunLongPromptBesideStreams(double budget) {
   options.prefill_step_budget = budget;
   BatchEngine engine(*model, *StoriesTokenizer(), *pool, nullptr,
                      PlanningShared(), options);
-  GenerationRequest runner;
-  runner.prompt_ids = {1, 410, 469, 347};
-  runner.max_new_tokens = 200;
-  runner.ignore_eos = true;
-  GenerationRequest longer;
-  for (int j = 0; j < 400; ++j) longer.prompt_ids.push_back(3 + (j * 7) % 500);
-  longer.max_new_tokens = 4;
+  const GenerationRequest runner = Runner(200);
+  const GenerationRequest longer = LongPrompt(400, 4);
   auto alone_long = Generate(*model, *StoriesTokenizer(), longer);
   auto alone_runner = Generate(*model, *StoriesTokenizer(), runner);
   EXPECT_TRUE(alone_long.ok() && alone_runner.ok());

@@ -1,5 +1,6 @@
 #include "tests/testing/test_util.h"
 
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -41,5 +42,11 @@ std::unique_ptr<Tokenizer> LoadTokenizerOrFail(const std::string& path) {
   EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
   return tokenizer.ok() ? std::move(tokenizer).value() : nullptr;
 }
+
+ScopedThreadCount::ScopedThreadCount(int n) : saved_(at::get_num_threads()) {
+  at::set_num_threads(n);
+}
+
+ScopedThreadCount::~ScopedThreadCount() { at::set_num_threads(saved_); }
 
 }  // namespace knapserve::testing

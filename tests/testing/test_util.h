@@ -1,7 +1,7 @@
 // Small helpers the test files share: status messages as std::string, whole
-// files in and out, and loading a model or tokenizer with a test failure
-// instead of a status. All are free functions, safe from any thread; the
-// loaded objects belong to the caller.
+// files in and out, loading a model or tokenizer with a test failure
+// instead of a status, and a scoped torch thread count. All are free functions,
+// safe from any thread; the loaded objects belong to the caller.
 #ifndef KNAPSERVE_TESTS_TESTING_TEST_UTIL_H_
 #define KNAPSERVE_TESTS_TESTING_TEST_UTIL_H_
 
@@ -36,6 +36,19 @@ std::unique_ptr<LlamaModel> LoadModelOrFail(
 
 // Tokenizer::FromFile(path); nullptr and a test failure on error.
 std::unique_ptr<Tokenizer> LoadTokenizerOrFail(const std::string& path);
+
+// Sets torch's intra-op thread count (at::set_num_threads) for a scope and
+// restores the previous count when it ends.
+class ScopedThreadCount {
+ public:
+  explicit ScopedThreadCount(int n);
+  ~ScopedThreadCount();
+  ScopedThreadCount(const ScopedThreadCount&) = delete;
+  ScopedThreadCount& operator=(const ScopedThreadCount&) = delete;
+
+ private:
+  int saved_;
+};
 
 }  // namespace knapserve::testing
 

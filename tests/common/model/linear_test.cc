@@ -7,20 +7,12 @@
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
 
+#include "tests/testing/test_util.h"
+
 namespace knapserve {
 namespace {
 
-// Restores torch's thread count when a test changes it.
-class ThreadCount {
- public:
-  explicit ThreadCount(int n) : saved_(at::get_num_threads()) {
-    at::set_num_threads(n);
-  }
-  ~ThreadCount() { at::set_num_threads(saved_); }
-
- private:
-  int saved_;
-};
+using ThreadCount = testing::ScopedThreadCount;
 
 struct Shape {
   int64_t n, k;

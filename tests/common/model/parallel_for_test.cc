@@ -15,21 +15,12 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "tests/testing/test_util.h"
 
 namespace knapserve {
 namespace {
 
-// Sets the calling thread's intra-op thread count for the test's scope.
-class ScopedThreads {
- public:
-  explicit ScopedThreads(int n) : old_(at::get_num_threads()) {
-    at::set_num_threads(n);
-  }
-  ~ScopedThreads() { at::set_num_threads(old_); }
-
- private:
-  int old_;
-};
+using ScopedThreads = testing::ScopedThreadCount;
 
 struct Chunk {
   int64_t begin, end;
