@@ -136,6 +136,8 @@ TEST(GenerationServiceBatchingTest, MixedModeStreamsEqualLocalGeneration) {
   EXPECT_EQ(Gauge(text, "knapserve_kv_blocks_total"), 400) << text;
   EXPECT_EQ(Gauge(text, "knapserve_kv_blocks_used"), 0) << text;
   EXPECT_GT(Gauge(text, "knapserve_batch_steps"), 0) << text;
+  // Exposed (-1 when missing); how many depends on timing.
+  EXPECT_GE(Gauge(text, "knapserve_batch_budgeted_prefill_steps"), 0) << text;
 }
 
 TEST(GenerationServiceBatchingTest,
