@@ -101,13 +101,13 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
       "Batched steps run without drafts because drafting would not "
       "pay at that batch (cost model or --plain-batch-size).",
       [&engine] { return static_cast<double>(engine.stats().plain_steps); });
-  r.AddGauge("knapserve_batch_budgeted_prefill_steps",
-             "Batched steps whose prompt rows the step-time budget "
-             "(--prefill-step-budget) cut while streams decoded.",
-             [&engine] {
-               return static_cast<double>(
-                   engine.stats().budgeted_prefill_steps);
-             });
+  r.AddGauge(
+      "knapserve_batch_budgeted_prefill_steps",
+      "Batched steps whose prompt rows the step-time budget "
+      "(--prefill-step-budget) cut while streams decoded.",
+      [&engine] {
+        return static_cast<double>(engine.stats().budgeted_prefill_steps);
+      });
   r.AddGauge("knapserve_kv_waiting_requests",
              "Requests admitted by the scheduler, waiting for K/V blocks.",
              [&engine] { return engine.waiting(); });
