@@ -564,14 +564,23 @@ absl::Status BenchServe() {
                          " warm-up request: ", r.status.error_message()));
       }
     }
+    // Plan solves of the in-process planner, by phase.
+    auto solves = [&]() -> int64_t {
+      return running != nullptr && running->planner.local != nullptr
+                 ? running->planner.local->solved()
+                 : 0;
+    };
+    const int64_t solves_start = solves();
     const PhaseResult single_phase =
         RunPhase(*stub, singles, LoadShape{false, 1, 0}, std::nullopt);
+    const int64_t solves_single = solves();
     BatchEngineStats before;
     if (running != nullptr)
       before = running->server->service().engine().stats();
     const PhaseResult load_phase = RunPhase(*stub, load, shape, burst);
     BatchEngineStats after;
     if (running != nullptr) after = running->server->service().engine().stats();
+    const int64_t solves_load = solves();
 
     const PhaseSummary single = Summarize(single_phase);
     const PhaseSummary loaded = Summarize(load_phase);
@@ -632,7 +641,9 @@ absl::Status BenchServe() {
           {"prefill_chunks", after.prefill_chunks - before.prefill_chunks},
           {"plain_steps", after.plain_steps - before.plain_steps},
           {"budgeted_prefill_steps",
-           after.budgeted_prefill_steps - before.budgeted_prefill_steps}};
+           after.budgeted_prefill_steps - before.budgeted_prefill_steps},
+          {"plan_solves_single", solves_single - solves_start},
+          {"plan_solves_load", solves_load - solves_single}};
     }
     if (load_phase.burst.has_value()) {
       const StreamRecord& b = *load_phase.burst;
@@ -671,11 +682,13 @@ absl::Status BenchServe() {
         std::printf(
             "  engine (load): %lld steps, mean batch %.2f, %lld prefill "
             "chunks (%lld cut by the step-time budget), %lld steps with "
-            "drafts dropped\n",
+            "drafts dropped; plan solves: %lld single, %lld load\n",
             e["steps"].get<long long>(), e["mean_batch_size"].get<double>(),
             e["prefill_chunks"].get<long long>(),
             e["budgeted_prefill_steps"].get<long long>(),
-            e["plain_steps"].get<long long>());
+            e["plain_steps"].get<long long>(),
+            e["plan_solves_single"].get<long long>(),
+            e["plan_solves_load"].get<long long>());
       }
       if (row.contains("burst")) {
         const auto& b = row["burst"];
