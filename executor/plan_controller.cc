@@ -170,7 +170,8 @@ void PlanController::Apply(const CachedPlan& plan, const std::string& source,
   directive.apply_source = source;
 }
 
-StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length) {
+StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
+                                         bool may_start_capture) {
   StepDirective directive;
   const int64_t bucket = ContextBucket(context_length, options_.bucket_tokens);
   if (!started_ || bucket != bucket_) {
@@ -216,7 +217,7 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length) {
     // The snapshot never completed (a step gave no states): try again.
     AbandonCapture();
   }
-  if (trigger_ != PlanTrigger::kNone && !capturing_) {
+  if (may_start_capture && trigger_ != PlanTrigger::kNone && !capturing_) {
     const bool gap_ok = !last_capture_start_.has_value() ||
                         step - *last_capture_start_ >= options_.min_request_gap;
     if (gap_ok && shared_.cache->TryClaim(key_)) {

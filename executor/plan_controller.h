@@ -190,7 +190,11 @@ class PlanController {
   ~PlanController();
 
   // Before decode step `step`, with `context_length` positions committed.
-  StepDirective BeforeStep(int64_t step, int64_t context_length);
+  // With `may_start_capture` false (the batch runs this step without drafts:
+  // a plan would not be used now) no new snapshot starts; a pending trigger
+  // waits for a step where it may, and a capture in progress goes on.
+  StepDirective BeforeStep(int64_t step, int64_t context_length,
+                           bool may_start_capture = true);
   // After the step.
   void AfterStep(const StepObservation& observation);
   // The capture of the current snapshot is complete: its ticket (the caller

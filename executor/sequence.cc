@@ -48,7 +48,8 @@ class PlanSession {
   // result, sets this step's gamma; returns the directive (capture or not).
   StepDirective BeforeStep(int64_t step, int64_t context_length,
                            LayerMask& mask, int& gamma,
-                           GenerationResult& result) {
+                           GenerationResult& result,
+                           bool may_start_capture = true) {
     const auto start = std::chrono::steady_clock::now();
     {
       absl::MutexLock lock(&mailbox_->mu);
@@ -57,7 +58,8 @@ class PlanSession {
       if (!mailbox_->last_error.empty())
         result.last_plan_error = mailbox_->last_error;
     }
-    StepDirective directive = controller_.BeforeStep(step, context_length);
+    StepDirective directive =
+        controller_.BeforeStep(step, context_length, may_start_capture);
     if (directive.apply.has_value()) {
       const CachedPlan& cached = *directive.apply;
       const DraftPlan& plan = cached.plan;
@@ -411,8 +413,10 @@ void Sequence::BeginStep(bool allow_drafts) {
   capture_ = false;
   capture_offset_ = 0;
   if (planned_) {
-    const StepDirective directive =
-        plans_->BeforeStep(step_, length_, mask_, gamma_, result_);
+    // While the batch drops drafts a new plan would go unused: no solve
+    // starts then (a pending trigger waits for a step that drafts).
+    const StepDirective directive = plans_->BeforeStep(
+        step_, length_, mask_, gamma_, result_, allow_drafts);
     capture_ = directive.capture;
     capture_offset_ = directive.capture_offset;
   } else {

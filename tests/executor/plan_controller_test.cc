@@ -110,6 +110,31 @@ TEST(PlanControllerTest, NoPlanTriggersOneSnapshotAndTheSolveTakesEffect) {
   EXPECT_EQ(c.stats().cache_misses, 1);
 }
 
+TEST(PlanControllerTest, NoSnapshotStartsWhileTheBatchRunsWithoutDrafts) {
+  PlanningShared shared = PlanningShared::Create();
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  // The trigger is raised but waits: no capture, no claim on the bucket.
+  StepDirective d = c.BeforeStep(0, 5, /*may_start_capture=*/false);
+  EXPECT_FALSE(d.capture);
+  EXPECT_EQ(c.pending_trigger(), PlanTrigger::kNoPlan);
+  EXPECT_FALSE(shared.cache->Claimed(KeyAt(0)));
+  c.AfterStep(Plain(0.01));
+  d = c.BeforeStep(1, 6, false);
+  EXPECT_FALSE(d.capture);
+  c.AfterStep(Plain(0.01));
+  // The first step that may draft starts the snapshot.
+  d = c.BeforeStep(2, 7, true);
+  EXPECT_TRUE(d.capture);
+  EXPECT_EQ(d.capture_offset, 0);
+  EXPECT_TRUE(shared.cache->Claimed(KeyAt(0)));
+  c.AfterStep(Plain(0.01));
+  // A capture in progress goes on through a step without drafts.
+  d = c.BeforeStep(3, 8, false);
+  EXPECT_TRUE(d.capture);
+  EXPECT_EQ(d.capture_offset, 1);
+  EXPECT_EQ(c.stats().triggers_no_plan, 1);
+}
+
 TEST(PlanControllerTest, CrossingIntoABucketUsesItsPlanOrTriggers) {
   PlanningShared shared = PlanningShared::Create();
   shared.cache->Insert(KeyAt(0), Plan(2, 0.8), 50, 10);
