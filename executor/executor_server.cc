@@ -3,6 +3,9 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
+#include <climits>
+
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 
@@ -22,12 +25,19 @@ absl::StatusOr<std::unique_ptr<ExecutorServer>> ExecutorServer::Start(
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<ExecutorServer> server(new ExecutorServer());
+  const int64_t max_request_bytes = options.limits.max_request_bytes;
   server->service_ =
       std::make_unique<GenerationService>(model, tokenizer, std::move(options));
   grpc::ServerBuilder builder;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
                            &server->port_);
   builder.RegisterService(server->service_.get());
+  // A larger request is refused by gRPC (RESOURCE_EXHAUSTED) before it is
+  // decoded; other streams are unaffected.
+  if (max_request_bytes > 0) {
+    builder.SetMaxReceiveMessageSize(
+        static_cast<int>(std::min<int64_t>(max_request_bytes, INT32_MAX)));
+  }
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(

@@ -80,6 +80,13 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
       break;
     }
     case v1::GenerateRequest::kTokenIds:
+      if (defaults.limits.max_prompt_tokens > 0 &&
+          wire.token_ids().ids_size() > defaults.limits.max_prompt_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "prompt.token_ids: ", wire.token_ids().ids_size(),
+            " tokens, more than this server's limit of ",
+            defaults.limits.max_prompt_tokens, " (--max-prompt-tokens)"));
+      }
       request.prompt_ids.assign(wire.token_ids().ids().begin(),
                                 wire.token_ids().ids().end());
       if (request.prompt_ids.empty()) {
@@ -89,8 +96,47 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
     default:
       return absl::InvalidArgumentError("prompt: set text or token_ids");
   }
+  const RequestLimits& limits = defaults.limits;
+  if (limits.max_prompt_tokens > 0 &&
+      static_cast<int64_t>(request.prompt_ids.size()) >
+          limits.max_prompt_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt: ", request.prompt_ids.size(),
+                     " tokens, more than this server's limit of ",
+                     limits.max_prompt_tokens, " (--max-prompt-tokens)"));
+  }
   request.max_new_tokens = wire.has_max_new_tokens() ? wire.max_new_tokens()
                                                      : defaults.max_new_tokens;
+  if (limits.max_new_tokens > 0 &&
+      request.max_new_tokens > limits.max_new_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens: ", request.max_new_tokens,
+                     ", more than this server's limit of ",
+                     limits.max_new_tokens, " (--max-new-tokens-limit)"));
+  }
+  if (limits.max_stop_strings > 0 &&
+      wire.stop_size() > limits.max_stop_strings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop: ", wire.stop_size(),
+                     " strings, more than this server's limit of ",
+                     limits.max_stop_strings, " (--max-stop-strings)"));
+  }
+  for (int i = 0; i < wire.stop_size(); ++i) {
+    if (limits.max_stop_bytes > 0 &&
+        static_cast<int64_t>(wire.stop(i).size()) > limits.max_stop_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop[", i, "]: ", wire.stop(i).size(),
+                       " bytes, more than this server's limit of ",
+                       limits.max_stop_bytes, " (--max-stop-bytes)"));
+    }
+  }
+  if (limits.max_stop_token_ids > 0 &&
+      wire.stop_token_ids_size() > limits.max_stop_token_ids) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop_token_ids: ", wire.stop_token_ids_size(),
+                     " ids, more than this server's limit of ",
+                     limits.max_stop_token_ids, " (--max-stop-token-ids)"));
+  }
   if (wire.has_temperature()) request.sampling.temperature = wire.temperature();
   if (wire.has_top_k()) request.sampling.top_k = wire.top_k();
   if (wire.has_top_p()) request.sampling.top_p = wire.top_p();

@@ -42,12 +42,28 @@ v1::FinishReason ToWireFinishReason(FinishReason reason);
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
 // What a request leaves unset takes from these.
+// What one request may ask for, beyond what the model's context allows. A
+// request over a limit is InvalidArgument naming the field and the limit;
+// nothing of it runs. 0 = no limit of its own (the context still bounds
+// prompt and new tokens). The gRPC message size limit (max_request_bytes)
+// is applied by the server (executor/executor_server.h): a larger message
+// is RESOURCE_EXHAUSTED before it is decoded.
+struct RequestLimits {
+  int64_t max_request_bytes = 4 << 20;  // --max-request-bytes
+  int64_t max_prompt_tokens = 0;        // --max-prompt-tokens
+  int64_t max_new_tokens = 0;           // --max-new-tokens-limit
+  int64_t max_stop_strings = 16;        // --max-stop-strings
+  int64_t max_stop_bytes = 256;         // --max-stop-bytes, each string
+  int64_t max_stop_token_ids = 64;      // --max-stop-token-ids
+};
+
 struct GenerateRequestDefaults {
   int64_t max_new_tokens = 256;
   SpeculationConfig speculation;
   // Whether the executor has a planner: planned modes are FailedPrecondition
   // without one.
   bool have_planner = false;
+  RequestLimits limits;
 };
 
 // The GenerationRequest a wire request describes (the prompt tokenized, the

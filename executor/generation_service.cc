@@ -140,7 +140,7 @@ GenerationService::GenerationService(const LlamaModel& model,
                                                    : PlanningShared::Create()),
       request_defaults_{options_.default_max_new_tokens,
                         options_.default_speculation,
-                        options_.planner != nullptr},
+                        options_.planner != nullptr, options_.limits},
       scheduler_(options_.scheduler) {
   KvPool* pool = options_.kv_pool;
   if (pool == nullptr) {

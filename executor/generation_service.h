@@ -65,6 +65,9 @@ struct GenerationServiceOptions {
   KvPool* kv_pool = nullptr;
   // Defaults for fields a request leaves unset.
   int64_t default_max_new_tokens = 256;
+  // What one request may ask for (--max-request-bytes, --max-prompt-tokens,
+  // ...); see executor/generation_codec.h.
+  RequestLimits limits;
   SpeculationConfig default_speculation;  // mode, max_draft, plan interval, ...
   // Where plans come from (nullptr: planned modes are refused).
   PlannerClient* planner = nullptr;

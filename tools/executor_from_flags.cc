@@ -28,6 +28,21 @@ ABSL_FLAG(double, prefill_step_budget, 2.5,
 ABSL_FLAG(int32_t, plain_batch_size, 0,
           "executor: above this many decoding sequences a step decodes "
           "without drafts; 0 = speculate at any batch size.");
+ABSL_FLAG(int64_t, max_request_bytes, 4 << 20,
+          "executor: largest Generate request message in bytes; larger is "
+          "RESOURCE_EXHAUSTED (0 = gRPC's default, 4 MiB).");
+ABSL_FLAG(int64_t, max_prompt_tokens, 0,
+          "executor: most prompt tokens a request may send; 0 = the model's "
+          "context.");
+ABSL_FLAG(int64_t, max_new_tokens_limit, 0,
+          "executor: most max_new_tokens a request may ask for; 0 = the "
+          "model's context.");
+ABSL_FLAG(int64_t, max_stop_strings, 16,
+          "executor: most stop strings per request; 0 = no limit.");
+ABSL_FLAG(int64_t, max_stop_bytes, 256,
+          "executor: longest stop string in bytes; 0 = no limit.");
+ABSL_FLAG(int64_t, max_stop_token_ids, 64,
+          "executor: most stop token ids per request; 0 = no limit.");
 ABSL_FLAG(int32_t, metrics_port, 0,
           "executor: serve Prometheus metrics at http://0.0.0.0:PORT/metrics; "
           "0 = off.");
@@ -81,6 +96,21 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
             << " MB)" << std::endl;
   ASSIGN_OR_RETURN(GenerationRequest defaults, GenerationRequestFromFlags({}));
   options.default_max_new_tokens = defaults.max_new_tokens;
+  options.limits.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  options.limits.max_prompt_tokens = absl::GetFlag(FLAGS_max_prompt_tokens);
+  options.limits.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens_limit);
+  options.limits.max_stop_strings = absl::GetFlag(FLAGS_max_stop_strings);
+  options.limits.max_stop_bytes = absl::GetFlag(FLAGS_max_stop_bytes);
+  options.limits.max_stop_token_ids = absl::GetFlag(FLAGS_max_stop_token_ids);
+  const RequestLimits& l = options.limits;
+  if (l.max_request_bytes < 0 || l.max_prompt_tokens < 0 ||
+      l.max_new_tokens < 0 || l.max_stop_strings < 0 || l.max_stop_bytes < 0 ||
+      l.max_stop_token_ids < 0) {
+    return absl::InvalidArgumentError(
+        "--max-request-bytes, --max-prompt-tokens, --max-new-tokens-limit, "
+        "--max-stop-strings, --max-stop-bytes and --max-stop-token-ids must "
+        "be >= 0");
+  }
   options.default_speculation = defaults.speculation;
 
   if (planner_where == "inproc") {

@@ -209,6 +209,64 @@ TEST_F(DecodeGenerateRequestTest, BadRequestsNameTheField) {
   EXPECT_EQ(request->speculation.mode, SpeculationMode::kKnapSpec);
 }
 
+TEST_F(DecodeGenerateRequestTest, LimitsRefuseOversizeFieldsNamingTheFlag) {
+  defaults_.limits.max_prompt_tokens = 4;
+  defaults_.limits.max_new_tokens = 50;
+  defaults_.limits.max_stop_strings = 2;
+  defaults_.limits.max_stop_bytes = 5;
+  defaults_.limits.max_stop_token_ids = 1;
+  struct Case {
+    std::string says;
+    std::function<void(v1::GenerateRequest&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"prompt.token_ids: 5 tokens, more than this server's limit of 4 "
+       "(--max-prompt-tokens)",
+       [](v1::GenerateRequest& r) {
+         for (int i = 0; i < 5; ++i) r.mutable_token_ids()->add_ids(7);
+       }},
+      {"(--max-prompt-tokens)",
+       [](v1::GenerateRequest& r) {
+         r.set_text("Once upon a time there was a big dog");
+       }},
+      {"max_new_tokens: 51, more than this server's limit of 50",
+       [](v1::GenerateRequest& r) { r.set_max_new_tokens(51); }},
+      {"stop: 3 strings, more than this server's limit of 2",
+       [](v1::GenerateRequest& r) {
+         for (const char* s : {"a", "b", "c"}) r.add_stop(s);
+       }},
+      {"stop[1]: 6 bytes, more than this server's limit of 5",
+       [](v1::GenerateRequest& r) {
+         r.add_stop("ok");
+         r.add_stop("sixsix");
+       }},
+      {"stop_token_ids: 2 ids, more than this server's limit of 1",
+       [](v1::GenerateRequest& r) {
+         r.add_stop_token_ids(1);
+         r.add_stop_token_ids(2);
+       }},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest wire;
+    wire.set_text("Hi");
+    wire.set_max_new_tokens(10);
+    c.edit(wire);
+    absl::StatusOr<GenerationRequest> request = Decode(wire);
+    EXPECT_EQ(request.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.says << ": " << request.status();
+    EXPECT_NE(request.status().message().find(c.says), std::string::npos)
+        << c.says << ": " << request.status();
+  }
+  // At the limits a request decodes.
+  v1::GenerateRequest wire;
+  for (int i = 0; i < 4; ++i) wire.mutable_token_ids()->add_ids(7);
+  wire.set_max_new_tokens(50);
+  wire.add_stop("five5");
+  wire.add_stop("x");
+  wire.add_stop_token_ids(3);
+  EXPECT_TRUE(Decode(wire).ok()) << Decode(wire).status();
+}
+
 TEST(GenerationCodecTest, EncodesChunksAndFinalResults) {
   const std::vector<int32_t> ids = {5, 6};
   v1::GenerateResponse chunk = EncodeChunk("req-1", ids, "hi");

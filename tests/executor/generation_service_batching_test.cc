@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "executor/executor_server.h"
 #include "tests/testing/test_models.h"
 
@@ -57,7 +58,7 @@ struct Fixture {
 
 // A server over stories260k with a K/V pool of `blocks` blocks of 16.
 void Start(Fixture& f, int64_t blocks, MetricsRegistry* metrics,
-           int max_running = 8) {
+           int max_running = 8, RequestLimits limits = RequestLimits()) {
   f.model = CachedModel("stories260k");
   ASSERT_NE(f.model, nullptr);
   auto pool = KvPool::Create(
@@ -71,6 +72,7 @@ void Start(Fixture& f, int64_t blocks, MetricsRegistry* metrics,
   options.kv_pool = f.pool.get();
   options.metrics = metrics;
   options.model_path = testing::Stories260kDir();
+  options.limits = limits;
   auto server = ExecutorServer::Start(*f.model, *StoriesTokenizer(), options,
                                       "127.0.0.1:0");
   ASSERT_TRUE(server.ok()) << server.status();
@@ -155,6 +157,81 @@ TEST(GenerationServiceBatchingTest,
   const Got fits = Stream(*f.stub, Request("Once upon a time", 20));
   EXPECT_TRUE(fits.status.ok()) << fits.status.error_message();
   EXPECT_EQ(fits.ids.size(), 20u);
+}
+
+// Oversize requests (a message over --max-request-bytes, too many prompt
+// tokens, max_new_tokens, stop strings) each get a clear error naming the
+// limit while a stream already running carries on to its normal end.
+TEST(GenerationServiceBatchingTest,
+     OversizeRequestsAreRefusedWhileOthersStream) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  RequestLimits limits;
+  limits.max_request_bytes = 64 << 10;
+  limits.max_prompt_tokens = 100;
+  limits.max_new_tokens = 300;
+  limits.max_stop_strings = 2;
+  limits.max_stop_bytes = 8;
+  Fixture f;
+  Start(f, 200, nullptr, 8, limits);
+  const v1::GenerateRequest runner = Request("Once upon a time", 250);
+  auto want = Generate(*f.model, *StoriesTokenizer(), [&] {
+    GenerationRequest local;
+    local.prompt_ids = *StoriesTokenizer()->Encode("Once upon a time", true);
+    local.max_new_tokens = 250;
+    local.ignore_eos = true;
+    return local;
+  }());
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::Notification streaming;
+  Got running;
+  std::thread runner_thread([&] {
+    running = Stream(*f.stub, runner, nullptr, [&](int chunks) {
+      if (chunks == 3) streaming.Notify();
+    });
+  });
+  ASSERT_TRUE(streaming.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  struct Case {
+    v1::GenerateRequest request;
+    grpc::StatusCode code;
+    std::string says;
+  };
+  std::vector<Case> cases;
+  cases.push_back({Request(std::string(100 << 10, 'a'), 10),
+                   grpc::StatusCode::RESOURCE_EXHAUSTED, ""});
+  {
+    v1::GenerateRequest r = Request("x", 10);
+    for (int i = 0; i < 101; ++i) r.mutable_token_ids()->add_ids(300);
+    cases.push_back(
+        {r, grpc::StatusCode::INVALID_ARGUMENT, "--max-prompt-tokens"});
+  }
+  cases.push_back({Request("Once upon a time", 301),
+                   grpc::StatusCode::INVALID_ARGUMENT,
+                   "--max-new-tokens-limit"});
+  {
+    v1::GenerateRequest r = Request("Once", 10);
+    for (const char* stop : {"a", "b", "c"}) r.add_stop(stop);
+    cases.push_back(
+        {r, grpc::StatusCode::INVALID_ARGUMENT, "--max-stop-strings"});
+  }
+  {
+    v1::GenerateRequest r = Request("Once", 10);
+    r.add_stop("a much longer stop");
+    cases.push_back(
+        {r, grpc::StatusCode::INVALID_ARGUMENT, "--max-stop-bytes"});
+  }
+  for (const Case& c : cases) {
+    const Got got = Stream(*f.stub, c.request);
+    EXPECT_EQ(got.status.error_code(), c.code) << got.status.error_message();
+    EXPECT_NE(got.status.error_message().find(c.says), std::string::npos)
+        << got.status.error_message();
+    EXPECT_TRUE(got.ids.empty());
+  }
+  runner_thread.join();
+  EXPECT_TRUE(running.status.ok()) << running.status.error_message();
+  EXPECT_EQ(running.ids, want->output_ids);
+  // Within the limits a request still runs.
+  const Got fits = Stream(*f.stub, Request("Once upon a time", 300));
+  EXPECT_TRUE(fits.status.ok()) << fits.status.error_message();
 }
 
 // Cancellations, deadlines and Aborts in a storm, with more requests than
