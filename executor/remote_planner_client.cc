@@ -119,13 +119,19 @@ void RemotePlannerClient::Serve(
       next.done(encoded);
       continue;
     }
+    const int64_t bytes = static_cast<int64_t>(wire.ByteSizeLong());
+    if (bytes > options_.max_message_bytes) {
+      next.done(absl::ResourceExhaustedError(absl::StrCat(
+          "plan request: ", bytes, " bytes, more than the limit of ",
+          options_.max_message_bytes, " (--max-plan-request-bytes)")));
+      continue;
+    }
     const Key key{std::stoull(wire.sequence_id()),
                   static_cast<int64_t>(wire.step())};
     {
       absl::MutexLock lock(&mu_);
       in_flight_[key] = std::move(next.done);
     }
-    const int64_t bytes = static_cast<int64_t>(wire.ByteSizeLong());
     if (!stream->Write(wire)) return;  // broken: FailInFlight answers it
     bytes_sent_.fetch_add(bytes);
     requests_sent_.fetch_add(1);

@@ -48,6 +48,9 @@ struct RemotePlannerOptions {
   KvWindowOptions window;
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{5000};
+  // A plan request that encodes to more bytes than this
+  // (--max-plan-request-bytes) fails alone with ResourceExhausted and is
+  // never sent; answers are read up to the same size.
   int max_message_bytes = 512 << 20;
 };
 

@@ -3,12 +3,16 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
+#include <climits>
+
 #include "absl/strings/str_cat.h"
 
 namespace knapserve {
 
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
-    InProcessPlanner* planner, int num_layers, const std::string& listen) {
+    InProcessPlanner* planner, int num_layers, const std::string& listen,
+    int64_t max_request_bytes) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<PlannerServer> server(new PlannerServer());
@@ -17,7 +21,8 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
                            &server->port_);
   builder.RegisterService(server->service_.get());
-  builder.SetMaxReceiveMessageSize(512 << 20);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(std::clamp<int64_t>(max_request_bytes, 1, INT32_MAX)));
   builder.SetMaxSendMessageSize(512 << 20);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

@@ -20,11 +20,19 @@
 
 namespace knapserve {
 
+// The default cap on one plan request message: a snapshot's hidden states
+// plus its K/V window (tens of MB for a 1B model at a few thousand tokens).
+inline constexpr int64_t kDefaultMaxPlanRequestBytes = int64_t{512} << 20;
+
 class PlannerServer {
  public:
-  // Unavailable if the address cannot be bound.
+  // Unavailable if the address cannot be bound. A plan request message
+  // larger than `max_request_bytes` (--max-plan-request-bytes) ends its
+  // stream with RESOURCE_EXHAUSTED before it is decoded; other executors'
+  // streams go on.
   static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
-      InProcessPlanner* planner, int num_layers, const std::string& listen);
+      InProcessPlanner* planner, int num_layers, const std::string& listen,
+      int64_t max_request_bytes = kDefaultMaxPlanRequestBytes);
   ~PlannerServer();
 
   int port() const { return port_; }

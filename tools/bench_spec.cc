@@ -533,10 +533,8 @@ absl::Status BenchSpec() {
     }
     std::unique_ptr<RemotePlannerClient>& remote = remotes[remote_of_mode[k]];
     if (remote == nullptr) {
-      RemotePlannerOptions options;
-      options.address = remote_of_mode[k];
-      options.num_layers = model.num_layers();
-      remote = std::make_unique<RemotePlannerClient>(options);
+      remote = std::make_unique<RemotePlannerClient>(
+          RemotePlannerOptionsFromFlags(remote_of_mode[k], model.num_layers()));
     }
     modes[k].planner = remote.get();
   }

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <climits>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -108,6 +109,11 @@ ABSL_FLAG(std::string, server, "",
           "generate: send the request to a knapserve executor at host:port "
           "instead of "
           "loading the model here.");
+ABSL_FLAG(int64_t, max_plan_request_bytes, int64_t{512} << 20,
+          "planner and its clients: largest plan request message in bytes; "
+          "the planner ends a stream that sends a larger one "
+          "(RESOURCE_EXHAUSTED), and an executor fails such a request alone "
+          "without sending it.");
 ABSL_FLAG(std::string, planner, "inproc",
           "generate/bench with knapspec or clasp: where plans come from: "
           "inproc (a planner "
@@ -404,11 +410,19 @@ absl::StatusOr<PlannerHandle> PlannerClientFromFlags(
         absl::StrCat("--spec ", SpeculationModeName(mode),
                      " needs --planner inproc or host:port"));
   }
-  RemotePlannerOptions options;
-  options.address = where;
-  options.num_layers = engine.model->num_layers();
-  handle.remote = std::make_unique<RemotePlannerClient>(options);
+  handle.remote = std::make_unique<RemotePlannerClient>(
+      RemotePlannerOptionsFromFlags(where, engine.model->num_layers()));
   return handle;
+}
+
+RemotePlannerOptions RemotePlannerOptionsFromFlags(const std::string& address,
+                                                   int num_layers) {
+  RemotePlannerOptions options;
+  options.address = address;
+  options.num_layers = num_layers;
+  options.max_message_bytes = static_cast<int>(std::clamp<int64_t>(
+      absl::GetFlag(FLAGS_max_plan_request_bytes), 1, INT32_MAX));
+  return options;
 }
 
 namespace {

@@ -56,6 +56,7 @@ ABSL_DECLARE_FLAG(std::string, profile_cache);
 ABSL_DECLARE_FLAG(std::string, listen);
 ABSL_DECLARE_FLAG(std::string, server);
 ABSL_DECLARE_FLAG(std::string, planner);
+ABSL_DECLARE_FLAG(int64_t, max_plan_request_bytes);
 ABSL_DECLARE_FLAG(int32_t, clasp_layers);
 ABSL_DECLARE_FLAG(std::vector<std::string>, modes);
 ABSL_DECLARE_FLAG(int64_t, long_context_tokens);
@@ -151,6 +152,11 @@ struct PlannerHandle {
                             : remote.get();
   }
 };
+// The options of a client of the knapserve-planner at `address`
+// (--max-plan-request-bytes).
+RemotePlannerOptions RemotePlannerOptionsFromFlags(const std::string& address,
+                                                   int num_layers);
+
 absl::StatusOr<PlannerHandle> PlannerClientFromFlags(
     const Engine& engine, SpeculationMode mode, const std::string& command);
 

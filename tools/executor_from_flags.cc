@@ -126,10 +126,9 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
         running->planner.local->profile(), engine.model->num_layers());
     options.engine.cost_model = running->batch_cost.get();
   } else if (planner_where != "none") {
-    RemotePlannerOptions remote;
-    remote.address = planner_where;
-    remote.num_layers = engine.model->num_layers();
-    running->planner.remote = std::make_unique<RemotePlannerClient>(remote);
+    running->planner.remote =
+        std::make_unique<RemotePlannerClient>(RemotePlannerOptionsFromFlags(
+            planner_where, engine.model->num_layers()));
     options.planner_mode = v1::PLANNER_MODE_REMOTE;
     options.planner_address = planner_where;
   }

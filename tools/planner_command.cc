@@ -22,7 +22,8 @@ absl::Status ServePlanner() {
       PlannerFromFlags(engine, SpeculationMode::kKnapSpec, "planner"));
   ASSIGN_OR_RETURN(
       std::unique_ptr<PlannerServer> server,
-      PlannerServer::Start(planner.get(), engine.model->num_layers(), listen));
+      PlannerServer::Start(planner.get(), engine.model->num_layers(), listen,
+                           absl::GetFlag(FLAGS_max_plan_request_bytes)));
   std::cerr << "knapserve-planner: serving " << engine.model_dir << " ("
             << engine.model->config().Fingerprint() << ") on port "
             << server->port() << std::endl;

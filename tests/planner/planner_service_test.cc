@@ -33,7 +33,8 @@ struct Fixture {
   std::string address;
 };
 
-Fixture StartPlanner(const std::string& listen = "127.0.0.1:0") {
+Fixture StartPlanner(const std::string& listen = "127.0.0.1:0",
+                     int64_t max_request_bytes = kDefaultMaxPlanRequestBytes) {
   Fixture f;
   f.model = CachedModel("stories260k");
   if (f.model == nullptr) return f;
@@ -41,8 +42,8 @@ Fixture StartPlanner(const std::string& listen = "127.0.0.1:0") {
       InProcessPlanner::Create(*f.model, HandLatencyProfile(*f.model), {});
   EXPECT_TRUE(planner.ok()) << planner.status();
   f.planner = std::move(*planner);
-  auto server =
-      PlannerServer::Start(f.planner.get(), f.model->num_layers(), listen);
+  auto server = PlannerServer::Start(f.planner.get(), f.model->num_layers(),
+                                     listen, max_request_bytes);
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return f;
   f.server = std::move(*server);
@@ -222,6 +223,60 @@ TEST(PlannerServiceTest, SurvivesAPlannerRestart) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_GE(client.connections(), 2);
   EXPECT_TRUE(client.connected());
+}
+
+// --max-plan-request-bytes on both sides. The planner ends a stream whose
+// request is over its cap (that request fails; another executor's stream
+// goes on, and the first reconnects); a client with the cap fails such a
+// request alone, naming the flag, and never sends it.
+TEST(PlannerServiceTest, OversizePlanRequestsAreRefusedAndOtherStreamsGoOn) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto bytes_of = [](const PlanRequest& request) {
+    v1::PlanRequest wire;
+    EXPECT_TRUE(EncodePlanRequest(request, KvWindowOptions(), &wire).ok());
+    return static_cast<int64_t>(wire.ByteSizeLong());
+  };
+  const int64_t small = bytes_of(ForwardPlanRequest(*model, 1, 8, 2));
+  const int64_t big = bytes_of(ForwardPlanRequest(*model, 2, 300, 8));
+  ASSERT_LT(small * 2, big);
+  const int64_t cap = (small + big) / 2;
+  Fixture f = StartPlanner("127.0.0.1:0", cap);
+  ASSERT_NE(f.server, nullptr);
+
+  RemotePlannerClient a(ClientOptions(f));  // sends whatever it is given
+  RemotePlannerClient b(ClientOptions(f));
+  ASSERT_TRUE(SubmitAndWait(b, ForwardPlanRequest(*model, 3, 8, 2)).ok());
+  const absl::StatusOr<DraftPlan> refused =
+      SubmitAndWait(a, ForwardPlanRequest(*model, 4, 300, 8));
+  EXPECT_FALSE(refused.ok());
+  // The other stream carries on; the refused client reconnects and works.
+  const absl::StatusOr<DraftPlan> other =
+      SubmitAndWait(b, ForwardPlanRequest(*model, 5, 8, 2));
+  EXPECT_TRUE(other.ok()) << other.status();
+  absl::StatusOr<DraftPlan> again = absl::UnavailableError("not tried");
+  for (int attempt = 0; attempt < 50 && !again.ok(); ++attempt) {
+    again = SubmitAndWait(a, ForwardPlanRequest(*model, 6 + attempt, 8, 2));
+    if (!again.ok())
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(again.ok()) << again.status();
+
+  RemotePlannerOptions capped = ClientOptions(f);
+  capped.max_message_bytes = static_cast<int>(cap);
+  RemotePlannerClient c(capped);
+  const absl::StatusOr<DraftPlan> local_refusal =
+      SubmitAndWait(c, ForwardPlanRequest(*model, 100, 300, 8));
+  EXPECT_EQ(local_refusal.status().code(), absl::StatusCode::kResourceExhausted)
+      << local_refusal.status();
+  EXPECT_NE(local_refusal.status().message().find("--max-plan-request-bytes"),
+            std::string::npos)
+      << local_refusal.status();
+  const absl::StatusOr<DraftPlan> fits =
+      SubmitAndWait(c, ForwardPlanRequest(*model, 101, 8, 2));
+  EXPECT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(c.connections(), 1);  // the refusal did not touch its stream
 }
 
 }  // namespace
