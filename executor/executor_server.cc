@@ -13,7 +13,8 @@ namespace knapserve {
 
 absl::StatusOr<std::unique_ptr<ExecutorServer>> ExecutorServer::Start(
     const LlamaModel& model, const Tokenizer& tokenizer,
-    GenerationServiceOptions options, const std::string& listen) {
+    GenerationServiceOptions options, const std::string& listen,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   // Warm-up before anyone can call: kernel selection, page faults.
   GenerationRequest warmup;
   warmup.prompt_ids = {model.config().bos_token_id.value_or(0)};
@@ -29,8 +30,10 @@ absl::StatusOr<std::unique_ptr<ExecutorServer>> ExecutorServer::Start(
   server->service_ =
       std::make_unique<GenerationService>(model, tokenizer, std::move(options));
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
-                           &server->port_);
+  builder.AddListeningPort(
+      listen,
+      credentials != nullptr ? credentials : grpc::InsecureServerCredentials(),
+      &server->port_);
   builder.RegisterService(server->service_.get());
   // A larger request is refused by gRPC (RESOURCE_EXHAUSTED) before it is
   // decoded; other streams are unaffected.

@@ -26,10 +26,12 @@ namespace knapserve {
 class ExecutorServer {
  public:
   // Builds the service, warms the model up with a short generation, starts
-  // serving. Unavailable if the address cannot be bound.
+  // serving. Unavailable if the address cannot be bound. `credentials`:
+  // TLS (tools/tls_from_flags.h) or nullptr for plaintext.
   static absl::StatusOr<std::unique_ptr<ExecutorServer>> Start(
       const LlamaModel& model, const Tokenizer& tokenizer,
-      GenerationServiceOptions options, const std::string& listen);
+      GenerationServiceOptions options, const std::string& listen,
+      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
   ~ExecutorServer();
 
   int port() const { return port_; }

@@ -149,7 +149,10 @@ void RemotePlannerClient::Run() {
     args.SetMaxSendMessageSize(options_.max_message_bytes);
     args.SetMaxReceiveMessageSize(options_.max_message_bytes);
     std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-        options_.address, grpc::InsecureChannelCredentials(), args);
+        options_.address,
+        options_.credentials != nullptr ? options_.credentials
+                                        : grpc::InsecureChannelCredentials(),
+        args);
     const bool up =
         channel->WaitForConnected(std::chrono::system_clock::now() + backoff);
     if (up) {

@@ -52,6 +52,9 @@ struct RemotePlannerOptions {
   // (--max-plan-request-bytes) fails alone with ResourceExhausted and is
   // never sent; answers are read up to the same size.
   int max_message_bytes = 512 << 20;
+  // TLS to the planner (with a client certificate for mutual TLS;
+  // tools/tls_from_flags.h); nullptr = plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 class RemotePlannerClient : public PlannerClient {

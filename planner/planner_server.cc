@@ -12,14 +12,17 @@ namespace knapserve {
 
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     InProcessPlanner* planner, int num_layers, const std::string& listen,
-    int64_t max_request_bytes) {
+    int64_t max_request_bytes,
+    std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<PlannerServer> server(new PlannerServer());
   server->service_ = std::make_unique<PlannerService>(planner, num_layers);
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
-                           &server->port_);
+  builder.AddListeningPort(
+      listen,
+      credentials != nullptr ? credentials : grpc::InsecureServerCredentials(),
+      &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(std::clamp<int64_t>(max_request_bytes, 1, INT32_MAX)));

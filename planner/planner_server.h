@@ -26,13 +26,16 @@ inline constexpr int64_t kDefaultMaxPlanRequestBytes = int64_t{512} << 20;
 
 class PlannerServer {
  public:
-  // Unavailable if the address cannot be bound. A plan request message
+  // Unavailable if the address cannot be bound. `credentials`: TLS, with
+  // client certificates required for mutual TLS (tools/tls_from_flags.h),
+  // or nullptr for plaintext. A plan request message
   // larger than `max_request_bytes` (--max-plan-request-bytes) ends its
   // stream with RESOURCE_EXHAUSTED before it is decoded; other executors'
   // streams go on.
   static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
       InProcessPlanner* planner, int num_layers, const std::string& listen,
-      int64_t max_request_bytes = kDefaultMaxPlanRequestBytes);
+      int64_t max_request_bytes = kDefaultMaxPlanRequestBytes,
+      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
   ~PlannerServer();
 
   int port() const { return port_; }

@@ -52,6 +52,7 @@
 #include "tools/commands.h"
 #include "tools/executor_from_flags.h"
 #include "tools/shared_data.h"
+#include "tools/tls_from_flags.h"
 
 ABSL_FLAG(int32_t, concurrency, 16,
           "bench serve: concurrent streams of the closed-loop load phase "
@@ -409,8 +410,12 @@ absl::Status BenchServe() {
         StartExecutorFromFlags(engine, planner, "127.0.0.1:0", "bench serve"));
     address = absl::StrCat("127.0.0.1:", running->server->port());
   }
+  // A server of our own gets the flags' TLS too, so the client then needs
+  // --tls-ca like any other.
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   ClientCredentialsFromFlags());
   auto stub = v1::Generation::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(address, OrInsecure(credentials)));
   v1::ModelInfo info;
   {
     grpc::ClientContext context;

@@ -533,8 +533,10 @@ absl::Status BenchSpec() {
     }
     std::unique_ptr<RemotePlannerClient>& remote = remotes[remote_of_mode[k]];
     if (remote == nullptr) {
-      remote = std::make_unique<RemotePlannerClient>(
+      ASSIGN_OR_RETURN(
+          RemotePlannerOptions options,
           RemotePlannerOptionsFromFlags(remote_of_mode[k], model.num_layers()));
+      remote = std::make_unique<RemotePlannerClient>(std::move(options));
     }
     modes[k].planner = remote.get();
   }

@@ -16,6 +16,7 @@
 #include "common/base/status.h"
 #include "executor/generation_codec.h"
 #include "tools/default_model.h"
+#include "tools/tls_from_flags.h"
 
 ABSL_FLAG(std::string, model, "",
           "Model folder (config.json, safetensors, tokenizer.json). Default: "
@@ -410,14 +411,17 @@ absl::StatusOr<PlannerHandle> PlannerClientFromFlags(
         absl::StrCat("--spec ", SpeculationModeName(mode),
                      " needs --planner inproc or host:port"));
   }
-  handle.remote = std::make_unique<RemotePlannerClient>(
+  ASSIGN_OR_RETURN(
+      RemotePlannerOptions options,
       RemotePlannerOptionsFromFlags(where, engine.model->num_layers()));
+  handle.remote = std::make_unique<RemotePlannerClient>(std::move(options));
   return handle;
 }
 
-RemotePlannerOptions RemotePlannerOptionsFromFlags(const std::string& address,
-                                                   int num_layers) {
+absl::StatusOr<RemotePlannerOptions> RemotePlannerOptionsFromFlags(
+    const std::string& address, int num_layers) {
   RemotePlannerOptions options;
+  ASSIGN_OR_RETURN(options.credentials, ClientCredentialsFromFlags());
   options.address = address;
   options.num_layers = num_layers;
   options.max_message_bytes = static_cast<int>(std::clamp<int64_t>(

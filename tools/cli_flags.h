@@ -153,9 +153,10 @@ struct PlannerHandle {
   }
 };
 // The options of a client of the knapserve-planner at `address`
-// (--max-plan-request-bytes).
-RemotePlannerOptions RemotePlannerOptionsFromFlags(const std::string& address,
-                                                   int num_layers);
+// (--max-plan-request-bytes, and TLS from tools/tls_from_flags.h); the TLS
+// files' errors.
+absl::StatusOr<RemotePlannerOptions> RemotePlannerOptionsFromFlags(
+    const std::string& address, int num_layers);
 
 absl::StatusOr<PlannerHandle> PlannerClientFromFlags(
     const Engine& engine, SpeculationMode mode, const std::string& command);

@@ -6,6 +6,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "tools/tls_from_flags.h"
 
 ABSL_FLAG(int32_t, max_running, 16,
           "executor: requests decoding at once, in one shared batch.");
@@ -126,9 +127,11 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
         running->planner.local->profile(), engine.model->num_layers());
     options.engine.cost_model = running->batch_cost.get();
   } else if (planner_where != "none") {
+    ASSIGN_OR_RETURN(RemotePlannerOptions remote,
+                     RemotePlannerOptionsFromFlags(planner_where,
+                                                   engine.model->num_layers()));
     running->planner.remote =
-        std::make_unique<RemotePlannerClient>(RemotePlannerOptionsFromFlags(
-            planner_where, engine.model->num_layers()));
+        std::make_unique<RemotePlannerClient>(std::move(remote));
     options.planner_mode = v1::PLANNER_MODE_REMOTE;
     options.planner_address = planner_where;
   }
@@ -146,9 +149,11 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
           absl::StrCat("--metrics-port: cannot listen on ", port));
     }
   }
-  ASSIGN_OR_RETURN(
-      running->server,
-      ExecutorServer::Start(*engine.model, *engine.tokenizer, options, listen));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   GenerationServerCredentialsFromFlags());
+  ASSIGN_OR_RETURN(running->server,
+                   ExecutorServer::Start(*engine.model, *engine.tokenizer,
+                                         options, listen, credentials));
   return running;
 }
 

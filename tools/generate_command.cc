@@ -12,6 +12,7 @@
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "tools/tls_from_flags.h"
 
 namespace knapserve {
 namespace {
@@ -21,8 +22,10 @@ absl::Status GenerateRemote(const std::string& address) {
   ASSIGN_OR_RETURN(v1::GenerateRequest request, WireRequestFromFlags());
   request.set_text(absl::GetFlag(FLAGS_prompt));
 
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                   ClientCredentialsFromFlags());
   auto stub = v1::Generation::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(address, OrInsecure(credentials)));
   grpc::ClientContext context;
   auto reader = stub->Generate(&context, request);
   const bool json = absl::GetFlag(FLAGS_json);

@@ -8,6 +8,7 @@
 #include "planner/planner_server.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "tools/tls_from_flags.h"
 
 namespace knapserve {
 namespace {
@@ -20,10 +21,13 @@ absl::Status ServePlanner() {
   ASSIGN_OR_RETURN(
       std::unique_ptr<InProcessPlanner> planner,
       PlannerFromFlags(engine, SpeculationMode::kKnapSpec, "planner"));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   PlannerServerCredentialsFromFlags());
   ASSIGN_OR_RETURN(
       std::unique_ptr<PlannerServer> server,
       PlannerServer::Start(planner.get(), engine.model->num_layers(), listen,
-                           absl::GetFlag(FLAGS_max_plan_request_bytes)));
+                           absl::GetFlag(FLAGS_max_plan_request_bytes),
+                           credentials));
   std::cerr << "knapserve-planner: serving " << engine.model_dir << " ("
             << engine.model->config().Fingerprint() << ") on port "
             << server->port() << std::endl;

@@ -17,6 +17,7 @@ PACKAGES=(
   nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
   python3 python3-grpcio python3-protobuf
   clang-format
+  openssl  # the TLS tests make their certificates with it
 )
 
 missing=()

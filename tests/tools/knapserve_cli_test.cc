@@ -12,6 +12,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -1031,6 +1032,154 @@ TEST(KnapserveCliTest, BenchServeDrivesARunningServer) {
       {"bench", "serve", "--server", serve.address(), "--prompts", prompts});
   EXPECT_EQ(gone.exit_code, 1);
   EXPECT_THAT(gone.err, HasSubstr(serve.address()));
+}
+
+// Certificates made by openssl for the TLS tests: a CA, a server/executor
+// certificate it signs (for localhost and 127.0.0.1), and a second CA with
+// a certificate of its own. Empty when openssl is missing.
+struct TestCerts {
+  std::string ca, cert, key;                    // the trusted CA and its leaf
+  std::string other_ca, other_cert, other_key;  // a CA nobody trusts
+};
+std::optional<TestCerts> MakeTestCerts(const std::string& dir) {
+  const std::string openssl = "/usr/bin/openssl";
+  if (access(openssl.c_str(), X_OK) != 0) return std::nullopt;
+  {
+    std::ofstream ext(dir + "/ext.cnf");
+    ext << "subjectAltName=DNS:localhost,IP:127.0.0.1\n";
+  }
+  auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), openssl);
+    const Outcome outcome = RunProcess(args);
+    EXPECT_EQ(outcome.exit_code, 0) << outcome.err;
+  };
+  auto make_ca = [&](const std::string& name) {
+    run({"req", "-x509", "-newkey", "ec", "-pkeyopt",
+         "ec_paramgen_curve:prime256v1", "-nodes", "-keyout",
+         dir + "/" + name + ".key", "-out", dir + "/" + name + ".crt", "-days",
+         "2", "-subj", "/CN=" + name});
+  };
+  auto make_leaf = [&](const std::string& name, const std::string& ca) {
+    run({"req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", dir + "/" + name + ".key", "-out",
+         dir + "/" + name + ".csr", "-subj", "/CN=localhost"});
+    run({"x509", "-req", "-in", dir + "/" + name + ".csr", "-CA",
+         dir + "/" + ca + ".crt", "-CAkey", dir + "/" + ca + ".key",
+         "-CAcreateserial", "-out", dir + "/" + name + ".crt", "-days", "2",
+         "-extfile", dir + "/ext.cnf"});
+  };
+  make_ca("ca");
+  make_leaf("leaf", "ca");
+  make_ca("other-ca");
+  make_leaf("other-leaf", "other-ca");
+  return TestCerts{dir + "/ca.crt",         dir + "/leaf.crt",
+                   dir + "/leaf.key",       dir + "/other-ca.crt",
+                   dir + "/other-leaf.crt", dir + "/other-leaf.key"};
+}
+
+// TLS on the Generation service and mutual TLS between executor and
+// planner, with certificates openssl makes here: clients that trust the CA
+// stream (and the executor's plans come from the mTLS planner); a client
+// trusting another CA, or speaking plaintext, is refused and the server
+// goes on; the planner gives no plan to an executor without a client
+// certificate from its CA.
+TEST(KnapserveCliTest, TlsOnTheGenerationServiceAndMutualTlsToThePlanner) {
+  const knapserve::testing::ScopedTempDir dir("tls");
+  const std::optional<TestCerts> certs = MakeTestCerts(dir.path());
+  if (!certs.has_value()) GTEST_SKIP() << "openssl not installed";
+  const std::vector<std::string> tls = {"--tls-cert", certs->cert, "--tls-key",
+                                        certs->key,   "--tls-ca",  certs->ca};
+  std::vector<std::string> planner_args = {
+      knapserve::testing::kKnapservePlannerBinary, "--listen", "127.0.0.1:0",
+      "--profile", StoriesProfile()};
+  planner_args.insert(planner_args.end(), tls.begin(), tls.end());
+  ServerProcess planner(Stories(planner_args));
+  ASSERT_FALSE(planner.port().empty()) << planner.log();
+  std::vector<std::string> executor_args = {
+      knapserve::testing::kKnapserveExecutorBinary, "--listen", "127.0.0.1:0",
+      "--planner", planner.address()};
+  executor_args.insert(executor_args.end(), tls.begin(), tls.end());
+  ServerProcess executor(Stories(executor_args));
+  ASSERT_FALSE(executor.port().empty()) << executor.log();
+
+  const std::vector<std::string> base = {"generate",
+                                         "--prompt",
+                                         "Once upon a time",
+                                         "--max-new-tokens",
+                                         "60",
+                                         "--temperature",
+                                         "0",
+                                         "--ignore-eos",
+                                         "--json"};
+  // Planned runs are long enough (400 tokens) for a plan to come back
+  // before the end; a run that still got none is tried again (a loaded
+  // machine), while refused connections never get one.
+  const std::vector<std::string> long_base = {"generate",
+                                              "--prompt",
+                                              "Once upon a time",
+                                              "--max-new-tokens",
+                                              "400",
+                                              "--temperature",
+                                              "0",
+                                              "--ignore-eos",
+                                              "--json"};
+  std::vector<std::string> planned = long_base;
+  planned.insert(planned.end(), {"--spec", "knapspec", "--plan-interval", "8",
+                                 "--reference-steps", "2"});
+  const nlohmann::json long_off = RunJson(Stories(long_base));
+  // Over TLS, trusting the CA: the executor's plans come over mutual TLS.
+  std::vector<std::string> good = planned;
+  good.insert(good.end(),
+              {"--server", executor.address(), "--tls-ca", certs->ca});
+  int plans_applied = 0;
+  for (int attempt = 0; attempt < 3 && plans_applied == 0; ++attempt) {
+    const nlohmann::json remote = RunJson(good);
+    EXPECT_EQ(Ids(remote["output_ids"]), Ids(long_off["output_ids"]));
+    plans_applied = remote["speculation"]["plans_applied"].get<int>();
+  }
+  EXPECT_GT(plans_applied, 0) << executor.log() << planner.log();
+  // Trusting another CA, or plaintext: refused, cleanly.
+  std::vector<std::string> wrong_ca = base;
+  wrong_ca.insert(wrong_ca.end(), {"--server", executor.address(), "--tls-ca",
+                                   certs->other_ca});
+  const Outcome refused = RunKnapserve(wrong_ca);
+  EXPECT_EQ(refused.exit_code, 1) << refused.err;
+  EXPECT_THAT(refused.err, HasSubstr(executor.address()));
+  std::vector<std::string> plaintext = base;
+  plaintext.insert(plaintext.end(), {"--server", executor.address()});
+  const Outcome plain = RunKnapserve(plaintext);
+  EXPECT_EQ(plain.exit_code, 1) << plain.err;
+  EXPECT_THAT(plain.err, HasSubstr(executor.address()));
+  // The planner itself: an executor (here a local generate) with a client
+  // certificate from the CA gets plans; with one from another CA, or none,
+  // it gets none (the output is the same either way).
+  auto plans_from_planner = [&](std::vector<std::string> client_tls) {
+    std::vector<std::string> args = planned;
+    args.insert(args.end(), {"--planner", planner.address()});
+    args.insert(args.end(), client_tls.begin(), client_tls.end());
+    const nlohmann::json out = RunJson(Stories(args));
+    EXPECT_EQ(Ids(out["output_ids"]), Ids(long_off["output_ids"]));
+    return out["plans"].size();
+  };
+  size_t plans = 0;
+  for (int attempt = 0; attempt < 3 && plans == 0; ++attempt) {
+    plans = plans_from_planner(tls);
+  }
+  EXPECT_GT(plans, 0u);
+  EXPECT_EQ(
+      plans_from_planner({"--tls-ca", certs->ca, "--tls-cert",
+                          certs->other_cert, "--tls-key", certs->other_key}),
+      0u);
+  EXPECT_EQ(plans_from_planner({"--tls-ca", certs->ca}), 0u);
+  // The servers still serve after all that.
+  EXPECT_EQ(Ids(RunJson(good)["output_ids"]), Ids(long_off["output_ids"]));
+  // A certificate without its key is a usage error naming the flags.
+  const Outcome half = RunKnapserve(
+      Stories({"serve", "--listen", "127.0.0.1:0", "--tls-cert", certs->cert}));
+  EXPECT_EQ(half.exit_code, 2) << half.err;
+  EXPECT_THAT(half.err, HasSubstr("--tls-cert and --tls-key go together"));
+  EXPECT_EQ(executor.Stop(), 0) << executor.log();
+  EXPECT_EQ(planner.Stop(), 0) << planner.log();
 }
 
 }  // namespace
