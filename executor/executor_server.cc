@@ -14,7 +14,8 @@ namespace knapserve {
 absl::StatusOr<std::unique_ptr<ExecutorServer>> ExecutorServer::Start(
     const LlamaModel& model, const Tokenizer& tokenizer,
     GenerationServiceOptions options, const std::string& listen,
-    std::shared_ptr<grpc::ServerCredentials> credentials) {
+    std::shared_ptr<grpc::ServerCredentials> credentials,
+    const std::string& health_listen) {
   // Warm-up before anyone can call: kernel selection, page faults.
   GenerationRequest warmup;
   warmup.prompt_ids = {model.config().bos_token_id.value_or(0)};
@@ -46,8 +47,15 @@ absl::StatusOr<std::unique_ptr<ExecutorServer>> ExecutorServer::Start(
     return absl::UnavailableError(
         absl::StrCat("executor: cannot listen on ", listen));
   }
+  if (!health_listen.empty()) {
+    ASSIGN_OR_RETURN(server->health_, HealthPort::Start(health_listen));
+  }
   server->server_->GetHealthCheckService()->SetServingStatus(
       v1::Generation::service_full_name(), true);
+  if (server->health_ != nullptr) {
+    server->health_->SetServingStatus(v1::Generation::service_full_name(),
+                                      true);
+  }
   return server;
 }
 
@@ -56,9 +64,13 @@ bool ExecutorServer::Drain(std::chrono::milliseconds timeout) {
   stopped_ = true;
   server_->GetHealthCheckService()->SetServingStatus(
       v1::Generation::service_full_name(), false);
+  if (health_ != nullptr) {
+    health_->SetServingStatus(v1::Generation::service_full_name(), false);
+  }
   const bool finished = service_->Drain(timeout);
   server_->Shutdown(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(500));
+  if (health_ != nullptr) health_->Shutdown();
   return finished;
 }
 

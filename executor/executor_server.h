@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/health_port.h"
 #include "executor/generation_service.h"
 
 namespace knapserve {
@@ -27,14 +28,18 @@ class ExecutorServer {
  public:
   // Builds the service, warms the model up with a short generation, starts
   // serving. Unavailable if the address cannot be bound. `credentials`:
-  // TLS (tools/tls_from_flags.h) or nullptr for plaintext.
+  // TLS (tools/tls_from_flags.h) or nullptr for plaintext. `health_listen`
+  // (optional): a plaintext port with grpc.health.v1 only, mirroring this
+  // server's statuses (common/rpc/health_port.h).
   static absl::StatusOr<std::unique_ptr<ExecutorServer>> Start(
       const LlamaModel& model, const Tokenizer& tokenizer,
       GenerationServiceOptions options, const std::string& listen,
-      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
+      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr,
+      const std::string& health_listen = "");
   ~ExecutorServer();
 
   int port() const { return port_; }
+  int health_port() const { return health_ != nullptr ? health_->port() : 0; }
   GenerationService& service() { return *service_; }
   // Returns true when every running request finished within `timeout`.
   bool Drain(std::chrono::milliseconds timeout);
@@ -44,6 +49,7 @@ class ExecutorServer {
 
   std::unique_ptr<GenerationService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<HealthPort> health_;  // with health_listen
   int port_ = 0;
   bool stopped_ = false;
 };

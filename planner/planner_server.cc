@@ -7,13 +7,15 @@
 #include <climits>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/status.h"
 
 namespace knapserve {
 
 absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     InProcessPlanner* planner, int num_layers, const std::string& listen,
     int64_t max_request_bytes,
-    std::shared_ptr<grpc::ServerCredentials> credentials) {
+    std::shared_ptr<grpc::ServerCredentials> credentials,
+    const std::string& health_listen) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<PlannerServer> server(new PlannerServer());
@@ -32,6 +34,10 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     return absl::UnavailableError(
         absl::StrCat("planner: cannot listen on ", listen));
   }
+  if (!health_listen.empty()) {
+    ASSIGN_OR_RETURN(server->health_, HealthPort::Start(health_listen));
+    server->health_->SetServingStatus(v1::Planner::service_full_name(), true);
+  }
   server->server_->GetHealthCheckService()->SetServingStatus(
       v1::Planner::service_full_name(), true);
   return server;
@@ -42,6 +48,7 @@ void PlannerServer::Shutdown(std::chrono::milliseconds grace) {
   shut_down_ = true;
   server_->GetHealthCheckService()->SetServingStatus(
       v1::Planner::service_full_name(), false);
+  if (health_ != nullptr) health_->Shutdown();
   server_->Shutdown(std::chrono::system_clock::now() + grace);
 }
 

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/rpc/health_port.h"
 #include "planner/planner_service.h"
 
 namespace knapserve {
@@ -28,17 +29,20 @@ class PlannerServer {
  public:
   // Unavailable if the address cannot be bound. `credentials`: TLS, with
   // client certificates required for mutual TLS (tools/tls_from_flags.h),
-  // or nullptr for plaintext. A plan request message
+  // or nullptr for plaintext. `health_listen` (optional): a plaintext port
+  // with grpc.health.v1 only (common/rpc/health_port.h). A plan request message
   // larger than `max_request_bytes` (--max-plan-request-bytes) ends its
   // stream with RESOURCE_EXHAUSTED before it is decoded; other executors'
   // streams go on.
   static absl::StatusOr<std::unique_ptr<PlannerServer>> Start(
       InProcessPlanner* planner, int num_layers, const std::string& listen,
       int64_t max_request_bytes = kDefaultMaxPlanRequestBytes,
-      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
+      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr,
+      const std::string& health_listen = "");
   ~PlannerServer();
 
   int port() const { return port_; }
+  int health_port() const { return health_ != nullptr ? health_->port() : 0; }
   const PlannerService& service() const { return *service_; }
   // Readiness goes NOT_SERVING, then the server stops.
   void Shutdown(
@@ -50,6 +54,7 @@ class PlannerServer {
   PlannerServer() = default;
 
   std::unique_ptr<PlannerService> service_;
+  std::unique_ptr<HealthPort> health_;  // with health_listen
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   bool shut_down_ = false;

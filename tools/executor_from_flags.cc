@@ -151,9 +151,14 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    GenerationServerCredentialsFromFlags());
-  ASSIGN_OR_RETURN(running->server,
-                   ExecutorServer::Start(*engine.model, *engine.tokenizer,
-                                         options, listen, credentials));
+  ASSIGN_OR_RETURN(
+      running->server,
+      ExecutorServer::Start(*engine.model, *engine.tokenizer, options, listen,
+                            credentials, absl::GetFlag(FLAGS_health_listen)));
+  if (running->server->health_port() != 0) {
+    std::cerr << "knapserve " << command << ": grpc.health.v1 (plaintext) at "
+              << "port " << running->server->health_port() << std::endl;
+  }
   return running;
 }
 

@@ -27,7 +27,11 @@ absl::Status ServePlanner() {
       std::unique_ptr<PlannerServer> server,
       PlannerServer::Start(planner.get(), engine.model->num_layers(), listen,
                            absl::GetFlag(FLAGS_max_plan_request_bytes),
-                           credentials));
+                           credentials, absl::GetFlag(FLAGS_health_listen)));
+  if (server->health_port() != 0) {
+    std::cerr << "knapserve-planner: grpc.health.v1 (plaintext) at port "
+              << server->health_port() << std::endl;
+  }
   std::cerr << "knapserve-planner: serving " << engine.model_dir << " ("
             << engine.model->config().Fingerprint() << ") on port "
             << server->port() << std::endl;

@@ -14,6 +14,10 @@ ABSL_FLAG(std::string, tls_cert, "",
           "executor presents it to a planner that wants client certificates.");
 ABSL_FLAG(std::string, tls_key, "",
           "TLS: the private key of --tls-cert (PEM).");
+ABSL_FLAG(std::string, health_listen, "",
+          "executor, serve, planner: also serve grpc.health.v1 alone, in "
+          "plaintext, on this address (for probes that cannot speak TLS); "
+          "empty = no such port.");
 ABSL_FLAG(std::string, tls_ca, "",
           "TLS: the CA this process trusts (PEM). Clients verify servers "
           "with it; the planner requires executors' client certificates "

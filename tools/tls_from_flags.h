@@ -33,6 +33,8 @@
 ABSL_DECLARE_FLAG(std::string, tls_cert);
 ABSL_DECLARE_FLAG(std::string, tls_key);
 ABSL_DECLARE_FLAG(std::string, tls_ca);
+// A plaintext port with grpc.health.v1 only, beside a TLS port (probes).
+ABSL_DECLARE_FLAG(std::string, health_listen);
 
 namespace knapserve {
 

@@ -3,6 +3,7 @@
 // and checks exit codes and error messages.
 #include <fcntl.h>
 #include <gmock/gmock.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -10,8 +11,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -1034,6 +1037,60 @@ TEST(KnapserveCliTest, BenchServeDrivesARunningServer) {
   EXPECT_THAT(gone.err, HasSubstr(serve.address()));
 }
 
+// The port a server process logged for its plaintext health checks
+// ("(plaintext) at port N"); "" if none.
+std::string HealthPortOf(const std::string& log) {
+  const std::string mark = "(plaintext) at port ";
+  const size_t at = log.find(mark);
+  if (at == std::string::npos) return "";
+  const size_t begin = at + mark.size();
+  return log.substr(begin, log.find('\n', begin) - begin);
+}
+
+// grpc.health.v1.Health/Check(service) over plaintext at `address`, with the
+// messages written by hand (HealthCheckRequest{service = 1},
+// HealthCheckResponse{status = 1}): the status number (1 SERVING,
+// 2 NOT_SERVING), or -1 with the call's error code in `code`.
+int HealthStatus(const std::string& address, const std::string& service,
+                 grpc::StatusCode* code = nullptr) {
+  auto channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::GenericStub stub(channel);
+  std::string request;
+  if (!service.empty()) {
+    request.push_back('\x0a');
+    request.push_back(static_cast<char>(service.size()));
+    request += service;
+  }
+  grpc::Slice slice(request);
+  grpc::ByteBuffer send(&slice, 1);
+  grpc::ByteBuffer receive;
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(10));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &send, &receive, [&](grpc::Status s) {
+                   std::lock_guard<std::mutex> lock(mu);
+                   status = s;
+                   done = true;
+                   cv.notify_one();
+                 });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  if (code != nullptr) *code = status.error_code();
+  if (!status.ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  if (!receive.Dump(&slices).ok()) return -1;
+  std::string bytes;
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return bytes.size() >= 2 && bytes[0] == '\x08' ? bytes[1] : 0;
+}
+
 // Certificates made by openssl for the TLS tests: a CA, a server/executor
 // certificate it signs (for localhost and 127.0.0.1), and a second CA with
 // a certificate of its own. Empty when openssl is missing.
@@ -1090,14 +1147,24 @@ TEST(KnapserveCliTest, TlsOnTheGenerationServiceAndMutualTlsToThePlanner) {
   const std::vector<std::string> tls = {"--tls-cert", certs->cert, "--tls-key",
                                         certs->key,   "--tls-ca",  certs->ca};
   std::vector<std::string> planner_args = {
-      knapserve::testing::kKnapservePlannerBinary, "--listen", "127.0.0.1:0",
-      "--profile", StoriesProfile()};
+      knapserve::testing::kKnapservePlannerBinary,
+      "--listen",
+      "127.0.0.1:0",
+      "--profile",
+      StoriesProfile(),
+      "--health-listen",
+      "127.0.0.1:0"};
   planner_args.insert(planner_args.end(), tls.begin(), tls.end());
   ServerProcess planner(Stories(planner_args));
   ASSERT_FALSE(planner.port().empty()) << planner.log();
   std::vector<std::string> executor_args = {
-      knapserve::testing::kKnapserveExecutorBinary, "--listen", "127.0.0.1:0",
-      "--planner", planner.address()};
+      knapserve::testing::kKnapserveExecutorBinary,
+      "--listen",
+      "127.0.0.1:0",
+      "--planner",
+      planner.address(),
+      "--health-listen",
+      "127.0.0.1:0"};
   executor_args.insert(executor_args.end(), tls.begin(), tls.end());
   ServerProcess executor(Stories(executor_args));
   ASSERT_FALSE(executor.port().empty()) << executor.log();
@@ -1111,6 +1178,32 @@ TEST(KnapserveCliTest, TlsOnTheGenerationServiceAndMutualTlsToThePlanner) {
                                          "0",
                                          "--ignore-eos",
                                          "--json"};
+  // Probes that cannot speak TLS use the plaintext health ports: readiness
+  // and liveness answer there, and nothing else does.
+  const std::string executor_health =
+      "127.0.0.1:" + HealthPortOf(executor.log());
+  const std::string planner_health = "127.0.0.1:" + HealthPortOf(planner.log());
+  ASSERT_NE(executor_health, "127.0.0.1:") << executor.log();
+  ASSERT_NE(planner_health, "127.0.0.1:") << planner.log();
+  EXPECT_EQ(HealthStatus(executor_health, "knapserve.v1.Generation"), 1);
+  EXPECT_EQ(HealthStatus(executor_health, ""), 1);
+  EXPECT_EQ(HealthStatus(planner_health, "knapserve.v1.Planner"), 1);
+  grpc::StatusCode code = grpc::StatusCode::OK;
+  EXPECT_EQ(HealthStatus(executor_health, "knapserve.v1.Nothing", &code), -1);
+  EXPECT_EQ(code, grpc::StatusCode::NOT_FOUND);
+  {
+    auto stub = v1::Generation::NewStub(grpc::CreateChannel(
+        executor_health, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    v1::GetModelInfoResponse info;
+    EXPECT_EQ(stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &info)
+                  .error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+  }
+  // The TLS port itself does not answer plaintext health checks.
+  EXPECT_EQ(HealthStatus(executor.address(), "", &code), -1);
+  EXPECT_EQ(code, grpc::StatusCode::UNAVAILABLE);
+
   // Planned runs are long enough (400 tokens) for a plan to come back
   // before the end; a run that still got none is tried again (a loaded
   // machine), while refused connections never get one.
