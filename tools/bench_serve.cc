@@ -206,6 +206,8 @@ PhaseResult RunPhase(v1::Generation::Stub& stub,
       result.burst = RunStream(stub, *burst, t0, nullptr);
     });
   }
+  // Outlives every stream thread (they are joined below).
+  std::atomic<size_t> next{0};
   std::vector<std::thread> threads;
   if (shape.poisson) {
     std::mt19937_64 rng(kArrivalSeed);
@@ -221,7 +223,6 @@ PhaseResult RunPhase(v1::Generation::Stub& stub,
       at += gap(rng);
     }
   } else {
-    std::atomic<size_t> next{0};
     for (int c = 0; c < shape.concurrency; ++c) {
       threads.emplace_back([&] {
         for (size_t i = next++; i < requests.size(); i = next++) {
