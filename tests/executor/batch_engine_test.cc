@@ -67,6 +67,19 @@ std::vector<GenerationRequest> MixedRequests(const LlamaModel& model, int n) {
   return requests;
 }
 
+// Runs `requests` through `engine` at once, one caller thread each.
+std::vector<absl::StatusOr<GenerationResult>> RunConcurrently(
+    BatchEngine& engine, const std::vector<GenerationRequest>& requests) {
+  std::vector<absl::StatusOr<GenerationResult>> results(requests.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { results[i] = engine.Generate(requests[i], nullptr); });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
 // Runs every request alone (Generate: batch of one, contiguous K/V) and then
 // all at once through `engine`; the ids must be equal.
 void ExpectBatchedEqualsAlone(const LlamaModel& model, BatchEngine& engine,
@@ -79,13 +92,8 @@ void ExpectBatchedEqualsAlone(const LlamaModel& model, BatchEngine& engine,
     ASSERT_TRUE(result.ok()) << result.status();
     alone.push_back(result->output_ids);
   }
-  std::vector<absl::StatusOr<GenerationResult>> batched(requests.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    threads.emplace_back(
-        [&, i] { batched[i] = engine.Generate(requests[i], nullptr); });
-  }
-  for (std::thread& t : threads) t.join();
+  std::vector<absl::StatusOr<GenerationResult>> batched =
+      RunConcurrently(engine, requests);
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(batched[i].ok()) << i << ": " << batched[i].status();
     EXPECT_EQ(batched[i]->output_ids, alone[i]) << "request " << i;
@@ -397,13 +405,8 @@ TEST(BatchEngineTest, PlainBatchSizeSwitchesSpeculationOff) {
     r.speculation.skip = "m1";
     r.speculation.max_draft = 3;
   }
-  std::vector<absl::StatusOr<GenerationResult>> runs(requests.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    threads.emplace_back(
-        [&, i] { runs[i] = engine.Generate(requests[i], nullptr); });
-  }
-  for (std::thread& t : threads) t.join();
+  std::vector<absl::StatusOr<GenerationResult>> runs =
+      RunConcurrently(engine, requests);
   int64_t plain_steps = 0;
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(runs[i].ok()) << runs[i].status();
@@ -439,13 +442,8 @@ TEST(BatchEngineTest, TheCostModelDropsDraftsThatDoNotPayInTheBatch) {
     r.speculation.skip = "a0,m0,a1,m1,a2,m2,a3";
     r.speculation.max_draft = 4;
   }
-  std::vector<absl::StatusOr<GenerationResult>> runs(requests.size());
-  std::vector<std::thread> threads;
-  for (size_t i = 0; i < requests.size(); ++i) {
-    threads.emplace_back(
-        [&, i] { runs[i] = engine.Generate(requests[i], nullptr); });
-  }
-  for (std::thread& t : threads) t.join();
+  std::vector<absl::StatusOr<GenerationResult>> runs =
+      RunConcurrently(engine, requests);
   EXPECT_GT(engine.stats().plain_steps, 0);
   for (size_t i = 0; i < requests.size(); ++i) {
     ASSERT_TRUE(runs[i].ok()) << runs[i].status();

@@ -158,6 +158,20 @@ std::vector<int32_t> Ids(const nlohmann::json& value) {
   return value.get<std::vector<int32_t>>();
 }
 
+// `generate` of "Once upon a time", greedy, exactly `new_tokens` tokens, as
+// one JSON object (model flags not included).
+std::vector<std::string> GreedyJson(int new_tokens) {
+  return {"generate",
+          "--prompt",
+          "Once upon a time",
+          "--max-new-tokens",
+          std::to_string(new_tokens),
+          "--temperature",
+          "0",
+          "--ignore-eos",
+          "--json"};
+}
+
 // A tiny random model written by `knapserve make-model` itself (once).
 const std::string& TinyModelDir() {
   static const std::string* dir = [] {
@@ -243,15 +257,7 @@ TEST(KnapserveCliTest, ProfileThenPlannedGenerationGivesTheSameGreedyIds) {
   ASSERT_FALSE(profile.is_discarded());
   EXPECT_EQ(profile["device"], "cpu");
   EXPECT_EQ(profile["dtype"], "fp32");
-  const std::vector<std::string> base = {"generate",
-                                         "--prompt",
-                                         "Once upon a time",
-                                         "--max-new-tokens",
-                                         "150",
-                                         "--temperature",
-                                         "0",
-                                         "--ignore-eos",
-                                         "--json"};
+  const std::vector<std::string> base = GreedyJson(150);
   std::vector<std::string> off_args = base;
   const nlohmann::json off = RunJson(Stories(off_args));
   for (const char* mode : {"knapspec", "clasp"}) {
@@ -489,15 +495,7 @@ TEST(KnapserveCliTest, ExecutorSurvivesAPlannerKillAndReconnects) {
       Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
                "127.0.0.1:0", "--planner", planner->address()}));
   ASSERT_FALSE(executor.port().empty()) << executor.log();
-  const std::vector<std::string> base = {"generate",
-                                         "--prompt",
-                                         "Once upon a time",
-                                         "--max-new-tokens",
-                                         "480",
-                                         "--temperature",
-                                         "0",
-                                         "--ignore-eos",
-                                         "--json"};
+  const std::vector<std::string> base = GreedyJson(480);
   const nlohmann::json off = RunJson(Stories(base));
   std::vector<std::string> remote = base;
   remote.insert(remote.end(),
@@ -660,15 +658,7 @@ TEST(KnapserveCliTest,
      PlannedGenerationWithoutProfileMeasuresOnceThenHitsTheCache) {
   const std::string cache =
       knapserve::testing::MakeTempDir("cli_profile_cache") + "/profiles";
-  const std::vector<std::string> base = {"generate",
-                                         "--prompt",
-                                         "Once upon a time",
-                                         "--max-new-tokens",
-                                         "60",
-                                         "--temperature",
-                                         "0",
-                                         "--ignore-eos",
-                                         "--json"};
+  const std::vector<std::string> base = GreedyJson(60);
   const nlohmann::json off = RunJson(Stories(base));
   std::vector<std::string> planned = base;
   planned.insert(planned.end(), {"--spec", "knapspec", "--plan-interval", "8",
@@ -1169,15 +1159,7 @@ TEST(KnapserveCliTest, TlsOnTheGenerationServiceAndMutualTlsToThePlanner) {
   ServerProcess executor(Stories(executor_args));
   ASSERT_FALSE(executor.port().empty()) << executor.log();
 
-  const std::vector<std::string> base = {"generate",
-                                         "--prompt",
-                                         "Once upon a time",
-                                         "--max-new-tokens",
-                                         "60",
-                                         "--temperature",
-                                         "0",
-                                         "--ignore-eos",
-                                         "--json"};
+  const std::vector<std::string> base = GreedyJson(60);
   // Probes that cannot speak TLS use the plaintext health ports: readiness
   // and liveness answer there, and nothing else does.
   const std::string executor_health =
@@ -1207,15 +1189,7 @@ TEST(KnapserveCliTest, TlsOnTheGenerationServiceAndMutualTlsToThePlanner) {
   // Planned runs are long enough (400 tokens) for a plan to come back
   // before the end; a run that still got none is tried again (a loaded
   // machine), while refused connections never get one.
-  const std::vector<std::string> long_base = {"generate",
-                                              "--prompt",
-                                              "Once upon a time",
-                                              "--max-new-tokens",
-                                              "400",
-                                              "--temperature",
-                                              "0",
-                                              "--ignore-eos",
-                                              "--json"};
+  const std::vector<std::string> long_base = GreedyJson(400);
   std::vector<std::string> planned = long_base;
   planned.insert(planned.end(), {"--spec", "knapspec", "--plan-interval", "8",
                                  "--reference-steps", "2"});
