@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -15,7 +16,7 @@
 namespace knapserve {
 namespace {
 
-using Fn = std::function<void(int64_t, int64_t)>;
+using Fn = absl::FunctionRef<void(int64_t, int64_t)>;
 using Clock = std::chrono::steady_clock;
 
 // How long an idle worker spins before it sleeps. The regions of one decode
@@ -49,8 +50,7 @@ class Pool {
 
   // Runs the job on this thread and the workers; false (nothing run) when
   // another job holds the pool.
-  bool TryRun(int64_t begin, int64_t end, int64_t chunk, int parts,
-              const Fn& fn) {
+  bool TryRun(int64_t begin, int64_t end, int64_t chunk, int parts, Fn fn) {
     if (busy_.exchange(true, std::memory_order_acquire)) {
       inline_busy_.fetch_add(1, std::memory_order_relaxed);
       return false;
@@ -59,7 +59,7 @@ class Pool {
     EnsureWorkers(parts - 1);
     // The job's fields are written while no part of any job is claimable
     // (the last job's parts are all done), then published by claim_.
-    fn_ = &fn;
+    fn_.emplace(fn);
     begin_ = begin;
     end_ = end;
     chunk_ = chunk;
@@ -163,7 +163,9 @@ class Pool {
   // Written by the owner only (while busy_), read by the parts it publishes.
   int workers_started_ = 0;
   uint64_t generation_ = 0;
-  const Fn* fn_ = nullptr;
+  // The job's function, valid while the job runs (absl::FunctionRef has no
+  // empty state, hence optional).
+  std::optional<Fn> fn_;
   int64_t begin_ = 0, end_ = 0, chunk_ = 1;
 
   std::atomic<uint64_t> claim_{0};
@@ -178,7 +180,7 @@ class Pool {
 
 }  // namespace
 
-void ParallelFor(int64_t begin, int64_t end, int64_t grain, const Fn& fn) {
+void ParallelFor(int64_t begin, int64_t end, int64_t grain, Fn fn) {
   if (begin >= end) return;
   const int64_t n = end - begin;
   grain = std::max<int64_t>(grain, 1);

@@ -32,12 +32,15 @@
 #define KNAPSERVE_COMMON_MODEL_PARALLEL_FOR_H_
 
 #include <cstdint>
-#include <functional>
+
+#include "absl/functional/function_ref.h"
 
 namespace knapserve {
 
+// `fn` is borrowed for the call only (a non-owning reference: passing a
+// lambda allocates nothing, which matters on the per-sublayer hot path).
 void ParallelFor(int64_t begin, int64_t end, int64_t grain,
-                 const std::function<void(int64_t, int64_t)>& fn);
+                 absl::FunctionRef<void(int64_t, int64_t)> fn);
 
 // Calls handled by the pool (more than one chunk) and calls run inline
 // because the pool was busy, since the process started; for tests and
