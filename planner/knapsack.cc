@@ -501,8 +501,13 @@ absl::StatusOr<SkipCandidate> SolveLayerSkip(
   for (SkipCandidate& c : all) {
     if (c.skipped_weight == num_skipped_layers) return std::move(c);
   }
-  // Without pruning every reachable weight survives; this is unreachable.
-  return absl::InternalError("layer-skip DP lost its final cell");
+  // Without pruning every reachable weight survives unless its cosines are
+  // NaN (the DP drops NaN cells): states the planner refuses, or K/V that
+  // holds NaN or Inf.
+  return absl::InvalidArgumentError(absl::StrCat(
+      "no draft skips exactly ", num_skipped_layers,
+      " layers with a finite hidden-state cosine: the reference states or "
+      "the K/V hold NaN or infinite values"));
 }
 
 absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(

@@ -63,6 +63,11 @@ absl::StatusOr<Checked> CheckInputs(const LlamaModel& model,
   if (!s.is_floating_point()) {
     return absl::InvalidArgumentError("states must be a floating-point tensor");
   }
+  // NaN or Inf would make every cosine of the DP NaN, and no candidate
+  // survive (found by tests/fuzz/fuzz_plan_codec).
+  if (!torch::isfinite(s).all().item<bool>()) {
+    return absl::InvalidArgumentError("states hold NaN or infinite values");
+  }
   Checked c;
   c.r = s.size(1);
   if (static_cast<int64_t>(inputs.target_argmax.size()) != c.r) {

@@ -10,7 +10,8 @@
 // printed beside it.
 //
 // `bench spec` and `bench step-cost` live in tools/bench_spec.cc and
-// tools/bench_step_cost.cc, `bench serve` in tools/bench_serve.cc.
+// tools/bench_step_cost.cc, `bench serve` in tools/bench_serve.cc, `bench
+// soak` in tools/bench_soak.cc.
 #include <ATen/Parallel.h>
 
 #include <cstdio>
@@ -55,7 +56,23 @@ constexpr char kBenchUsage[] =
     "             decode steps (gamma 1..10), at --context-length positions of "
     "KV cache:\n"
     "             [--model DIR] [--dtype] [--threads N] [--step-repeats N] "
-    "[--json]";
+    "[--json]\n"
+    "  serve      concurrent gRPC streams against a server (--server ADDR, "
+    "or one started\n"
+    "             here with the flags of serve): tok/s, TTFT and ITL "
+    "percentiles, outputs\n"
+    "             checked: [--concurrency N] [--num-requests N] [--arrival "
+    "closed|poisson]\n"
+    "             [--request-rate R] [--burst-prompt-tokens N] [--modes "
+    "off,static,...]\n"
+    "  soak       a long mixed load against --server ADDR (tools/soak.sh): "
+    "greedy and\n"
+    "             sampling, every mode, cancels, deadlines, Aborts; checks "
+    "outputs, hangs,\n"
+    "             drained gauges (--metrics HOST:PORT) and memory growth "
+    "(--server-pid):\n"
+    "             [--soak-seconds S] [--warmup-seconds S] [--concurrency N] "
+    "[--soak-seed N]";
 
 absl::Status BenchAr() {
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
@@ -165,6 +182,7 @@ int RunBench(const std::vector<std::string>& args) {
   if (args.size() == 1 && mode == "spec") return RunBenchSpec();
   if (args.size() == 1 && mode == "step-cost") return RunBenchStepCost();
   if (args.size() == 1 && mode == "serve") return RunBenchServe();
+  if (args.size() == 1 && mode == "soak") return RunBenchSoak();
   if (!mode.empty()) {
     std::cerr << "knapserve bench: unknown mode '" << mode
               << (args.size() > 1 ? "' or extra arguments" : "'") << "\n";

@@ -28,13 +28,9 @@
 # once per distinct command line (4 when this was written) and loaded with
 # -include-pch, which cuts a LibTorch translation unit from ~8 s to ~3 s.
 #
-# LibTorch 1.13's ATen/core/List.h does not compile with clang in C++20 mode
-# against libstdc++ 12 (pytorch/pytorch#97689: two inline functions use
-# std::vector<IValue> members while IValue is incomplete, and clang
-# instantiates the now-constexpr vector members on the spot). The check puts a
-# patched copy of that one header (those two functions made lazy; nothing else
-# changes) in a temporary directory searched first. A LibTorch whose List.h no
-# longer has those lines is used as installed.
+# LibTorch 1.13's headers do not compile with clang in C++20 mode as
+# installed; tools/clang_libtorch_overlay.py says why and writes the patched
+# header that is searched first.
 #
 # Cost, measured with JOBS=2 on a 2-core machine that other builds shared:
 # the selection 211 CPU seconds (264 s wall at load 5; about 105 s on 2 idle
@@ -112,23 +108,11 @@ warnings = ["-Qunused-arguments", "-Wno-unknown-warning-option", "-Wthread-safet
 
 # pytorch/pytorch#97689 (see the script's header): a patched List.h, if the
 # installed one has the two functions clang rejects in C++20.
+sys.path.insert(0, os.path.join(repo, "tools"))
+from clang_libtorch_overlay import write_overlay
 overlay = []
-for inc in ("/usr/include", "/usr/local/include"):
-    path = os.path.join(inc, "ATen/core/List.h")
-    if not os.path.isfile(path):
-        continue
-    text = open(path).read()
-    fixes = [("  explicit ListImpl(list_type list_, TypePtr elementType_)\n",
-              "  template <class L = list_type>\n"
-              "  explicit ListImpl(L list_, TypePtr elementType_)\n"),
-             ("  return &list.impl_->list[0];\n", "  return list.impl_->list.data();\n")]
-    if all(old in text for old, _ in fixes):
-        for old, new in fixes:
-            text = text.replace(old, new)
-        os.makedirs(os.path.join(work, "overlay/ATen/core"))
-        open(os.path.join(work, "overlay/ATen/core/List.h"), "w").write(text)
-        overlay = ["-isystem", os.path.join(work, "overlay")]
-    break
+if write_overlay(os.path.join(work, "overlay")):
+    overlay = ["-isystem", os.path.join(work, "overlay")]
 
 
 def translate(entry):

@@ -36,6 +36,10 @@ int RunBenchStepCost();
 // against a server (one it starts, or --server): tokens/s, TTFT and ITL
 // percentiles against single streams, and the greedy outputs checked.
 int RunBenchServe();
+// `knapserve bench soak` (tools/bench_soak.cc): a long mixed load with
+// cancels, deadlines and Aborts against --server, checking outputs, hangs,
+// drained gauges and memory growth (tools/soak.sh).
+int RunBenchSoak();
 
 }  // namespace knapserve
 

@@ -47,6 +47,12 @@ constexpr char kUsage[] =
     "              verifying gamma+1 tokens vs gamma+1 steps (gamma 1..10), "
     "at\n"
     "              --context-length positions (--step-repeats runs, median)\n"
+    "  bench serve concurrent gRPC streams: tok/s, TTFT, ITL; outputs "
+    "checked\n"
+    "  bench soak  a long mixed load with cancels, deadlines and Aborts "
+    "against --server\n"
+    "              (tools/soak.sh); checks outputs, hangs, gauges and "
+    "memory\n"
     "\n"
     "Run `knapserve --helpfull` for every flag.";
 

@@ -239,6 +239,19 @@ absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
   return ParseConfigObject(JsonReader(json, std::string(source_name)));
 }
 
+absl::Status ApplyGenerationConfig(std::string_view generation_json,
+                                   std::string_view source_name,
+                                   ModelConfig& config) {
+  ASSIGN_OR_RETURN(const nlohmann::json generation,
+                   ParseJsonText(generation_json, source_name));
+  const JsonReader reader(generation, std::string(source_name));
+  RETURN_IF_ERROR(reader.ExpectObject());
+  ModelConfig updated = config;
+  RETURN_IF_ERROR(ParseTokenIds(reader, updated));
+  config = std::move(updated);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   const std::string config_path = model_dir + "/config.json";
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
@@ -249,11 +262,8 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
   if (std::filesystem::exists(generation_path, error)) {
     ASSIGN_OR_RETURN(std::string generation_text,
                      ReadFileToString(generation_path));
-    ASSIGN_OR_RETURN(const nlohmann::json generation,
-                     ParseJsonText(generation_text, generation_path));
-    const JsonReader reader(generation, generation_path);
-    RETURN_IF_ERROR(reader.ExpectObject());
-    RETURN_IF_ERROR(ParseTokenIds(reader, config));
+    RETURN_IF_ERROR(
+        ApplyGenerationConfig(generation_text, generation_path, config));
   }
   return config;
 }

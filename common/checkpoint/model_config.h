@@ -70,6 +70,15 @@ struct ModelConfig {
 absl::StatusOr<ModelConfig> ParseModelConfig(std::string_view config_json,
                                              std::string_view source_name);
 
+// Applies generation_config.json text to `config`: its bos_token_id and
+// eos_token_id (int or list), where present and not null, replace config's.
+// InvalidArgument prefixed with `source_name` for malformed JSON, a
+// non-object, or a token id that is not an int32 >= 0; `config` is then
+// unchanged.
+absl::Status ApplyGenerationConfig(std::string_view generation_json,
+                                   std::string_view source_name,
+                                   ModelConfig& config);
+
 // Reads `model_dir`/config.json and, if present, generation_config.json
 // (whose bos/eos token ids override config.json's).
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir);

@@ -14,6 +14,23 @@
 namespace knapserve {
 namespace {
 
+// InvalidArgument naming `field` unless `tensor` is floating-point with only
+// finite values: NaN or Inf in states or K/V would make every cosine of the
+// planner's DP NaN (found by tests/fuzz/fuzz_plan_codec).
+absl::Status CheckFiniteFloats(const torch::Tensor& tensor,
+                               const std::string& field) {
+  if (!tensor.is_floating_point()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": must be floating-point, got ",
+                     c10::toString(tensor.scalar_type())));
+  }
+  if (tensor.numel() > 0 && !torch::isfinite(tensor).all().item<bool>()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": holds NaN or infinite values"));
+  }
+  return absl::OkStatus();
+}
+
 v1::PlannerPolicy WirePolicy(PlanPolicy policy) {
   switch (policy) {
     case PlanPolicy::kKnapSpec:
@@ -188,6 +205,7 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto,
         "reference_states: shape ", c10::str(request.states.sizes()),
         ", want [2L+1 = ", 2 * num_layers + 1, ", r >= 1, hidden]"));
   }
+  RETURN_IF_ERROR(CheckFiniteFloats(request.states, "reference_states"));
   const int64_t r = request.states.size(1);
   if (proto.reference_positions_size() != r) {
     return absl::InvalidArgumentError(
@@ -252,6 +270,8 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto,
                        c10::str(layer.v.sizes()), " must both be [kv_heads, ",
                        n, " positions, head_dim] of one dtype"));
     }
+    RETURN_IF_ERROR(CheckFiniteFloats(layer.k, field + ".k"));
+    RETURN_IF_ERROR(CheckFiniteFloats(layer.v, field + ".v"));
     request.kv.push_back(std::move(layer));
   }
   request.kv_length = n;

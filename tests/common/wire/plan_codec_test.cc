@@ -4,8 +4,10 @@
 #include "common/wire/plan_codec.h"
 
 #include <c10/core/InferenceMode.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <string>
 
 namespace knapserve {
@@ -186,6 +188,35 @@ TEST(PlanCodecTest, RefusesMalformedRequestsNamingTheField) {
         << c.expected;
     EXPECT_NE(decoded.status().message().find(c.expected), std::string::npos)
         << c.expected << ": " << decoded.status();
+  }
+}
+
+// NaN or Inf in the reference states or the K/V window would make every
+// cosine of the planner's DP NaN (a CLaSp solve then failed with Internal;
+// found by tests/fuzz/fuzz_plan_codec): the decoder refuses them by field.
+TEST(PlanCodecTest, NonFiniteStatesOrKvAreRefusedByField) {
+  c10::InferenceMode guard;
+  for (const char* field :
+       {"reference_states", "kv_context.window.layers[1].v"}) {
+    for (const float bad : {std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity()}) {
+      PlanRequest request = MakeRequest(/*first_position=*/12, /*r=*/3);
+      if (std::string(field) == "reference_states") {
+        request.states = request.states.to(torch::kFloat32);
+        request.states[2][1][3] = bad;
+      } else {
+        request.kv[1].v[0][5][2] = bad;
+      }
+      v1::PlanRequest wire;
+      ASSERT_TRUE(EncodePlanRequest(request, {4, 1024}, &wire).ok());
+      auto back = DecodePlanRequest(wire, kLayers, 10);
+      ASSERT_FALSE(back.ok()) << field;
+      EXPECT_EQ(back.status().code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(back.status().message()),
+                  ::testing::HasSubstr(field));
+      EXPECT_THAT(std::string(back.status().message()),
+                  ::testing::HasSubstr("NaN or infinite"));
+    }
   }
 }
 
