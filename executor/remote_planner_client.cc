@@ -65,12 +65,12 @@ void RemotePlannerClient::Forget(uint64_t sequence_id) {
 }
 
 void RemotePlannerClient::FailInFlight(const absl::Status& status) {
-  std::map<Key, PlanCallback> failed;
+  std::map<Key, Pending> failed;
   {
     absl::MutexLock lock(&mu_);
     failed.swap(in_flight_);
   }
-  for (auto& [key, done] : failed) done(status);
+  for (auto& [key, pending] : failed) pending.done(status);
 }
 
 void RemotePlannerClient::Read(
@@ -80,15 +80,16 @@ void RemotePlannerClient::Read(
     uint64_t id = 0;
     if (!absl::SimpleAtoi(response.sequence_id(), &id)) continue;  // not ours
     const Key key{id, static_cast<int64_t>(response.step())};
-    PlanCallback done;
+    Pending pending;
     {
       absl::MutexLock lock(&mu_);
       auto it = in_flight_.find(key);
       if (it == in_flight_.end()) continue;
-      done = std::move(it->second);
+      pending = std::move(it->second);
       in_flight_.erase(it);
     }
-    done(DecodePlanResponse(response, options_.num_layers));
+    pending.done(
+        DecodePlanResponse(response, options_.num_layers, pending.max_draft));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -130,7 +131,7 @@ void RemotePlannerClient::Serve(
                   static_cast<int64_t>(wire.step())};
     {
       absl::MutexLock lock(&mu_);
-      in_flight_[key] = std::move(next.done);
+      in_flight_[key] = {std::move(next.done), next.request.max_draft};
     }
     if (!stream->Write(wire)) return;  // broken: FailInFlight answers it
     bytes_sent_.fetch_add(bytes);

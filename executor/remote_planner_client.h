@@ -101,7 +101,13 @@ class RemotePlannerClient : public PlannerClient {
   std::deque<uint64_t> order_
       ABSL_GUARDED_BY(mu_);  // sequences with a queued request
   std::map<uint64_t, Queued> queued_ ABSL_GUARDED_BY(mu_);  // one per sequence
-  std::map<Key, PlanCallback> in_flight_
+  // A request on the stream: its callback, and the max_draft its plan's
+  // gamma may not exceed.
+  struct Pending {
+    PlanCallback done;
+    int max_draft = 0;
+  };
+  std::map<Key, Pending> in_flight_
       ABSL_GUARDED_BY(mu_);  // written, not yet answered
   // The open stream's context (owned by Run's stack), for the destructor's
   // TryCancel; null between streams.

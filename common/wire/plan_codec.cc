@@ -301,10 +301,18 @@ v1::PlanResponse EncodePlanResponse(uint64_t sequence_id, int64_t step,
 }
 
 absl::StatusOr<DraftPlan> DecodePlanResponse(const v1::PlanResponse& proto,
-                                             int num_layers) {
+                                             int num_layers, int max_gamma) {
   if (proto.has_error()) return StatusFromWire(proto.error());
   DraftPlan plan;
   ASSIGN_OR_RETURN(plan.mask, LayerMask::Parse(proto.mask(), num_layers));
+  // gamma is uint32 on the wire: a large one wrapped to a negative int
+  // (found by tests/fuzz/fuzz_plan_codec).
+  if (proto.gamma() > static_cast<uint32_t>(std::max(0, max_gamma))) {
+    return absl::InvalidArgumentError(absl::StrCat("gamma: ", proto.gamma(),
+                                                   " exceeds the requested "
+                                                   "max_draft_tokens ",
+                                                   max_gamma));
+  }
   plan.gamma = static_cast<int>(proto.gamma());
   plan.predicted_tpt = proto.predicted_tokens_per_second();
   plan.alpha_hat = proto.alpha_hat();

@@ -57,8 +57,10 @@ v1::PlanResponse EncodePlanResponse(uint64_t sequence_id, int64_t step,
 // The plan a PlanResponse carries, or its error as a Status (the codes map
 // back: FINGERPRINT_MISMATCH -> FailedPrecondition, SUPERSEDED -> Cancelled,
 // RESOURCE_EXHAUSTED -> ResourceExhausted, ...). `num_layers` parses the mask.
+// A gamma above `max_gamma` (the request's max_draft: a planner may not ask
+// the executor for longer drafts than it offered) is InvalidArgument.
 absl::StatusOr<DraftPlan> DecodePlanResponse(const v1::PlanResponse& proto,
-                                             int num_layers);
+                                             int num_layers, int max_gamma);
 
 }  // namespace knapserve
 

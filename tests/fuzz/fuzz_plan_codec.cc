@@ -79,12 +79,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   v1::PlanResponse wire;
   if (!wire.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
-  auto plan = DecodePlanResponse(wire, num_layers);
+  auto plan = DecodePlanResponse(wire, num_layers, kDefaultMaxDraft);
   if (!plan.ok()) {
     CheckRefusal(plan.status());
     return 0;
   }
   FUZZ_CHECK(plan->mask.num_layers() == num_layers);
-  FUZZ_CHECK(plan->gamma >= 0);
+  FUZZ_CHECK(plan->gamma >= 0 && plan->gamma <= kDefaultMaxDraft);
   return 0;
 }

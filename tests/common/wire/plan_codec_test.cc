@@ -98,7 +98,7 @@ TEST(PlanCodecTest, ResponsesRoundTripAndErrorsKeepTheirKind) {
   plan.solve_seconds = 0.25;
   plan.queue_seconds = 0.01;
   const v1::PlanResponse wire = EncodePlanResponse(42, 128, plan);
-  auto back = DecodePlanResponse(wire, kLayers);
+  auto back = DecodePlanResponse(wire, kLayers, /*max_gamma=*/10);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->mask, plan.mask);
   EXPECT_EQ(back->gamma, 4);
@@ -114,7 +114,8 @@ TEST(PlanCodecTest, ResponsesRoundTripAndErrorsKeepTheirKind) {
         absl::CancelledError("superseded"),
         absl::ResourceExhaustedError("queue full"),
         absl::InternalError("boom")}) {
-    auto decoded = DecodePlanResponse(EncodePlanResponse(1, 2, error), kLayers);
+    auto decoded =
+        DecodePlanResponse(EncodePlanResponse(1, 2, error), kLayers, 10);
     EXPECT_EQ(decoded.status().code(), error.code()) << error;
     EXPECT_EQ(decoded.status().message(), error.message());
   }
@@ -218,6 +219,23 @@ TEST(PlanCodecTest, NonFiniteStatesOrKvAreRefusedByField) {
                   ::testing::HasSubstr("NaN or infinite"));
     }
   }
+}
+
+// A plan may not ask for longer drafts than the request offered; a gamma
+// past INT_MAX once wrapped to a negative int (found by fuzz_plan_codec).
+TEST(PlanCodecTest, AGammaAboveTheRequestedMaxDraftIsRefused) {
+  DraftPlan plan;
+  plan.mask = *LayerMask::Parse("a1", kLayers);
+  plan.gamma = 4;
+  v1::PlanResponse wire = EncodePlanResponse(1, 2, plan);
+  EXPECT_TRUE(DecodePlanResponse(wire, kLayers, 4).ok());
+  auto refused = DecodePlanResponse(wire, kLayers, 3);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::HasSubstr("gamma: 4 exceeds"));
+  wire.set_gamma(4227330007u);
+  EXPECT_FALSE(DecodePlanResponse(wire, kLayers, 10).ok());
 }
 
 }  // namespace
