@@ -81,7 +81,13 @@ v1::PlanErrorCode WireErrorCode(absl::StatusCode code) {
 }
 
 absl::Status StatusFromWire(const v1::PlanError& error) {
-  const std::string& m = error.message();
+  // Every error says what went wrong, even when the planner sent no words
+  // (found by tests/fuzz/fuzz_plan_codec).
+  const std::string m = error.message().empty()
+                            ? absl::StrCat("the planner sent error ",
+                                           v1::PlanErrorCode_Name(error.code()),
+                                           " without a message")
+                            : error.message();
   switch (error.code()) {
     case v1::PLAN_ERROR_CODE_FINGERPRINT_MISMATCH:
       return absl::FailedPreconditionError(m);
@@ -94,8 +100,7 @@ absl::Status StatusFromWire(const v1::PlanError& error) {
     case v1::PLAN_ERROR_CODE_RESOURCE_EXHAUSTED:
       return absl::ResourceExhaustedError(m);
     default:
-      return absl::InternalError(m.empty() ? "planner error without a code"
-                                           : m);
+      return absl::InternalError(m);
   }
 }
 

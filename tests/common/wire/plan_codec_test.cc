@@ -238,5 +238,17 @@ TEST(PlanCodecTest, AGammaAboveTheRequestedMaxDraftIsRefused) {
   EXPECT_FALSE(DecodePlanResponse(wire, kLayers, 10).ok());
 }
 
+// A plan error without a message still says what happened (found by
+// fuzz_plan_codec: a CANCELLED with an empty message).
+TEST(PlanCodecTest, AnErrorWithoutAMessageIsNamedByItsCode) {
+  v1::PlanResponse wire;
+  wire.mutable_error()->set_code(v1::PLAN_ERROR_CODE_SUPERSEDED);
+  auto decoded = DecodePlanResponse(wire, kLayers, 10);
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(
+      std::string(decoded.status().message()),
+      ::testing::HasSubstr("PLAN_ERROR_CODE_SUPERSEDED without a message"));
+}
+
 }  // namespace
 }  // namespace knapserve
