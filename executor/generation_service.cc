@@ -58,6 +58,10 @@ class GenerationService::Call final
       service_->metrics_->RecordRequest(
           status.code(), result, first_token_seconds, SecondsSince(arrived_));
     }
+    // The id is free before the client can see the end: a client that sends
+    // the same id again right after must not find it "already running"
+    // (OnDone, which also removes it, may come much later).
+    service_->RemoveCall(this);
     writer_.Finish(ToGrpcStatus(status));
   }
 

@@ -50,6 +50,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/status.h"
+#include "executor/generation_codec.h"
+#include "executor/speculation_mode.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
@@ -128,24 +130,9 @@ struct SoakPrompt {
   std::vector<int32_t> reference;  // greedy, speculation off
 };
 
-const v1::SpeculationMode kModes[] = {
-    v1::SPECULATION_MODE_OFF, v1::SPECULATION_MODE_STATIC,
-    v1::SPECULATION_MODE_CLASP, v1::SPECULATION_MODE_KNAPSPEC};
-
-const char* ModeName(v1::SpeculationMode mode) {
-  switch (mode) {
-    case v1::SPECULATION_MODE_OFF:
-      return "off";
-    case v1::SPECULATION_MODE_STATIC:
-      return "static";
-    case v1::SPECULATION_MODE_CLASP:
-      return "clasp";
-    case v1::SPECULATION_MODE_KNAPSPEC:
-      return "knapspec";
-    default:
-      return "?";
-  }
-}
+const SpeculationMode kModes[] = {
+    SpeculationMode::kOff, SpeculationMode::kStatic, SpeculationMode::kClasp,
+    SpeculationMode::kKnapSpec};
 
 std::chrono::system_clock::time_point DeadlineIn(double seconds) {
   return std::chrono::system_clock::now() +
@@ -189,7 +176,8 @@ void Client(v1::Generation::Stub& stub, const std::vector<SoakPrompt>& prompts,
   std::uniform_real_distribution<double> unit(0, 1);
   for (int64_t n = 0; Clock::now() < end; ++n) {
     const int p = static_cast<int>(rng() % prompts.size());
-    const v1::SpeculationMode mode = kModes[rng() % 4];
+    const SpeculationMode mode = kModes[rng() % 4];
+    const std::string mode_name = SpeculationModeName(mode);
     const bool greedy = unit(rng) < 0.6;
     const double draw = unit(rng);
     const Action action = draw < 0.55   ? Action::kComplete
@@ -206,7 +194,7 @@ void Client(v1::Generation::Stub& stub, const std::vector<SoakPrompt>& prompts,
     request.set_request_id(id);
     request.set_text(prompts[p].text);
     request.set_max_new_tokens(static_cast<int32_t>(max_new_tokens));
-    request.mutable_speculation()->set_mode(mode);
+    request.mutable_speculation()->set_mode(ToWireMode(mode));
     if (greedy) {
       request.set_temperature(0);
     } else {
@@ -257,20 +245,18 @@ void Client(v1::Generation::Stub& stub, const std::vector<SoakPrompt>& prompts,
     absl::MutexLock lock(&tally.mu);
     ++tally.calls;
     tally.tokens += static_cast<int64_t>(ids.size());
-    ++tally.by_mode[ModeName(mode)];
+    ++tally.by_mode[mode_name];
     const double overrun = elapsed - deadline_seconds;
     tally.worst_overrun = std::max(tally.worst_overrun, overrun);
     if (overrun > absl::GetFlag(FLAGS_hang_grace_seconds)) {
       ++tally.hangs;
-      tally.Example(absl::StrCat(id, " (", ActionName(action), ", ",
-                                 ModeName(mode), ") ended ", overrun,
-                                 " s past its deadline"));
+      tally.Example(absl::StrCat(id, " (", ActionName(action), ", ", mode_name,
+                                 ") ended ", overrun, " s past its deadline"));
     }
     const auto error = [&](const std::string& what) {
       ++tally.errors[what];
-      tally.Example(absl::StrCat(id, " (", ActionName(action), ", ",
-                                 ModeName(mode), "): ", what, ": ",
-                                 status.error_message()));
+      tally.Example(absl::StrCat(id, " (", ActionName(action), ", ", mode_name,
+                                 "): ", what, ": ", status.error_message()));
     };
     switch (status.error_code()) {
       case grpc::StatusCode::OK:
@@ -287,7 +273,7 @@ void Client(v1::Generation::Stub& stub, const std::vector<SoakPrompt>& prompts,
           ++tally.greedy_checked;
           if (ids != prompts[p].reference) {
             ++tally.mismatches;
-            tally.Example(absl::StrCat(id, " (", ModeName(mode),
+            tally.Example(absl::StrCat(id, " (", mode_name,
                                        "): greedy output differs from the "
                                        "reference (",
                                        ids.size(), " vs ",

@@ -61,6 +61,9 @@ run_one() {
     "$seconds" "${execs:-?}" "${cov:-?}" \
     "$(find "$dir/corpus/$name" -type f | wc -l)" \
     "$([ "$rc" -eq 0 ] && echo ok || echo "FAILED (exit $rc, $log)")"
+  if [ "$rc" -ne 0 ]; then
+    grep -v '^#[0-9]\|^\[libprotobuf' "$log" | tail -40 >&2
+  fi
   return "$rc"
 }
 export -f run_one

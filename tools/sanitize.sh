@@ -26,6 +26,43 @@ esac
 flags="$flags -fno-omit-frame-pointer -g"
 tools/setup.sh >/dev/null  # packages (and the normal build)
 dir=build-$mode
+
+# ThreadSanitizer sees a lock only where the locking code is instrumented.
+# Debian's libabsl is not, so every absl::Mutex (ours, and gRPC's, which
+# locks through Abseil) looks like no lock at all and every guarded member
+# like a race. Thread mode therefore builds Debian's own Abseil source (the
+# installed version, with Debian's patches: same options, same inline
+# namespace, same SONAMEs) with -fsanitize=thread into $dir/abseil/lib, and
+# runs the tests with it on LD_LIBRARY_PATH, so the binaries, gRPC included,
+# load the instrumented copy. The source comes from the Debian archive
+# ($DEBIAN_MIRROR, default http://deb.debian.org/debian).
+build_tsan_abseil() {
+  local root=$1 version upstream mirror
+  [ -f "$root/lib/libabsl_synchronization.so.20220623" ] && return 0
+  version=$(dpkg-query -W -f='${source:Version}' libabsl-dev)
+  upstream=${version%-*}
+  mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+  mkdir -p "$root/download"
+  for file in "abseil_${version}.dsc" "abseil_${upstream}.orig.tar.gz" \
+              "abseil_${version}.debian.tar.xz"; do
+    [ -f "$root/download/$file" ] || curl -sSf -o "$root/download/$file" \
+      "$mirror/pool/main/a/abseil/$file"
+  done
+  rm -rf "$root/src"
+  dpkg-source --no-check -x "$root/download/abseil_${version}.dsc" \
+    "$root/src" >/dev/null
+  # debian/rules' shared build, plus the sanitizer.
+  cmake -S "$root/src" -B "$root/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_STANDARD=17 -DBUILD_SHARED_LIBS=ON -DBUILD_TESTING=OFF \
+    -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_SHARED_LINKER_FLAGS="$flags" \
+    -DCMAKE_INSTALL_PREFIX="$root" -DCMAKE_INSTALL_LIBDIR=lib >/dev/null
+  cmake --build "$root/build" -j "${JOBS:-$(nproc)}"
+  cmake --install "$root/build" >/dev/null
+}
+if [ "$mode" = thread ]; then
+  build_tsan_abseil "$PWD/$dir/abseil"
+  export LD_LIBRARY_PATH="$PWD/$dir/abseil/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+fi
 if [ ! -f "$dir/build.ninja" ]; then
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_C_FLAGS="$flags" \

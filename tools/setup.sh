@@ -11,6 +11,7 @@ cd "$(dirname "$0")/.."
 PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache git
   clang  # tools/check_thread_safety.sh (clang's -Wthread-safety), a CTest test
+  libclang-rt-14-dev libomp-dev  # tools/fuzz.sh: libFuzzer, sanitizers and OpenMP under clang
   libtorch-dev libopenblas0-pthread
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev

@@ -4,6 +4,7 @@
 // cancellation, deadlines, Abort, drain, and a LibTorch exception in one
 // stream's forward pass failing that stream only.
 #include <c10/util/Exception.h>
+#include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 
@@ -402,6 +403,33 @@ TEST(GenerationServiceTest, SixteenConcurrentStreamsAllComplete) {
         << i << ": " << results[i].status.error_message();
     EXPECT_EQ(results[i].ids, reference.ids) << i;
   }
+}
+
+// A request id is free again as soon as its call has ended for the client:
+// the soak (tools/soak.sh) reused an id right after its stream finished and
+// was refused as "already running", because the id was released only when
+// gRPC later ran the reactor's OnDone. Two calls with one id at the same time
+// are still refused.
+TEST(GenerationServiceTest, ARequestIdIsFreeOnceItsCallHasEnded) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  Server s = StartServer();
+  ASSERT_NE(s.server, nullptr);
+  v1::GenerateRequest request = TextRequest("Once upon a time", 2);
+  request.set_request_id("reused");
+  for (int i = 0; i < 30; ++i) {
+    const Streamed again = Call(*s.stub, request);
+    ASSERT_TRUE(again.status.ok()) << i << ": " << again.status.error_message();
+  }
+  v1::GenerateRequest longer = TextRequest("Once upon a time", 200);
+  longer.set_request_id("reused");
+  longer.set_ignore_eos(true);
+  Streamed second;
+  const Streamed first =
+      Call(*s.stub, longer, nullptr, [&] { second = Call(*s.stub, longer); });
+  EXPECT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(second.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(second.status.error_message(),
+              ::testing::HasSubstr("already running"));
 }
 
 // One slot, no queue: a second request while one runs is RESOURCE_EXHAUSTED;
