@@ -321,6 +321,12 @@ const char* const kDrainedGauges[] = {
     "knapserve_kv_sequences",       "knapserve_kv_blocks_used",
     "knapserve_kv_blocks_reserved", "knapserve_kv_waiting_requests"};
 
+// Counters reported beside the checks: planning went on while the planner
+// was being killed.
+const char* const kReportedCounters[] = {
+    "knapserve_planner_plans_applied_total", "knapserve_planner_failures_total",
+    "knapserve_spec_decode_num_accepted_tokens_total"};
+
 // The unlabelled samples of a Prometheus text exposition, by name.
 absl::StatusOr<std::map<std::string, double>> Scrape(
     const std::string& hostport) {
@@ -433,6 +439,7 @@ absl::Status BenchSoak() {
 
   // The gauges, until they read zero (or 30 s).
   std::map<std::string, double> gauges;
+  std::map<std::string, double> counters;  // what planning did meanwhile
   bool drained = false;
   const std::string metrics = absl::GetFlag(FLAGS_metrics);
   if (!metrics.empty()) {
@@ -442,6 +449,11 @@ absl::Status BenchSoak() {
       using Samples = std::map<std::string, double>;
       ASSIGN_OR_RETURN(Samples samples, Scrape(metrics));
       drained = true;
+      for (const char* name : kReportedCounters) {
+        if (auto it = samples.find(name); it != samples.end()) {
+          counters[name] = it->second;
+        }
+      }
       for (const char* name : kDrainedGauges) {
         auto it = samples.find(name);
         if (it == samples.end()) {
@@ -485,6 +497,7 @@ absl::Status BenchSoak() {
   out["errors"] = tally.errors;
   out["calls_by_mode"] = tally.by_mode;
   out["gauges_after"] = gauges;
+  out["server_counters"] = counters;
   out["drained"] = drained;
   out["rss_after_warmup_bytes"] = rss_warm.load();
   out["rss_end_bytes"] = rss_end.load();
@@ -519,6 +532,10 @@ absl::Status BenchSoak() {
       std::printf("soak: gauges after the load: %s%s\n",
                   nlohmann::json(gauges).dump().c_str(),
                   drained ? " (all zero)" : " (NOT ZERO after 30 s)");
+    }
+    if (!counters.empty()) {
+      std::printf("soak: server counters: %s\n",
+                  nlohmann::json(counters).dump().c_str());
     }
     if (pid > 0) {
       std::printf(

@@ -44,6 +44,7 @@ start_planner() {
   "$bin/knapserve-planner" --model "$model" --listen "127.0.0.1:$planner_port" \
     --threads 1 --profile-cache "$work/profiles" >>"$work/planner.log" 2>&1 &
   echo $! >"$work/planner.pid"
+  disown "$!"  # its SIGKILLs are the point: no "Killed" job notices
 }
 wait_for_log() {  # FILE TEXT SECONDS
   for _ in $(seq 1 "$3"); do
@@ -70,13 +71,14 @@ wait_for_log "$work/executor.log" "serving" 600
 (
   restarts=0
   while sleep 60; do
-    kill -9 "$(cat "$work/planner.pid")" 2>/dev/null || true
-    wait "$(cat "$work/planner.pid")" 2>/dev/null || true
+    pid=$(cat "$work/planner.pid")
+    kill -9 "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     start_planner
     restarts=$((restarts + 1))
     echo "$restarts" >"$work/planner.restarts"
   done
-) &
+) 2>>"$work/killer.log" &
 killer=$!
 
 rc=0

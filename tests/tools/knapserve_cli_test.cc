@@ -6,8 +6,10 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -348,6 +350,7 @@ class ServerProcess {
   }
   const std::string& port() const { return port_; }
   std::string address() const { return "127.0.0.1:" + port_; }
+  pid_t pid() const { return pid_; }
   std::string log() const { return ReadFile(err_path_); }
   // SIGTERM, then the exit code (-1 if it did not exit normally).
   int Stop() { return Signal(SIGTERM); }
@@ -1025,6 +1028,78 @@ TEST(KnapserveCliTest, BenchServeDrivesARunningServer) {
       {"bench", "serve", "--server", serve.address(), "--prompts", prompts});
   EXPECT_EQ(gone.exit_code, 1);
   EXPECT_THAT(gone.err, HasSubstr(serve.address()));
+}
+
+// A loopback TCP port nothing listens on right now (the kernel's choice for
+// port 0), for flags that take a fixed port such as --metrics-port.
+int FreeLoopbackPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
+    port = ntohs(address.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// bench soak (tools/soak.sh's client) against a running `serve`: a short
+// mixed load (every mode, greedy and sampling, cancels, deadlines, Aborts)
+// passes its checks (greedy outputs equal the references, no hang, no
+// unexplained error, the gauges drain), and its JSON says what happened. A
+// load no longer than its warm-up is bad usage (exit 2).
+TEST(KnapserveCliTest, BenchSoakRunsAMixedLoadAndChecksTheServer) {
+  const knapserve::testing::ScopedTempDir dir("bench_soak");
+  const std::string prompts = WriteStoryPrompts(dir);
+  const int metrics_port = FreeLoopbackPort();
+  ASSERT_GT(metrics_port, 0);
+  ServerProcess serve(Stories(
+      {knapserve::testing::kKnapserveBinary, "serve", "--listen", "127.0.0.1:0",
+       "--profile", StoriesProfile(), "--metrics-port",
+       std::to_string(metrics_port), "--skip", "a1,m3", "--max-draft", "4"}));
+  ASSERT_FALSE(serve.port().empty()) << serve.log();
+  const nlohmann::json soak = RunJson({"bench",
+                                       "soak",
+                                       "--server",
+                                       serve.address(),
+                                       "--prompts",
+                                       prompts,
+                                       "--metrics",
+                                       absl::StrCat("127.0.0.1:", metrics_port),
+                                       "--server-pid",
+                                       std::to_string(serve.pid()),
+                                       "--soak-seconds",
+                                       "6",
+                                       "--warmup-seconds",
+                                       "2",
+                                       "--max-rss-growth",
+                                       "0.5",
+                                       "--concurrency",
+                                       "6",
+                                       "--max-new-tokens",
+                                       "24",
+                                       "--json"});
+  EXPECT_EQ(soak["ok"], true) << soak.dump(2);
+  EXPECT_GT(soak["calls"].get<int64_t>(), 10) << soak.dump(2);
+  EXPECT_GT(soak["greedy_checked"].get<int64_t>(), 0);
+  EXPECT_EQ(soak["mismatches"], 0);
+  EXPECT_EQ(soak["hangs"], 0);
+  EXPECT_EQ(soak["drained"], true);
+  EXPECT_EQ(soak["calls_by_mode"].size(), 4u) << soak.dump(2);
+  EXPECT_GT(soak["cancelled"].get<int64_t>() +
+                soak["deadline_exceeded"].get<int64_t>() +
+                soak["aborted"].get<int64_t>(),
+            0);
+  EXPECT_GT(soak["rss_end_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(serve.Stop(), 0) << serve.log();
+  const Outcome bad =
+      RunKnapserve({"bench", "soak", "--server", "127.0.0.1:1",
+                    "--soak-seconds", "5", "--warmup-seconds", "5"});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
 }
 
 // The port a server process logged for its plaintext health checks
