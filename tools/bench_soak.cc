@@ -253,18 +253,14 @@ void Client(v1::Generation::Stub& stub, const std::vector<SoakPrompt>& prompts,
       tally.Example(absl::StrCat(id, " (", ActionName(action), ", ", mode_name,
                                  ") ended ", overrun, " s past its deadline"));
     }
-    const auto error = [&](const std::string& what) {
-      ++tally.errors[what];
-      tally.Example(absl::StrCat(id, " (", ActionName(action), ", ", mode_name,
-                                 "): ", what, ": ", status.error_message()));
-    };
+    std::string error;  // what the call's fate does not explain, if any
     switch (status.error_code()) {
       case grpc::StatusCode::OK:
         if (finish == v1::FINISH_REASON_ABORTED) {
           if (action == Action::kAbort) {
             ++tally.aborted;
           } else {
-            error("finish_reason ABORTED without an Abort");
+            error = "finish_reason ABORTED without an Abort";
           }
           break;
         }
@@ -285,18 +281,23 @@ void Client(v1::Generation::Stub& stub, const std::vector<SoakPrompt>& prompts,
         if (action == Action::kCancel) {
           ++tally.cancelled;
         } else {
-          error("CANCELLED");
+          error = "CANCELLED";
         }
         break;
       case grpc::StatusCode::DEADLINE_EXCEEDED:
         if (action == Action::kDeadline) {
           ++tally.deadline_exceeded;
         } else {
-          error("DEADLINE_EXCEEDED");
+          error = "DEADLINE_EXCEEDED";
         }
         break;
       default:
-        error(absl::StrCat("status ", static_cast<int>(status.error_code())));
+        error = absl::StrCat("status ", static_cast<int>(status.error_code()));
+    }
+    if (!error.empty()) {
+      ++tally.errors[error];
+      tally.Example(absl::StrCat(id, " (", ActionName(action), ", ", mode_name,
+                                 "): ", error, ": ", status.error_message()));
     }
   }
 }
@@ -397,9 +398,10 @@ absl::Status BenchSoak() {
                      Reference(*stub, prompt.text, max_new_tokens));
     prompts.push_back({prompt.text, std::move(reference)});
   }
-  std::printf("soak: %zu prompts, references done; %d clients for %.0f s\n",
-              prompts.size(), concurrency, seconds);
-  std::fflush(stdout);
+  // Progress goes to stderr: stdout is the report (JSON with --json).
+  std::fprintf(stderr,
+               "soak: %zu prompts, references done; %d clients for %.0f s\n",
+               prompts.size(), concurrency, seconds);
 
   // Resident memory, every second, from a watcher thread.
   const Clock::time_point t0 = Clock::now();
