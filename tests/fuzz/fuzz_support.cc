@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <map>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
@@ -72,12 +74,21 @@ const LlamaModel& Stories260k() {
   return *model;
 }
 
+const Tokenizer& SharedTokenizer(std::string_view relative) {
+  static auto* loaded =
+      new std::map<std::string, std::unique_ptr<Tokenizer>, std::less<>>();
+  auto it = loaded->find(relative);
+  if (it == loaded->end()) {
+    it = loaded
+             ->emplace(std::string(relative),
+                       LoadOrExit(Tokenizer::FromFile(SharedFile(relative))))
+             .first;
+  }
+  return *it->second;
+}
+
 const Tokenizer& Stories260kTokenizer() {
-  static const Tokenizer* tokenizer =
-      LoadOrExit(
-          Tokenizer::FromFile(SharedFile("models/stories260k/tokenizer.json")))
-          .release();
-  return *tokenizer;
+  return SharedTokenizer("models/stories260k/tokenizer.json");
 }
 
 void SilenceProtobufLogs() {

@@ -79,6 +79,9 @@ std::string SharedFile(std::string_view relative);
 // finding.
 const LlamaModel& Stories260k();
 const Tokenizer& Stories260kTokenizer();
+// The tokenizer.json at SharedFile(relative), loaded once per path and kept;
+// exit 2 as above when it cannot be loaded.
+const Tokenizer& SharedTokenizer(std::string_view relative);
 
 // Drops protobuf's log lines (a string field with invalid UTF-8 is logged
 // at every parse, and the parse is meant to fail).

@@ -9,10 +9,7 @@
 //     OutOfRange;
 //   - the IncrementalDecoder's pieces, concatenated, equal Decode of all ids.
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,24 +19,14 @@
 
 namespace {
 
-std::unique_ptr<knapserve::Tokenizer> g_tokenizers[2];
-
-std::unique_ptr<knapserve::Tokenizer> LoadOrDie(const std::string& path) {
-  auto tokenizer = knapserve::Tokenizer::FromFile(path);
-  if (!tokenizer.ok()) {
-    std::fprintf(stderr, "fuzz_tokenizer_text: %s (set KNAPSERVE_SHARED)\n",
-                 tokenizer.status().ToString().c_str());
-    std::exit(2);
-  }
-  return std::move(*tokenizer);
-}
+const knapserve::Tokenizer* g_tokenizers[2];
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  using knapserve::fuzz::SharedFile;
-  g_tokenizers[0] = LoadOrDie(SharedFile("models/stories260k/tokenizer.json"));
-  g_tokenizers[1] = LoadOrDie(SharedFile("tokenizers/smollm/tokenizer.json"));
+  using knapserve::fuzz::SharedTokenizer;
+  g_tokenizers[0] = &SharedTokenizer("models/stories260k/tokenizer.json");
+  g_tokenizers[1] = &SharedTokenizer("tokenizers/smollm/tokenizer.json");
   return 0;
 }
 
