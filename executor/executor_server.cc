@@ -67,11 +67,23 @@ bool ExecutorServer::Drain(std::chrono::milliseconds timeout) {
   if (health_ != nullptr) {
     health_->SetServingStatus(v1::Generation::service_full_name(), false);
   }
+  if (http_ != nullptr) http_->StartDraining();
   const bool finished = service_->Drain(timeout);
   server_->Shutdown(std::chrono::system_clock::now() +
                     std::chrono::milliseconds(500));
+  if (http_ != nullptr) http_->Shutdown();
   if (health_ != nullptr) health_->Shutdown();
   return finished;
+}
+
+absl::Status ExecutorServer::StartHttp(const std::string& listen,
+                                       HttpFrontDoorOptions options) {
+  if (http_ != nullptr) {
+    return absl::FailedPreconditionError("the HTTP front door already runs");
+  }
+  ASSIGN_OR_RETURN(http_,
+                   HttpFrontDoor::Start(*service_, listen, std::move(options)));
+  return absl::OkStatus();
 }
 
 ExecutorServer::~ExecutorServer() { Drain(std::chrono::milliseconds(0)); }

@@ -4,11 +4,17 @@
 // knapserve-executor, `knapserve serve` and tests (listen on "127.0.0.1:0",
 // ask port()).
 //
-// Drain (SIGTERM): readiness goes NOT_SERVING, new requests get UNAVAILABLE,
-// running ones finish (up to `timeout`), then the server shuts down.
+// StartHttp adds the OpenAI-compatible HTTP front door
+// (executor/http_front_door.h) on the same service.
+//
+// Drain (SIGTERM): readiness goes NOT_SERVING (and HTTP /health 503), new
+// requests get UNAVAILABLE (HTTP 503), running ones finish (up to
+// `timeout`), then both servers shut down.
 //
 // Ownership: borrows the model, tokenizer and planner client through the
-// service options (they must outlive the server); owns the service.
+// service options (they must outlive the server); owns the service and the
+// front door. Thread safety: Start, StartHttp, Drain and the destructor from
+// one thread (the main one).
 #ifndef KNAPSERVE_EXECUTOR_EXECUTOR_SERVER_H_
 #define KNAPSERVE_EXECUTOR_EXECUTOR_SERVER_H_
 
@@ -21,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "common/rpc/health_port.h"
 #include "executor/generation_service.h"
+#include "executor/http_front_door.h"
 
 namespace knapserve {
 
@@ -38,7 +45,11 @@ class ExecutorServer {
       const std::string& health_listen = "");
   ~ExecutorServer();
 
+  // Serves HTTP on `listen` ("HOST:PORT", port 0 picks one: http_port()).
+  absl::Status StartHttp(const std::string& listen,
+                         HttpFrontDoorOptions options);
   int port() const { return port_; }
+  int http_port() const { return http_ != nullptr ? http_->port() : 0; }
   int health_port() const { return health_ != nullptr ? health_->port() : 0; }
   GenerationService& service() { return *service_; }
   // Returns true when every running request finished within `timeout`.
@@ -49,7 +60,8 @@ class ExecutorServer {
 
   std::unique_ptr<GenerationService> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<HealthPort> health_;  // with health_listen
+  std::unique_ptr<HealthPort> health_;   // with health_listen
+  std::unique_ptr<HttpFrontDoor> http_;  // after StartHttp; borrows service_
   int port_ = 0;
   bool stopped_ = false;
 };

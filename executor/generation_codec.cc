@@ -142,6 +142,7 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
   if (wire.has_top_p()) request.sampling.top_p = wire.top_p();
   if (wire.has_seed()) request.sampling.seed = wire.seed();
   request.ignore_eos = wire.has_ignore_eos() && wire.ignore_eos();
+  request.logprobs = wire.logprobs();
   request.stop_strings.assign(wire.stop().begin(), wire.stop().end());
   request.stop_token_ids.assign(wire.stop_token_ids().begin(),
                                 wire.stop_token_ids().end());
@@ -166,10 +167,12 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
 
 v1::GenerateResponse EncodeChunk(std::string_view request_id,
                                  absl::Span<const int32_t> ids,
-                                 std::string_view text) {
+                                 std::string_view text,
+                                 absl::Span<const float> logprobs) {
   v1::GenerateResponse response;
   v1::Chunk* chunk = response.mutable_chunk();
   chunk->mutable_token_ids()->Add(ids.begin(), ids.end());
+  chunk->mutable_logprobs()->Add(logprobs.begin(), logprobs.end());
   chunk->set_text(std::string(text));
   chunk->set_request_id(std::string(request_id));
   return response;

@@ -77,7 +77,8 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
 // One step's Chunk message.
 v1::GenerateResponse EncodeChunk(std::string_view request_id,
                                  absl::Span<const int32_t> ids,
-                                 std::string_view text);
+                                 std::string_view text,
+                                 absl::Span<const float> logprobs = {});
 
 // Timings only the service knows (measured from the request's arrival).
 struct ServiceTimings {

@@ -16,7 +16,8 @@ namespace knapserve {
 // responses and calls Close last; the writer finishes the stream once they
 // are written, so the call outlives every use by the worker.
 class GenerationService::Call final
-    : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+    : public grpc::ServerWriteReactor<v1::GenerateResponse>,
+      public GenerationSink {
  public:
   Call(GenerationService* service, grpc::CallbackServerContext* context,
        std::string request_id)
@@ -25,27 +26,37 @@ class GenerationService::Call final
         request_id_(std::move(request_id)),
         arrived_(std::chrono::steady_clock::now()) {}
 
-  const std::string& request_id() const { return request_id_; }
+  const std::string& request_id() const override { return request_id_; }
 
-  // Whether the sequence must stop: client cancelled, deadline passed, aborted.
-  bool ShouldStop() const {
-    return cancelled_.load() || aborted_.load() ||
+  // GenerationSink: client cancelled, deadline passed, aborted.
+  bool ShouldStop() const override {
+    return cancelled_.load() || aborted() ||
            context_->deadline() < std::chrono::system_clock::now();
   }
-  void MarkAborted() { aborted_ = true; }
-
-  // On a scheduler worker: generates, streams, closes. Nothing it runs may
-  // throw past here (an exception ends this stream with INTERNAL).
-  void Run(GenerationRequest request) {
-    std::optional<GenerationResult> result;
-    double first_token_seconds = 0;
-    absl::Status status;
-    try {
-      status = Serve(std::move(request), result, first_token_seconds);
-    } catch (...) {
-      status = CurrentExceptionAsInternal("generation failed");
+  absl::Status StopStatus() const override {
+    if (context_->deadline() < std::chrono::system_clock::now()) {
+      return absl::DeadlineExceededError("deadline exceeded");
     }
-    Close(status, result.has_value() ? &*result : nullptr, first_token_seconds);
+    return absl::CancelledError("cancelled by the client");
+  }
+  // On the engine's step thread: only queues the chunk.
+  void OnTokens(absl::Span<const int32_t> ids, std::string_view text,
+                absl::Span<const float> logprobs) override {
+    writer_.Enqueue(EncodeChunk(request_id_, ids, text, logprobs));
+  }
+
+  // On a scheduler worker: generates, streams, closes.
+  void Run(GenerationRequest request) {
+    const SpeculationMode mode = request.speculation.mode;
+    GenerationOutcome outcome =
+        service_->RunOnWorker(std::move(request), arrived_, *this);
+    if (outcome.status.ok()) {
+      writer_.Enqueue(
+          EncodeFinal(request_id_, *outcome.result, mode, outcome.timings));
+    }
+    Close(outcome.status,
+          outcome.result.has_value() ? &*outcome.result : nullptr,
+          outcome.timings.first_token_seconds);
   }
 
   // Records the request's metrics and ends the stream with `status` once
@@ -54,14 +65,11 @@ class GenerationService::Call final
   void Close(const absl::Status& status,
              const GenerationResult* result = nullptr,
              double first_token_seconds = 0) {
-    if (service_->metrics_ != nullptr) {
-      service_->metrics_->RecordRequest(
-          status.code(), result, first_token_seconds, SecondsSince(arrived_));
-    }
+    service_->RecordRequest(status, result, first_token_seconds, arrived_);
     // The id is free before the client can see the end: a client that sends
     // the same id again right after must not find it "already running"
     // (OnDone, which also removes it, may come much later).
-    service_->RemoveCall(this);
+    service_->RemoveCall(request_id_, this);
     writer_.Finish(ToGrpcStatus(status));
   }
 
@@ -76,63 +84,78 @@ class GenerationService::Call final
   }
 
   void OnDone() override {
-    service_->RemoveCall(this);
+    GenerationService* service = service_;
+    service->RemoveCall(request_id_, this);
     delete this;
+    service->CallEnded();  // last: the service may be destroyed right after
   }
 
  private:
-  absl::Status StopStatus() const {
-    if (context_->deadline() < std::chrono::system_clock::now()) {
-      return absl::DeadlineExceededError("deadline exceeded");
-    }
-    return absl::CancelledError("cancelled by the client");
-  }
-
-  // The generation itself: takes step turns, streams chunks, queues the final
-  // message. `result` is set when the generation returned one.
-  absl::Status Serve(GenerationRequest request,
-                     std::optional<GenerationResult>& result,
-                     double& first_token_seconds) {
-    if (ShouldStop()) return StopStatus();
-    const double queue_seconds = SecondsSince(arrived_);
-    if (service_->options_.before_step_for_tests) {
-      request.before_step_for_tests =
-          [hook = service_->options_.before_step_for_tests,
-           id = request_id_](int64_t step) { hook(id, step); };
-    }
-    bool first = true;
-    // on_tokens runs on the engine's step thread while this worker waits in
-    // Generate: it only queues the chunk and says whether to go on.
-    auto on_tokens = [&](absl::Span<const int32_t> ids, std::string_view text) {
-      if (first) {
-        first_token_seconds = SecondsSince(arrived_);
-        first = false;
-      }
-      writer_.Enqueue(EncodeChunk(request_id_, ids, text));
-      return !ShouldStop();
-    };
-    absl::StatusOr<GenerationResult> generated = service_->engine_->Generate(
-        request, on_tokens, nullptr, [this] { return ShouldStop(); });
-    if (!generated.ok()) return generated.status();
-    result = std::move(*generated);
-    if (result->finish_reason == FinishReason::kAborted && !aborted_.load()) {
-      return StopStatus();  // cancelled or past the deadline: no final message
-    }
-    const ServiceTimings timings{queue_seconds, first_token_seconds,
-                                 SecondsSince(arrived_)};
-    writer_.Enqueue(
-        EncodeFinal(request_id_, *result, request.speculation.mode, timings));
-    return absl::OkStatus();
-  }
-
   GenerationService* const service_;
   grpc::CallbackServerContext* const context_;
   const std::string request_id_;
   const std::chrono::steady_clock::time_point arrived_;
   std::atomic<bool> cancelled_{false};
-  std::atomic<bool> aborted_{false};
   QueuedWriter<v1::GenerateResponse> writer_{this};
 };
+
+GenerationOutcome GenerationService::RunOnWorker(
+    GenerationRequest request, std::chrono::steady_clock::time_point arrived,
+    GenerationSink& sink) {
+  GenerationOutcome outcome;
+  try {
+    outcome.status = Serve(std::move(request), arrived, sink, outcome);
+  } catch (...) {
+    outcome.status = CurrentExceptionAsInternal("generation failed");
+  }
+  if (!outcome.status.ok()) outcome.result.reset();
+  return outcome;
+}
+
+absl::Status GenerationService::Serve(
+    GenerationRequest request, std::chrono::steady_clock::time_point arrived,
+    GenerationSink& sink, GenerationOutcome& outcome) {
+  ServiceTimings& timings = outcome.timings;
+  if (sink.ShouldStop()) return sink.StopStatus();
+  timings.queue_seconds = SecondsSince(arrived);
+  if (options_.before_step_for_tests) {
+    request.before_step_for_tests = [hook = options_.before_step_for_tests,
+                                     id = sink.request_id()](int64_t step) {
+      hook(id, step);
+    };
+  }
+  bool first = true;
+  // on_tokens runs on the engine's step thread while this worker waits in
+  // Generate: it only hands the chunk over and says whether to go on.
+  auto on_tokens = [&](absl::Span<const int32_t> ids, std::string_view text,
+                       absl::Span<const float> logprobs) {
+    if (first) {
+      timings.first_token_seconds = SecondsSince(arrived);
+      first = false;
+    }
+    sink.OnTokens(ids, text, logprobs);
+    return !sink.ShouldStop();
+  };
+  absl::StatusOr<GenerationResult> generated = engine_->Generate(
+      request, on_tokens, nullptr, [&sink] { return sink.ShouldStop(); });
+  if (!generated.ok()) return generated.status();
+  outcome.result = std::move(*generated);
+  if (outcome.result->finish_reason == FinishReason::kAborted &&
+      !sink.aborted()) {
+    return sink.StopStatus();  // cancelled or past the deadline
+  }
+  timings.total_seconds = SecondsSince(arrived);
+  return absl::OkStatus();
+}
+
+void GenerationService::RecordRequest(
+    const absl::Status& status, const GenerationResult* result,
+    double first_token_seconds, std::chrono::steady_clock::time_point arrived) {
+  if (metrics_ != nullptr) {
+    metrics_->RecordRequest(status.code(), result, first_token_seconds,
+                            SecondsSince(arrived));
+  }
+}
 
 GenerationService::GenerationService(const LlamaModel& model,
                                      const Tokenizer& tokenizer,
@@ -173,17 +196,73 @@ GenerationService::GenerationService(const LlamaModel& model,
 
 GenerationService::~GenerationService() {
   scheduler_.Drain(std::chrono::hours(1));
+  // Every Call points at this service until its OnDone returns, which gRPC
+  // may deliver on its own thread after the server has shut down. Wait for
+  // them; a reactor gRPC never finishes is reported, not waited on forever.
+  absl::MutexLock lock(&calls_mu_);
+  auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(calls_mu_) {
+    return calls_alive_ == 0;
+  };
+  if (!calls_mu_.AwaitWithTimeout(absl::Condition(&all_done),
+                                  absl::Seconds(30))) {
+    std::fprintf(stderr,
+                 "knapserve: %lld gRPC calls still not done 30 s after "
+                 "shutdown\n",
+                 static_cast<long long>(calls_alive_));
+  }
 }
 
-bool GenerationService::AddCall(Call* call) {
+void GenerationService::CallCreated() {
   absl::MutexLock lock(&calls_mu_);
-  return calls_.emplace(call->request_id(), call).second;
+  ++calls_alive_;
 }
 
-void GenerationService::RemoveCall(Call* call) {
+void GenerationService::CallEnded() {
   absl::MutexLock lock(&calls_mu_);
-  auto it = calls_.find(call->request_id());
+  --calls_alive_;
+}
+
+bool GenerationService::AddCall(const std::string& id, GenerationSink* call) {
+  absl::MutexLock lock(&calls_mu_);
+  return calls_.emplace(id, call).second;
+}
+
+void GenerationService::RemoveCall(const std::string& id,
+                                   GenerationSink* call) {
+  absl::MutexLock lock(&calls_mu_);
+  auto it = calls_.find(id);
   if (it != calls_.end() && it->second == call) calls_.erase(it);
+}
+
+absl::Status GenerationService::Submit(
+    GenerationRequest request, std::shared_ptr<LocalGenerationSink> sink) {
+  const std::string& id = sink->request_id();
+  const auto arrived = std::chrono::steady_clock::now();
+  if (!AddCall(id, sink.get())) {
+    const absl::Status taken = absl::InvalidArgumentError(
+        absl::StrCat("request_id: '", id, "' is already running"));
+    RecordRequest(taken, nullptr, 0, arrived);
+    return taken;
+  }
+  absl::Status admitted = scheduler_.Submit(
+      [this, sink, arrived, request = std::move(request)]() mutable {
+        GenerationOutcome outcome =
+            RunOnWorker(std::move(request), arrived, *sink);
+        RecordRequest(outcome.status,
+                      outcome.result.has_value() ? &*outcome.result : nullptr,
+                      outcome.timings.first_token_seconds, arrived);
+        RemoveCall(sink->request_id(), sink.get());
+        sink->OnFinished(std::move(outcome));
+      });
+  if (!admitted.ok()) {
+    RecordRequest(admitted, nullptr, 0, arrived);
+    RemoveCall(id, sink.get());
+  }
+  return admitted;
+}
+
+void GenerationService::RecordRefused(const absl::Status& status) {
+  RecordRequest(status, nullptr, 0, std::chrono::steady_clock::now());
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
@@ -191,13 +270,14 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   std::string id = wire->request_id();
   if (id.empty()) id = absl::StrCat("req-", next_id_.fetch_add(1));
   Call* call = new Call(this, context, id);
+  CallCreated();
   absl::StatusOr<GenerationRequest> request =
       DecodeGenerateRequest(*wire, request_defaults_, model_, tokenizer_);
   if (!request.ok()) {
     call->Close(request.status());
     return call;
   }
-  if (!AddCall(call)) {
+  if (!AddCall(id, call)) {
     call->Close(absl::InvalidArgumentError(
         absl::StrCat("request_id: '", id, "' is already running")));
     return call;

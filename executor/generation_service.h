@@ -36,6 +36,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -87,6 +88,52 @@ struct GenerationServiceOptions {
       before_step_for_tests;
 };
 
+// What a generation needs from the front end that carries it: a gRPC stream
+// (GenerationService's own calls) or an HTTP response
+// (executor/http_front_door.h). A sink is registered under its request id
+// while its generation is queued or runs, so Abort(request_id) reaches
+// either kind. Thread safety: ShouldStop, StopStatus and the abort flag
+// from any thread; OnTokens on the engine's step thread, one call at a time.
+class GenerationSink {
+ public:
+  virtual ~GenerationSink() = default;
+  virtual const std::string& request_id() const = 0;
+  // Whether the sequence must stop now: the client went away, its deadline
+  // passed, or it was aborted. Checked at least once per decode step.
+  virtual bool ShouldStop() const = 0;
+  // Why it stopped when it stopped without an Abort (CANCELLED,
+  // DEADLINE_EXCEEDED).
+  virtual absl::Status StopStatus() const = 0;
+  // One decode step's new tokens (see StreamCallback). Must not block on
+  // the client: the whole batch waits for it.
+  virtual void OnTokens(absl::Span<const int32_t> ids, std::string_view text,
+                        absl::Span<const float> logprobs) = 0;
+
+  // Abort(request_id): the sequence ends within one step with finish
+  // reason aborted.
+  void MarkAborted() { aborted_ = true; }
+  bool aborted() const { return aborted_.load(); }
+
+ private:
+  std::atomic<bool> aborted_{false};
+};
+
+// How a generation ended: OK with its result, or the error that ended it
+// (the result is then empty); timings from the request's arrival.
+struct GenerationOutcome {
+  absl::Status status;
+  std::optional<GenerationResult> result;
+  ServiceTimings timings;
+};
+
+// A sink for a front end other than gRPC, run through
+// GenerationService::Submit.
+class LocalGenerationSink : public GenerationSink {
+ public:
+  // Exactly once, after the last OnTokens, on a scheduler worker.
+  virtual void OnFinished(GenerationOutcome outcome) = 0;
+};
+
 class GenerationService final : public v1::Generation::CallbackService {
  public:
   GenerationService(const LlamaModel& model, const Tokenizer& tokenizer,
@@ -105,6 +152,27 @@ class GenerationService final : public v1::Generation::CallbackService {
       const v1::GetModelInfoRequest* request,
       v1::GetModelInfoResponse* response) override;
 
+  // Runs `request` for another front end of this process (the HTTP front
+  // door) exactly as a Generate call: the same admission, batch, request-id
+  // registry (Abort), metrics and drain. The request must be decoded and
+  // validated already (DecodeGenerateRequest's checks). Returns the refusal
+  // (InvalidArgument for a request id already running, ResourceExhausted
+  // for a full queue, Unavailable while draining), and then never calls
+  // `sink`; otherwise sink->OnFinished runs exactly once, later, on a
+  // scheduler worker. Any thread.
+  absl::Status Submit(GenerationRequest request,
+                      std::shared_ptr<LocalGenerationSink> sink)
+      ABSL_LOCKS_EXCLUDED(calls_mu_);
+  // Counts a request refused before Submit (bad fields) in the request
+  // metrics, as a refused Generate call is.
+  void RecordRefused(const absl::Status& status);
+
+  const LlamaModel& model() const { return model_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  const GenerateRequestDefaults& request_defaults() const {
+    return request_defaults_;
+  }
+
   // Refuses new requests and waits up to `timeout` for running ones.
   bool Drain(std::chrono::milliseconds timeout) {
     return scheduler_.Drain(timeout);
@@ -117,8 +185,26 @@ class GenerationService final : public v1::Generation::CallbackService {
   friend class Call;
 
   // Registers `call` under its request id; false when the id is taken.
-  bool AddCall(Call* call) ABSL_LOCKS_EXCLUDED(calls_mu_);
-  void RemoveCall(Call* call) ABSL_LOCKS_EXCLUDED(calls_mu_);
+  bool AddCall(const std::string& id, GenerationSink* call)
+      ABSL_LOCKS_EXCLUDED(calls_mu_);
+  void RemoveCall(const std::string& id, GenerationSink* call)
+      ABSL_LOCKS_EXCLUDED(calls_mu_);
+  // On a scheduler worker: runs the generation, streaming to `sink`. Nothing
+  // it runs may throw past here (an exception is an INTERNAL outcome).
+  GenerationOutcome RunOnWorker(GenerationRequest request,
+                                std::chrono::steady_clock::time_point arrived,
+                                GenerationSink& sink);
+  absl::Status Serve(GenerationRequest request,
+                     std::chrono::steady_clock::time_point arrived,
+                     GenerationSink& sink, GenerationOutcome& outcome);
+  void RecordRequest(const absl::Status& status, const GenerationResult* result,
+                     double first_token_seconds,
+                     std::chrono::steady_clock::time_point arrived);
+  // Counts a Call from its creation until its OnDone has finished with it:
+  // the destructor waits for the count to reach zero, because gRPC may run a
+  // reactor's OnDone after the server itself is gone.
+  void CallCreated() ABSL_LOCKS_EXCLUDED(calls_mu_);
+  void CallEnded() ABSL_LOCKS_EXCLUDED(calls_mu_);
 
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;
@@ -129,8 +215,9 @@ class GenerationService final : public v1::Generation::CallbackService {
   std::unique_ptr<KvPool> own_pool_;     // when options.kv_pool is null
   std::unique_ptr<BatchEngine> engine_;  // every running sequence's steps
   absl::Mutex calls_mu_;
-  absl::flat_hash_map<std::string, Call*> calls_
-      ABSL_GUARDED_BY(calls_mu_);  // live, by id
+  absl::flat_hash_map<std::string, GenerationSink*> calls_
+      ABSL_GUARDED_BY(calls_mu_);  // queued or running, by id
+  int64_t calls_alive_ ABSL_GUARDED_BY(calls_mu_) = 0;  // created, not done
   std::atomic<uint64_t> next_id_{1};
   std::unique_ptr<GenerationMetrics> metrics_;  // null without options.metrics
 };

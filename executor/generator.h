@@ -85,7 +85,12 @@ struct GenerationRequest {
   std::vector<std::string> stop_strings;  // output ends before the first match
   std::vector<int32_t> stop_token_ids;    // output ends after such a token
   bool ignore_eos = false;                // keep going past the model's EOS ids
-  int64_t prefill_chunk = 512;            // positions per prefill forward
+  // Report each output token's log-probability under the model
+  // (GenerationResult::output_logprobs, and the stream): log_softmax of the
+  // full model's logits at that position, before temperature and top-p, so
+  // the same for greedy and sampled requests and for every speculation mode.
+  bool logprobs = false;
+  int64_t prefill_chunk = 512;  // positions per prefill forward
   SpeculationConfig speculation;
   // Fault injection for tests; empty (the default) in production, where it
   // costs one empty-function check per step. Runs before decode step `step`
@@ -147,6 +152,8 @@ struct GenerationResult {
       output_ids;  // generated ids, including a final EOS/stop id
   std::string
       text;  // decoded output, special tokens skipped, cut at a stop string
+  // With GenerationRequest::logprobs: one per output id (else empty).
+  std::vector<float> output_logprobs;
   FinishReason finish_reason = FinishReason::kLength;
   std::string matched_stop;  // the stop string that ended it, if any
   uint64_t seed = 0;         // the sampler seed used
@@ -159,11 +166,13 @@ struct GenerationResult {
   std::string last_plan_error;  // the planner's last error ("" if none)
 };
 
-// Receives each step's newly generated ids and the text they finalized (which
-// may be empty, e.g. half of a UTF-8 character). Returning false aborts the
-// generation (FinishReason::kAborted).
+// Receives each step's newly generated ids, the text they finalized (which
+// may be empty, e.g. half of a UTF-8 character) and, when the request asked
+// for them (GenerationRequest::logprobs), each id's log-probability (else
+// empty). Returning false aborts the generation (FinishReason::kAborted).
 using StreamCallback =
-    std::function<bool(absl::Span<const int32_t> ids, std::string_view text)>;
+    std::function<bool(absl::Span<const int32_t> ids, std::string_view text,
+                       absl::Span<const float> logprobs)>;
 // Receives each reference-state snapshot as it completes (the planner's input).
 using ReferenceCallback = std::function<void(ReferenceStates&& states)>;
 

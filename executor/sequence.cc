@@ -366,7 +366,8 @@ absl::StatusOr<GenerationResult> Sequence::TakeResult() {
   return std::move(result_);
 }
 
-absl::Status Sequence::Commit(const std::vector<int32_t>& tokens) {
+absl::Status Sequence::Commit(const std::vector<int32_t>& tokens,
+                              const torch::Tensor& logits) {
   const std::vector<int32_t>& eos = model_.config().eos_token_ids;
   auto end_reason = [&](int32_t id) -> std::optional<FinishReason> {
     if (!request_.ignore_eos &&
@@ -380,10 +381,29 @@ absl::Status Sequence::Commit(const std::vector<int32_t>& tokens) {
     return std::nullopt;
   };
   const size_t first_new = result_.output_ids.size();
+  if (request_.logprobs) {
+    // Row j's log_softmax at tokens[j], for every token (those past a stop
+    // are dropped with the ids below).
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    torch::Tensor rows = logits.narrow(0, 0, n).to(torch::kFloat32);
+    torch::Tensor ids = torch::tensor(
+        std::vector<int64_t>(tokens.begin(), tokens.end()), torch::kInt64);
+    torch::Tensor chosen = torch::log_softmax(rows, -1)
+                               .gather(1, ids.unsqueeze(1).to(rows.device()))
+                               .squeeze(1)
+                               .to(torch::kCPU)
+                               .contiguous();
+    const float* values = chosen.data_ptr<float>();
+    pending_logprobs_.assign(values, values + n);
+  }
   std::string text;
   std::optional<FinishReason> reason;
-  for (int32_t id : tokens) {
+  for (size_t j = 0; j < tokens.size(); ++j) {
+    const int32_t id = tokens[j];
     result_.output_ids.push_back(id);
+    if (request_.logprobs) {
+      result_.output_logprobs.push_back(pending_logprobs_[j]);
+    }
     ASSIGN_OR_RETURN(std::string piece, stream_.Push(id));
     text += piece;
     reason = end_reason(id);
@@ -395,10 +415,14 @@ absl::Status Sequence::Commit(const std::vector<int32_t>& tokens) {
   }
   if (reason) text += stream_.Finish();
   const size_t added = result_.output_ids.size() - first_new;
+  const absl::Span<const float> logprobs =
+      request_.logprobs ? absl::MakeConstSpan(
+                              result_.output_logprobs.data() + first_new, added)
+                        : absl::Span<const float>();
   if (on_tokens_ &&
       !on_tokens_(
           absl::MakeConstSpan(result_.output_ids.data() + first_new, added),
-          text)) {
+          text, logprobs)) {
     reason = FinishReason::kAborted;
   }
   if (reason) {
@@ -450,7 +474,7 @@ absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
   const int32_t first = sampler_.Sample(logits);
   result_.stats.prefill_seconds = SecondsSince(start_);
   decode_start_ = std::chrono::steady_clock::now();
-  return Commit({first});
+  return Commit({first}, logits.unsqueeze(0));
 }
 
 absl::Status Sequence::OnVerified(const torch::Tensor& logits,
@@ -484,7 +508,7 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
     if (snapshot && on_reference_) on_reference_(std::move(*snapshot));
   }
   ++step_;
-  return Commit(out.tokens);
+  return Commit(out.tokens, logits);
 }
 
 // ---- RunBatchStep ----

@@ -117,13 +117,17 @@ class Sequence {
   absl::Status OnVerified(const torch::Tensor& logits,
                           const torch::Tensor& states, double step_seconds);
   // Commits `tokens` one by one, streaming them; sets done_ at a stop.
-  absl::Status Commit(const std::vector<int32_t>& tokens);
+  // `logits` holds each token's full-model logits in its rows (row j for
+  // tokens[j]), read only when the request asked for logprobs.
+  absl::Status Commit(const std::vector<int32_t>& tokens,
+                      const torch::Tensor& logits);
   // Ends the sequence normally and fills the result's totals.
   void Finish();
 
   const LlamaModel& model_;
   GenerationRequest request_;
   StreamCallback on_tokens_;
+  std::vector<float> pending_logprobs_;  // Commit's scratch, per token
   ReferenceCallback on_reference_;
   const bool planned_;
   int64_t prompt_len_ = 0;

@@ -29,6 +29,7 @@
 // one after another on one server, so their ratios come from one run.
 #include <ATen/Parallel.h>
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -42,6 +43,7 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/status.h"
@@ -69,6 +71,14 @@ ABSL_FLAG(int64_t, burst_prompt_tokens, 0,
           "bench serve: once the first --concurrency load requests have their "
           "first token, send one more with a prompt of this many tokens "
           "(capped to the context); 0 = none.");
+ABSL_FLAG(std::string, protocol, "grpc",
+          "bench serve: grpc (the Generation service) or http (the OpenAI "
+          "front door: streamed POST /v1/completions with token-id prompts; "
+          "a server of its own listens on both; with --server, "
+          "--http-server names the HTTP address).");
+ABSL_FLAG(std::string, http_server, "",
+          "bench serve: HOST:PORT of the server's HTTP front door, with "
+          "--server and --protocol http.");
 ABSL_FLAG(bool, check_outputs, true,
           "bench serve: when outputs are deterministic (greedy or --seed), "
           "require every load stream to equal its single-stream output.");
@@ -132,7 +142,11 @@ struct StreamRecord {
 };
 
 // Streams `planned` to the end; `on_first_chunk` (optional) runs on this
-// thread when the first chunk arrives.
+// thread when the first chunk arrives. One per protocol.
+using StreamFn = std::function<StreamRecord(
+    const PlannedRequest& planned, Clock::time_point t0,
+    const std::function<void()>& on_first_chunk)>;
+
 StreamRecord RunStream(v1::Generation::Stub& stub,
                        const PlannedRequest& planned, Clock::time_point t0,
                        const std::function<void()>& on_first_chunk) {
@@ -162,6 +176,101 @@ StreamRecord RunStream(v1::Generation::Stub& stub,
   return record;
 }
 
+// The same request through the OpenAI front door: a streamed
+// /v1/completions with the prompt as token ids, the sampling fields, and
+// the speculation in the `knapserve` extension; each SSE event's
+// knapserve.token_ids are a chunk. A refusal or an error event fails the
+// stream with the error's message.
+StreamRecord RunHttpStream(const std::string& host, int port,
+                           const std::string& model,
+                           const PlannedRequest& planned, Clock::time_point t0,
+                           const std::function<void()>& on_first_chunk) {
+  const v1::GenerateRequest& w = planned.request;
+  nlohmann::json body = {
+      {"model", model},
+      {"prompt", std::vector<int32_t>(w.token_ids().ids().begin(),
+                                      w.token_ids().ids().end())},
+      {"max_tokens", w.max_new_tokens()},
+      {"temperature", w.temperature()},
+      {"ignore_eos", w.ignore_eos()},
+      {"stream", true}};
+  if (w.has_top_p()) body["top_p"] = w.top_p();
+  if (w.has_top_k()) body["top_k"] = w.top_k();
+  if (w.has_seed()) body["seed"] = w.seed();
+  nlohmann::json spec = {
+      {"spec", SpeculationModeName(*FromWireMode(w.speculation().mode(),
+                                                 SpeculationMode::kOff))}};
+  if (w.speculation().has_max_draft_tokens())
+    spec["max_draft"] = w.speculation().max_draft_tokens();
+  if (w.speculation().has_static_mask())
+    spec["static_mask"] = w.speculation().static_mask();
+  if (w.speculation().has_exit_threshold())
+    spec["exit_threshold"] = w.speculation().exit_threshold();
+  body["knapserve"] = spec;
+
+  StreamRecord record;
+  record.prompt = planned.prompt;
+  httplib::Client client(host, port);
+  client.set_read_timeout(static_cast<time_t>(kRequestDeadlineSeconds), 0);
+  std::string buffer, error;
+  bool done = false;
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char* data, size_t size, uint64_t,
+                             uint64_t) {
+    buffer.append(data, size);
+    for (size_t end; (end = buffer.find("\n\n")) != std::string::npos;) {
+      const std::string event = buffer.substr(0, end);
+      buffer.erase(0, end + 2);
+      if (event.rfind("data: ", 0) != 0) continue;
+      if (event == "data: [DONE]") {
+        done = true;
+        continue;
+      }
+      const nlohmann::json json =
+          nlohmann::json::parse(event.substr(6), nullptr, false);
+      if (json.contains("error")) {
+        error = json["error"].value("message", "error event");
+        continue;
+      }
+      const nlohmann::json* ext =
+          json.contains("knapserve") ? &json["knapserve"] : nullptr;
+      if (ext == nullptr || !ext->contains("token_ids")) continue;
+      const std::vector<int32_t> ids = (*ext)["token_ids"];
+      if (ids.empty()) continue;
+      record.chunk_times.push_back(SecondsSince(t0));
+      record.chunk_tokens.push_back(static_cast<int>(ids.size()));
+      record.ids.insert(record.ids.end(), ids.begin(), ids.end());
+      if (record.chunk_times.size() == 1 && on_first_chunk) on_first_chunk();
+    }
+    return true;
+  };
+  record.send = SecondsSince(t0);
+  const httplib::Result res = client.send(req);
+  record.end = SecondsSince(t0);
+  if (!res) {
+    record.status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                 httplib::to_string(res.error()));
+  } else if (res->status != 200) {
+    // A refusal's body went to the content receiver too.
+    const nlohmann::json json = nlohmann::json::parse(
+        buffer.empty() ? res->body : buffer, nullptr, false);
+    record.status =
+        grpc::Status(grpc::StatusCode::UNKNOWN,
+                     absl::StrCat("HTTP ", res->status, ": ",
+                                  json.is_object() && json.contains("error")
+                                      ? json["error"].value("message", "")
+                                      : buffer));
+  } else if (!error.empty() || !done) {
+    record.status = grpc::Status(grpc::StatusCode::UNKNOWN,
+                                 error.empty() ? "no [DONE]" : error);
+  }
+  return record;
+}
+
 // How the load phase sends its requests.
 struct LoadShape {
   bool poisson = false;
@@ -177,7 +286,7 @@ struct PhaseResult {
 
 // Runs `requests` shaped by `shape`, plus `burst` (when given) once the
 // first `shape.concurrency` requests have their first token.
-PhaseResult RunPhase(v1::Generation::Stub& stub,
+PhaseResult RunPhase(const StreamFn& stream,
                      const std::vector<PlannedRequest>& requests,
                      const LoadShape& shape,
                      const std::optional<PlannedRequest>& burst) {
@@ -203,7 +312,7 @@ PhaseResult RunPhase(v1::Generation::Stub& stub,
         const auto ready = [&] { return first_chunks >= burst_after; };
         mu.Await(absl::Condition(&ready));
       }
-      result.burst = RunStream(stub, *burst, t0, nullptr);
+      result.burst = stream(*burst, t0, nullptr);
     });
   }
   // Outlives every stream thread (they are joined below).
@@ -218,7 +327,7 @@ PhaseResult RunPhase(v1::Generation::Stub& stub,
                                     std::chrono::duration_cast<Clock::duration>(
                                         std::chrono::duration<double>(at)));
       threads.emplace_back([&, i] {
-        result.streams[i] = RunStream(stub, requests[i], t0, first_chunk_of(i));
+        result.streams[i] = stream(requests[i], t0, first_chunk_of(i));
       });
       at += gap(rng);
     }
@@ -226,8 +335,7 @@ PhaseResult RunPhase(v1::Generation::Stub& stub,
     for (int c = 0; c < shape.concurrency; ++c) {
       threads.emplace_back([&] {
         for (size_t i = next++; i < requests.size(); i = next++) {
-          result.streams[i] =
-              RunStream(stub, requests[i], t0, first_chunk_of(i));
+          result.streams[i] = stream(requests[i], t0, first_chunk_of(i));
         }
       });
     }
@@ -393,6 +501,17 @@ absl::Status BenchServe() {
     modes.push_back(mode);
   }
   base.set_ignore_eos(true);  // fixed-length streams
+  const std::string protocol = absl::GetFlag(FLAGS_protocol);
+  if (protocol != "grpc" && protocol != "http") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--protocol: expected grpc or http, got '", protocol, "'"));
+  }
+  const bool http = protocol == "http";
+  std::string http_address = absl::GetFlag(FLAGS_http_server);
+  if (http && !absl::GetFlag(FLAGS_server).empty() && http_address.empty()) {
+    return absl::InvalidArgumentError(
+        "--protocol http with --server needs --http-server HOST:PORT");
+  }
   base.set_max_new_tokens(static_cast<int32_t>(max_new_tokens));
 
   // The server: --server, else one in this process on loopback.
@@ -406,10 +525,14 @@ absl::Status BenchServe() {
     bool any_drafts = false;
     for (const SpeculationMode mode : modes) any_drafts |= Drafts(mode);
     const std::string planner = any_drafts ? "inproc" : "none";
+    if (http) absl::SetFlag(&FLAGS_http_listen, "127.0.0.1:0");
     ASSIGN_OR_RETURN(
         running,
         StartExecutorFromFlags(engine, planner, "127.0.0.1:0", "bench serve"));
     address = absl::StrCat("127.0.0.1:", running->server->port());
+    if (http) {
+      http_address = absl::StrCat("127.0.0.1:", running->server->http_port());
+    }
   }
   // A server of our own gets the flags' TLS too, so the client then needs
   // --tls-ca like any other.
@@ -430,6 +553,37 @@ absl::Status BenchServe() {
           "bench serve: server ", address, ": ", status.error_message()));
     }
     info = response.model_info();
+  }
+  StreamFn stream = [&stub](const PlannedRequest& planned, Clock::time_point t0,
+                            const std::function<void()>& on_first_chunk) {
+    return RunStream(*stub, planned, t0, on_first_chunk);
+  };
+  if (http) {
+    // The name the front door serves, from its /v1/models.
+    const size_t colon = http_address.rfind(':');
+    int http_port = 0;
+    if (colon == std::string::npos ||
+        !absl::SimpleAtoi(http_address.substr(colon + 1), &http_port)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--http-server: expected HOST:PORT, got '", http_address, "'"));
+    }
+    const std::string host = http_address.substr(0, colon);
+    httplib::Client client(host, http_port);
+    const httplib::Result models = client.Get("/v1/models");
+    const nlohmann::json list =
+        models ? nlohmann::json::parse(models->body, nullptr, false)
+               : nlohmann::json();
+    if (!models || models->status != 200 || !list.contains("data") ||
+        list["data"].empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("bench serve: no OpenAI front door at ", http_address));
+    }
+    const std::string model = list["data"][0].value("id", "");
+    stream = [host, http_port, model](
+                 const PlannedRequest& planned, Clock::time_point t0,
+                 const std::function<void()>& on_first_chunk) {
+      return RunHttpStream(host, http_port, model, planned, t0, on_first_chunk);
+    };
   }
   std::unique_ptr<Tokenizer> remote_tokenizer;
   const Tokenizer* tokenizer = engine.tokenizer.get();
@@ -514,6 +668,7 @@ absl::Status BenchServe() {
       {"model", info.model_name()},
       {"dtype", info.dtype()},
       {"arrival", arrival},
+      {"protocol", protocol},
       {"concurrency", concurrency},
       {"request_rate", shape.poisson ? shape.request_rate : 0.0},
       {"max_new_tokens", max_new_tokens},
@@ -562,7 +717,7 @@ absl::Status BenchServe() {
     for (PlannedRequest& r : load) set_mode(r);
     if (burst.has_value()) set_mode(*burst);
     {
-      const StreamRecord r = RunStream(*stub, warm, Clock::now(), nullptr);
+      const StreamRecord r = stream(warm, Clock::now(), nullptr);
       if (!r.status.ok()) {
         return absl::Status(
             static_cast<absl::StatusCode>(r.status.error_code()),
@@ -578,12 +733,12 @@ absl::Status BenchServe() {
     };
     const int64_t solves_start = solves();
     const PhaseResult single_phase =
-        RunPhase(*stub, singles, LoadShape{false, 1, 0}, std::nullopt);
+        RunPhase(stream, singles, LoadShape{false, 1, 0}, std::nullopt);
     const int64_t solves_single = solves();
     BatchEngineStats before;
     if (running != nullptr)
       before = running->server->service().engine().stats();
-    const PhaseResult load_phase = RunPhase(*stub, load, shape, burst);
+    const PhaseResult load_phase = RunPhase(stream, load, shape, burst);
     BatchEngineStats after;
     if (running != nullptr) after = running->server->service().engine().stats();
     const int64_t solves_load = solves();

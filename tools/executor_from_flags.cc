@@ -5,7 +5,9 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/file_util.h"
 #include "common/base/status.h"
+#include "common/text/chat_template.h"
 #include "tools/tls_from_flags.h"
 
 ABSL_FLAG(int32_t, max_running, 16,
@@ -47,8 +49,62 @@ ABSL_FLAG(int64_t, max_stop_token_ids, 64,
 ABSL_FLAG(int32_t, metrics_port, 0,
           "executor: serve Prometheus metrics at http://0.0.0.0:PORT/metrics; "
           "0 = off.");
+ABSL_FLAG(std::string, http_listen, "",
+          "executor: also serve the OpenAI-compatible HTTP API "
+          "(/v1/completions, /v1/chat/completions, /v1/models, /health, "
+          "/metrics) on HOST:PORT; empty = off.");
+ABSL_FLAG(std::string, served_model_name, "",
+          "executor: the model name HTTP clients send in `model`; empty = the "
+          "--model folder's name.");
+ABSL_FLAG(std::string, chat_template, "",
+          "executor: a Jinja chat template file for /v1/chat/completions; "
+          "empty = the chat_template of the model's tokenizer_config.json.");
 
 namespace knapserve {
+namespace {
+
+// The HTTP front door's options: the served name, the chat template
+// (--chat-template, else tokenizer_config.json's), the same metrics and
+// request-size limit as gRPC, and a connection per running and queued
+// request plus a few for /health, /metrics and refusals.
+absl::StatusOr<HttpFrontDoorOptions> HttpOptionsFromFlags(
+    const Engine& engine, const GenerationServiceOptions& service,
+    const RunningExecutor& running) {
+  HttpFrontDoorOptions http;
+  http.model_name = absl::GetFlag(FLAGS_served_model_name);
+  if (http.model_name.empty()) {
+    std::string dir = engine.model_dir;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    const size_t slash = dir.rfind('/');
+    http.model_name = slash == std::string::npos ? dir : dir.substr(slash + 1);
+  }
+  ASSIGN_OR_RETURN(ChatTemplateConfig config,
+                   LoadChatTemplateConfig(engine.model_dir));
+  if (const std::string file = absl::GetFlag(FLAGS_chat_template);
+      !file.empty()) {
+    ASSIGN_OR_RETURN(config.source, ReadFileToString(file));
+  }
+  if (config.source.has_value()) {
+    absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(*config.source);
+    if (!parsed.ok()) {
+      return Annotate(parsed.status(),
+                      absl::GetFlag(FLAGS_chat_template).empty()
+                          ? "tokenizer_config.json"
+                          : "--chat-template");
+    }
+    http.chat = ChatPromptFormat{std::move(*parsed), config.bos_token,
+                                 config.eos_token};
+  }
+  http.metrics = running.metrics.get();
+  if (service.limits.max_request_bytes > 0) {
+    http.max_body_bytes = service.limits.max_request_bytes;
+  }
+  http.max_connections =
+      service.scheduler.max_running + service.scheduler.max_queue + 16;
+  return http;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
     const Engine& engine, const std::string& planner_where,
@@ -155,6 +211,18 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
       running->server,
       ExecutorServer::Start(*engine.model, *engine.tokenizer, options, listen,
                             credentials, absl::GetFlag(FLAGS_health_listen)));
+  if (const std::string http = absl::GetFlag(FLAGS_http_listen);
+      !http.empty()) {
+    ASSIGN_OR_RETURN(HttpFrontDoorOptions front,
+                     HttpOptionsFromFlags(engine, options, *running));
+    const std::string name = front.model_name;
+    const bool chat = front.chat.has_value();
+    RETURN_IF_ERROR(running->server->StartHttp(http, std::move(front)));
+    std::cerr << "knapserve " << command << ": OpenAI-compatible HTTP API ("
+              << "model '" << name << "', chat "
+              << (chat ? "with a template" : "off: no template")
+              << ") at http port " << running->server->http_port() << std::endl;
+  }
   if (running->server->health_port() != 0) {
     std::cerr << "knapserve " << command << ": grpc.health.v1 (plaintext) at "
               << "port " << running->server->health_port() << std::endl;

@@ -36,6 +36,7 @@ ABSL_DECLARE_FLAG(int64_t, max_batch_tokens);
 ABSL_DECLARE_FLAG(int32_t, plain_batch_size);
 ABSL_DECLARE_FLAG(double, prefill_step_budget);
 ABSL_DECLARE_FLAG(int32_t, metrics_port);
+ABSL_DECLARE_FLAG(std::string, http_listen);
 
 namespace knapserve {
 

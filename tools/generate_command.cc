@@ -101,7 +101,8 @@ absl::Status Generate() {
   const bool json = absl::GetFlag(FLAGS_json);
   StreamCallback stream = nullptr;
   if (!json) {
-    stream = [](absl::Span<const int32_t>, std::string_view text) {
+    stream = [](absl::Span<const int32_t>, std::string_view text,
+                absl::Span<const float>) {
       std::cout << text << std::flush;
       return true;
     };

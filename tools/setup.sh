@@ -19,7 +19,11 @@ PACKAGES=(
   python3 python3-grpcio python3-protobuf
   clang-format
   openssl  # the TLS tests make their certificates with it
+  python3-jinja2  # the chat-template tests compare with jinja2's renderings
 )
+# Node.js and npm for the official `openai` client test (tests/node). Any
+# recent Node will do; Debian's packages when there is none.
+command -v node >/dev/null && command -v npm >/dev/null || PACKAGES+=(nodejs npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -50,3 +54,10 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
 fi
 cmake --build "$BUILD_DIR" -j "$JOBS"
+
+# The `openai` npm package, at the version package-lock.json pins, for the
+# HTTP front door's client test.
+if [ ! -d tests/node/node_modules/openai ] ||
+   [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; then
+  (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
+fi

@@ -165,7 +165,8 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
       runs[i] = engine.Generate(
-          runner, [&](absl::Span<const int32_t> ids, std::string_view) {
+          runner, [&](absl::Span<const int32_t> ids, std::string_view,
+                      absl::Span<const float>) {
             // On the step thread: the long prompt is sent once all three
             // runners have streamed 10 tokens (each has 210 more to go).
             per_runner[i] += static_cast<int>(ids.size());
@@ -175,7 +176,8 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
               long_submitted = true;
               long_client = std::thread([&] {
                 long_run = engine.Generate(
-                    longer, [&](absl::Span<const int32_t>, std::string_view) {
+                    longer, [&](absl::Span<const int32_t>, std::string_view,
+                                absl::Span<const float>) {
                       long_started = true;
                       return true;
                     });
@@ -226,7 +228,8 @@ BatchEngineStats RunLongPromptBesideStreams(double budget) {
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
       runs[i] = engine.Generate(runner, [&](absl::Span<const int32_t> ids,
-                                            std::string_view) {
+                                            std::string_view,
+                                            absl::Span<const float>) {
         per_runner[i] += static_cast<int>(ids.size());
         if (per_runner[0] >= 10 && per_runner[1] >= 10 && per_runner[2] >= 10 &&
             !submitted.exchange(true)) {
@@ -288,8 +291,9 @@ TEST(BatchEngineTest, AdmissionWaitsForBlocksAndRefusesWhatCanNeverFit) {
       size_t seen = 0;
       // Callbacks run on the step thread in step order, so a sequence's last
       // token is counted before any sequence admitted after it streams.
-      runs[i] = engine.Generate(
-          r, [&](absl::Span<const int32_t> ids, std::string_view) {
+      runs[i] =
+          engine.Generate(r, [&](absl::Span<const int32_t> ids,
+                                 std::string_view, absl::Span<const float>) {
             absl::MutexLock lock(&mu);
             if (seen == 0) most_active = std::max(most_active, ++active);
             seen += ids.size();
@@ -356,7 +360,8 @@ TEST(BatchEngineTest, NoBlockLeaksAfterStopsAndErrors) {
       }
       runs[i] = engine.Generate(
           mine,
-          [&seen](absl::Span<const int32_t> ids, std::string_view) {
+          [&seen](absl::Span<const int32_t> ids, std::string_view,
+                  absl::Span<const float>) {
             seen += static_cast<int>(ids.size());
             return true;
           },

@@ -51,14 +51,14 @@ TEST_F(GeneratorTest, GreedyReproducesGoldenAndStreamsTheSameText) {
   EXPECT_EQ(*encoded, kZooPrompt);
   std::string streamed;
   int calls = 0;
-  auto result =
-      Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 57),
-               [&](absl::Span<const int32_t> ids, std::string_view text) {
-                 EXPECT_EQ(ids.size(), 1u);
-                 streamed += text;
-                 ++calls;
-                 return true;
-               });
+  auto result = Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 57),
+                         [&](absl::Span<const int32_t> ids,
+                             std::string_view text, absl::Span<const float>) {
+                           EXPECT_EQ(ids.size(), 1u);
+                           streamed += text;
+                           ++calls;
+                           return true;
+                         });
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->output_ids, kZooGolden);
   EXPECT_EQ(result->finish_reason, FinishReason::kLength);
@@ -79,7 +79,7 @@ TEST_F(GeneratorTest, StopStringEndsOutputBeforeIt) {
   r.stop_strings = {"Lily", "never appears"};
   std::string streamed;
   auto result =
-      Generate(*model_, *tokenizer_, r, [&](auto, std::string_view text) {
+      Generate(*model_, *tokenizer_, r, [&](auto, std::string_view text, auto) {
         streamed += text;
         return true;
       });
@@ -158,7 +158,8 @@ TEST_F(GeneratorTest, RejectsBadRequestsNamingTheField) {
 
 TEST_F(GeneratorTest, AnExceptionInsideGenerationIsAnInternalErrorNotACrash) {
   int calls = 0;
-  auto throwing = [&](absl::Span<const int32_t>, std::string_view) -> bool {
+  auto throwing = [&](absl::Span<const int32_t>, std::string_view,
+                      absl::Span<const float>) -> bool {
     if (++calls == 3) throw std::runtime_error("stream broke");
     return true;
   };
@@ -189,8 +190,9 @@ TEST_F(GeneratorTest, SamplingWithASeedIsReproducible) {
 
 TEST_F(GeneratorTest, CallbackCanAbort) {
   int calls = 0;
-  auto result = Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 57),
-                         [&](auto, std::string_view) { return ++calls < 3; });
+  auto result =
+      Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 57),
+               [&](auto, std::string_view, auto) { return ++calls < 3; });
   ASSERT_TRUE(result.ok());
   EXPECT_EQ(result->finish_reason, FinishReason::kAborted);
   EXPECT_EQ(result->output_ids.size(), 3u);

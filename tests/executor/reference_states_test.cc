@@ -188,7 +188,8 @@ TEST_P(ReferenceStatesTest,
   std::vector<ReferenceStates> snapshots;
   auto result = Generate(
       *model, *GetTokenizer(), request,
-      [&](absl::Span<const int32_t> ids, std::string_view) {
+      [&](absl::Span<const int32_t> ids, std::string_view,
+          absl::Span<const float>) {
         committed_per_call.push_back(static_cast<int64_t>(ids.size()));
         return true;
       },

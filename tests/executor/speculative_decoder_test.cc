@@ -957,7 +957,7 @@ TEST(SpeculationStatsTest, CountersFollowTheSteps) {
         r.sampling.seed = 11;
         std::vector<int64_t> per_call;
         auto result = Generate(
-            *model, *GetTokenizer(), r, [&](auto ids, std::string_view) {
+            *model, *GetTokenizer(), r, [&](auto ids, std::string_view, auto) {
               per_call.push_back(static_cast<int64_t>(ids.size()));
               return true;
             });

@@ -199,7 +199,8 @@ TEST(PlannerServiceTest, SurvivesAPlannerRestart) {
   });
   auto spec = Generate(
       *f.model, *StoriesTokenizer(), Planned(400),
-      [&](absl::Span<const int32_t>, std::string_view) {
+      [&](absl::Span<const int32_t>, std::string_view,
+          absl::Span<const float>) {
         ++steps;
         if (steps.load() > 40)
           std::this_thread::sleep_for(std::chrono::microseconds(300));

@@ -481,6 +481,48 @@ TEST(KnapserveCliTest, IndependentPythonClientStreamsAndChecksHealth) {
   EXPECT_EQ(serve.Stop(), 0) << serve.log();
 }
 
+// The official `openai` npm client (tests/node, installed by tools/setup.sh)
+// drives `knapserve serve --http-listen` over loopback: streamed and whole
+// completions and chat, usage, stop strings, seeds, speculation through the
+// extension object, typed errors (tests/node/openai_client.mjs asserts
+// those). Its greedy ids equal gRPC's and local generation's.
+TEST(KnapserveCliTest, OfficialOpenAiClientDrivesTheHttpFrontDoor) {
+  const std::string node_dir =
+      knapserve::testing::kSourceDir + std::string("/tests/node");
+  ASSERT_TRUE(std::filesystem::exists(node_dir + "/node_modules/openai"))
+      << "the openai npm package is missing: tools/setup.sh installs it "
+         "(npm ci in tests/node)";
+  const std::string chat_template =
+      knapserve::testing::kSourceDir +
+      std::string(
+          "/tests/testing/chat_templates/"
+          "HuggingFaceTB-SmolLM2-1.7B-Instruct.jinja");
+  ServerProcess serve(Stories(
+      {knapserve::testing::kKnapserveBinary, "serve", "--listen", "127.0.0.1:0",
+       "--http-listen", "127.0.0.1:0", "--profile", StoriesProfile(),
+       "--served-model-name", "stories", "--chat-template", chat_template}));
+  ASSERT_FALSE(serve.port().empty()) << serve.log();
+  const std::string log = serve.log();
+  const size_t at = log.find("http port ");
+  ASSERT_NE(at, std::string::npos) << log;
+  const std::string http_port =
+      log.substr(at + 10, log.find('\n', at) - at - 10);
+  const Outcome client =
+      RunProcess({"/usr/bin/env", "node", node_dir + "/openai_client.mjs",
+                  "http://127.0.0.1:" + http_port + "/v1", "stories"});
+  ASSERT_EQ(client.exit_code, 0) << client.out << client.err << serve.log();
+  const nlohmann::json out = nlohmann::json::parse(client.out, nullptr, false);
+  ASSERT_TRUE(out.is_object()) << client.out;
+  const nlohmann::json local = RunJson(Stories(GreedyJson(40)));
+  EXPECT_EQ(Ids(out["greedy_ids"]), Ids(local["output_ids"]));
+  EXPECT_EQ(out["greedy_text"], local["text"]);
+  std::vector<std::string> grpc = Stories(GreedyJson(40));
+  grpc.insert(grpc.end(), {"--server", serve.address()});
+  const nlohmann::json remote = RunJson(grpc);
+  EXPECT_EQ(Ids(out["greedy_ids"]), Ids(remote["output_ids"]));
+  EXPECT_EQ(serve.Stop(), 0) << serve.log();
+}
+
 // Split deployment under a planner crash: the planner process is SIGKILLed
 // mid-generation; the generation completes with the same ids, the executor
 // stays SERVING, and once a planner listens on the address again the

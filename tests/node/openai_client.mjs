@@ -1,0 +1,134 @@
+// The official `openai` npm client, unchanged, against knapserve's HTTP front
+// door. Run by tests/tools/knapserve_cli_test.cc
+// (OfficialOpenAiClientDrivesTheHttpFrontDoor):
+//
+//   node tests/node/openai_client.mjs BASE_URL MODEL
+//
+// Every check is a node:assert; the first that fails exits non-zero with its
+// message. On success it prints one JSON object with what the C++ test
+// compares against gRPC and local generation (the greedy ids).
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+
+const [baseURL, model] = process.argv.slice(2);
+const client = new OpenAI({ baseURL, apiKey: 'unused', maxRetries: 0 });
+const prompt = 'Once upon a time';
+const report = {};
+
+// Models.
+const models = await client.models.list();
+assert.ok(models.data.some((m) => m.id === model), 'the model is listed');
+
+// Non-streamed greedy completion; extra body fields (ignore_eos, knapserve)
+// pass through the client as they are.
+const whole = await client.completions.create({
+  model, prompt, max_tokens: 40, temperature: 0, ignore_eos: true,
+});
+assert.equal(whole.object, 'text_completion');
+assert.equal(whole.choices.length, 1);
+assert.equal(whole.choices[0].finish_reason, 'length');
+assert.equal(whole.usage.completion_tokens, 40);
+assert.equal(whole.usage.total_tokens,
+             whole.usage.prompt_tokens + whole.usage.completion_tokens);
+report.greedy_text = whole.choices[0].text;
+report.greedy_ids = whole.knapserve.output_token_ids;
+
+// Streamed: the same text, a usage chunk when asked, chunks in order.
+const stream = await client.completions.create({
+  model, prompt, max_tokens: 40, temperature: 0, ignore_eos: true,
+  stream: true, stream_options: { include_usage: true },
+});
+let streamed = '';
+let chunks = 0;
+let usage = null;
+let finish = null;
+for await (const chunk of stream) {
+  if (chunk.usage) usage = chunk.usage;
+  for (const choice of chunk.choices) {
+    streamed += choice.text;
+    if (choice.finish_reason) finish = choice.finish_reason;
+    chunks++;
+  }
+}
+assert.equal(streamed, report.greedy_text, 'streamed text = whole text');
+assert.ok(chunks > 1, 'more than one chunk');
+assert.equal(finish, 'length');
+assert.ok(usage, 'a usage chunk');
+assert.equal(usage.completion_tokens, 40);
+report.stream_chunks = chunks;
+
+// Speculation per request through the extension object: lossless, and the
+// acceptance stats come back beside the choices.
+const spec = await client.completions.create({
+  model, prompt, max_tokens: 40, temperature: 0, ignore_eos: true,
+  knapserve: { spec: 'knapspec', max_draft: 6 },
+});
+assert.equal(spec.choices[0].text, report.greedy_text, 'knapspec is lossless');
+assert.equal(spec.knapserve.spec, 'knapspec');
+assert.equal(typeof spec.knapserve.acceptance_rate, 'number');
+report.knapspec_mean_accepted_length = spec.knapserve.mean_accepted_length;
+
+// Stop strings: the output ends before the first match.
+const stopWord = report.greedy_text.trim().split(/\s+/)[2];
+const stopped = await client.completions.create({
+  model, prompt, max_tokens: 40, temperature: 0, stop: [' ' + stopWord, 'zzz'],
+});
+assert.equal(stopped.choices[0].finish_reason, 'stop');
+assert.ok(!stopped.choices[0].text.includes(' ' + stopWord));
+assert.ok(report.greedy_text.startsWith(stopped.choices[0].text));
+report.stopped_text = stopped.choices[0].text;
+
+// Seeds: the same seed gives the same sample.
+const sample = (seed) => client.completions.create({
+  model, prompt, max_tokens: 24, temperature: 0.9, top_p: 0.95, seed,
+});
+const [a, b] = await Promise.all([sample(42), sample(42)]);
+assert.equal(a.choices[0].text, b.choices[0].text, 'same seed, same sample');
+report.seeded_text = a.choices[0].text;
+
+// Chat, whole and streamed, with logprobs.
+const messages = [
+  { role: 'system', content: 'You tell short stories.' },
+  { role: 'user', content: 'Tell me about a cat.' },
+];
+const chat = await client.chat.completions.create({
+  model, messages, max_completion_tokens: 20, temperature: 0,
+  logprobs: true, ignore_eos: true,
+});
+assert.equal(chat.object, 'chat.completion');
+assert.equal(chat.choices[0].message.role, 'assistant');
+assert.equal(chat.choices[0].logprobs.content.length, 20);
+for (const t of chat.choices[0].logprobs.content) {
+  assert.ok(t.logprob <= 0, 'a log-probability');
+}
+const chatStream = await client.chat.completions.create({
+  model, messages, max_completion_tokens: 20, temperature: 0,
+  ignore_eos: true, stream: true,
+});
+let chatText = '';
+let role = null;
+for await (const chunk of chatStream) {
+  for (const choice of chunk.choices) {
+    if (choice.delta.role) role = choice.delta.role;
+    chatText += choice.delta.content ?? '';
+  }
+}
+assert.equal(role, 'assistant');
+assert.equal(chatText, chat.choices[0].message.content);
+report.chat_text = chatText;
+
+// Errors arrive as the client's typed errors with OpenAI's codes.
+await assert.rejects(
+  client.completions.create({ model, prompt, max_tokens: 4, n: 2 }),
+  (e) => e instanceof OpenAI.BadRequestError && e.status === 400 &&
+         e.error?.param === 'n');
+await assert.rejects(
+  client.completions.create({ model: 'no-such-model', prompt, max_tokens: 4 }),
+  (e) => e instanceof OpenAI.NotFoundError && e.status === 404);
+await assert.rejects(
+  client.chat.completions.create({
+    model, messages, max_completion_tokens: 4, temperature: -1,
+  }),
+  (e) => e instanceof OpenAI.BadRequestError && /temperature/.test(e.message));
+
+console.log(JSON.stringify(report));
