@@ -82,7 +82,9 @@ class HttpFrontDoor::Request final : public LocalGenerationSink {
     return std::move(*outcome_);
   }
 
-  Json Response(const GenerationOutcome& outcome) const {
+  Json Response(const GenerationOutcome& outcome) const
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     return encoder_.Response(*outcome.result, mode_, outcome.timings);
   }
 

@@ -53,6 +53,8 @@ constexpr int kMaxExprDepth = 100;
 constexpr int kMaxValueDepth = 256;
 // jinja2.sandbox.MAX_RANGE.
 constexpr int64_t kMaxRange = 100000;
+// The longest list `list * n` may make.
+constexpr size_t kMaxListItems = 1000000;
 
 std::string OutputTooLarge() {
   return absl::StrCat("the output would be larger than ",
@@ -70,9 +72,9 @@ absl::Status CheckSize(size_t size) {
 // str.isspace().
 bool IsPySpace(char32_t c) {
   if (c < 0x80) return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20);
-  return c == 0x85 || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
-         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
+  return c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
+         c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 std::u32string Decode(std::string_view s) {
@@ -211,8 +213,8 @@ bool PyIsCase(std::string_view s, bool upper) {
   size_t pos = 0;
   while (pos < s.size()) {
     const char32_t c = NextCodePoint(s, &pos);
-    if (upper ? utf8proc_islower(c) || utf8proc_category(c) ==
-                                           UTF8PROC_CATEGORY_LT
+    if (upper ? utf8proc_islower(c) ||
+                    utf8proc_category(c) == UTF8PROC_CATEGORY_LT
               : utf8proc_isupper(c) ||
                     utf8proc_category(c) == UTF8PROC_CATEGORY_LT) {
       return false;
@@ -480,13 +482,13 @@ struct Value {
   bool markup = false;  // A string made by |safe (markupsafe.Markup).
   int64_t i = 0;        // kBool (0 / 1), kInt.
   double f = 0;         // kFloat.
-  std::string s;        // kString; kUndefined: why it is undefined;
-                        // kGenerator: its pending error.
+  // kString: the text. kUndefined: why it is undefined (the message of the
+  // error when it is used). kGenerator: the error it raises when used, if
+  // any: Jinja's filters are lazy, so `x|map(...)` fails only when iterated.
+  std::string s;
   // kList, kTuple, kGenerator, kDictView: the items.
   std::shared_ptr<const ListData> list;
-  std::shared_ptr<size_t> cursor;  // kGenerator: the next item.
-  // kGenerator: an error it raises when used (s, if not empty): Jinja's
-  // filters are lazy, so `x|map(...)` fails only when iterated.
+  std::shared_ptr<size_t> cursor;        // kGenerator: the next item.
   std::shared_ptr<const DictData> dict;  // kDict.
   std::shared_ptr<Namespace> ns;         // kNamespace.
   std::shared_ptr<const LoopData> loop;  // kLoop.
@@ -500,8 +502,7 @@ struct Value {
     return kind == Kind::kList || kind == Kind::kTuple;
   }
   bool has_items() const {
-    return is_sequence() || kind == Kind::kGenerator ||
-           kind == Kind::kDictView;
+    return is_sequence() || kind == Kind::kGenerator || kind == Kind::kDictView;
   }
   double as_double() const {
     return kind == Kind::kFloat ? f : static_cast<double>(i);
@@ -1006,9 +1007,9 @@ absl::StatusOr<bool> Contains(const Value& haystack, const Value& needle) {
       return false;
     case Kind::kString:
       if (!needle.is_string()) {
-        return Problem(absl::StrCat(
-            "'in <string>' requires string as left operand, not ",
-            TypeName(needle)));
+        return Problem(
+            absl::StrCat("'in <string>' requires string as left operand, not ",
+                         TypeName(needle)));
       }
       return haystack.s.find(needle.s) != std::string::npos;
     case Kind::kList:
@@ -1029,7 +1030,8 @@ absl::StatusOr<bool> Contains(const Value& haystack, const Value& needle) {
       return false;
     }
     case Kind::kDict:
-      if (needle.is_sequence() || needle.kind == Kind::kDict) {
+      if (needle.kind == Kind::kList || needle.kind == Kind::kDict ||
+          needle.kind == Kind::kDictView) {
         return Problem(
             absl::StrCat("unhashable type: '", TypeName(needle), "'"));
       }
@@ -1124,9 +1126,7 @@ std::string_view BinOpText(BinOp op) {
   return "?";
 }
 
-absl::Status Overflow() {
-  return Problem("integer overflow (beyond 64 bits)");
-}
+absl::Status Overflow() { return Problem("integer overflow (beyond 64 bits)"); }
 
 absl::Status Unsupported(BinOp op, const Value& a, const Value& b) {
   return Problem(absl::StrCat("unsupported operand type(s) for ",
@@ -1157,26 +1157,26 @@ void FloatDivMod(double vx, double wx, double* floordiv, double* mod) {
   *mod = m;
 }
 
+// seq * times for a string, list or tuple.
 absl::StatusOr<Value> Repeat(const Value& seq, int64_t times) {
-  if (times <= 0) {
+  const size_t size = seq.is_string() ? seq.s.size() : seq.list->items.size();
+  if (times <= 0 || size == 0) {
     if (seq.is_string()) return String("");
     return MakeList({}, seq.kind == Kind::kTuple);
   }
   if (seq.is_string()) {
-    if (!seq.s.empty() &&
-        static_cast<uint64_t>(times) > ChatTemplate::kMaxOutputBytes) {
+    if (static_cast<uint64_t>(times) > ChatTemplate::kMaxOutputBytes / size) {
       return Problem(OutputTooLarge());
     }
-    RETURN_IF_ERROR(CheckSize(seq.s.size() * static_cast<size_t>(times)));
     std::string out;
-    out.reserve(seq.s.size() * times);
+    out.reserve(size * times);
     for (int64_t k = 0; k < times; ++k) out += seq.s;
     return String(std::move(out));
   }
   const auto& items = seq.list->items;
-  if (!items.empty() &&
-      static_cast<uint64_t>(times) * items.size() > kMaxRange * 10) {
-    return Problem("list repetition too large");
+  if (static_cast<uint64_t>(times) > kMaxListItems / size) {
+    return Problem(
+        absl::StrCat("a list of more than ", kMaxListItems, " items"));
   }
   std::vector<Value> out;
   for (int64_t k = 0; k < times; ++k) {
@@ -1385,8 +1385,7 @@ struct JsonStyle {
   bool sort_keys = false;
 };
 
-void AppendJsonString(std::string_view s, bool ensure_ascii,
-                      std::string* out) {
+void AppendJsonString(std::string_view s, bool ensure_ascii, std::string* out) {
   *out += '"';
   size_t pos = 0;
   char buf[16];
@@ -1443,9 +1442,12 @@ void AppendJsonString(std::string_view s, bool ensure_ascii,
   *out += '"';
 }
 
-void AppendNewlineIndent(const JsonStyle& style, int level, std::string* out) {
+absl::Status AppendNewlineIndent(const JsonStyle& style, int level,
+                                 std::string* out) {
+  RETURN_IF_ERROR(CheckSize(out->size() + 1 + level * style.indent->size()));
   *out += '\n';
   for (int k = 0; k < level; ++k) *out += *style.indent;
+  return absl::OkStatus();
 }
 
 // json.dumps(v, ...) appended to `out`.
@@ -1483,10 +1485,14 @@ absl::Status AppendJson(const Value& v, const JsonStyle& style, int level,
       *out += '[';
       for (size_t k = 0; k < items.size(); ++k) {
         if (k > 0) *out += style.item_separator;
-        if (style.indent) AppendNewlineIndent(style, level + 1, out);
+        if (style.indent) {
+          RETURN_IF_ERROR(AppendNewlineIndent(style, level + 1, out));
+        }
         RETURN_IF_ERROR(AppendJson(items[k], style, level + 1, out));
       }
-      if (style.indent) AppendNewlineIndent(style, level, out);
+      if (style.indent) {
+        RETURN_IF_ERROR(AppendNewlineIndent(style, level, out));
+      }
       *out += ']';
       break;
     }
@@ -1499,18 +1505,23 @@ absl::Status AppendJson(const Value& v, const JsonStyle& style, int level,
       std::vector<const std::pair<std::string, Value>*> order;
       for (const auto& entry : entries) order.push_back(&entry);
       if (style.sort_keys) {
-        std::sort(order.begin(), order.end(),
-                  [](const auto* x, const auto* y) { return x->first < y->first; });
+        std::sort(order.begin(), order.end(), [](const auto* x, const auto* y) {
+          return x->first < y->first;
+        });
       }
       *out += '{';
       for (size_t k = 0; k < order.size(); ++k) {
         if (k > 0) *out += style.item_separator;
-        if (style.indent) AppendNewlineIndent(style, level + 1, out);
+        if (style.indent) {
+          RETURN_IF_ERROR(AppendNewlineIndent(style, level + 1, out));
+        }
         AppendJsonString(order[k]->first, style.ensure_ascii, out);
         *out += style.key_separator;
         RETURN_IF_ERROR(AppendJson(order[k]->second, style, level + 1, out));
       }
-      if (style.indent) AppendNewlineIndent(style, level, out);
+      if (style.indent) {
+        RETURN_IF_ERROR(AppendNewlineIndent(style, level, out));
+      }
       *out += '}';
       break;
     }
@@ -1557,9 +1568,9 @@ class SourceMap {
   }
 
   int Line(size_t offset) const {
-    return static_cast<int>(std::upper_bound(line_starts_.begin(),
-                                             line_starts_.end(), offset) -
-                            line_starts_.begin());
+    return static_cast<int>(
+        std::upper_bound(line_starts_.begin(), line_starts_.end(), offset) -
+        line_starts_.begin());
   }
 
   // InvalidArgument "chat template: line L, column C: <what>".
@@ -1599,6 +1610,26 @@ bool IsNameStart(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
 }
 bool IsNameChar(char c) { return IsNameStart(c) || IsDigit(c); }
+
+// Python identifiers beyond ASCII (close to XID_Start / XID_Continue).
+bool IsUnicodeNameChar(char32_t c, bool start) {
+  switch (utf8proc_category(c)) {
+    case UTF8PROC_CATEGORY_LU:
+    case UTF8PROC_CATEGORY_LL:
+    case UTF8PROC_CATEGORY_LT:
+    case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO:
+    case UTF8PROC_CATEGORY_NL:
+      return true;
+    case UTF8PROC_CATEGORY_MN:
+    case UTF8PROC_CATEGORY_MC:
+    case UTF8PROC_CATEGORY_ND:
+    case UTF8PROC_CATEGORY_PC:
+      return !start;
+    default:
+      return false;
+  }
+}
 int HexValue(char c) {
   if (c >= '0' && c <= '9') return c - '0';
   if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -1631,6 +1662,8 @@ class Lexer {
       if (kind == '#') {
         const size_t e = src_.find("#}", p);
         if (e == std::string_view::npos) {
+          // Jinja ends quietly when "{#" is the very end of the template.
+          if (p == n) break;
           return map_.Error(q, "unterminated comment (no matching '#}')");
         }
         size_t end = e + 2;
@@ -1683,8 +1716,8 @@ class Lexer {
   // applied: "-" strips all whitespace before it; otherwise, for a block or
   // comment tag (not "{{"), lstrip_blocks removes spaces and tabs between the
   // start of its line and the tag, unless the tag says "+".
-  std::string_view StripBefore(std::string_view text, char sign,
-                               bool is_block, bool line_starting) const {
+  std::string_view StripBefore(std::string_view text, char sign, bool is_block,
+                               bool line_starting) const {
     if (sign == '-') return RStripSpace(text);
     if (sign == '+' || !is_block) return text;
     const size_t newline = text.rfind('\n');
@@ -1719,9 +1752,9 @@ class Lexer {
         if (end < n && src_[end] == '\n') ++end;  // trim_blocks
       }
       if (end == std::string_view::npos) continue;
-      AddData(StripBefore(src_.substr(body, k - body), sign, true,
-                          *line_starting),
-              body);
+      AddData(
+          StripBefore(src_.substr(body, k - body), sign, true, *line_starting),
+          body);
       *line_starting = src_[end - 1] == '\n';
       return end;
     }
@@ -1814,24 +1847,23 @@ class Lexer {
       t.offset = p;
       if (IsDigit(c)) {
         ASSIGN_OR_RETURN(p, LexNumber(p, &t));
-      } else if (IsNameStart(c)) {
+      } else if (IsNameStart(c) || NameCharAt(p, true) > 0) {
         size_t end = p;
-        while (end < n && IsNameChar(src_[end])) ++end;
+        while (size_t len = NameCharAt(end, end == p)) end += len;
         t.type = Tok::kName;
         t.text = std::string(src_.substr(p, end - p));
         p = end;
       } else if (c == '\'' || c == '"') {
         ASSIGN_OR_RETURN(p, LexString(p, &t));
       } else {
-        static constexpr std::string_view kTwo[] = {"//", "**", "==",
-                                                    "!=", ">=", "<="};
+        static constexpr std::string_view kTwo[] = {
+            "//", "**", "==", "!=", ">=", "<="};
         size_t len = 0;
         for (std::string_view op : kTwo) {
           if (src_.substr(p, 2) == op) len = 2;
         }
-        if (len == 0 &&
-            std::string_view("+-/*%~[](){}><=.:|,;").find(c) !=
-                std::string_view::npos) {
+        if (len == 0 && std::string_view("+-/*%~[](){}><=.:|,;").find(c) !=
+                            std::string_view::npos) {
           len = 1;
         }
         if (len == 0) {
@@ -1839,8 +1871,8 @@ class Lexer {
           const char32_t cp = NextCodePoint(src_, &next);
           std::string shown;
           AppendUtf8(cp, &shown);
-          return map_.Error(p, absl::StrCat("unexpected character '", shown,
-                                            "'"));
+          return map_.Error(p,
+                            absl::StrCat("unexpected character '", shown, "'"));
         }
         t.type = Tok::kOp;
         t.text = std::string(src_.substr(p, len));
@@ -1851,10 +1883,9 @@ class Lexer {
             return map_.Error(p, absl::StrCat("unexpected '", t.text, "'"));
           }
           if (balance.back() != c) {
-            return map_.Error(p, absl::StrCat("unexpected '", t.text,
-                                              "', expected '",
-                                              std::string(1, balance.back()),
-                                              "'"));
+            return map_.Error(
+                p, absl::StrCat("unexpected '", t.text, "', expected '",
+                                std::string(1, balance.back()), "'"));
           }
           balance.pop_back();
         }
@@ -1862,6 +1893,19 @@ class Lexer {
       }
       tokens_.push_back(std::move(t));
     }
+  }
+
+  // The length in bytes of the identifier character at `pos` (the first one
+  // if `start`), or 0.
+  size_t NameCharAt(size_t pos, bool start) const {
+    if (pos >= src_.size()) return 0;
+    const char c = src_[pos];
+    if (static_cast<unsigned char>(c) < 0x80) {
+      return (start ? IsNameStart(c) : IsNameChar(c)) ? 1 : 0;
+    }
+    size_t next = pos;
+    return IsUnicodeNameChar(NextCodePoint(src_, &next), start) ? next - pos
+                                                                : 0;
   }
 
   // End of (\d+_)*\d+ at `p`, or `p` if there is no digit.
@@ -2025,8 +2069,8 @@ class Lexer {
         default:
           if (c >= '0' && c <= '7') {
             cp = c - '0';
-            for (int d = 0; d < 2 && k < raw.size() && raw[k] >= '0' &&
-                            raw[k] <= '7';
+            for (int d = 0;
+                 d < 2 && k < raw.size() && raw[k] >= '0' && raw[k] <= '7';
                  ++d) {
               cp = cp * 8 + (raw[k++] - '0');
             }
@@ -2053,8 +2097,8 @@ class Lexer {
         for (int d = 0; d < hex_digits; ++d) {
           const int v = k < raw.size() ? HexValue(raw[k]) : -1;
           if (v < 0) {
-            return map_.Error(at, absl::StrCat("truncated \\", std::string(1, c),
-                                               " escape"));
+            return map_.Error(
+                at, absl::StrCat("truncated \\", std::string(1, c), " escape"));
           }
           cp = cp * 16 + v;
           ++k;
@@ -2164,24 +2208,23 @@ struct Node {
 // Jinja does).
 bool IsKnownFilter(std::string_view name) {
   static constexpr std::string_view kFilters[] = {
-      "abs",     "attr",      "capitalize", "count",   "d",
-      "default", "first",     "float",      "int",     "items",
-      "join",    "last",      "length",     "list",    "lower",
-      "map",     "reject",    "rejectattr", "replace", "safe",
-      "select",  "selectattr", "string",    "title",   "tojson",
-      "trim",    "upper"};
+      "abs",     "attr",  "capitalize", "count",      "d",      "default",
+      "first",   "float", "int",        "items",      "join",   "last",
+      "length",  "list",  "lower",      "map",        "reject", "rejectattr",
+      "replace", "safe",  "select",     "selectattr", "string", "title",
+      "tojson",  "trim",  "upper"};
   return std::find(std::begin(kFilters), std::end(kFilters), name) !=
          std::end(kFilters);
 }
 
 bool IsKnownTest(std::string_view name) {
   static constexpr std::string_view kTests[] = {
-      "boolean", "callable", "defined", "divisibleby", "eq",      "equalto",
-      "==",      "escaped",  "even",    "false",       "float",   "ge",
-      ">=",      "gt",       ">",       "greaterthan", "in",      "integer",
-      "iterable", "le",      "<=",      "lower",       "lt",      "<",
-      "lessthan", "mapping", "ne",      "!=",          "none",    "number",
-      "odd",     "sameas",   "sequence", "string",     "true",    "undefined",
+      "boolean",  "callable", "defined",  "divisibleby", "eq",    "equalto",
+      "==",       "escaped",  "even",     "false",       "float", "ge",
+      ">=",       "gt",       ">",        "greaterthan", "in",    "integer",
+      "iterable", "le",       "<=",       "lower",       "lt",    "<",
+      "lessthan", "mapping",  "ne",       "!=",          "none",  "number",
+      "odd",      "sameas",   "sequence", "string",      "true",  "undefined",
       "upper"};
   return std::find(std::begin(kTests), std::end(kTests), name) !=
          std::end(kTests);
@@ -2256,8 +2299,8 @@ class Parser {
   }
   absl::Status ExpectType(Tok type, std::string_view what) {
     if (Cur().type != type) {
-      return Error(Cur(),
-                   absl::StrCat("expected ", Sv(what), ", got ", Describe(Cur())));
+      return Error(Cur(), absl::StrCat("expected ", Sv(what), ", got ",
+                                       Describe(Cur())));
     }
     Next();
     return absl::OkStatus();
@@ -2379,18 +2422,18 @@ class Parser {
       return Error(t, absl::StrCat("expected a tag name, got ", Describe(t)));
     }
     static constexpr std::string_view kUnsupported[] = {
-        "macro",      "call",   "filter",  "include", "import",
-        "from",       "extends", "block",  "with",    "autoescape",
-        "do",         "trans",  "pluralize"};
+        "macro", "call",    "filter",   "include", "import",
+        "from",  "extends", "block",    "with",    "autoescape",
+        "do",    "trans",   "pluralize"};
     for (std::string_view tag : kUnsupported) {
       if (t.text == tag) {
         return Error(t, absl::StrCat("{% ", t.text, " %} is not supported"));
       }
     }
     static constexpr std::string_view kEnds[] = {
-        "endfor",   "endif", "elif",      "else",      "endset",
-        "endmacro", "endcall", "endfilter", "endblock", "endwith",
-        "endautoescape", "endgeneration", "endraw", "endtrans"};
+        "endfor",        "endif",         "elif",      "else",     "endset",
+        "endmacro",      "endcall",       "endfilter", "endblock", "endwith",
+        "endautoescape", "endgeneration", "endraw",    "endtrans"};
     for (std::string_view tag : kEnds) {
       if (t.text == tag) {
         return Error(t, absl::StrCat("unexpected {% ", t.text,
@@ -2423,8 +2466,9 @@ class Parser {
       Node n;
       n.kind = NodeKind::kScope;
       n.line = LineOf(opener);
-      ASSIGN_OR_RETURN(std::vector<Node> body,
-                       ParseStatements(opener, "generation", {"endgeneration"}));
+      ASSIGN_OR_RETURN(
+          std::vector<Node> body,
+          ParseStatements(opener, "generation", {"endgeneration"}));
       Next();
       n.bodies.push_back(std::move(body));
       node = std::move(n);
@@ -2442,8 +2486,9 @@ class Parser {
     node.line = LineOf(opener);
     while (true) {
       ASSIGN_OR_RETURN(ExprPtr test, ParseTuple(false, false, {}, false));
-      ASSIGN_OR_RETURN(std::vector<Node> body,
-                       ParseStatements(opener, "if", {"elif", "else", "endif"}));
+      ASSIGN_OR_RETURN(
+          std::vector<Node> body,
+          ParseStatements(opener, "if", {"elif", "else", "endif"}));
       node.conditions.push_back(std::move(test));
       node.bodies.push_back(std::move(body));
       const Token& end = Next();
@@ -2482,7 +2527,8 @@ class Parser {
     --loop_depth_;
     node.bodies.push_back(std::move(body));
     if (IsName(Next(), "else")) {
-      ASSIGN_OR_RETURN(node.else_body, ParseStatements(opener, "for", {"endfor"}));
+      ASSIGN_OR_RETURN(node.else_body,
+                       ParseStatements(opener, "for", {"endfor"}));
       Next();
     }
     return node;
@@ -2531,8 +2577,9 @@ class Parser {
     ASSIGN_OR_RETURN(ExprPtr e, ParseTuple(true, true, extra_end, false));
     auto add_name = [&](const Expr& name) -> absl::Status {
       if (name.kind != ExprKind::kName) {
-        return Error(start, "can only assign to names (or a namespace "
-                            "attribute, or a tuple of names)");
+        return Error(start,
+                     "can only assign to names (or a namespace "
+                     "attribute, or a tuple of names)");
       }
       target.names.push_back(name.name);
       return absl::OkStatus();
@@ -2711,9 +2758,9 @@ class Parser {
     while (IsOp(Cur(), "+") || IsOp(Cur(), "-")) {
       const Token& t = Next();
       ASSIGN_OR_RETURN(ExprPtr right, ParseConcat());
-      ASSIGN_OR_RETURN(left, MakeBinary(t.text == "+" ? BinOp::kAdd
-                                                      : BinOp::kSub,
-                                        t, std::move(left), std::move(right)));
+      ASSIGN_OR_RETURN(left,
+                       MakeBinary(t.text == "+" ? BinOp::kAdd : BinOp::kSub, t,
+                                  std::move(left), std::move(right)));
     }
     return left;
   }
@@ -2777,9 +2824,9 @@ class Parser {
       ASSIGN_OR_RETURN(ExprPtr operand, ParseUnary(false));
       std::vector<ExprPtr> args;
       args.push_back(std::move(operand));
-      ASSIGN_OR_RETURN(node, Make(t.text == "-" ? ExprKind::kNeg
-                                                : ExprKind::kPos,
-                                  t, std::move(args)));
+      ASSIGN_OR_RETURN(node,
+                       Make(t.text == "-" ? ExprKind::kNeg : ExprKind::kPos, t,
+                            std::move(args)));
     } else {
       ASSIGN_OR_RETURN(node, ParsePrimary());
     }
@@ -2819,9 +2866,6 @@ class Parser {
       case Tok::kString: {
         std::string text;
         while (Cur().type == Tok::kString) text += Next().text;
-        RETURN_IF_ERROR(CheckSize(text.size()).ok()
-                            ? absl::OkStatus()
-                            : Error(t, "string literal too long"));
         return Const(t, String(std::move(text)));
       }
       case Tok::kInt:
@@ -2986,8 +3030,9 @@ class Parser {
         e->kwargs.emplace_back(std::move(key), std::move(value));
       } else {
         if (!e->kwargs.empty()) {
-          return Error(open, "invalid syntax for function call expression "
-                             "(a positional argument after a keyword one)");
+          return Error(open,
+                       "invalid syntax for function call expression "
+                       "(a positional argument after a keyword one)");
         }
         ASSIGN_OR_RETURN(ExprPtr value, ParseExpression(true));
         e->args.push_back(std::move(value));
@@ -3104,14 +3149,13 @@ absl::StatusOr<std::vector<std::optional<Value>>> Bind(
   for (const auto& [key, value] : args.kw) {
     const auto it = std::find(names.begin(), names.end(), key);
     if (it == names.end()) {
-      return Problem(absl::StrCat(Sv(what),
-                                  " got an unexpected keyword argument '", key,
-                                  "'"));
+      return Problem(absl::StrCat(
+          Sv(what), " got an unexpected keyword argument '", key, "'"));
     }
     auto& slot = out[it - names.begin()];
     if (slot) {
-      return Problem(absl::StrCat(Sv(what), " got multiple values for '", key,
-                                  "'"));
+      return Problem(
+          absl::StrCat(Sv(what), " got multiple values for '", key, "'"));
     }
     slot = value;
   }
@@ -3131,16 +3175,16 @@ bool IsNone(const std::optional<Value>& v) {
 
 absl::StatusOr<int64_t> IntArg(std::string_view what, const Value& v) {
   if (!v.is_integral()) {
-    return Problem(absl::StrCat(Sv(what), " must be an integer, not '",
-                                TypeName(v), "'"));
+    return Problem(
+        absl::StrCat(Sv(what), " must be an integer, not '", TypeName(v), "'"));
   }
   return v.i;
 }
 
 absl::StatusOr<std::string> StrArg(std::string_view what, const Value& v) {
   if (!v.is_string()) {
-    return Problem(absl::StrCat(Sv(what), " must be a string, not '",
-                                TypeName(v), "'"));
+    return Problem(
+        absl::StrCat(Sv(what), " must be a string, not '", TypeName(v), "'"));
   }
   return v.s;
 }
@@ -3161,19 +3205,18 @@ bool Among(std::string_view name, std::initializer_list<std::string_view> set) {
 }
 
 bool IsStrMethod(std::string_view name) {
-  return Among(name,
-               {"capitalize", "casefold",   "center",       "count",
-                "encode",     "endswith",   "expandtabs",   "find",
-                "format",     "format_map", "index",        "isalnum",
-                "isalpha",    "isascii",    "isdecimal",    "isdigit",
-                "isidentifier", "islower",  "isnumeric",    "isprintable",
-                "isspace",    "istitle",    "isupper",      "join",
-                "ljust",      "lower",      "lstrip",       "maketrans",
-                "partition",  "removeprefix", "removesuffix", "replace",
-                "rfind",      "rindex",     "rjust",        "rpartition",
-                "rsplit",     "rstrip",     "split",        "splitlines",
-                "startswith", "strip",      "swapcase",     "title",
-                "translate",  "upper",      "zfill"});
+  return Among(
+      name,
+      {"capitalize",   "casefold",     "center",    "count",     "encode",
+       "endswith",     "expandtabs",   "find",      "format",    "format_map",
+       "index",        "isalnum",      "isalpha",   "isascii",   "isdecimal",
+       "isdigit",      "isidentifier", "islower",   "isnumeric", "isprintable",
+       "isspace",      "istitle",      "isupper",   "join",      "ljust",
+       "lower",        "lstrip",       "maketrans", "partition", "removeprefix",
+       "removesuffix", "replace",      "rfind",     "rindex",    "rjust",
+       "rpartition",   "rsplit",       "rstrip",    "split",     "splitlines",
+       "startswith",   "strip",        "swapcase",  "title",     "translate",
+       "upper",        "zfill"});
 }
 
 // The attribute `name` of `obj` that is a method (or, for a namespace and
@@ -3398,7 +3441,8 @@ std::optional<int64_t> ParsePyInt(std::string_view text, int base) {
   size_t k = 0;
   bool negative = false;
   if (k < s.size() && (s[k] == '+' || s[k] == '-')) negative = s[k++] == '-';
-  if (base == 16 && s.size() > k + 1 && s[k] == '0' && (s[k + 1] | 0x20) == 'x') {
+  if (base == 16 && s.size() > k + 1 && s[k] == '0' &&
+      (s[k + 1] | 0x20) == 'x') {
     k += 2;
   }
   if (k >= s.size()) return std::nullopt;
@@ -3465,9 +3509,8 @@ class Renderer {
 
   absl::Status CountIteration() {
     if (++iterations_ > ChatTemplate::kMaxLoopIterations) {
-      return Problem(absl::StrCat("more than ",
-                                  ChatTemplate::kMaxLoopIterations,
-                                  " loop iterations"));
+      return Problem(absl::StrCat(
+          "more than ", ChatTemplate::kMaxLoopIterations, " loop iterations"));
     }
     return absl::OkStatus();
   }
@@ -3476,8 +3519,8 @@ class Renderer {
     if (!target.ns_attr.empty()) {
       const Value ns = Lookup(target.names[0]);
       if (ns.kind != Kind::kNamespace) {
-        return Problem(absl::StrCat("cannot assign attribute '",
-                                    target.ns_attr, "' on '", TypeName(ns),
+        return Problem(absl::StrCat("cannot assign attribute '", target.ns_attr,
+                                    "' on '", TypeName(ns),
                                     "': not a namespace object"));
       }
       if (HasNamespace(value)) {
@@ -3497,8 +3540,8 @@ class Renderer {
     }
     if (items.size() < target.names.size()) {
       return Problem(absl::StrCat("not enough values to unpack (expected ",
-                                  target.names.size(), ", got ",
-                                  items.size(), ")"));
+                                  target.names.size(), ", got ", items.size(),
+                                  ")"));
     }
     for (size_t k = 0; k < items.size(); ++k) {
       SetEntry(&scopes_.back(), target.names[k], std::move(items[k]));
@@ -3786,8 +3829,8 @@ class Renderer {
       if (e.args[0]->kind == ExprKind::kName) {
         const std::string& name = e.args[0]->name;
         if (Among(name, {"cycler", "joiner", "lipsum"})) {
-          return Problem(absl::StrCat("the function '", name,
-                                      "' is not supported"));
+          return Problem(
+              absl::StrCat("the function '", name, "' is not supported"));
         }
         return Problem(absl::StrCat("unknown function '", name, "'"));
       }
@@ -3807,8 +3850,8 @@ class Renderer {
         if (!args.kw.empty() || args.pos.empty()) {
           return Problem("loop.cycle() takes one or more positional arguments");
         }
-        const size_t k = static_cast<size_t>(fn.self.loop->index0) %
-                         args.pos.size();
+        const size_t k =
+            static_cast<size_t>(fn.self.loop->index0) % args.pos.size();
         return args.pos[k];
       }
     }
@@ -3830,7 +3873,8 @@ class Renderer {
       if (format.empty()) return String("");
       for (size_t size = 256; size <= 65536; size *= 4) {
         std::string buf(size, '\0');
-        const size_t n = std::strftime(buf.data(), size, format.c_str(), &local);
+        const size_t n =
+            std::strftime(buf.data(), size, format.c_str(), &local);
         if (n > 0) {
           buf.resize(n);
           return String(std::move(buf));
@@ -3851,15 +3895,19 @@ class Renderer {
       if (step == 0) return Problem("range() arg 3 must not be zero");
       const long double count =
           step > 0 ? std::ceil((static_cast<long double>(stop) - start) / step)
-                   : std::ceil((static_cast<long double>(start) - stop) / -step);
+                   : std::ceil((static_cast<long double>(start) - stop) /
+                               -static_cast<long double>(step));
       if (count > kMaxRange) {
-        return Problem(absl::StrCat("range too big: the sandbox blocks ranges "
-                                    "larger than MAX_RANGE (",
-                                    kMaxRange, ")"));
+        return Problem(
+            absl::StrCat("range too big: the sandbox blocks ranges "
+                         "larger than MAX_RANGE (",
+                         kMaxRange, ")"));
       }
       std::vector<Value> items;
+      int64_t value = start;
       for (int64_t k = 0; k < static_cast<int64_t>(count); ++k) {
-        items.push_back(Int(start + k * step));
+        items.push_back(Int(value));
+        if (k + 1 < count) value += step;  // Still inside [start, stop).
       }
       return MakeList(std::move(items));
     }
@@ -3891,9 +3939,11 @@ class Renderer {
     if (self.is_string()) {
       const std::string& s = self.s;
       if (name == "startswith" || name == "endswith") {
-        ASSIGN_OR_RETURN(auto a, Bind(what, args, {"prefix", "start", "end"}, 1));
+        ASSIGN_OR_RETURN(auto a,
+                         Bind(what, args, {"prefix", "start", "end"}, 1));
         if (a[1] || a[2]) {
-          return Problem(absl::StrCat(what, ": start and end are not supported"));
+          return Problem(
+              absl::StrCat(what, ": start and end are not supported"));
         }
         std::vector<std::string> options;
         if (a[0]->is_string()) {
@@ -3942,7 +3992,8 @@ class Renderer {
                          PySplit(s, IsNone(a[0]) ? nullptr : &sep, maxsplit,
                                  name == "rsplit"));
         std::vector<Value> items;
-        for (std::string& part : parts) items.push_back(String(std::move(part)));
+        for (std::string& part : parts)
+          items.push_back(String(std::move(part)));
         return MakeList(std::move(items));
       }
       if (name == "upper" || name == "lower" || name == "title" ||
@@ -3985,7 +4036,8 @@ class Renderer {
           return Int(n);
         }
         if (name == "removeprefix") {
-          if (s.compare(0, sub.size(), sub) == 0) return String(s.substr(sub.size()));
+          if (s.compare(0, sub.size(), sub) == 0)
+            return String(s.substr(sub.size()));
           return String(s);
         }
         if (sub.size() <= s.size() &&
@@ -4032,7 +4084,7 @@ class Renderer {
             items.push_back(std::move(pair));
           }
         }
-        return MakeDictView(std::move(items), name == "items" ? kDictItems
+        return MakeDictView(std::move(items), name == "items"  ? kDictItems
                                               : name == "keys" ? kDictKeys
                                                                : kDictValues);
       }
@@ -4051,8 +4103,8 @@ class Renderer {
           ++n;
         }
         if (name == "index") {
-          return Problem(absl::StrCat(what, ": value is not in the ",
-                                      TypeName(self)));
+          return Problem(
+              absl::StrCat(what, ": value is not in the ", TypeName(self)));
         }
         return Int(n);
       }
@@ -4076,8 +4128,8 @@ class Renderer {
       const size_t dot = path.find('.', start);
       const std::string part = path.substr(
           start, dot == std::string::npos ? std::string::npos : dot - start);
-      const bool digits = !part.empty() &&
-                          std::all_of(part.begin(), part.end(), IsDigit);
+      const bool digits =
+          !part.empty() && std::all_of(part.begin(), part.end(), IsDigit);
       if (digits && part.size() < 18) {
         ASSIGN_OR_RETURN(v, GetItem(v, Int(std::stoll(part))));
       } else {
@@ -4090,6 +4142,9 @@ class Renderer {
 
   absl::StatusOr<Value> ApplyFilter(const std::string& name, const Value& v,
                                     const Args& args) {
+    if (!IsKnownFilter(name)) {
+      return Problem(absl::StrCat("unknown filter '", name, "'"));
+    }
     const std::string what = absl::StrCat("the filter '", name, "'");
     if (name == "map") return FilterMap(v, args);
     if (name == "select" || name == "reject" || name == "selectattr" ||
@@ -4263,19 +4318,21 @@ class Renderer {
       return Problem(
           absl::StrCat("bad operand type for abs(): '", TypeName(v), "'"));
     }
-    return Problem(absl::StrCat("unknown filter '", name, "'"));
+    return Problem(absl::StrCat("internal error: filter '", name, "'"));
   }
 
   absl::StatusOr<Value> FilterToJson(const Value& v, const Args& args) {
-    ASSIGN_OR_RETURN(auto a, Bind("the filter 'tojson'", args,
-                                  {"ensure_ascii", "indent", "separators",
-                                   "sort_keys"},
-                                  0));
+    ASSIGN_OR_RETURN(
+        auto a, Bind("the filter 'tojson'", args,
+                     {"ensure_ascii", "indent", "separators", "sort_keys"}, 0));
     JsonStyle style;
     style.ensure_ascii = a[0] && Truthy(*a[0]);
     if (!IsNone(a[1])) {
       if (a[1]->is_integral()) {
-        style.indent = std::string(std::max<int64_t>(0, std::min<int64_t>(a[1]->i, 64)), ' ');
+        // json.dumps indents by ' ' * indent (nothing when negative).
+        const int64_t n = std::max<int64_t>(0, a[1]->i);
+        RETURN_IF_ERROR(CheckSize(static_cast<uint64_t>(n)));
+        style.indent = std::string(static_cast<size_t>(n), ' ');
       } else if (a[1]->is_string()) {
         style.indent = a[1]->s;
       } else {
@@ -4286,7 +4343,8 @@ class Renderer {
     if (!IsNone(a[2])) {
       const Value& seps = *a[2];
       if (!seps.is_sequence() || seps.list->items.size() != 2 ||
-          !seps.list->items[0].is_string() || !seps.list->items[1].is_string()) {
+          !seps.list->items[0].is_string() ||
+          !seps.list->items[1].is_string()) {
         return Problem("tojson: separators must be a pair of strings");
       }
       style.item_separator = seps.list->items[0].s;
@@ -4310,16 +4368,13 @@ class Renderer {
         } else if (key == "default") {
           fallback = value;
         } else {
-          return Problem(absl::StrCat("map: unexpected keyword argument '",
-                                      key, "'"));
+          return Problem(
+              absl::StrCat("map: unexpected keyword argument '", key, "'"));
         }
       }
       if (!attribute) return Problem("map requires a filter argument");
     } else {
       ASSIGN_OR_RETURN(filter, StrArg("map's filter name", args.pos[0]));
-      if (!IsKnownFilter(filter) || filter == "map") {
-        return Problem(absl::StrCat("unknown filter '", filter, "'"));
-      }
       rest.pos.assign(args.pos.begin() + 1, args.pos.end());
       rest.kw = args.kw;
     }
@@ -4355,11 +4410,8 @@ class Renderer {
     std::string test;
     Args test_args;
     if (args.pos.size() > off) {
-      ASSIGN_OR_RETURN(test, StrArg(absl::StrCat(name, "'s test name"),
-                                    args.pos[off]));
-      if (!IsKnownTest(test)) {
-        return Problem(absl::StrCat("unknown test '", test, "'"));
-      }
+      ASSIGN_OR_RETURN(
+          test, StrArg(absl::StrCat(name, "'s test name"), args.pos[off]));
       test_args.pos.assign(args.pos.begin() + off + 1, args.pos.end());
       test_args.kw = args.kw;
     }
@@ -4386,13 +4438,16 @@ class Renderer {
 
   absl::StatusOr<bool> ApplyTest(const std::string& name, const Value& v,
                                  const Args& args) {
+    if (!IsKnownTest(name)) {
+      return Problem(absl::StrCat("unknown test '", name, "'"));
+    }
     const std::string what = absl::StrCat("the test '", name, "'");
     const Kind k = v.kind;
     static const std::initializer_list<std::string_view> kNoArgs = {
-        "defined", "undefined", "none",    "boolean", "false",    "true",
-        "integer", "float",     "number",  "string",  "mapping",  "iterable",
-        "sequence", "callable", "escaped", "lower",   "upper",    "odd",
-        "even"};
+        "defined", "undefined", "none",     "boolean",  "false",
+        "true",    "integer",   "float",    "number",   "string",
+        "mapping", "iterable",  "sequence", "callable", "escaped",
+        "lower",   "upper",     "odd",      "even"};
     if (Among(name, kNoArgs)) {
       RETURN_IF_ERROR(Bind(what, args, {}, 0).status());
       if (name == "defined") return k != Kind::kUndefined;
@@ -4464,7 +4519,7 @@ class Renderer {
       return Order(CompareOp::kGt, v, other);
     }
     if (Among(name, {"ge", ">="})) return Order(CompareOp::kGe, v, other);
-    return Problem(absl::StrCat("unknown test '", name, "'"));
+    return Problem(absl::StrCat("internal error: test '", name, "'"));
   }
 
   const DictData* context_;

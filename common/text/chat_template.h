@@ -18,9 +18,9 @@
 // its own for the part of Jinja that chat templates use, with the semantics
 // of jinja2's ImmutableSandboxedEnvironment(trim_blocks=True,
 // lstrip_blocks=True, extensions=[loopcontrols]) as transformers sets it up:
-//  - Tags: {{ }}, {% %}, {# #}, whitespace control with - and +, trim_blocks
-//    and lstrip_blocks exactly as Jinja's lexer does them; one trailing
-//    newline of the source is dropped; \r\n and \r become \n.
+//  - Tags: {{ }}, {% %}, {# #}, {% raw %}, whitespace control with - and +,
+//    trim_blocks and lstrip_blocks exactly as Jinja's lexer does them; one
+//    trailing newline of the source is dropped; \r\n and \r become \n.
 //  - Statements: if / elif / else, for (loop.index, index0, revindex,
 //    revindex0, first, last, length, previtem, nextitem, depth, cycle();
 //    tuple unpacking; an `if` filter; else), break, continue, set (names,
@@ -40,13 +40,17 @@
 //    replace, safe, select, selectattr, string, title, tojson (HF's:
 //    json.dumps with ensure_ascii=False, indent, separators, sort_keys),
 //    trim, upper.
+//    select, reject, selectattr, rejectattr, map and items give one-shot
+//    generators, as Jinja's do (always true, no length; add |list).
 //  - Tests: boolean, callable, defined, divisibleby, eq / equalto / ==,
 //    escaped, even, false, float, ge / >=, gt / >, in, integer, iterable,
 //    le / <=, lower, lt / <, mapping, ne / !=, none, number, odd, sameas,
 //    sequence, string, true, undefined, upper.
 //  - Methods: str.startswith, endswith, strip, lstrip, rstrip, split,
-//    rsplit, upper, lower, replace, title, capitalize, find, count, join;
-//    dict.items, keys, values, get; list.count, index.
+//    rsplit, upper, lower, replace, title, capitalize, find, count, join,
+//    removeprefix, removesuffix; dict.items, keys, values (views), get,
+//    copy; list.count, index, copy. Mutating methods are undefined, and an
+//    error when called, as in the immutable sandbox.
 //  - Globals: raise_exception(msg), strftime_now(fmt) (local time), range,
 //    dict, namespace.
 //  - Undefined as Jinja's default Undefined: renders as "", is falsy,
@@ -56,6 +60,16 @@
 // Anything else is refused by Parse with InvalidArgument "chat template: line
 // L, column C: <what>", naming the construct: "{% macro %} is not supported",
 // "unknown filter 'foo'", "unterminated '{{' tag".
+//
+// Known differences from jinja2, all errors here where Jinja prints
+// something: printing a function, a generator or a namespace (Jinja prints
+// a Python repr with an address); "%" string formatting; other str methods
+// (center, format, ...); integers beyond 64 bits; lists made by `list * n`
+// beyond a million items. Case mappings are utf8proc's plus Python's full
+// mappings for the common special cases (sharp s, ligatures, final sigma);
+// |safe strings escape what is added to them with + as markupsafe.Markup
+// does, but only the filters trim, lower, upper, capitalize and string keep
+// them safe.
 //
 // Render errors are InvalidArgument too: raise_exception(msg) gives exactly
 // "chat template: msg"; other errors "chat template: line L: <what>" (a type
@@ -68,8 +82,8 @@
 //
 // Values: the context is JSON. Object keys keep the order of the JSON value
 // (nlohmann::json sorts them; pass an nlohmann::ordered_json to keep a
-// client's order, which matters for `tojson` of tools). JSON integers must fit
-// in int64; strings must be valid UTF-8.
+// client's order, which matters for `tojson` of tools, as HF keeps it). JSON
+// integers must fit in int64; strings must be valid UTF-8.
 //
 // Ownership and threads: Parse builds an immutable tree held by shared_ptr;
 // ChatTemplate objects are cheap to copy and share it. Render is const and
@@ -83,6 +97,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "nlohmann/json.hpp"

@@ -29,17 +29,18 @@ namespace knapserve {
 namespace {
 
 using nlohmann::ordered_json;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 using testing::Message;
 using testing::ReadFile;
 using testing::ScopedTempDir;
-using testing::WriteFile;
-using ::testing::AllOf;
-using ::testing::HasSubstr;
 using ::testing::StartsWith;
+using testing::WriteFile;
 
 std::string TemplatePath(const std::string& stem) {
-  return std::string(testing::kSourceDir) + "/tests/testing/chat_templates/" +
-         stem + ".jinja";
+  std::string path = testing::kSourceDir;
+  path.append("/tests/testing/chat_templates/").append(stem).append(".jinja");
+  return path;
 }
 
 absl::StatusOr<std::string> RenderSource(std::string_view source,
@@ -93,18 +94,12 @@ struct Expectation {
 
 std::vector<Expectation> WhitespaceControlCases() {
   return {
-      {"a  {{- 'b' -}}  c",
-       "abc"},
-      {"a\n  {%- if true -%}\n  b\n  {%- endif -%}\n  c",
-       "abc"},
-      {"a {#- comment -#} b",
-       "ab"},
-      {"{{ 'x' }}\n{{ 'y' }}\n",
-       "x\ny"},
-      {"  {%+ if true %}a{% endif +%}\nb",
-       "  a\nb"},
-      {"x\r\ny\rz\n\n",
-       "x\ny\nz\n"},
+      {"a  {{- 'b' -}}  c", "abc"},
+      {"a\n  {%- if true -%}\n  b\n  {%- endif -%}\n  c", "abc"},
+      {"a {#- comment -#} b", "ab"},
+      {"{{ 'x' }}\n{{ 'y' }}\n", "x\ny"},
+      {"  {%+ if true %}a{% endif +%}\nb", "  a\nb"},
+      {"x\r\ny\rz\n\n", "x\ny\nz\n"},
   };
 }
 
@@ -112,16 +107,13 @@ std::vector<Expectation> TrimAndLstripBlocksCases() {
   return {
       {"a\n    {% if true %}\n    b\n    {% endif %}\n    c",
        "a\n    b\n    c"},
-      {"{% for x in xs %}\n  {{ x }}\n{% endfor %}\n",
-       "  1\n  2\n  3\n"},
+      {"{% for x in xs %}\n  {{ x }}\n{% endfor %}\n", "  1\n  2\n  3\n"},
       {"  {{ 'variables are not lstripped' }}\n",
        "  variables are not lstripped"},
       {"text {% if true %}not at line start{% endif %}\n",
        "text not at line start"},
-      {"{# a comment #}\nnext line",
-       "next line"},
-      {"\t\t{% set a = 1 %}\n{{ a }}",
-       "1"},
+      {"{# a comment #}\nnext line", "next line"},
+      {"\t\t{% set a = 1 %}\n{{ a }}", "1"},
       {"{% raw %}  {{ not rendered }}  {% endraw %}\n!",
        "  {{ not rendered }}  !"},
   };
@@ -129,152 +121,202 @@ std::vector<Expectation> TrimAndLstripBlocksCases() {
 
 std::vector<Expectation> LoopVariablesCases() {
   return {
-      {"{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }};{% endfor %}",
+      {"{% for x in xs %}{{ loop.index }}{{ loop.index0 }}{{ loop.revindex "
+       "}}{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length "
+       "}};{% endfor %}",
        "1032TrueFalse3;2121FalseFalse3;3210FalseTrue3;"},
       {"{% for x in xs %}[{{ loop.previtem }}|{{ loop.nextitem }}]{% endfor %}",
        "[|2][1|3][2|]"},
-      {"{% for x in xs if x != 2 %}{{ x }}:{{ loop.index }}/{{ loop.length }} {% endfor %}",
+      {"{% for x in xs if x != 2 %}{{ x }}:{{ loop.index }}/{{ loop.length }} "
+       "{% endfor %}",
        "1:1/2 3:2/2 "},
-      {"{% for x in e %}never{% else %}empty{% endfor %}",
-       "empty"},
-      {"{% for x in xs %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 3 %}{% break %}{% endif %}{{ x }}{% endfor %}",
+      {"{% for x in e %}never{% else %}empty{% endfor %}", "empty"},
+      {"{% for x in xs %}{% if x == 2 %}{% continue %}{% endif %}{% if x == 3 "
+       "%}{% break %}{% endif %}{{ x }}{% endfor %}",
        "1"},
-      {"{% for k, v in d.items() %}{{ k }}={{ v }} {% endfor %}",
-       "a=1 b=two "},
-      {"{% for k, v in d|items %}{{ k }}={{ v }} {% endfor %}",
-       "a=1 b=two "},
-      {"{% for k in d %}{{ k }}{% endfor %}{% for c in 'ab' %}{{ c }}{% endfor %}",
+      {"{% for k, v in d.items() %}{{ k }}={{ v }} {% endfor %}", "a=1 b=two "},
+      {"{% for k, v in d|items %}{{ k }}={{ v }} {% endfor %}", "a=1 b=two "},
+      {"{% for k in d %}{{ k }}{% endfor %}{% for c in 'ab' %}{{ c }}{% endfor "
+       "%}",
        "abab"},
       {"{% for x in xs %}{{ loop.cycle('odd', 'even') }} {% endfor %}",
        "odd even odd "},
-      {"{% for m in msgs[::-1] %}{{ m.role }}{% if not loop.last %},{% endif %}{% endfor %}",
+      {"{% for m in msgs[::-1] %}{{ m.role }}{% if not loop.last %},{% endif "
+       "%}{% endfor %}",
        "assistant,user,system"},
   };
 }
 
 std::vector<Expectation> ScopingAndNamespaceCases() {
   return {
+      {"{% generation %}{% set g = 1 %}[{{ g }}]{% endgeneration %}[{{ g }}]",
+       "[1][]"},
       {"{% set x = 1 %}{% for i in xs %}{% set x = i %}{% endfor %}{{ x }}",
        "1"},
-      {"{% for i in xs %}{% if loop.first %}{% set y = 5 %}{% endif %}[{{ y }}]{% endfor %}",
+      {"{% for i in xs %}{% if loop.first %}{% set y = 5 %}{% endif %}[{{ y "
+       "}}]{% endfor %}",
        "[5][][]"},
-      {"{% if true %}{% set z = 3 %}{% endif %}{{ z }}",
-       "3"},
-      {"{% set ns = namespace(total=0, seen=[]) %}{% for i in xs %}{% set ns.total = ns.total + i %}{% set ns.seen = ns.seen + [i] %}{% endfor %}{{ ns.total }} {{ ns.seen }}",
+      {"{% if true %}{% set z = 3 %}{% endif %}{{ z }}", "3"},
+      {"{% set ns = namespace(total=0, seen=[]) %}{% for i in xs %}{% set "
+       "ns.total = ns.total + i %}{% set ns.seen = ns.seen + [i] %}{% endfor "
+       "%}{{ ns.total }} {{ ns.seen }}",
        "6 [1, 2, 3]"},
-      {"{% set a, b = 1, 'two' %}{{ a }} {{ b }}",
-       "1 two"},
-      {"{% set block %}  {{ s }}  {% endset %}[{{ block }}]",
-       "[  Hello  ]"},
+      {"{% set a, b = 1, 'two' %}{{ a }} {{ b }}", "1 two"},
+      {"{% set block %}  {{ s }}  {% endset %}[{{ block }}]", "[  Hello  ]"},
       {"{% set block | trim | upper %}  {{ s }}  {% endset %}[{{ block }}]",
        "[HELLO]"},
-      {"{% set messages = msgs[1:] %}{{ messages|length }} {{ messages[0].role }}",
+      {"{% set messages = msgs[1:] %}{{ messages|length }} {{ messages[0].role "
+       "}}",
        "2 user"},
   };
 }
 
 std::vector<Expectation> SubscriptsCases() {
   return {
-      {"{{ xs[0] }} {{ xs[-1] }} {{ xs[5] }}|{{ d['a'] }} {{ d.b }} {{ d.zz }}|{{ msgs[1]['content'] }} {{ msgs.0.role }}",
+      {"{{ xs[0] }} {{ xs[-1] }} {{ xs[5] }}|{{ d['a'] }} {{ d.b }} {{ d.zz "
+       "}}|{{ msgs[1]['content'] }} {{ msgs.0.role }}",
        "1 3 |1 two |hi system"},
-      {"{{ xs[1:] }} {{ xs[:-1] }} {{ xs[::-1] }} {{ xs[::2] }} {{ xs[10:] }} {{ xs[-10:1] }}",
+      {"{{ xs[1:] }} {{ xs[:-1] }} {{ xs[::-1] }} {{ xs[::2] }} {{ xs[10:] }} "
+       "{{ xs[-10:1] }}",
        "[2, 3] [1, 2] [3, 2, 1] [1, 3] [] [1]"},
       {"{{ s[1:3] }} {{ s[::-1] }} {{ u[1] }} {{ u[-5:] }}",
        "el olleH é wörld"},
-      {"{{ (1, 2, 3)[1:] }} {{ [[1, 2], [3]][0][1] }}",
-       "(2, 3) 2"},
+      {"{{ (1, 2, 3)[1:] }} {{ [[1, 2], [3]][0][1] }}", "(2, 3) 2"},
   };
 }
 
 std::vector<Expectation> FiltersCases() {
   return {
-      {"[{{ '  a b  '|trim }}] [{{ 'xxaxx'|trim('x') }}] {{ 5|string }} {{ xs|string }}",
+      {"[{{ '  a b  '|trim }}] [{{ 'xxaxx'|trim('x') }}] {{ 5|string }} {{ "
+       "xs|string }}",
        "[a b] [a] 5 [1, 2, 3]"},
-      {"{{ xs|length }} {{ s|length }} {{ u|count }} {{ d|length }} {{ e|length }}",
+      {"{{ xs|length }} {{ s|length }} {{ u|count }} {{ d|length }} {{ "
+       "e|length }}",
        "3 5 11 2 0"},
-      {"{{ 'Ab'|lower }} {{ 'ab'|upper }} {{ 'hELLO wORLD'|capitalize }} {{ 'hello big-world'|title }}",
+      {"{{ 'Ab'|lower }} {{ 'ab'|upper }} {{ 'hELLO wORLD'|capitalize }} {{ "
+       "'hello big-world'|title }}",
        "ab AB Hello world Hello Big-World"},
       {"{{ xs|first }} {{ xs|last }} {{ s|first }} {{ s|last }} {{ e|first }}|",
        "1 3 H o |"},
-      {"{{ xs|join(', ') }} {{ xs|join }} {{ msgs|join('/', attribute='role') }}",
+      {"{{ xs|join(', ') }} {{ xs|join }} {{ msgs|join('/', attribute='role') "
+       "}}",
        "1, 2, 3 123 system/user/assistant"},
       {"{{ 'a-b-c'|replace('-', '+') }} {{ 'a-b-c'|replace('-', '+', 1) }}",
        "a+b+c a+b-c"},
       {"{{ s|list }} {{ d|list }} {{ d|items|list }}",
        "['H', 'e', 'l', 'l', 'o'] ['a', 'b'] [('a', 1), ('b', 'two')]"},
-      {"{{ missing|default('dflt') }} {{ n|default('dflt') }} {{ n|default('dflt', true) }} {{ ''|d('D', true) }}",
+      {"{{ missing|default('dflt') }} {{ n|default('dflt') }} {{ "
+       "n|default('dflt', true) }} {{ ''|d('D', true) }}",
        "dflt None dflt D"},
-      {"{{ msgs|selectattr('role', 'equalto', 'user')|map(attribute='content')|list }} {{ msgs|rejectattr('role', 'eq', 'user')|map(attribute='role')|join(',') }}",
+      {"{{ msgs|selectattr('role', 'equalto', "
+       "'user')|map(attribute='content')|list }} {{ msgs|rejectattr('role', "
+       "'eq', 'user')|map(attribute='role')|join(',') }}",
        "['hi'] system,assistant"},
-      {"{{ xs|select('odd')|list }} {{ xs|reject('equalto', 2)|list }} {{ [0, 1, '', 'a']|select|list }} {{ ['a', 'b']|map('upper')|list }}",
+      {"{{ xs|select('odd')|list }} {{ xs|reject('equalto', 2)|list }} {{ [0, "
+       "1, '', 'a']|select|list }} {{ ['a', 'b']|map('upper')|list }}",
        "[1, 3] [1, 3] [1, 'a'] ['A', 'B']"},
-      {"{{ d|tojson }} {{ msgs[0]|tojson(indent=2) }} {{ {'b': 1, 'a': [true, none, 1.5]}|tojson(sort_keys=true) }} {{ d|tojson(separators=(',', ':')) }}",
-       "{\"a\": 1, \"b\": \"two\"} {\n  \"role\": \"system\",\n  \"content\": \" sys \"\n} {\"a\": [true, null, 1.5], \"b\": 1} {\"a\":1,\"b\":\"two\"}"},
-      {"{{ 'é \"q\" \\n'|tojson }} {{ 'é'|tojson(ensure_ascii=true) }} {{ [] |tojson(indent=4) }}",
+      {"{{ d|tojson }} {{ msgs[0]|tojson(indent=2) }} {{ {'b': 1, 'a': [true, "
+       "none, 1.5]}|tojson(sort_keys=true) }} {{ d|tojson(separators=(',', "
+       "':')) }}",
+       "{\"a\": 1, \"b\": \"two\"} {\n  \"role\": \"system\",\n  \"content\": "
+       "\" sys \"\n} {\"a\": [true, null, 1.5], \"b\": 1} "
+       "{\"a\":1,\"b\":\"two\"}"},
+      {"{{ 'é \"q\" \\n'|tojson }} {{ 'é'|tojson(ensure_ascii=true) }} {{ [] "
+       "|tojson(indent=4) }}",
        "\"é \\\"q\\\" \\n\" \"\\u00e9\" []"},
-      {"{{ '<b>'|safe + '<i>' }} {{ '<b>' + '<i>'|safe }} {{ ('x'|safe) is escaped }}",
+      {"{{ '<b>'|safe + '<i>' }} {{ '<b>' + '<i>'|safe }} {{ ('x'|safe) is "
+       "escaped }}",
        "<b>&lt;i&gt; &lt;b&gt;<i> True"},
-      {"{{ -3|abs }} {{ '42'|int }} {{ '4.7'|int }} {{ 'x'|int }} {{ 'x'|int(7) }} {{ '2.5'|float }} {{ 3|float }}",
+      {"{{ -3|abs }} {{ '42'|int }} {{ '4.7'|int }} {{ 'x'|int }} {{ "
+       "'x'|int(7) }} {{ '2.5'|float }} {{ 3|float }}",
        "3 42 4 0 7 2.5 3.0"},
   };
 }
 
 std::vector<Expectation> TestsCases() {
   return {
-      {"{{ missing is defined }} {{ xs is defined }} {{ missing is undefined }} {{ n is none }} {{ s is not none }}",
+      {"{{ missing is defined }} {{ xs is defined }} {{ missing is undefined "
+       "}} {{ n is none }} {{ s is not none }}",
        "False True True True True"},
-      {"{{ s is string }} {{ d is mapping }} {{ xs is iterable }} {{ s is iterable }} {{ 1 is iterable }} {{ xs is sequence }} {{ d is sequence }}",
+      {"{{ s is string }} {{ d is mapping }} {{ xs is iterable }} {{ s is "
+       "iterable }} {{ 1 is iterable }} {{ xs is sequence }} {{ d is sequence "
+       "}}",
        "True True True True False True True"},
-      {"{{ 1 is number }} {{ 1.5 is number }} {{ true is number }} {{ true is boolean }} {{ 1 is boolean }} {{ true is true }} {{ 0 is false }} {{ false is false }}",
+      {"{{ 1 is number }} {{ 1.5 is number }} {{ true is number }} {{ true is "
+       "boolean }} {{ 1 is boolean }} {{ true is true }} {{ 0 is false }} {{ "
+       "false is false }}",
        "True True True True False True False True"},
-      {"{{ 1 is integer }} {{ 1.0 is float }} {{ 3 is odd }} {{ 3 is even }} {{ 9 is divisibleby 3 }} {{ 2 is in xs }} {{ 'a' is eq 'a' }} {{ 1 is lt 2 }} {{ 'ab' is lower }} {{ 'AB' is upper }}",
+      {"{{ 1 is integer }} {{ 1.0 is float }} {{ 3 is odd }} {{ 3 is even }} "
+       "{{ 9 is divisibleby 3 }} {{ 2 is in xs }} {{ 'a' is eq 'a' }} {{ 1 is "
+       "lt 2 }} {{ 'ab' is lower }} {{ 'AB' is upper }}",
        "True True True False True True True True True True"},
   };
 }
 
 std::vector<Expectation> StringMethodsCases() {
   return {
-      {"[{{ '  a  '.strip() }}] [{{ '  a  '.lstrip() }}] [{{ '  a  '.rstrip() }}] [{{ '--a--'.strip('-') }}] [{{ '\\n\\nx\\n'.lstrip('\\n') }}]",
+      {"[{{ '  a  '.strip() }}] [{{ '  a  '.lstrip() }}] [{{ '  a  '.rstrip() "
+       "}}] [{{ '--a--'.strip('-') }}] [{{ '\\n\\nx\\n'.lstrip('\\n') }}]",
        "[a] [a  ] [  a] [a] [x\n]"},
-      {"{{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a,b,c'.split(',', 1) }} {{ 'a,b,c'.rsplit(',', 1) }}",
+      {"{{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a,b,c'.split(',', "
+       "1) }} {{ 'a,b,c'.rsplit(',', 1) }}",
        "['a', 'b', '', 'c'] ['a', 'b'] ['a', 'b,c'] ['a,b', 'c']"},
-      {"{{ s.startswith('He') }} {{ s.startswith(('x', 'H')) }} {{ s.endswith('lo') }} {{ s.endswith('x') }}",
+      {"{{ s.startswith('He') }} {{ s.startswith(('x', 'H')) }} {{ "
+       "s.endswith('lo') }} {{ s.endswith('x') }}",
        "True True True False"},
-      {"{{ s.upper() }} {{ s.lower() }} {{ 'hello big-world'.title() }} {{ s.replace('l', 'L') }} {{ s.replace('l', 'L', 1) }}",
+      {"{{ s.upper() }} {{ s.lower() }} {{ 'hello big-world'.title() }} {{ "
+       "s.replace('l', 'L') }} {{ s.replace('l', 'L', 1) }}",
        "HELLO hello Hello Big-World HeLLo HeLlo"},
-      {"{{ '<think>r</think>\\n\\nans'.split('</think>')[-1].lstrip('\\n') }} {{ s.find('l') }} {{ s.count('l') }} {{ '-'.join(['a', 'b']) }}",
+      {"{{ '<think>r</think>\\n\\nans'.split('</think>')[-1].lstrip('\\n') }} "
+       "{{ s.find('l') }} {{ s.count('l') }} {{ '-'.join(['a', 'b']) }}",
        "ans 2 2 a-b"},
-      {"{{ d.get('a') }} {{ d.get('zz') }} {{ d.get('zz', 0) }} {{ d.keys()|list }} {{ d.values()|list }} {{ d.items()|list }}",
+      {"{{ d.get('a') }} {{ d.get('zz') }} {{ d.get('zz', 0) }} {{ "
+       "d.keys()|list }} {{ d.values()|list }} {{ d.items()|list }}",
        "1 None 0 ['a', 'b'] [1, 'two'] [('a', 1), ('b', 'two')]"},
   };
 }
 
 std::vector<Expectation> TruthinessAndArithmeticCases() {
   return {
-      {"{{ not '' }} {{ not [] }} {{ not {} }} {{ not 0 }} {{ not 0.0 }} {{ not none }} {{ not 'a' }} {{ not [0] }}",
+      {"{{ not '' }} {{ not [] }} {{ not {} }} {{ not 0 }} {{ not 0.0 }} {{ "
+       "not none }} {{ not 'a' }} {{ not [0] }}",
        "True True True True True True False False"},
-      {"{{ 0 or 'x' }} {{ 'a' and 'b' }} {{ '' and 'b' }}| {{ none or [] }} {{ 1 if xs else 2 }} {{ 1 if e else 2 }} [{{ 'a' if false }}]",
+      {"{{ 0 or 'x' }} {{ 'a' and 'b' }} {{ '' and 'b' }}| {{ none or [] }} {{ "
+       "1 if xs else 2 }} {{ 1 if e else 2 }} [{{ 'a' if false }}]",
        "x b | [] 1 2 []"},
-      {"{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 4 / 2 }} {{ 2 ** 10 }} {{ 2 ** -1 }} {{ 7.5 // 2 }} {{ true + 1 }}",
+      {"{{ 7 // 2 }} {{ -7 // 2 }} {{ 7 % 3 }} {{ -7 % 3 }} {{ 7 / 2 }} {{ 4 / "
+       "2 }} {{ 2 ** 10 }} {{ 2 ** -1 }} {{ 7.5 // 2 }} {{ true + 1 }}",
        "3 -4 1 2 3.5 2.0 1024 0.5 3.0 2"},
-      {"{{ 1 + 2.0 }} {{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e15 }} {{ 0.0001 }} {{ 0.00001 }} {{ -0.0 }} {{ 3.0 * 2 }}",
-       "3.0 0.30000000000000004 1e+16 1000000000000000.0 0.0001 1e-05 -0.0 6.0"},
-      {"{{ 'ab' * 2 }} {{ [1] * 3 }} {{ xs + [4] }} {{ 'a' ~ 1 ~ none ~ true }} {{ -(xs|length) }}",
+      {"{{ 1 + 2.0 }} {{ 0.1 + 0.2 }} {{ 1e16 }} {{ 1e15 }} {{ 0.0001 }} {{ "
+       "0.00001 }} {{ -0.0 }} {{ 3.0 * 2 }}",
+       "3.0 0.30000000000000004 1e+16 1000000000000000.0 0.0001 1e-05 -0.0 "
+       "6.0"},
+      {"{{ 'ab' * 2 }} {{ [1] * 3 }} {{ xs + [4] }} {{ 'a' ~ 1 ~ none ~ true "
+       "}} {{ -(xs|length) }}",
        "abab [1, 1, 1] [1, 2, 3, 4] a1NoneTrue -3"},
-      {"{{ 1 == 1.0 }} {{ true == 1 }} {{ [1, 2] == [1, 2] }} {{ [1] == (1,) }} {{ 1 < 2 < 3 }} {{ 'a' < 'b' }} {{ 2 in xs }} {{ 5 not in xs }} {{ 'el' in s }} {{ 'a' in d }}",
+      {"{{ 1 == 1.0 }} {{ true == 1 }} {{ [1, 2] == [1, 2] }} {{ [1] == (1,) "
+       "}} {{ 1 < 2 < 3 }} {{ 'a' < 'b' }} {{ 2 in xs }} {{ 5 not in xs }} {{ "
+       "'el' in s }} {{ 'a' in d }}",
        "True True True False True True True True True True"},
-      {"{{ none }} {{ true }} {{ false }} {{ 1.0 }} {{ [1, 'a', none, 2.5, {'k': (1,)}] }} {{ ('x',) }} {{ [\"it's\", 'say \"hi\"', 'both \\'\"', '\\n\\t\\x01é'] }}",
-       "None True False 1.0 [1, 'a', None, 2.5, {'k': (1,)}] ('x',) [\"it's\", 'say \"hi\"', 'both \\'\"', '\\n\\t\\x01é']"},
+      {"{{ none }} {{ true }} {{ false }} {{ 1.0 }} {{ [1, 'a', none, 2.5, "
+       "{'k': (1,)}] }} {{ ('x',) }} {{ [\"it's\", 'say \"hi\"', 'both \\'\"', "
+       "'\\n\\t\\x01é'] }}",
+       "None True False 1.0 [1, 'a', None, 2.5, {'k': (1,)}] ('x',) [\"it's\", "
+       "'say \"hi\"', 'both \\'\"', '\\n\\t\\x01é']"},
   };
 }
 
 std::vector<Expectation> UndefinedCases() {
   return {
-      {"[{{ missing }}] {{ missing is defined }} {{ missing|length }} {{ missing|list }} [{{ missing|trim }}] {{ missing == missing }} {{ 'a' in missing }}",
+      {"[{{ missing }}] {{ missing is defined }} {{ missing|length }} {{ "
+       "missing|list }} [{{ missing|trim }}] {{ missing == missing }} {{ 'a' "
+       "in missing }}",
        "[] False 0 [] [] True False"},
-      {"{% for x in missing %}x{% else %}no items{% endfor %} {{ d.nope is defined }} {{ msgs[0].nope is undefined }} {{ missing ~ 'a' }}",
+      {"{% for x in missing %}x{% else %}no items{% endfor %} {{ d.nope is "
+       "defined }} {{ msgs[0].nope is undefined }} {{ missing ~ 'a' }}",
        "no items False True a"},
-      {"{% if missing %}yes{% else %}no{% endif %} {{ missing|default('fallback') }} {{ (missing if false)|default('F') }}",
+      {"{% if missing %}yes{% else %}no{% endif %} {{ "
+       "missing|default('fallback') }} {{ (missing if false)|default('F') }}",
        "no fallback F"},
   };
 }
@@ -363,11 +405,10 @@ std::vector<ReferenceResult> RenderWithJinja2(
   const std::string err_path = dir.path() + "/err.txt";
   WriteFile(cases_path, spec.dump());
 
-  std::vector<std::string> args = {
-      "/usr/bin/python3",
-      std::string(testing::kSourceDir) +
-          "/tests/testing/render_chat_template.py",
-      cases_path};
+  std::vector<std::string> args = {"/usr/bin/python3",
+                                   std::string(testing::kSourceDir) +
+                                       "/tests/testing/render_chat_template.py",
+                                   cases_path};
   std::vector<char*> argv;
   for (std::string& arg : args) argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -436,7 +477,9 @@ int CompareWithJinja2(
     const ReferenceResult& theirs = reference[k];
     if (theirs.ok) {
       EXPECT_TRUE(ours.ok()) << ours.status();
-      if (ours.ok()) EXPECT_EQ(*ours, theirs.text);
+      if (ours.ok()) {
+        EXPECT_EQ(*ours, theirs.text);
+      }
       continue;
     }
     ++errors;
@@ -514,6 +557,15 @@ std::vector<std::pair<std::string, ordered_json>> Conversations() {
   };
 }
 
+// The conversation named `label` in Conversations().
+ordered_json Conversation(const std::string& label) {
+  for (const auto& [name, messages] : Conversations()) {
+    if (name == label) return messages;
+  }
+  ADD_FAILURE() << "no conversation " << label;
+  return ordered_json::array();
+}
+
 ordered_json WeatherTools() {
   return ordered_json::parse(R"json([{"type": "function", "function": {
       "name": "get_weather",
@@ -566,9 +618,8 @@ TEST(ChatTemplateJinja2Test, RealTemplatesRenderLikeJinja2) {
         add(label, messages, generation_prompt, ordered_json::object());
       }
     }
-    const auto conversations = Conversations();
-    const ordered_json& single = conversations[0].second;
-    const ordered_json& tool_calls = conversations[6].second;
+    const ordered_json single = Conversation("single turn");
+    const ordered_json tool_calls = Conversation("tool calls");
     add("tools", single, true, {{"tools", WeatherTools()}});
     add("tools, tool calls", tool_calls, true, {{"tools", WeatherTools()}});
     add("tools in the system message", tool_calls, true,
@@ -576,8 +627,7 @@ TEST(ChatTemplateJinja2Test, RealTemplatesRenderLikeJinja2) {
     add("tools, only a system message",
         ordered_json::parse(R"([{"role": "system", "content": "S"}])"), true,
         {{"tools", WeatherTools()}});
-    add("builtin tools",
-        ordered_json::parse(R"json([
+    add("builtin tools", ordered_json::parse(R"json([
             {"role": "user", "content": "Search for cats"},
             {"role": "assistant", "content": "",
              "tool_calls": [{"type": "function", "function": {
@@ -587,15 +637,14 @@ TEST(ChatTemplateJinja2Test, RealTemplatesRenderLikeJinja2) {
         true,
         {{"builtin_tools",
           {"brave_search", "wolfram_alpha", "code_interpreter"}}});
-    add("two tool calls at once",
-        ordered_json::parse(R"json([
+    add("two tool calls at once", ordered_json::parse(R"json([
             {"role": "user", "content": "Both?"},
             {"role": "assistant", "content": "",
              "tool_calls": [
                  {"function": {"name": "a", "arguments": {}}},
                  {"function": {"name": "b", "arguments": "{}"}}]}])json"),
         false, ordered_json::object());
-    add("thinking off", conversations[5].second, true,
+    add("thinking off", Conversation("reasoning"), true,
         {{"enable_thinking", false}});
     add("null content", ordered_json::parse(R"json([
             {"role": "user", "content": "x"},
@@ -641,10 +690,10 @@ TEST(ChatTemplateTest, RuntimeErrorsSayWhatAndWhere) {
             "str");
   EXPECT_EQ(RenderError("{{ x.y }}"),
             "chat template: line 1: 'x' is undefined");
-  EXPECT_EQ(RenderError("{{ messages[0].content + 1 }}",
-                        ordered_json::parse(
-                            R"({"messages": [{"role": "user"}]})")),
-            "chat template: line 1: 'dict object' has no attribute 'content'");
+  EXPECT_EQ(
+      RenderError("{{ messages[0].content + 1 }}",
+                  ordered_json::parse(R"({"messages": [{"role": "user"}]})")),
+      "chat template: line 1: 'dict object' has no attribute 'content'");
   EXPECT_EQ(RenderError("{{ 'abc'.center(9) }}"),
             "chat template: line 1: str.center() is not supported");
   EXPECT_EQ(RenderError("{{ [1].append(2) }}"),
@@ -787,7 +836,7 @@ TEST(ChatTemplateTest, CopiesRenderConcurrently) {
       ChatTemplate::Parse(ReadFile(TemplatePath("Qwen-Qwen3-0.6B")));
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   const ChatTemplate tmpl = *parsed;  // Copies share the tree.
-  const ordered_json context = {{"messages", Conversations()[6].second},
+  const ordered_json context = {{"messages", Conversation("tool calls")},
                                 {"tools", WeatherTools()},
                                 {"add_generation_prompt", true}};
   const absl::StatusOr<std::string> expected = tmpl.Render(context);
