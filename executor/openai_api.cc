@@ -192,6 +192,7 @@ absl::Status ParseMessages(const Json& body, const OpenAiModel& model,
   }
   Json context = Json::object();
   context["messages"] = std::move(list);
+  context["tools"] = nullptr;  // as transformers passes it without tools
   context["add_generation_prompt"] = true;
   context["bos_token"] = model.chat->bos_token;
   context["eos_token"] = model.chat->eos_token;

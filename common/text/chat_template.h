@@ -110,8 +110,9 @@ class ChatTemplate {
   // MiB: four times the default 4 MiB request limit, room for tools rendered
   // with tojson(indent=4).
   static constexpr size_t kMaxOutputBytes = size_t{16} << 20;
-  // Loop iterations one render may run, all loops together.
-  static constexpr int64_t kMaxLoopIterations = 10'000'000;
+  // Loop iterations one render may run, all loops together (a chat
+  // template loops over the messages: thousands at most).
+  static constexpr int64_t kMaxLoopIterations = 1'000'000;
 
   // Parses `source`. InvalidArgument "chat template: line L, column C:
   // <what>" for a syntax error or a construct outside the supported subset.

@@ -15,6 +15,8 @@
 //   generate_request   requests with the bench prompts, as text and ids, with
 //                      sampling, stops and each speculation mode
 //   latency_profile    a profile of stories260k measured by ProfileModel
+//   chat_template      the real templates of tests/testing/chat_templates/,
+//                      alone and with a NUL and a conversation's JSON
 // tools/fuzz.sh runs it before fuzzing, and the FuzzReplay tests before
 // replaying. Prints the number of seeds per target; exit 1 on any error.
 #include <c10/core/InferenceMode.h>
@@ -340,6 +342,36 @@ absl::Status ProfileSeeds(SeedWriter& seeds, const LlamaModel& model) {
   return seeds.Write("latency_profile", "stories260k", profile.ToJson());
 }
 
+// The real chat templates (read from the checkout: the tools run from the
+// source folder), alone and followed by a NUL and a render context.
+absl::Status ChatTemplateSeeds(SeedWriter& seeds) {
+  const std::string dir = "tests/testing/chat_templates";
+  const nlohmann::json context = {
+      {"messages",
+       {{{"role", "user"}, {"content", "Hi"}},
+        {{"role", "assistant"}, {"content", "Hello!"}},
+        {{"role", "user"}, {"content", "Tell me a story."}}}},
+      {"add_generation_prompt", true},
+      {"bos_token", "<s>"},
+      {"eos_token", "</s>"}};
+  int count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".jinja") continue;
+    ASSIGN_OR_RETURN(std::string source,
+                     ReadFileToString(entry.path().string()));
+    const std::string name = entry.path().stem().string();
+    RETURN_IF_ERROR(seeds.Write("chat_template", name, source));
+    RETURN_IF_ERROR(
+        seeds.Write("chat_template", name + "-context",
+                    source + std::string(1, '\0') + context.dump()));
+    ++count;
+  }
+  if (count == 0) {
+    return absl::NotFoundError(dir + ": no templates (run from the checkout)");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteAll(const std::string& out_dir) {
   c10::InferenceMode guard;
   at::set_num_threads(1);
@@ -358,6 +390,7 @@ absl::Status WriteAll(const std::string& out_dir) {
   RETURN_IF_ERROR(PlanSeeds(seeds, *model));
   RETURN_IF_ERROR(GenerateRequestSeeds(seeds, *tokenizer));
   RETURN_IF_ERROR(ProfileSeeds(seeds, *model));
+  RETURN_IF_ERROR(ChatTemplateSeeds(seeds));
   std::filesystem::remove_all(scratch);
   seeds.PrintCounts();
   return absl::OkStatus();
