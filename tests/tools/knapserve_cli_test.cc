@@ -1027,6 +1027,24 @@ TEST(KnapserveCliTest, BenchServeStreamsConcurrentlyAndChecksOutputs) {
        "--max-draft",    "3",          "--profile",        StoriesProfile(),
        "--json"}));
   EXPECT_EQ(poisson["arrival"], "poisson");
+
+  // The same load through the OpenAI front door: same outputs as the
+  // single streams (checked by the command), speculation included.
+  const nlohmann::json http = RunJson(Stories(
+      {"bench",          "serve",      "--prompts",        prompts,
+       "--protocol",     "http",       "--concurrency",    "3",
+       "--num-requests", "4",          "--max-new-tokens", "12",
+       "--modes",        "off,static", "--skip",           "a1,m2",
+       "--max-draft",    "3",          "--profile",        StoriesProfile(),
+       "--json"}));
+  EXPECT_EQ(http["protocol"], "http");
+  ASSERT_EQ(http["modes"].size(), 2u);
+  for (const nlohmann::json& mode : http["modes"]) {
+    EXPECT_EQ(mode["load"]["failed"], 0);
+    EXPECT_EQ(mode["load"]["completion_tokens"], 48);
+    EXPECT_EQ(mode["mismatches"], 0);
+  }
+  EXPECT_EQ(http["mismatches"], 0);
   ASSERT_EQ(poisson["modes"].size(), 2u);
   EXPECT_EQ(poisson["modes"][1]["spec"], "static");
   for (const nlohmann::json& mode : poisson["modes"]) {
