@@ -6,9 +6,11 @@
 // mid-stream stopping its sequence and freeing its K/V.
 #include "executor/http_front_door.h"
 
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -381,6 +383,39 @@ TEST(HttpFrontDoorTest, AFullQueueIs429AndDrainingIs503) {
   EXPECT_EQ(
       first.events[first.events.size() - 1]["choices"][0]["finish_reason"],
       "length");
+}
+
+// A LibTorch error in a request's forward pass (the fault hook throws where
+// the step's passes run) is a 500 in OpenAI's shape for a whole response,
+// and an error event then [DONE] for a stream that already began; the
+// server serves on.
+TEST(HttpFrontDoorTest, AnInternalErrorIs500OrAnErrorEvent) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  std::atomic<bool> fail{true};
+  GenerationServiceOptions options;
+  options.before_step_for_tests = [&](std::string_view, int64_t step) {
+    TORCH_CHECK(!(fail.load() && step == 3), "injected fault");
+  };
+  Server s = StartServer(options, true);
+  ASSERT_NE(s.server, nullptr);
+  const Reply whole =
+      Post(*s.http, "/v1/completions", Completion("Once upon a time", 16));
+  EXPECT_EQ(whole.status, 500) << whole.body.dump();
+  EXPECT_EQ(whole.body["error"]["type"], "server_error");
+  EXPECT_NE(
+      whole.body["error"]["message"].get<std::string>().find("injected fault"),
+      std::string::npos);
+  Json body = Completion("Once upon a time", 16);
+  body["stream"] = true;
+  const Events streamed = Stream(*s.http, "/v1/completions", body);
+  EXPECT_EQ(streamed.status, 200);  // the headers went out with the first
+  EXPECT_TRUE(streamed.done);
+  ASSERT_FALSE(streamed.events.empty());
+  EXPECT_TRUE(streamed.events.back().contains("error"));
+  EXPECT_GE(streamed.ids.size(), 1u);  // the tokens before the fault
+  fail = false;
+  EXPECT_EQ(Post(*s.http, "/v1/completions", Completion("Once", 4)).status,
+            200);
 }
 
 // The client drops the connection after a few events: its sequence stops
