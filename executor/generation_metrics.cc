@@ -74,7 +74,7 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
   for (const char* kind : {"no_plan", "new_bucket", "drift"}) {
     triggers_.push_back(&r.AddCounter("knapserve_plan_triggers_total",
                                       "Replanning triggers by kind.",
-                                      absl::StrCat("kind=\"", kind, "\"")));
+                                      {{"kind", kind}}));
   }
   std::shared_ptr<PlannerBudget> budget = planning.budget;
   r.AddGauge("knapserve_planner_cpu_share",
@@ -135,7 +135,7 @@ void GenerationMetrics::RecordRequest(absl::StatusCode code,
   registry_
       .AddCounter("knapserve_requests_total",
                   "Generate calls by final gRPC status.",
-                  absl::StrCat("code=\"", absl::StatusCodeToString(code), "\""))
+                  {{"code", absl::StatusCodeToString(code)}})
       .Add();
   if (code == absl::StatusCode::kInternal) internal_errors_.Add();
   if (result == nullptr) return;
@@ -150,7 +150,7 @@ void GenerationMetrics::RecordRequest(absl::StatusCode code,
     registry_
         .AddCounter("knapserve_spec_decode_num_accepted_tokens_per_pos_total",
                     "Accepted draft tokens by draft position (0-based).",
-                    absl::StrCat("position=\"", j, "\""))
+                    {{"position", absl::StrCat(j)}})
         .Add(static_cast<double>(per[j]));
   }
   plans_applied_.Add(static_cast<double>(result->plans.size()));

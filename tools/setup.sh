@@ -20,6 +20,8 @@ PACKAGES=(
   clang-format
   openssl  # the TLS tests make their certificates with it
   python3-jinja2  # the chat-template tests compare with jinja2's renderings
+  prometheus-cpp-dev  # the metrics
+  prometheus  # the scrape test runs the real server
 )
 # Node.js and npm for the official `openai` client test (tests/node). Any
 # recent Node will do; Debian's packages when there is none.
@@ -61,3 +63,5 @@ if [ ! -d tests/node/node_modules/openai ] ||
    [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; then
   (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
 fi
+# tests/deploy's pinned npm packages (kubernetes-models: the schemas the DeployManifests test validates against).
+[ -d tests/deploy/node_modules/kubernetes-models ] && [ ! tests/deploy/package-lock.json -nt tests/deploy/node_modules/.package-lock.json ] || (cd tests/deploy && npm ci --no-audit --no-fund --loglevel=error)

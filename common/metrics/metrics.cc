@@ -1,118 +1,68 @@
 #include "common/metrics/metrics.h"
 
 #include <httplib.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <algorithm>
-#include <cmath>
-#include <sstream>
 
 namespace knapserve {
-namespace {
 
-std::string Number(double v) {
-  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
-  std::ostringstream out;
-  out.precision(17);
-  out << v;
-  return out.str();
-}
+void Counter::Add(double v) { counter_.Increment(v); }
+double Counter::value() const { return counter_.Value(); }
 
-std::string WithLabels(const std::string& name, const std::string& labels) {
-  return labels.empty() ? name : name + "{" + labels + "}";
-}
+void Histogram::Observe(double v) { histogram_.Observe(v); }
 
-}  // namespace
+MetricsRegistry::MetricsRegistry()
+    : registry_(std::make_shared<prometheus::Registry>()) {}
 
-void Histogram::Observe(double v) {
-  const size_t bucket =
-      std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin();
-  absl::MutexLock lock(&mu_);
-  ++counts_[bucket];
-  sum_ += v;
-  ++count_;
-}
-
-void Histogram::Snapshot(std::vector<uint64_t>* cumulative, double* sum,
-                         uint64_t* count) const {
-  absl::MutexLock lock(&mu_);
-  cumulative->clear();
-  uint64_t running = 0;
-  for (uint64_t c : counts_) cumulative->push_back(running += c);
-  *sum = sum_;
-  *count = count_;
-}
-
-MetricsRegistry::Family& MetricsRegistry::FamilyFor(const std::string& name,
-                                                    const std::string& help,
-                                                    const std::string& type) {
-  for (auto& f : families_) {
-    if (f->name == name) return *f;
-  }
-  families_.push_back(std::make_unique<Family>());
-  Family& f = *families_.back();
-  f.name = name;
-  f.help = help;
-  f.type = type;
-  return f;
-}
+MetricsRegistry::~MetricsRegistry() = default;
 
 Counter& MetricsRegistry::AddCounter(const std::string& name,
                                      const std::string& help,
-                                     const std::string& labels) {
+                                     const MetricLabels& labels) {
   absl::MutexLock lock(&mu_);
-  Family& f = FamilyFor(name, help, "counter");
-  for (auto& [l, c] : f.counters) {
-    if (l == labels) return *c;
+  std::unique_ptr<Counter>& slot = counters_[{name, labels}];
+  if (slot == nullptr) {
+    // prometheus-cpp merges a family registered again under its name.
+    auto& family =
+        prometheus::BuildCounter().Name(name).Help(help).Register(*registry_);
+    slot = std::make_unique<Counter>(family.Add(labels));
   }
-  f.counters.emplace_back(labels, std::make_unique<Counter>());
-  return *f.counters.back().second;
+  return *slot;
 }
 
 Histogram& MetricsRegistry::AddHistogram(const std::string& name,
                                          const std::string& help,
                                          std::vector<double> bounds) {
   absl::MutexLock lock(&mu_);
-  Family& f = FamilyFor(name, help, "histogram");
-  std::sort(bounds.begin(), bounds.end());
-  if (f.histogram == nullptr)
-    f.histogram = std::make_unique<Histogram>(std::move(bounds));
-  return *f.histogram;
+  std::unique_ptr<Histogram>& slot = histograms_[name];
+  if (slot == nullptr) {
+    std::sort(bounds.begin(), bounds.end());
+    auto& family =
+        prometheus::BuildHistogram().Name(name).Help(help).Register(*registry_);
+    slot = std::make_unique<Histogram>(family.Add(
+        {},
+        prometheus::Histogram::BucketBoundaries(bounds.begin(), bounds.end())));
+  }
+  return *slot;
 }
 
 void MetricsRegistry::AddGauge(const std::string& name, const std::string& help,
                                std::function<double()> read) {
   absl::MutexLock lock(&mu_);
-  FamilyFor(name, help, "gauge").gauge = std::move(read);
+  auto& family =
+      prometheus::BuildGauge().Name(name).Help(help).Register(*registry_);
+  gauges_.push_back(GaugeFn{&family.Add({}), std::move(read)});
 }
 
 std::string MetricsRegistry::Render() const {
   absl::MutexLock lock(&mu_);
-  std::string out;
-  for (const auto& f : families_) {
-    out += "# HELP " + f->name + " " + f->help + "\n# TYPE " + f->name + " " +
-           f->type + "\n";
-    if (f->type == "counter") {
-      for (const auto& [labels, c] : f->counters) {
-        out += WithLabels(f->name, labels) + " " + Number(c->value()) + "\n";
-      }
-    } else if (f->type == "gauge") {
-      out += f->name + " " + Number(f->gauge ? f->gauge() : 0.0) + "\n";
-    } else {
-      std::vector<uint64_t> cumulative;
-      double sum = 0;
-      uint64_t count = 0;
-      f->histogram->Snapshot(&cumulative, &sum, &count);
-      const std::vector<double>& bounds = f->histogram->bounds();
-      for (size_t i = 0; i < cumulative.size(); ++i) {
-        const double le = i < bounds.size() ? bounds[i] : INFINITY;
-        out += f->name + "_bucket{le=\"" + Number(le) + "\"} " +
-               std::to_string(cumulative[i]) + "\n";
-      }
-      out += f->name + "_sum " + Number(sum) + "\n";
-      out += f->name + "_count " + std::to_string(count) + "\n";
-    }
-  }
-  return out;
+  for (const GaugeFn& g : gauges_) g.gauge->Set(g.read ? g.read() : 0.0);
+  return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 
 struct MetricsHttpServer::Impl {

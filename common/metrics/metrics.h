@@ -1,105 +1,105 @@
-// Metrics in the Prometheus text exposition format:
-// counters (`_total`), gauges and histograms (seconds), all named with the
-// prefix knapserve_. A MetricsRegistry owns its metrics; Render() writes the
-// text a /metrics endpoint serves (see MetricsHttpServer).
+// Metrics in the Prometheus text exposition format, on prometheus-cpp
+// (Debian's prometheus-cpp-dev): counters (`_total`), gauges and histograms
+// (seconds), all named with the prefix knapserve_. A MetricsRegistry owns a
+// prometheus::Registry and the small handles it gives out; Render() writes
+// the text a /metrics endpoint serves (see MetricsHttpServer).
 //
 //   MetricsRegistry registry;
 //   Counter& drafts =
-//   registry.AddCounter("knapserve_spec_decode_num_drafts_total", "...");
+//       registry.AddCounter("knapserve_spec_decode_num_drafts_total", "...");
 //   drafts.Add(3);
-//   Histogram& ttft =
-//   registry.AddHistogram("knapserve_time_to_first_token_seconds", "...",
-//                                           {0.01, 0.1, 1});
+//   Histogram& ttft = registry.AddHistogram(
+//       "knapserve_time_to_first_token_seconds", "...", {0.01, 0.1, 1});
 //   ttft.Observe(0.05);
+//   registry.AddGauge("knapserve_running_requests", "...", [&] { return n; });
 //
-// Labels: a metric family may have several series, each with a fixed label
-// string (e.g. `code="OK"`), added with the same name.
+// Labels: a family may have several series, each with its own labels (e.g.
+// {{"code", "OK"}}), added with the same name. Gauges are functions read at
+// each Render, so they always show the current state.
 //
 // Ownership: the registry owns every metric and returns stable references.
-// Thread safety: Add/Set/Observe and Render from any thread. A Counter is one
-// atomic; a Histogram guards its buckets with its own absl::Mutex; the
-// registry's mutex guards the family list (not the metrics' values). Render
-// calls gauge functions with the registry's mutex held, so a gauge function
-// must not add metrics to the same registry.
+// Thread safety: Add/Observe and Render from any thread (prometheus-cpp's
+// metrics are atomic or locked; the registry's mutex guards its maps of
+// handles and the gauge functions). Render calls the gauge functions with
+// that mutex held, so a gauge function must not add metrics to the same
+// registry. Metric and label names are checked by prometheus-cpp; they are
+// constants of this program, and an invalid one aborts at start-up.
 #ifndef KNAPSERVE_COMMON_METRICS_METRICS_H_
 #define KNAPSERVE_COMMON_METRICS_METRICS_H_
 
-#include <atomic>
-#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+}  // namespace prometheus
+
 namespace knapserve {
+
+using MetricLabels = std::map<std::string, std::string>;
 
 class Counter {
  public:
-  void Add(double v = 1) {
-    double cur = value_.load();
-    while (!value_.compare_exchange_weak(cur, cur + v)) {
-    }
-  }
-  double value() const { return value_.load(); }
+  explicit Counter(prometheus::Counter& counter) : counter_(counter) {}
+  void Add(double v = 1);  // v >= 0
+  double value() const;
 
  private:
-  std::atomic<double> value_{0};
+  prometheus::Counter& counter_;  // owned by the registry
 };
 
 class Histogram {
  public:
-  explicit Histogram(std::vector<double> bounds)
-      : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
-  void Observe(double v) ABSL_LOCKS_EXCLUDED(mu_);
-  // Cumulative counts per upper bound (last = +Inf), sum and count.
-  void Snapshot(std::vector<uint64_t>* cumulative, double* sum,
-                uint64_t* count) const ABSL_LOCKS_EXCLUDED(mu_);
-  const std::vector<double>& bounds() const { return bounds_; }
+  explicit Histogram(prometheus::Histogram& histogram)
+      : histogram_(histogram) {}
+  void Observe(double v);
 
  private:
-  const std::vector<double> bounds_;  // immutable: read without the lock
-  mutable absl::Mutex mu_;
-  std::vector<uint64_t> counts_
-      ABSL_GUARDED_BY(mu_);  // per bucket, not cumulative
-  double sum_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t count_ ABSL_GUARDED_BY(mu_) = 0;
+  prometheus::Histogram& histogram_;  // owned by the registry
 };
 
 class MetricsRegistry {
  public:
-  // `labels` like `code="OK"` (empty: none). Same name + labels twice returns
-  // the same metric.
+  MetricsRegistry();
+  ~MetricsRegistry();
+
+  // Same name + labels twice returns the same counter.
   Counter& AddCounter(const std::string& name, const std::string& help,
-                      const std::string& labels = "") ABSL_LOCKS_EXCLUDED(mu_);
+                      const MetricLabels& labels = {}) ABSL_LOCKS_EXCLUDED(mu_);
+  // Upper bounds in seconds (or whatever the name says); +Inf is implied.
+  // The same name twice returns the first histogram.
   Histogram& AddHistogram(const std::string& name, const std::string& help,
                           std::vector<double> bounds) ABSL_LOCKS_EXCLUDED(mu_);
   // A gauge read at render time (with the registry's mutex held).
   void AddGauge(const std::string& name, const std::string& help,
                 std::function<double()> read) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The Prometheus text format, families in the order they were added.
+  // The Prometheus text format (version 0.0.4), families sorted by name.
   std::string Render() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Family {
-    std::string name, help, type;
-    std::vector<std::pair<std::string, std::unique_ptr<Counter>>>
-        counters;  // by labels
-    std::unique_ptr<Histogram> histogram;
-    std::function<double()> gauge;
+  struct GaugeFn {
+    prometheus::Gauge* gauge;
+    std::function<double()> read;
   };
-  // The family `name`, added (with `help` and `type`) when there is none.
-  Family& FamilyFor(const std::string& name, const std::string& help,
-                    const std::string& type) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
+  std::shared_ptr<prometheus::Registry> registry_;  // thread-safe itself
   mutable absl::Mutex mu_;
-  // The families and their fields (counters, histogram, gauge: which metric
-  // objects exist) are guarded; the metric objects guard their own values.
-  std::vector<std::unique_ptr<Family>> families_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, MetricLabels>, std::unique_ptr<Counter>>
+      counters_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<Histogram>> histograms_
+      ABSL_GUARDED_BY(mu_);
+  std::vector<GaugeFn> gauges_ ABSL_GUARDED_BY(mu_);
 };
 
 // Serves GET /metrics (registry.Render()) over HTTP on its own thread.

@@ -16,14 +16,16 @@ namespace {
 TEST(MetricsTest, RendersCountersGaugesAndHistograms) {
   MetricsRegistry registry;
   registry
-      .AddCounter("knapserve_requests_total", "Calls by code.", "code=\"OK\"")
+      .AddCounter("knapserve_requests_total", "Calls by code.",
+                  {{"code", "OK"}})
       .Add(3);
   registry
       .AddCounter("knapserve_requests_total", "Calls by code.",
-                  "code=\"CANCELLED\"")
+                  {{"code", "CANCELLED"}})
       .Add();
   registry
-      .AddCounter("knapserve_requests_total", "Calls by code.", "code=\"OK\"")
+      .AddCounter("knapserve_requests_total", "Calls by code.",
+                  {{"code", "OK"}})
       .Add();
   registry.AddGauge("knapserve_running_requests", "Running.",
                     [] { return 2.0; });
@@ -33,24 +35,42 @@ TEST(MetricsTest, RendersCountersGaugesAndHistograms) {
   h.Observe(0.5);
   h.Observe(7);
   const std::string text = registry.Render();
+  // prometheus-cpp's text format: series of a family sorted by labels,
+  // histograms as count, sum, then cumulative buckets.
   EXPECT_NE(text.find("# HELP knapserve_requests_total Calls by code.\n"
                       "# TYPE knapserve_requests_total counter\n"
-                      "knapserve_requests_total{code=\"OK\"} 4\n"
-                      "knapserve_requests_total{code=\"CANCELLED\"} 1\n"),
+                      "knapserve_requests_total{code=\"CANCELLED\"} 1\n"
+                      "knapserve_requests_total{code=\"OK\"} 4\n"),
             std::string::npos)
       << text;
   EXPECT_NE(text.find("# TYPE knapserve_running_requests "
                       "gauge\nknapserve_running_requests 2\n"),
             std::string::npos)
       << text;
-  EXPECT_NE(
-      text.find("knapserve_ttft_seconds_bucket{le=\"0.10000000000000001\"} 1\n"
-                "knapserve_ttft_seconds_bucket{le=\"1\"} 2\n"
-                "knapserve_ttft_seconds_bucket{le=\"+Inf\"} 3\n"
-                "knapserve_ttft_seconds_sum 7.5499999999999998\n"
-                "knapserve_ttft_seconds_count 3\n"),
-      std::string::npos)
+  EXPECT_NE(text.find("knapserve_ttft_seconds_count 3\n"
+                      "knapserve_ttft_seconds_sum 7.55\n"
+                      "knapserve_ttft_seconds_bucket{le=\"0.1\"} 1\n"
+                      "knapserve_ttft_seconds_bucket{le=\"1\"} 2\n"
+                      "knapserve_ttft_seconds_bucket{le=\"+Inf\"} 3\n"),
+            std::string::npos)
       << text;
+  // The same name and labels give the same counter.
+  EXPECT_EQ(&registry.AddCounter("knapserve_requests_total", "Calls by code.",
+                                 {{"code", "OK"}}),
+            &registry.AddCounter("knapserve_requests_total", "Calls by code.",
+                                 {{"code", "OK"}}));
+}
+
+TEST(MetricsTest, GaugesAreReadAtEachRender) {
+  MetricsRegistry registry;
+  double running = 1;
+  registry.AddGauge("knapserve_running_requests", "Running.",
+                    [&] { return running; });
+  EXPECT_NE(registry.Render().find("knapserve_running_requests 1\n"),
+            std::string::npos);
+  running = 5;
+  EXPECT_NE(registry.Render().find("knapserve_running_requests 5\n"),
+            std::string::npos);
 }
 
 // A bare HTTP/1.0 GET over a socket (no client library).
