@@ -110,6 +110,11 @@ int64_t InProcessPlanner::replaced() const {
   return replaced_;
 }
 
+int64_t InProcessPlanner::queued() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(pending_.size());
+}
+
 absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
     const PlanRequest& request) const {
   const std::string fingerprint = model_.config().Fingerprint();

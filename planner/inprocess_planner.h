@@ -86,6 +86,8 @@ class InProcessPlanner : public PlannerClient {
   // Requests solved (or failed) so far, and requests replaced by newer ones.
   int64_t solved() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t replaced() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Requests waiting for the worker now.
+  int64_t queued() const ABSL_LOCKS_EXCLUDED(mu_);
   // Solves that threw (a c10::Error, any std::exception): each request was
   // answered Internal and the planner went on.
   int64_t internal_errors() const { return internal_errors_.load(); }

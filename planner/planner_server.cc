@@ -15,11 +15,12 @@ absl::StatusOr<std::unique_ptr<PlannerServer>> PlannerServer::Start(
     InProcessPlanner* planner, int num_layers, const std::string& listen,
     int64_t max_request_bytes,
     std::shared_ptr<grpc::ServerCredentials> credentials,
-    const std::string& health_listen) {
+    const std::string& health_listen, MetricsRegistry* metrics) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   std::unique_ptr<PlannerServer> server(new PlannerServer());
-  server->service_ = std::make_unique<PlannerService>(planner, num_layers);
+  server->service_ = std::make_unique<PlannerService>(
+      planner, num_layers, /*default_max_draft=*/10, metrics);
   grpc::ServerBuilder builder;
   builder.AddListeningPort(
       listen,

@@ -38,7 +38,8 @@ class PlannerServer {
       InProcessPlanner* planner, int num_layers, const std::string& listen,
       int64_t max_request_bytes = kDefaultMaxPlanRequestBytes,
       std::shared_ptr<grpc::ServerCredentials> credentials = nullptr,
-      const std::string& health_listen = "");
+      const std::string& health_listen = "",
+      MetricsRegistry* metrics = nullptr);
   ~PlannerServer();
 
   int port() const { return port_; }

@@ -33,6 +33,11 @@ class PlannerService::Stream final
       return;
     }
     service_->requests_.fetch_add(1);
+    if (service_->metrics_ != nullptr) {
+      service_->metrics_->requests.Add();
+      service_->metrics_->received_bytes.Add(
+          static_cast<double>(request_.ByteSizeLong()));
+    }
     Handle(request_);
     StartRead(&request_);
   }
@@ -54,6 +59,7 @@ class PlannerService::Stream final
     absl::StatusOr<PlanRequest> request = Decode(wire);
     const int64_t step = static_cast<int64_t>(wire.step());
     if (!request.ok()) {
+      service_->RecordAnswer(request.status());
       writer_.Enqueue(ResponseFor(wire.sequence_id(), step, request.status()));
       return;
     }
@@ -72,6 +78,7 @@ class PlannerService::Stream final
         [this, wire_id, step](absl::StatusOr<DraftPlan> plan) {
           // outstanding_ > 0 keeps the stream alive
           // until OnSolved, the last use of `this`.
+          service_->RecordAnswer(plan);
           writer_.Enqueue(ResponseFor(wire_id, step, plan));
           OnSolved();
         });
@@ -146,11 +153,67 @@ class PlannerService::Stream final
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+namespace {
+// Solve and queue times of a plan: 100 us to 10 s.
+std::vector<double> PlanSecondsBuckets() {
+  return {1e-4, 3e-4, 1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1, 3, 10};
+}
+}  // namespace
+
+PlannerService::Metrics::Metrics(MetricsRegistry& r)
+    : registry(r),
+      requests(r.AddCounter("knapserve_planner_server_requests_total",
+                            "Plan requests received, over all streams.")),
+      received_bytes(
+          r.AddCounter("knapserve_planner_server_received_bytes_total",
+                       "Bytes of the plan requests received.")),
+      plans(r.AddCounter("knapserve_planner_server_plans_total",
+                         "Plan requests answered with a plan.")),
+      superseded(r.AddCounter(
+          "knapserve_planner_server_superseded_total",
+          "Queued plan requests replaced by a newer one of their sequence.")),
+      solve_seconds(r.AddHistogram("knapserve_planner_server_solve_seconds",
+                                   "Wall time of each solve.",
+                                   PlanSecondsBuckets())),
+      queue_seconds(
+          r.AddHistogram("knapserve_planner_server_queue_seconds",
+                         "Time each solved request waited for the solver.",
+                         PlanSecondsBuckets())) {}
+
 PlannerService::PlannerService(InProcessPlanner* planner, int num_layers,
-                               int default_max_draft)
+                               int default_max_draft, MetricsRegistry* metrics)
     : planner_(planner),
       num_layers_(num_layers),
-      default_max_draft_(default_max_draft) {}
+      default_max_draft_(default_max_draft) {
+  if (metrics != nullptr) {
+    metrics_ = std::make_unique<Metrics>(*metrics);
+    // The failure family is there (at 0) before the first failure.
+    metrics->AddCounter("knapserve_planner_server_failed_total",
+                        "Plan requests answered with an error, by code.",
+                        {{"code", "INTERNAL"}});
+    metrics->AddGauge("knapserve_planner_server_queue_depth",
+                      "Plan requests waiting for the solver now.", [planner] {
+                        return static_cast<double>(planner->queued());
+                      });
+  }
+}
+
+void PlannerService::RecordAnswer(const absl::StatusOr<DraftPlan>& plan) {
+  if (metrics_ == nullptr) return;
+  if (plan.ok()) {
+    metrics_->plans.Add();
+    metrics_->solve_seconds.Observe(plan->solve_seconds);
+    metrics_->queue_seconds.Observe(plan->queue_seconds);
+  } else if (plan.status().code() == absl::StatusCode::kCancelled) {
+    metrics_->superseded.Add();
+  } else {
+    metrics_->registry
+        .AddCounter("knapserve_planner_server_failed_total",
+                    "Plan requests answered with an error, by code.",
+                    {{"code", absl::StatusCodeToString(plan.status().code())}})
+        .Add();
+  }
+}
 
 grpc::ServerBidiReactor<v1::PlanRequest, v1::PlanResponse>*
 PlannerService::Plan(grpc::CallbackServerContext* /*context*/) {

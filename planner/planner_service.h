@@ -15,7 +15,14 @@
 // The stream finishes OK once the executor half-closes and every answer is
 // written.
 //
-// Ownership: borrows the InProcessPlanner, which must outlive the server. A
+// Metrics (when given a registry): knapserve_planner_server_requests_total,
+// _received_bytes_total, _plans_total, _superseded_total (a queued request
+// replaced by a newer one of its sequence), _failed_total{code} (an answer
+// with an error), the histograms _solve_seconds and _queue_seconds of the
+// plans it solved, and the gauge _queue_depth (requests waiting now).
+//
+// Ownership: borrows the InProcessPlanner and the metrics registry, which
+// must outlive the server. A
 // stream (its reactor) lives from Plan until gRPC's OnDone, which comes only
 // after every solve it submitted has answered. Thread safety: gRPC calls in
 // on its own threads, solve callbacks on the planner's; all stream state is
@@ -26,6 +33,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "common/metrics/metrics.h"
 #include "knapserve/v1/planner.grpc.pb.h"
 #include "planner/inprocess_planner.h"
 
@@ -36,7 +44,8 @@ class PlannerService final : public v1::Planner::CallbackService {
   // `num_layers` and `default_max_draft` resolve requests (the model's layer
   // count; max_draft_tokens 0 means the default).
   PlannerService(InProcessPlanner* planner, int num_layers,
-                 int default_max_draft = 10);
+                 int default_max_draft = 10,
+                 MetricsRegistry* metrics = nullptr);
 
   grpc::ServerBidiReactor<v1::PlanRequest, v1::PlanResponse>* Plan(
       grpc::CallbackServerContext* context) override;
@@ -50,6 +59,20 @@ class PlannerService final : public v1::Planner::CallbackService {
 
  private:
   class Stream;
+  // The registry's handles (null without a registry).
+  struct Metrics {
+    explicit Metrics(MetricsRegistry& registry);
+    MetricsRegistry& registry;
+    Counter& requests;
+    Counter& received_bytes;
+    Counter& plans;
+    Counter& superseded;
+    Histogram& solve_seconds;
+    Histogram& queue_seconds;
+  };
+  // Counts a request's answer: a plan, a superseded request, or a failure
+  // by code. Any thread.
+  void RecordAnswer(const absl::StatusOr<DraftPlan>& plan);
 
   InProcessPlanner* planner_;
   const int num_layers_;
@@ -58,6 +81,7 @@ class PlannerService final : public v1::Planner::CallbackService {
   std::atomic<int64_t> requests_{0};
   std::atomic<int64_t> answers_{0};
   std::atomic<int64_t> internal_errors_{0};
+  std::unique_ptr<Metrics> metrics_;
 };
 
 }  // namespace knapserve

@@ -15,7 +15,7 @@ declare -A ALLOWED=(
   [common/plan]="common/base common/checkpoint common/model"
   [common/wire]="common/base common/checkpoint common/model common/plan proto"
   [executor]="common/base common/text common/checkpoint common/model common/plan common/wire common/metrics common/rpc proto"
-  [planner]="common/base common/checkpoint common/model common/plan common/wire common/rpc proto"
+  [planner]="common/base common/checkpoint common/model common/plan common/wire common/metrics common/rpc proto"
 )
 ALLOWED[common/rpc]=""
 

@@ -47,8 +47,8 @@ ABSL_FLAG(int64_t, max_stop_bytes, 256,
 ABSL_FLAG(int64_t, max_stop_token_ids, 64,
           "executor: most stop token ids per request; 0 = no limit.");
 ABSL_FLAG(int32_t, metrics_port, 0,
-          "executor: serve Prometheus metrics at http://0.0.0.0:PORT/metrics; "
-          "0 = off.");
+          "executor and planner: serve Prometheus metrics at "
+          "http://0.0.0.0:PORT/metrics; 0 = off.");
 ABSL_FLAG(std::string, http_listen, "",
           "executor: also serve the OpenAI-compatible HTTP API "
           "(/v1/completions, /v1/chat/completions, /v1/models, /health, "

@@ -8,6 +8,7 @@
 #include "planner/planner_server.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "tools/executor_from_flags.h"
 #include "tools/tls_from_flags.h"
 
 namespace knapserve {
@@ -23,11 +24,21 @@ absl::Status ServePlanner() {
       PlannerFromFlags(engine, SpeculationMode::kKnapSpec, "planner"));
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    PlannerServerCredentialsFromFlags());
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<PlannerServer> server,
-      PlannerServer::Start(planner.get(), engine.model->num_layers(), listen,
-                           absl::GetFlag(FLAGS_max_plan_request_bytes),
-                           credentials, absl::GetFlag(FLAGS_health_listen)));
+  // Its own /metrics (--metrics-port): solves, queue, failures, bytes.
+  MetricsRegistry metrics;
+  std::unique_ptr<MetricsHttpServer> metrics_server;
+  if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
+    metrics_server = MetricsHttpServer::Start(&metrics, "0.0.0.0", port);
+    if (metrics_server == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("--metrics-port: cannot listen on ", port));
+    }
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<PlannerServer> server,
+                   PlannerServer::Start(
+                       planner.get(), engine.model->num_layers(), listen,
+                       absl::GetFlag(FLAGS_max_plan_request_bytes), credentials,
+                       absl::GetFlag(FLAGS_health_listen), &metrics));
   if (server->health_port() != 0) {
     std::cerr << "knapserve-planner: grpc.health.v1 (plaintext) at port "
               << server->health_port() << std::endl;

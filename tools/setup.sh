@@ -22,6 +22,7 @@ PACKAGES=(
   python3-jinja2  # the chat-template tests compare with jinja2's renderings
   prometheus-cpp-dev  # the metrics
   prometheus  # the scrape test runs the real server
+  kubectl  # the manifests test renders deploy/kubernetes with kubectl kustomize
 )
 # Node.js and npm for the official `openai` client test (tests/node). Any
 # recent Node will do; Debian's packages when there is none.
@@ -57,11 +58,13 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
 fi
 cmake --build "$BUILD_DIR" -j "$JOBS"
 
-# The `openai` npm package, at the version package-lock.json pins, for the
-# HTTP front door's client test.
-if [ ! -d tests/node/node_modules/openai ] ||
-   [ tests/node/package-lock.json -nt tests/node/node_modules/.package-lock.json ]; then
-  (cd tests/node && npm ci --no-audit --no-fund --loglevel=error)
-fi
-# tests/deploy's pinned npm packages (kubernetes-models: the schemas the DeployManifests test validates against).
-[ -d tests/deploy/node_modules/kubernetes-models ] && [ ! tests/deploy/package-lock.json -nt tests/deploy/node_modules/.package-lock.json ] || (cd tests/deploy && npm ci --no-audit --no-fund --loglevel=error)
+# The npm packages of two tests, at the versions their package-lock.json
+# pins: the official `openai` client (tests/node, the HTTP front door's
+# client test) and kubernetes-models (tests/deploy, the Kubernetes schemas
+# the DeployManifests test validates against).
+for dir in tests/node tests/deploy; do
+  if [ ! -f "$dir/node_modules/.package-lock.json" ] ||
+     [ "$dir/package-lock.json" -nt "$dir/node_modules/.package-lock.json" ]; then
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+done

@@ -6,6 +6,7 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
@@ -13,11 +14,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <optional>
+#include <regex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -319,10 +323,13 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
 }
 
 // A server process (knapserve-planner, knapserve-executor, knapserve serve)
-// started with --listen 127.0.0.1:0; port() is what it says it bound.
+// started with --listen 127.0.0.1:0; port() is what it says it bound. For
+// another server, `ready` is the line its stderr prints once it serves
+// (port() is then "ready").
 class ServerProcess {
  public:
-  explicit ServerProcess(std::vector<std::string> argv_strings) {
+  explicit ServerProcess(std::vector<std::string> argv_strings,
+                         const std::string& ready = "") {
     err_path_ = temp_.path() + "/stderr";
     std::vector<char*> argv;
     for (std::string& s : argv_strings) argv.push_back(s.data());
@@ -337,6 +344,14 @@ class ServerProcess {
     posix_spawn_file_actions_destroy(&actions);
     for (int i = 0; i < 1200 && pid_ != 0 && port_.empty(); ++i) {
       const std::string err = ReadFile(err_path_);
+      if (!ready.empty()) {
+        if (err.find(ready) != std::string::npos) {
+          port_ = "ready";
+        } else {
+          usleep(100 * 1000);
+        }
+        continue;
+      }
       const size_t at = err.find("on port ");
       if (at != std::string::npos && err.find('\n', at) != std::string::npos) {
         port_ = err.substr(at + 8, err.find('\n', at) - at - 8);
@@ -1385,4 +1400,192 @@ TEST(KnapserveCliTest, TlsOnTheGenerationServiceAndMutualTlsToThePlanner) {
 }
 
 }  // namespace
+
+// Prometheus's HTTP API: the instant query `query` (URL-encoded here), or a
+// null json when it does not answer.
+nlohmann::json PrometheusQuery(httplib::Client& prometheus,
+                               const std::string& query) {
+  const httplib::Params params = {{"query", query}};
+  const httplib::Result res =
+      prometheus.Get("/api/v1/query", params, httplib::Headers());
+  if (!res) return nullptr;
+  return nlohmann::json::parse(res->body, nullptr, false);
+}
+
+// The single value of an instant query (NaN when there is none).
+double PrometheusValue(httplib::Client& prometheus, const std::string& query) {
+  const nlohmann::json r = PrometheusQuery(prometheus, query);
+  if (!r.is_object() || r.value("status", "") != "success") return NAN;
+  const nlohmann::json& result = r["data"]["result"];
+  if (r["data"]["resultType"] == "scalar") {
+    return std::stod(r["data"]["result"][1].get<std::string>());
+  }
+  if (!result.is_array() || result.size() != 1) return NAN;
+  return std::stod(result[0]["value"][1].get<std::string>());
+}
+
+// Every "expr" of a Grafana dashboard, however deep.
+void CollectExprs(const nlohmann::json& j, std::vector<std::string>& out) {
+  if (j.is_object()) {
+    for (auto it = j.begin(); it != j.end(); ++it) {
+      if (it.key() == "expr" && it->is_string()) out.push_back(*it);
+      CollectExprs(*it, out);
+    }
+  } else if (j.is_array()) {
+    for (const nlohmann::json& e : j) CollectExprs(e, out);
+  }
+}
+
+// Debian's Prometheus server scrapes a split deployment (knapserve-planner
+// and knapserve-executor, each with --metrics-port) on loopback. After real
+// requests its HTTP API holds exactly the values they produced: requests,
+// tokens, drafts and accepted tokens, plans applied (the executor), plan
+// requests, plans, bytes and solve times (the planner). Then every PromQL
+// expression of deploy/grafana/*.json runs against it without error, and
+// every metric they name is one the processes expose.
+TEST(KnapserveCliTest,
+     PrometheusScrapesTheDeploymentAndRunsEveryDashboardQuery) {
+  const std::string prometheus_binary = "/usr/bin/prometheus";
+  if (!std::filesystem::exists(prometheus_binary)) {
+    GTEST_SKIP() << "no " << prometheus_binary
+                 << " (tools/setup.sh installs Debian's prometheus)";
+  }
+  const int planner_metrics = FreeLoopbackPort();
+  const int executor_metrics = FreeLoopbackPort();
+  const int prometheus_port = FreeLoopbackPort();
+  ASSERT_TRUE(planner_metrics > 0 && executor_metrics > 0 &&
+              prometheus_port > 0);
+  ServerProcess planner(
+      Stories({knapserve::testing::kKnapservePlannerBinary, "--listen",
+               "127.0.0.1:0", "--profile", StoriesProfile(), "--metrics-port",
+               std::to_string(planner_metrics)}));
+  ASSERT_FALSE(planner.port().empty()) << planner.log();
+  ServerProcess executor(
+      Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
+               "127.0.0.1:0", "--planner", planner.address(), "--metrics-port",
+               std::to_string(executor_metrics)}));
+  ASSERT_FALSE(executor.port().empty()) << executor.log();
+
+  const knapserve::testing::ScopedTempDir dir("prometheus");
+  const std::string config = dir.path() + "/prometheus.yml";
+  {
+    std::ofstream out(config);
+    out << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        << "scrape_configs:\n"
+        << "  - job_name: executor\n    static_configs:\n"
+        << "      - targets: ['127.0.0.1:" << executor_metrics << "']\n"
+        << "  - job_name: planner\n    static_configs:\n"
+        << "      - targets: ['127.0.0.1:" << planner_metrics << "']\n";
+  }
+  ServerProcess prometheus(
+      {prometheus_binary, "--config.file=" + config,
+       "--storage.tsdb.path=" + dir.path() + "/data",
+       "--web.listen-address=127.0.0.1:" + std::to_string(prometheus_port),
+       "--log.level=info"},
+      "Server is ready to receive web requests.");
+  ASSERT_EQ(prometheus.port(), "ready") << prometheus.log();
+
+  // Real requests: two static-mask streams (drafts and acceptances) and two
+  // planned ones (plan requests to the planner).
+  int64_t drafts = 0, accepted = 0, plans_applied = 0, tokens = 0;
+  for (const std::string spec : {"static", "static", "knapspec", "knapspec"}) {
+    std::vector<std::string> args = Stories(GreedyJson(48));
+    args.insert(args.end(), {"--server", executor.address(), "--spec", spec,
+                             "--skip", "a1,m2", "--max-draft", "3"});
+    const nlohmann::json out = RunJson(args);
+    ASSERT_TRUE(out.is_object());
+    drafts += out["speculation"]["drafts"].get<int64_t>();
+    accepted += out["speculation"]["accepted_tokens"].get<int64_t>();
+    plans_applied += out["speculation"]["plans_applied"].get<int64_t>();
+    tokens += out["completion_tokens"].get<int64_t>();
+  }
+  ASSERT_EQ(tokens, 4 * 48);
+  ASSERT_GT(drafts, 0);
+
+  httplib::Client client("127.0.0.1", prometheus_port);
+  client.set_read_timeout(10, 0);
+  // Scrapes come every second: wait (at most 60 s) until both targets were
+  // scraped after the last request ended, then read every value.
+  const double requests_done =
+      std::chrono::duration<double>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  // (`up` of each target is 1 once it has been scraped.)
+  const std::string oldest_of_both =
+      "min(timestamp(up == 1)) and on() (count(up == 1) == 2)";
+  double oldest_scrape = 0;
+  for (int i = 0; i < 600 && !(oldest_scrape > requests_done + 0.5); ++i) {
+    oldest_scrape = PrometheusValue(client, oldest_of_both);
+    if (std::isnan(oldest_scrape) || oldest_scrape <= requests_done + 0.5) {
+      usleep(100 * 1000);
+    }
+  }
+  ASSERT_GT(oldest_scrape, requests_done) << prometheus.log();
+  EXPECT_EQ(PrometheusValue(client, "count(up == 1)"), 2)
+      << client.Get("/api/v1/targets")->body;
+  EXPECT_EQ(PrometheusValue(
+                client,
+                "sum(knapserve_requests_total{job=\"executor\",code=\"OK\"})"),
+            4);
+  auto value = [&](const std::string& q) { return PrometheusValue(client, q); };
+  EXPECT_EQ(value("knapserve_generation_tokens_total{job=\"executor\"}"),
+            tokens);
+  EXPECT_EQ(value("knapserve_spec_decode_num_drafts_total"), drafts);
+  EXPECT_EQ(value("knapserve_spec_decode_num_accepted_tokens_total"), accepted);
+  EXPECT_EQ(value("knapserve_planner_plans_applied_total"), plans_applied);
+  // The planner's side of the planning overhead.
+  const double plan_requests =
+      value("knapserve_planner_server_requests_total{job=\"planner\"}");
+  // The second planned request may reuse the first's plan (the plan cache).
+  EXPECT_GE(plan_requests, 1);
+  EXPECT_EQ(value("knapserve_planner_server_plans_total") +
+                value("knapserve_planner_server_superseded_total") +
+                value("sum(knapserve_planner_server_failed_total)"),
+            plan_requests);
+  EXPECT_EQ(value("knapserve_planner_server_solve_seconds_count"),
+            value("knapserve_planner_server_plans_total"));
+  EXPECT_GT(value("knapserve_planner_server_received_bytes_total"), 0);
+  EXPECT_EQ(value("knapserve_planner_server_queue_depth"), 0);
+  EXPECT_GE(value("knapserve_planner_cpu_share"), 0);
+  EXPECT_EQ(value("knapserve_running_requests"), 0);
+
+  // Every dashboard query runs, and names only exposed metrics.
+  const nlohmann::json names_reply = [&] {
+    const httplib::Result res = client.Get("/api/v1/label/__name__/values");
+    return res ? nlohmann::json::parse(res->body, nullptr, false)
+               : nlohmann::json();
+  }();
+  ASSERT_TRUE(names_reply.is_object()) << "no metric names";
+  const std::set<std::string> exposed =
+      names_reply["data"].get<std::set<std::string>>();
+  const std::regex metric_name("knapserve_[a-z_]+");
+  int exprs_checked = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(
+           knapserve::testing::kSourceDir + std::string("/deploy/grafana"))) {
+    if (entry.path().extension() != ".json") continue;
+    const nlohmann::json dashboard =
+        nlohmann::json::parse(ReadFile(entry.path().string()), nullptr, false);
+    ASSERT_FALSE(dashboard.is_discarded()) << entry.path();
+    std::vector<std::string> exprs;
+    CollectExprs(dashboard, exprs);
+    for (const std::string& expr : exprs) {
+      if (expr.rfind("{", 0) == 0) continue;  // a TraceQL query (Tempo)
+      const nlohmann::json r = PrometheusQuery(client, expr);
+      ASSERT_TRUE(r.is_object()) << expr;
+      EXPECT_EQ(r.value("status", ""), "success")
+          << entry.path().filename() << ": " << expr << "\n"
+          << r.dump();
+      for (std::sregex_iterator it(expr.begin(), expr.end(), metric_name), end;
+           it != end; ++it) {
+        EXPECT_TRUE(exposed.count(it->str())) << entry.path().filename() << ": "
+                                              << it->str() << " is not exposed";
+      }
+      ++exprs_checked;
+    }
+  }
+  EXPECT_GE(exprs_checked, 20);
+  EXPECT_EQ(executor.Stop(), 0) << executor.log();
+  EXPECT_EQ(planner.Stop(), 0) << planner.log();
+}
+
 }  // namespace knapserve
