@@ -41,15 +41,17 @@ ABSL_DECLARE_FLAG(std::string, http_listen);
 namespace knapserve {
 
 // A started Generation server and what it borrows. Members are destroyed in
-// reverse order: the server (declared last) goes first.
+// reverse order: the metrics endpoint (declared last) stops first, since a
+// scrape reads gauges of the server's scheduler and engine; then the server;
+// then what it borrowed.
 struct RunningExecutor {
   std::unique_ptr<KvPool> kv_pool;
   PlannerHandle planner;
   std::unique_ptr<ProfileBatchCost> batch_cost;  // with an in-process planner
   std::unique_ptr<MetricsRegistry> metrics;
-  std::unique_ptr<MetricsHttpServer> metrics_server;  // with --metrics-port
   std::string planner_where;  // "inproc", "none" or the planner's address
   std::unique_ptr<ExecutorServer> server;
+  std::unique_ptr<MetricsHttpServer> metrics_server;  // with --metrics-port
 };
 
 // Starts the Generation service for `engine` on `listen` ("127.0.0.1:0"

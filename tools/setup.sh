@@ -5,28 +5,36 @@
 #
 #   tools/setup.sh            # packages + configure + build
 #   BUILD_DIR=out tools/setup.sh
+#   KNAPSERVE_SETUP=build tools/setup.sh   # what building needs, no tests
+#                                          # (deploy/Dockerfile's build stage)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+SETUP=${KNAPSERVE_SETUP:-all}  # all | build
 PACKAGES=(
   build-essential cmake ninja-build pkg-config ccache git
-  clang  # tools/check_thread_safety.sh (clang's -Wthread-safety), a CTest test
-  libclang-rt-14-dev libomp-dev  # tools/fuzz.sh: libFuzzer, sanitizers and OpenMP under clang
   libtorch-dev libopenblas0-pthread
   libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
-  libabsl-dev libgtest-dev libgmock-dev libbenchmark-dev
-  nlohmann-json3-dev libpcre2-dev libutf8proc-dev libcpp-httplib-dev
-  python3 python3-grpcio python3-protobuf
-  clang-format
-  openssl  # the TLS tests make their certificates with it
-  python3-jinja2  # the chat-template tests compare with jinja2's renderings
+  libabsl-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev
+  libcpp-httplib-dev
   prometheus-cpp-dev  # the metrics
-  prometheus  # the scrape test runs the real server
-  kubectl  # the manifests test renders deploy/kubernetes with kubectl kustomize
 )
-# Node.js and npm for the official `openai` client test (tests/node). Any
-# recent Node will do; Debian's packages when there is none.
-command -v node >/dev/null && command -v npm >/dev/null || PACKAGES+=(nodejs npm)
+if [ "$SETUP" != build ]; then
+  PACKAGES+=(
+    libgtest-dev libgmock-dev libbenchmark-dev
+    clang  # tools/check_thread_safety.sh (clang's -Wthread-safety), a CTest test
+    libclang-rt-14-dev libomp-dev  # tools/fuzz.sh: libFuzzer, sanitizers and OpenMP under clang
+    python3 python3-grpcio python3-protobuf
+    clang-format
+    openssl  # the TLS tests make their certificates with it
+    python3-jinja2  # the chat-template tests compare with jinja2's renderings
+    prometheus  # the scrape test runs the real server
+    kubectl  # the manifests test renders deploy/kubernetes with kubectl kustomize
+  )
+  # Node.js and npm for the official `openai` client test (tests/node). Any
+  # recent Node will do; Debian's packages when there is none.
+  command -v node >/dev/null && command -v npm >/dev/null || PACKAGES+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -54,9 +62,13 @@ fi
 BUILD_DIR=${BUILD_DIR:-build}
 JOBS=${JOBS:-$(nproc)}
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release
+  tests=ON
+  [ "$SETUP" != build ] || tests=OFF
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DKNAPSERVE_TESTS=$tests
 fi
 cmake --build "$BUILD_DIR" -j "$JOBS"
+[ "$SETUP" != build ] || exit 0
 
 # The npm packages of two tests, at the versions their package-lock.json
 # pins: the official `openai` client (tests/node, the HTTP front door's
