@@ -2661,30 +2661,35 @@ class Parser {
     return expr;
   }
 
-  absl::StatusOr<ExprPtr> ParseOr() {
-    ASSIGN_OR_RETURN(ExprPtr left, ParseAnd());
-    while (IsName(Cur(), "or")) {
+  // A node of two operands.
+  absl::StatusOr<ExprPtr> MakePair(ExprKind kind, const Token& at, ExprPtr a,
+                                   ExprPtr b) {
+    std::vector<ExprPtr> args;
+    args.push_back(std::move(a));
+    args.push_back(std::move(b));
+    return Make(kind, at, std::move(args));
+  }
+
+  // `operand (keyword operand)*`, left-associative: or, and.
+  absl::StatusOr<ExprPtr> ParseLogical(
+      const char* keyword, ExprKind kind,
+      absl::StatusOr<ExprPtr> (Parser::*operand)()) {
+    ASSIGN_OR_RETURN(ExprPtr left, (this->*operand)());
+    while (IsName(Cur(), keyword)) {
       const Token& t = Next();
-      ASSIGN_OR_RETURN(ExprPtr right, ParseAnd());
-      std::vector<ExprPtr> args;
-      args.push_back(std::move(left));
-      args.push_back(std::move(right));
-      ASSIGN_OR_RETURN(left, Make(ExprKind::kOr, t, std::move(args)));
+      ASSIGN_OR_RETURN(ExprPtr right, (this->*operand)());
+      ASSIGN_OR_RETURN(left,
+                       MakePair(kind, t, std::move(left), std::move(right)));
     }
     return left;
   }
 
+  absl::StatusOr<ExprPtr> ParseOr() {
+    return ParseLogical("or", ExprKind::kOr, &Parser::ParseAnd);
+  }
+
   absl::StatusOr<ExprPtr> ParseAnd() {
-    ASSIGN_OR_RETURN(ExprPtr left, ParseNot());
-    while (IsName(Cur(), "and")) {
-      const Token& t = Next();
-      ASSIGN_OR_RETURN(ExprPtr right, ParseNot());
-      std::vector<ExprPtr> args;
-      args.push_back(std::move(left));
-      args.push_back(std::move(right));
-      ASSIGN_OR_RETURN(left, Make(ExprKind::kAnd, t, std::move(args)));
-    }
-    return left;
+    return ParseLogical("and", ExprKind::kAnd, &Parser::ParseNot);
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
@@ -2745,10 +2750,8 @@ class Parser {
 
   absl::StatusOr<ExprPtr> MakeBinary(BinOp op, const Token& t, ExprPtr left,
                                      ExprPtr right) {
-    std::vector<ExprPtr> args;
-    args.push_back(std::move(left));
-    args.push_back(std::move(right));
-    ASSIGN_OR_RETURN(ExprPtr e, Make(ExprKind::kBinary, t, std::move(args)));
+    ASSIGN_OR_RETURN(ExprPtr e, MakePair(ExprKind::kBinary, t, std::move(left),
+                                         std::move(right)));
     e->op = op;
     return e;
   }

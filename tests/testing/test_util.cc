@@ -1,13 +1,18 @@
 #include "tests/testing/test_util.h"
 
 #include <ATen/Parallel.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <iterator>
 
 #include "common/model/llama.h"
 #include "common/text/tokenizer.h"
+#include "tests/testing/temp_dir.h"
 
 namespace knapserve::testing {
 
@@ -48,5 +53,69 @@ ScopedThreadCount::ScopedThreadCount(int n) : saved_(at::get_num_threads()) {
 }
 
 ScopedThreadCount::~ScopedThreadCount() { at::set_num_threads(saved_); }
+
+namespace {
+
+// This process's environment with `changes` applied: "NAME=VALUE" sets,
+// "NAME" removes.
+std::vector<std::string> EnvironmentWith(
+    const std::vector<std::string>& changes) {
+  std::vector<std::string> env;
+  auto name_of = [](const std::string& entry) {
+    return entry.substr(0, entry.find('='));
+  };
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry = *e;
+    bool changed = false;
+    for (const std::string& change : changes)
+      changed |= name_of(change) == name_of(entry);
+    if (!changed) env.push_back(entry);
+  }
+  for (const std::string& change : changes) {
+    if (change.find('=') != std::string::npos) env.push_back(change);
+  }
+  return env;
+}
+
+}  // namespace
+
+ProcessOutcome RunProcess(std::vector<std::string> argv_strings,
+                          const std::vector<std::string>& env_changes) {
+  static const std::string dir = MakeTempDir("process");
+  const std::string out_path = dir + "/stdout";
+  const std::string err_path = dir + "/stderr";
+  std::vector<char*> argv;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  std::vector<std::string> env_strings = EnvironmentWith(env_changes);
+  std::vector<char*> env;
+  for (std::string& s : env_strings) env.push_back(s.data());
+  env.push_back(nullptr);
+  ProcessOutcome outcome;
+  pid_t pid = 0;
+  const int spawned =
+      posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (spawned != 0) {
+    ADD_FAILURE() << "cannot start " << argv[0] << ": error " << spawned;
+    return outcome;
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) {
+    ADD_FAILURE() << "waitpid failed";
+    return outcome;
+  }
+  if (WIFEXITED(status)) outcome.exit_code = WEXITSTATUS(status);
+  outcome.out = ReadFile(out_path);
+  outcome.err = ReadFile(err_path);
+  return outcome;
+}
 
 }  // namespace knapserve::testing

@@ -1,7 +1,8 @@
 // Small helpers the test files share: status messages as std::string, whole
-// files in and out, loading a model or tokenizer with a test failure
-// instead of a status, and a scoped torch thread count. All are free functions,
-// safe from any thread; the loaded objects belong to the caller.
+// files in and out, running a child process, loading a model or tokenizer with
+// a test failure instead of a status, and a scoped torch thread count. All are
+// free functions, safe from any thread; the loaded objects belong to the
+// caller.
 #ifndef KNAPSERVE_TESTS_TESTING_TEST_UTIL_H_
 #define KNAPSERVE_TESTS_TESTING_TEST_UTIL_H_
 
@@ -10,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -29,6 +31,21 @@ std::string ReadFile(const std::string& path);
 // Replaces the file at `path` by `contents` (bytes); a test failure if the
 // write fails.
 void WriteFile(const std::string& path, std::string_view contents);
+
+// What a child process did: its exit status (-1 if it did not exit
+// normally) and everything it wrote to stdout and stderr.
+struct ProcessOutcome {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs argv[0] (a path) with `argv`, stdout and stderr captured in files (no
+// pipe deadlocks, no shell quoting), in this process's environment with
+// `env_changes` applied ("NAME=VALUE" sets, "NAME" removes). A test failure
+// if it cannot be started. Not for concurrent use from several threads.
+ProcessOutcome RunProcess(std::vector<std::string> argv,
+                          const std::vector<std::string>& env_changes = {});
 
 // LlamaModel::Load(dir) in `dtype`; nullptr and a test failure on error.
 std::unique_ptr<LlamaModel> LoadModelOrFail(

@@ -55,75 +55,8 @@ const std::vector<int32_t> kZooGreedyIds = {
     261, 370, 432, 352, 266, 268, 388, 426, 338, 391, 266, 267, 337, 335, 312,
     432, 398, 358, 279, 292, 416, 439, 413, 391, 267, 337, 335};
 
-struct Outcome {
-  int exit_code =
-      -1;  // the child's exit status; -1 if it did not exit normally
-  std::string out;
-  std::string err;
-};
-
-// This process's environment with `changes` applied: "NAME=VALUE" sets,
-// "NAME" removes.
-std::vector<std::string> EnvironmentWith(
-    const std::vector<std::string>& changes) {
-  std::vector<std::string> env;
-  auto name_of = [](const std::string& entry) {
-    return entry.substr(0, entry.find('='));
-  };
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry = *e;
-    bool changed = false;
-    for (const std::string& change : changes)
-      changed |= name_of(change) == name_of(entry);
-    if (!changed) env.push_back(entry);
-  }
-  for (const std::string& change : changes) {
-    if (change.find('=') != std::string::npos) env.push_back(change);
-  }
-  return env;
-}
-
-// Runs `knapserve args...` with stdout and stderr captured in files (no pipe
-// deadlocks, no shell quoting), in this process's environment with
-// `env_changes` applied (see EnvironmentWith).
-Outcome RunProcess(std::vector<std::string> argv_strings,
-                   const std::vector<std::string>& env_changes = {}) {
-  static const std::string dir = knapserve::testing::MakeTempDir("cli");
-  const std::string out_path = dir + "/stdout";
-  const std::string err_path = dir + "/stderr";
-  std::vector<char*> argv;
-  for (std::string& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  std::vector<std::string> env_strings = EnvironmentWith(env_changes);
-  std::vector<char*> env;
-  for (std::string& s : env_strings) env.push_back(s.data());
-  env.push_back(nullptr);
-  Outcome outcome;
-  pid_t pid = 0;
-  const int spawned =
-      posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), env.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (spawned != 0) {
-    ADD_FAILURE() << "cannot start " << argv[0] << ": error " << spawned;
-    return outcome;
-  }
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid) {
-    ADD_FAILURE() << "waitpid failed";
-    return outcome;
-  }
-  if (WIFEXITED(status)) outcome.exit_code = WEXITSTATUS(status);
-  outcome.out = ReadFile(out_path);
-  outcome.err = ReadFile(err_path);
-  return outcome;
-}
+using Outcome = testing::ProcessOutcome;
+using testing::RunProcess;
 
 Outcome RunKnapserve(const std::vector<std::string>& args,
                      const std::vector<std::string>& env_changes = {}) {

@@ -6,12 +6,8 @@
 // the refusals and limits; LoadChatTemplateConfig.
 #include "common/text/chat_template.h"
 
-#include <fcntl.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <string>
 #include <thread>
@@ -22,8 +18,6 @@
 #include "testing/build_paths.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/test_util.h"
-
-extern char** environ;
 
 namespace knapserve {
 namespace {
@@ -401,46 +395,24 @@ std::vector<ReferenceResult> RenderWithJinja2(
         {{"template", c.template_name}, {"context", c.context}});
   }
   const std::string cases_path = dir.path() + "/cases.json";
-  const std::string out_path = dir.path() + "/out.json";
-  const std::string err_path = dir.path() + "/err.txt";
   WriteFile(cases_path, spec.dump());
 
-  std::vector<std::string> args = {"/usr/bin/python3",
-                                   std::string(testing::kSourceDir) +
-                                       "/tests/testing/render_chat_template.py",
-                                   cases_path};
-  std::vector<char*> argv;
-  for (std::string& arg : args) argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, out_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = 0;
-  const int spawned =
-      posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
   const std::string hint =
       " (the reference renderer needs Debian's python3 and python3-jinja2: "
       "apt-get install python3-jinja2, as tools/setup.sh does)";
-  if (spawned != 0) {
-    ADD_FAILURE() << "cannot run /usr/bin/python3: error " << spawned << hint;
+  const testing::ProcessOutcome run =
+      testing::RunProcess({"/usr/bin/python3",
+                           std::string(testing::kSourceDir) +
+                               "/tests/testing/render_chat_template.py",
+                           cases_path});
+  if (run.exit_code != 0) {
+    ADD_FAILURE() << "render_chat_template.py failed: " << run.err << hint;
     return {};
   }
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
-      WEXITSTATUS(status) != 0) {
-    ADD_FAILURE() << "render_chat_template.py failed: " << ReadFile(err_path)
-                  << hint;
-    return {};
-  }
-  const ordered_json out =
-      ordered_json::parse(ReadFile(out_path), nullptr, false);
+  const ordered_json out = ordered_json::parse(run.out, nullptr, false);
   if (!out.is_array() || out.size() != cases.size()) {
     ADD_FAILURE() << "render_chat_template.py printed no list of "
-                  << cases.size() << " results: " << ReadFile(out_path);
+                  << cases.size() << " results: " << run.out;
     return {};
   }
   std::vector<ReferenceResult> results;
