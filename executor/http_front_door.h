@@ -20,7 +20,9 @@
 // request cancelled and the batch drops it at its next step, freeing its
 // K/V blocks. (The first write after the peer closed can still succeed
 // into the kernel's buffer, so on a streamed response this takes one or two
-// steps; a request still in the queue is dropped when it would start.)
+// steps. A request whose client left while it was queued is noticed at its
+// first writes, once it runs; a non-streamed one runs to its end, since
+// nothing is written before it.)
 //
 // Threads: cpp-httplib accepts on a thread of its own and runs each
 // connection on a pool thread (max_connections of them), which waits for
