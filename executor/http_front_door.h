@@ -22,6 +22,9 @@
 // into the kernel's buffer, so on a streamed response this takes one or two
 // steps; a request still in the queue is dropped when it would start.)
 //
+// Tracing: a `traceparent` header (W3C Trace Context) makes the request's
+// generate span its child (executor/request_trace.h).
+//
 // Threads: cpp-httplib accepts on a thread of its own and runs each
 // connection on a pool thread (max_connections of them), which waits for
 // its request's tokens; the tokens are produced on the engine's step thread
