@@ -552,5 +552,73 @@ TEST(OtlpTracesTest, SplitDeploymentExportsOneTraceAcrossBothProcesses) {
   }
 }
 
+// `knapserve serve` plans on a thread of its own: the same chain, in one
+// process, without the wire's encode and send: plan.snapshot -> plan.queue,
+// plan.solve (-> its stages), plan.receive -> plan.apply.
+TEST(OtlpTracesTest, InProcessPlanningGivesTheSameChainInOneProcess) {
+  OtlpReceiver receiver;
+  const testing::ScopedTempDir dir("otlp_traces_inproc");
+  const std::string profile = StoriesProfile(dir.path());
+  TracedServer serve({testing::kKnapserveBinary, "serve", "--listen",
+                      "127.0.0.1:0", "--profile", profile, "--model",
+                      testing::Stories260kDir(), "--threads", "1"},
+                     {"OTEL_EXPORTER_OTLP_ENDPOINT=" + receiver.endpoint(),
+                      "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                      "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
+                      "OTEL_SDK_DISABLED", "OTEL_RESOURCE_ATTRIBUTES"});
+  ASSERT_FALSE(serve.address().empty()) << serve.log();
+  const std::string traceparent =
+      absl::StrCat("00-", kTraceId, "-", kCallerSpan, "-01");
+  const testing::ProcessOutcome generated =
+      testing::RunProcess({testing::kKnapserveBinary,
+                           "generate",
+                           "--server",
+                           serve.address(),
+                           "--prompt",
+                           "Once upon a time",
+                           "--max-new-tokens",
+                           "400",
+                           "--temperature",
+                           "0",
+                           "--ignore-eos",
+                           "--spec",
+                           "knapspec",
+                           "--plan-interval",
+                           "8",
+                           "--reference-steps",
+                           "2",
+                           "--traceparent",
+                           traceparent,
+                           "--json"});
+  ASSERT_EQ(generated.exit_code, 0) << generated.err << serve.log();
+  EXPECT_EQ(serve.Stop(), 0) << serve.log();
+
+  const std::vector<ExportedSpan> spans = Flatten(receiver.bodies());
+  std::map<std::string, const ExportedSpan*> by_id;
+  for (const ExportedSpan& span : spans) {
+    EXPECT_EQ(span.trace_id, kTraceId) << span.name;
+    EXPECT_EQ(span.service, "knapserve") << span.name;  // serve's default
+    by_id[span.span_id] = &span;
+  }
+  auto parent_name = [&](const ExportedSpan& span) -> std::string {
+    auto it = by_id.find(span.parent_id);
+    return it == by_id.end() ? "" : it->second->name;
+  };
+  std::multiset<std::string> edges;  // "parent > child"
+  for (const ExportedSpan& span : spans) {
+    edges.insert(parent_name(span) + " > " + span.name);
+  }
+  for (const char* edge :
+       {"generate > queue", "generate > prefill", "generate > decode",
+        "decode > plan.snapshot", "plan.snapshot > plan.queue",
+        "plan.snapshot > plan.solve", "plan.solve > plan.solve.knapsack_dp",
+        "plan.solve > plan.solve.tpt_grid", "plan.snapshot > plan.receive",
+        "plan.receive > plan.apply"}) {
+    EXPECT_GE(edges.count(edge), 1u) << edge;
+  }
+  EXPECT_EQ(edges.count("plan.snapshot > plan.encode"), 0u);
+  EXPECT_EQ(edges.count("plan.encode > plan.send"), 0u);
+}
+
 }  // namespace
 }  // namespace knapserve
