@@ -64,6 +64,12 @@ class PlanSession {
     }
     StepDirective directive =
         controller_.BeforeStep(step, context_length, may_start_capture);
+    if (snapshot_span_.context().valid() && !controller_.capturing()) {
+      // The controller dropped the capture (a new bucket, a newer plan).
+      snapshot_span_.SetError("abandoned: the snapshot did not complete");
+      snapshot_span_.End();
+      snapshot_span_ = trace::Span();
+    }
     if (tracing_ && directive.capture && directive.capture_offset == 0) {
       // The trigger stays pending until the snapshot is submitted.
       StartSnapshotSpan(step, context_length, controller_.pending_trigger());
