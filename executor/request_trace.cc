@@ -50,7 +50,8 @@ void RequestTrace::Begin(GenerationRequest& request) {
 
 void RequestTrace::Finish(const absl::Status& status,
                           const GenerationResult* result) {
-  if (!root_.context().valid()) return;
+  if (!root_.context().valid() || finished_) return;
+  finished_ = true;
   const int64_t end = trace::NowUnixNanos();
   if (result != nullptr) {
     const GenerationStats& stats = result->stats;

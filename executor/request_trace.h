@@ -67,6 +67,7 @@ class RequestTrace {
   trace::Span decode_;
   int64_t start_unix_nanos_ = 0;  // when Start ran: the arrival
   int64_t begin_unix_nanos_ = 0;  // when Begin ran
+  bool finished_ = false;         // Finish ran
 };
 
 }  // namespace knapserve
