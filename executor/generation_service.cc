@@ -9,8 +9,19 @@
 #include "common/base/clock.h"
 #include "common/model/exception_status.h"
 #include "common/rpc/queued_writer.h"
+#include "common/trace/tracer.h"
 
 namespace knapserve {
+namespace {
+
+// The last component of a model folder ("" for none).
+std::string ModelName(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+}  // namespace
 
 // One Generate stream. The worker that runs the generation enqueues its
 // responses and calls Close last; the writer finishes the stream once they
@@ -66,6 +77,7 @@ class GenerationService::Call final
              const GenerationResult* result = nullptr,
              double first_token_seconds = 0) {
     service_->RecordRequest(status, result, first_token_seconds, arrived_);
+    trace().Finish(status, result);
     // The id is free before the client can see the end: a client that sends
     // the same id again right after must not find it "already running"
     // (OnDone, which also removes it, may come much later).
@@ -118,6 +130,7 @@ absl::Status GenerationService::Serve(
   ServiceTimings& timings = outcome.timings;
   if (sink.ShouldStop()) return sink.StopStatus();
   timings.queue_seconds = SecondsSince(arrived);
+  sink.trace().Begin(request);
   if (options_.before_step_for_tests) {
     request.before_step_for_tests = [hook = options_.before_step_for_tests,
                                      id = sink.request_id()](int64_t step) {
@@ -165,6 +178,7 @@ GenerationService::GenerationService(const LlamaModel& model,
       options_(std::move(options)),
       planning_(options_.planning.cache != nullptr ? options_.planning
                                                    : PlanningShared::Create()),
+      model_name_(ModelName(options_.model_path)),
       request_defaults_{options_.default_max_new_tokens,
                         options_.default_speculation,
                         options_.planner != nullptr, options_.limits},
@@ -242,20 +256,24 @@ absl::Status GenerationService::Submit(
     const absl::Status taken = absl::InvalidArgumentError(
         absl::StrCat("request_id: '", id, "' is already running"));
     RecordRequest(taken, nullptr, 0, arrived);
+    sink->trace().Finish(taken, nullptr);
     return taken;
   }
   absl::Status admitted = scheduler_.Submit(
       [this, sink, arrived, request = std::move(request)]() mutable {
         GenerationOutcome outcome =
             RunOnWorker(std::move(request), arrived, *sink);
-        RecordRequest(outcome.status,
-                      outcome.result.has_value() ? &*outcome.result : nullptr,
+        const GenerationResult* result =
+            outcome.result.has_value() ? &*outcome.result : nullptr;
+        RecordRequest(outcome.status, result,
                       outcome.timings.first_token_seconds, arrived);
+        sink->trace().Finish(outcome.status, result);
         RemoveCall(sink->request_id(), sink.get());
         sink->OnFinished(std::move(outcome));
       });
   if (!admitted.ok()) {
     RecordRequest(admitted, nullptr, 0, arrived);
+    sink->trace().Finish(admitted, nullptr);
     RemoveCall(id, sink.get());
   }
   return admitted;
@@ -271,6 +289,15 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
   if (id.empty()) id = absl::StrCat("req-", next_id_.fetch_add(1));
   Call* call = new Call(this, context, id);
   CallCreated();
+  if (trace::GlobalTracer() != nullptr) {
+    const auto& metadata = context->client_metadata();
+    const auto header = metadata.find("traceparent");
+    call->trace().Start(
+        header == metadata.end()
+            ? std::string_view()
+            : std::string_view(header->second.data(), header->second.size()),
+        id, "grpc", "text_completion", model_name_);
+  }
   absl::StatusOr<GenerationRequest> request =
       DecodeGenerateRequest(*wire, request_defaults_, model_, tokenizer_);
   if (!request.ok()) {

@@ -17,6 +17,12 @@
 // ends the stream with FINISH_REASON_ABORTED; cancellation and deadlines end
 // it with CANCELLED and DEADLINE_EXCEEDED.
 //
+// Tracing (common/trace, when a tracer is installed): every request, from
+// either front end, is a `generate` span with queue, prefill and decode
+// children (executor/request_trace.h), child of the client's W3C
+// traceparent (gRPC metadata "traceparent", the HTTP header of that name);
+// its plan spans hang from decode.
+//
 // Exceptions: an exception inside LibTorch or the generator (caught at each
 // step by executor/generator.h, and again around the whole request here) ends
 // that one stream with INTERNAL after the chunks it already streamed, counts
@@ -52,6 +58,7 @@
 #include "executor/generation_metrics.h"
 #include "executor/generator.h"
 #include "executor/kv_pool.h"
+#include "executor/request_trace.h"
 #include "executor/scheduler.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 
@@ -114,8 +121,13 @@ class GenerationSink {
   void MarkAborted() { aborted_ = true; }
   bool aborted() const { return aborted_.load(); }
 
+  // The request's trace (executor/request_trace.h): the front end starts
+  // it when the request arrives, the service begins and finishes it.
+  RequestTrace& trace() { return trace_; }
+
  private:
   std::atomic<bool> aborted_{false};
+  RequestTrace trace_;
 };
 
 // How a generation ended: OK with its result, or the error that ended it
@@ -209,6 +221,8 @@ class GenerationService final : public v1::Generation::CallbackService {
   const LlamaModel& model_;
   const Tokenizer& tokenizer_;
   const GenerationServiceOptions options_;
+  // gen_ai.request.model of gRPC requests: the model folder's name.
+  const std::string model_name_;
   const PlanningShared planning_;  // options_.planning, or the service's own
   const GenerateRequestDefaults request_defaults_;
   Scheduler scheduler_;

@@ -38,6 +38,7 @@
 #include "common/model/llama.h"
 #include "common/plan/planner_client.h"
 #include "common/text/tokenizer.h"
+#include "common/trace/span_context.h"
 #include "executor/plan_cache.h"
 #include "executor/plan_controller.h"
 #include "executor/reference_states.h"
@@ -92,6 +93,11 @@ struct GenerationRequest {
   bool logprobs = false;
   int64_t prefill_chunk = 512;  // positions per prefill forward
   SpeculationConfig speculation;
+  // The trace this generation belongs to (common/trace): the span its plan
+  // spans (plan.snapshot, plan.apply) hang from, the service's decode span.
+  // Invalid (the default): plan spans start traces of their own, when
+  // tracing is on at all.
+  trace::SpanContext trace_parent;
   // Fault injection for tests; empty (the default) in production, where it
   // costs one empty-function check per step. Runs before decode step `step`
   // (0-based, after prefill) does its forward passes, on the generating
@@ -120,6 +126,12 @@ struct GenerationStats {
   int64_t plan_requests = 0;  // snapshots sent to the planner
   int64_t plan_failures =
       0;  // requests answered with an error (last plan kept)
+  // The same instants on the system clock, nanoseconds since the Unix epoch
+  // (for trace spans; 0 when it did not get there): the sequence's first
+  // pass, its first token, its end.
+  int64_t first_pass_unix_nanos = 0;
+  int64_t first_token_unix_nanos = 0;
+  int64_t end_unix_nanos = 0;
   // prompt_tokens / prefill_seconds and (completion_tokens - 1) /
   // decode_seconds.
   double prefill_tokens_per_second() const;

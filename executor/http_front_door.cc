@@ -272,8 +272,14 @@ void HttpFrontDoor::HandleGenerate(const httplib::Request& req,
           ? DecodeGenerateRequest(parsed->wire, service_.request_defaults(),
                                   service_.model(), service_.tokenizer())
           : absl::StatusOr<GenerationRequest>(parsed.status());
+  const std::string traceparent = req.get_header_value("traceparent");
+  const char* operation =
+      endpoint == OpenAiEndpoint::kChat ? "chat" : "text_completion";
   if (!decoded.ok()) {
     service_.RecordRefused(decoded.status());
+    RequestTrace refused;
+    refused.Start(traceparent, "", "http", operation, options_.model_name);
+    refused.Finish(decoded.status(), nullptr);
     ReplyError(res, decoded.status());
     return;
   }
@@ -284,8 +290,13 @@ void HttpFrontDoor::HandleGenerate(const httplib::Request& req,
   auto request =
       std::make_shared<Request>(id, *parsed, decoded->speculation.mode,
                                 options_.model_name, service_.tokenizer());
+  request->trace().Start(traceparent, id, "http", operation,
+                         options_.model_name);
   if (!Track(request)) {
-    ReplyError(res, absl::UnavailableError("the server is shutting down"));
+    const absl::Status closing =
+        absl::UnavailableError("the server is shutting down");
+    request->trace().Finish(closing, nullptr);
+    ReplyError(res, closing);
     return;
   }
   if (absl::Status admitted = service_.Submit(std::move(*decoded), request);

@@ -24,6 +24,9 @@
 // first writes, once it runs; a non-streamed one runs to its end, since
 // nothing is written before it.)
 //
+// Tracing: a `traceparent` header (W3C Trace Context) makes the request's
+// generate span its child (executor/request_trace.h).
+//
 // Threads: cpp-httplib accepts on a thread of its own and runs each
 // connection on a pool thread (max_connections of them), which waits for
 // its request's tokens; the tokens are produced on the engine's step thread

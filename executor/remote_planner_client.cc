@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/plan/plan_trace.h"
 
 namespace knapserve {
 
@@ -70,7 +71,11 @@ void RemotePlannerClient::FailInFlight(const absl::Status& status) {
     absl::MutexLock lock(&mu_);
     failed.swap(in_flight_);
   }
-  for (auto& [key, pending] : failed) pending.done(status);
+  for (auto& [key, pending] : failed) {
+    pending.send_span.SetError(status.ToString());
+    pending.send_span.End();
+    pending.done(status);
+  }
 }
 
 void RemotePlannerClient::Read(
@@ -88,8 +93,14 @@ void RemotePlannerClient::Read(
       pending = std::move(it->second);
       in_flight_.erase(it);
     }
-    pending.done(
-        DecodePlanResponse(response, options_.num_layers, pending.max_draft));
+    absl::StatusOr<DraftPlan> plan =
+        DecodePlanResponse(response, options_.num_layers, pending.max_draft);
+    if (pending.send_span.context().valid()) {
+      if (!plan.ok()) pending.send_span.SetError(plan.status().ToString());
+      if (plan.ok()) plan->traceparent = pending.send_span.traceparent();
+      pending.send_span.End();
+    }
+    pending.done(std::move(plan));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -112,26 +123,57 @@ void RemotePlannerClient::Serve(
       next = std::move(it->second);
       queued_.erase(it);
     }
+    // Traced (common/trace): plan.encode, then plan.send from the write to
+    // the answer; the planner's spans hang from plan.send (its traceparent
+    // travels in the request).
+    trace::Span encode_span =
+        trace::StartSpan("plan.encode", next.request.traceparent);
+    SetPlanRequestAttributes(encode_span, next.request);
+    const int max_draft = next.request.max_draft;
     v1::PlanRequest wire;
     absl::Status encoded =
         EncodePlanRequest(next.request, options_.window, &wire);
     next.request = PlanRequest();  // drop the K/V handles
     if (!encoded.ok()) {
+      encode_span.SetError(encoded.ToString());
+      encode_span.End();
       next.done(encoded);
       continue;
     }
+    encode_span.SetAttribute(
+        "knapserve.plan.kv_positions",
+        static_cast<int64_t>(wire.kv_context().window().positions_size()));
+    encode_span.End();
+    trace::Span send_span = trace::StartSpan("plan.send", encode_span.context(),
+                                             trace::SpanKind::kClient);
+    if (send_span.context().valid()) {
+      wire.set_traceparent(send_span.traceparent());
+    }
     const int64_t bytes = static_cast<int64_t>(wire.ByteSizeLong());
+    if (send_span.recording()) {
+      send_span.SetAttribute("rpc.system", "grpc");
+      send_span.SetAttribute("rpc.service", "knapserve.v1.Planner");
+      send_span.SetAttribute("rpc.method", "Plan");
+      send_span.SetAttribute("server.address", options_.address);
+      send_span.SetAttribute("knapserve.plan.request_bytes", bytes);
+      send_span.SetAttribute("knapserve.plan.step",
+                             static_cast<int64_t>(wire.step()));
+    }
     if (bytes > options_.max_message_bytes) {
-      next.done(absl::ResourceExhaustedError(absl::StrCat(
+      const absl::Status too_large = absl::ResourceExhaustedError(absl::StrCat(
           "plan request: ", bytes, " bytes, more than the limit of ",
-          options_.max_message_bytes, " (--max-plan-request-bytes)")));
+          options_.max_message_bytes, " (--max-plan-request-bytes)"));
+      send_span.SetError(too_large.ToString());
+      send_span.End();
+      next.done(too_large);
       continue;
     }
     const Key key{std::stoull(wire.sequence_id()),
                   static_cast<int64_t>(wire.step())};
     {
       absl::MutexLock lock(&mu_);
-      in_flight_[key] = {std::move(next.done), next.request.max_draft};
+      in_flight_[key] =
+          Pending{std::move(next.done), max_draft, std::move(send_span)};
     }
     if (!stream->Write(wire)) return;  // broken: FailInFlight answers it
     bytes_sent_.fetch_add(bytes);

@@ -8,6 +8,12 @@
 // window of the prefix) and writes it. A reader thread matches answers to
 // requests by (sequence, step) and runs their callbacks.
 //
+// Tracing (common/trace, when on): each request is a plan.encode span and a
+// plan.send span (from the write to the answer, SpanKind client) in the
+// trace of the request's traceparent; the request carries plan.send's
+// traceparent to the planner, and the plan comes back with it
+// (DraftPlan::traceparent).
+//
 // Faults: when the stream breaks (planner down, restarted, network), every
 // request in flight is answered Unavailable, and the client reconnects with
 // exponential backoff (initial_backoff doubling up to max_backoff) while
@@ -37,6 +43,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "common/plan/planner_client.h"
+#include "common/trace/tracer.h"
 #include "common/wire/plan_codec.h"
 #include "knapserve/v1/planner.grpc.pb.h"
 
@@ -106,6 +113,7 @@ class RemotePlannerClient : public PlannerClient {
   struct Pending {
     PlanCallback done;
     int max_draft = 0;
+    trace::Span send_span;  // plan.send, ended when the answer arrives
   };
   std::map<Key, Pending> in_flight_
       ABSL_GUARDED_BY(mu_);  // written, not yet answered

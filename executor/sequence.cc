@@ -15,6 +15,8 @@
 #include "common/base/clock.h"
 #include "common/base/status.h"
 #include "common/model/exception_status.h"
+#include "common/plan/plan_trace.h"
+#include "common/trace/tracer.h"
 #include "executor/plan_cache.h"
 #include "executor/plan_controller.h"
 #include "executor/speculation_mode.h"
@@ -42,7 +44,9 @@ class PlanSession {
         mailbox_(std::make_shared<Mailbox>()),
         controller_(ControllerOptions(request.speculation),
                     CacheKey(model, request.speculation), sequence_id_,
-                    initial_gamma, shared) {}
+                    initial_gamma, shared),
+        trace_parent_(request.trace_parent),
+        tracing_(trace::GlobalTracer() != nullptr) {}
 
   // Before step `step`: puts a plan that took effect into mask and the
   // result, sets this step's gamma; returns the directive (capture or not).
@@ -60,6 +64,16 @@ class PlanSession {
     }
     StepDirective directive =
         controller_.BeforeStep(step, context_length, may_start_capture);
+    if (snapshot_span_.context().valid() && !controller_.capturing()) {
+      // The controller dropped the capture (a new bucket, a newer plan).
+      snapshot_span_.SetError("abandoned: the snapshot did not complete");
+      snapshot_span_.End();
+      snapshot_span_ = trace::Span();
+    }
+    if (tracing_ && directive.capture && directive.capture_offset == 0) {
+      // The trigger stays pending until the snapshot is submitted.
+      StartSnapshotSpan(step, context_length, controller_.pending_trigger());
+    }
     if (directive.apply.has_value()) {
       const CachedPlan& cached = *directive.apply;
       const DraftPlan& plan = cached.plan;
@@ -79,6 +93,7 @@ class PlanSession {
       applied.queue_seconds = plan.queue_seconds;
       applied.context_length = cached.context_length;
       applied.source = directive.apply_source;
+      if (tracing_) StartApplySpan(cached, applied);
       result.plans.push_back(std::move(applied));
       result.mask = plan.mask.ToString();
     }
@@ -89,6 +104,11 @@ class PlanSession {
 
   void AfterStep(const StepObservation& observation) {
     controller_.AfterStep(observation);
+    if (apply_span_.recording()) {
+      ++apply_steps_;
+      apply_tokens_ += observation.tokens;
+      apply_seconds_ += observation.seconds;
+    }
   }
 
   // Sends one completed snapshot; returns at once.
@@ -122,25 +142,53 @@ class PlanSession {
     const int64_t middle = snapshot.context_length / width * width + width / 2;
     request.plan_lifetime_tokens =
         std::max<int64_t>(0, 2 * (middle - snapshot.context_length));
+    if (snapshot_span_.context().valid()) {
+      // The snapshot is taken: it parents the request's spans.
+      SetPlanRequestAttributes(snapshot_span_, request);
+      snapshot_span_.SetAttribute("knapserve.plan.first_position",
+                                  request.first_position);
+      request.traceparent = snapshot_span_.traceparent();
+      snapshot_span_.End();
+      snapshot_span_ = trace::Span();
+    }
     ++result.stats.plan_requests;
     std::weak_ptr<Mailbox> weak = mailbox_;
     PlanningShared shared = shared_;
     const uint64_t sequence_id = sequence_id_;
     const int64_t context_length = snapshot.context_length;
-    planner_->Submit(
-        std::move(request), [weak, shared, ticket, sequence_id,
-                             context_length](absl::StatusOr<DraftPlan> plan) {
-          CompleteTicket(shared, ticket, sequence_id, context_length, plan);
-          std::shared_ptr<Mailbox> box = weak.lock();
-          if (box == nullptr) return;  // the generation is over
-          absl::MutexLock lock(&box->mu);
-          if (plan.ok()) {
-            box->solve_seconds += plan->solve_seconds;
-          } else if (plan.status().code() != absl::StatusCode::kCancelled) {
-            ++box->failures;
-            box->last_error = plan.status().ToString();
-          }
-        });
+    const std::string snapshot_traceparent = request.traceparent;
+    planner_->Submit(std::move(request), [weak, shared, ticket, sequence_id,
+                                          context_length, snapshot_traceparent](
+                                             absl::StatusOr<DraftPlan> plan) {
+      // plan.receive: the answer back on the executor, child of the span
+      // that delivered it (plan.send across gRPC, else the snapshot);
+      // the plan enters the cache carrying receive's context, which the
+      // plan.apply spans hang from.
+      trace::Span receive;
+      if (!snapshot_traceparent.empty()) {
+        receive = trace::StartSpan(
+            "plan.receive", plan.ok() && !plan->traceparent.empty()
+                                ? std::string_view(plan->traceparent)
+                                : std::string_view(snapshot_traceparent));
+        if (plan.ok()) {
+          SetPlanAttributes(receive, *plan);
+          plan->traceparent = receive.traceparent();
+        } else {
+          receive.SetError(plan.status().ToString());
+        }
+      }
+      CompleteTicket(shared, ticket, sequence_id, context_length, plan);
+      receive.End();
+      std::shared_ptr<Mailbox> box = weak.lock();
+      if (box == nullptr) return;  // the generation is over
+      absl::MutexLock lock(&box->mu);
+      if (plan.ok()) {
+        box->solve_seconds += plan->solve_seconds;
+      } else if (plan.status().code() != absl::StatusCode::kCancelled) {
+        ++box->failures;
+        box->last_error = plan.status().ToString();
+      }
+    });
     result.stats.waiting_seconds += SecondsSince(start);
   }
 
@@ -153,6 +201,11 @@ class PlanSession {
 
   void Finish(GenerationResult& result) {
     finished_ = true;
+    EndApplySpan("finished");
+    if (snapshot_span_.recording()) {
+      snapshot_span_.SetError("the generation ended before the snapshot");
+    }
+    snapshot_span_.End();
     planner_->Forget(sequence_id_);
     controller_.Finish();
     result.planning = controller_.stats();
@@ -173,6 +226,72 @@ class PlanSession {
     std::string last_error ABSL_GUARDED_BY(mu);
     double solve_seconds ABSL_GUARDED_BY(mu) = 0;
   };
+
+  // plan.snapshot: from the first captured step until the request is
+  // submitted (Submit ends it). A capture that restarts ends the old one as
+  // abandoned.
+  void StartSnapshotSpan(int64_t step, int64_t context_length,
+                         PlanTrigger trigger) {
+    if (snapshot_span_.recording()) {
+      snapshot_span_.SetError("abandoned: the snapshot did not complete");
+    }
+    snapshot_span_.End();
+    snapshot_span_ = trace::StartSpan("plan.snapshot", trace_parent_);
+    snapshot_span_.SetAttribute("knapserve.plan.trigger",
+                                PlanTriggerName(trigger));
+    snapshot_span_.SetAttribute("knapserve.plan.capture_start_step", step);
+    snapshot_span_.SetAttribute("knapserve.plan.capture_start_context_length",
+                                context_length);
+    snapshot_span_.SetAttribute("knapserve.plan.reference_steps",
+                                spec_.reference_steps);
+  }
+
+  // plan.apply: the plan in force, from the step it took effect until the
+  // next plan replaces it or the generation ends, with the tokens per second
+  // it realized meanwhile. Child of the plan's plan.receive when the plan
+  // was solved in this trace; a plan from another trace (the plan cache, or
+  // another request's solve) hangs from this request's decode span and
+  // names its origin.
+  void StartApplySpan(const CachedPlan& cached, const AppliedPlan& applied) {
+    EndApplySpan("replaced");
+    const std::optional<trace::SpanContext> origin =
+        trace::ParseTraceparent(cached.plan.traceparent);
+    const bool same_trace =
+        origin.has_value() &&
+        (!trace_parent_.valid() || origin->trace_id == trace_parent_.trace_id);
+    apply_span_ =
+        trace::StartSpan("plan.apply", same_trace ? *origin : trace_parent_);
+    apply_steps_ = 0;
+    apply_tokens_ = 0;
+    apply_seconds_ = 0;
+    if (!apply_span_.recording()) return;
+    SetPlanAttributes(apply_span_, cached.plan);
+    apply_span_.SetAttribute("knapserve.plan.source", applied.source);
+    apply_span_.SetAttribute("knapserve.plan.applied_step",
+                             applied.applied_step);
+    apply_span_.SetAttribute("knapserve.plan.step", applied.plan_step);
+    apply_span_.SetAttribute("knapserve.plan.age_steps", applied.age_steps);
+    apply_span_.SetAttribute("knapserve.plan.context_length",
+                             applied.context_length);
+    if (!same_trace && origin.has_value()) {
+      apply_span_.SetAttribute("knapserve.plan.origin_traceparent",
+                               cached.plan.traceparent);
+    }
+  }
+
+  void EndApplySpan(const char* reason) {
+    if (apply_span_.recording()) {
+      apply_span_.SetAttribute("knapserve.plan.end_reason", reason);
+      apply_span_.SetAttribute("knapserve.plan.steps_in_force", apply_steps_);
+      apply_span_.SetAttribute("knapserve.plan.tokens_in_force", apply_tokens_);
+      apply_span_.SetAttribute(
+          "knapserve.plan.realized_tokens_per_second",
+          apply_seconds_ > 0
+              ? static_cast<double>(apply_tokens_) / apply_seconds_
+              : 0.0);
+    }
+    apply_span_.End();
+  }
 
   static uint64_t NextSequenceId() {
     static std::atomic<uint64_t> next{1};
@@ -225,6 +344,15 @@ class PlanSession {
   std::shared_ptr<Mailbox> mailbox_;
   PlanController controller_;
   bool finished_ = false;  // Finish ran (it already told the planner)
+  // Tracing (common/trace): the request's decode span, the snapshot being
+  // captured, and the plan in force with what it realized so far.
+  const trace::SpanContext trace_parent_;
+  const bool tracing_;  // a tracer was installed when the sequence began
+  trace::Span snapshot_span_;
+  trace::Span apply_span_;
+  int64_t apply_steps_ = 0;
+  int64_t apply_tokens_ = 0;
+  double apply_seconds_ = 0;
 };
 
 // ---- Sequence ----
@@ -355,6 +483,7 @@ void Sequence::Finish() {
       result_.stats.decode_seconds = SecondsSince(decode_start_);
     }
     result_.stats.total_seconds = SecondsSince(start_);
+    result_.stats.end_unix_nanos = trace::NowUnixNanos();
   }
   result_.stats.draft_seconds = spec_stats_.draft_seconds;
   result_.stats.verify_seconds = spec_stats_.verify_seconds;
@@ -474,6 +603,7 @@ absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
   const int32_t first = sampler_.Sample(logits);
   result_.stats.prefill_seconds = SecondsSince(start_);
   decode_start_ = std::chrono::steady_clock::now();
+  result_.stats.first_token_unix_nanos = trace::NowUnixNanos();
   return Commit({first}, logits.unsqueeze(0));
 }
 
@@ -560,6 +690,7 @@ struct BatchStepRunner {
       if (!seq->started_) {
         seq->started_ = true;
         seq->start_ = std::chrono::steady_clock::now();
+        seq->result_.stats.first_pass_unix_nanos = trace::NowUnixNanos();
       }
       if (seq->prefilling()) continue;
       Guarded(seq, "begin", [&] {

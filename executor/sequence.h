@@ -25,6 +25,12 @@
 // Passes go through LlamaModel::ForwardBatch, whose rows are batch-invariant
 // on CPU: a sequence's tokens do not depend on who shares its batch.
 //
+// Tracing (common/trace, when a tracer is installed): a planned sequence's
+// plans are spans under GenerationRequest::trace_parent: plan.snapshot
+// (the captured steps; its traceparent goes with the PlanRequest),
+// plan.receive (on the planner's callback thread) and plan.apply (the plan
+// in force, with the tokens per second it realized).
+//
 // Errors: whatever one sequence's own work throws (its callbacks, its plan
 // bookkeeping, the test hook) fails that sequence only, with Internal naming
 // the step. A forward pass that throws fails every sequence in that pass.

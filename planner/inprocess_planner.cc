@@ -12,6 +12,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "common/model/exception_status.h"
+#include "common/plan/plan_trace.h"
+#include "common/trace/tracer.h"
 
 namespace knapserve {
 
@@ -143,6 +145,7 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
       request.states.dim() == 3 &&
       request.states.size(0) == model_.num_sublayers() + 1) {
     // Not sent: the full model's argmax from the last boundary's states.
+    trace::ScopedSpan stage("plan.solve.target_argmax");
     torch::Tensor argmax =
         model_
             .Logits(request.states[model_.num_sublayers()].to(model_.device(),
@@ -214,9 +217,23 @@ void InProcessPlanner::Run() {
     const double queued = std::chrono::duration<double>(
                               std::chrono::steady_clock::now() - job.queued_at)
                               .count();
+    // Traced (common/trace): the wait and the solve, children of the span
+    // that sent the request; the solve's stages hang from plan.solve.
+    trace::Span solve_span;
+    if (trace::GlobalTracer() != nullptr) {
+      const int64_t now = trace::NowUnixNanos();
+      trace::Span queue_span = trace::StartSpan(
+          "plan.queue", job.request.traceparent, trace::SpanKind::kInternal,
+          now - static_cast<int64_t>(queued * 1e9));
+      queue_span.SetAttribute("knapserve.plan.queue_seconds", queued);
+      queue_span.End(now);
+      solve_span = trace::StartSpan("plan.solve", job.request.traceparent);
+      SetPlanRequestAttributes(solve_span, job.request);
+    }
     absl::StatusOr<DraftPlan> plan;
     // The exception boundary of a solve: it fails this request only.
     try {
+      trace::ScopedContext in_solve(solve_span.context());
       if (options_.before_solve_for_tests)
         options_.before_solve_for_tests(job.request);
       plan = Solve(job.request);
@@ -225,6 +242,14 @@ void InProcessPlanner::Run() {
       internal_errors_.fetch_add(1);
     }
     if (plan.ok()) plan->queue_seconds = queued;
+    if (solve_span.recording()) {
+      if (plan.ok()) {
+        SetPlanAttributes(solve_span, *plan);
+      } else {
+        solve_span.SetError(plan.status().ToString());
+      }
+    }
+    solve_span.End();
     job.request = PlanRequest();  // release the K/V handles before reporting
     {
       absl::MutexLock lock(&mu_);

@@ -13,6 +13,11 @@
 // decode threads; on CUDA the same code would run on the planner thread's
 // current stream (not built here: Debian's LibTorch is CPU-only).
 //
+// Tracing (common/trace, when a tracer is installed): each request is a
+// plan.queue span (its wait) and a plan.solve span, children of the
+// request's traceparent; the solve's stages (planner/planner.h) are
+// children of plan.solve.
+//
 // Ownership: borrows the model (must outlive the planner); owns its copy of
 // the latency profile and its worker thread. The destructor stops the worker
 // after the running solve and answers queued requests with Unavailable.

@@ -11,6 +11,7 @@
 #include "common/base/clock.h"
 #include "common/base/status.h"
 #include "common/model/llama.h"
+#include "common/trace/tracer.h"
 #include "planner/knapsack.h"
 #include "planner/tpt.h"
 
@@ -208,6 +209,8 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
         absl::StrCat("max_reference_tokens must be >= 0 (0 = all), got ",
                      options.max_reference_tokens));
   }
+  // Traced stages (common/trace): children of the caller's plan.solve span.
+  trace::ScopedSpan check_stage("plan.solve.check_inputs");
   ASSIGN_OR_RETURN(Checked in,
                    CheckInputs(model, profile, inputs, options.max_draft,
                                options.alpha_prior));
@@ -223,11 +226,28 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     c10::InferenceMode guard;
     states = r_used < in.r ? in.states.narrow(1, 0, r_used) : in.states;
   }
+  check_stage.span().SetAttribute("knapserve.plan.reference_tokens", in.r);
+  check_stage.span().SetAttribute("knapserve.plan.reference_tokens_used",
+                                  r_used);
+  check_stage.End();
   const absl::Span<const int32_t> targets(inputs.target_argmax.data(),
                                           static_cast<size_t>(r_used));
+  // The latency profile priced at the plan's mean context: the DP's integer
+  // weights.
+  trace::ScopedSpan price_stage("plan.solve.profile_prices");
   const SublayerWeights weights =
       ComputeSublayerWeights(profile.AttentionSeconds(n), profile.MlpSeconds(),
                              options.weight_cap, options.weight_tolerance);
+  price_stage.span().SetAttribute("knapserve.plan.pricing_context_length", n);
+  price_stage.span().SetAttribute("knapserve.plan.attention_seconds",
+                                  profile.AttentionSeconds(n));
+  price_stage.span().SetAttribute("knapserve.plan.mlp_seconds",
+                                  profile.MlpSeconds());
+  price_stage.span().SetAttribute("knapserve.plan.weight_attention",
+                                  weights.attention);
+  price_stage.span().SetAttribute("knapserve.plan.weight_mlp", weights.mlp);
+  price_stage.End();
+  trace::ScopedSpan dp_stage("plan.solve.knapsack_dp");
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
                    ModelSublayerRunner::Create(
                        model, inputs.prefix_kv,
@@ -237,12 +257,25 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   dp.tau = options.tau;
   dp.keep_first_and_last = options.keep_first_and_last;
   torch::Tensor final_states;
+  SkipDpStats dp_stats;
   ASSIGN_OR_RETURN(
       std::vector<SkipCandidate> candidates,
       SolveKnapsack(runner, states,
                     options.lazy_alpha ? absl::Span<const int32_t>() : targets,
-                    weights, dp, /*stats=*/nullptr, &final_states));
+                    weights, dp, &dp_stats, &final_states));
+  dp_stage.span().SetAttribute("knapserve.plan.candidates",
+                               static_cast<int64_t>(candidates.size()));
+  dp_stage.span().SetAttribute("knapserve.plan.dp_sublayer_calls",
+                               dp_stats.sublayer_calls);
+  dp_stage.span().SetAttribute("knapserve.plan.dp_branch_rows",
+                               dp_stats.branch_rows);
+  dp_stage.span().SetAttribute("knapserve.plan.dp_max_live_cells",
+                               dp_stats.max_live_cells);
+  dp_stage.End();
 
+  // The TPT grid over candidates x gamma; with lazy_alpha it measures the
+  // alpha_hat of the candidates that can still win (LM head) as it goes.
+  trace::ScopedSpan grid_stage("plan.solve.tpt_grid");
   std::vector<double> draft_seconds;
   draft_seconds.reserve(candidates.size());
   for (const SkipCandidate& c : candidates)
@@ -275,6 +308,12 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     }
     ASSIGN_OR_RETURN(choice, MaximizeTpt(tpt, verify, options.max_draft));
   }
+  grid_stage.span().SetAttribute("knapserve.plan.evaluated_candidates",
+                                 choice.num_evaluated);
+  grid_stage.span().SetAttribute("knapserve.plan.lazy_alpha",
+                                 options.lazy_alpha);
+  grid_stage.span().SetAttribute("knapserve.plan.gamma", choice.gamma);
+  grid_stage.End();
   DraftPlan plan;
   plan.mask = LayerMask(model.num_layers());
   plan.gamma = choice.gamma;
@@ -309,9 +348,13 @@ absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model,
         absl::StrCat("gamma must be in [0, max_draft = ", options.max_draft,
                      "], got ", options.gamma));
   }
+  trace::ScopedSpan check_stage("plan.solve.check_inputs");
   ASSIGN_OR_RETURN(Checked in,
                    CheckInputs(model, profile, inputs, options.max_draft,
                                options.alpha_prior));
+  check_stage.span().SetAttribute("knapserve.plan.reference_tokens", in.r);
+  check_stage.End();
+  trace::ScopedSpan dp_stage("plan.solve.layer_dp");
   // The DP on the last reference token, attending to the full model's K/V of
   // every earlier position it has.
   const int64_t last = inputs.first_position + in.r - 1;
@@ -328,7 +371,9 @@ absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model,
       SkipCandidate chosen,
       SolveLayerSkip(last_runner, last_states, {}, options.num_skipped_layers,
                      options.keep_first_and_last));
+  dp_stage.End();
   // alpha_hat of the chosen mask on all r tokens.
+  trace::ScopedSpan eval_stage("plan.solve.evaluate_mask");
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
                    ModelSublayerRunner::Create(
                        model, inputs.prefix_kv,
@@ -337,10 +382,16 @@ absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model,
   ASSIGN_OR_RETURN(
       SkipCandidate measured,
       EvaluateMask(runner, in.states, inputs.target_argmax, chosen.mask));
+  eval_stage.span().SetAttribute("knapserve.plan.alpha_hat",
+                                 measured.alpha_hat);
+  eval_stage.End();
+  trace::ScopedSpan grid_stage("plan.solve.tpt_grid");
   DraftPlan plan;
   RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, in.r,
                               options.alpha_prior, options.max_draft,
                               options.gamma, plan));
+  grid_stage.span().SetAttribute("knapserve.plan.gamma", plan.gamma);
+  grid_stage.End();
   plan.step = inputs.step;
   plan.solve_seconds = SecondsSince(start);
   return plan;
@@ -357,9 +408,13 @@ absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model,
         absl::StrCat("mask '", mask.ToString(), "' has ", mask.num_layers(),
                      " layers, the model has ", model.num_layers()));
   }
+  trace::ScopedSpan check_stage("plan.solve.check_inputs");
   ASSIGN_OR_RETURN(Checked in,
                    CheckInputs(model, profile, inputs, options.max_draft,
                                options.alpha_prior));
+  check_stage.span().SetAttribute("knapserve.plan.reference_tokens", in.r);
+  check_stage.End();
+  trace::ScopedSpan eval_stage("plan.solve.evaluate_mask");
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
                    ModelSublayerRunner::Create(
                        model, inputs.prefix_kv,
@@ -367,10 +422,16 @@ absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model,
                        inputs.first_position));
   ASSIGN_OR_RETURN(SkipCandidate measured,
                    EvaluateMask(runner, in.states, inputs.target_argmax, mask));
+  eval_stage.span().SetAttribute("knapserve.plan.alpha_hat",
+                                 measured.alpha_hat);
+  eval_stage.End();
+  trace::ScopedSpan grid_stage("plan.solve.tpt_grid");
   DraftPlan plan;
   RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, in.r,
                               options.alpha_prior, options.max_draft,
                               /*fixed_gamma=*/0, plan));
+  grid_stage.span().SetAttribute("knapserve.plan.gamma", plan.gamma);
+  grid_stage.End();
   plan.step = inputs.step;
   plan.solve_seconds = SecondsSince(start);
   return plan;

@@ -14,6 +14,13 @@
 //   ASSIGN_OR_RETURN(DraftPlan plan, SolveKnapSpec(model, profile, in,
 //   KnapSpecOptions()));
 //
+// When the calling thread has a current trace context (common/trace/
+// tracer.h, ScopedContext; the in-process planner sets plan.solve's), each
+// stage of a solve is a child span: plan.solve.check_inputs,
+// .profile_prices, .knapsack_dp and .tpt_grid for KnapSpec; .layer_dp,
+// .evaluate_mask and .tpt_grid for CLaSp; .evaluate_mask and .tpt_grid for
+// a static mask.
+//
 // The functions are plain C++ (no gRPC, no executor types) and keep no state.
 // They only read the model, the profile and the inputs, so several may run at
 // once (each on its own thread); the caller keeps the prefix K/V unchanged

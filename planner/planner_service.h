@@ -15,6 +15,10 @@
 // The stream finishes OK once the executor half-closes and every answer is
 // written.
 //
+// Tracing: a request's traceparent (PlanRequest.traceparent, the executor's
+// plan.send span) parents the planner's plan.queue and plan.solve spans
+// (planner/inprocess_planner.h), exported under this process's service.name.
+//
 // Metrics (when given a registry): knapserve_planner_server_requests_total,
 // _received_bytes_total, _plans_total, _superseded_total (a queued request
 // replaced by a newer one of its sequence), _failed_total{code} (an answer

@@ -11,11 +11,12 @@ declare -A ALLOWED=(
   [common/text]="common/base"
   [common/checkpoint]="common/base"
   [common/metrics]="common/base"
+  [common/trace]="common/base common/metrics"
   [common/model]="common/base common/checkpoint"
-  [common/plan]="common/base common/checkpoint common/model"
+  [common/plan]="common/base common/checkpoint common/model common/trace"
   [common/wire]="common/base common/checkpoint common/model common/plan proto"
-  [executor]="common/base common/text common/checkpoint common/model common/plan common/wire common/metrics common/rpc proto"
-  [planner]="common/base common/checkpoint common/model common/plan common/wire common/metrics common/rpc proto"
+  [executor]="common/base common/text common/checkpoint common/model common/plan common/wire common/metrics common/trace common/rpc proto"
+  [planner]="common/base common/checkpoint common/model common/plan common/wire common/metrics common/trace common/rpc proto"
 )
 ALLOWED[common/rpc]=""
 
@@ -48,7 +49,7 @@ for folder in "${!ALLOWED[@]}"; do
   done
 done
 # The torch-free floors stay torch-free.
-for folder in common/base common/text common/metrics; do
+for folder in common/base common/text common/metrics common/trace; do
   if grep -n '#include <\(torch\|ATen\|c10\)/' "$folder"/*.h "$folder"/*.cc >&2; then
     echo "$folder must not include LibTorch" >&2
     status=1

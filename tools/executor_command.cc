@@ -25,8 +25,10 @@ absl::Status ServeExecutor(bool one_process) {
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
   const std::string where =
       one_process ? "inproc" : absl::GetFlag(FLAGS_planner);
-  ASSIGN_OR_RETURN(std::unique_ptr<RunningExecutor> running,
-                   StartExecutorFromFlags(engine, where, listen, command));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<RunningExecutor> running,
+      StartExecutorFromFlags(engine, where, listen, command,
+                             one_process ? "knapserve" : "knapserve-executor"));
   std::cerr << "knapserve-executor: serving " << engine.model_dir
             << " (planner " << where << ") on port " << running->server->port()
             << std::endl;

@@ -8,6 +8,7 @@
 #include "common/base/file_util.h"
 #include "common/base/status.h"
 #include "common/text/chat_template.h"
+#include "common/trace/otlp_http_exporter.h"
 #include "tools/tls_from_flags.h"
 
 ABSL_FLAG(int32_t, max_running, 16,
@@ -108,7 +109,8 @@ absl::StatusOr<HttpFrontDoorOptions> HttpOptionsFromFlags(
 
 absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
     const Engine& engine, const std::string& planner_where,
-    const std::string& listen, const std::string& command) {
+    const std::string& listen, const std::string& command,
+    const std::string& trace_service) {
   auto running = std::make_unique<RunningExecutor>();
   running->planner_where = planner_where;
   GenerationServiceOptions options;
@@ -197,6 +199,12 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
   options.planning = PlanningShared::Create();
   running->metrics = std::make_unique<MetricsRegistry>();
   options.metrics = running->metrics.get();
+  if (!trace_service.empty()) {
+    ASSIGN_OR_RETURN(
+        trace::Tracer * tracer,
+        trace::InstallTracerFromEnv(trace_service, running->metrics.get()));
+    running->tracer_shutdown = std::make_unique<trace::TracerShutdown>(tracer);
+  }
   if (const int port = absl::GetFlag(FLAGS_metrics_port); port > 0) {
     running->metrics_server =
         MetricsHttpServer::Start(running->metrics.get(), "0.0.0.0", port);

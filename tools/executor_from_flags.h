@@ -23,6 +23,7 @@
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "common/metrics/metrics.h"
+#include "common/trace/tracer.h"
 #include "executor/executor_server.h"
 #include "executor/kv_pool.h"
 #include "planner/batch_cost.h"
@@ -49,6 +50,9 @@ struct RunningExecutor {
   PlannerHandle planner;
   std::unique_ptr<ProfileBatchCost> batch_cost;  // with an in-process planner
   std::unique_ptr<MetricsRegistry> metrics;
+  // Flushes the process's tracer (with OTEL_EXPORTER_OTLP_ENDPOINT) after
+  // the server stopped and before `metrics`, its counters' registry, goes.
+  std::unique_ptr<trace::TracerShutdown> tracer_shutdown;
   std::string planner_where;  // "inproc", "none" or the planner's address
   std::unique_ptr<ExecutorServer> server;
   std::unique_ptr<MetricsHttpServer> metrics_server;  // with --metrics-port
@@ -58,11 +62,16 @@ struct RunningExecutor {
 // picks a free port: server->port()). `planner_where` is "inproc" (a planner
 // thread in this process, its latency profile from LatencyProfileFromFlags),
 // "none" (planned modes are refused) or a knapserve-planner address.
-// `command` prefixes log lines. InvalidArgument for bad flags; the profile's
-// and the pool's errors; Unavailable when an address cannot be bound.
+// `command` prefixes log lines. `trace_service`: when not empty, traces go
+// where the OTEL_* environment says (common/trace/otlp_http_exporter.h;
+// nowhere without an endpoint), with this default service.name; call it so
+// once per process. InvalidArgument for bad flags or OTEL_* variables; the
+// profile's and the pool's errors; Unavailable when an address cannot be
+// bound.
 absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
     const Engine& engine, const std::string& planner_where,
-    const std::string& listen, const std::string& command);
+    const std::string& listen, const std::string& command,
+    const std::string& trace_service = "");
 
 }  // namespace knapserve
 

@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-60}
 shift || true
 all=(safetensors model_config tokenizer_json tokenizer_text tensor_codec
-     plan_codec generate_request latency_profile chat_template)
+     plan_codec generate_request latency_profile chat_template traceparent)
 targets=("$@")
 ((${#targets[@]})) || targets=("${all[@]}")
 

@@ -7,12 +7,18 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/trace/span_context.h"
 #include "executor/generation_codec.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
 #include "tools/tls_from_flags.h"
+
+ABSL_FLAG(std::string, traceparent, "",
+          "generate --server: a W3C traceparent "
+          "(00-<32 hex trace id>-<16 hex span id>-01) sent as gRPC metadata, "
+          "so the server's trace of the request continues the caller's.");
 
 namespace knapserve {
 namespace {
@@ -21,12 +27,19 @@ namespace {
 absl::Status GenerateRemote(const std::string& address) {
   ASSIGN_OR_RETURN(v1::GenerateRequest request, WireRequestFromFlags());
   request.set_text(absl::GetFlag(FLAGS_prompt));
+  const std::string traceparent = absl::GetFlag(FLAGS_traceparent);
+  if (!traceparent.empty() && !trace::ParseTraceparent(traceparent)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--traceparent: '", traceparent,
+        "' is not a W3C traceparent (00-<32 hex>-<16 hex>-<2 hex>)"));
+  }
 
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> credentials,
                    ClientCredentialsFromFlags());
   auto stub = v1::Generation::NewStub(
       grpc::CreateChannel(address, OrInsecure(credentials)));
   grpc::ClientContext context;
+  if (!traceparent.empty()) context.AddMetadata("traceparent", traceparent);
   auto reader = stub->Generate(&context, request);
   const bool json = absl::GetFlag(FLAGS_json);
   std::vector<int32_t> ids;

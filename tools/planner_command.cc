@@ -5,6 +5,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/trace/otlp_http_exporter.h"
 #include "planner/planner_server.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
@@ -34,6 +35,11 @@ absl::Status ServePlanner() {
           absl::StrCat("--metrics-port: cannot listen on ", port));
     }
   }
+  // Traces (OTEL_EXPORTER_OTLP_ENDPOINT): flushed after the server stops,
+  // before the registry goes.
+  ASSIGN_OR_RETURN(trace::Tracer * tracer,
+                   trace::InstallTracerFromEnv("knapserve-planner", &metrics));
+  const trace::TracerShutdown flush_traces(tracer);
   ASSIGN_OR_RETURN(std::unique_ptr<PlannerServer> server,
                    PlannerServer::Start(
                        planner.get(), engine.model->num_layers(), listen,

@@ -64,6 +64,11 @@ struct DraftPlan {
   double baseline_tpt =
       0;  // 1 / t_verify(n, 1): autoregressive tokens per second
   double mean_cosine = 0;  // of the chosen mask, at the last boundary
+  // The W3C traceparent of the span that delivered this plan to the
+  // executor (common/trace): the remote client's plan.send, then the
+  // executor's plan.receive, whose plan.apply spans hang from it; "" when
+  // not traced.
+  std::string traceparent;
 };
 
 // One plan request: a snapshot of reference states plus what the DP's
@@ -98,6 +103,11 @@ struct PlanRequest {
   // planner must do without.
   std::vector<LayerKv> kv;
   int64_t kv_length = 0;
+
+  // The W3C traceparent of the span this request belongs to (common/trace:
+  // the executor's plan.snapshot; across gRPC, the remote client's
+  // plan.send): the planner's spans become its children. "" when not traced.
+  std::string traceparent;
 };
 
 using PlanCallback = std::function<void(absl::StatusOr<DraftPlan> plan)>;

@@ -128,6 +128,7 @@ absl::Status EncodePlanRequest(const PlanRequest& request,
   out->set_step(static_cast<uint64_t>(std::max<int64_t>(0, request.step)));
   out->set_context_length(request.context_length);
   out->set_plan_lifetime_tokens(request.plan_lifetime_tokens);
+  out->set_traceparent(request.traceparent);
   out->set_model_fingerprint(request.model_fingerprint);
   out->set_policy(WirePolicy(request.policy));
   if (request.policy == PlanPolicy::kClasp)
@@ -188,6 +189,11 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto,
                      proto.plan_lifetime_tokens()));
   }
   request.plan_lifetime_tokens = proto.plan_lifetime_tokens();
+  // Trace context only: a malformed one is ignored where it is parsed
+  // (common/trace), and one longer than any W3C version needs is dropped.
+  if (proto.traceparent().size() <= 256) {
+    request.traceparent = proto.traceparent();
+  }
   if (proto.model_fingerprint().empty()) {
     return absl::InvalidArgumentError("model_fingerprint: required");
   }

@@ -17,6 +17,8 @@
 //   latency_profile    a profile of stories260k measured by ProfileModel
 //   chat_template      the real templates of tests/testing/chat_templates/,
 //                      alone and with a NUL and a conversation's JSON
+//   traceparent        W3C traceparents (sampled, not, a later version) and
+//                      a span name and request id
 // tools/fuzz.sh runs it before fuzzing, and the FuzzReplay tests before
 // replaying. Prints the number of seeds per target; exit 1 on any error.
 #include <c10/core/InferenceMode.h>
@@ -372,6 +374,23 @@ absl::Status ChatTemplateSeeds(SeedWriter& seeds) {
   return absl::OkStatus();
 }
 
+// Traceparents as clients send them (byte 0 even), and a span name with a
+// request id (byte 0 odd).
+absl::Status TraceparentSeeds(SeedWriter& seeds) {
+  const std::string header =
+      "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-";
+  RETURN_IF_ERROR(seeds.Write("traceparent", "sampled",
+                              std::string(1, '\0') + header + "01"));
+  RETURN_IF_ERROR(seeds.Write("traceparent", "not-sampled",
+                              std::string(1, '\0') + " " + header + "00\t"));
+  RETURN_IF_ERROR(
+      seeds.Write("traceparent", "later-version",
+                  std::string(1, '\0') + "cc" + header.substr(2) + "01-x"));
+  return seeds.Write("traceparent", "span",
+                     std::string(1, '\1') + "generate" + std::string(1, '\0') +
+                         "req-\xff\xfe-1");
+}
+
 absl::Status WriteAll(const std::string& out_dir) {
   c10::InferenceMode guard;
   at::set_num_threads(1);
@@ -391,6 +410,7 @@ absl::Status WriteAll(const std::string& out_dir) {
   RETURN_IF_ERROR(GenerateRequestSeeds(seeds, *tokenizer));
   RETURN_IF_ERROR(ProfileSeeds(seeds, *model));
   RETURN_IF_ERROR(ChatTemplateSeeds(seeds));
+  RETURN_IF_ERROR(TraceparentSeeds(seeds));
   std::filesystem::remove_all(scratch);
   seeds.PrintCounts();
   return absl::OkStatus();

@@ -54,10 +54,6 @@ ScopedThreadCount::ScopedThreadCount(int n) : saved_(at::get_num_threads()) {
 
 ScopedThreadCount::~ScopedThreadCount() { at::set_num_threads(saved_); }
 
-namespace {
-
-// This process's environment with `changes` applied: "NAME=VALUE" sets,
-// "NAME" removes.
 std::vector<std::string> EnvironmentWith(
     const std::vector<std::string>& changes) {
   std::vector<std::string> env;
@@ -76,8 +72,6 @@ std::vector<std::string> EnvironmentWith(
   }
   return env;
 }
-
-}  // namespace
 
 ProcessOutcome RunProcess(std::vector<std::string> argv_strings,
                           const std::vector<std::string>& env_changes) {

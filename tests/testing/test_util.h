@@ -40,6 +40,11 @@ struct ProcessOutcome {
   std::string err;
 };
 
+// This process's environment as "NAME=VALUE" entries, with `changes`
+// applied: "NAME=VALUE" sets, "NAME" removes.
+std::vector<std::string> EnvironmentWith(
+    const std::vector<std::string>& changes);
+
 // Runs argv[0] (a path) with `argv`, stdout and stderr captured in files (no
 // pipe deadlocks, no shell quoting), in this process's environment with
 // `env_changes` applied ("NAME=VALUE" sets, "NAME" removes). A test failure
