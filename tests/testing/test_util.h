@@ -52,6 +52,11 @@ std::vector<std::string> EnvironmentWith(
 ProcessOutcome RunProcess(std::vector<std::string> argv,
                           const std::vector<std::string>& env_changes = {});
 
+// A loopback TCP port nothing listens on right now (the kernel's choice for
+// port 0), for flags that take a fixed port such as --metrics-port. Another
+// process may take it before the caller binds it; 0 on failure.
+int FreeLoopbackPort();
+
 // LlamaModel::Load(dir) in `dtype`; nullptr and a test failure on error.
 std::unique_ptr<LlamaModel> LoadModelOrFail(
     const std::string& dir, c10::ScalarType dtype = c10::ScalarType::Float);

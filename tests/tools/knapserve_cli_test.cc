@@ -1038,22 +1038,7 @@ TEST(KnapserveCliTest, BenchServeDrivesARunningServer) {
   EXPECT_THAT(gone.err, HasSubstr(serve.address()));
 }
 
-// A loopback TCP port nothing listens on right now (the kernel's choice for
-// port 0), for flags that take a fixed port such as --metrics-port.
-int FreeLoopbackPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
+using testing::FreeLoopbackPort;
 
 // bench soak (tools/soak.sh's client) against a running `serve`: a short
 // mixed load (every mode, greedy and sampling, cancels, deadlines, Aborts)

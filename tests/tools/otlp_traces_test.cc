@@ -135,20 +135,7 @@ class TracedServer {
   bool stopped_ = false;
 };
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
+using testing::FreeLoopbackPort;
 
 // One exported span, flattened.
 struct ExportedSpan {
@@ -269,8 +256,8 @@ TEST(OtlpTracesTest, SplitDeploymentExportsOneTraceAcrossBothProcesses) {
                                    "127.0.0.1:0", "--profile", profile}),
                        otel_env("test-planner"));
   ASSERT_FALSE(planner.address().empty()) << planner.log();
-  const int http_port = FreePort();
-  const int metrics_port = FreePort();
+  const int http_port = FreeLoopbackPort();
+  const int metrics_port = FreeLoopbackPort();
   ASSERT_TRUE(http_port > 0 && metrics_port > 0);
   TracedServer executor(
       with_model({testing::kKnapserveExecutorBinary, "--listen", "127.0.0.1:0",
