@@ -205,6 +205,7 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
   t->set_draft_seconds(r.stats.draft_seconds);
   t->set_verify_seconds(r.stats.verify_seconds);
   t->set_planner_wait_seconds(r.stats.waiting_seconds);
+  t->set_routing_seconds(r.stats.routing_seconds);
   v1::SpeculationStats* s = final->mutable_speculation_stats();
   s->set_mode(ToWireMode(mode));
   s->set_drafts(static_cast<int32_t>(r.speculation.drafts));
@@ -215,6 +216,8 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
   }
   s->set_mean_acceptance_length(r.speculation.mean_acceptance_length());
   s->set_plans_applied(static_cast<int32_t>(r.plans.size()));
+  s->set_routed_domain(r.routed_domain);
+  s->set_routing_similarity(r.routing_similarity);
   for (const AppliedPlan& p : r.plans) {
     v1::AppliedPlan* wire = s->add_plans();
     wire->set_step(static_cast<uint64_t>(p.applied_step));

@@ -70,11 +70,22 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
                        "Plain steps the guard ran to measure the plain rate.")),
       guard_plain_steps_(
           r.AddCounter("knapserve_guard_plain_steps_total",
-                       "Steps decoded plainly because a plan lost.")) {
+                       "Steps decoded plainly because a plan lost.")),
+      routing_(r.AddHistogram(
+          "knapserve_routing_seconds",
+          "KNN-SSD: time to route a request to its domain (1-NN over the "
+          "anchors, after the prefill).",
+          {0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01})) {
   for (const char* kind : {"no_plan", "new_bucket", "drift"}) {
     triggers_.push_back(&r.AddCounter("knapserve_plan_triggers_total",
                                       "Replanning triggers by kind.",
                                       {{"kind", kind}}));
+  }
+  // KNN-SSD: one series per domain of the anchors, exposed at 0 from the
+  // start (the domain names come from the --anchors file: bounded).
+  if (planning.router != nullptr) {
+    for (const RoutedDomain& domain : planning.router->domains())
+      RoutedCounter(domain.name);
   }
   std::shared_ptr<PlannerBudget> budget = planning.budget;
   r.AddGauge("knapserve_planner_cpu_share",
@@ -178,6 +189,17 @@ void GenerationMetrics::RecordRequest(absl::StatusCode code,
                  static_cast<double>(result->stats.completion_tokens - 1));
   }
   duration_.Observe(total_seconds);
+  if (!result->routed_domain.empty()) {
+    RoutedCounter(result->routed_domain).Add();
+    routing_.Observe(result->stats.routing_seconds);
+  }
+}
+
+Counter& GenerationMetrics::RoutedCounter(const std::string& domain) {
+  return registry_.AddCounter(
+      "knapserve_routed_requests_total",
+      "KNN-SSD requests by the domain their prompt was routed to.",
+      {{"domain", domain}});
 }
 
 }  // namespace knapserve

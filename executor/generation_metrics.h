@@ -6,7 +6,9 @@
 // Per request: knapserve_requests_total{code=...} by final gRPC status,
 // knapserve_request_internal_errors_total for requests that ended INTERNAL (an
 // exception inside LibTorch or the generator), then tokens, latencies and the
-// speculation and planning statistics of the result, if there is one. Gauges
+// speculation and planning statistics of the result, if there is one, and
+// for KNN-SSD requests the routed domain (knapserve_routed_requests_total
+// {domain}) and the routing time. Gauges
 // read the scheduler (running, queued), the batch engine (batch size, steps,
 // requests waiting for K/V), the K/V pool (blocks total, used, reserved,
 // free; sequences holding blocks) and the process's planning state (plan
@@ -19,6 +21,7 @@
 #ifndef KNAPSERVE_EXECUTOR_GENERATION_METRICS_H_
 #define KNAPSERVE_EXECUTOR_GENERATION_METRICS_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -63,7 +66,11 @@ class GenerationMetrics {
   Counter& guard_fallbacks_;
   Counter& guard_probe_steps_;
   Counter& guard_plain_steps_;
+  Histogram& routing_;
   std::vector<Counter*> triggers_;  // no_plan, new_bucket, drift
+
+  // knapserve_routed_requests_total{domain=...}.
+  Counter& RoutedCounter(const std::string& domain);
 };
 
 }  // namespace knapserve

@@ -122,6 +122,9 @@ struct GenerationStats {
   // Inside decode_seconds: time the decode thread spent on planning (building
   // and submitting requests, applying plans). It never blocks on a solve.
   double waiting_seconds = 0;
+  // kKnn: routing the prompt to its domain (after the prefill, outside
+  // prefill_seconds and decode_seconds).
+  double routing_seconds = 0;
   int64_t steps = 0;          // decode steps (full forwards after prefill)
   int64_t plan_requests = 0;  // snapshots sent to the planner
   int64_t plan_failures =
@@ -176,6 +179,10 @@ struct GenerationResult {
       plans;               // kKnapSpec / kClasp: every plan applied, in order
   PlanningStats planning;  // kKnapSpec / kClasp: cache, triggers, budget, guard
   std::string last_plan_error;  // the planner's last error ("" if none)
+  // kKnn: the domain the prompt routed to ("" in other modes) and the cosine
+  // similarity of its last hidden vector with the nearest anchor.
+  std::string routed_domain;
+  double routing_similarity = 0;
 };
 
 // Receives each step's newly generated ids, the text they finalized (which

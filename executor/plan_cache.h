@@ -14,7 +14,8 @@
 // bucket of the snapshot it was solved from.
 //
 // The three live on the executor side, so the in-process and the remote
-// planner get the same cache and budget. PlanningShared bundles them; the
+// planner get the same cache and budget. PlanningShared bundles them, with
+// the process's KNN-SSD domain anchors when it has any (--anchors); the
 // binaries make one per process and pass it to every Generate() call.
 //
 // Ownership: shared_ptr, because planner callbacks (which may run after the
@@ -37,6 +38,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "common/plan/planner_client.h"
+#include "executor/domain_router.h"
 
 namespace knapserve {
 
@@ -201,6 +203,10 @@ struct PlanningShared {
   std::shared_ptr<PlanCache> cache;
   std::shared_ptr<PlannerBudget> budget;
   std::shared_ptr<PlainRateTable> plain_rates;
+  // The domain anchors SpeculationMode::kKnn routes by; null when the
+  // process has none (a kKnn request then fails with FailedPrecondition).
+  // Create() leaves it null: the binaries load it from --anchors.
+  std::shared_ptr<const DomainRouter> router;
 
   static PlanningShared Create();
 };

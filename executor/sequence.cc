@@ -370,6 +370,12 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
         absl::StrCat("spec ", SpeculationModeName(spec.mode),
                      " needs a planner (and its latency profile)"));
   }
+  if (IsRouted(spec.mode) && (shared == nullptr || shared->router == nullptr)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec ", SpeculationModeName(spec.mode),
+        " needs domain anchors (made by `knapserve anchors`, given to the "
+        "server with --anchors FILE)"));
+  }
   LayerMask mask(model.num_layers());
   if (Drafts(spec.mode)) {
     ASSIGN_OR_RETURN(mask, LayerMask::Parse(spec.skip, model.num_layers()));
@@ -377,6 +383,7 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
   std::unique_ptr<Sequence> seq(
       new Sequence(model, tokenizer, std::move(request), std::move(on_tokens),
                    std::move(on_reference), std::move(mask)));
+  if (IsRouted(seq->request_.speculation.mode)) seq->router_ = shared->router;
   if (planned) {
     const PlanningShared own =
         shared != nullptr ? PlanningShared() : PlanningShared::Create();
@@ -412,8 +419,11 @@ Sequence::Sequence(const LlamaModel& model, const Tokenizer& tokenizer,
   // decode autoregressively.
   gamma_ = Drafts(spec.mode) ? spec.max_draft : 0;
   if (planned_ && spec.skip.empty()) gamma_ = 0;
+  // A routed sequence decodes with its domain's draft, known after prefill.
+  if (IsRouted(spec.mode)) gamma_ = 0;
   result_.seed = sampler_.seed();
-  result_.mask = Drafts(spec.mode) ? mask_.ToString() : "";
+  result_.mask =
+      Drafts(spec.mode) && !IsRouted(spec.mode) ? mask_.ToString() : "";
   result_.stats.prompt_tokens = prompt_len_;
 }
 
@@ -604,7 +614,20 @@ absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
   result_.stats.prefill_seconds = SecondsSince(start_);
   decode_start_ = std::chrono::steady_clock::now();
   result_.stats.first_token_unix_nanos = trace::NowUnixNanos();
+  if (router_ != nullptr) Route();
   return Commit({first}, logits.unsqueeze(0));
+}
+
+void Sequence::Route() {
+  const auto start = std::chrono::steady_clock::now();
+  const DomainRoute route = router_->Route(routing_.Mean());
+  const RoutedDomain& domain = router_->domains()[route.domain];
+  mask_ = domain.mask;
+  gamma_ = std::min(domain.gamma, request_.speculation.max_draft);
+  result_.mask = gamma_ > 0 ? mask_.ToString() : "";
+  result_.routed_domain = domain.name;
+  result_.routing_similarity = route.similarity;
+  result_.stats.routing_seconds = SecondsSince(start);
 }
 
 absl::Status Sequence::OnVerified(const torch::Tensor& logits,
@@ -793,6 +816,8 @@ struct BatchStepRunner {
           seq->request_.prompt_ids.data() + seq->prefilled_, chunk);
       in.start_pos = seq->prefilled_;
       in.num_logits = seq->prefilled_ + chunk == seq->prompt_len_ ? 1 : 0;
+      // A routed sequence routes by its prompt's final hidden states.
+      if (seq->router_ != nullptr) in.final_states = &seq->chunk_states_;
       Guarded(seq, "prefill",
               [&] { return seq->BindKv(in, in.start_pos + chunk); });
       if (seq->done()) continue;
@@ -812,6 +837,13 @@ struct BatchStepRunner {
       for (size_t i = 0; i < seqs.size() && !logits.empty(); ++i) {
         Sequence* seq = seqs[i];
         if (is_prefill[i]) {
+          if (seq->router_ != nullptr) {
+            Guarded(seq, "prefill", [&] {
+              seq->routing_.Add(seq->chunk_states_, seq->prefilled_);
+              seq->chunk_states_ = torch::Tensor();
+              return absl::OkStatus();
+            });
+          }
           seq->prefilled_ += static_cast<int64_t>(inputs[i].tokens.size());
           if (seq->prefilled_ == seq->prompt_len_) {
             Guarded(seq, "prefill",

@@ -55,6 +55,7 @@
 #include "common/plan/batch_cost_model.h"
 #include "common/plan/planner_client.h"
 #include "common/text/tokenizer.h"
+#include "executor/domain_router.h"
 #include "executor/generator.h"
 #include "executor/kv_pool.h"
 #include "executor/reference_states.h"
@@ -129,6 +130,9 @@ class Sequence {
                       const torch::Tensor& logits);
   // Ends the sequence normally and fills the result's totals.
   void Finish();
+  // kKnn, after the prefill: routes routing_ to a domain and takes its mask
+  // and gamma for the rest of the generation.
+  void Route();
 
   const LlamaModel& model_;
   GenerationRequest request_;
@@ -146,6 +150,11 @@ class Sequence {
   ReferenceStateCollector collector_;
   ReferenceStateCollector planned_collector_;
   std::unique_ptr<PlanSession> plans_;
+  // kKnn: the process's domain anchors, and the prompt's routing vector
+  // (built by the prefill's chunks; chunk_states_ is the pass's output).
+  std::shared_ptr<const DomainRouter> router_;
+  RoutingVector routing_;
+  torch::Tensor chunk_states_;
   std::vector<LayerKv>* contiguous_ = nullptr;
   SequenceKv* paged_ = nullptr;
 

@@ -13,12 +13,18 @@ namespace {
 // cheaper modes.
 const std::vector<SpeculationModeInfo>& Table() {
   static const std::vector<SpeculationModeInfo> kModes = {
-      //  mode                      name        drafts planned policy max_draft
-      {SpeculationMode::kOff, "off", false, false, PlanPolicy::kOff, 5},
-      {SpeculationMode::kStatic, "static", true, false, PlanPolicy::kStatic, 5},
-      {SpeculationMode::kClasp, "clasp", true, true, PlanPolicy::kClasp, 10},
-      {SpeculationMode::kKnapSpec, "knapspec", true, true,
+      //  mode  name  drafts planned routed policy max_draft
+      {SpeculationMode::kOff, "off", false, false, false, PlanPolicy::kOff, 5},
+      {SpeculationMode::kStatic, "static", true, false, false,
+       PlanPolicy::kStatic, 5},
+      {SpeculationMode::kClasp, "clasp", true, true, false, PlanPolicy::kClasp,
+       10},
+      {SpeculationMode::kKnapSpec, "knapspec", true, true, false,
        PlanPolicy::kKnapSpec, 10},
+      // A routed request drafts with its domain's (mask, gamma); max_draft
+      // only caps that gamma, so the default leaves the anchors' choice.
+      {SpeculationMode::kKnn, "knn", true, false, true, PlanPolicy::kStatic,
+       10},
   };
   return kModes;
 }
@@ -55,8 +61,10 @@ absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name) {
 bool Drafts(SpeculationMode mode) { return ModeInfo(mode).drafts; }
 bool IsPlanned(SpeculationMode mode) { return ModeInfo(mode).planned; }
 bool DraftsWithFixedMask(SpeculationMode mode) {
-  return ModeInfo(mode).drafts && !ModeInfo(mode).planned;
+  const SpeculationModeInfo& info = ModeInfo(mode);
+  return info.drafts && !info.planned && !info.routed;
 }
+bool IsRouted(SpeculationMode mode) { return ModeInfo(mode).routed; }
 PlanPolicy PlannedPolicy(SpeculationMode mode) { return ModeInfo(mode).policy; }
 int DefaultMaxDraft(SpeculationMode mode) {
   return ModeInfo(mode).default_max_draft;

@@ -22,7 +22,7 @@
 
 namespace knapserve {
 
-enum class SpeculationMode { kOff, kStatic, kKnapSpec, kClasp };
+enum class SpeculationMode { kOff, kStatic, kKnapSpec, kClasp, kKnn };
 
 struct SpeculationModeInfo {
   SpeculationMode mode;
@@ -36,6 +36,10 @@ struct SpeculationModeInfo {
   // `skip` mask only serves until the first plan. Unplanned drafting modes
   // draft with `skip` and max_draft throughout.
   bool planned;
+  // Mask and gamma come from the process's domain anchors (KNN-SSD,
+  // executor/domain_router.h): the request is routed once, after its prefill,
+  // and keeps its domain's draft to the end. Needs PlanningShared::router.
+  bool routed;
   // The planner policy of the same meaning. For planned modes it is the one
   // that solves their plans (and keys the plan cache).
   PlanPolicy policy;
@@ -48,7 +52,7 @@ struct SpeculationModeInfo {
 const std::vector<SpeculationModeInfo>& AllSpeculationModes();
 const SpeculationModeInfo& ModeInfo(SpeculationMode mode);
 
-// "off" / "static" / "clasp" / "knapspec".
+// "off" / "static" / "clasp" / "knapspec" / "knn".
 std::string SpeculationModeName(SpeculationMode mode);
 // The mode named `name`; InvalidArgument listing the names otherwise.
 absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name);
@@ -57,6 +61,8 @@ bool Drafts(SpeculationMode mode);
 bool IsPlanned(SpeculationMode mode);
 // Drafts with the request's fixed `skip` mask for the whole generation.
 bool DraftsWithFixedMask(SpeculationMode mode);
+// Drafts with the mask and gamma of the domain its prompt routes to.
+bool IsRouted(SpeculationMode mode);
 // See SpeculationModeInfo::policy.
 PlanPolicy PlannedPolicy(SpeculationMode mode);
 int DefaultMaxDraft(SpeculationMode mode);

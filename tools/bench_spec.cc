@@ -28,8 +28,10 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/status.h"
@@ -38,6 +40,14 @@
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "tools/domain_anchors.h"
+
+ABSL_FLAG(std::vector<std::string>, mix_ratios,
+          std::vector<std::string>({"0", "0.3", "0.7", "1"}),
+          "bench spec --domains: the mixed-domain streams to run. Ratio r "
+          "shuffles a random r of the stream's positions among themselves: "
+          "0 is task by task (each domain's prompts in a block), 1 a "
+          "uniform shuffle.");
 
 namespace knapserve {
 namespace {
@@ -283,6 +293,58 @@ absl::StatusOr<SearchResult> SearchMask(const LlamaModel& model,
   return result;
 }
 
+// The prompts of --domains (--split, default test: the half `anchors`
+// did not see by default), --num-prompts per domain (all when <= 0), each
+// labelled with its domain as its category, in domain order.
+absl::StatusOr<std::vector<BenchInput>> LoadDomainInputs(
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    int64_t max_new_tokens) {
+  ASSIGN_OR_RETURN(std::vector<DomainSource> sources,
+                   ParseDomainSources(absl::GetFlag(FLAGS_domains)));
+  const std::string split_name = absl::GetFlag(FLAGS_split);
+  ASSIGN_OR_RETURN(SampleSplit split,
+                   ParseSampleSplit(split_name.empty() ? "test" : split_name));
+  ASSIGN_OR_RETURN(
+      std::vector<DomainSamples> domains,
+      LoadDomainSamples(sources, split, absl::GetFlag(FLAGS_num_prompts)));
+  const int64_t room = model.max_context() - max_new_tokens;
+  if (room < 1) {
+    return absl::InvalidArgumentError(
+        "--max-new-tokens leaves no room for a prompt");
+  }
+  std::vector<BenchInput> inputs;
+  for (const DomainSamples& domain : domains) {
+    for (const std::string& text : domain.texts) {
+      BenchInput input;
+      input.prompt.question_id = static_cast<int64_t>(inputs.size());
+      input.prompt.category = domain.name;
+      input.prompt.text = text;
+      ASSIGN_OR_RETURN(input.ids, PromptIds(tokenizer, text, 1, room));
+      inputs.push_back(std::move(input));
+    }
+  }
+  return inputs;
+}
+
+// The mixed-domain stream of mix ratio `ratio` (see --mix-ratios): a fixed
+// random choice (seed 1) of round(ratio * n) positions of the task-by-task
+// stream, whose prompts are shuffled among themselves.
+std::vector<BenchInput> MixedStream(const std::vector<BenchInput>& blocks,
+                                    double ratio) {
+  std::mt19937 rng(1);
+  std::vector<size_t> positions(blocks.size());
+  for (size_t i = 0; i < positions.size(); ++i) positions[i] = i;
+  std::shuffle(positions.begin(), positions.end(), rng);
+  positions.resize(static_cast<size_t>(
+      std::lround(ratio * static_cast<double>(blocks.size()))));
+  std::vector<size_t> moved = positions;
+  std::shuffle(moved.begin(), moved.end(), rng);
+  std::vector<BenchInput> stream = blocks;
+  for (size_t i = 0; i < positions.size(); ++i)
+    stream[positions[i]] = blocks[moved[i]];
+  return stream;
+}
+
 struct BenchMode {
   std::string name;
   GenerationRequest request;
@@ -310,13 +372,12 @@ std::pair<double, double> MeanSkipped(const std::vector<AppliedPlan>& plans,
 
 // Runs every mode on `inputs` (interleaved), checks each against off and
 // prints one table in the style of the KnapSpec paper's Table 2.
-absl::StatusOr<nlohmann::json> RunSet(const std::string& label,
-                                      const LlamaModel& model,
-                                      const Tokenizer& tokenizer,
-                                      const std::vector<BenchInput>& inputs,
-                                      const std::vector<BenchMode>& modes,
-                                      int repeats, FILE* out,
-                                      std::vector<std::string>* failures) {
+absl::StatusOr<nlohmann::json> RunSet(
+    const std::string& label, const LlamaModel& model,
+    const Tokenizer& tokenizer, const std::vector<BenchInput>& inputs,
+    const std::vector<BenchMode>& modes, int repeats, FILE* out,
+    std::vector<std::string>* failures,
+    const std::shared_ptr<const DomainRouter>& router) {
   std::vector<GenerationRequest> requests;
   std::vector<PlannerClient*> planners;
   for (const BenchMode& m : modes) {
@@ -326,7 +387,7 @@ absl::StatusOr<nlohmann::json> RunSet(const std::string& label,
   ASSIGN_OR_RETURN(
       std::vector<std::vector<PromptRun>> runs,
       RunModes(model, tokenizer, inputs, requests, repeats, /*warmup=*/true,
-               planners, absl::GetFlag(FLAGS_warm_plan_cache)));
+               planners, absl::GetFlag(FLAGS_warm_plan_cache), router));
   int64_t prompt_tokens = 0;
   for (const BenchInput& input : inputs)
     prompt_tokens += static_cast<int64_t>(input.ids.size());
@@ -407,6 +468,50 @@ absl::StatusOr<nlohmann::json> RunSet(const std::string& label,
         !greedy          ? "-"
         : differing == 0 ? "yes"
                          : "NO");
+  }
+  // Routed modes (knn): how often the prompt went to its own domain (the
+  // prompt's category), and what routing cost against decoding.
+  for (size_t k = 0; k < modes.size(); ++k) {
+    if (!IsRouted(modes[k].request.speculation.mode)) continue;
+    // Accuracy counts the prompts whose category is one of the anchors'
+    // domains (the --domains sets; Spec-Bench's own categories need not be).
+    int correct = 0, labelled = 0;
+    double routing = 0;
+    std::map<std::string, int> routed_to;
+    for (size_t p = 0; p < inputs.size(); ++p) {
+      const PromptRun& run = runs[k][p];
+      bool known = false;
+      for (const RoutedDomain& d : router->domains())
+        known = known || d.name == inputs[p].prompt.category;
+      if (known) {
+        ++labelled;
+        correct += run.routed_domain == inputs[p].prompt.category ? 1 : 0;
+      }
+      routing += run.routing_seconds;
+      ++routed_to[run.routed_domain];
+    }
+    const ModeSummary m = Summarize(runs[k]);
+    const double accuracy = labelled == 0 ? 0.0
+                                          : static_cast<double>(correct) /
+                                                static_cast<double>(labelled);
+    const double share =
+        m.decode_seconds > 0 ? routing / m.decode_seconds : 0.0;
+    std::fprintf(
+        out,
+        "%s routing: %s; routing %.3f ms per request, %.3f%% of "
+        "decode time\n",
+        modes[k].name.c_str(),
+        labelled == 0
+            ? "no prompt is labelled with an anchors domain"
+            : absl::StrFormat("%d of %d prompts to their own domain (%.1f%%)",
+                              correct, labelled, 100 * accuracy)
+                  .c_str(),
+        inputs.empty() ? 0.0 : 1e3 * routing / inputs.size(), 100 * share);
+    nlohmann::json& mode_json = set["modes"][modes[k].name];
+    if (labelled > 0) mode_json["routing_accuracy"] = accuracy;
+    mode_json["routing_seconds"] = routing;
+    mode_json["routing_share"] = share;
+    mode_json["routed_to"] = routed_to;
   }
   for (size_t k = 0; k < modes.size(); ++k) {
     const ModeSummary m = Summarize(runs[k]);
@@ -490,7 +595,9 @@ absl::Status BenchSpec() {
   if (mode_names.empty()) {
     for (const SpeculationModeInfo& info : AllSpeculationModes()) {
       const bool runnable =
-          !info.drafts || (info.planned ? have_profile : !skip.empty());
+          !info.drafts || (info.planned  ? have_profile
+                           : info.routed ? engine.router != nullptr
+                                         : !skip.empty());
       if (runnable) mode_names.push_back(info.name);
     }
   }
@@ -512,8 +619,8 @@ absl::Status BenchSpec() {
     }
     GenerationRequest request =
         WithMode(base, mode, DraftsWithFixedMask(mode) ? skip : "");
-    if (IsPlanned(mode)) {
-      planned = true;
+    if (IsPlanned(mode) || IsRouted(mode)) {
+      planned = planned || IsPlanned(mode);
       request.speculation.max_draft =
           absl::GetFlag(FLAGS_max_draft).value_or(DefaultMaxDraft(mode));
     }
@@ -553,7 +660,7 @@ absl::Status BenchSpec() {
   summary["sets"] = nlohmann::json::object();
   ASSIGN_OR_RETURN(nlohmann::json set_json,
                    RunSet("spec_bench", model, tokenizer, inputs, modes,
-                          repeats, out, &failures));
+                          repeats, out, &failures, engine.router));
   summary["sets"]["spec_bench"] = set_json;
   const int64_t long_tokens = absl::GetFlag(FLAGS_long_context_tokens);
   if (long_tokens > 0) {
@@ -563,8 +670,26 @@ absl::Status BenchSpec() {
                         max_new_tokens, long_tokens));
     ASSIGN_OR_RETURN(
         set_json, RunSet("long_context", model, tokenizer, long_inputs, modes,
-                         repeats, out, &failures));
+                         repeats, out, &failures, engine.router));
     summary["sets"]["long_context"] = set_json;
+  }
+  if (!absl::GetFlag(FLAGS_domains).empty()) {
+    ASSIGN_OR_RETURN(std::vector<BenchInput> domain_inputs,
+                     LoadDomainInputs(model, tokenizer, max_new_tokens));
+    for (const std::string& text : absl::GetFlag(FLAGS_mix_ratios)) {
+      double ratio = 0;
+      if (!absl::SimpleAtod(text, &ratio) || !(ratio >= 0 && ratio <= 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--mix-ratios: '", text, "' is not a number in [0, 1]"));
+      }
+      const std::string label = absl::StrCat("mixed_", text);
+      ASSIGN_OR_RETURN(
+          set_json,
+          RunSet(label, model, tokenizer, MixedStream(domain_inputs, ratio),
+                 modes, repeats, out, &failures, engine.router));
+      set_json["mix_ratio"] = ratio;
+      summary["sets"][label] = set_json;
+    }
   }
   for (const auto& [address, remote] : remotes) {
     const int64_t sent = remote->requests_sent();

@@ -186,16 +186,21 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer,
     const std::vector<BenchInput>& inputs,
     const std::vector<GenerationRequest>& requests, int repeats, bool warmup,
-    const std::vector<PlannerClient*>& planners, bool warm_plan_cache) {
+    const std::vector<PlannerClient*>& planners, bool warm_plan_cache,
+    std::shared_ptr<const DomainRouter> router) {
   auto planner_of = [&](size_t mode) {
     return mode < planners.size() ? planners[mode] : nullptr;
   };
   repeats = std::max(1, repeats);
   const size_t num_modes = requests.size();
   std::vector<PlanningShared> planning(num_modes);
-  for (PlanningShared& shared : planning) shared = PlanningShared::Create();
+  for (PlanningShared& shared : planning) {
+    shared = PlanningShared::Create();
+    shared.router = router;
+  }
   if (warmup && !inputs.empty()) {
-    const PlanningShared warmup_planning = PlanningShared::Create();
+    PlanningShared warmup_planning = PlanningShared::Create();
+    warmup_planning.router = router;
     for (size_t k = 0; k < requests.size(); ++k) {
       GenerationRequest short_request = requests[k];
       short_request.prompt_ids = inputs[0].ids;
@@ -269,6 +274,8 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       run.waiting_seconds = median.stats.waiting_seconds;
       run.plan_requests = median.stats.plan_requests;
       run.planning = median.planning;
+      run.routed_domain = median.routed_domain;
+      run.routing_seconds = median.stats.routing_seconds;
     }
   }
   return runs;

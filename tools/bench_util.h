@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -86,6 +87,10 @@ struct PromptRun {
   double waiting_seconds = 0;
   int64_t plan_requests = 0;
   PlanningStats planning;  // cache, triggers, budget, guard (median repeat)
+  // kKnn: the domain the prompt routed to and the routing time (median
+  // repeat).
+  std::string routed_domain;
+  double routing_seconds = 0;
 };
 
 // Aggregates of one mode over a prompt set.
@@ -128,13 +133,15 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 // first generates every input once, untimed, with the PlanningShared it is
 // then measured with: the measured runs see the steady state of a server
 // that has already planned for these context buckets (cached plans, plain
-// rates), not its first requests.
+// rates), not its first requests. `router` (the --anchors of kKnn) goes into
+// every mode's PlanningShared.
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer,
     const std::vector<BenchInput>& inputs,
     const std::vector<GenerationRequest>& requests, int repeats, bool warmup,
     const std::vector<PlannerClient*>& planners = {},
-    bool warm_plan_cache = false);
+    bool warm_plan_cache = false,
+    std::shared_ptr<const DomainRouter> router = nullptr);
 
 }  // namespace knapserve
 

@@ -71,6 +71,19 @@ ABSL_FLAG(std::string, spec, "off",
           "its latency profile: --profile or the profile cache) or clasp (the "
           "CLaSp baseline: "
           "--clasp-layers whole layers).");
+ABSL_FLAG(std::string, anchors, "",
+          "KNN-SSD domain anchors made by `knapserve anchors` for this model: "
+          "needed by --spec knn (each request drafts with the mask and draft "
+          "length of the domain its prompt is nearest to).");
+ABSL_FLAG(std::vector<std::string>, domains, {},
+          "KNN-SSD domains, NAME=FILE[#CATEGORY],...: FILE is a prompt set "
+          "(.jsonl; #CATEGORY keeps that category's rows) or a text file of "
+          "blank-line separated samples; a NAME may repeat. `anchors` builds "
+          "the anchors from them, `bench spec` runs a mixed-domain stream.");
+ABSL_FLAG(std::string, split, "",
+          "Which samples of each --domains source to use: all, train (the "
+          "even-indexed ones) or test (the odd-indexed ones). Default: train "
+          "for `anchors`, test for `bench spec`, so the two are disjoint.");
 ABSL_FLAG(std::string, skip, "",
           "Layer mask of the draft: skipped sublayers, e.g. a3,m3,m7 (aN "
           "attention, mN MLP of "
@@ -273,6 +286,12 @@ absl::StatusOr<Engine> LoadEngineFromFlags() {
   ASSIGN_OR_RETURN(engine.model, LlamaModel::Load(engine.model_dir, options));
   ASSIGN_OR_RETURN(engine.tokenizer,
                    Tokenizer::FromFile(engine.model_dir + "/tokenizer.json"));
+  if (const std::string anchors = absl::GetFlag(FLAGS_anchors);
+      !anchors.empty()) {
+    ASSIGN_OR_RETURN(engine.router,
+                     DomainRouter::Load(anchors, engine.model->config(),
+                                        engine.model->weights_fingerprint()));
+  }
   return engine;
 }
 

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/llama.h"
 #include "common/text/tokenizer.h"
+#include "executor/domain_router.h"
 #include "executor/generator.h"
 #include "executor/remote_planner_client.h"
 #include "knapserve/v1/generation.pb.h"
@@ -50,6 +51,9 @@ ABSL_DECLARE_FLAG(int64_t, min_prompt_tokens);
 ABSL_DECLARE_FLAG(int32_t, repeats);
 ABSL_DECLARE_FLAG(std::string, spec);
 ABSL_DECLARE_FLAG(std::string, skip);
+ABSL_DECLARE_FLAG(std::string, anchors);
+ABSL_DECLARE_FLAG(std::vector<std::string>, domains);
+ABSL_DECLARE_FLAG(std::string, split);
 ABSL_DECLARE_FLAG(std::optional<int32_t>, max_draft);
 ABSL_DECLARE_FLAG(std::string, profile);
 ABSL_DECLARE_FLAG(std::string, profile_cache);
@@ -104,9 +108,12 @@ struct Engine {
   std::unique_ptr<LlamaModel> model;
   std::unique_ptr<Tokenizer> tokenizer;
   std::string model_dir;
+  // --anchors, checked against the model; null without the flag.
+  std::shared_ptr<const DomainRouter> router;
 };
 
-// Loads the model (--model, --dtype, --device, --threads) and tokenizer.json.
+// Loads the model (--model, --dtype, --device, --threads), tokenizer.json
+// and, with --anchors, the KNN-SSD domain anchors.
 absl::StatusOr<Engine> LoadEngineFromFlags();
 
 // The generation request the flags describe, for already tokenized prompt ids.

@@ -14,6 +14,8 @@ int RunTokenize();
 int RunMakeModel();
 // `knapserve profile` (tools/profile_command.cc): the planner's latency model.
 int RunProfile();
+// `knapserve anchors` (tools/anchors_command.cc): KNN-SSD domain anchors.
+int RunAnchors();
 // `knapserve planner` / knapserve-planner (tools/planner_command.cc): the
 // Planner gRPC service until SIGTERM or SIGINT.
 int RunPlannerServer();

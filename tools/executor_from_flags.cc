@@ -197,6 +197,7 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
   // One plan cache, planner budget and plain-rate table for every request of
   // this process; they outlive the planner's callbacks (shared ownership).
   options.planning = PlanningShared::Create();
+  options.planning.router = engine.router;
   running->metrics = std::make_unique<MetricsRegistry>();
   options.metrics = running->metrics.get();
   if (!trace_service.empty()) {

@@ -123,10 +123,12 @@ absl::Status Generate() {
   ASSIGN_OR_RETURN(
       PlannerHandle planner,
       PlannerClientFromFlags(engine, request.speculation.mode, "generate"));
+  PlanningShared shared = PlanningShared::Create();
+  shared.router = engine.router;
   ASSIGN_OR_RETURN(
       GenerationResult result,
       knapserve::Generate(*engine.model, *engine.tokenizer, request, stream,
-                          nullptr, planner.get()));
+                          nullptr, planner.get(), &shared));
   if (!json) {
     std::cout << std::endl;
     if (!result.last_plan_error.empty()) {
@@ -156,6 +158,11 @@ absl::Status Generate() {
   if (!result.matched_stop.empty()) out["stop"] = result.matched_stop;
   out["spec"] = SpeculationModeName(request.speculation.mode);
   out["mask"] = result.mask;
+  if (IsRouted(request.speculation.mode)) {
+    out["routed_domain"] = result.routed_domain;
+    out["routing_similarity"] = result.routing_similarity;
+    out["routing_seconds"] = result.stats.routing_seconds;
+  }
   out["max_draft"] = request.speculation.max_draft;
   out["draft_seconds"] = result.stats.draft_seconds;
   out["verify_seconds"] = result.stats.verify_seconds;

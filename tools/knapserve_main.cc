@@ -15,7 +15,11 @@ constexpr char kUsage[] =
     "Subcommands:\n"
     "  generate    generate text from --prompt with a local model (--spec "
     "off|static|\n"
-    "              knapspec|clasp); default model: the bundled stories260k\n"
+    "              knapspec|clasp|knn); default model: the bundled "
+    "stories260k\n"
+    "  anchors     build KNN-SSD domain anchors (--domains NAME=FILE,..., "
+    "--out FILE)\n"
+    "              for --spec knn (--anchors FILE)\n"
     "  profile     measure the planner's latency model (--model, --out FILE); "
     "without\n"
     "              --profile, planned modes use the profile cache "
@@ -72,6 +76,7 @@ int main(int argc, char** argv) {
   if (command == "tokenize") return knapserve::RunTokenize();
   if (command == "make-model") return knapserve::RunMakeModel();
   if (command == "profile") return knapserve::RunProfile();
+  if (command == "anchors") return knapserve::RunAnchors();
   if (command == "planner") return knapserve::RunPlannerServer();
   if (command == "executor") return knapserve::RunExecutorServer();
   if (command == "serve") return knapserve::RunServe();

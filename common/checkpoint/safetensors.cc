@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/base/file_util.h"
 #include "common/base/status.h"
@@ -403,6 +404,30 @@ std::vector<std::string> Checkpoint::TensorNames() const {
   names.reserve(index_.size());
   for (const auto& [name, unused] : index_) names.push_back(name);
   return names;  // std::map keeps them sorted.
+}
+
+std::string Checkpoint::WeightsFingerprint() const {
+  // 64-bit FNV-1a over each tensor's name, dtype, shape and first bytes, in
+  // name order.
+  uint64_t hash = 14695981039346656037ull;
+  auto mix = [&hash](const void* data, size_t size) {
+    const auto* bytes = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < size; ++i) {
+      hash ^= bytes[i];
+      hash *= 1099511628211ull;
+    }
+  };
+  for (const auto& [name, entry] : index_) {
+    const TensorInfo& info = *entry.second;
+    mix(name.data(), name.size() + 1);
+    mix(info.dtype.data(), info.dtype.size() + 1);
+    mix(info.shape.data(), info.shape.size() * sizeof(int64_t));
+    absl::StatusOr<torch::Tensor> view = entry.first->View(name);
+    if (!view.ok()) continue;  // Open() validated every entry
+    const size_t size = std::min<uint64_t>(info.end - info.begin, 4096);
+    mix(view->data_ptr(), size);
+  }
+  return absl::StrFormat("%016x", hash);
 }
 
 const TensorInfo* Checkpoint::Find(std::string_view name) const {

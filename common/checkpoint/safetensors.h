@@ -120,6 +120,11 @@ class Checkpoint {
 
   // The header entry of tensor `name` (dtype, shape), or nullptr if absent.
   const TensorInfo* Find(std::string_view name) const;
+  // 16 hex digits identifying these weights (not only the architecture, as
+  // ModelConfig::Fingerprint does): a 64-bit FNV-1a hash of every tensor's
+  // name, dtype, shape and first 4 KiB of data. Two trainings of the same
+  // architecture differ; it reads about 4 KiB per tensor.
+  std::string WeightsFingerprint() const;
 
  private:
   Checkpoint() = default;

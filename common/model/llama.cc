@@ -177,6 +177,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
   const int64_t nkv = config.num_key_value_heads;
   const int64_t inter = config.intermediate_size;
   model->max_context_ = config.max_context();
+  model->weights_fingerprint_ = checkpoint.WeightsFingerprint();
 
   ASSIGN_OR_RETURN(model->embed_,
                    LoadWeight(checkpoint, "model.embed_tokens.weight",
@@ -801,6 +802,10 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
   for (size_t s = 0; s < batch.size(); ++s) {
     if (logit_count[s] > 0) out[s] = logits.narrow(0, at, logit_count[s]);
     at += logit_count[s];
+    if (batch[s].final_states != nullptr) {
+      const int64_t rows = static_cast<int64_t>(batch[s].tokens.size());
+      *batch[s].final_states = h.narrow(0, first_row[s], rows).clone();
+    }
     if (batch[s].boundary_states != nullptr) {
       const int64_t rows = static_cast<int64_t>(batch[s].tokens.size());
       std::vector<torch::Tensor> mine;

@@ -95,6 +95,10 @@ struct BatchSequence {
   // If set, receives this sequence's hidden states at all 2L+1 sublayer
   // boundaries, [2L+1, size, hidden] (as ForwardOptions::boundary_states).
   torch::Tensor* boundary_states = nullptr;
+  // If set, receives this sequence's hidden states after the last sublayer
+  // (before the final norm), [size, hidden], a tensor of its own (KNN-SSD
+  // routes a request by its prompt's: executor/domain_router.h).
+  torch::Tensor* final_states = nullptr;
 };
 
 // Options of one whole-model pass (LlamaModel::Forward).
@@ -134,6 +138,12 @@ class LlamaModel {
   torch::ScalarType dtype() const { return options_.dtype; }
   // Bytes of weights one decode step reads (all layers, final norm, LM head).
   int64_t weight_bytes_per_token() const { return weight_bytes_per_token_; }
+  // The checkpoint's Checkpoint::WeightsFingerprint(): which weights these
+  // are (config().Fingerprint() only says which architecture). Files that
+  // hold hidden states of this model (KNN-SSD anchors) are keyed by it.
+  const std::string& weights_fingerprint() const {
+    return weights_fingerprint_;
+  }
 
   // K/V storage for `capacity` positions (capacity <= max_context()), one
   // entry per layer, zero-filled.
@@ -253,6 +263,7 @@ class LlamaModel {
   ModelOptions options_;
   int64_t max_context_ = 0;
   int64_t weight_bytes_per_token_ = 0;
+  std::string weights_fingerprint_;
   torch::Tensor embed_;  // [vocab, hidden]
   torch::Tensor final_norm_;
   LinearWeight lm_head_;    // [vocab, hidden]; packed from embed_ when tied
