@@ -531,6 +531,11 @@ Json KnapserveExtension(const GenerationResult& r, SpeculationMode mode,
         {"decode_seconds", r.stats.decode_seconds},
         {"decode_tokens_per_second", r.stats.decode_tokens_per_second()}}}};
   if (!r.matched_stop.empty()) ext["stop_sequence"] = r.matched_stop;
+  if (!r.routed_domain.empty()) {
+    ext["routed_domain"] = r.routed_domain;
+    ext["routing_similarity"] = r.routing_similarity;
+    ext["timings"]["routing_seconds"] = r.stats.routing_seconds;
+  }
   return ext;
 }
 

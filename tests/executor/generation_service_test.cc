@@ -17,6 +17,7 @@
 #include "executor/executor_server.h"
 #include "planner/inprocess_planner.h"
 #include "tests/testing/test_models.h"
+#include "tools/domain_anchors.h"
 
 namespace knapserve {
 namespace {
@@ -38,7 +39,8 @@ struct Server {
 };
 
 Server StartServer(int max_running = 4, int max_queue = 16,
-                   MetricsRegistry* metrics = nullptr) {
+                   MetricsRegistry* metrics = nullptr,
+                   std::shared_ptr<const DomainRouter> router = nullptr) {
   Server s;
   s.model = CachedModel("stories260k");
   if (s.model == nullptr) return s;
@@ -47,6 +49,8 @@ Server StartServer(int max_running = 4, int max_queue = 16,
   options.scheduler.max_queue = max_queue;
   options.model_path = testing::Stories260kDir();
   options.metrics = metrics;
+  options.planning = PlanningShared::Create();
+  options.planning.router = std::move(router);
   auto server = ExecutorServer::Start(*s.model, *StoriesTokenizer(), options,
                                       "127.0.0.1:0");
   EXPECT_TRUE(server.ok()) << server.status();
@@ -134,6 +138,76 @@ TEST(GenerationServiceTest, StreamsWhatLocalGenerationProduces) {
   EXPECT_EQ(info.model_info().max_context(), s.model->max_context());
   EXPECT_EQ(info.model_info().model_fingerprint(),
             s.model->config().Fingerprint());
+}
+
+// KNN-SSD over gRPC: a knn request is routed to the domain whose anchor is
+// its own prompt, reports it in its final stats and in the metrics (every
+// domain's series exposed from the start), and streams plain decoding's
+// ids; a server without anchors refuses knn with FAILED_PRECONDITION.
+TEST(GenerationServiceTest, KnnRequestsReportTheirRoutedDomain) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  const std::vector<std::string> prompts = {"Once upon a time",
+                                            "The old man and his dog"};
+  std::vector<torch::Tensor> anchors;
+  for (const std::string& prompt : prompts) {
+    auto v =
+        PromptRoutingVector(*model, *StoriesTokenizer()->Encode(prompt, true));
+    ASSERT_TRUE(v.ok()) << v.status();
+    anchors.push_back(*v);
+  }
+  std::vector<RoutedDomain> domains(2);
+  domains[0].name = "once";
+  domains[0].mask = *LayerMask::Parse("a1,m3", model->num_layers());
+  domains[0].gamma = 3;
+  domains[1].name = "old";
+  domains[1].mask = *LayerMask::Parse("m2", model->num_layers());
+  domains[1].gamma = 2;
+  auto router = DomainRouter::Create(
+      model->config().Fingerprint(), model->weights_fingerprint(),
+      model->num_layers(), domains, torch::stack(anchors), {0, 1});
+  ASSERT_TRUE(router.ok()) << router.status();
+  MetricsRegistry metrics;
+  Server s = StartServer(4, 16, &metrics, *router);
+  ASSERT_NE(s.server, nullptr);
+  EXPECT_NE(metrics.Render().find(
+                "knapserve_routed_requests_total{domain=\"old\"} 0\n"),
+            std::string::npos);
+  v1::GenerateRequest request = TextRequest(prompts[0], 40);
+  request.set_ignore_eos(true);
+  request.mutable_speculation()->set_mode(v1::SPECULATION_MODE_KNN);
+  const Streamed got = Call(*s.stub, request);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  ASSERT_TRUE(got.final.has_value());
+  EXPECT_EQ(got.final->speculation_stats().mode(), v1::SPECULATION_MODE_KNN);
+  EXPECT_EQ(got.final->speculation_stats().routed_domain(), "once");
+  EXPECT_GT(got.final->speculation_stats().routing_similarity(), 0.999);
+  EXPECT_GT(got.final->timings().routing_seconds(), 0);
+  EXPECT_GT(got.final->speculation_stats().drafts(), 0);
+  GenerationRequest local;
+  local.prompt_ids = *StoriesTokenizer()->Encode(prompts[0], true);
+  local.max_new_tokens = 40;
+  local.ignore_eos = true;
+  auto want = Generate(*s.model, *StoriesTokenizer(), local);
+  ASSERT_TRUE(want.ok());
+  EXPECT_EQ(got.ids, want->output_ids);
+  const std::string text = metrics.Render();
+  EXPECT_NE(text.find("knapserve_routed_requests_total{domain=\"once\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_routed_requests_total{domain=\"old\"} 0\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_routing_seconds_count 1\n"), std::string::npos)
+      << text;
+
+  Server plain = StartServer();
+  ASSERT_NE(plain.server, nullptr);
+  const Streamed refused = Call(*plain.stub, request);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(refused.status.error_message().find("--anchors"), std::string::npos)
+      << refused.status.error_message();
 }
 
 TEST(GenerationServiceTest, CountsRequestsTokensAndSpeculationInMetrics) {

@@ -13,7 +13,6 @@ namespace {
 
 TEST(SpeculationModeTest, TheTableListsEveryModeOnceOffFirst) {
   const std::vector<SpeculationModeInfo>& modes = AllSpeculationModes();
-  ASSERT_EQ(modes.size(), 4u);
   EXPECT_EQ(modes[0].mode, SpeculationMode::kOff);
   std::set<SpeculationMode> seen;
   std::set<std::string> names;
@@ -24,10 +23,18 @@ TEST(SpeculationModeTest, TheTableListsEveryModeOnceOffFirst) {
     EXPECT_GE(info.default_max_draft, 1) << info.name;
     EXPECT_TRUE(!info.planned || info.drafts)
         << info.name << ": planned modes draft";
+    EXPECT_TRUE(!info.routed || (info.drafts && !info.planned))
+        << info.name << ": routed modes draft, unplanned";
+  }
+  for (SpeculationMode mode :
+       {SpeculationMode::kOff, SpeculationMode::kStatic,
+        SpeculationMode::kKnapSpec, SpeculationMode::kClasp,
+        SpeculationMode::kKnn}) {
+    EXPECT_TRUE(seen.count(mode)) << SpeculationModeName(mode);
   }
 }
 
-TEST(SpeculationModeTest, PropertiesOfTheFourModes) {
+TEST(SpeculationModeTest, PropertiesOfEachMode) {
   EXPECT_FALSE(Drafts(SpeculationMode::kOff));
   EXPECT_FALSE(IsPlanned(SpeculationMode::kOff));
   EXPECT_TRUE(DraftsWithFixedMask(SpeculationMode::kStatic));
@@ -40,6 +47,13 @@ TEST(SpeculationModeTest, PropertiesOfTheFourModes) {
     EXPECT_EQ(DefaultMaxDraft(planned), 10);
   }
   EXPECT_EQ(DefaultMaxDraft(SpeculationMode::kStatic), 5);
+  // knn drafts with its routed domain's mask, not the request's.
+  EXPECT_TRUE(Drafts(SpeculationMode::kKnn));
+  EXPECT_TRUE(IsRouted(SpeculationMode::kKnn));
+  EXPECT_FALSE(IsPlanned(SpeculationMode::kKnn));
+  EXPECT_FALSE(DraftsWithFixedMask(SpeculationMode::kKnn));
+  EXPECT_FALSE(IsRouted(SpeculationMode::kStatic));
+  EXPECT_EQ(DefaultMaxDraft(SpeculationMode::kKnn), 10);
   EXPECT_EQ(PlannedPolicy(SpeculationMode::kKnapSpec), PlanPolicy::kKnapSpec);
   EXPECT_EQ(PlannedPolicy(SpeculationMode::kClasp), PlanPolicy::kClasp);
 }
@@ -55,7 +69,7 @@ TEST(SpeculationModeTest, NamesRoundTripAndUnknownNamesAreRefused) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("'eagle'"), std::string::npos)
       << bad.status();
-  EXPECT_NE(bad.status().message().find("off, static, clasp, knapspec"),
+  EXPECT_NE(bad.status().message().find("off, static, clasp, knapspec, knn"),
             std::string::npos)
       << bad.status();
 }

@@ -255,6 +255,63 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
   }
 }
 
+// KNN-SSD end to end: `anchors` builds a file from two domains of text,
+// `generate --spec knn --anchors` routes a story opening to the story domain
+// and gives plain decoding's greedy ids; the file is refused by another
+// model, and bad --domains are refused naming the item.
+TEST(KnapserveCliTest, AnchorsThenKnnGenerationRoutesAndStaysLossless) {
+  const knapserve::testing::ScopedTempDir temp("cli_anchors");
+  const std::string& dir = temp.path();
+  std::ofstream(dir + "/stories.txt")
+      << "Once upon a time, there was a little girl named Lily.\n\n"
+         "Tom had a red ball. He liked to play with it in the park.\n\n"
+         "The cat was very happy. She jumped on the bed and smiled.\n\n"
+         "One day, a big dog saw a bird in the tree.\n";
+  std::ofstream(dir + "/numbers.txt")
+      << "1 2 3 4 5 6 7 8 9 10 11 12\n\n20 30 40 50 60 70 80 90\n\n"
+         "7 14 21 28 35 42 49 56 63\n\n100 200 300 400 500 600 700\n";
+  const std::string file = dir + "/s260k.anchors";
+  const nlohmann::json built = RunJson(Stories(
+      {"anchors", "--domains",
+       "stories=" + dir + "/stories.txt,numbers=" + dir + "/numbers.txt",
+       "--split", "all", "--out", file, "--mask-samples", "2",
+       "--reference-tokens", "8", "--max-draft", "4", "--profile",
+       StoriesProfile(), "--json"}));
+  ASSERT_TRUE(built["domains"].is_array());
+  ASSERT_EQ(built["domains"].size(), 2u);
+  EXPECT_EQ(built["domains"][0]["name"], "stories");
+  EXPECT_EQ(built["domains"][0]["samples"], 4);
+
+  const nlohmann::json off = RunJson(Stories(GreedyJson(120)));
+  std::vector<std::string> args = GreedyJson(120);
+  args.insert(args.end(), {"--spec", "knn", "--anchors", file});
+  const nlohmann::json knn = RunJson(Stories(args));
+  EXPECT_EQ(knn["routed_domain"], "stories");
+  EXPECT_GT(knn["routing_similarity"].get<double>(), 0.5);
+  EXPECT_EQ(Ids(knn["output_ids"]), Ids(off["output_ids"]));
+
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {Tiny({"generate", "--prompt", "Hi", "--spec", "knn", "--anchors", file}),
+       "model fingerprint"},
+      {Stories({"generate", "--prompt", "Hi", "--spec", "knn"}), "--anchors"},
+      {Stories(
+           {"generate", "--prompt", "Hi", "--anchors", dir + "/stories.txt"}),
+       "stories.txt"},
+      {Stories({"anchors", "--domains", "stories", "--out", dir + "/x"}),
+       "NAME=FILE"},
+  };
+  for (const Case& c : cases) {
+    const Outcome outcome = RunKnapserve(c.args);
+    EXPECT_NE(outcome.exit_code, 0) << Describe(c.args, outcome);
+    EXPECT_THAT(outcome.err, HasSubstr(c.expected))
+        << Describe(c.args, outcome);
+  }
+}
+
 // A server process (knapserve-planner, knapserve-executor, knapserve serve)
 // started with --listen 127.0.0.1:0; port() is what it says it bound. For
 // another server, `ready` is the line its stderr prints once it serves
