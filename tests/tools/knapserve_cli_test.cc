@@ -259,9 +259,9 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
 // `generate --spec knn --anchors` routes a story opening to the story domain
 // and gives plain decoding's greedy ids; the file is refused by another
 // model, and bad --domains are refused naming the item.
-TEST(KnapserveCliTest, AnchorsThenKnnGenerationRoutesAndStaysLossless) {
-  const knapserve::testing::ScopedTempDir temp("cli_anchors");
-  const std::string& dir = temp.path();
+// Writes two domains of text into `dir` (stories.txt, numbers.txt: four
+// samples each) and returns the --domains value naming them.
+std::string WriteTwoDomains(const std::string& dir) {
   std::ofstream(dir + "/stories.txt")
       << "Once upon a time, there was a little girl named Lily.\n\n"
          "Tom had a red ball. He liked to play with it in the park.\n\n"
@@ -270,13 +270,17 @@ TEST(KnapserveCliTest, AnchorsThenKnnGenerationRoutesAndStaysLossless) {
   std::ofstream(dir + "/numbers.txt")
       << "1 2 3 4 5 6 7 8 9 10 11 12\n\n20 30 40 50 60 70 80 90\n\n"
          "7 14 21 28 35 42 49 56 63\n\n100 200 300 400 500 600 700\n";
+  return "stories=" + dir + "/stories.txt,numbers=" + dir + "/numbers.txt";
+}
+
+TEST(KnapserveCliTest, AnchorsThenKnnGenerationRoutesAndStaysLossless) {
+  const knapserve::testing::ScopedTempDir temp("cli_anchors");
+  const std::string& dir = temp.path();
   const std::string file = dir + "/s260k.anchors";
-  const nlohmann::json built = RunJson(Stories(
-      {"anchors", "--domains",
-       "stories=" + dir + "/stories.txt,numbers=" + dir + "/numbers.txt",
-       "--split", "all", "--out", file, "--mask-samples", "2",
-       "--reference-tokens", "8", "--max-draft", "4", "--profile",
-       StoriesProfile(), "--json"}));
+  const nlohmann::json built = RunJson(
+      Stories({"anchors", "--domains", WriteTwoDomains(dir), "--split", "all",
+               "--out", file, "--mask-samples", "2", "--reference-tokens", "8",
+               "--max-draft", "4", "--profile", StoriesProfile(), "--json"}));
   ASSERT_TRUE(built["domains"].is_array());
   ASSERT_EQ(built["domains"].size(), 2u);
   EXPECT_EQ(built["domains"][0]["name"], "stories");
@@ -1435,13 +1439,19 @@ TEST(KnapserveCliTest,
                "127.0.0.1:0", "--profile", StoriesProfile(), "--metrics-port",
                std::to_string(planner_metrics)}));
   ASSERT_FALSE(planner.port().empty()) << planner.log();
+  const knapserve::testing::ScopedTempDir dir("prometheus");
+  // KNN-SSD anchors (routing only: every domain decodes plainly), so the
+  // routed-domain series exist.
+  const std::string anchors = dir.path() + "/s260k.anchors";
+  RunJson(
+      Stories({"anchors", "--domains", WriteTwoDomains(dir.path()), "--split",
+               "all", "--mask-samples", "0", "--out", anchors, "--json"}));
   ServerProcess executor(
       Stories({knapserve::testing::kKnapserveExecutorBinary, "--listen",
                "127.0.0.1:0", "--planner", planner.address(), "--metrics-port",
-               std::to_string(executor_metrics)}));
+               std::to_string(executor_metrics), "--anchors", anchors}));
   ASSERT_FALSE(executor.port().empty()) << executor.log();
 
-  const knapserve::testing::ScopedTempDir dir("prometheus");
   const std::string config = dir.path() + "/prometheus.yml";
   {
     std::ofstream out(config);
@@ -1460,10 +1470,11 @@ TEST(KnapserveCliTest,
       "Server is ready to receive web requests.");
   ASSERT_EQ(prometheus.port(), "ready") << prometheus.log();
 
-  // Real requests: two static-mask streams (drafts and acceptances) and two
-  // planned ones (plan requests to the planner).
+  // Real requests: two static-mask streams (drafts and acceptances), two
+  // planned ones (plan requests to the planner) and a routed one.
   int64_t drafts = 0, accepted = 0, plans_applied = 0, tokens = 0;
-  for (const std::string spec : {"static", "static", "knapspec", "knapspec"}) {
+  for (const std::string spec :
+       {"static", "static", "knapspec", "knapspec", "knn"}) {
     std::vector<std::string> args = Stories(GreedyJson(48));
     args.insert(args.end(), {"--server", executor.address(), "--spec", spec,
                              "--skip", "a1,m2", "--max-draft", "3"});
@@ -1474,7 +1485,7 @@ TEST(KnapserveCliTest,
     plans_applied += out["speculation"]["plans_applied"].get<int64_t>();
     tokens += out["completion_tokens"].get<int64_t>();
   }
-  ASSERT_EQ(tokens, 4 * 48);
+  ASSERT_EQ(tokens, 5 * 48);
   ASSERT_GT(drafts, 0);
 
   httplib::Client client("127.0.0.1", prometheus_port);
@@ -1501,7 +1512,7 @@ TEST(KnapserveCliTest,
   EXPECT_EQ(PrometheusValue(
                 client,
                 "sum(knapserve_requests_total{job=\"executor\",code=\"OK\"})"),
-            4);
+            5);
   auto value = [&](const std::string& q) { return PrometheusValue(client, q); };
   EXPECT_EQ(value("knapserve_generation_tokens_total{job=\"executor\"}"),
             tokens);
@@ -1523,6 +1534,10 @@ TEST(KnapserveCliTest,
   EXPECT_EQ(value("knapserve_planner_server_queue_depth"), 0);
   EXPECT_GE(value("knapserve_planner_cpu_share"), 0);
   EXPECT_EQ(value("knapserve_running_requests"), 0);
+  // The knn request went to the story domain ("Once upon a time").
+  EXPECT_EQ(value("knapserve_routed_requests_total{domain=\"stories\"}"), 1);
+  EXPECT_EQ(value("knapserve_routed_requests_total{domain=\"numbers\"}"), 0);
+  EXPECT_EQ(value("knapserve_routing_seconds_count"), 1);
 
   // Every dashboard query runs, and names only exposed metrics.
   const nlohmann::json names_reply = [&] {
