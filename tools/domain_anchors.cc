@@ -303,13 +303,19 @@ absl::StatusOr<torch::Tensor> PromptRoutingVector(
 }
 
 KMeansResult SphericalKMeans(const torch::Tensor& x, const torch::Tensor& init,
-                             int max_iterations) {
+                             int max_iterations,
+                             const std::vector<double>& weights) {
   c10::InferenceMode guard;
   const torch::Tensor points = Normalized(x.to(torch::kFloat32));
   KMeansResult result;
   result.centroids = Normalized(init.to(torch::kFloat32)).clone();
   const int64_t n = points.size(0);
   const int64_t k = result.centroids.size(0);
+  const torch::Tensor w = weights.empty()
+                              ? torch::ones({n, 1})
+                              : torch::tensor(weights, torch::kFloat64)
+                                    .to(torch::kFloat32)
+                                    .reshape({n, 1});
   result.assignment.assign(n, -1);
   for (int it = 0; it < std::max(1, max_iterations); ++it) {
     result.iterations = it + 1;
@@ -331,8 +337,9 @@ KMeansResult SphericalKMeans(const torch::Tensor& x, const torch::Tensor& init,
         if (result.assignment[i] == c) members.push_back(i);
       }
       if (members.empty()) continue;
+      const torch::Tensor rows = torch::tensor(members, torch::kInt64);
       const torch::Tensor mean =
-          points.index_select(0, torch::tensor(members, torch::kInt64)).mean(0);
+          (points.index_select(0, rows) * w.index_select(0, rows)).sum(0);
       result.centroids[c] = Normalized(mean);
     }
   }
@@ -389,8 +396,13 @@ absl::StatusOr<AnchorsBuild> BuildDomainAnchors(
     means.push_back(
         unit.index_select(0, torch::tensor(rows, torch::kInt64)).mean(0));
   }
-  const KMeansResult kmeans =
-      SphericalKMeans(x, torch::stack(means), options.kmeans_iterations);
+  std::vector<double> weights(domain_of.size());
+  std::vector<int> count(domains.size(), 0);
+  for (int d : domain_of) ++count[d];
+  for (size_t i = 0; i < domain_of.size(); ++i)
+    weights[i] = 1.0 / count[domain_of[i]];
+  const KMeansResult kmeans = SphericalKMeans(
+      x, torch::stack(means), options.kmeans_iterations, weights);
 
   AnchorsBuild build;
   build.kmeans_iterations = kmeans.iterations;

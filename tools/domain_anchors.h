@@ -84,8 +84,9 @@ absl::StatusOr<torch::Tensor> PromptRoutingVector(
 
 // Spherical K-means (cosine geometry: rows and centroids are normalized) of
 // x [N, d] from the initial centroids `init` [k, d]; Lloyd iterations until
-// no assignment changes or max_iterations. A cluster left empty keeps its
-// previous centroid.
+// no assignment changes or max_iterations. A centroid is the weighted mean
+// direction of its members (`weights`: one per row, > 0; empty = all 1). A
+// cluster left empty keeps its previous centroid.
 struct KMeansResult {
   torch::Tensor centroids;  // [k, d], unit rows
   std::vector<int> assignment;
@@ -93,7 +94,8 @@ struct KMeansResult {
   bool converged = false;
 };
 KMeansResult SphericalKMeans(const torch::Tensor& x, const torch::Tensor& init,
-                             int max_iterations);
+                             int max_iterations,
+                             const std::vector<double>& weights = {});
 
 struct AnchorOptions {
   int anchors_per_domain = 10;  // k of the paper
@@ -131,7 +133,9 @@ struct AnchorsBuild {
 
 // The whole offline step: the vectors of every sample, K-means with one
 // cluster per domain (initialized at each domain's mean direction, so
-// cluster i belongs to domain i), the anchors_per_domain samples of each
+// cluster i belongs to domain i; each sample weighs 1 / its domain's sample
+// count, so a domain of 1,000 samples does not pull the centroids of a
+// domain of 5 into its own territory), the anchors_per_domain samples of each
 // domain nearest its centroid as its anchors, and each domain's draft (see
 // the file comment; `profile` may be null only with mask_samples == 0).
 absl::StatusOr<AnchorsBuild> BuildDomainAnchors(
