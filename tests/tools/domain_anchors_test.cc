@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "tests/testing/test_models.h"
@@ -100,6 +101,16 @@ TEST(DomainAnchorsTest, SphericalKMeansSeparatesDirections) {
     EXPECT_EQ(result.assignment[i], result.assignment[i < 20 ? 0 : 20]) << i;
   EXPECT_NE(result.assignment[0], result.assignment[20]);
   EXPECT_NEAR(result.centroids.norm(2, 1).min().item<double>(), 1.0, 1e-5);
+
+  // Weights: one cluster over a point along x (weight 1) and two along y
+  // (weight 1.5 each) sits at the direction (1, 3).
+  const KMeansResult weighted =
+      SphericalKMeans(torch::tensor({{2.0f, 0.0f}, {0.0f, 1.0f}, {0.0f, 5.0f}}),
+                      torch::tensor({{1.0f, 0.0f}}), 10, {1.0, 1.5, 1.5});
+  EXPECT_NEAR(weighted.centroids[0][0].item<double>(), 1 / std::sqrt(10.0),
+              1e-5);
+  EXPECT_NEAR(weighted.centroids[0][1].item<double>(), 3 / std::sqrt(10.0),
+              1e-5);
 }
 
 // Two domains of clearly different text, the last sample of each held out.
