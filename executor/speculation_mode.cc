@@ -13,12 +13,17 @@ namespace {
 // cheaper modes.
 const std::vector<SpeculationModeInfo>& Table() {
   static const std::vector<SpeculationModeInfo> kModes = {
-      //  mode                      name        drafts planned policy max_draft
-      {SpeculationMode::kOff, "off", false, false, PlanPolicy::kOff, 5},
-      {SpeculationMode::kStatic, "static", true, false, PlanPolicy::kStatic, 5},
-      {SpeculationMode::kClasp, "clasp", true, true, PlanPolicy::kClasp, 10},
-      {SpeculationMode::kKnapSpec, "knapspec", true, true,
+      //  mode  name  drafts planned early_exit policy max_draft
+      {SpeculationMode::kOff, "off", false, false, false, PlanPolicy::kOff, 5},
+      {SpeculationMode::kStatic, "static", true, false, false,
+       PlanPolicy::kStatic, 5},
+      {SpeculationMode::kClasp, "clasp", true, true, false, PlanPolicy::kClasp,
+       10},
+      {SpeculationMode::kKnapSpec, "knapspec", true, true, false,
        PlanPolicy::kKnapSpec, 10},
+      // The width bound (see README.md, SpecBound, for how it was chosen).
+      {SpeculationMode::kSpecBound, "specbound", true, false, true,
+       PlanPolicy::kOff, 6},
   };
   return kModes;
 }
@@ -55,7 +60,11 @@ absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name) {
 bool Drafts(SpeculationMode mode) { return ModeInfo(mode).drafts; }
 bool IsPlanned(SpeculationMode mode) { return ModeInfo(mode).planned; }
 bool DraftsWithFixedMask(SpeculationMode mode) {
-  return ModeInfo(mode).drafts && !ModeInfo(mode).planned;
+  return ModeInfo(mode).drafts && !ModeInfo(mode).planned &&
+         !ModeInfo(mode).early_exit;
+}
+bool DraftsByEarlyExit(SpeculationMode mode) {
+  return ModeInfo(mode).early_exit;
 }
 PlanPolicy PlannedPolicy(SpeculationMode mode) { return ModeInfo(mode).policy; }
 int DefaultMaxDraft(SpeculationMode mode) {

@@ -22,7 +22,7 @@
 
 namespace knapserve {
 
-enum class SpeculationMode { kOff, kStatic, kKnapSpec, kClasp };
+enum class SpeculationMode { kOff, kStatic, kKnapSpec, kClasp, kSpecBound };
 
 struct SpeculationModeInfo {
   SpeculationMode mode;
@@ -36,6 +36,9 @@ struct SpeculationModeInfo {
   // `skip` mask only serves until the first plan. Unplanned drafting modes
   // draft with `skip` and max_draft throughout.
   bool planned;
+  // Drafts by early exit (SpecBound, executor/specbound.h): no layer mask;
+  // each draft token runs layers upward until an exit head is confident.
+  bool early_exit;
   // The planner policy of the same meaning. For planned modes it is the one
   // that solves their plans (and keys the plan cache).
   PlanPolicy policy;
@@ -48,7 +51,7 @@ struct SpeculationModeInfo {
 const std::vector<SpeculationModeInfo>& AllSpeculationModes();
 const SpeculationModeInfo& ModeInfo(SpeculationMode mode);
 
-// "off" / "static" / "clasp" / "knapspec".
+// "off" / "static" / "clasp" / "knapspec" / "specbound".
 std::string SpeculationModeName(SpeculationMode mode);
 // The mode named `name`; InvalidArgument listing the names otherwise.
 absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name);
@@ -57,6 +60,8 @@ bool Drafts(SpeculationMode mode);
 bool IsPlanned(SpeculationMode mode);
 // Drafts with the request's fixed `skip` mask for the whole generation.
 bool DraftsWithFixedMask(SpeculationMode mode);
+// Drafts by early exit (see SpeculationModeInfo::early_exit).
+bool DraftsByEarlyExit(SpeculationMode mode);
 // See SpeculationModeInfo::policy.
 PlanPolicy PlannedPolicy(SpeculationMode mode);
 int DefaultMaxDraft(SpeculationMode mode);

@@ -13,7 +13,7 @@ namespace {
 
 TEST(SpeculationModeTest, TheTableListsEveryModeOnceOffFirst) {
   const std::vector<SpeculationModeInfo>& modes = AllSpeculationModes();
-  ASSERT_EQ(modes.size(), 4u);
+  ASSERT_EQ(modes.size(), 5u);
   EXPECT_EQ(modes[0].mode, SpeculationMode::kOff);
   std::set<SpeculationMode> seen;
   std::set<std::string> names;
@@ -42,6 +42,16 @@ TEST(SpeculationModeTest, PropertiesOfTheFourModes) {
   EXPECT_EQ(DefaultMaxDraft(SpeculationMode::kStatic), 5);
   EXPECT_EQ(PlannedPolicy(SpeculationMode::kKnapSpec), PlanPolicy::kKnapSpec);
   EXPECT_EQ(PlannedPolicy(SpeculationMode::kClasp), PlanPolicy::kClasp);
+  // SpecBound drafts by early exit: no mask, no planner.
+  EXPECT_TRUE(Drafts(SpeculationMode::kSpecBound));
+  EXPECT_TRUE(DraftsByEarlyExit(SpeculationMode::kSpecBound));
+  EXPECT_FALSE(IsPlanned(SpeculationMode::kSpecBound));
+  EXPECT_FALSE(DraftsWithFixedMask(SpeculationMode::kSpecBound));
+  for (SpeculationMode other :
+       {SpeculationMode::kOff, SpeculationMode::kStatic,
+        SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
+    EXPECT_FALSE(DraftsByEarlyExit(other));
+  }
 }
 
 TEST(SpeculationModeTest, NamesRoundTripAndUnknownNamesAreRefused) {
@@ -55,8 +65,9 @@ TEST(SpeculationModeTest, NamesRoundTripAndUnknownNamesAreRefused) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("'eagle'"), std::string::npos)
       << bad.status();
-  EXPECT_NE(bad.status().message().find("off, static, clasp, knapspec"),
-            std::string::npos)
+  EXPECT_NE(
+      bad.status().message().find("off, static, clasp, knapspec, specbound"),
+      std::string::npos)
       << bad.status();
 }
 
