@@ -53,20 +53,26 @@
 namespace knapserve {
 
 // SpecBound's per-request settings (executor/specbound.h says what each
-// does; the defaults were chosen by the search in README.md, SpecBound).
+// does). The defaults were chosen by a small search on the stories dev
+// prompts with stories-24l (README.md, SpecBound: lambda x T_0 with the
+// bounds open, then the depth bound x the check interval, then the width;
+// the width bound is max_draft, DefaultMaxDraft(kSpecBound) = 6).
 struct SpecBoundConfig {
   // A draft token exits at the first checked layer l where the top-1
   // probability of softmax(z_l / T_l) reaches lambda; [0, 1].
-  double lambda = 0.9;
+  double lambda = 0.7;
   // T_0, the exit temperature after layer 0; T_l falls linearly to 1 after
-  // the last layer (ExitTemperature). >= 1.
-  double t0 = 1.5;
+  // the last layer (ExitTemperature). >= 1. The default suits the
+  // training-free heads (the default heads), whose shallow layers are
+  // overconfident; trained heads did best with 1 (README.md, SpecBound).
+  double t0 = 2.5;
   // Depth bound: layers a draft token may run without exiting before
   // drafting ends for the step; 0 = all layers. [0, L].
   int depth_bound = 0;
   // The exit head is checked every `check_every` layers (after layers
-  // k-1, 2k-1, ...) and at the depth bound. >= 1.
-  int check_every = 1;
+  // k-1, 2k-1, ...) and at the depth bound (so a k above the depth bound
+  // checks only there). >= 1.
+  int check_every = 8;
   // Which exit heads: false = the model's own final norm and LM head
   // (training-free); true = `heads`, the trained heads the process loaded.
   bool trained_heads = false;
