@@ -7,7 +7,7 @@
 //
 // The routing vector. The KNN-SSD paper routes by the last hidden vector
 // of the input. We average the last layer's hidden states (after the last
-// sublayer, before the final norm; BatchSequence::final_states) over the
+// sublayer, before the final norm; BatchSequence::output_states) over the
 // prompt's positions instead, leaving out position 0 (BOS in most prompts,
 // the same for every prompt) unless it is the only one. Measured on
 // stories-24l, the last position's state alone routed a plain story opening

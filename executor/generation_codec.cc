@@ -155,6 +155,20 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
   if (spec.has_static_mask()) request.speculation.skip = spec.static_mask();
   if (spec.has_exit_threshold())
     request.speculation.exit_threshold = spec.exit_threshold();
+  SpecBoundConfig& specbound = request.speculation.specbound;
+  if (spec.has_specbound_lambda()) specbound.lambda = spec.specbound_lambda();
+  if (spec.has_specbound_t0()) specbound.t0 = spec.specbound_t0();
+  if (spec.has_specbound_depth_bound()) {
+    specbound.depth_bound = static_cast<int>(
+        std::min<uint32_t>(spec.specbound_depth_bound(), 1u << 30));
+  }
+  if (spec.has_specbound_check_every()) {
+    specbound.check_every = static_cast<int>(
+        std::min<uint32_t>(spec.specbound_check_every(), 1u << 30));
+  }
+  // The heads themselves are the server's (defaults); a client only picks.
+  if (spec.has_specbound_trained_heads())
+    specbound.trained_heads = spec.specbound_trained_heads();
   if (IsPlanned(request.speculation.mode) && !defaults.have_planner) {
     return absl::FailedPreconditionError(absl::StrCat(
         "speculation.mode: ", SpeculationModeName(request.speculation.mode),
@@ -215,6 +229,13 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
     s->add_accepted_per_position(static_cast<int32_t>(n));
   }
   s->set_mean_acceptance_length(r.speculation.mean_acceptance_length());
+  for (int64_t n : r.speculation.exit_depths)
+    s->add_exit_depths(static_cast<int32_t>(n));
+  s->set_depth_bound_stops(
+      static_cast<int32_t>(r.speculation.depth_bound_stops));
+  s->set_width_bound_stops(
+      static_cast<int32_t>(r.speculation.width_bound_stops));
+  s->set_mean_exit_depth(r.speculation.mean_exit_depth());
   s->set_plans_applied(static_cast<int32_t>(r.plans.size()));
   s->set_routed_domain(r.routed_domain);
   s->set_routing_similarity(r.routing_similarity);

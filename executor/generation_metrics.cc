@@ -164,6 +164,31 @@ void GenerationMetrics::RecordRequest(absl::StatusCode code,
                     {{"position", absl::StrCat(j)}})
         .Add(static_cast<double>(per[j]));
   }
+  // SpecBound: draft tokens by the depth they exited at, and the steps
+  // whose drafting a bound ended.
+  const std::vector<int64_t>& exits = result->speculation.exit_depths;
+  for (size_t d = 0; d < exits.size(); ++d) {
+    if (exits[d] == 0) continue;
+    registry_
+        .AddCounter("knapserve_specbound_exit_tokens_total",
+                    "SpecBound draft tokens by the layers they ran before "
+                    "their exit head was confident (depth, 1-based).",
+                    {{"depth", absl::StrCat(d + 1)}})
+        .Add(static_cast<double>(exits[d]));
+  }
+  const std::pair<const char*, int64_t> stops[] = {
+      {"depth", result->speculation.depth_bound_stops},
+      {"width", result->speculation.width_bound_stops}};
+  for (const auto& [bound, n] : stops) {
+    if (n == 0) continue;
+    registry_
+        .AddCounter("knapserve_specbound_bound_stops_total",
+                    "SpecBound steps whose drafting ended at a bound: depth "
+                    "(a token reached the depth bound without exiting) or "
+                    "width (the step's draft budget).",
+                    {{"bound", bound}})
+        .Add(static_cast<double>(n));
+  }
   plans_applied_.Add(static_cast<double>(result->plans.size()));
   plan_failures_.Add(static_cast<double>(result->stats.plan_failures));
   planner_wait_.Add(result->stats.waiting_seconds);

@@ -50,6 +50,39 @@ double GenerationStats::decode_tokens_per_second() const {
              : 0.0;
 }
 
+absl::Status ValidateSpecBoundConfig(const SpecBoundConfig& config,
+                                     const LlamaModel& model) {
+  if (!(config.lambda >= 0.0 && config.lambda <= 1.0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "specbound.lambda: must be in [0, 1], got ", config.lambda));
+  }
+  if (!(config.t0 >= 1.0 && config.t0 <= 1e6)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("specbound.t0: must be in [1, 1e6], got ", config.t0));
+  }
+  if (config.depth_bound < 0 || config.depth_bound > model.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "specbound.depth_bound: must be in [0, ", model.num_layers(),
+        "] (0 = all layers), got ", config.depth_bound));
+  }
+  if (config.check_every < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "specbound.check_every: must be >= 1, got ", config.check_every));
+  }
+  if (config.trained_heads && config.heads == nullptr) {
+    return absl::FailedPreconditionError(
+        "specbound.trained_heads: no trained exit heads are loaded (train "
+        "them with `knapserve train-exit-heads`, load them with "
+        "--exit-heads)");
+  }
+  if (config.trained_heads && !config.heads->trained()) {
+    return absl::InvalidArgumentError(
+        "specbound.heads: trained_heads is set but the heads are the "
+        "training-free ones");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateGenerationRequest(const GenerationRequest& request,
                                        const LlamaModel& model) {
   const int64_t n = static_cast<int64_t>(request.prompt_ids.size());
@@ -135,6 +168,9 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request,
       return absl::InvalidArgumentError(absl::StrCat(
           "guard_min_steps and guard_probe_steps: must be >= 1, got ",
           spec.guard_min_steps, " and ", spec.guard_probe_steps));
+    }
+    if (DraftsByEarlyExit(spec.mode)) {
+      RETURN_IF_ERROR(ValidateSpecBoundConfig(spec.specbound, model));
     }
     RETURN_IF_ERROR(LayerMask::Parse(spec.skip, model.num_layers()).status());
     if (spec.clasp_layers < 0 || spec.clasp_layers >= model.num_layers()) {

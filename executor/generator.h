@@ -14,7 +14,9 @@
 // applied at the next step boundary. Before the first plan it decodes with
 // the `skip` mask if one is given, else autoregressively; a failed plan
 // leaves the last plan in force. The online guard decodes plainly while a
-// plan measures slower than plain decoding. Every mode gives the same greedy
+// plan measures slower than plain decoding. kSpecBound drafts by early exit
+// (executor/specbound.h) and verifies from the deepest exit layer up. Every
+// mode gives the same greedy
 // output. Several tokens committed in one step are checked for stop
 // conditions one by one, so a step never emits past EOS or a stop. The
 // stop-string logic lives in TextStream so every decoding mode shares it: text
@@ -28,6 +30,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,6 +38,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/model/exit_heads.h"
 #include "common/model/llama.h"
 #include "common/plan/planner_client.h"
 #include "common/text/tokenizer.h"
@@ -47,6 +51,35 @@
 #include "executor/speculative_decoder.h"
 
 namespace knapserve {
+
+// SpecBound's per-request settings (executor/specbound.h says what each
+// does). The defaults were chosen by a small search on the stories dev
+// prompts with stories-24l (README.md, SpecBound: lambda x T_0 with the
+// bounds open, then the depth bound x the check interval, then the width;
+// the width bound is max_draft, DefaultMaxDraft(kSpecBound) = 6).
+struct SpecBoundConfig {
+  // A draft token exits at the first checked layer l where the top-1
+  // probability of softmax(z_l / T_l) reaches lambda; [0, 1].
+  double lambda = 0.7;
+  // T_0, the exit temperature after layer 0; T_l falls linearly to 1 after
+  // the last layer (ExitTemperature). >= 1. The default suits the
+  // training-free heads (the default heads), whose shallow layers are
+  // overconfident; trained heads did best with 1 (README.md, SpecBound).
+  double t0 = 2.5;
+  // Depth bound: layers a draft token may run without exiting before
+  // drafting ends for the step; 0 = all layers. [0, L].
+  int depth_bound = 0;
+  // The exit head is checked every `check_every` layers (after layers
+  // k-1, 2k-1, ...) and at the depth bound (so a k above the depth bound
+  // checks only there). >= 1.
+  int check_every = 8;
+  // Which exit heads: false = the model's own final norm and LM head
+  // (training-free); true = `heads`, the trained heads the process loaded.
+  bool trained_heads = false;
+  // The trained heads (set by the server or CLI from --exit-heads, never by
+  // a client); required when trained_heads.
+  std::shared_ptr<const ExitHeads> heads;
+};
 
 struct SpeculationConfig {
   SpeculationMode mode = SpeculationMode::kOff;
@@ -74,6 +107,9 @@ struct SpeculationConfig {
   int64_t guard_min_steps = 16;  // speculative steps per guard judgement, >= 1
   int64_t guard_probe_steps =
       8;  // plain steps measured when the bucket has none, >= 1
+  // SpecBound (kSpecBound, executor/specbound.h): early-exit drafting. Its
+  // width bound is max_draft (the longest run of drafts per step).
+  SpecBoundConfig specbound;
 };
 
 struct GenerationRequest {
@@ -195,6 +231,11 @@ using StreamCallback =
 // Receives each reference-state snapshot as it completes (the planner's input).
 using ReferenceCallback = std::function<void(ReferenceStates&& states)>;
 
+// Checks SpecBound's settings against the model: InvalidArgument naming the
+// field; FailedPrecondition when trained heads are asked for and none are
+// set.
+absl::Status ValidateSpecBoundConfig(const SpecBoundConfig& config,
+                                     const LlamaModel& model);
 // Checks `request` against the model: InvalidArgument naming the field.
 absl::Status ValidateGenerationRequest(const GenerationRequest& request,
                                        const LlamaModel& model);

@@ -233,6 +233,45 @@ absl::Status ParseStop(const Json& body, v1::GenerateRequest& wire) {
   return absl::OkStatus();
 }
 
+// knapserve.specbound: {"lambda", "t0", "depth_bound", "check_every",
+// "trained_heads"}, each optional (the range checks are the service's).
+absl::Status ParseSpecBound(const Json& sb, v1::SpeculationOptions& spec) {
+  if (!sb.is_object())
+    return FieldError("knapserve.specbound", "an object", sb);
+  for (auto it = sb.begin(); it != sb.end(); ++it) {
+    const std::string& key = it.key();
+    if (key != "lambda" && key != "t0" && key != "depth_bound" &&
+        key != "check_every" && key != "trained_heads") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "knapserve.specbound.", key,
+          ": unknown field (expected lambda, t0, depth_bound, check_every or "
+          "trained_heads)"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::optional<double> lambda, OptionalNumber(sb, "lambda"));
+  if (lambda.has_value()) spec.set_specbound_lambda(*lambda);
+  ASSIGN_OR_RETURN(std::optional<double> t0, OptionalNumber(sb, "t0"));
+  if (t0.has_value()) spec.set_specbound_t0(*t0);
+  for (const char* name : {"depth_bound", "check_every"}) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> n, OptionalInt(sb, name));
+    if (!n.has_value()) continue;
+    if (*n < 0 || *n > 1 << 20) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "knapserve.specbound.", name, ": must be in [0, 2^20], got ", *n));
+    }
+    if (std::string(name) == "depth_bound") {
+      spec.set_specbound_depth_bound(static_cast<uint32_t>(*n));
+    } else {
+      spec.set_specbound_check_every(static_cast<uint32_t>(*n));
+    }
+  }
+  if (Field(sb, "trained_heads") != nullptr) {
+    ASSIGN_OR_RETURN(bool trained, OptionalBool(sb, "trained_heads", false));
+    spec.set_specbound_trained_heads(trained);
+  }
+  return absl::OkStatus();
+}
+
 // The `knapserve` extension object: speculation for this request.
 absl::Status ParseExtension(const Json& body, v1::GenerateRequest& wire) {
   const Json* ext = Field(body, "knapserve");
@@ -241,11 +280,11 @@ absl::Status ParseExtension(const Json& body, v1::GenerateRequest& wire) {
   for (auto it = ext->begin(); it != ext->end(); ++it) {
     const std::string& key = it.key();
     if (key != "spec" && key != "max_draft" && key != "static_mask" &&
-        key != "exit_threshold") {
+        key != "exit_threshold" && key != "specbound") {
       return absl::InvalidArgumentError(absl::StrCat(
           "knapserve.", key,
-          ": unknown field (expected spec, max_draft, static_mask or "
-          "exit_threshold)"));
+          ": unknown field (expected spec, max_draft, static_mask, "
+          "exit_threshold or specbound)"));
     }
   }
   v1::SpeculationOptions* spec = wire.mutable_speculation();
@@ -277,6 +316,9 @@ absl::Status ParseExtension(const Json& body, v1::GenerateRequest& wire) {
   ASSIGN_OR_RETURN(std::optional<double> threshold,
                    OptionalNumber(*ext, "exit_threshold"));
   if (threshold.has_value()) spec->set_exit_threshold(*threshold);
+  if (const Json* sb = Field(*ext, "specbound"); sb != nullptr) {
+    RETURN_IF_ERROR(ParseSpecBound(*sb, *spec));
+  }
   return absl::OkStatus();
 }
 
@@ -523,6 +565,9 @@ Json KnapserveExtension(const GenerationResult& r, SpeculationMode mode,
       {"acceptance_rate", s.acceptance_rate()},
       {"mean_accepted_length", s.mean_acceptance_length()},
       {"plans_applied", r.plans.size()},
+      {"mean_exit_depth", s.mean_exit_depth()},
+      {"depth_bound_stops", s.depth_bound_stops},
+      {"width_bound_stops", s.width_bound_stops},
       {"timings",
        {{"queue_seconds", timings.queue_seconds},
         {"first_token_seconds", timings.first_token_seconds},

@@ -413,7 +413,8 @@ Sequence::Sequence(const LlamaModel& model, const Tokenizer& tokenizer,
       collector_(request_.speculation.plan_interval,
                  request_.speculation.reference_steps),
       planned_collector_(std::numeric_limits<int64_t>::max() / 2,
-                         request_.speculation.reference_steps) {
+                         request_.speculation.reference_steps),
+      early_exit_(DraftsByEarlyExit(request_.speculation.mode)) {
   const SpeculationConfig& spec = request_.speculation;
   // Before the first plan, planned modes draft with `skip` if given, else
   // decode autoregressively.
@@ -421,6 +422,13 @@ Sequence::Sequence(const LlamaModel& model, const Tokenizer& tokenizer,
   if (planned_ && spec.skip.empty()) gamma_ = 0;
   // A routed sequence decodes with its domain's draft, known after prefill.
   if (IsRouted(spec.mode)) gamma_ = 0;
+  if (early_exit_) {
+    exit_heads_ = spec.specbound.trained_heads ? spec.specbound.heads
+                                               : ExitHeads::TrainingFree();
+    depth_bound_ = spec.specbound.depth_bound > 0 ? spec.specbound.depth_bound
+                                                  : model.num_layers();
+    UpdateExitCostMask();
+  }
   result_.seed = sampler_.seed();
   result_.mask =
       Drafts(spec.mode) && !IsRouted(spec.mode) ? mask_.ToString() : "";
@@ -456,7 +464,7 @@ BatchMember Sequence::batch_member() const {
   BatchMember member;
   if (Drafts(request_.speculation.mode) && gamma_ > 0) {
     member.gamma = gamma_;
-    member.mask = &mask_;
+    member.mask = early_exit_ ? &exit_cost_mask_ : &mask_;
   }
   member.acceptance = (static_cast<double>(spec_stats_.accepted_tokens) + 1.0) /
                       (static_cast<double>(spec_stats_.draft_tokens) + 2.0);
@@ -582,9 +590,12 @@ void Sequence::BeginStep(bool allow_drafts) {
         step_, length_, mask_, gamma_, result_, allow_drafts);
     capture_ = directive.capture;
     capture_offset_ = directive.capture_offset;
-  } else {
+  } else if (!early_exit_) {
     capture_ = on_reference_ != nullptr && collector_.Wants(step_);
   }
+  // SpecBound's verification is a partial pass, which captures no boundary
+  // states (it has no reference snapshots).
+  if (early_exit_) exit_rows_.Begin(length_, result_.output_ids.back());
   const int64_t remaining =
       limit_ - static_cast<int64_t>(result_.output_ids.size());
   // Drafts + the verified token must fit both the budget and the K/V.
@@ -606,6 +617,55 @@ void Sequence::OnDraftLogits(const torch::Tensor& logits) {
                                 draft_dists_, confident));
   if (!confident || static_cast<int64_t>(drafts_.size()) >= budget_)
     drafting_ = false;
+}
+
+void Sequence::OnExitPass(const torch::Tensor& states) {
+  exit_rows_.Apply(states);
+  const SpecBoundConfig& config = request_.speculation.specbound;
+  const int newest = exit_rows_.rows() - 1;
+  const int depth = exit_rows_.depth(newest);
+  // z_l / T_l for the exit after layer depth - 1.
+  const torch::Tensor scaled =
+      exit_heads_->Logits(model_, depth - 1, exit_rows_.state(newest))[0] /
+      ExitTemperature(config.t0, depth - 1, model_.num_layers());
+  const double top1 = torch::softmax(scaled, 0).max().item<double>();
+  if (top1 >= config.lambda) {
+    int32_t draft;
+    if (sampler_.greedy()) {
+      draft = Argmax(scaled);
+    } else {
+      // q_j: exactly the distribution the draft is sampled from.
+      torch::Tensor q = sampler_.Distribution(scaled);
+      draft = sampler_.SampleFrom(q);
+      draft_dists_.push_back(std::move(q));
+    }
+    drafts_.push_back(draft);
+    exit_rows_.AddRow(draft);
+    std::vector<int64_t>& depths = spec_stats_.exit_depths;
+    if (static_cast<int>(depths.size()) < depth) depths.resize(depth, 0);
+    ++depths[depth - 1];
+    if (static_cast<int64_t>(drafts_.size()) >= budget_) {
+      drafting_ = false;
+      ++spec_stats_.width_bound_stops;
+    }
+  } else if (depth >= depth_bound_) {
+    drafting_ = false;
+    ++spec_stats_.depth_bound_stops;
+  }
+}
+
+void Sequence::UpdateExitCostMask() {
+  // What a draft costs the batch cost model: the layers a draft token runs
+  // on average (half the depth bound before any exit), nothing above.
+  const double mean = spec_stats_.mean_exit_depth();
+  const int depth = std::clamp(
+      mean > 0 ? static_cast<int>(mean + 0.5) : (depth_bound_ + 1) / 2, 1,
+      model_.num_layers());
+  exit_cost_mask_ = LayerMask(model_.num_layers());
+  for (int l = depth; l < model_.num_layers(); ++l) {
+    exit_cost_mask_.set_skipped(2 * l, true);
+    exit_cost_mask_.set_skipped(2 * l + 1, true);
+  }
 }
 
 absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
@@ -639,6 +699,7 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   // Keep [last, accepted drafts]; later positions are overwritten later.
   length_ = pos + out.accepted + 1;
   ++result_.stats.steps;
+  if (early_exit_) UpdateExitCostMask();
   if (planned_) {
     StepObservation observation;
     observation.gamma = step_gamma_;
@@ -739,16 +800,33 @@ struct BatchStepRunner {
                                               : seq->drafts_.back());
       }
       std::vector<Sequence*> ready;
+      std::vector<torch::Tensor> exit_states(seqs.size());
       for (size_t i = 0; i < seqs.size(); ++i) {
         Sequence* seq = seqs[i];
         BatchSequence input;
-        input.tokens = absl::MakeConstSpan(&tokens[i], 1);
-        input.start_pos =
-            seq->length_ + static_cast<int64_t>(seq->drafts_.size());
-        input.skip = &seq->mask_;
-        input.num_logits = 1;
-        Guarded(seq, "draft",
-                [&] { return seq->BindKv(input, input.start_pos + 1); });
+        if (seq->early_exit_) {
+          // The newest row up to its next exit check, with the rows that
+          // lag below it.
+          Guarded(seq, "draft", [&] {
+            const int newest = seq->exit_rows_.rows() - 1;
+            seq->exit_rows_.DraftPass(
+                NextCheckDepth(seq->exit_rows_.depth(newest),
+                               seq->request_.speculation.specbound.check_every,
+                               seq->depth_bound_),
+                input);
+            input.num_logits = 0;
+            input.output_states = &exit_states[ready.size()];
+            return seq->BindKv(input, input.start_pos + input.rows());
+          });
+        } else {
+          input.tokens = absl::MakeConstSpan(&tokens[i], 1);
+          input.start_pos =
+              seq->length_ + static_cast<int64_t>(seq->drafts_.size());
+          input.skip = &seq->mask_;
+          input.num_logits = 1;
+          Guarded(seq, "draft",
+                  [&] { return seq->BindKv(input, input.start_pos + 1); });
+        }
         if (seq->done()) continue;
         ready.push_back(seq);
         inputs.push_back(input);
@@ -762,7 +840,48 @@ struct BatchStepRunner {
         seq->spec_stats_.draft_seconds += seconds;
         seq->step_seconds_ += seconds;
         Guarded(seq, "draft", [&] {
-          seq->OnDraftLogits(logits[i][0]);
+          if (seq->early_exit_) {
+            seq->OnExitPass(exit_states[i]);
+          } else {
+            seq->OnDraftLogits(logits[i][0]);
+          }
+          return absl::OkStatus();
+        });
+      }
+    }
+
+    // 2b. SpecBound's alignment: rows below their step's deepest exit go up
+    //     to it, one stage per pass, every such sequence in each pass.
+    for (;;) {
+      std::vector<Sequence*> ready;
+      std::vector<BatchSequence> inputs;
+      std::vector<torch::Tensor> out(batch.size());
+      for (Sequence* seq : batch) {
+        if (seq->done() || seq->prefilling() || !seq->early_exit_) continue;
+        BatchSequence input;
+        bool align = false;
+        Guarded(seq, "align", [&] {
+          align = seq->exit_rows_.max_depth() > 0 &&
+                  seq->exit_rows_.AlignPass(input);
+          if (!align) return absl::OkStatus();
+          input.num_logits = 0;
+          input.output_states = &out[ready.size()];
+          return seq->BindKv(input, input.start_pos + input.rows());
+        });
+        if (!align || seq->done()) continue;
+        ready.push_back(seq);
+        inputs.push_back(input);
+      }
+      if (ready.empty()) break;
+      double seconds = 0;
+      std::vector<torch::Tensor> logits = Pass(ready, inputs, seconds);
+      ++stats.draft_passes;
+      for (size_t i = 0; i < ready.size() && !logits.empty(); ++i) {
+        Sequence* seq = ready[i];
+        seq->spec_stats_.draft_seconds += seconds;
+        seq->step_seconds_ += seconds;
+        Guarded(seq, "align", [&] {
+          seq->exit_rows_.Apply(out[i]);
           return absl::OkStatus();
         });
       }
@@ -787,11 +906,17 @@ struct BatchStepRunner {
       in.tokens = rows.back();
       in.start_pos = seq->length_;
       in.num_logits = -1;
-      Guarded(seq, "verify",
-              [&] { return seq->BindKv(in, in.start_pos + in.tokens.size()); });
+      Guarded(seq, "verify", [&] {
+        if (seq->early_exit_ && seq->exit_rows_.max_depth() > 0) {
+          // From the deepest exit up, over the cached states.
+          in.tokens = {};
+          seq->exit_rows_.VerifyPass(in);
+        }
+        return seq->BindKv(in, in.start_pos + in.rows());
+      });
       if (seq->done()) continue;
       if (seq->capture_) in.boundary_states = &states[seqs.size()];
-      used += static_cast<int64_t>(in.tokens.size());
+      used += in.rows();
       seqs.push_back(seq);
       inputs.push_back(in);
       is_prefill.push_back(false);
@@ -817,7 +942,7 @@ struct BatchStepRunner {
       in.start_pos = seq->prefilled_;
       in.num_logits = seq->prefilled_ + chunk == seq->prompt_len_ ? 1 : 0;
       // A routed sequence routes by its prompt's final hidden states.
-      if (seq->router_ != nullptr) in.final_states = &seq->chunk_states_;
+      if (seq->router_ != nullptr) in.output_states = &seq->chunk_states_;
       Guarded(seq, "prefill",
               [&] { return seq->BindKv(in, in.start_pos + chunk); });
       if (seq->done()) continue;

@@ -13,10 +13,15 @@
 //      number of tokens it may draft;
 //   2. draft rounds: every sequence still drafting feeds its newest token
 //      through the model with its own layer mask, all of them in one
-//      masked pass per round (ragged draft lengths simply drop out);
+//      masked pass per round (ragged draft lengths simply drop out); a
+//      SpecBound sequence (executor/specbound.h) instead runs its newest
+//      row up by one exit-check interval per round (with the rows that lag
+//      below it) and checks its exit head; then SpecBound's alignment
+//      passes bring its rows to the deepest exit;
 //   3. one main pass: decoding sequences verify [last, drafts...] (one row
-//      when not speculating), prefilling sequences add a chunk of their
-//      prompt, within --max-batch-tokens (decode rows first, so running
+//      when not speculating; SpecBound's from its deepest exit layer up,
+//      from the cached hidden states), prefilling sequences add a chunk of
+//      their prompt, within --max-batch-tokens (decode rows first, so running
 //      streams keep their pace while a long prompt loads);
 //   4. each sequence accepts, commits, streams and checks its stop
 //      conditions (executor/speculative_decoder.h's AcceptDrafts, so the
@@ -50,6 +55,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/model/exit_heads.h"
 #include "common/model/layer_mask.h"
 #include "common/model/llama.h"
 #include "common/plan/batch_cost_model.h"
@@ -60,6 +66,7 @@
 #include "executor/kv_pool.h"
 #include "executor/reference_states.h"
 #include "executor/sampler.h"
+#include "executor/specbound.h"
 
 namespace knapserve {
 
@@ -117,6 +124,13 @@ class Sequence {
   void BeginStep(bool allow_drafts);
   // A draft pass's logits ([vocab]) for this sequence.
   void OnDraftLogits(const torch::Tensor& logits);
+  // SpecBound: the output states of a draft pass (exit_rows_.DraftPass);
+  // checks the newest row's exit head at its new depth and drafts from it,
+  // or ends drafting at a bound.
+  void OnExitPass(const torch::Tensor& states);
+  // SpecBound: the mask the batch cost model prices a draft with (the
+  // layers above the mean exit depth skipped).
+  void UpdateExitCostMask();
   // The main pass's logits for the prefill chunk that ended the prompt.
   absl::Status OnPrefillDone(const torch::Tensor& logits);
   // The main pass's logits ([m+1, vocab]) and boundary states of a decode
@@ -176,6 +190,13 @@ class Sequence {
   bool drafting_ = false;
   std::vector<int32_t> drafts_;
   std::vector<torch::Tensor> draft_dists_;
+  // SpecBound (DraftsByEarlyExit): its rows and hidden-state cache, the heads
+  // and the resolved depth bound (1..L).
+  const bool early_exit_;
+  SpecBoundRows exit_rows_;
+  std::shared_ptr<const ExitHeads> exit_heads_;
+  int depth_bound_ = 0;
+  LayerMask exit_cost_mask_;
   double step_seconds_ = 0;  // passes this step took part in
 };
 

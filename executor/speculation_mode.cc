@@ -13,18 +13,22 @@ namespace {
 // cheaper modes.
 const std::vector<SpeculationModeInfo>& Table() {
   static const std::vector<SpeculationModeInfo> kModes = {
-      //  mode  name  drafts planned routed policy max_draft
-      {SpeculationMode::kOff, "off", false, false, false, PlanPolicy::kOff, 5},
-      {SpeculationMode::kStatic, "static", true, false, false,
+      //  mode  name  drafts planned routed early_exit policy max_draft
+      {SpeculationMode::kOff, "off", false, false, false, false,
+       PlanPolicy::kOff, 5},
+      {SpeculationMode::kStatic, "static", true, false, false, false,
        PlanPolicy::kStatic, 5},
-      {SpeculationMode::kClasp, "clasp", true, true, false, PlanPolicy::kClasp,
-       10},
-      {SpeculationMode::kKnapSpec, "knapspec", true, true, false,
+      {SpeculationMode::kClasp, "clasp", true, true, false, false,
+       PlanPolicy::kClasp, 10},
+      {SpeculationMode::kKnapSpec, "knapspec", true, true, false, false,
        PlanPolicy::kKnapSpec, 10},
       // A routed request drafts with its domain's (mask, gamma); max_draft
       // only caps that gamma, so the default leaves the anchors' choice.
-      {SpeculationMode::kKnn, "knn", true, false, true, PlanPolicy::kStatic,
-       10},
+      {SpeculationMode::kKnn, "knn", true, false, true, false,
+       PlanPolicy::kStatic, 10},
+      // The width bound (see README.md, SpecBound, for how it was chosen).
+      {SpeculationMode::kSpecBound, "specbound", true, false, false, true,
+       PlanPolicy::kOff, 6},
   };
   return kModes;
 }
@@ -62,7 +66,10 @@ bool Drafts(SpeculationMode mode) { return ModeInfo(mode).drafts; }
 bool IsPlanned(SpeculationMode mode) { return ModeInfo(mode).planned; }
 bool DraftsWithFixedMask(SpeculationMode mode) {
   const SpeculationModeInfo& info = ModeInfo(mode);
-  return info.drafts && !info.planned && !info.routed;
+  return info.drafts && !info.planned && !info.routed && !info.early_exit;
+}
+bool DraftsByEarlyExit(SpeculationMode mode) {
+  return ModeInfo(mode).early_exit;
 }
 bool IsRouted(SpeculationMode mode) { return ModeInfo(mode).routed; }
 PlanPolicy PlannedPolicy(SpeculationMode mode) { return ModeInfo(mode).policy; }

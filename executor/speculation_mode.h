@@ -22,7 +22,14 @@
 
 namespace knapserve {
 
-enum class SpeculationMode { kOff, kStatic, kKnapSpec, kClasp, kKnn };
+enum class SpeculationMode {
+  kOff,
+  kStatic,
+  kKnapSpec,
+  kClasp,
+  kKnn,
+  kSpecBound
+};
 
 struct SpeculationModeInfo {
   SpeculationMode mode;
@@ -40,6 +47,9 @@ struct SpeculationModeInfo {
   // executor/domain_router.h): the request is routed once, after its prefill,
   // and keeps its domain's draft to the end. Needs PlanningShared::router.
   bool routed;
+  // Drafts by early exit (SpecBound, executor/specbound.h): no layer mask;
+  // each draft token runs layers upward until an exit head is confident.
+  bool early_exit;
   // The planner policy of the same meaning. For planned modes it is the one
   // that solves their plans (and keys the plan cache).
   PlanPolicy policy;
@@ -52,7 +62,7 @@ struct SpeculationModeInfo {
 const std::vector<SpeculationModeInfo>& AllSpeculationModes();
 const SpeculationModeInfo& ModeInfo(SpeculationMode mode);
 
-// "off" / "static" / "clasp" / "knapspec" / "knn".
+// "off" / "static" / "clasp" / "knapspec" / "knn" / "specbound".
 std::string SpeculationModeName(SpeculationMode mode);
 // The mode named `name`; InvalidArgument listing the names otherwise.
 absl::StatusOr<SpeculationMode> ParseSpeculationMode(const std::string& name);
@@ -63,6 +73,8 @@ bool IsPlanned(SpeculationMode mode);
 bool DraftsWithFixedMask(SpeculationMode mode);
 // Drafts with the mask and gamma of the domain its prompt routes to.
 bool IsRouted(SpeculationMode mode);
+// Drafts by early exit (see SpeculationModeInfo::early_exit).
+bool DraftsByEarlyExit(SpeculationMode mode);
 // See SpeculationModeInfo::policy.
 PlanPolicy PlannedPolicy(SpeculationMode mode);
 int DefaultMaxDraft(SpeculationMode mode);

@@ -111,6 +111,16 @@ double SpeculationStats::acceptance_rate() const {
                           : 0.0;
 }
 
+double SpeculationStats::mean_exit_depth() const {
+  int64_t count = 0;
+  int64_t sum = 0;
+  for (size_t d = 0; d < exit_depths.size(); ++d) {
+    count += exit_depths[d];
+    sum += exit_depths[d] * static_cast<int64_t>(d + 1);
+  }
+  return count > 0 ? static_cast<double>(sum) / count : 0.0;
+}
+
 double SpeculationStats::mean_acceptance_length() const {
   return drafts > 0 ? 1.0 + static_cast<double>(accepted_tokens) / drafts : 1.0;
 }

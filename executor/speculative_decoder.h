@@ -43,6 +43,16 @@ struct SpeculationStats {
       accepted_per_position;  // [j]: drafts whose j-th token was accepted
   double draft_seconds = 0;
   double verify_seconds = 0;
+  // SpecBound (executor/specbound.h) only: exit_depths[d - 1] counts the
+  // draft tokens that exited after d layers; depth_bound_stops the steps
+  // whose drafting ended at a row that reached the depth bound without
+  // exiting, width_bound_stops those that ended at the width bound (the
+  // step's draft budget: max_draft, or less near the output or K/V limit).
+  std::vector<int64_t> exit_depths;
+  int64_t depth_bound_stops = 0;
+  int64_t width_bound_stops = 0;
+  // Mean layers run by an exited draft token (0 when none).
+  double mean_exit_depth() const;
   // accepted_tokens / draft_tokens (0 when nothing was drafted).
   double acceptance_rate() const;
   // 1 + accepted_tokens / drafts: tokens committed per verification.

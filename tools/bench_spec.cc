@@ -101,6 +101,22 @@ nlohmann::json ModeJson(const ModeSummary& s, double off_rate) {
           {"mean_acceptance_length", s.speculation.mean_acceptance_length()}};
 }
 
+// A SpecBound mode's settings and exit statistics.
+nlohmann::json SpecBoundJson(const GenerationRequest& request,
+                             const SpeculationStats& s) {
+  const SpecBoundConfig& c = request.speculation.specbound;
+  return {{"heads", c.trained_heads ? "trained" : "training-free"},
+          {"lambda", c.lambda},
+          {"t0", c.t0},
+          {"depth_bound", c.depth_bound},
+          {"width_bound", request.speculation.max_draft},
+          {"check_every", c.check_every},
+          {"mean_exit_depth", s.mean_exit_depth()},
+          {"exit_depths", s.exit_depths},
+          {"depth_bound_stops", s.depth_bound_stops},
+          {"width_bound_stops", s.width_bound_stops}};
+}
+
 // Progress and tables go to stdout, or to stderr when stdout carries JSON.
 FILE* TextOut(bool json) { return json ? stderr : stdout; }
 
@@ -454,6 +470,9 @@ absl::StatusOr<nlohmann::json> RunSet(
     mode_json["planning"] = PlanningJson(m.planning, m.decode_seconds);
     mode_json["plan_cache_hits"] = m.planning.cache_hits;
     if (greedy) mode_json["same_ids"] = differing == 0;
+    if (DraftsByEarlyExit(modes[k].request.speculation.mode)) {
+      mode_json["specbound"] = SpecBoundJson(modes[k].request, m.speculation);
+    }
     set["modes"][modes[k].name] = mode_json;
     const bool is_planned = n_plans > 0 || m.plan_requests > 0;
     std::fprintf(
@@ -514,6 +533,25 @@ absl::StatusOr<nlohmann::json> RunSet(
     mode_json["routed_to"] = routed_to;
   }
   for (size_t k = 0; k < modes.size(); ++k) {
+    const SpeculationConfig& spec = modes[k].request.speculation;
+    if (!DraftsByEarlyExit(spec.mode)) continue;
+    const SpeculationStats st = Summarize(runs[k]).speculation;
+    std::fprintf(out,
+                 "%s: %s heads, lambda %.2f, T0 %.2f, depth bound %d, width "
+                 "%d, check every %d: mean exit depth %.2f of %d layers, "
+                 "steps ended by the depth bound %lld, by the width bound "
+                 "%lld\n",
+                 modes[k].name.c_str(),
+                 spec.specbound.trained_heads ? "trained" : "training-free",
+                 spec.specbound.lambda, spec.specbound.t0,
+                 spec.specbound.depth_bound > 0 ? spec.specbound.depth_bound
+                                                : model.num_layers(),
+                 spec.max_draft, spec.specbound.check_every,
+                 st.mean_exit_depth(), model.num_layers(),
+                 static_cast<long long>(st.depth_bound_stops),
+                 static_cast<long long>(st.width_bound_stops));
+  }
+  for (size_t k = 0; k < modes.size(); ++k) {
     const ModeSummary m = Summarize(runs[k]);
     if (m.plans.empty()) continue;
     const auto [skipped_attention, skipped_mlp] =
@@ -542,6 +580,7 @@ absl::Status BenchSpec() {
   const int64_t max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   ASSIGN_OR_RETURN(GenerationRequest base, BaseRequest(max_new_tokens));
+  base.speculation.specbound.heads = engine.exit_heads;
   // Check the speculation flags up front, so a bad --skip fails before any
   // timing.
   {
@@ -594,10 +633,10 @@ absl::Status BenchSpec() {
   const bool have_profile = !absl::GetFlag(FLAGS_profile).empty();
   if (mode_names.empty()) {
     for (const SpeculationModeInfo& info : AllSpeculationModes()) {
-      const bool runnable =
-          !info.drafts || (info.planned  ? have_profile
-                           : info.routed ? engine.router != nullptr
-                                         : !skip.empty());
+      const bool runnable = !info.drafts || info.early_exit ||
+                            (info.planned  ? have_profile
+                             : info.routed ? engine.router != nullptr
+                                           : !skip.empty());
       if (runnable) mode_names.push_back(info.name);
     }
   }
@@ -623,6 +662,13 @@ absl::Status BenchSpec() {
       planned = planned || IsPlanned(mode);
       request.speculation.max_draft =
           absl::GetFlag(FLAGS_max_draft).value_or(DefaultMaxDraft(mode));
+    }
+    if (DraftsByEarlyExit(mode)) {
+      // The width bound.
+      request.speculation.max_draft =
+          absl::GetFlag(FLAGS_max_draft).value_or(DefaultMaxDraft(mode));
+      RETURN_IF_ERROR(
+          ValidateSpecBoundConfig(request.speculation.specbound, model));
     }
     modes.push_back({name, std::move(request)});
   }

@@ -134,6 +134,13 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs) {
       per.resize(s.accepted_per_position.size(), 0);
     for (size_t j = 0; j < s.accepted_per_position.size(); ++j)
       per[j] += s.accepted_per_position[j];
+    std::vector<int64_t>& exits = sum.speculation.exit_depths;
+    if (exits.size() < s.exit_depths.size())
+      exits.resize(s.exit_depths.size(), 0);
+    for (size_t d = 0; d < s.exit_depths.size(); ++d)
+      exits[d] += s.exit_depths[d];
+    sum.speculation.depth_bound_stops += s.depth_bound_stops;
+    sum.speculation.width_bound_stops += s.width_bound_stops;
     sum.plans.insert(sum.plans.end(), run.plans.begin(), run.plans.end());
     sum.waiting_seconds += run.waiting_seconds;
     sum.plan_requests += run.plan_requests;

@@ -68,9 +68,13 @@ ABSL_FLAG(std::string, spec, "off",
           "--skip mask), "
           "knapspec (the KnapSpec planner picks mask and gamma every "
           "--plan-interval steps; "
-          "its latency profile: --profile or the profile cache) or clasp (the "
+          "its latency profile: --profile or the profile cache), clasp (the "
           "CLaSp baseline: "
-          "--clasp-layers whole layers).");
+          "--clasp-layers whole layers), knn (KNN-SSD: each request drafts "
+          "with the mask of the domain its prompt is nearest to; --anchors) "
+          "or specbound (early-exit drafting: "
+          "--specbound-lambda, --specbound-t0, --specbound-depth, "
+          "--specbound-check-every, --exit-heads; width bound --max-draft).");
 ABSL_FLAG(std::string, anchors, "",
           "KNN-SSD domain anchors made by `knapserve anchors` for this model: "
           "needed by --spec knn (each request drafts with the mask and draft "
@@ -155,6 +159,24 @@ ABSL_FLAG(std::optional<int32_t>, max_draft, std::nullopt,
           "planner's largest gamma D for knapspec/clasp (default 10).");
 ABSL_FLAG(double, exit_threshold, 0.7,
           "Stop drafting when the draft's top-1 probability falls below this.");
+ABSL_FLAG(double, specbound_lambda, knapserve::SpecBoundConfig().lambda,
+          "specbound: a draft token exits at the first checked layer where the "
+          "top-1 probability of softmax(z_l / T_l) reaches this; [0, 1].");
+ABSL_FLAG(double, specbound_t0, knapserve::SpecBoundConfig().t0,
+          "specbound: the exit temperature after layer 0 (>= 1); it falls "
+          "linearly to 1 after the last layer.");
+ABSL_FLAG(int32_t, specbound_depth, knapserve::SpecBoundConfig().depth_bound,
+          "specbound: the depth bound, layers a draft token may run without "
+          "exiting before drafting ends (0 = all layers).");
+ABSL_FLAG(int32_t, specbound_check_every,
+          knapserve::SpecBoundConfig().check_every,
+          "specbound: check the exit head every this many layers (and at the "
+          "depth bound).");
+ABSL_FLAG(std::string, exit_heads, "model",
+          "specbound's exit heads: 'model' (the model's own final norm and LM "
+          "head at every layer, training-free), 'trained' (MODEL_DIR/"
+          "exit_heads.safetensors, see train-exit-heads) or a .safetensors "
+          "file of trained heads.");
 ABSL_FLAG(int64_t, plan_interval, 64,
           "knapspec/clasp: at least this many decode steps between two "
           "snapshots a sequence "
@@ -292,7 +314,17 @@ absl::StatusOr<Engine> LoadEngineFromFlags() {
                      DomainRouter::Load(anchors, engine.model->config(),
                                         engine.model->weights_fingerprint()));
   }
+  ASSIGN_OR_RETURN(engine.exit_heads, ExitHeadsFromFlags(engine));
   return engine;
+}
+
+absl::StatusOr<std::shared_ptr<const ExitHeads>> ExitHeadsFromFlags(
+    const Engine& engine) {
+  const std::string which = absl::GetFlag(FLAGS_exit_heads);
+  if (which == "model") return std::shared_ptr<const ExitHeads>();
+  const std::string path =
+      which == "trained" ? DefaultExitHeadsPath(engine.model_dir) : which;
+  return ExitHeads::Load(path, *engine.model);
 }
 
 absl::StatusOr<v1::GenerateRequest> WireRequestFromFlags() {
@@ -318,6 +350,16 @@ absl::StatusOr<v1::GenerateRequest> WireRequestFromFlags() {
   if (!absl::GetFlag(FLAGS_skip).empty())
     spec->set_static_mask(absl::GetFlag(FLAGS_skip));
   spec->set_exit_threshold(absl::GetFlag(FLAGS_exit_threshold));
+  if (DraftsByEarlyExit(mode)) {
+    spec->set_specbound_lambda(absl::GetFlag(FLAGS_specbound_lambda));
+    spec->set_specbound_t0(absl::GetFlag(FLAGS_specbound_t0));
+    spec->set_specbound_depth_bound(static_cast<uint32_t>(
+        std::max(0, absl::GetFlag(FLAGS_specbound_depth))));
+    spec->set_specbound_check_every(static_cast<uint32_t>(
+        std::max(0, absl::GetFlag(FLAGS_specbound_check_every))));
+    spec->set_specbound_trained_heads(absl::GetFlag(FLAGS_exit_heads) !=
+                                      "model");
+  }
   return request;
 }
 
@@ -340,6 +382,12 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
           .value_or(DefaultMaxDraft(request.speculation.mode));
   request.speculation.clasp_layers = absl::GetFlag(FLAGS_clasp_layers);
   request.speculation.exit_threshold = absl::GetFlag(FLAGS_exit_threshold);
+  SpecBoundConfig& specbound = request.speculation.specbound;
+  specbound.lambda = absl::GetFlag(FLAGS_specbound_lambda);
+  specbound.t0 = absl::GetFlag(FLAGS_specbound_t0);
+  specbound.depth_bound = absl::GetFlag(FLAGS_specbound_depth);
+  specbound.check_every = absl::GetFlag(FLAGS_specbound_check_every);
+  specbound.trained_heads = absl::GetFlag(FLAGS_exit_heads) != "model";
   request.speculation.plan_interval = absl::GetFlag(FLAGS_plan_interval);
   request.speculation.reference_steps = absl::GetFlag(FLAGS_reference_steps);
   request.speculation.plan_bucket_tokens =

@@ -19,6 +19,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
+#include "common/model/exit_heads.h"
 #include "common/model/llama.h"
 #include "common/text/tokenizer.h"
 #include "executor/domain_router.h"
@@ -70,6 +71,11 @@ ABSL_DECLARE_FLAG(std::vector<std::string>, profile_contexts);
 ABSL_DECLARE_FLAG(int32_t, profile_repeats);
 ABSL_DECLARE_FLAG(int32_t, profile_max_draft);
 ABSL_DECLARE_FLAG(double, exit_threshold);
+ABSL_DECLARE_FLAG(double, specbound_lambda);
+ABSL_DECLARE_FLAG(double, specbound_t0);
+ABSL_DECLARE_FLAG(int32_t, specbound_depth);
+ABSL_DECLARE_FLAG(int32_t, specbound_check_every);
+ABSL_DECLARE_FLAG(std::string, exit_heads);
 ABSL_DECLARE_FLAG(int64_t, plan_interval);
 ABSL_DECLARE_FLAG(int64_t, reference_steps);
 ABSL_DECLARE_FLAG(bool, search_masks);
@@ -110,11 +116,22 @@ struct Engine {
   std::string model_dir;
   // --anchors, checked against the model; null without the flag.
   std::shared_ptr<const DomainRouter> router;
+  // SpecBound's trained exit heads (--exit-heads trained or FILE); nullptr
+  // with --exit-heads model. Requests get them in
+  // SpeculationConfig::specbound.heads.
+  std::shared_ptr<const ExitHeads> exit_heads;
 };
 
-// Loads the model (--model, --dtype, --device, --threads), tokenizer.json
-// and, with --anchors, the KNN-SSD domain anchors.
+// Loads the model (--model, --dtype, --device, --threads), tokenizer.json,
+// the exit heads (ExitHeadsFromFlags) and, with --anchors, the KNN-SSD
+// domain anchors.
 absl::StatusOr<Engine> LoadEngineFromFlags();
+
+// --exit-heads for `engine`'s model: nullptr for 'model'; the trained heads
+// of MODEL_DIR/exit_heads.safetensors for 'trained', else of the named file
+// (ExitHeads::Load's errors, naming the file).
+absl::StatusOr<std::shared_ptr<const ExitHeads>> ExitHeadsFromFlags(
+    const Engine& engine);
 
 // The generation request the flags describe, for already tokenized prompt ids.
 absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(

@@ -12,6 +12,9 @@ namespace knapserve {
 int RunGenerate();
 int RunTokenize();
 int RunMakeModel();
+// `knapserve train-exit-heads` (tools/train_exit_heads_command.cc):
+// SpecBound's trained exit heads by self-distillation on a corpus.
+int RunTrainExitHeads();
 // `knapserve profile` (tools/profile_command.cc): the planner's latency model.
 int RunProfile();
 // `knapserve anchors` (tools/anchors_command.cc): KNN-SSD domain anchors.

@@ -292,7 +292,7 @@ absl::StatusOr<torch::Tensor> PromptRoutingVector(
     seq.tokens = prompt_ids;
     seq.kv = &kv;
     seq.num_logits = 0;
-    seq.final_states = &states;
+    seq.output_states = &states;
     model.ForwardBatch({seq});
     RoutingVector vector;
     vector.Add(states, 0);

@@ -97,6 +97,14 @@ absl::Status GenerateRemote(const std::string& address) {
         {"mean_acceptance_length", s.mean_acceptance_length()},
         {"plans_applied", s.plans_applied()}}},
   };
+  if (s.exit_depths_size() > 0 || s.depth_bound_stops() > 0) {
+    out["speculation"]["specbound"] = {
+        {"mean_exit_depth", s.mean_exit_depth()},
+        {"exit_depths",
+         std::vector<int32_t>(s.exit_depths().begin(), s.exit_depths().end())},
+        {"depth_bound_stops", s.depth_bound_stops()},
+        {"width_bound_stops", s.width_bound_stops()}};
+  }
   std::cout << out.dump() << std::endl;
   return absl::OkStatus();
 }
@@ -111,6 +119,7 @@ absl::Status Generate() {
                                             /*add_special_tokens=*/true));
   ASSIGN_OR_RETURN(GenerationRequest request,
                    GenerationRequestFromFlags(prompt_ids));
+  request.speculation.specbound.heads = engine.exit_heads;
   const bool json = absl::GetFlag(FLAGS_json);
   StreamCallback stream = nullptr;
   if (!json) {
@@ -175,6 +184,21 @@ absl::Status Generate() {
                         {"accepted_per_position", s.accepted_per_position},
                         {"acceptance_rate", s.acceptance_rate()},
                         {"mean_acceptance_length", s.mean_acceptance_length()}};
+  if (DraftsByEarlyExit(request.speculation.mode)) {
+    const SpecBoundConfig& c = request.speculation.specbound;
+    out["speculation"]["specbound"] = {
+        {"heads", c.trained_heads ? "trained" : "training-free"},
+        {"lambda", c.lambda},
+        {"t0", c.t0},
+        {"depth_bound",
+         c.depth_bound > 0 ? c.depth_bound : engine.model->num_layers()},
+        {"width_bound", request.speculation.max_draft},
+        {"check_every", c.check_every},
+        {"mean_exit_depth", s.mean_exit_depth()},
+        {"exit_depths", s.exit_depths},
+        {"depth_bound_stops", s.depth_bound_stops},
+        {"width_bound_stops", s.width_bound_stops}};
+  }
   if (planner.local != nullptr) {
     out["profile"] = {{"origin", planner.profile.origin},
                       {"path", planner.profile.path}};

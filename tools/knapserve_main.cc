@@ -15,8 +15,9 @@ constexpr char kUsage[] =
     "Subcommands:\n"
     "  generate    generate text from --prompt with a local model (--spec "
     "off|static|\n"
-    "              knapspec|clasp|knn); default model: the bundled "
-    "stories260k\n"
+    "              knapspec|clasp|knn|specbound); default model: the "
+    "bundled\n"
+    "              stories260k\n"
     "  anchors     build KNN-SSD domain anchors (--domains NAME=FILE,..., "
     "--out FILE)\n"
     "              for --spec knn (--anchors FILE)\n"
@@ -35,6 +36,11 @@ constexpr char kUsage[] =
     "  tokenize    print the token ids of --text as a JSON array\n"
     "  make-model  write a random-weight checkpoint of a real layout (--shape, "
     "--out)\n"
+    "  train-exit-heads\n"
+    "              train --spec specbound's exit heads by self-distillation "
+    "(--model,\n"
+    "              --corpus FILE, --out FILE, --steps, --lr, --seq-len, "
+    "--batch, --rank)\n"
     "  bench ar    measure prefill and decode speed against memory bandwidth\n"
     "  bench spec  --spec off vs --spec static --skip MASK on the same "
     "prompts: decode tok/s,\n"
@@ -75,6 +81,7 @@ int main(int argc, char** argv) {
   if (command == "generate") return knapserve::RunGenerate();
   if (command == "tokenize") return knapserve::RunTokenize();
   if (command == "make-model") return knapserve::RunMakeModel();
+  if (command == "train-exit-heads") return knapserve::RunTrainExitHeads();
   if (command == "profile") return knapserve::RunProfile();
   if (command == "anchors") return knapserve::RunAnchors();
   if (command == "planner") return knapserve::RunPlannerServer();

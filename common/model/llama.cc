@@ -635,18 +635,48 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
   // Rows of the pass: each sequence's tokens, in batch order.
   std::vector<int64_t> ids;
   std::vector<int64_t> first_row(batch.size());
+  std::vector<int> first_layer(batch.size());
+  std::vector<int> last_layer(batch.size());
   bool capture = false;
+  bool from_states = false;
+  int64_t total_rows = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
     const BatchSequence& seq = batch[s];
-    TORCH_CHECK(!seq.tokens.empty(), "ForwardBatch: sequence ", s,
-                " has no tokens");
+    const bool has_states = seq.input_states.defined();
+    TORCH_CHECK(has_states != !seq.tokens.empty(), "ForwardBatch: sequence ", s,
+                " needs exactly one of tokens and input_states");
+    first_layer[s] = seq.first_layer;
+    last_layer[s] = seq.last_layer < 0 ? num_layers() : seq.last_layer;
+    TORCH_CHECK(0 <= first_layer[s] && first_layer[s] <= last_layer[s] &&
+                    last_layer[s] <= num_layers(),
+                "ForwardBatch: sequence ", s, " has the layer range [",
+                seq.first_layer, ", ", seq.last_layer, "), not within [0, ",
+                num_layers(), "]");
+    TORCH_CHECK(first_layer[s] == 0 || has_states, "ForwardBatch: sequence ", s,
+                " starts at layer ", first_layer[s], " and needs input_states");
+    TORCH_CHECK(seq.boundary_states == nullptr ||
+                    (!has_states && last_layer[s] == num_layers()),
+                "ForwardBatch: sequence ", s,
+                " captures boundary states but runs a partial pass");
+    if (has_states) {
+      TORCH_CHECK(seq.input_states.dim() == 2 && seq.input_states.size(0) > 0 &&
+                      seq.input_states.size(1) == config_.hidden_size &&
+                      seq.input_states.scalar_type() == options_.dtype &&
+                      seq.input_states.device() == options_.device,
+                  "ForwardBatch: sequence ", s, " has input_states of shape ",
+                  seq.input_states.sizes(), " and dtype ",
+                  seq.input_states.scalar_type(), ", wants [rows, ",
+                  config_.hidden_size, "] in ", DtypeName(options_.dtype),
+                  " on the model's device");
+      from_states = true;
+    }
     TORCH_CHECK((seq.paged != nullptr) != (seq.kv != nullptr),
                 "ForwardBatch: sequence ", s,
                 " needs exactly one of paged or contiguous K/V");
     TORCH_CHECK(seq.skip == nullptr || seq.skip->num_layers() == num_layers(),
                 "mask has ", seq.skip == nullptr ? 0 : seq.skip->num_layers(),
                 " layers, model has ", num_layers());
-    const int64_t end = seq.start_pos + static_cast<int64_t>(seq.tokens.size());
+    const int64_t end = seq.start_pos + seq.rows();
     TORCH_CHECK(end <= max_context_, "ForwardBatch: position ", end,
                 " past the context of ", max_context_);
     if (seq.paged != nullptr) {
@@ -666,12 +696,33 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
                   "attention past KV capacity: ", end, " > ",
                   (*seq.kv)[0].k.size(1));
     }
-    first_row[s] = static_cast<int64_t>(ids.size());
+    first_row[s] = total_rows;
+    total_rows += seq.rows();
     ids.insert(ids.end(), seq.tokens.begin(), seq.tokens.end());
     capture = capture || seq.boundary_states != nullptr;
   }
   if (batch.empty()) return {};
-  torch::Tensor h = Embed(torch::tensor(ids, torch::kInt64));
+  torch::Tensor h;
+  if (!from_states) {
+    h = Embed(torch::tensor(ids, torch::kInt64));
+  } else {
+    // Embeddings (a row-wise lookup) for the token sequences, the given
+    // states for the others, in batch order.
+    torch::Tensor embedded;
+    if (!ids.empty()) embedded = Embed(torch::tensor(ids, torch::kInt64));
+    std::vector<torch::Tensor> pieces;
+    int64_t at = 0;
+    for (const BatchSequence& seq : batch) {
+      if (seq.input_states.defined()) {
+        pieces.push_back(seq.input_states);
+      } else {
+        const int64_t rows = seq.rows();
+        pieces.push_back(embedded.narrow(0, at, rows));
+        at += rows;
+      }
+    }
+    h = torch::cat(pieces, 0).contiguous();
+  }
   std::vector<torch::Tensor> boundaries;
   if (capture) boundaries.push_back(h);
 
@@ -687,8 +738,9 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
     int64_t next = 0;
     for (size_t s = 0; s < batch.size(); ++s) {
       const BatchSequence& seq = batch[s];
-      const int64_t rows = static_cast<int64_t>(seq.tokens.size());
-      if (seq.skip != nullptr && seq.skip->skipped(sublayer)) {
+      const int64_t rows = seq.rows();
+      if ((seq.skip != nullptr && seq.skip->skipped(sublayer)) ||
+          layer_index < first_layer[s] || layer_index >= last_layer[s]) {
         all = false;
         continue;
       }
@@ -762,7 +814,7 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
   std::vector<int64_t> logit_rows;
   std::vector<int64_t> logit_count(batch.size());
   for (size_t s = 0; s < batch.size(); ++s) {
-    const int64_t rows = static_cast<int64_t>(batch[s].tokens.size());
+    const int64_t rows = batch[s].rows();
     const int64_t n =
         batch[s].num_logits < 0 ? rows : std::min(batch[s].num_logits, rows);
     logit_count[s] = n;
@@ -802,12 +854,11 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
   for (size_t s = 0; s < batch.size(); ++s) {
     if (logit_count[s] > 0) out[s] = logits.narrow(0, at, logit_count[s]);
     at += logit_count[s];
-    if (batch[s].final_states != nullptr) {
-      const int64_t rows = static_cast<int64_t>(batch[s].tokens.size());
-      *batch[s].final_states = h.narrow(0, first_row[s], rows).clone();
+    if (batch[s].output_states != nullptr) {
+      *batch[s].output_states = h.narrow(0, first_row[s], batch[s].rows());
     }
     if (batch[s].boundary_states != nullptr) {
-      const int64_t rows = static_cast<int64_t>(batch[s].tokens.size());
+      const int64_t rows = batch[s].rows();
       std::vector<torch::Tensor> mine;
       mine.reserve(boundaries.size());
       for (const torch::Tensor& b : boundaries)
@@ -909,6 +960,15 @@ torch::Tensor LlamaModel::Logits(const torch::Tensor& h) const {
   std::vector<int64_t> out_shape = h.sizes().vec();
   out_shape.back() = config_.vocab_size;
   return Linear(x.reshape({-1, config_.hidden_size}), lm_head_)
+      .to(torch::kFloat32)
+      .view(out_shape);
+}
+
+torch::Tensor LlamaModel::LmHead(const torch::Tensor& x) const {
+  c10::InferenceMode guard;
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = config_.vocab_size;
+  return Linear(x.reshape({-1, config_.hidden_size}).contiguous(), lm_head_)
       .to(torch::kFloat32)
       .view(out_shape);
 }

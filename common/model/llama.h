@@ -77,9 +77,32 @@ struct PagedKvStorage {
 
 // One sequence's part of a batched forward pass (LlamaModel::ForwardBatch).
 // Everything is borrowed for the duration of the call.
+//
+// Partial passes (SpecBound's early-exit drafting, executor/specbound.h): a
+// sequence may run only the layers [first_layer, last_layer). It then starts
+// from `input_states` instead of `tokens` (the hidden states after layer
+// first_layer - 1 of positions whose K/V in layers [0, first_layer) the
+// caller has already written), and its logits and `output_states` are taken
+// after layer last_layer - 1. Running [0, a) and then [a, L) with the first
+// pass's output_states as the second's input_states gives bit-identically
+// the logits and K/V of one full pass on the row-wise CPU path (see
+// ForwardBatch's batch invariance).
 struct BatchSequence {
-  // The new tokens, at positions start_pos .. start_pos + size - 1.
+  // The new tokens, at positions start_pos .. start_pos + size - 1. Empty
+  // when `input_states` gives the rows.
   absl::Span<const int32_t> tokens;
+  // Instead of `tokens`: [rows, hidden] hidden states in the model's dtype
+  // on its device, the input of layer first_layer. Exactly one of `tokens`
+  // and `input_states`; first_layer > 0 needs input_states.
+  torch::Tensor input_states;
+  // The layers this sequence runs: [first_layer, last_layer), with
+  // 0 <= first_layer <= last_layer <= L; last_layer < 0 means L. An empty
+  // range runs no layer (logits straight from input_states).
+  int first_layer = 0;
+  int last_layer = -1;
+  // If set, receives the hidden states after layer last_layer - 1 (before
+  // the final norm), [rows, hidden] in the model dtype.
+  torch::Tensor* output_states = nullptr;
   int64_t start_pos = 0;
   // Its K/V, which must hold positions [0, start_pos) and room up to
   // start_pos + size: paged (`paged` and the block table `blocks`) or
@@ -94,11 +117,14 @@ struct BatchSequence {
   int64_t num_logits = 1;
   // If set, receives this sequence's hidden states at all 2L+1 sublayer
   // boundaries, [2L+1, size, hidden] (as ForwardOptions::boundary_states).
+  // Only for a sequence that runs all layers from its tokens.
   torch::Tensor* boundary_states = nullptr;
-  // If set, receives this sequence's hidden states after the last sublayer
-  // (before the final norm), [size, hidden], a tensor of its own (KNN-SSD
-  // routes a request by its prompt's: executor/domain_router.h).
-  torch::Tensor* final_states = nullptr;
+
+  // Rows of this sequence in the pass (tokens or input_states).
+  int64_t rows() const {
+    return input_states.defined() ? input_states.size(0)
+                                  : static_cast<int64_t>(tokens.size());
+  }
 };
 
 // Options of one whole-model pass (LlamaModel::Forward).
@@ -177,6 +203,13 @@ class LlamaModel {
                                 int64_t prefix_len) const;
   // Final RMSNorm and LM head: [..., hidden] -> float32 [..., vocab].
   torch::Tensor Logits(const torch::Tensor& h) const;
+  // The LM head alone (no norm): [..., hidden] in the model dtype -> float32
+  // [..., vocab]. Trained exit heads (exit_heads.h) feed it.
+  torch::Tensor LmHead(const torch::Tensor& x) const;
+  // The final RMSNorm's weight [hidden] and the LM head's [vocab, hidden]
+  // (a fresh dense copy), for training exit heads.
+  const torch::Tensor& final_norm_weight() const { return final_norm_; }
+  torch::Tensor LmHeadWeight() const { return lm_head_.ToDense(); }
 
   // ---- Whole-model passes ----
   // Runs every sublayer over `token_ids` ([T] int64) at positions
@@ -201,7 +234,13 @@ class LlamaModel {
   // bit-identical whichever other sequences share the pass, and however its
   // tokens are split into passes (a prompt prefilled in any chunks). Other
   // devices and dtypes use LibTorch ops, which are not guaranteed
-  // batch-invariant.
+  // batch-invariant. The same holds for partial passes (BatchSequence's
+  // first_layer / last_layer): a row's bits do not depend on which layers
+  // of it ran in which pass.
+  //
+  // Throws (c10::Error) on a malformed batch: no rows, both or neither of
+  // tokens and input_states, a bad layer range, input_states of the wrong
+  // shape or dtype, K/V too short.
   std::vector<torch::Tensor> ForwardBatch(
       absl::Span<const BatchSequence> batch) const;
 

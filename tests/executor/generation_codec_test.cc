@@ -188,6 +188,22 @@ TEST_F(DecodeGenerateRequestTest, BadRequestsNameTheField) {
        }},
       {"temperature", absl::StatusCode::kInvalidArgument,
        [](v1::GenerateRequest& r) { r.set_temperature(-1); }},
+      {"specbound.lambda", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_SPECBOUND);
+         r.mutable_speculation()->set_specbound_lambda(2);
+       }},
+      {"specbound.depth_bound", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_SPECBOUND);
+         r.mutable_speculation()->set_specbound_depth_bound(99);
+       }},
+      // The server loaded no trained heads.
+      {"specbound.trained_heads", absl::StatusCode::kFailedPrecondition,
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_SPECBOUND);
+         r.mutable_speculation()->set_specbound_trained_heads(true);
+       }},
   };
   for (const Case& c : cases) {
     v1::GenerateRequest wire;
@@ -207,6 +223,26 @@ TEST_F(DecodeGenerateRequestTest, BadRequestsNameTheField) {
   absl::StatusOr<GenerationRequest> request = Decode(planned);
   ASSERT_TRUE(request.ok()) << request.status();
   EXPECT_EQ(request->speculation.mode, SpeculationMode::kKnapSpec);
+}
+
+TEST_F(DecodeGenerateRequestTest, SpecBoundSettingsMapAndDefault) {
+  defaults_.speculation.specbound.lambda = 0.75;
+  v1::GenerateRequest wire;
+  wire.set_text("Hello");
+  v1::SpeculationOptions* spec = wire.mutable_speculation();
+  spec->set_mode(v1::SPECULATION_MODE_SPECBOUND);
+  spec->set_specbound_t0(2.5);
+  spec->set_specbound_depth_bound(3);
+  spec->set_specbound_check_every(2);
+  absl::StatusOr<GenerationRequest> request = Decode(wire);
+  ASSERT_TRUE(request.ok()) << request.status();
+  const SpecBoundConfig& sb = request->speculation.specbound;
+  EXPECT_EQ(request->speculation.mode, SpeculationMode::kSpecBound);
+  EXPECT_DOUBLE_EQ(sb.lambda, 0.75);  // unset: the server's
+  EXPECT_DOUBLE_EQ(sb.t0, 2.5);
+  EXPECT_EQ(sb.depth_bound, 3);
+  EXPECT_EQ(sb.check_every, 2);
+  EXPECT_FALSE(sb.trained_heads);
 }
 
 TEST_F(DecodeGenerateRequestTest, LimitsRefuseOversizeFieldsNamingTheFlag) {

@@ -93,6 +93,12 @@ v1::GenerateRequest Request(const std::string& text, int max_new,
     r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_STATIC);
     r.mutable_speculation()->set_static_mask("a1,m3");
     r.mutable_speculation()->set_max_draft_tokens(3);
+  } else if (mode == 2) {
+    r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_SPECBOUND);
+    r.mutable_speculation()->set_specbound_lambda(0.5);
+    r.mutable_speculation()->set_specbound_t0(2);
+    r.mutable_speculation()->set_specbound_check_every(1);
+    r.mutable_speculation()->set_max_draft_tokens(4);
   }
   return r;
 }
@@ -112,15 +118,16 @@ TEST(GenerationServiceBatchingTest, MixedModeStreamsEqualLocalGeneration) {
   const std::vector<std::string> prompts = {
       "Once upon a time", "Zoo", "The little dog ran to the park and saw",
       "Lily"};
-  std::vector<Got> got(8);
+  // Modes by i % 3: off, static, specbound.
+  std::vector<Got> got(9);
   std::vector<std::thread> threads;
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 9; ++i) {
     threads.emplace_back([&, i] {
-      got[i] = Stream(*f.stub, Request(prompts[i % 4], 40 + 5 * i, i % 2));
+      got[i] = Stream(*f.stub, Request(prompts[i % 4], 40 + 5 * i, i % 3));
     });
   }
   for (std::thread& t : threads) t.join();
-  for (int i = 0; i < 8; ++i) {
+  for (int i = 0; i < 9; ++i) {
     ASSERT_TRUE(got[i].status.ok()) << i << got[i].status.error_message();
     GenerationRequest local;
     local.prompt_ids = *StoriesTokenizer()->Encode(prompts[i % 4], true);
@@ -130,11 +137,20 @@ TEST(GenerationServiceBatchingTest, MixedModeStreamsEqualLocalGeneration) {
     ASSERT_TRUE(want.ok());
     EXPECT_EQ(got[i].ids, want->output_ids) << i;
     ASSERT_TRUE(got[i].final.has_value());
-    if (i % 2 == 1) {
+    if (i % 3 != 0) {
       EXPECT_GT(got[i].final->speculation_stats().drafts(), 0) << i;
+    }
+    if (i % 3 == 2) {
+      const v1::SpeculationStats& s = got[i].final->speculation_stats();
+      EXPECT_EQ(s.mode(), v1::SPECULATION_MODE_SPECBOUND);
+      EXPECT_GT(s.exit_depths_size(), 0) << i;
+      EXPECT_GE(s.mean_exit_depth(), 1.0) << i;
     }
   }
   const std::string text = metrics.Render();
+  EXPECT_NE(text.find("knapserve_specbound_exit_tokens_total{depth="),
+            std::string::npos)
+      << text;
   EXPECT_EQ(Gauge(text, "knapserve_kv_blocks_total"), 400) << text;
   EXPECT_EQ(Gauge(text, "knapserve_kv_blocks_used"), 0) << text;
   EXPECT_GT(Gauge(text, "knapserve_batch_steps"), 0) << text;

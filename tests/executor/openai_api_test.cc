@@ -65,6 +65,40 @@ TEST(OpenAiApiTest, CompletionFieldsBecomeTheGrpcRequest) {
   EXPECT_EQ(w.speculation().static_mask(), "0-3");
 }
 
+TEST(OpenAiApiTest, SpecBoundSettingsMapToTheWire) {
+  if (testing::StoriesTokenizer() == nullptr) GTEST_SKIP() << "no tokenizer";
+  absl::StatusOr<OpenAiRequest> r =
+      Parse(Json{{"model", "stories"},
+                 {"prompt", "Once"},
+                 {"knapserve",
+                  {{"spec", "specbound"},
+                   {"max_draft", 8},
+                   {"specbound",
+                    {{"lambda", 0.6},
+                     {"t0", 1.5},
+                     {"depth_bound", 12},
+                     {"check_every", 2},
+                     {"trained_heads", true}}}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::SpeculationOptions& s = r->wire.speculation();
+  EXPECT_EQ(s.mode(), v1::SPECULATION_MODE_SPECBOUND);
+  EXPECT_EQ(s.max_draft_tokens(), 8u);
+  EXPECT_DOUBLE_EQ(s.specbound_lambda(), 0.6);
+  EXPECT_DOUBLE_EQ(s.specbound_t0(), 1.5);
+  EXPECT_EQ(s.specbound_depth_bound(), 12u);
+  EXPECT_EQ(s.specbound_check_every(), 2u);
+  EXPECT_TRUE(s.has_specbound_trained_heads());
+  EXPECT_TRUE(s.specbound_trained_heads());
+  // Unset fields stay unset (the server's defaults).
+  absl::StatusOr<OpenAiRequest> bare = Parse(Json{
+      {"model", "stories"},
+      {"prompt", "Once"},
+      {"knapserve", {{"spec", "specbound"}, {"specbound", Json::object()}}}});
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_FALSE(bare->wire.speculation().has_specbound_lambda());
+  EXPECT_FALSE(bare->wire.speculation().has_specbound_trained_heads());
+}
+
 TEST(OpenAiApiTest, PromptsComeAsTextTokensOrAListOfOne) {
   if (testing::StoriesTokenizer() == nullptr) GTEST_SKIP() << "no tokenizer";
   auto ids = Parse(Json{{"model", "stories"}, {"prompt", {1, 403, 9}}});
@@ -111,6 +145,11 @@ TEST(OpenAiApiTest, RefusalsNameTheirField) {
       {{{"knapserve", {{"spec", "warp"}}}}, "knapserve.spec"},
       {{{"knapserve", {{"max_draft", 99}}}}, "knapserve.max_draft"},
       {{{"knapserve", {{"gamma", 2}}}}, "knapserve.gamma"},
+      {{{"knapserve", {{"specbound", 3}}}}, "knapserve.specbound"},
+      {{{"knapserve", {{"specbound", {{"depth", 3}}}}}},
+       "knapserve.specbound.depth"},
+      {{{"knapserve", {{"specbound", {{"depth_bound", -1}}}}}},
+       "knapserve.specbound.depth_bound"},
       {{{"prompt", {1, "x"}}}, "prompt[1]"},
       {{{"prompt", 3}}, "prompt"},
       {{{"model", 3}}, "model"},

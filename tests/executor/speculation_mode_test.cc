@@ -29,7 +29,7 @@ TEST(SpeculationModeTest, TheTableListsEveryModeOnceOffFirst) {
   for (SpeculationMode mode :
        {SpeculationMode::kOff, SpeculationMode::kStatic,
         SpeculationMode::kKnapSpec, SpeculationMode::kClasp,
-        SpeculationMode::kKnn}) {
+        SpeculationMode::kKnn, SpeculationMode::kSpecBound}) {
     EXPECT_TRUE(seen.count(mode)) << SpeculationModeName(mode);
   }
 }
@@ -56,6 +56,16 @@ TEST(SpeculationModeTest, PropertiesOfEachMode) {
   EXPECT_EQ(DefaultMaxDraft(SpeculationMode::kKnn), 10);
   EXPECT_EQ(PlannedPolicy(SpeculationMode::kKnapSpec), PlanPolicy::kKnapSpec);
   EXPECT_EQ(PlannedPolicy(SpeculationMode::kClasp), PlanPolicy::kClasp);
+  // SpecBound drafts by early exit: no mask, no planner.
+  EXPECT_TRUE(Drafts(SpeculationMode::kSpecBound));
+  EXPECT_TRUE(DraftsByEarlyExit(SpeculationMode::kSpecBound));
+  EXPECT_FALSE(IsPlanned(SpeculationMode::kSpecBound));
+  EXPECT_FALSE(DraftsWithFixedMask(SpeculationMode::kSpecBound));
+  for (SpeculationMode other :
+       {SpeculationMode::kOff, SpeculationMode::kStatic,
+        SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
+    EXPECT_FALSE(DraftsByEarlyExit(other));
+  }
 }
 
 TEST(SpeculationModeTest, NamesRoundTripAndUnknownNamesAreRefused) {
@@ -69,7 +79,8 @@ TEST(SpeculationModeTest, NamesRoundTripAndUnknownNamesAreRefused) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("'eagle'"), std::string::npos)
       << bad.status();
-  EXPECT_NE(bad.status().message().find("off, static, clasp, knapspec, knn"),
+  EXPECT_NE(bad.status().message().find(
+                "off, static, clasp, knapspec, knn, specbound"),
             std::string::npos)
       << bad.status();
 }

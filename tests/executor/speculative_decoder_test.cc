@@ -534,11 +534,16 @@ const Samples& CachedDraw(const LlamaModel& model,
                           const GenerationRequest& request,
                           uint64_t first_seed) {
   static auto* cache = new std::map<std::string, Samples>();
-  const std::string key =
+  std::string key =
       absl::StrCat(SpeculationModeName(request.speculation.mode), "/",
                    request.speculation.skip, "/", request.speculation.max_draft,
                    "/", request.sampling.temperature, "/",
                    request.sampling.top_p, "/", first_seed);
+  if (request.speculation.mode == SpeculationMode::kSpecBound) {
+    const SpecBoundConfig& sb = request.speculation.specbound;
+    absl::StrAppend(&key, "/specbound ", sb.lambda, " ", sb.t0, " ",
+                    sb.depth_bound, " ", sb.check_every);
+  }
   auto it = cache->find(key);
   if (it == cache->end()) {
     it = cache
@@ -632,6 +637,58 @@ TEST_P(SamplingLosslessTest, FirstTokensHaveTheAutoregressiveDistribution) {
 }
 
 INSTANTIATE_TEST_SUITE_P(TopP, SamplingLosslessTest,
+                         ::testing::Values(1.0, 0.8),
+                         [](const ::testing::TestParamInfo<double>& info) {
+                           return info.param == 1.0 ? std::string("Full")
+                                                    : std::string("TopP08");
+                         });
+
+// SpecBound (executor/specbound.h) through the same rejection sampler: its
+// drafts come from an early exit's softmax(z_l / T_l) after the sampler's
+// own temperature and top-p, which must be exactly the q_j it records.
+GenerationRequest SpecBoundSampling(double temperature, double top_p) {
+  GenerationRequest r = SamplingRequest(temperature, top_p);
+  r.speculation.mode = SpeculationMode::kSpecBound;
+  r.speculation.max_draft = 3;
+  r.speculation.specbound.lambda = 0.2;
+  r.speculation.specbound.t0 = 2.0;
+  r.speculation.specbound.depth_bound = 0;
+  r.speculation.specbound.check_every = 1;
+  return r;
+}
+
+class SpecBoundSamplingLosslessTest : public ::testing::TestWithParam<double> {
+};
+
+TEST_P(SpecBoundSamplingLosslessTest,
+       FirstTokensHaveTheAutoregressiveDistribution) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  const double top_p = GetParam();
+  const Samples& ar = CachedDraw(*model, SamplingRequest(1.0, top_p), 1);
+  const Samples& spec =
+      CachedDraw(*model, SpecBoundSampling(1.0, top_p), 2'000'001);
+  ASSERT_EQ(spec.outputs.size(), static_cast<size_t>(kSamples));
+  // Rejections happened at the first and second draft positions.
+  ASSERT_GT(spec.drafts, 0);
+  const double acceptance =
+      static_cast<double>(spec.accepted_tokens) / spec.draft_tokens;
+  EXPECT_GT(acceptance, 0.0);
+  EXPECT_LT(acceptance, 1.0);
+  ASSERT_GE(spec.accepted_per_position.size(), 2u);
+  EXPECT_LT(spec.accepted_per_position[0], spec.drafts);
+  EXPECT_GT(spec.accepted_per_position[1], 0);
+  RecordProperty("acceptance_rate", absl::StrCat(acceptance));
+  for (const auto& [name, positions] : Statistics()) {
+    const ChiSquare test =
+        TwoSampleChiSquare(Tally(ar, positions), Tally(spec, positions));
+    EXPECT_GE(test.p_value, kAlpha)
+        << "top_p " << top_p << ", " << name << ": " << test.Describe();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TopP, SpecBoundSamplingLosslessTest,
                          ::testing::Values(1.0, 0.8),
                          [](const ::testing::TestParamInfo<double>& info) {
                            return info.param == 1.0 ? std::string("Full")

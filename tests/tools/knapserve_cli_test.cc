@@ -173,6 +173,46 @@ TEST(KnapserveCliTest, StaticSpeculationGivesTheSameGreedyIds) {
   EXPECT_GE(spec["mean_acceptance_length"].get<double>(), 1.0);
 }
 
+// `knapserve train-exit-heads` writes trained heads into a temporary folder
+// (never beside the shared checkpoint); SpecBound with them, and with the
+// training-free heads, gives the golden greedy ids; heads made for another
+// model are refused, naming the file.
+TEST(KnapserveCliTest, TrainedExitHeadsThenSpecBoundGivesTheSameGreedyIds) {
+  knapserve::testing::ScopedTempDir dir("cli_exit_heads");
+  const std::string corpus = dir.path() + "/corpus.txt";
+  std::ofstream(corpus)
+      << "Once upon a time, there was a little girl named Lily.\nShe liked "
+         "to play.\n\nTom had a big red ball. He kicked it high.\n\n"
+         "The sun was shining and the birds were singing.\n";
+  const std::string heads = dir.path() + "/heads.safetensors";
+  const nlohmann::json trained = RunJson(Stories(
+      {"train-exit-heads", "--corpus", corpus, "--out", heads, "--steps", "30",
+       "--batch", "2", "--seq-len", "16", "--rank", "4", "--lr", "0.01"}));
+  EXPECT_EQ(trained["documents"], 3);
+  EXPECT_EQ(trained["out"], heads);
+  EXPECT_LT(trained["last_tenth_mean_loss"].get<double>(),
+            trained["first_tenth_mean_loss"].get<double>());
+  for (const std::string& which : {std::string("model"), heads}) {
+    const nlohmann::json out = RunJson(Stories(
+        {"generate", "--prompt", "Zoo", "--max-new-tokens", "57",
+         "--temperature", "0", "--spec", "specbound", "--exit-heads", which,
+         "--specbound-lambda", "0.5", "--specbound-t0", "2", "--json"}));
+    EXPECT_THAT(Ids(out["output_ids"]), ElementsAreArray(kZooGreedyIds))
+        << which;
+    EXPECT_EQ(out["spec"], "specbound");
+    const nlohmann::json& sb = out["speculation"]["specbound"];
+    EXPECT_EQ(sb["heads"], which == "model" ? "training-free" : "trained");
+    EXPECT_GT(out["speculation"]["drafts"].get<int64_t>(), 0) << which;
+    EXPECT_GE(sb["mean_exit_depth"].get<double>(), 1.0);
+  }
+  const std::vector<std::string> wrong =
+      Tiny({"generate", "--prompt", "Zoo", "--spec", "specbound",
+            "--exit-heads", heads});
+  const Outcome outcome = RunKnapserve(wrong);
+  EXPECT_NE(outcome.exit_code, 0) << Describe(wrong, outcome);
+  EXPECT_THAT(outcome.err, AllOf(HasSubstr(heads), HasSubstr("fingerprint")));
+}
+
 // `knapserve profile` writes a profile (once per process) that generate
 // --spec knapspec|clasp then plans with.
 const std::string& StoriesProfile() {
