@@ -765,6 +765,28 @@ struct BatchStepRunner {
     return out;
   }
 
+  // A pass before the main one (a draft round, or SpecBound's alignment):
+  // its time counts as drafting for every sequence in it, then
+  // `take(i, seq, logits)` takes sequence i's output, failing only that
+  // sequence if it throws.
+  template <typename Take>
+  void DraftPass(const std::vector<Sequence*>& ready,
+                 const std::vector<BatchSequence>& inputs, const char* what,
+                 Take&& take) {
+    double seconds = 0;
+    std::vector<torch::Tensor> logits = Pass(ready, inputs, seconds);
+    ++stats.draft_passes;
+    for (size_t i = 0; i < ready.size() && !logits.empty(); ++i) {
+      Sequence* seq = ready[i];
+      seq->spec_stats_.draft_seconds += seconds;
+      seq->step_seconds_ += seconds;
+      Guarded(seq, what, [&] {
+        take(i, seq, logits[i]);
+        return absl::OkStatus();
+      });
+    }
+  }
+
   void Run(absl::Span<Sequence* const> batch) {
     const auto step_start = std::chrono::steady_clock::now();
     c10::InferenceMode inference_mode;
@@ -832,22 +854,14 @@ struct BatchStepRunner {
         inputs.push_back(input);
       }
       if (ready.empty()) continue;
-      double seconds = 0;
-      std::vector<torch::Tensor> logits = Pass(ready, inputs, seconds);
-      ++stats.draft_passes;
-      for (size_t i = 0; i < ready.size() && !logits.empty(); ++i) {
-        Sequence* seq = ready[i];
-        seq->spec_stats_.draft_seconds += seconds;
-        seq->step_seconds_ += seconds;
-        Guarded(seq, "draft", [&] {
-          if (seq->early_exit_) {
-            seq->OnExitPass(exit_states[i]);
-          } else {
-            seq->OnDraftLogits(logits[i][0]);
-          }
-          return absl::OkStatus();
-        });
-      }
+      DraftPass(ready, inputs, "draft",
+                [&](size_t i, Sequence* seq, const torch::Tensor& logits) {
+                  if (seq->early_exit_) {
+                    seq->OnExitPass(exit_states[i]);
+                  } else {
+                    seq->OnDraftLogits(logits[0]);
+                  }
+                });
     }
 
     // 2b. SpecBound's alignment: rows below their step's deepest exit go up
@@ -873,18 +887,10 @@ struct BatchStepRunner {
         inputs.push_back(input);
       }
       if (ready.empty()) break;
-      double seconds = 0;
-      std::vector<torch::Tensor> logits = Pass(ready, inputs, seconds);
-      ++stats.draft_passes;
-      for (size_t i = 0; i < ready.size() && !logits.empty(); ++i) {
-        Sequence* seq = ready[i];
-        seq->spec_stats_.draft_seconds += seconds;
-        seq->step_seconds_ += seconds;
-        Guarded(seq, "align", [&] {
-          seq->exit_rows_.Apply(out[i]);
-          return absl::OkStatus();
-        });
-      }
+      DraftPass(ready, inputs, "align",
+                [&](size_t i, Sequence* seq, const torch::Tensor&) {
+                  seq->exit_rows_.Apply(out[i]);
+                });
     }
 
     // 3. The main pass: decode rows first, then prefill chunks within the

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -128,6 +129,68 @@ int FreeLoopbackPort() {
   }
   close(fd);
   return port;
+}
+
+ServerProcess::ServerProcess(std::vector<std::string> argv_strings,
+                             const std::string& ready,
+                             const std::vector<std::string>& env_changes)
+    : dir_(MakeTempDir("server")) {
+  err_path_ = dir_ + "/stderr";
+  std::vector<char*> argv;
+  for (std::string& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings = EnvironmentWith(env_changes);
+  std::vector<char*> env;
+  for (std::string& s : env_strings) env.push_back(s.data());
+  env.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path_.c_str(),
+                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), env.data()) ==
+      0) {
+    pid_ = pid;
+  }
+  posix_spawn_file_actions_destroy(&actions);
+  for (int i = 0; i < 1200 && pid_ != 0 && port_.empty(); ++i) {
+    const std::string err = ReadFile(err_path_);
+    if (!ready.empty()) {
+      if (err.find(ready) != std::string::npos) {
+        port_ = "ready";
+      } else {
+        usleep(100 * 1000);
+      }
+      continue;
+    }
+    const size_t at = err.find("on port ");
+    if (at != std::string::npos && err.find('\n', at) != std::string::npos) {
+      port_ = err.substr(at + 8, err.find('\n', at) - at - 8);
+    } else {
+      usleep(100 * 1000);
+    }
+  }
+}
+
+ServerProcess::~ServerProcess() {
+  if (pid_ != 0 && exit_code_ < 0) Stop();
+}
+
+std::string ServerProcess::address() const {
+  return port_.empty() ? "" : "127.0.0.1:" + port_;
+}
+
+std::string ServerProcess::log() const { return ReadFile(err_path_); }
+
+void ServerProcess::SendSigterm() { kill(pid_, SIGTERM); }
+
+int ServerProcess::Signal(int signal) {
+  if (signal != 0) kill(pid_, signal);
+  int status = 0;
+  if (waitpid(pid_, &status, 0) == pid_) {
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + signal;
+  }
+  return exit_code_;
 }
 
 }  // namespace knapserve::testing

@@ -57,6 +57,46 @@ ProcessOutcome RunProcess(std::vector<std::string> argv,
 // process may take it before the caller binds it; 0 on failure.
 int FreeLoopbackPort();
 
+// A server process (knapserve-planner, knapserve-executor, knapserve serve,
+// or another binary) started with `argv` in this process's environment with
+// `env_changes` applied, its stderr captured. Knapserve servers are started
+// with --listen 127.0.0.1:0 and port() is what they say they bound (waiting
+// at most 120 s; empty if they never did). For another server, `ready` is the
+// line its stderr prints once it serves, and port() is then "ready". The
+// destructor stops a server still running (SIGTERM, then waits). Not for
+// concurrent use from several threads.
+class ServerProcess {
+ public:
+  explicit ServerProcess(std::vector<std::string> argv,
+                         const std::string& ready = "",
+                         const std::vector<std::string>& env_changes = {});
+  ~ServerProcess();
+  ServerProcess(const ServerProcess&) = delete;
+  ServerProcess& operator=(const ServerProcess&) = delete;
+
+  const std::string& port() const { return port_; }
+  // "127.0.0.1:PORT", or "" when no port is known.
+  std::string address() const;
+  int pid() const { return pid_; }
+  std::string log() const;
+  // SIGTERM, then the exit code (128 + signal if it did not exit normally).
+  int Stop() { return Signal(15); }
+  // SIGKILL: the process dies without any clean-up.
+  void Kill() { Signal(9); }
+  // SIGTERM without waiting; Wait() then reaps it.
+  void SendSigterm();
+  int Wait() { return Signal(0); }
+
+ private:
+  int Signal(int signal);
+
+  std::string dir_;
+  int pid_ = 0;
+  std::string err_path_;
+  std::string port_;
+  int exit_code_ = -1;
+};
+
 // LlamaModel::Load(dir) in `dtype`; nullptr and a test failure on error.
 std::unique_ptr<LlamaModel> LoadModelOrFail(
     const std::string& dir, c10::ScalarType dtype = c10::ScalarType::Float);

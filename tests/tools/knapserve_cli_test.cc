@@ -356,75 +356,7 @@ TEST(KnapserveCliTest, AnchorsThenKnnGenerationRoutesAndStaysLossless) {
   }
 }
 
-// A server process (knapserve-planner, knapserve-executor, knapserve serve)
-// started with --listen 127.0.0.1:0; port() is what it says it bound. For
-// another server, `ready` is the line its stderr prints once it serves
-// (port() is then "ready").
-class ServerProcess {
- public:
-  explicit ServerProcess(std::vector<std::string> argv_strings,
-                         const std::string& ready = "") {
-    err_path_ = temp_.path() + "/stderr";
-    std::vector<char*> argv;
-    for (std::string& s : argv_strings) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path_.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(), environ) !=
-        0)
-      pid_ = 0;
-    posix_spawn_file_actions_destroy(&actions);
-    for (int i = 0; i < 1200 && pid_ != 0 && port_.empty(); ++i) {
-      const std::string err = ReadFile(err_path_);
-      if (!ready.empty()) {
-        if (err.find(ready) != std::string::npos) {
-          port_ = "ready";
-        } else {
-          usleep(100 * 1000);
-        }
-        continue;
-      }
-      const size_t at = err.find("on port ");
-      if (at != std::string::npos && err.find('\n', at) != std::string::npos) {
-        port_ = err.substr(at + 8, err.find('\n', at) - at - 8);
-      } else {
-        usleep(100 * 1000);
-      }
-    }
-  }
-  ~ServerProcess() {
-    if (pid_ != 0 && exit_code_ < 0) Stop();
-  }
-  const std::string& port() const { return port_; }
-  std::string address() const { return "127.0.0.1:" + port_; }
-  pid_t pid() const { return pid_; }
-  std::string log() const { return ReadFile(err_path_); }
-  // SIGTERM, then the exit code (-1 if it did not exit normally).
-  int Stop() { return Signal(SIGTERM); }
-  // SIGKILL: the process dies without any clean-up.
-  void Kill() { Signal(SIGKILL); }
-  // SIGTERM without waiting; Wait() then reaps it.
-  void SendSigterm() { kill(pid_, SIGTERM); }
-  int Wait() { return Signal(0); }
-
- private:
-  int Signal(int signal) {
-    if (signal != 0) kill(pid_, signal);
-    int status = 0;
-    if (waitpid(pid_, &status, 0) == pid_) {
-      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + signal;
-    }
-    return exit_code_;
-  }
-
-  const knapserve::testing::ScopedTempDir temp_{"cli_server"};
-  pid_t pid_ = 0;
-  std::string err_path_;
-  std::string port_;
-  int exit_code_ = -1;
-};
+using knapserve::testing::ServerProcess;
 
 // Two processes and a client: knapserve-planner, knapserve-executor --planner
 // ADDR, and generate --server ADDR; also generate --planner ADDR locally and

@@ -77,65 +77,8 @@ class OtlpReceiver {
   std::vector<std::string> bodies_ ABSL_GUARDED_BY(mu_);
 };
 
-// A server binary started with --listen 127.0.0.1:0 and `env_changes`;
-// address() is what it says it bound (empty if it never did, within 120 s).
-class TracedServer {
- public:
-  TracedServer(std::vector<std::string> argv_strings,
-               const std::vector<std::string>& env_changes) {
-    err_path_ = temp_.path() + "/stderr";
-    std::vector<char*> argv;
-    for (std::string& s : argv_strings) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_strings =
-        testing::EnvironmentWith(env_changes);
-    std::vector<char*> env;
-    for (std::string& s : env_strings) env.push_back(s.data());
-    env.push_back(nullptr);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDERR_FILENO, err_path_.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(),
-                    env.data()) != 0) {
-      pid_ = 0;
-    }
-    posix_spawn_file_actions_destroy(&actions);
-    for (int i = 0; i < 1200 && pid_ != 0 && port_.empty(); ++i) {
-      const std::string err = ReadFile(err_path_);
-      const size_t at = err.find("on port ");
-      if (at != std::string::npos && err.find('\n', at) != std::string::npos) {
-        port_ = err.substr(at + 8, err.find('\n', at) - at - 8);
-      } else {
-        usleep(100 * 1000);
-      }
-    }
-  }
-  ~TracedServer() {
-    if (pid_ != 0 && !stopped_) Stop();
-  }
-  std::string address() const {
-    return port_.empty() ? "" : "127.0.0.1:" + port_;
-  }
-  std::string log() const { return ReadFile(err_path_); }
-  // SIGTERM, then the exit code (-1 if it did not exit normally).
-  int Stop() {
-    stopped_ = true;
-    kill(pid_, SIGTERM);
-    int status = 0;
-    if (waitpid(pid_, &status, 0) != pid_ || !WIFEXITED(status)) return -1;
-    return WEXITSTATUS(status);
-  }
-
- private:
-  const testing::ScopedTempDir temp_{"traced_server"};
-  pid_t pid_ = 0;
-  std::string err_path_;
-  std::string port_;
-  bool stopped_ = false;
-};
-
 using testing::FreeLoopbackPort;
+using testing::ServerProcess;
 
 // One exported span, flattened.
 struct ExportedSpan {
@@ -252,20 +195,21 @@ TEST(OtlpTracesTest, SplitDeploymentExportsOneTraceAcrossBothProcesses) {
         "OTEL_SDK_DISABLED",
         "OTEL_RESOURCE_ATTRIBUTES"};
   };
-  TracedServer planner(with_model({testing::kKnapservePlannerBinary, "--listen",
-                                   "127.0.0.1:0", "--profile", profile}),
-                       otel_env("test-planner"));
+  ServerProcess planner(
+      with_model({testing::kKnapservePlannerBinary, "--listen", "127.0.0.1:0",
+                  "--profile", profile}),
+      "", otel_env("test-planner"));
   ASSERT_FALSE(planner.address().empty()) << planner.log();
   const int http_port = FreeLoopbackPort();
   const int metrics_port = FreeLoopbackPort();
   ASSERT_TRUE(http_port > 0 && metrics_port > 0);
-  TracedServer executor(
+  ServerProcess executor(
       with_model({testing::kKnapserveExecutorBinary, "--listen", "127.0.0.1:0",
                   "--planner", planner.address(), "--http-listen",
                   absl::StrCat("127.0.0.1:", http_port), "--metrics-port",
                   std::to_string(metrics_port), "--plan-interval", "8",
                   "--reference-steps", "2"}),
-      otel_env("test-executor"));
+      "", otel_env("test-executor"));
   ASSERT_FALSE(executor.address().empty()) << executor.log();
   EXPECT_THAT(executor.log(), HasSubstr("exporting traces to " +
                                         receiver.endpoint() + "/v1/traces"));
@@ -546,13 +490,15 @@ TEST(OtlpTracesTest, InProcessPlanningGivesTheSameChainInOneProcess) {
   OtlpReceiver receiver;
   const testing::ScopedTempDir dir("otlp_traces_inproc");
   const std::string profile = StoriesProfile(dir.path());
-  TracedServer serve({testing::kKnapserveBinary, "serve", "--listen",
-                      "127.0.0.1:0", "--profile", profile, "--model",
-                      testing::Stories260kDir(), "--threads", "1"},
-                     {"OTEL_EXPORTER_OTLP_ENDPOINT=" + receiver.endpoint(),
-                      "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-                      "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG",
-                      "OTEL_SDK_DISABLED", "OTEL_RESOURCE_ATTRIBUTES"});
+  ServerProcess serve(
+      {testing::kKnapserveBinary, "serve", "--listen", "127.0.0.1:0",
+       "--profile", profile, "--model", testing::Stories260kDir(), "--threads",
+       "1"},
+      "",
+      {"OTEL_EXPORTER_OTLP_ENDPOINT=" + receiver.endpoint(),
+       "OTEL_SERVICE_NAME", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+       "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG", "OTEL_SDK_DISABLED",
+       "OTEL_RESOURCE_ATTRIBUTES"});
   ASSERT_FALSE(serve.address().empty()) << serve.log();
   const std::string traceparent =
       absl::StrCat("00-", kTraceId, "-", kCallerSpan, "-01");
