@@ -18,6 +18,7 @@ PACKAGES=(
   libabsl-dev nlohmann-json3-dev libpcre2-dev libutf8proc-dev
   libcpp-httplib-dev
   prometheus-cpp-dev  # the metrics
+  libhwy-dev  # Highway: the portable SIMD kernels (common/model/kernels)
 )
 if [ "$SETUP" != build ]; then
   PACKAGES+=(

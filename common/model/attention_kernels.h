@@ -1,23 +1,23 @@
-// The raw CPU kernel behind DecodeAttention (common/model/decode_attention.h)
-// for AVX-512 machines: all the query rows of one KV head (the new tokens of
-// a decode or verification step x the query heads sharing that KV head)
-// attending to the cache. Defined in attention_kernels_avx512.cc, which is
-// compiled for AVX-512 and includes no torch or STL header: call only when
-// the CPU has AVX-512F and AVX-512BW.
+// The raw CPU kernel behind DecodeAttention (common/model/decode_attention.h):
+// all the query rows of one KV head (the new tokens of a decode or
+// verification step x the query heads sharing that KV head) attending to the
+// cache. Defined in attention_kernels.cc, one Highway source compiled for
+// every SIMD target; the chosen target runs (common/model/simd_target.h).
 //
-// Multi-query: keys are taken 16 at a time and each block, once loaded, is
+// Multi-query: keys are taken 4 at a time and each group, once loaded, is
 // used by every query row that sees it; the weighted sum of values keeps
 // tiles of 6 query rows in registers, so each value vector is loaded once per
 // tile. A k-token verification therefore reads the cached K/V about once, not
 // k times.
 //
-// Every output depends only on (q, keys[0..len), values[0..len)) and a fixed
-// instruction sequence: the score of key j is an FMA chain over the head
-// dimension in 16 lanes, whose lanes are summed by a fixed tree; softmax sums
-// run over 16 lanes by key index modulo 16, then a fixed reduction; the
-// weighted sum is one FMA chain over keys in order per output element (a key
-// a row does not see adds exactly zero). So a row's result is the same
-// whatever other rows are computed beside it (batch invariance).
+// Every output depends only on (q, keys[0..len), values[0..len)), the target
+// and a fixed instruction sequence: the score of key j is an FMA chain over
+// the head dimension in vectors of the target's width, whose lanes are summed
+// by a fixed tree; softmax sums run over those lanes by key index, then a
+// fixed reduction; the weighted sum is one FMA chain over keys in order per
+// output element (a key a row does not see adds exactly zero). So within one
+// target a row's result is the same whatever other rows are computed beside
+// it (batch invariance).
 #ifndef KNAPSERVE_COMMON_MODEL_ATTENTION_KERNELS_H_
 #define KNAPSERVE_COMMON_MODEL_ATTENTION_KERNELS_H_
 

@@ -77,17 +77,6 @@ void AttendGroup(const float* q, const E* keys, const E* values,
   }
 }
 
-// Whether this CPU runs the AVX-512 kernel (common/model/attention_kernels.h).
-bool CpuHasAvx512() {
-#if defined(__x86_64__)
-  static const bool has =
-      __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-  return has;
-#else
-  return false;
-#endif
-}
-
 // Query rows per kernel call: bounds the score scratch for long prefill
 // chunks. A row's result does not depend on the tile it is in.
 constexpr int64_t kRowTile = 64;
@@ -131,10 +120,11 @@ void RunDecodeAttention(const AttentionJob* jobs, int64_t num_jobs, int64_t nh,
   const int64_t n = static_cast<int64_t>(items.size());
   // Below this much work a fork/join costs more than it saves.
   const int64_t grain = work < 65536 ? std::max<int64_t>(n, 1) : 1;
-#if defined(__x86_64__)
+  // The SIMD kernel (attention_kernels.h) for fp32 and bf16 K/V with
+  // head_dim a multiple of 16, on whichever target is chosen.
   constexpr bool kFastDtype =
       std::is_same_v<E, at::BFloat16> || std::is_same_v<E, float>;
-  if (kFastDtype && CpuHasAvx512() && hd % 16 == 0) {
+  if (kFastDtype && hd % 16 == 0 && hd <= kMaxHeadDim) {
     ParallelFor(0, n, grain, [&](int64_t begin, int64_t end) {
       std::vector<float> scores;
       for (int64_t w = begin; w < end; ++w) {
@@ -164,8 +154,7 @@ void RunDecodeAttention(const AttentionJob* jobs, int64_t num_jobs, int64_t nh,
     });
     return;
   }
-#endif
-  // Portable: one query row at a time within each item.
+  // Other head sizes and fp16: one query row at a time within each item.
   ParallelFor(0, n, grain, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
     for (int64_t w = begin; w < end; ++w) {

@@ -12,9 +12,10 @@
 // attention output is bit-identical alone or inside a verification pass, and
 // independent of how rows are split between threads.
 //
-// On AVX-512 CPUs (head_dim a multiple of 16, fp32 or bf16) the work runs in
-// common/model/attention_kernels.h (FMA chains, a vectorized exp); elsewhere
-// in portable code. Which one runs depends on the machine, never on T.
+// For fp32 and bf16 with head_dim a multiple of 16 the work runs in the SIMD
+// kernel of common/model/attention_kernels.h on the chosen target (FMA
+// chains, a vectorized exp); other head sizes and fp16 in portable code.
+// Which one runs depends on the dtype, head_dim and target, never on T.
 //
 // Used by LlamaModel::Attention on CPU for T <= kMaxDecodeAttentionRows (longer
 // chunks there use the LibTorch path), and by LlamaModel::ForwardBatch for

@@ -18,28 +18,10 @@ namespace {
 // verification pass both read each weight byte once.
 constexpr int64_t kRowChunk = 96;
 
-#if defined(__x86_64__)
-bool CpuHasAvx512Bf16() {
-  static const bool has = __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512bf16");
-  return has;
-}
-
-bool CpuHasAvx512F() {
-  static const bool has = __builtin_cpu_supports("avx512f");
-  return has;
-}
-#endif  // __x86_64__
-
 }  // namespace
 
 bool FastLinearSupported(torch::ScalarType dtype) {
-#if defined(__x86_64__)
-  if (dtype == torch::kBFloat16) return CpuHasAvx512Bf16();
-  if (dtype == torch::kFloat32) return CpuHasAvx512F();
-#endif
-  return false;
+  return dtype == torch::kBFloat16 || dtype == torch::kFloat32;
 }
 
 LinearWeight::LinearWeight(const torch::Tensor& w_in) {
@@ -53,7 +35,6 @@ LinearWeight::LinearWeight(const torch::Tensor& w_in) {
     dense_ = w_in.contiguous();
     return;
   }
-#if defined(__x86_64__)
   const torch::Tensor w = w_in.contiguous();
   const int64_t panels = kernels::NumPanels(n_);
   if (dtype_ == torch::kBFloat16) {
@@ -68,7 +49,6 @@ LinearWeight::LinearWeight(const torch::Tensor& w_in) {
     kernels::PackPanelsF32(w.data_ptr<float>(), n_, k_,
                            packed_.data_ptr<float>());
   }
-#endif
 }
 
 torch::Tensor LinearWeight::ToDense() const {
@@ -117,7 +97,6 @@ torch::Tensor LinearFloatOut(const torch::Tensor& x_in, const LinearWeight& w) {
       }
     });
   };
-#if defined(__x86_64__)
   if (w.dtype() == torch::kBFloat16) {
     run(kernels::PanelLinearBf16,
         reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()),
@@ -126,7 +105,6 @@ torch::Tensor LinearFloatOut(const torch::Tensor& x_in, const LinearWeight& w) {
     run(kernels::PanelLinearF32, x.data_ptr<float>(),
         w.panels().data_ptr<float>());
   }
-#endif
   return y;
 }
 

@@ -1,22 +1,24 @@
 // Linear: y = x @ w^T, the projection every sublayer runs, with a CPU kernel
 // that makes a pass over several tokens cost little more than one token.
 //
-// A projection weight is held as a LinearWeight. On an AVX-512 CPU (fp32, or
-// bf16 with AVX512-BF16) it is packed once, at load, into panels of 16 output
-// columns stored K-major (common/model/linear_kernels.h), and Linear runs the
-// register-blocked kernel for any number of rows: tiles of up to 6 token rows
-// x 64 output columns, every weight vector loaded once and used by all the
-// rows of the tile, no horizontal sums. A decode step (1 row) streams the
-// weights once; a verification pass over 5 rows streams them once too and
-// adds only the arithmetic. Elsewhere (CUDA, other CPUs, fp16) the weight
-// stays a plain [N, K] tensor and Linear calls torch::mm.
+// A projection weight is held as a LinearWeight. On a CPU (fp32 or bf16) it is
+// packed once, at load, into panels of 16 output columns stored K-major
+// (common/model/linear_kernels.h), and Linear runs the register-blocked SIMD
+// kernel of the chosen target (common/model/simd_target.h: AVX-512, AVX2,
+// Arm or the scalar fallback) for any number of rows: tiles of up to 6 token
+// rows x up to 64 output columns, every weight vector loaded once and used by
+// all the rows of the tile, no horizontal sums. A decode step (1 row) streams
+// the weights once; a verification pass over 5 rows streams them once too
+// and adds only the arithmetic. Elsewhere (CUDA, fp16) the weight stays a
+// plain [N, K] tensor and Linear calls torch::mm.
 //
 // Batch invariance: with the packed kernel each output element is one
 // fused-multiply-add chain over K in a fixed order, whatever the number of
 // rows and however the work is split between threads, so one token decoded
 // alone and the same token inside a verification pass get bit-identical
 // projections. Speculative greedy output then equals autoregressive output
-// exactly, not merely up to floating-point ties.
+// exactly, not merely up to floating-point ties. This holds within one SIMD
+// target; the packed layout is the same for all of them.
 //
 // Ownership: a LinearWeight owns its storage (by torch reference count);
 // copies share it. Thread safety: immutable after construction; Linear is a
@@ -30,8 +32,8 @@
 
 namespace knapserve {
 
-// Whether this CPU runs the packed kernel for `dtype` (kBFloat16 needs
-// AVX512-BF16, kFloat32 needs AVX-512F).
+// Whether CPU weights of `dtype` are packed for the SIMD kernel (fp32 and
+// bf16, on every CPU).
 bool FastLinearSupported(torch::ScalarType dtype);
 
 class LinearWeight {

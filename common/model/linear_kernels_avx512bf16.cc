@@ -1,11 +1,12 @@
-// AVX-512 kernels behind common/model/linear.h (contract in
-// linear_kernels.h). This file alone is compiled with -mavx512f -mavx512bw
-// -mavx512vl -mavx512bf16 (see common/CMakeLists.txt) and includes no torch
-// header, so no AVX-512 code leaks into code that runs on CPUs without it;
-// linear.cc calls in only after checking the CPU.
+// The hand-written AVX512-BF16 projection kernel for bf16 weights (contract
+// in linear_kernels.h): one vdpbf16ps per k pair, which Highway 1.0.3 cannot
+// express (it has no AVX3_ZEN4 target). It is the "avx512bf16" SIMD target
+// (common/model/simd_target.h), chosen only on CPUs with AVX512-BF16. This
+// file alone is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16
+// (common/model/CMakeLists.txt) and includes no torch or STL header, so no
+// AVX-512 code leaks into code that runs on CPUs without it.
 #include <immintrin.h>
-
-#include <cstring>
+#include <string.h>
 
 #include "common/model/linear_kernels.h"
 
@@ -24,43 +25,19 @@ inline void StoreColumns(float* y, __m512 v, int64_t valid) {
   }
 }
 
-// MR rows x NV panels. `valid` = output columns left from the tile's first
-// column (the last panel may be padding past n).
-template <int MR, int NV>
-void TileF32(const float* x, int64_t k, const float* panel,
-             int64_t panel_stride, float* y, int64_t ldy, int64_t valid) {
-  __m512 acc[MR][NV];
-  for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_setzero_ps();
-  }
-  for (int64_t i = 0; i < k; ++i) {
-    __m512 w[NV];
-    for (int v = 0; v < NV; ++v)
-      w[v] = _mm512_loadu_ps(panel + v * panel_stride + i * kPanelWidth);
-    for (int r = 0; r < MR; ++r) {
-      const __m512 xb = _mm512_set1_ps(x[r * k + i]);
-      for (int v = 0; v < NV; ++v)
-        acc[r][v] = _mm512_fmadd_ps(xb, w[v], acc[r][v]);
-    }
-  }
-  for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v)
-      StoreColumns(y + r * ldy + v * kPanelWidth, acc[r][v],
-                   valid - v * kPanelWidth);
-  }
-}
-
 // x pair (x[i], x[i+1]) as one 32-bit lane value; the element past an odd k
 // is zero, as is the packed weight there.
 inline uint32_t PairAt(const uint16_t* row, int64_t i, int64_t k) {
   if (i + 1 < k) {
     uint32_t pair;
-    std::memcpy(&pair, row + i, sizeof(pair));
+    memcpy(&pair, row + i, sizeof(pair));
     return pair;
   }
   return row[i];
 }
 
+// MR rows x NV panels. `valid` = output columns left from the tile's first
+// column (the last panel may be padding past n).
 template <int MR, int NV>
 void TileBf16(const uint16_t* x, int64_t k, const uint16_t* panel,
               int64_t panel_stride, float* y, int64_t ldy, int64_t valid) {
@@ -94,10 +71,6 @@ using TileFn = void (*)(const E* x, int64_t k, const E* panel,
                         int64_t panel_stride, float* y, int64_t ldy,
                         int64_t valid);
 
-template <int MR, int NV>
-struct F32Tile {
-  static constexpr TileFn<float> fn = &TileF32<MR, NV>;
-};
 template <int MR, int NV>
 struct Bf16Tile {
   static constexpr TileFn<uint16_t> fn = &TileBf16<MR, NV>;
@@ -136,44 +109,9 @@ void RunPanels(const E* x, const E* packed, int64_t panel_elements, float* y,
 
 }  // namespace
 
-void PackPanelsF32(const float* w, int64_t n, int64_t k, float* packed) {
-  for (int64_t p = 0; p < NumPanels(n); ++p) {
-    float* panel = packed + p * PanelElementsF32(k);
-    for (int64_t i = 0; i < k; ++i) {
-      for (int64_t c = 0; c < kPanelWidth; ++c) {
-        const int64_t row = p * kPanelWidth + c;
-        panel[i * kPanelWidth + c] = row < n ? w[row * k + i] : 0.0f;
-      }
-    }
-  }
-}
-
-void PackPanelsBf16(const uint16_t* w, int64_t n, int64_t k, uint16_t* packed) {
-  const int64_t pairs = (k + 1) / 2;
-  for (int64_t p = 0; p < NumPanels(n); ++p) {
-    uint16_t* panel = packed + p * PanelElementsBf16(k);
-    for (int64_t q = 0; q < pairs; ++q) {
-      for (int64_t c = 0; c < kPanelWidth; ++c) {
-        const int64_t row = p * kPanelWidth + c;
-        for (int64_t h = 0; h < 2; ++h) {
-          const int64_t i = 2 * q + h;
-          panel[(q * kPanelWidth + c) * 2 + h] =
-              row < n && i < k ? w[row * k + i] : uint16_t{0};
-        }
-      }
-    }
-  }
-}
-
-void PanelLinearF32(const float* x, const float* packed, float* y, int64_t n,
-                    int64_t k, int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
-  RunPanels<float, F32Tile>(x, packed, PanelElementsF32(k), y, n, k, r0, r1, p0,
-                            p1);
-}
-
-void PanelLinearBf16(const uint16_t* x, const uint16_t* packed, float* y,
-                     int64_t n, int64_t k, int64_t r0, int64_t r1, int64_t p0,
-                     int64_t p1) {
+void PanelLinearBf16Avx512Bf16(const uint16_t* x, const uint16_t* packed,
+                               float* y, int64_t n, int64_t k, int64_t r0,
+                               int64_t r1, int64_t p0, int64_t p1) {
   RunPanels<uint16_t, Bf16Tile>(x, packed, PanelElementsBf16(k), y, n, k, r0,
                                 r1, p0, p1);
 }
