@@ -24,9 +24,29 @@ std::string Env(const char* name) {
   return value == nullptr ? "" : value;
 }
 
+// The cache entry at `path` when it is usable for `key` and `max_draft`;
+// otherwise the reason it is not (NotFound when there is no file).
+absl::StatusOr<LatencyProfile> ReadEntry(const std::string& path,
+                                         const ProfileKey& key, int max_draft) {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) return absl::NotFoundError(path);
+  ASSIGN_OR_RETURN(LatencyProfile profile, LatencyProfile::Load(path));
+  RETURN_IF_ERROR(profile.CheckMatches(key.model_fingerprint, key.device,
+                                       key.dtype, key.threads));
+  if (profile.max_draft < max_draft) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("its verify table covers drafts up to ", profile.max_draft,
+                     ", ", max_draft, " are needed"));
+  }
+  return profile;
+}
+
+}  // namespace
+
 // Writes `text` to `path` through a temporary file in the same folder and a
 // rename. Creates the folder first.
-absl::Status WriteAtomically(const std::string& path, const std::string& text) {
+absl::Status WriteCacheFileAtomically(const std::string& path,
+                                      const std::string& text) {
   const fs::path target(path);
   std::error_code ec;
   fs::create_directories(target.parent_path(), ec);
@@ -60,25 +80,6 @@ absl::Status WriteAtomically(const std::string& path, const std::string& text) {
   }
   return absl::OkStatus();
 }
-
-// The cache entry at `path` when it is usable for `key` and `max_draft`;
-// otherwise the reason it is not (NotFound when there is no file).
-absl::StatusOr<LatencyProfile> ReadEntry(const std::string& path,
-                                         const ProfileKey& key, int max_draft) {
-  std::error_code ec;
-  if (!fs::exists(path, ec)) return absl::NotFoundError(path);
-  ASSIGN_OR_RETURN(LatencyProfile profile, LatencyProfile::Load(path));
-  RETURN_IF_ERROR(profile.CheckMatches(key.model_fingerprint, key.device,
-                                       key.dtype, key.threads));
-  if (profile.max_draft < max_draft) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("its verify table covers drafts up to ", profile.max_draft,
-                     ", ", max_draft, " are needed"));
-  }
-  return profile;
-}
-
-}  // namespace
 
 ProfileKey ProfileKey::Of(const LlamaModel& model) {
   ProfileKey key;
@@ -183,7 +184,7 @@ absl::StatusOr<ObtainedProfile> ObtainProfile(
       key.model_fingerprint, key.device, key.dtype, key.threads));
   if (!entry.empty()) {
     const absl::Status written =
-        WriteAtomically(entry, obtained.profile.ToJson());
+        WriteCacheFileAtomically(entry, obtained.profile.ToJson());
     if (written.ok()) {
       obtained.path = entry;
     } else {

@@ -59,6 +59,12 @@ struct ProfileKey {
 // "" when none of them is set.
 std::string ProfileCacheDir(const std::string& flag_dir);
 
+// Writes `text` to `path` (a cache entry) through a temporary file in the
+// same folder and a rename, so a reader never sees half a file. Creates the
+// folder first.
+absl::Status WriteCacheFileAtomically(const std::string& path,
+                                      const std::string& text);
+
 // Where an obtained profile came from.
 enum class ProfileOrigin {
   kFile,      // --profile FILE

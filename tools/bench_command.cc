@@ -20,6 +20,7 @@
 
 #include "absl/flags/flag.h"
 #include "common/base/status.h"
+#include "common/model/simd_target.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
@@ -145,6 +146,7 @@ absl::Status BenchAr() {
       {"model", engine.model_dir},
       {"dtype", DtypeName(model.dtype())},
       {"threads", at::get_num_threads()},
+      {"simd", simd::CurrentTarget()},
       {"repeats", repeats},
       {"weight_bytes_per_token", model.weight_bytes_per_token()},
       {"copy_bandwidth_bytes_per_s", bandwidth.copy},
@@ -159,15 +161,16 @@ absl::Status BenchAr() {
     std::cout << summary.dump(2) << std::endl;
   } else {
     std::printf(
-        "\nmodel %s (%s, %d threads): weights %.1f MB/token\n"
+        "\nmodel %s (%s, %d threads, simd %s): weights %.1f MB/token\n"
         "memory: copy %.2f GB/s (bytes copied/s), read %.2f GB/s\n"
         "median prefill %.1f tok/s, median decode %.1f tok/s (aggregate %.1f) "
         "= %.2f GB/s = "
         "%.1f%% of copy bandwidth (%.1f%% of read bandwidth)\n",
         engine.model_dir.c_str(), DtypeName(model.dtype()).c_str(),
-        at::get_num_threads(), model.weight_bytes_per_token() / 1e6,
-        bandwidth.copy / 1e9, bandwidth.read / 1e9, Median(prefill_rates),
-        Median(decode_rates), total.decode_tokens_per_second(),
+        at::get_num_threads(), simd::CurrentTarget().c_str(),
+        model.weight_bytes_per_token() / 1e6, bandwidth.copy / 1e9,
+        bandwidth.read / 1e9, Median(prefill_rates), Median(decode_rates),
+        total.decode_tokens_per_second(),
         Median(fractions) * bandwidth.copy / 1e9, 100 * Median(fractions),
         100 * Median(fractions) * bandwidth.copy / bandwidth.read);
   }

@@ -36,6 +36,7 @@
 #include "absl/strings/str_format.h"
 #include "common/base/status.h"
 #include "common/model/layer_mask.h"
+#include "common/model/simd_target.h"
 #include "planner/inprocess_planner.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
@@ -597,6 +598,7 @@ absl::Status BenchSpec() {
   nlohmann::json summary = {{"model", engine.model_dir},
                             {"dtype", DtypeName(model.dtype())},
                             {"threads", at::get_num_threads()},
+                            {"simd", simd::CurrentTarget()},
                             {"num_layers", model.num_layers()},
                             {"max_new_tokens", max_new_tokens},
                             {"max_draft", base.speculation.max_draft},
@@ -753,11 +755,13 @@ absl::Status BenchSpec() {
   summary["lossless_failures"] = failures;
   std::fprintf(
       out,
-      "\nmodel %s (%s, %d threads), %lld new tokens per prompt, %s, max_draft "
+      "\nmodel %s (%s, %d threads, simd %s), %lld new tokens per prompt, %s, "
+      "max_draft "
       "%d, "
       "exit_threshold %.2f, median of %d repeats; static mask: %s\n",
       engine.model_dir.c_str(), DtypeName(model.dtype()).c_str(),
-      at::get_num_threads(), static_cast<long long>(max_new_tokens),
+      at::get_num_threads(), simd::CurrentTarget().c_str(),
+      static_cast<long long>(max_new_tokens),
       base.sampling.temperature == 0.0
           ? "greedy"
           : absl::StrCat("sampling at temperature ", base.sampling.temperature)

@@ -40,6 +40,7 @@
 #include "common/base/status.h"
 #include "common/model/layer_mask.h"
 #include "common/model/linear.h"
+#include "common/model/simd_target.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
@@ -279,12 +280,14 @@ absl::Status BenchStepCost() {
   FILE* out = json ? stderr : stdout;
   std::fprintf(
       out,
-      "model %s (%s, %d threads), %d layers = %d sublayers, context %lld, "
+      "model %s (%s, %d threads, simd %s), %d layers = %d sublayers, context "
+      "%lld, "
       "median of %d "
       "after %d warm-up, cases interleaved\nfull decode step: %.3f ms\n\n",
       engine.model_dir.c_str(), DtypeName(model.dtype()).c_str(),
-      at::get_num_threads(), num_layers, 2 * num_layers,
-      static_cast<long long>(context), repeats, kWarmup, 1e3 * full);
+      at::get_num_threads(), simd::CurrentTarget().c_str(), num_layers,
+      2 * num_layers, static_cast<long long>(context), repeats, kWarmup,
+      1e3 * full);
   std::fprintf(out, "%-26s %5s %9s %9s %7s %11s\n", "draft step", "kept", "ms",
                "measured", "k/2L", "bytes model");
   for (const Row& row : masks) {
@@ -361,6 +364,7 @@ absl::Status BenchStepCost() {
         {"model", engine.model_dir},
         {"dtype", DtypeName(model.dtype())},
         {"threads", at::get_num_threads()},
+        {"simd", simd::CurrentTarget()},
         {"num_layers", num_layers},
         {"context_length", context},
         {"repeats", repeats},

@@ -11,10 +11,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/status.h"
+#include "common/model/simd_target.h"
 #include "executor/generation_codec.h"
+#include "planner/thread_choice.h"
 #include "tools/default_model.h"
 #include "tools/tls_from_flags.h"
 
@@ -41,7 +44,10 @@ ABSL_FLAG(bool, ignore_eos, false,
 ABSL_FLAG(std::string, dtype, "fp32",
           "Compute dtype: fp32, bf16 or fp16 (fp16: CUDA only).");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N.");
-ABSL_FLAG(int32_t, threads, 0, "Torch intra-op threads; 0 = one per core.");
+ABSL_FLAG(std::string, threads, "auto",
+          "CPU threads: auto (measure decode and prefill at 1..cores threads "
+          "once per model, dtype and SIMD target, keep the fastest of each in "
+          "the profile cache), N, or 0 = one per core.");
 ABSL_FLAG(bool, json, false,
           "Print one JSON object with ids, text and timings instead of text.");
 ABSL_FLAG(std::string, shape, "",
@@ -294,14 +300,21 @@ absl::StatusOr<std::string> ModelDirFromFlags() {
 }
 
 absl::StatusOr<Engine> LoadEngineFromFlags() {
+  RETURN_IF_ERROR(simd::EnsureChosen());
   ModelOptions options;
   ASSIGN_OR_RETURN(options.dtype, ParseDtype(absl::GetFlag(FLAGS_dtype)));
   ASSIGN_OR_RETURN(options.device, ParseDevice(absl::GetFlag(FLAGS_device)));
-  int threads = absl::GetFlag(FLAGS_threads);
-  if (threads < 0) return absl::InvalidArgumentError("--threads must be >= 0");
-  if (threads == 0)
-    threads =
-        static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const std::string threads_flag = absl::GetFlag(FLAGS_threads);
+  const int cores =
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const bool auto_threads = threads_flag == "auto";
+  int threads = cores;
+  if (!auto_threads &&
+      (!absl::SimpleAtoi(threads_flag, &threads) || threads < 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--threads must be auto or a count >= 0, not \"", threads_flag, "\""));
+  }
+  if (threads == 0) threads = cores;
   options.threads = threads;
   Engine engine;
   ASSIGN_OR_RETURN(engine.model_dir, ModelDirFromFlags());
@@ -315,6 +328,23 @@ absl::StatusOr<Engine> LoadEngineFromFlags() {
                                         engine.model->weights_fingerprint()));
   }
   ASSIGN_OR_RETURN(engine.exit_heads, ExitHeadsFromFlags(engine));
+  std::cerr << "knapserve: " << simd::Describe() << std::endl;
+  if (auto_threads && engine.model->device().is_cpu()) {
+    ASSIGN_OR_RETURN(
+        ThreadChoice choice,
+        ChooseThreads(*engine.model,
+                      ProfileCacheDir(absl::GetFlag(FLAGS_profile_cache)),
+                      cores));
+    for (const std::string& warning : choice.warnings) {
+      std::cerr << "knapserve: warning: " << warning << std::endl;
+    }
+    ApplyThreadChoice(choice);
+    std::cerr << "knapserve: " << choice.Describe() << std::endl;
+  } else {
+    std::cerr << "knapserve: threads " << at::get_num_threads()
+              << (auto_threads ? " (one per core)" : " (--threads)")
+              << std::endl;
+  }
   return engine;
 }
 

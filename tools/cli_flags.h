@@ -41,7 +41,7 @@ ABSL_DECLARE_FLAG(std::vector<std::string>, stop);
 ABSL_DECLARE_FLAG(bool, ignore_eos);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(std::string, device);
-ABSL_DECLARE_FLAG(int32_t, threads);
+ABSL_DECLARE_FLAG(std::string, threads);
 ABSL_DECLARE_FLAG(bool, json);
 ABSL_DECLARE_FLAG(std::string, shape);
 ABSL_DECLARE_FLAG(std::string, out);

@@ -96,7 +96,12 @@ void RunDecodeAttention(const AttentionJob* jobs, int64_t num_jobs, int64_t nh,
   const int64_t hd = jobs[0].kv.head_dim;
   const int64_t nkv = jobs[0].kv.num_kv_heads;
   const int64_t group = nh / nkv;
-  const int64_t threads = std::max(1, at::get_num_threads());
+  int64_t total_rows = 0;
+  for (int64_t j = 0; j < num_jobs; ++j)
+    total_rows += std::max<int64_t>(0, jobs[j].rows);
+  int64_t threads = std::max(1, at::get_num_threads());
+  if (const int pass = PassThreads(total_rows); pass > 0)
+    threads = std::min<int64_t>(threads, pass);
   // Items are (job, KV head, chunk of rows): the rows of a chunk share every
   // load of K/V. A job's rows are split when there are fewer KV heads than
   // threads, and into tiles of at most kRowTile rows. Each row's result is
@@ -125,53 +130,61 @@ void RunDecodeAttention(const AttentionJob* jobs, int64_t num_jobs, int64_t nh,
   constexpr bool kFastDtype =
       std::is_same_v<E, at::BFloat16> || std::is_same_v<E, float>;
   if (kFastDtype && hd % 16 == 0 && hd <= kMaxHeadDim) {
-    ParallelFor(0, n, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores;
-      for (int64_t w = begin; w < end; ++w) {
-        const WorkItem& item = items[w];
-        const AttentionJob& job = jobs[item.job];
-        const KvView& kv = job.kv;
-        const E* k = static_cast<const E*>(kv.k) + item.kvh * kv.head_stride;
-        const E* v = static_cast<const E*>(kv.v) + item.kvh * kv.head_stride;
-        const int64_t padded =
-            (job.start_pos + item.r0 + item.rows + 15) / 16 * 16;
-        scores.resize(item.rows * group * padded);
-        const float* qi = job.q + (item.r0 * nh + item.kvh * group) * hd;
-        float* oi = job.out + (item.r0 * nh + item.kvh * group) * hd;
-        const int64_t first_len = job.start_pos + item.r0 + 1;
-        if constexpr (std::is_same_v<E, at::BFloat16>) {
-          kernels::AttendKvHeadBf16(qi, nh * hd, item.rows, group, first_len,
-                                    reinterpret_cast<const uint16_t*>(k),
-                                    reinterpret_cast<const uint16_t*>(v),
-                                    kv.blocks, hd, scale, scores.data(), padded,
-                                    oi, nh * hd);
-        } else if constexpr (std::is_same_v<E, float>) {
-          kernels::AttendKvHeadF32(qi, nh * hd, item.rows, group, first_len, k,
-                                   v, kv.blocks, hd, scale, scores.data(),
-                                   padded, oi, nh * hd);
-        }
-      }
-    });
+    ParallelFor(
+        0, n, grain,
+        [&](int64_t begin, int64_t end) {
+          std::vector<float> scores;
+          for (int64_t w = begin; w < end; ++w) {
+            const WorkItem& item = items[w];
+            const AttentionJob& job = jobs[item.job];
+            const KvView& kv = job.kv;
+            const E* k =
+                static_cast<const E*>(kv.k) + item.kvh * kv.head_stride;
+            const E* v =
+                static_cast<const E*>(kv.v) + item.kvh * kv.head_stride;
+            const int64_t padded =
+                (job.start_pos + item.r0 + item.rows + 15) / 16 * 16;
+            scores.resize(item.rows * group * padded);
+            const float* qi = job.q + (item.r0 * nh + item.kvh * group) * hd;
+            float* oi = job.out + (item.r0 * nh + item.kvh * group) * hd;
+            const int64_t first_len = job.start_pos + item.r0 + 1;
+            if constexpr (std::is_same_v<E, at::BFloat16>) {
+              kernels::AttendKvHeadBf16(
+                  qi, nh * hd, item.rows, group, first_len,
+                  reinterpret_cast<const uint16_t*>(k),
+                  reinterpret_cast<const uint16_t*>(v), kv.blocks, hd, scale,
+                  scores.data(), padded, oi, nh * hd);
+            } else if constexpr (std::is_same_v<E, float>) {
+              kernels::AttendKvHeadF32(qi, nh * hd, item.rows, group, first_len,
+                                       k, v, kv.blocks, hd, scale,
+                                       scores.data(), padded, oi, nh * hd);
+            }
+          }
+        },
+        static_cast<int>(threads));
     return;
   }
   // Other head sizes and fp16: one query row at a time within each item.
-  ParallelFor(0, n, grain, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    for (int64_t w = begin; w < end; ++w) {
-      const WorkItem& item = items[w];
-      const AttentionJob& job = jobs[item.job];
-      const KvView& kv = job.kv;
-      const E* k = static_cast<const E*>(kv.k) + item.kvh * kv.head_stride;
-      const E* v = static_cast<const E*>(kv.v) + item.kvh * kv.head_stride;
-      for (int64_t row = item.r0; row < item.r0 + item.rows; ++row) {
-        const int64_t len = job.start_pos + row + 1;
-        scores.resize(group * len);
-        const int64_t offset = (row * nh + item.kvh * group) * hd;
-        AttendGroup<E>(job.q + offset, k, v, kv.blocks, len, hd, group, scale,
-                       scores.data(), job.out + offset);
-      }
-    }
-  });
+  ParallelFor(
+      0, n, grain,
+      [&](int64_t begin, int64_t end) {
+        std::vector<float> scores;
+        for (int64_t w = begin; w < end; ++w) {
+          const WorkItem& item = items[w];
+          const AttentionJob& job = jobs[item.job];
+          const KvView& kv = job.kv;
+          const E* k = static_cast<const E*>(kv.k) + item.kvh * kv.head_stride;
+          const E* v = static_cast<const E*>(kv.v) + item.kvh * kv.head_stride;
+          for (int64_t row = item.r0; row < item.r0 + item.rows; ++row) {
+            const int64_t len = job.start_pos + row + 1;
+            scores.resize(group * len);
+            const int64_t offset = (row * nh + item.kvh * group) * hd;
+            AttendGroup<E>(job.q + offset, k, v, kv.blocks, len, hd, group,
+                           scale, scores.data(), job.out + offset);
+          }
+        }
+      },
+      static_cast<int>(threads));
 }
 
 const int32_t kFirstBlock = 0;

@@ -83,19 +83,25 @@ torch::Tensor LinearFloatOut(const torch::Tensor& x_in, const LinearWeight& w) {
   // Items are (row chunk, panel), panel-minor; each thread takes one
   // contiguous run of items (one fork/join per call).
   const int64_t items = row_chunks * panels;
-  const int64_t threads = std::max(1, at::get_num_threads());
+  int64_t threads = std::max(1, at::get_num_threads());
+  if (const int pass = PassThreads(m); pass > 0)
+    threads = std::min<int64_t>(threads, pass);
   const int64_t grain = std::max<int64_t>(1, (items + threads - 1) / threads);
   auto run = [&](auto kernel, const auto* xp, const auto* wp) {
-    ParallelFor(0, items, grain, [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end;) {
-        const int64_t chunk = item / panels;
-        const int64_t p0 = item % panels;
-        const int64_t p1 = std::min(panels, p0 + (end - item));
-        const int64_t r0 = chunk * rows_per_chunk;
-        kernel(xp, wp, out, n, k, r0, std::min(m, r0 + rows_per_chunk), p0, p1);
-        item += p1 - p0;
-      }
-    });
+    ParallelFor(
+        0, items, grain,
+        [&](int64_t begin, int64_t end) {
+          for (int64_t item = begin; item < end;) {
+            const int64_t chunk = item / panels;
+            const int64_t p0 = item % panels;
+            const int64_t p1 = std::min(panels, p0 + (end - item));
+            const int64_t r0 = chunk * rows_per_chunk;
+            kernel(xp, wp, out, n, k, r0, std::min(m, r0 + rows_per_chunk), p0,
+                   p1);
+            item += p1 - p0;
+          }
+        },
+        static_cast<int>(threads));
   };
   if (w.dtype() == torch::kBFloat16) {
     run(kernels::PanelLinearBf16,

@@ -178,13 +178,28 @@ class Pool {
   std::atomic<int64_t> inline_busy_{0};
 };
 
+std::atomic<int> decode_pass_threads{0};
+std::atomic<int> prefill_pass_threads{0};
+
 }  // namespace
 
-void ParallelFor(int64_t begin, int64_t end, int64_t grain, Fn fn) {
+void SetPassThreads(int decode, int prefill) {
+  decode_pass_threads.store(std::max(0, decode));
+  prefill_pass_threads.store(std::max(0, prefill));
+}
+
+int PassThreads(int64_t rows) {
+  return rows <= kDecodePassRows ? decode_pass_threads.load()
+                                 : prefill_pass_threads.load();
+}
+
+void ParallelFor(int64_t begin, int64_t end, int64_t grain, Fn fn,
+                 int max_threads) {
   if (begin >= end) return;
   const int64_t n = end - begin;
   grain = std::max<int64_t>(grain, 1);
-  const int64_t threads = std::max(1, at::get_num_threads());
+  int64_t threads = std::max(1, at::get_num_threads());
+  if (max_threads > 0) threads = std::min<int64_t>(threads, max_threads);
   const int64_t parts =
       std::min<int64_t>({threads, (n + grain - 1) / grain, 0xffff});
   if (parts <= 1) {

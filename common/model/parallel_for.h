@@ -39,8 +39,21 @@ namespace knapserve {
 
 // `fn` is borrowed for the call only (a non-owning reference: passing a
 // lambda allocates nothing, which matters on the per-sublayer hot path).
+// `threads` > 0 caps the chunks at that many instead of
+// at::get_num_threads() (never above it).
 void ParallelFor(int64_t begin, int64_t end, int64_t grain,
-                 absl::FunctionRef<void(int64_t, int64_t)> fn);
+                 absl::FunctionRef<void(int64_t, int64_t)> fn, int threads = 0);
+
+// Threads per pass, by phase: a pass over at most kDecodePassRows rows (a
+// decode, draft or verification step) uses `decode` threads, a longer one
+// (prefill) `prefill` threads, each capped by the calling thread's
+// at::get_num_threads(); 0 = at::get_num_threads(). Chosen by measurement
+// (planner/thread_choice.h) or by --threads. Process-wide; any thread.
+inline constexpr int64_t kDecodePassRows = 16;
+void SetPassThreads(int decode, int prefill);
+// The threads the kernels use for a pass of `rows` rows (0 = the caller's
+// at::get_num_threads()).
+int PassThreads(int64_t rows);
 
 // Calls handled by the pool (more than one chunk) and calls run inline
 // because the pool was busy, since the process started; for tests and

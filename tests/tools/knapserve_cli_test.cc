@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/simd_target.h"
 #include "common/text/tokenizer.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 #include "nlohmann/json.hpp"
@@ -129,6 +130,61 @@ const std::string& TinyModelDir() {
 std::vector<std::string> Tiny(std::vector<std::string> args) {
   args.insert(args.end(), {"--model", TinyModelDir(), "--threads", "1"});
   return args;
+}
+
+// KNAPSERVE_SIMD pins the kernels' target: every target the CPU runs gives
+// the golden ids, the log names it, and a bad name is a clear error.
+TEST(KnapserveCliTest, KnapserveSimdPinsTheTargetAndRefusesBadNames) {
+  for (const std::string& target : knapserve::simd::SupportedTargets()) {
+    const std::vector<std::string> args =
+        Stories({"generate", "--prompt", "Zoo", "--max-new-tokens", "57",
+                 "--temperature", "0", "--json"});
+    const Outcome outcome = RunKnapserve(args, {"KNAPSERVE_SIMD=" + target});
+    ASSERT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
+    EXPECT_THAT(outcome.err, HasSubstr("simd " + target + " (supported"));
+    EXPECT_THAT(outcome.err, HasSubstr("pinned by KNAPSERVE_SIMD"));
+    const nlohmann::json out = nlohmann::json::parse(outcome.out);
+    EXPECT_THAT(Ids(out["output_ids"]), ElementsAreArray(kZooGreedyIds))
+        << target;
+  }
+  const std::vector<std::string> args =
+      Stories({"generate", "--prompt", "Zoo", "--max-new-tokens", "2"});
+  const Outcome bad = RunKnapserve(args, {"KNAPSERVE_SIMD=avx9000"});
+  EXPECT_NE(bad.exit_code, 0) << Describe(args, bad);
+  EXPECT_THAT(bad.err, HasSubstr("KNAPSERVE_SIMD: unknown SIMD target"));
+}
+
+// --threads auto (the default) measures once, then reads the profile cache,
+// and says what it chose; a bad --threads is a clear error.
+TEST(KnapserveCliTest, ThreadsAutoMeasuresOnceAndSaysWhatItChose) {
+  const std::string cache = knapserve::testing::MakeTempDir("threads_cache");
+  const std::vector<std::string> args = {"generate",
+                                         "--prompt",
+                                         "Zoo",
+                                         "--max-new-tokens",
+                                         "4",
+                                         "--model",
+                                         knapserve::testing::Stories260kDir(),
+                                         "--profile-cache",
+                                         cache};
+  const Outcome first = RunKnapserve(args);
+  ASSERT_EQ(first.exit_code, 0) << Describe(args, first);
+  EXPECT_THAT(first.err, HasSubstr("threads auto: decode "));
+  EXPECT_THAT(first.err, HasSubstr("measured now, stored in " + cache));
+  const Outcome second = RunKnapserve(args);
+  ASSERT_EQ(second.exit_code, 0) << Describe(args, second);
+  EXPECT_THAT(second.err, HasSubstr("threads auto: decode "));
+  EXPECT_THAT(second.err, HasSubstr("(from " + cache));
+  std::vector<std::string> explicit_args = args;
+  explicit_args.insert(explicit_args.end(), {"--threads", "1"});
+  const Outcome fixed = RunKnapserve(explicit_args);
+  ASSERT_EQ(fixed.exit_code, 0) << Describe(explicit_args, fixed);
+  EXPECT_THAT(fixed.err, HasSubstr("threads 1 (--threads)"));
+  std::vector<std::string> bad_args = args;
+  bad_args.insert(bad_args.end(), {"--threads", "many"});
+  const Outcome bad = RunKnapserve(bad_args);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_THAT(bad.err, HasSubstr("--threads must be auto or a count"));
 }
 
 TEST(KnapserveCliTest, GreedyGenerateReproducesGoldenIds) {

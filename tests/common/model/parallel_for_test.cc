@@ -65,6 +65,32 @@ TEST(ParallelForTest, CoversEveryIndexOnceInAtParallelForChunks) {
   }
 }
 
+TEST(ParallelForTest, AThreadCapLimitsTheChunksNeverRaisesThem) {
+  ScopedThreads scoped(3);
+  for (int cap : {1, 2, 3, 8}) {
+    absl::Mutex mu;
+    int calls = 0;
+    ParallelFor(
+        0, 100, 1,
+        [&](int64_t, int64_t) {
+          absl::MutexLock lock(&mu);
+          ++calls;
+        },
+        cap);
+    EXPECT_EQ(calls, std::min(cap, 3)) << "cap " << cap;
+  }
+}
+
+TEST(ParallelForTest, PassThreadsFollowTheRowsOfThePass) {
+  EXPECT_EQ(PassThreads(1), 0);  // unset: the caller's torch threads
+  SetPassThreads(1, 3);
+  EXPECT_EQ(PassThreads(1), 1);
+  EXPECT_EQ(PassThreads(kDecodePassRows), 1);
+  EXPECT_EQ(PassThreads(kDecodePassRows + 1), 3);
+  SetPassThreads(0, 0);
+  EXPECT_EQ(PassThreads(1000), 0);
+}
+
 TEST(ParallelForTest, AnEmptyRangeCallsNothing) {
   int calls = 0;
   ParallelFor(5, 5, 1, [&](int64_t, int64_t) { ++calls; });
