@@ -3,6 +3,7 @@
 // once per target; HWY_DYNAMIC_DISPATCH picks the chosen one at run time).
 #include "common/model/attention_kernels.h"
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -159,9 +160,15 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
   for (int64_t i = 0; i < num_q; ++i) {
     float* s = scores + i * scores_stride;
     const int64_t n = len_of(i);
-    float max = s[0];
-    for (int64_t j = 1; j < n; ++j) max = s[j] > max ? s[j] : max;
-    const auto vmax = hn::Set(d, max);
+    // The maximum is exact in any order.
+    const auto neg_inf = hn::Set(d, -HUGE_VALF);
+    auto vmax = neg_inf;
+    for (int64_t j = 0; j < n; j += lanes) {
+      auto v = hn::LoadU(d, s + j);
+      if (n - j < lanes) v = hn::IfThenElse(hn::FirstN(d, n - j), v, neg_inf);
+      vmax = hn::Max(vmax, v);
+    }
+    vmax = hn::MaxOfLanes(d, vmax);
     auto vsum = hn::Zero(d);
     for (int64_t j = 0; j < n; j += lanes) {
       auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + j), vmax));

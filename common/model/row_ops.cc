@@ -2,32 +2,23 @@
 
 #include <c10/util/BFloat16.h>
 
-#include <cmath>
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/model/row_kernels.h"
 
 namespace knapserve::row_ops {
 namespace {
 
-// Partial sums in 16 lanes, then the lanes in order: vectorizable, and the
-// order depends only on d.
-constexpr int64_t kLanes = 16;
-
-template <typename E>
-float SumOfSquares(const E* x, int64_t d) {
-  float lanes[kLanes] = {};
-  const int64_t full = d / kLanes * kLanes;
-  for (int64_t i = 0; i < full; i += kLanes) {
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const float v = static_cast<float>(x[i + l]);
-      lanes[l] += v * v;
-    }
-  }
-  float s = 0.0f;
-  for (int64_t i = full; i < d; ++i) {
-    const float v = static_cast<float>(x[i]);
-    s += v * v;
-  }
-  for (int64_t l = 0; l < kLanes; ++l) s += lanes[l];
-  return s;
+// The kernels' view of an element type: fp32 as is, bf16 as its 16 bits.
+inline const float* Raw(const float* p) { return p; }
+inline float* Raw(float* p) { return p; }
+inline const uint16_t* Raw(const c10::BFloat16* p) {
+  return reinterpret_cast<const uint16_t*>(p);
+}
+inline uint16_t* Raw(c10::BFloat16* p) {
+  return reinterpret_cast<uint16_t*>(p);
 }
 
 }  // namespace
@@ -35,17 +26,7 @@ float SumOfSquares(const E* x, int64_t d) {
 template <typename E>
 void RmsNorm(const E* x, const E* w, int64_t rows, int64_t d, float eps,
              E* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const E* xr = x + r * d;
-    E* o = out + r * d;
-    const float inv =
-        1.0f / std::sqrt(SumOfSquares(xr, d) / static_cast<float>(d) + eps);
-    for (int64_t i = 0; i < d; ++i) {
-      const E normalized = static_cast<E>(static_cast<float>(xr[i]) * inv);
-      o[i] = static_cast<E>(static_cast<float>(w[i]) *
-                            static_cast<float>(normalized));
-    }
-  }
+  row_kernels::RmsNorm(Raw(x), Raw(w), rows, d, eps, Raw(out));
 }
 
 template <typename E>
@@ -71,31 +52,21 @@ void Rope(E* x, int64_t rows, int64_t row_stride, int64_t heads, int64_t hd,
 
 template <typename E>
 void SiluMul(const float* gu, int64_t rows, int64_t inter, E* out) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* g = gu + r * 2 * inter;
-    const float* u = g + inter;
-    E* o = out + r * inter;
-    for (int64_t i = 0; i < inter; ++i) {
-      const float gate = static_cast<float>(static_cast<E>(g[i]));
-      const float up = static_cast<float>(static_cast<E>(u[i]));
-      const float silu =
-          static_cast<float>(static_cast<E>(gate / (1.0f + std::exp(-gate))));
-      o[i] = static_cast<E>(silu * up);
-    }
-  }
+  row_kernels::SiluMul(gu, rows, inter, Raw(out));
 }
 
 template <typename E>
 void AddResidual(const E* h, const float* y, int64_t count, E* out) {
-  for (int64_t i = 0; i < count; ++i) {
-    out[i] = static_cast<E>(static_cast<float>(h[i]) +
-                            static_cast<float>(static_cast<E>(y[i])));
-  }
+  row_kernels::AddResidual(Raw(h), y, count, Raw(out));
 }
 
 template <typename E>
 void Round(const float* y, int64_t count, E* out) {
-  for (int64_t i = 0; i < count; ++i) out[i] = static_cast<E>(y[i]);
+  if constexpr (std::is_same_v<E, float>) {
+    std::copy_n(y, count, out);
+  } else {
+    row_kernels::Round(y, count, Raw(out));
+  }
 }
 
 template <typename E>

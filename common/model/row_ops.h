@@ -11,6 +11,10 @@
 // E is float or c10::BFloat16; arithmetic is float32, and a value is rounded
 // to E wherever the model's activations are stored in E.
 //
+// RmsNorm, SiluMul, AddResidual and Round run the SIMD kernels of
+// row_kernels.h on the chosen target (common/model/simd_target.h); Rope and
+// ToFloat are plain loops.
+//
 // Thread safety: pure functions over caller-owned buffers; any thread.
 #ifndef KNAPSERVE_COMMON_MODEL_ROW_OPS_H_
 #define KNAPSERVE_COMMON_MODEL_ROW_OPS_H_
