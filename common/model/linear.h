@@ -9,8 +9,9 @@
 // rows x up to 64 output columns, every weight vector loaded once and used by
 // all the rows of the tile, no horizontal sums. A decode step (1 row) streams
 // the weights once; a verification pass over 5 rows streams them once too
-// and adds only the arithmetic. Elsewhere (CUDA, fp16) the weight stays a
-// plain [N, K] tensor and Linear calls torch::mm.
+// and adds only the arithmetic. Elsewhere (CUDA; fp16, which models run on
+// CUDA only) the weight stays a plain [N, K] tensor and Linear calls
+// torch::mm.
 //
 // Batch invariance: with the packed kernel each output element is one
 // fused-multiply-add chain over K in a fixed order, whatever the number of

@@ -163,6 +163,13 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
     return absl::InvalidArgumentError(
         absl::StrCat("unsupported model dtype ", DtypeName(options.dtype)));
   }
+  if (options.dtype == torch::kFloat16 && !options.device.is_cuda()) {
+    // LibTorch 1.13 has no CPU fp16 kernels for several ops of a layer
+    // (bmm, silu), so a CPU fp16 model could not run a pass.
+    return absl::InvalidArgumentError(
+        "dtype fp16 runs on CUDA only; on a CPU use bf16 (the same memory "
+        "per weight) or fp32");
+  }
   if (config.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "config.json: head_dim ", config.head_dim, " must be even for RoPE"));

@@ -89,7 +89,7 @@ TEST(LinearTest, UnpackedWeightsUseTorch) {
   c10::InferenceMode guard;
   torch::manual_seed(7);
   const torch::Tensor w =
-      torch::randn({6, 4}).to(torch::kFloat16);  // fp16: never packed
+      torch::randn({6, 4}).to(torch::kFloat16);  // fp16: CUDA only, unpacked
   const LinearWeight weight(w);
   EXPECT_FALSE(weight.packed());
   EXPECT_EQ(weight.out_features(), 6);

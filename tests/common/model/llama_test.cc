@@ -361,6 +361,19 @@ TEST(LlamaModelTest, RopeLlama3ScalingMatchesHuggingFaceFormula) {
   }
 }
 
+TEST(LlamaModelTest, Fp16OnACpuIsAClearError) {
+  const std::string src = RandomModelDir("tiny-llama");
+  ASSERT_FALSE(src.empty());
+  ModelOptions options;
+  options.dtype = torch::kFloat16;
+  auto model = LlamaModel::Load(src, options);
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(model.status().message().find("fp16 runs on CUDA only"),
+            std::string::npos)
+      << model.status();
+}
+
 TEST(LlamaModelTest, MissingTensorIsAClearError) {
   const std::string src = RandomModelDir("tiny-llama");
   ASSERT_FALSE(src.empty());
