@@ -90,9 +90,7 @@ ProfileKey ProfileKey::Of(const LlamaModel& model) {
   return key;
 }
 
-std::string ProfileKey::FileName() const {
-  std::string name =
-      absl::StrCat(model_fingerprint, "_", device, "_", dtype, "_t", threads);
+std::string CacheFileName(std::string name) {
   for (char& c : name) {
     const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
                       (c >= '0' && c <= '9') || c == '.' || c == '-' ||
@@ -100,6 +98,11 @@ std::string ProfileKey::FileName() const {
     if (!keep) c = '-';
   }
   return name + ".json";
+}
+
+std::string ProfileKey::FileName() const {
+  return CacheFileName(
+      absl::StrCat(model_fingerprint, "_", device, "_", dtype, "_t", threads));
 }
 
 std::string ProfileCacheDir(const std::string& flag_dir) {

@@ -59,6 +59,10 @@ struct ProfileKey {
 // "" when none of them is set.
 std::string ProfileCacheDir(const std::string& flag_dir);
 
+// `name` + ".json" with any character other than [A-Za-z0-9._-] replaced by
+// '-': the file name of a cache entry.
+std::string CacheFileName(std::string name);
+
 // Writes `text` to `path` (a cache entry) through a temporary file in the
 // same folder and a rename, so a reader never sees half a file. Creates the
 // folder first.

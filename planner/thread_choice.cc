@@ -46,17 +46,10 @@ int Fastest(const std::vector<double>& ms) {
 }
 
 std::string EntryName(const LlamaModel& model, int cores) {
-  std::string name =
+  return CacheFileName(
       absl::StrCat(model.config().Fingerprint(), "_", model.device().str(), "_",
                    DtypeName(model.dtype()), "_", simd::CurrentTarget(), "_c",
-                   cores, "_threads");
-  for (char& c : name) {
-    const bool keep = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-                      (c >= '0' && c <= '9') || c == '.' || c == '-' ||
-                      c == '_';
-    if (!keep) c = '-';
-  }
-  return name + ".json";
+                   cores, "_threads"));
 }
 
 nlohmann::json ToJson(const ThreadChoice& choice) {
