@@ -39,17 +39,20 @@ HWY_INLINE hn::Vec<DF> LoadRow(const float* p) { return hn::LoadU(DF(), p); }
 // the target's width: each an FMA chain over the head dimension, then its
 // lanes summed by a fixed tree (the same for every key slot). out[s] gets
 // key s's dot product.
-template <typename E>
-HWY_INLINE void Dot4(const float* q, const E* const* keys, int64_t hd,
+// QAt(c) gives the query's vector at element offset c (loaded, or kept in
+// registers by the caller); the arithmetic is the same either way.
+template <typename E, typename QAt>
+HWY_INLINE void Dot4(const QAt& q_at, const E* const* keys, int64_t hd,
                      float* out) {
   const DF d;
   const int64_t lanes = hn::Lanes(d);
-  auto a0 = hn::Mul(hn::LoadU(d, q), LoadRow(keys[0]));
-  auto a1 = hn::Mul(hn::LoadU(d, q), LoadRow(keys[1]));
-  auto a2 = hn::Mul(hn::LoadU(d, q), LoadRow(keys[2]));
-  auto a3 = hn::Mul(hn::LoadU(d, q), LoadRow(keys[3]));
+  const auto q0 = q_at(0);
+  auto a0 = hn::Mul(q0, LoadRow(keys[0]));
+  auto a1 = hn::Mul(q0, LoadRow(keys[1]));
+  auto a2 = hn::Mul(q0, LoadRow(keys[2]));
+  auto a3 = hn::Mul(q0, LoadRow(keys[3]));
   for (int64_t c = lanes; c < hd; c += lanes) {
-    const auto qc = hn::LoadU(d, q + c);
+    const auto qc = q_at(c);
     a0 = hn::MulAdd(qc, LoadRow(keys[0] + c), a0);
     a1 = hn::MulAdd(qc, LoadRow(keys[1] + c), a1);
     a2 = hn::MulAdd(qc, LoadRow(keys[2] + c), a2);
@@ -85,6 +88,29 @@ HWY_INLINE void Dot4(const float* q, const E* const* keys, int64_t hd,
     hn::StoreU(s4, d, out);
   }
 #endif
+}
+
+// e^x for the softmax (x <= 0 here): Cody-Waite range reduction and a
+// degree-6 polynomial, about 2 ulp; inputs below -87.3 give about 1e-38, not
+// 0, which the normalization makes negligible.
+HWY_INLINE hn::Vec<DF> SoftmaxExp(hn::Vec<DF> x) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  x = hn::Max(x, hn::Set(d, -87.3f));
+  const auto n = hn::Round(hn::Mul(x, hn::Set(d, 1.44269504088896341f)));
+  auto r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), x);
+  r = hn::NegMulAdd(n, hn::Set(d, -2.12194440e-4f), r);
+  auto p = hn::Set(d, 1.9875691500e-4f);
+  p = hn::MulAdd(p, r, hn::Set(d, 1.3981999507e-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 8.3334519073e-3f));
+  p = hn::MulAdd(p, r, hn::Set(d, 4.1665795894e-2f));
+  p = hn::MulAdd(p, r, hn::Set(d, 1.6666665459e-1f));
+  p = hn::MulAdd(p, r, hn::Set(d, 5.0000001201e-1f));
+  p = hn::MulAdd(p, hn::Mul(r, r), hn::Add(r, hn::Set(d, 1.0f)));
+  // 2^n by building the exponent bits (n is in [-126, 0] here).
+  const auto two_n = hn::BitCast(
+      d, hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, n), hn::Set(di, 127))));
+  return hn::Mul(p, two_n);
 }
 
 // Query rows per weighted-sum tile.
@@ -136,24 +162,54 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
   };
   auto len_of = [&](int64_t i) { return first_len + i / group; };
 
-  // 1. Scores, 4 keys at a time: each group of keys, once loaded, is used by
-  //    every query row that sees it. Past n_max the last key is re-read (its
-  //    scores are never used).
+  // 1. Scores, 16 keys at a time (4 groups of 4 sharing a reduction tree):
+  //    each block of keys, once loaded, is used by every query row that sees
+  //    it, and a query's vectors stay in registers for the block. Past n_max
+  //    the last key is re-read (its scores are never used).
   const E* last_key = keys + RowOffset(kv, n_max - 1, hd);
+#if HWY_HAVE_SCALABLE
   for (int64_t j0 = 0; j0 < n_max; j0 += 4) {
-    // Block rows are a multiple of 16: the 4 keys share one table entry.
     const E* first = keys + RowOffset(kv, j0, hd);
     const E* kr[4];
     for (int j = 0; j < 4; ++j)
       kr[j] = j0 + j < n_max ? first + j * hd : last_key;
     for (int64_t i = 0; i < num_q; ++i) {
       if (len_of(i) <= j0) continue;
+      const float* qi = q_at(i);
       float dots[4];
-      Dot4(q_at(i), kr, hd, dots);
+      Dot4([&](int64_t c) { return hn::LoadU(d, qi + c); }, kr, hd, dots);
       float* s = scores + i * scores_stride + j0;
       for (int j = 0; j < 4; ++j) s[j] = dots[j] * scale;
     }
   }
+#else
+  constexpr int64_t kMaxChunks = 512 / static_cast<int64_t>(hn::MaxLanes(DF()));
+  hn::Vec<DF> qv[kMaxChunks];
+  const auto vscale = hn::Set(d, scale);
+  for (int64_t j0 = 0; j0 < n_max; j0 += 16) {
+    // Block rows are a multiple of 16: the 16 keys share one table entry.
+    const E* first = keys + RowOffset(kv, j0, hd);
+    const E* kr[16];
+    for (int j = 0; j < 16; ++j)
+      kr[j] = j0 + j < n_max ? first + j * hd : last_key;
+    for (int64_t i = 0; i < num_q; ++i) {
+      const int64_t len = len_of(i);
+      if (len <= j0) continue;
+      const float* qi = q_at(i);
+      for (int64_t c = 0; c * lanes < hd; ++c)
+        qv[c] = hn::LoadU(d, qi + c * lanes);
+      alignas(64) float dots[16] = {};
+      for (int g = 0; g < 4 && j0 + 4 * g < len; ++g) {
+        Dot4([&](int64_t c) { return qv[c / lanes]; }, kr + 4 * g, hd,
+             dots + 4 * g);
+      }
+      float* s = scores + i * scores_stride + j0;
+      for (int64_t k = 0; k < 16; k += lanes) {
+        hn::StoreU(hn::Mul(hn::LoadU(d, dots + k), vscale), d, s + k);
+      }
+    }
+  }
+#endif
 
   // 2. Softmax of each query row over its own keys [0, len); probabilities
   //    past len are set to 0 up to n_max, so step 3 needs no mask.
@@ -171,7 +227,7 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
     vmax = hn::MaxOfLanes(d, vmax);
     auto vsum = hn::Zero(d);
     for (int64_t j = 0; j < n; j += lanes) {
-      auto e = hn::Exp(d, hn::Sub(hn::LoadU(d, s + j), vmax));
+      auto e = SoftmaxExp(hn::Sub(hn::LoadU(d, s + j), vmax));
       if (n - j < lanes) e = hn::IfThenElseZero(hn::FirstN(d, n - j), e);
       hn::StoreU(e, d, s + j);  // lanes past n become 0
       vsum = hn::Add(vsum, e);
