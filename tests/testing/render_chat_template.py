@@ -2,13 +2,13 @@
 """Renders chat templates with jinja2 the way Hugging Face transformers does.
 
 The reference for tests/common/text/chat_template_test.cc: an independent
-implementation (Debian's python3-jinja2) of what common/text/chat_template.cc
-renders. The environment is transformers' (chat_template_utils.py,
-_compile_jinja_template): ImmutableSandboxedEnvironment(trim_blocks=True,
-lstrip_blocks=True) with the loopcontrols extension and HF's {% generation %}
-block, the globals raise_exception(msg) and strftime_now(fmt), and tojson
-replaced by json.dumps(x, ensure_ascii=False, indent=..., separators=...,
-sort_keys=...).
+implementation (Debian's python3-jinja2) of what ChatTemplate
+(common/text/chat_template.h, the engine in common/text/jinja/) renders. The
+environment is transformers' (chat_template_utils.py, _compile_jinja_template):
+ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True) with the
+loopcontrols extension and HF's {% generation %} block, the globals
+raise_exception(msg) and strftime_now(fmt), and tojson replaced by
+json.dumps(x, ensure_ascii=False, indent=..., separators=..., sort_keys=...).
 
 Usage: render_chat_template.py CASES.json
 CASES.json: {"templates": {"<name>": "<jinja source>", ...},
