@@ -4,7 +4,7 @@
 //
 // Generate() decodes autoregressively (SpeculationMode::kOff: one full
 // forward per token), with self-speculative decoding under a fixed layer
-// mask (kStatic, see executor/speculative_decoder.h), or under plans
+// mask (kStatic, see executor/speculation_step.h), or under plans
 // (kKnapSpec, kClasp) from the process's plan cache (executor/plan_cache.h)
 // and, on a trigger only, from a planner: executor/plan_controller.h decides
 // when (no cached plan for the context bucket, a new bucket, acceptance
@@ -48,7 +48,7 @@
 #include "executor/reference_states.h"
 #include "executor/sampler.h"
 #include "executor/speculation_mode.h"
-#include "executor/speculative_decoder.h"
+#include "executor/speculation_step.h"
 
 namespace knapserve {
 

@@ -15,7 +15,7 @@
 #include <optional>
 #include <vector>
 
-#include "executor/speculative_decoder.h"
+#include "executor/speculation_step.h"
 
 namespace knapserve {
 

@@ -4,9 +4,9 @@
 //
 // Reproducibility: the sampler owns a 64-bit Mersenne Twister seeded from
 // SamplingParams::seed, and every draw consumes exactly one uniform number, so
-// the same seed, model and prompt give the same output. The speculative
-// decoder uses Distribution() and Uniform() for rejection sampling with the
-// same semantics.
+// the same seed, model and prompt give the same output. Speculative
+// acceptance (executor/speculation_step.h) uses Distribution() and Uniform()
+// for rejection sampling with the same semantics.
 //
 // Not thread-safe (it owns an RNG); one per sequence.
 #ifndef KNAPSERVE_EXECUTOR_SAMPLER_H_

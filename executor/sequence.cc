@@ -20,7 +20,7 @@
 #include "executor/plan_cache.h"
 #include "executor/plan_controller.h"
 #include "executor/speculation_mode.h"
-#include "executor/speculative_decoder.h"
+#include "executor/speculation_step.h"
 
 namespace knapserve {
 

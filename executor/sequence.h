@@ -24,7 +24,7 @@
 //      their prompt, within --max-batch-tokens (decode rows first, so running
 //      streams keep their pace while a long prompt loads);
 //   4. each sequence accepts, commits, streams and checks its stop
-//      conditions (executor/speculative_decoder.h's AcceptDrafts, so the
+//      conditions (executor/speculation_step.h's AcceptDrafts, so the
 //      output is the model's own, token for token).
 //
 // Passes go through LlamaModel::ForwardBatch, whose rows are batch-invariant
@@ -67,6 +67,7 @@
 #include "executor/reference_states.h"
 #include "executor/sampler.h"
 #include "executor/specbound.h"
+#include "executor/speculation_step.h"
 
 namespace knapserve {
 
@@ -99,6 +100,9 @@ class Sequence {
   bool prefilling() const { return !done_ && prefilled_ < prompt_len_; }
   // Committed K/V positions.
   int64_t context_length() const { return length_; }
+  // The speculation counters so far (the result's `speculation` at the
+  // end): after each step, how many tokens it drafted and accepted.
+  const SpeculationStats& speculation() const { return spec_stats_; }
   // How this sequence would draft next (gamma 0 and no mask when it does
   // not), with its acceptance so far under a Beta(1, 1) prior.
   BatchMember batch_member() const;

@@ -33,7 +33,7 @@
 //      (a partial pass, common/model/llama.h's BatchSequence::first_layer),
 //      so no layer below D is computed twice; its logits are bit-identical
 //      to a full pass (the row-wise path), so acceptance (executor/
-//      speculative_decoder.h) gives exactly plain decoding's greedy output
+//      speculation_step.h) gives exactly plain decoding's greedy output
 //      and the model's sampling distribution.
 //
 // Every pass goes through LlamaModel::ForwardBatch, so several SpecBound

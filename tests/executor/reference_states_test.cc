@@ -66,7 +66,8 @@ TEST(ReferenceStateCollectorTest, WantsTheFirstMStepsOfEveryInterval) {
   for (int64_t step = 0; step < 6; ++step) EXPECT_TRUE(all.Wants(step));
 }
 
-// A StepResult as SpeculativeDecoder::Step would give with capture on: rows
+// A StepResult as a verification step gives with capture on
+// (FinishVerification, executor/speculation_step.h): rows
 // positions first..first+rows-1, states filled with the position number.
 StepResult FakeStep(int64_t first, int64_t rows, int sublayers = 5,
                     int hidden = 3) {

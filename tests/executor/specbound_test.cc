@@ -11,7 +11,7 @@
 //     and sampled;
 //   - validation names the field.
 // (Sampling losslessness through the rejection sampler is in
-// speculative_decoder_test.cc, with the other distribution tests.)
+// speculation_step_test.cc, with the other distribution tests.)
 #include "executor/specbound.h"
 
 #include <gtest/gtest.h>

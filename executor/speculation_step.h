@@ -1,34 +1,39 @@
-// SpeculativeDecoder: one decode step of lossless self-speculative decoding
-// for one sequence.
+// The pieces of one lossless self-speculative decode step that do not
+// depend on how forward passes are run: choosing a draft token, accepting
+// drafts against the full model, and the counters. The one decode loop
+// (executor/sequence.h's Sequence and RunBatchStep) runs the passes, for
+// one sequence or many per pass, and calls these, so every path accepts
+// exactly alike.
 //
-// A step starts from the sequence's committed KV cache (positions
-// [0, n)) and `last`, the newest generated token, which is not in the cache
-// yet. It
+// A step starts from the sequence's committed K/V (positions [0, n)) and
+// `last`, the newest generated token, which is not in the K/V yet. It
 //   1. drafts up to gamma tokens autoregressively with the masked sub-network
 //      (skipped sublayers compute nothing; a skipped attention writes no K/V),
 //      stopping early when the draft's top-1 probability falls below the exit
-//      threshold;
-//   2. verifies [last, drafts...] with ONE full-model forward, which
+//      threshold (ChooseDraft);
+//   2. verifies [last, drafts...] with ONE full-model pass, which
 //      overwrites those positions' K/V in every layer;
-//   3. accepts: greedy keeps the longest prefix of drafts equal to the
-//      target's argmax plus the target's token at the first mismatch (or a
-//      bonus token after a full accept); sampling uses speculative rejection
-//      sampling (accept with min(1, p/q), resample from norm(max(0, p - q)),
-//      bonus from p), so the output distribution is exactly the target's;
-//   4. rolls the cache back by moving its length (no copy).
+//   3. accepts (AcceptDrafts, FinishVerification): greedy keeps the longest
+//      prefix of drafts equal to the target's argmax plus the target's token
+//      at the first mismatch (or a bonus token after a full accept); sampling
+//      uses speculative rejection sampling (accept with min(1, p/q), resample
+//      from norm(max(0, p - q)), bonus from p), so the output distribution is
+//      exactly the target's;
+//   4. rolls the K/V back by moving the sequence's committed length (no
+//      copy): rejected positions are overwritten later.
 // With gamma 0 (or an empty budget) a step is a plain autoregressive step.
 //
-// Ownership: the decoder borrows the model, cache and sampler; they must
-// outlive it. Not thread-safe: one sequence, one thread at a time.
-#ifndef KNAPSERVE_EXECUTOR_SPECULATIVE_DECODER_H_
-#define KNAPSERVE_EXECUTOR_SPECULATIVE_DECODER_H_
+// Ownership: the functions borrow their arguments for the call only.
+// Thread safety: none of them keeps state; a Sampler and a SpeculationStats
+// belong to one sequence and its step thread.
+#ifndef KNAPSERVE_EXECUTOR_SPECULATION_STEP_H_
+#define KNAPSERVE_EXECUTOR_SPECULATION_STEP_H_
+
+#include <torch/types.h>
 
 #include <cstdint>
 #include <vector>
 
-#include "common/model/layer_mask.h"
-#include "common/model/llama.h"
-#include "executor/kv_cache.h"
 #include "executor/sampler.h"
 
 namespace knapserve {
@@ -59,7 +64,7 @@ struct SpeculationStats {
   double mean_acceptance_length() const;
 };
 
-// What one Step committed.
+// What one step committed (FinishVerification's answer).
 struct StepResult {
   std::vector<int32_t> tokens;  // committed this step, in order (>= 1)
   int drafted = 0;              // draft tokens proposed
@@ -72,11 +77,6 @@ struct StepResult {
   // The full model's argmax at each captured position (alpha_hat's target).
   std::vector<int32_t> target_argmax;
 };
-
-// The pieces of a speculative step that do not depend on how forward passes
-// are run, shared by SpeculativeDecoder (one sequence, one pass at a time)
-// and the batched step (executor/sequence.h, many sequences per pass), so
-// both accept exactly alike.
 
 // Picks the draft token from the draft's logits ([vocab] float32): argmax
 // when greedy, else a sample from the sampler's distribution, which is
@@ -117,35 +117,6 @@ StepResult FinishVerification(Sampler& sampler,
                               int64_t first_position, bool capture,
                               SpeculationStats& stats);
 
-class SpeculativeDecoder {
- public:
-  // `mask` must have the model's layer count; gamma >= 0 (0 = autoregressive).
-  SpeculativeDecoder(const LlamaModel& model, KvCache& cache, Sampler& sampler,
-                     LayerMask mask, int gamma, double exit_threshold);
-
-  // Runs one step feeding `last` at position cache.length(). At most
-  // `max_tokens` (>= 1) tokens are committed. With capture_states the result
-  // carries the committed positions' boundary states.
-  StepResult Step(int32_t last, int64_t max_tokens, bool capture_states);
-
-  // Takes effect at the next Step (plans are applied at step boundaries).
-  void set_mask(LayerMask mask) { mask_ = std::move(mask); }
-  void set_gamma(int gamma) { gamma_ = gamma; }
-  const LayerMask& mask() const { return mask_; }
-  int gamma() const { return gamma_; }
-
-  const SpeculationStats& stats() const { return stats_; }
-
- private:
-  const LlamaModel& model_;
-  KvCache& cache_;
-  Sampler& sampler_;
-  LayerMask mask_;
-  int gamma_;
-  double exit_threshold_;
-  SpeculationStats stats_;
-};
-
 }  // namespace knapserve
 
-#endif  // KNAPSERVE_EXECUTOR_SPECULATIVE_DECODER_H_
+#endif  // KNAPSERVE_EXECUTOR_SPECULATION_STEP_H_

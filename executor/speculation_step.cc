@@ -1,23 +1,8 @@
-#include "executor/speculative_decoder.h"
-
-#include <c10/core/InferenceMode.h>
+#include "executor/speculation_step.h"
 
 #include <algorithm>
-#include <chrono>
 
 namespace knapserve {
-namespace {
-
-double Seconds(std::chrono::steady_clock::time_point since) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - since)
-      .count();
-}
-
-torch::Tensor OneToken(int32_t id) {
-  return torch::tensor({static_cast<int64_t>(id)}, torch::kInt64);
-}
-
-}  // namespace
 
 int32_t ChooseDraft(Sampler& sampler, const torch::Tensor& logits,
                     double exit_threshold,
@@ -123,69 +108,6 @@ double SpeculationStats::mean_exit_depth() const {
 
 double SpeculationStats::mean_acceptance_length() const {
   return drafts > 0 ? 1.0 + static_cast<double>(accepted_tokens) / drafts : 1.0;
-}
-
-SpeculativeDecoder::SpeculativeDecoder(const LlamaModel& model, KvCache& cache,
-                                       Sampler& sampler, LayerMask mask,
-                                       int gamma, double exit_threshold)
-    : model_(model),
-      cache_(cache),
-      sampler_(sampler),
-      mask_(std::move(mask)),
-      gamma_(gamma),
-      exit_threshold_(exit_threshold) {}
-
-StepResult SpeculativeDecoder::Step(int32_t last, int64_t max_tokens,
-                                    bool capture_states) {
-  c10::InferenceMode inference_mode;
-  TORCH_CHECK(max_tokens >= 1, "Step needs max_tokens >= 1");
-  const int64_t pos = cache_.length();
-  TORCH_CHECK(pos < cache_.capacity(), "no KV room for the step");
-  // Drafts + the verified token must fit both the budget and the cache.
-  const int64_t budget =
-      std::min<int64_t>({gamma_, max_tokens - 1, cache_.capacity() - pos - 1});
-
-  // 1. Draft with the masked sub-network.
-  std::vector<int32_t> drafts;
-  std::vector<torch::Tensor> draft_dists;  // q_j, sampling only
-  if (budget > 0) {
-    const auto t0 = std::chrono::steady_clock::now();
-    ForwardOptions options;
-    options.skip = &mask_;
-    options.num_logits = 1;
-    int32_t token = last;
-    for (int64_t j = 0; j < budget; ++j) {
-      torch::Tensor logits =
-          model_.Forward(OneToken(token), pos + j, cache_.layers(), options)[0];
-      bool confident = false;
-      const int32_t draft = ChooseDraft(sampler_, logits, exit_threshold_,
-                                        draft_dists, confident);
-      drafts.push_back(draft);
-      token = draft;
-      if (!confident) break;
-    }
-    stats_.draft_seconds += Seconds(t0);
-  }
-
-  // 2. Verify [last, drafts...] with one full forward.
-  const auto t1 = std::chrono::steady_clock::now();
-  std::vector<int64_t> input = {last};
-  input.insert(input.end(), drafts.begin(), drafts.end());
-  torch::Tensor states;
-  ForwardOptions verify;
-  verify.boundary_states = capture_states ? &states : nullptr;
-  torch::Tensor logits = model_.Forward(torch::tensor(input, torch::kInt64),
-                                        pos, cache_.layers(), verify);
-
-  // 3. Accept.
-  StepResult result = FinishVerification(sampler_, drafts, draft_dists, logits,
-                                         states, pos, capture_states, stats_);
-  stats_.verify_seconds += Seconds(t1);
-
-  // 4. Keep [last, accepted drafts]; the rest of the written positions are
-  // dropped by length and overwritten later.
-  cache_.Commit(pos + result.accepted + 1);
-  return result;
 }
 
 }  // namespace knapserve

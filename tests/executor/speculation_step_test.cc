@@ -1,5 +1,7 @@
-// Tests of lossless self-speculative decoding (executor/speculative_decoder.h
-// through Generate(), and SpeculativeDecoder::Step directly):
+// Tests of lossless self-speculative decoding: the engine's one decode loop
+// (executor/sequence.h's Sequence and RunBatchStep, with the acceptance of
+// executor/speculation_step.h) through Generate(), and one RunBatchStep at
+// a time:
 //   - greedy losslessness: speculative output ids equal autoregressive ones
 //     exactly for every model, many masks, draft lengths 1..10, one-token
 //     prompts and runs that end at the context limit;
@@ -7,10 +9,12 @@
 //     under speculative rejection sampling matches autoregressive sampling
 //     (chi-square two-sample test), and the same statistic does reject a
 //     wrong sampler;
-//   - KV state: after any accept/reject sequence the cache equals the cache of
+//   - KV state: after any accept/reject sequence the K/V equals the K/V of
 //     a fresh full forward, without reallocation;
+//   - one step: the draft budget, a step that may not draft, the acceptance
+//     helper on hand-made logits;
 //   - statistics and request validation.
-#include "executor/speculative_decoder.h"
+#include "executor/speculation_step.h"
 
 #include <c10/core/InferenceMode.h>
 #include <gtest/gtest.h>
@@ -23,15 +27,19 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/model/layer_mask.h"
 #include "common/model/llama.h"
 #include "common/text/tokenizer.h"
 #include "executor/generator.h"
 #include "executor/kv_cache.h"
 #include "executor/sampler.h"
+#include "executor/sequence.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -713,9 +721,71 @@ TEST(SamplingLosslessTest, StatisticRejectsAWrongSampler) {
 }
 
 // ---------------------------------------------------------------------------
-// KV state after accept/reject sequences, driving SpeculativeDecoder::Step.
+// One step at a time: K/V state after accept/reject sequences, the draft
+// budget, steps that may not draft, and the shared acceptance helper. These
+// drive the engine's own decode loop (Sequence and RunBatchStep,
+// executor/sequence.h) one RunBatchStep at a time, as Generate() runs it.
 
-// Tolerance for comparing the cache of a speculative run with the cache of a
+// One sequence stepped through RunBatchStep on a contiguous K/V of exactly
+// its positions (what Generate() gives it), which the test reads between
+// steps. The stream callback records what each step committed.
+class SteppedSequence {
+ public:
+  SteppedSequence(const LlamaModel& model, GenerationRequest request)
+      : model_(model) {
+    auto seq = Sequence::Create(
+        model, *GetTokenizer(), std::move(request),
+        [this](absl::Span<const int32_t> ids, std::string_view,
+               absl::Span<const float>) {
+          committed_.insert(committed_.end(), ids.begin(), ids.end());
+          return true;
+        },
+        /*on_reference=*/nullptr, /*planner=*/nullptr, /*shared=*/nullptr);
+    if (!seq.ok()) {
+      status_ = seq.status();
+      return;
+    }
+    seq_ = std::move(*seq);
+    kv_ = model.AllocateKv(seq_->max_positions());
+    seq_->UseKv(&kv_);
+  }
+  SteppedSequence(const SteppedSequence&) = delete;
+  SteppedSequence& operator=(const SteppedSequence&) = delete;
+
+  const absl::Status& status() const { return status_; }
+  Sequence& seq() { return *seq_; }
+  const std::vector<LayerKv>& kv() const { return kv_; }
+
+  // Runs RunBatchStep until the prompt is in the K/V; returns the ids that
+  // committed (the prefill's token).
+  std::vector<int32_t> Prefill() {
+    std::vector<int32_t> ids;
+    while (seq_->prefilling()) {
+      const std::vector<int32_t> step = Step();
+      ids.insert(ids.end(), step.begin(), step.end());
+    }
+    return ids;
+  }
+  // Runs one RunBatchStep (one decode step once prefilled); returns the ids
+  // it committed. allow_drafts as BatchStepOptions::allow_drafts.
+  std::vector<int32_t> Step(bool allow_drafts = true) {
+    committed_.clear();
+    BatchStepOptions options;
+    options.allow_drafts = allow_drafts;
+    Sequence* const batch[] = {seq_.get()};
+    RunBatchStep(model_, batch, options);
+    return committed_;
+  }
+
+ private:
+  const LlamaModel& model_;
+  absl::Status status_;
+  std::unique_ptr<Sequence> seq_;
+  std::vector<LayerKv> kv_;
+  std::vector<int32_t> committed_;
+};
+
+// Tolerance for comparing the K/V of a speculative run with the K/V of a
 // fresh full forward in fp32. They compute the same K/V through different
 // kernels (one-token and few-row passes vs one prompt-sized pass), so they
 // agree to rounding, not bit for bit: |a - b| <= kKvAtol + kKvRtol * |b|.
@@ -753,98 +823,114 @@ TEST_P(KvStateTest, CacheEqualsAFreshForwardAfterEveryStep) {
   const ModelConfig& c = model->config();
   const std::vector<int32_t> prompt =
       RandomPrompt(c.bos_token_id.value_or(1), c.vocab_size, 7, 5);
-  const int64_t capacity = static_cast<int64_t>(prompt.size()) + 48;
-  auto mask = LayerMask::Parse(param.skip, model->num_layers());
-  ASSERT_TRUE(mask.ok()) << mask.status();
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+  // 49 output tokens: the first from the prefill, then steps until the
+  // committed K/V reaches prompt + 48 (the newest token is never fed).
+  constexpr int64_t kOutput = 49;
+  GenerationRequest request = Speculative(Request(prompt, kOutput), param.skip,
+                                          param.gamma, param.exit_threshold);
+  request.sampling.temperature = param.temperature;
+  request.sampling.seed = 7;
+  SteppedSequence stepped(*model, request);
+  ASSERT_TRUE(stepped.status().ok()) << stepped.status();
+  Sequence& seq = stepped.seq();
+  const int64_t capacity = seq.max_positions();
+  ASSERT_EQ(capacity, prompt_len + kOutput);
+  const std::vector<LayerKv>& kv = stepped.kv();
 
-  KvCache cache(*model, capacity);
-  torch::Tensor logits = model->Prefill(Ids(prompt), 0, cache.layers());
-  cache.Commit(static_cast<int64_t>(prompt.size()));
-  SamplingParams sampling;
-  sampling.temperature = param.temperature;
-  sampling.seed = 7;
-  Sampler sampler(sampling);
-  // Every token so far; the last one is not in the cache yet.
+  // The prefill: the prompt's K/V and the first token.
+  std::vector<int32_t> first = stepped.Prefill();
+  ASSERT_EQ(first.size(), 1u);
+  ASSERT_EQ(seq.context_length(), prompt_len);
+  // Every token so far; the last one is not in the K/V yet.
   std::vector<int32_t> tokens = prompt;
-  tokens.push_back(sampler.Sample(logits));
+  tokens.push_back(first[0]);
 
   std::vector<const void*> k_ptrs, v_ptrs;
-  for (const LayerKv& layer : cache.layers()) {
+  for (const LayerKv& layer : kv) {
     k_ptrs.push_back(layer.k.data_ptr());
     v_ptrs.push_back(layer.v.data_ptr());
   }
 
-  SpeculativeDecoder decoder(*model, cache, sampler, *mask, param.gamma,
-                             param.exit_threshold);
   int steps = 0, rejections = 0, full_accepts = 0;
-  SpeculationStats expected;  // rebuilt from the step results
-  while (cache.length() < capacity) {
-    const int64_t pos = cache.length();
+  SpeculationStats expected;  // rebuilt from the steps
+  while (!seq.done()) {
+    const int64_t pos = seq.context_length();
     ASSERT_EQ(pos + 1, static_cast<int64_t>(tokens.size()));
-    const StepResult step =
-        decoder.Step(tokens.back(), capacity - pos, /*capture_states=*/false);
+    const SpeculationStats before = seq.speculation();
+    const std::vector<int32_t> committed = stepped.Step();
     ++steps;
+    // What the step did: its drafts and acceptances are the counters'
+    // growth; its tokens are what it streamed.
+    const SpeculationStats& after = seq.speculation();
+    const int64_t drafted = after.draft_tokens - before.draft_tokens;
+    const int64_t accepted = after.accepted_tokens - before.accepted_tokens;
     SCOPED_TRACE(absl::StrCat(Describe(param), ", step ", steps,
-                              " at position ", pos, ": drafted ", step.drafted,
-                              ", accepted ", step.accepted));
-
-    // What the step says it did.
-    ASSERT_GE(step.drafted, step.accepted);
-    ASSERT_LE(step.drafted, param.gamma);
-    ASSERT_EQ(static_cast<int>(step.tokens.size()), step.accepted + 1);
-    EXPECT_EQ(step.first_position, pos);
-    EXPECT_FALSE(step.boundary_states.defined());
+                              " at position ", pos, ": drafted ", drafted,
+                              ", accepted ", accepted));
+    ASSERT_GE(drafted, accepted);
+    ASSERT_LE(drafted, param.gamma);
+    ASSERT_EQ(after.drafts - before.drafts, drafted > 0 ? 1 : 0);
+    ASSERT_EQ(static_cast<int64_t>(committed.size()), accepted + 1);
+    // The draft budget: gamma, within the tokens still to generate less the
+    // verified one. With exit_threshold 0 every draft uses all of it.
+    const int64_t produced = static_cast<int64_t>(tokens.size()) - prompt_len;
+    const int64_t budget =
+        std::min<int64_t>(param.gamma, kOutput - produced - 1);
+    if (param.exit_threshold == 0.0) {
+      EXPECT_EQ(drafted, budget);
+    } else {
+      EXPECT_LE(drafted, budget);
+      if (budget > 0) {
+        EXPECT_GE(drafted, 1);
+      }
+    }
     // The committed length is the last token's position plus the accepted
-    // drafts; the newest token is not in the cache.
-    ASSERT_EQ(cache.length(), pos + step.accepted + 1);
-    tokens.insert(tokens.end(), step.tokens.begin(), step.tokens.end());
+    // drafts; the newest token is not in the K/V.
+    ASSERT_EQ(seq.context_length(), pos + accepted + 1);
+    tokens.insert(tokens.end(), committed.begin(), committed.end());
 
-    if (step.drafted > step.accepted) {
+    if (drafted > accepted) {
       ++rejections;
       // Rolled back by moving the length, not by clearing: the verification
       // pass wrote the rejected draft's position, which now lies past the end.
-      const int64_t rejected = pos + step.drafted;
-      EXPECT_LT(cache.length(), rejected + 1);
-      EXPECT_TRUE(
-          cache.layers()[0].k.select(1, rejected).abs().sum().item<double>() >
-          0)
+      const int64_t rejected = pos + drafted;
+      EXPECT_LT(seq.context_length(), rejected + 1);
+      EXPECT_TRUE(kv[0].k.select(1, rejected).abs().sum().item<double>() > 0)
           << "the verification pass did not write position " << rejected;
-    } else if (step.drafted > 0) {
+    } else if (drafted > 0) {
       ++full_accepts;
     }
-    if (step.drafted > 0) {
+    if (drafted > 0) {
       ++expected.drafts;
-      expected.draft_tokens += step.drafted;
-      expected.accepted_tokens += step.accepted;
-      if (static_cast<int>(expected.accepted_per_position.size()) <
-          step.drafted) {
-        expected.accepted_per_position.resize(step.drafted);
+      expected.draft_tokens += drafted;
+      expected.accepted_tokens += accepted;
+      if (static_cast<int64_t>(expected.accepted_per_position.size()) <
+          drafted) {
+        expected.accepted_per_position.resize(drafted);
       }
-      for (int j = 0; j < step.accepted; ++j)
+      for (int64_t j = 0; j < accepted; ++j)
         ++expected.accepted_per_position[j];
     }
 
     // Never reallocated: same storage, same capacity.
     for (int layer = 0; layer < model->num_layers(); ++layer) {
-      ASSERT_EQ(cache.layers()[layer].k.data_ptr(), k_ptrs[layer])
-          << "layer " << layer;
-      ASSERT_EQ(cache.layers()[layer].v.data_ptr(), v_ptrs[layer])
-          << "layer " << layer;
-      ASSERT_EQ(cache.layers()[layer].k.size(1), capacity);
+      ASSERT_EQ(kv[layer].k.data_ptr(), k_ptrs[layer]) << "layer " << layer;
+      ASSERT_EQ(kv[layer].v.data_ptr(), v_ptrs[layer]) << "layer " << layer;
+      ASSERT_EQ(kv[layer].k.size(1), capacity);
     }
-    ASSERT_EQ(cache.capacity(), capacity);
 
-    // The cache equals the cache of a fresh full forward over every token
+    // The K/V equals the K/V of a fresh full forward over every token
     // except the newest.
-    const int64_t length = cache.length();
+    const int64_t length = seq.context_length();
     std::vector<LayerKv> fresh = model->AllocateKv(length);
     model->Forward(
         Ids(std::vector<int32_t>(tokens.begin(), tokens.begin() + length)), 0,
         fresh,
         /*num_logits=*/1);
     for (int layer = 0; layer < model->num_layers(); ++layer) {
-      const torch::Tensor k = cache.layers()[layer].k.narrow(1, 0, length);
-      const torch::Tensor v = cache.layers()[layer].v.narrow(1, 0, length);
+      const torch::Tensor k = kv[layer].k.narrow(1, 0, length);
+      const torch::Tensor v = kv[layer].v.narrow(1, 0, length);
       ASSERT_TRUE(torch::allclose(k, fresh[layer].k, kKvRtol, kKvAtol))
           << "K of layer " << layer << " differs by up to "
           << (k - fresh[layer].k).abs().max().item<double>();
@@ -853,10 +939,18 @@ TEST_P(KvStateTest, CacheEqualsAFreshForwardAfterEveryStep) {
           << (v - fresh[layer].v).abs().max().item<double>();
     }
   }
-  EXPECT_EQ(cache.length(), capacity);
+  // Ended by the output limit with every position but the newest token's
+  // committed.
+  EXPECT_EQ(seq.context_length(), capacity - 1);
+  auto result = seq.TakeResult();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->finish_reason, FinishReason::kLength);
+  EXPECT_EQ(result->output_ids,
+            std::vector<int32_t>(tokens.begin() + prompt_len, tokens.end()));
+  EXPECT_EQ(result->stats.steps, steps);
 
-  // The decoder's counters are the sums of its steps.
-  const SpeculationStats& stats = decoder.stats();
+  // The sequence's counters are the sums of its steps.
+  const SpeculationStats& stats = result->speculation;
   EXPECT_EQ(stats.drafts, expected.drafts);
   EXPECT_EQ(stats.draft_tokens, expected.draft_tokens);
   EXPECT_EQ(stats.accepted_tokens, expected.accepted_tokens);
@@ -889,7 +983,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A skipped attention sublayer computes nothing and writes no K/V: the draft
 // forward leaves that layer's cache untouched.
-TEST(SpeculativeDecoderTest, DraftWritesKvOnlyForKeptAttention) {
+TEST(SpeculativeStepTest, DraftWritesKvOnlyForKeptAttention) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
@@ -910,57 +1004,149 @@ TEST(SpeculativeDecoderTest, DraftWritesKvOnlyForKeptAttention) {
   }
 }
 
-// With gamma 0 a step is a plain autoregressive step: one token, nothing
-// drafted, no draft counted.
-TEST(SpeculativeDecoderTest, GammaZeroIsAnAutoregressiveStep) {
+// A step with gamma 0 is a plain autoregressive step: one token, nothing
+// drafted, no draft counted, plain decoding's tokens. On the one decode path
+// gamma 0 is a step that may not draft (BatchStepOptions::allow_drafts false,
+// as the engine runs batches where speculation stops paying), here for a
+// sequence whose own gamma is 8 with the empty mask, which would otherwise
+// draft.
+TEST(SpeculativeStepTest, GammaZeroIsAnAutoregressiveStep) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   c10::InferenceMode guard;
-  KvCache cache(*model, 16);
-  torch::Tensor logits = model->Prefill(Ids(kZooPrompt), 0, cache.layers());
-  cache.Commit(4);
-  Sampler sampler(SamplingParams{});
-  SpeculativeDecoder decoder(*model, cache, sampler,
-                             LayerMask(model->num_layers()), 0, 0.0);
-  int32_t last = Argmax(logits);
+  // The prefill's token, then 5 steps.
+  SteppedSequence stepped(*model,
+                          Speculative(Request(kZooPrompt, 6), "", 8, 0.0));
+  ASSERT_TRUE(stepped.status().ok()) << stepped.status();
+  Sequence& seq = stepped.seq();
+  ASSERT_EQ(stepped.Prefill().size(), 1u);
+  ASSERT_EQ(seq.context_length(), 4);
   for (int i = 0; i < 5; ++i) {
-    StepResult step = decoder.Step(last, 10, false);
-    ASSERT_EQ(step.tokens.size(), 1u);
-    EXPECT_EQ(step.drafted, 0);
-    last = step.tokens[0];
+    SCOPED_TRACE(absl::StrCat("step ", i));
+    ASSERT_EQ(stepped.Step(/*allow_drafts=*/false).size(), 1u);
+    EXPECT_EQ(seq.speculation().draft_tokens, 0);
   }
-  EXPECT_EQ(cache.length(), 9);
-  EXPECT_EQ(decoder.stats().drafts, 0);
-  EXPECT_EQ(decoder.stats().draft_tokens, 0);
-  EXPECT_TRUE(decoder.stats().accepted_per_position.empty());
+  EXPECT_EQ(seq.context_length(), 9);
+  ASSERT_TRUE(seq.done());
+  auto result = seq.TakeResult();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->stats.steps, 5);
+  EXPECT_EQ(result->speculation.drafts, 0);
+  EXPECT_EQ(result->speculation.draft_tokens, 0);
+  EXPECT_TRUE(result->speculation.accepted_per_position.empty());
+  auto plain = Generate(*model, *GetTokenizer(), Request(kZooPrompt, 6));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(result->output_ids, plain->output_ids);
 }
 
-// max_tokens and the cache capacity bound the draft: a step never commits
-// more than max_tokens tokens nor writes past the cache.
-TEST(SpeculativeDecoderTest, BudgetBoundsTheDraft) {
+// The tokens still to generate and the context bound the draft: a step
+// never commits more tokens than are left nor writes K/V past the context.
+// `left` is the step's token budget (max_new_tokens less the prefill's
+// token), `room` the positions the context has after the prompt.
+TEST(SpeculativeStepTest, BudgetBoundsTheDraft) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   c10::InferenceMode guard;
-  for (int64_t max_tokens : {1, 2, 3, 6}) {
-    for (int64_t room : {1, 2, 4, 8}) {
-      SCOPED_TRACE(absl::StrCat("max_tokens ", max_tokens, ", room ", room));
-      KvCache cache(*model, 4 + room);
-      torch::Tensor logits = model->Prefill(Ids(kZooPrompt), 0, cache.layers());
-      cache.Commit(4);
-      Sampler sampler(SamplingParams{});
-      // The empty mask accepts everything, so the budget alone limits the step.
-      SpeculativeDecoder decoder(*model, cache, sampler,
-                                 LayerMask(model->num_layers()), 8, 0.0);
-      StepResult step = decoder.Step(Argmax(logits), max_tokens, false);
-      const int64_t budget = std::min<int64_t>({8, max_tokens - 1, room - 1});
-      EXPECT_EQ(step.drafted, budget);
-      EXPECT_LE(static_cast<int64_t>(step.tokens.size()), max_tokens);
-      EXPECT_LE(cache.length(), cache.capacity());
-      EXPECT_EQ(cache.length(), 4 + static_cast<int64_t>(step.tokens.size()));
+  const int64_t context = model->max_context();
+  for (int64_t left : {1, 2, 3, 6}) {
+    for (int64_t room : {2, 3, 5, 9}) {
+      SCOPED_TRACE(absl::StrCat("left ", left, ", room ", room));
+      // A prompt that fills all but `room` positions of the context.
+      const std::vector<int32_t> prompt =
+          RandomPrompt(model->config().bos_token_id.value_or(1),
+                       model->config().vocab_size, context - room, 8);
+      const int64_t prompt_len = static_cast<int64_t>(prompt.size());
+      // The empty mask accepts everything, so the budget alone limits the
+      // step.
+      SteppedSequence stepped(
+          *model, Speculative(Request(prompt, left + 1), "", 8, 0.0));
+      ASSERT_TRUE(stepped.status().ok()) << stepped.status();
+      Sequence& seq = stepped.seq();
+      ASSERT_LE(seq.max_positions(), context);
+      ASSERT_EQ(stepped.Prefill().size(), 1u);
+      ASSERT_FALSE(seq.done());
+      const std::vector<int32_t> committed = stepped.Step();
+      // Tokens the sequence may still produce: `left`, or fewer when the
+      // context ends first (prompt + output <= context).
+      const int64_t tokens_left = std::min<int64_t>(left, room - 1);
+      const int64_t budget = std::min<int64_t>(8, tokens_left - 1);
+      EXPECT_EQ(seq.speculation().draft_tokens, budget);
+      EXPECT_EQ(seq.speculation().accepted_tokens, budget);
+      EXPECT_EQ(static_cast<int64_t>(committed.size()), budget + 1);
+      EXPECT_LE(static_cast<int64_t>(committed.size()), tokens_left);
+      EXPECT_LE(seq.context_length(), seq.max_positions());
+      EXPECT_EQ(seq.context_length(),
+                prompt_len + static_cast<int64_t>(committed.size()));
+      // The step used all the tokens that were left.
+      EXPECT_TRUE(seq.done());
     }
   }
+}
+
+// FinishVerification (executor/speculation_step.h), the end of every
+// verification, on hand-made logits: greedy keeps the longest prefix of
+// drafts equal to the target's argmax, then the target's own token; the
+// step's first position is where `last` went; boundary states and the
+// target's argmax come back for the committed rows only when captured.
+TEST(SpeculativeStepTest, FinishVerificationKeepsTheMatchingPrefix) {
+  c10::InferenceMode guard;
+  // Row j predicts the token after draft j - 1; its argmax is target[j].
+  const std::vector<int64_t> target = {3, 1, 4, 5};
+  torch::Tensor logits = torch::zeros({4, 6}, torch::kFloat32);
+  for (int64_t j = 0; j < 4; ++j) logits[j][target[j]] = 2.0;
+  // [2L+1 = 3 boundaries, 4 rows, hidden 2].
+  torch::Tensor states =
+      torch::arange(3 * 4 * 2, torch::kFloat32).view({3, 4, 2});
+  Sampler sampler(SamplingParams{});
+  SpeculationStats stats;
+
+  // Drafts 3, 1, 2: two match, the third is replaced by the target's 4.
+  StepResult step = FinishVerification(sampler, {3, 1, 2}, {}, logits, states,
+                                       /*first_position=*/10,
+                                       /*capture=*/false, stats);
+  EXPECT_EQ(step.tokens, (std::vector<int32_t>{3, 1, 4}));
+  EXPECT_EQ(step.drafted, 3);
+  EXPECT_EQ(step.accepted, 2);
+  EXPECT_EQ(step.first_position, 10);
+  EXPECT_FALSE(step.boundary_states.defined());
+  EXPECT_TRUE(step.target_argmax.empty());
+  EXPECT_EQ(stats.drafts, 1);
+  EXPECT_EQ(stats.draft_tokens, 3);
+  EXPECT_EQ(stats.accepted_tokens, 2);
+  EXPECT_EQ(stats.accepted_per_position, (std::vector<int64_t>{1, 1, 0}));
+
+  // Drafts 3, 0, 4 with capture: one kept, then the target's 1; the
+  // committed rows 0..1 of the states.
+  step = FinishVerification(sampler, {3, 0, 4}, {}, logits, states,
+                            /*first_position=*/20, /*capture=*/true, stats);
+  EXPECT_EQ(step.tokens, (std::vector<int32_t>{3, 1}));
+  EXPECT_EQ(step.accepted, 1);
+  EXPECT_EQ(step.first_position, 20);
+  ASSERT_TRUE(step.boundary_states.defined());
+  EXPECT_TRUE(torch::equal(step.boundary_states, states.narrow(1, 0, 2)));
+  EXPECT_EQ(step.target_argmax, (std::vector<int32_t>{3, 1}));
+  EXPECT_EQ(stats.drafts, 2);
+  EXPECT_EQ(stats.draft_tokens, 6);
+  EXPECT_EQ(stats.accepted_tokens, 3);
+  EXPECT_EQ(stats.accepted_per_position, (std::vector<int64_t>{2, 1, 0}));
+
+  // All three accepted: the bonus token from the last row.
+  step = FinishVerification(sampler, {3, 1, 4}, {}, logits, states,
+                            /*first_position=*/30, /*capture=*/false, stats);
+  EXPECT_EQ(step.tokens, (std::vector<int32_t>{3, 1, 4, 5}));
+  EXPECT_EQ(step.accepted, 3);
+  EXPECT_EQ(stats.accepted_per_position, (std::vector<int64_t>{3, 2, 1}));
+
+  // No drafts: a plain step, committed but not counted as a draft.
+  step = FinishVerification(sampler, {}, {}, logits.narrow(0, 0, 1),
+                            states.narrow(1, 0, 1), /*first_position=*/40,
+                            /*capture=*/false, stats);
+  EXPECT_EQ(step.tokens, (std::vector<int32_t>{3}));
+  EXPECT_EQ(step.drafted, 0);
+  EXPECT_EQ(stats.drafts, 3);
+  EXPECT_EQ(stats.draft_tokens, 9);
 }
 
 // ---------------------------------------------------------------------------
