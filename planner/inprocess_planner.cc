@@ -159,6 +159,7 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
   }
   inputs.prefix_kv = request.kv_length > 0 ? &request.kv : nullptr;
   inputs.prefix_len = request.kv_length;
+  inputs.kv_positions = request.kv_positions;
   inputs.context_length = request.context_length;
   inputs.plan_lifetime_tokens = request.plan_lifetime_tokens;
   inputs.step = request.step;

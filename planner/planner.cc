@@ -176,6 +176,17 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
 
 }  // namespace
 
+int64_t KvEntriesBefore(const PlanInputs& inputs, int64_t position) {
+  if (inputs.kv_positions.empty()) {
+    return std::clamp<int64_t>(position, 0, inputs.prefix_len);
+  }
+  const auto end =
+      inputs.kv_positions.begin() +
+      std::min<int64_t>(inputs.prefix_len, inputs.kv_positions.size());
+  return std::lower_bound(inputs.kv_positions.begin(), end, position) -
+         inputs.kv_positions.begin();
+}
+
 int64_t PricingContextLength(const PlanInputs& inputs) {
   const int64_t r = inputs.states.defined() && inputs.states.dim() >= 2
                         ? inputs.states.size(1)
@@ -251,7 +262,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
                    ModelSublayerRunner::Create(
                        model, inputs.prefix_kv,
-                       std::min(inputs.prefix_len, inputs.first_position),
+                       KvEntriesBefore(inputs, inputs.first_position),
                        inputs.first_position));
   KnapsackOptions dp;
   dp.tau = options.tau;
@@ -361,7 +372,7 @@ absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model,
   ASSIGN_OR_RETURN(
       ModelSublayerRunner last_runner,
       ModelSublayerRunner::Create(model, inputs.prefix_kv,
-                                  std::min(inputs.prefix_len, last), last));
+                                  KvEntriesBefore(inputs, last), last));
   torch::Tensor last_states;
   {
     c10::InferenceMode guard;
@@ -377,7 +388,7 @@ absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model,
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
                    ModelSublayerRunner::Create(
                        model, inputs.prefix_kv,
-                       std::min(inputs.prefix_len, inputs.first_position),
+                       KvEntriesBefore(inputs, inputs.first_position),
                        inputs.first_position));
   ASSIGN_OR_RETURN(
       SkipCandidate measured,
@@ -418,7 +429,7 @@ absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model,
   ASSIGN_OR_RETURN(ModelSublayerRunner runner,
                    ModelSublayerRunner::Create(
                        model, inputs.prefix_kv,
-                       std::min(inputs.prefix_len, inputs.first_position),
+                       KvEntriesBefore(inputs, inputs.first_position),
                        inputs.first_position));
   ASSIGN_OR_RETURN(SkipCandidate measured,
                    EvaluateMask(runner, in.states, inputs.target_argmax, mask));

@@ -47,8 +47,8 @@ namespace knapserve {
 class LlamaModel;
 struct LayerKv;
 
-// One snapshot of reference states (executor/reference_states.h holds the
-// same data; this is the planner's own plain copy of the shape of it).
+// One snapshot of reference states (executor/engine/reference_states.h holds
+// the same data; this is the planner's own plain copy of the shape of it).
 // Nothing is owned but `states` and the ids; prefix_kv must outlive the solve.
 struct PlanInputs {
   // The full model's hidden states at all 2L+1 boundaries for r tokens,
@@ -60,14 +60,19 @@ struct PlanInputs {
   // The full model's argmax at each of the r tokens (alpha_hat's target).
   std::vector<int32_t> target_argmax;
   // The full model's K/V (one entry per layer, [kv_heads, capacity,
-  // head_dim]); positions [0, prefix_len) must be valid. prefix_len may
-  // extend past first_position (the executor's cache also holds the
-  // reference tokens' own K/V): KnapSpec uses min(prefix_len, first_position),
-  // CLaSp min(prefix_len, position of the last reference token). A shorter
-  // prefix_len makes the DP attend to fewer positions. Null iff prefix_len ==
-  // 0.
+  // head_dim]); entries [0, prefix_len) must be valid. Entry i holds
+  // position i, or kv_positions[i] when kv_positions is set (a window of the
+  // prefix from a remote executor: K is already rotated, so attention needs
+  // the entries, not their positions). The entries may extend past
+  // first_position (the executor's cache also holds the reference tokens'
+  // own K/V): KnapSpec and static attend to the entries before
+  // first_position, CLaSp's DP on the last reference token to those before
+  // it (KvEntriesBefore). Fewer entries make the DP attend to fewer
+  // positions. Null iff prefix_len == 0.
   const std::vector<LayerKv>* prefix_kv = nullptr;
   int64_t prefix_len = 0;
+  // Ascending positions of the prefix_len entries; empty: 0 .. prefix_len-1.
+  std::vector<int64_t> kv_positions;
   // Context length n at the snapshot; 0 means first_position + r.
   int64_t context_length = 0;
   // Tokens the plan is expected to decode while it is in force (0 = price it
@@ -82,6 +87,10 @@ struct PlanInputs {
   // Decode step of the plan boundary, echoed in DraftPlan::step.
   int64_t step = 0;
 };
+
+// The number of leading K/V entries of `inputs` that hold positions before
+// `position` (all of them at most prefix_len).
+int64_t KvEntriesBefore(const PlanInputs& inputs, int64_t position);
 
 // The context length every policy prices a plan at: (context_length, or
 // first_position + r when it is 0) + plan_lifetime_tokens / 2.

@@ -103,6 +103,10 @@ struct PlanRequest {
   // planner must do without.
   std::vector<LayerKv> kv;
   int64_t kv_length = 0;
+  // The position each K/V entry holds, ascending, when the entries are a
+  // window rather than positions 0 .. kv_length - 1 (a request decoded from
+  // the wire: common/wire/plan_codec.h); empty: contiguous.
+  std::vector<int64_t> kv_positions;
 
   // The W3C traceparent of the span this request belongs to (common/trace:
   // the executor's plan.snapshot; across gRPC, the remote client's

@@ -146,13 +146,24 @@ absl::Status EncodePlanRequest(const PlanRequest& request,
 
   v1::KvWindow* window = out->mutable_kv_context()->mutable_window();
   const int64_t prefix = std::min(request.kv_length, request.first_position);
-  const std::vector<int64_t> positions = request.kv.empty()
-                                             ? std::vector<int64_t>()
-                                             : WindowPositions(prefix, options);
+  std::vector<int64_t> positions = request.kv.empty()
+                                       ? std::vector<int64_t>()
+                                       : WindowPositions(prefix, options);
   window->set_leading_positions(
       std::min(prefix, std::max<int64_t>(0, options.leading)));
   window->set_window_positions(static_cast<int64_t>(positions.size()) -
                                window->leading_positions());
+  // The committed reference positions before the last one (the K/V CLaSp's
+  // DP on the last reference token attends to beyond the prefix).
+  const int64_t reference_kv =
+      request.kv.empty()
+          ? 0
+          : std::clamp<int64_t>(request.kv_length - request.first_position, 0,
+                                std::max<int64_t>(0, r - 1));
+  for (int64_t i = 0; i < reference_kv; ++i) {
+    positions.push_back(request.first_position + i);
+  }
+  window->set_reference_positions_with_kv(reference_kv);
   for (int64_t p : positions) window->add_positions(p);
   if (!request.kv.empty()) {
     torch::Tensor index = torch::tensor(positions, torch::kInt64);
@@ -250,8 +261,29 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto,
         "executor's memory");
   }
   const v1::KvWindow& window = proto.kv_context().window();
+  const int64_t reference_kv = window.reference_positions_with_kv();
+  if (reference_kv < 0 || reference_kv > r - 1 ||
+      reference_kv > window.positions_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_context.window.reference_positions_with_kv: ", reference_kv,
+        " (must be in [0, r - 1 = ", r - 1, "] and at most the ",
+        window.positions_size(), " positions)"));
+  }
+  const int prefix_entries =
+      window.positions_size() - static_cast<int>(reference_kv);
   for (int i = 0; i < window.positions_size(); ++i) {
     const int64_t p = window.positions(i);
+    if (i >= prefix_entries) {
+      // The reference positions with K/V: first_position, first_position + 1...
+      const int64_t want = request.first_position + (i - prefix_entries);
+      if (p != want) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("kv_context.window.positions[", i, "]: ", p, " (the ",
+                         i - prefix_entries,
+                         "th reference position with K/V is ", want, ")"));
+      }
+      continue;
+    }
     if (p < 0 || p >= request.first_position ||
         (i > 0 && p <= window.positions(i - 1))) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -286,6 +318,8 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto,
     request.kv.push_back(std::move(layer));
   }
   request.kv_length = n;
+  request.kv_positions.assign(window.positions().begin(),
+                              window.positions().end());
   return request;
 }
 

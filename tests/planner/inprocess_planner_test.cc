@@ -1,5 +1,5 @@
 // Tests of the in-process planner (planner/inprocess_planner.h) and of
-// planned generation end to end: executor/generator.h driving a real
+// planned generation end to end: executor/engine/generator.h driving a real
 // InProcessPlanner through the PlannerClient interface
 // (common/plan/planner_client.h).
 #include "planner/inprocess_planner.h"
@@ -16,7 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/text/tokenizer.h"
 #include "common/wire/plan_codec.h"
-#include "executor/generator.h"
+#include "executor/engine/generator.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -194,39 +194,62 @@ TEST(InProcessPlannerTest, RefusesRequestsAndProfilesOfAnotherModel) {
 }
 
 // A request that crossed the wire with a window covering the whole prefix
-// plans exactly like the in-memory one; a short window still plans.
+// plans exactly like the in-memory one, for every policy: the wire also
+// carries the reference tokens' committed K/V, which CLaSp's DP on the last
+// reference token attends to. A short window still plans.
 TEST(InProcessPlannerTest, AnExactKvWindowGivesTheInMemoryPlan) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
   auto planner = MakePlanner(*model);
   ASSERT_NE(planner, nullptr);
-  const PlanRequest request = MakeRequest(*model, 5, 60, 8);
-  auto direct = planner->Solve(request);
-  ASSERT_TRUE(direct.ok()) << direct.status();
-  for (const KvWindowOptions& window :
-       {KvWindowOptions{4, 1024}, KvWindowOptions{2, 16}}) {
-    v1::PlanRequest wire;
-    ASSERT_TRUE(EncodePlanRequest(request, window, &wire).ok());
-    auto decoded = DecodePlanRequest(wire, model->num_layers(), 10);
-    ASSERT_TRUE(decoded.ok()) << decoded.status();
-    decoded->target_argmax.clear();  // let the planner recompute them
-    auto remote = planner->Solve(*decoded);
-    ASSERT_TRUE(remote.ok()) << remote.status();
-    if (window.window >= 60) {
-      EXPECT_EQ(remote->mask, direct->mask);
-      EXPECT_EQ(remote->gamma, direct->gamma);
-      EXPECT_DOUBLE_EQ(remote->alpha_hat, direct->alpha_hat);
-      EXPECT_DOUBLE_EQ(remote->mean_cosine, direct->mean_cosine);
+  PlanRequest request = MakeRequest(*model, 5, 60, 8);
+  // As the executor sends it: the cache holds the reference tokens too.
+  request.kv_length = 60 + 8;
+  for (const PlanPolicy policy :
+       {PlanPolicy::kKnapSpec, PlanPolicy::kClasp, PlanPolicy::kStatic}) {
+    request.policy = policy;
+    request.clasp_layers = 2;
+    request.static_mask = "a2,m3";
+    const std::string name = PlanPolicyName(policy);
+    auto direct = planner->Solve(request);
+    ASSERT_TRUE(direct.ok()) << name << ": " << direct.status();
+    for (const KvWindowOptions& window :
+         {KvWindowOptions{4, 1024}, KvWindowOptions{2, 16}}) {
+      v1::PlanRequest wire;
+      ASSERT_TRUE(EncodePlanRequest(request, window, &wire).ok());
+      EXPECT_EQ(wire.kv_context().window().reference_positions_with_kv(), 7);
+      auto decoded = DecodePlanRequest(wire, model->num_layers(), 10);
+      ASSERT_TRUE(decoded.ok()) << decoded.status();
+      decoded->target_argmax.clear();  // let the planner recompute them
+      auto remote = planner->Solve(*decoded);
+      ASSERT_TRUE(remote.ok()) << name << ": " << remote.status();
+      if (window.window >= 60) {
+        // Every committed position before the last reference token, in
+        // order and bit for bit: what CLaSp's DP on that token attends to.
+        EXPECT_EQ(decoded->kv_length, 67) << name;
+        ASSERT_EQ(decoded->kv_positions.size(), 67u);
+        EXPECT_EQ(decoded->kv_positions.back(), 66);
+        for (int l = 0; l < model->num_layers(); ++l) {
+          EXPECT_TRUE(torch::equal(decoded->kv[l].k,
+                                   request.kv[l].k.narrow(1, 0, 67).cpu()));
+        }
+        EXPECT_EQ(remote->mask, direct->mask) << name;
+        EXPECT_EQ(remote->gamma, direct->gamma) << name;
+        EXPECT_DOUBLE_EQ(remote->alpha_hat, direct->alpha_hat) << name;
+        EXPECT_DOUBLE_EQ(remote->mean_cosine, direct->mean_cosine) << name;
+      }
+      std::printf(
+          "[ %s window %lld+%lld ] mask '%s' gamma %d alpha_hat %.3f cosine "
+          "%.4f (in memory: '%s' %d %.3f %.4f)\n",
+          name.c_str(), static_cast<long long>(window.leading),
+          static_cast<long long>(window.window),
+          remote->mask.ToString().c_str(), remote->gamma, remote->alpha_hat,
+          remote->mean_cosine, direct->mask.ToString().c_str(), direct->gamma,
+          direct->alpha_hat, direct->mean_cosine);
     }
-    std::printf(
-        "[ window %lld+%lld ] mask '%s' gamma %d alpha_hat %.3f (in memory: "
-        "'%s' %d %.3f)\n",
-        static_cast<long long>(window.leading),
-        static_cast<long long>(window.window), remote->mask.ToString().c_str(),
-        remote->gamma, remote->alpha_hat, direct->mask.ToString().c_str(),
-        direct->gamma, direct->alpha_hat);
   }
+  request.policy = PlanPolicy::kKnapSpec;
   PlanRequest off = request;
   off.policy = PlanPolicy::kOff;
   auto none = planner->Solve(off);
@@ -351,8 +374,8 @@ GenerationRequest PlannedRequest(SpeculationMode mode, int64_t max_new_tokens) {
   request.speculation.plan_interval = 8;
   request.speculation.reference_steps = 3;
   request.speculation.clasp_layers = 1;
-  // Replanning happens on triggers (executor/plan_controller.h): 32-token
-  // context buckets give a new-bucket trigger every ~32 tokens, and no
+  // Replanning happens on triggers (executor/planning/plan_controller.h):
+  // 32-token context buckets give a new-bucket trigger every ~32 tokens, and no
   // planner budget lets every trigger solve (the budget has its own tests).
   request.speculation.plan_bucket_tokens = 32;
   request.speculation.planner_budget = 0;

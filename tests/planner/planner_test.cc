@@ -547,6 +547,23 @@ TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
   EXPECT_DOUBLE_EQ(longer->alpha_hat, plain->alpha_hat);
 }
 
+// Which K/V entries a runner attends to before a position: contiguous
+// entries hold positions 0.., a window (a remote executor's) names them.
+TEST(KvEntriesBeforeTest, CountsContiguousAndWindowedEntries) {
+  PlanInputs in;
+  in.prefix_len = 10;  // positions 0..9
+  EXPECT_EQ(KvEntriesBefore(in, 4), 4);
+  EXPECT_EQ(KvEntriesBefore(in, 12), 10);
+  EXPECT_EQ(KvEntriesBefore(in, 0), 0);
+  in.kv_positions = {0, 1, 2, 3, 40, 41, 42, 50, 51};  // window, then 2 refs
+  in.prefix_len = 9;
+  EXPECT_EQ(KvEntriesBefore(in, 50), 7);  // KnapSpec: the prefix
+  EXPECT_EQ(KvEntriesBefore(in, 52), 9);  // CLaSp's last token at 52
+  EXPECT_EQ(KvEntriesBefore(in, 41), 5);
+  in.prefix_len = 6;  // fewer valid entries than positions named
+  EXPECT_EQ(KvEntriesBefore(in, 52), 6);
+}
+
 TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
   if (!testing::HaveStories260k())
     GTEST_SKIP() << "stories260k not found under " << Stories260kDir();

@@ -47,9 +47,12 @@ TEST(PlanCodecTest, RequestRoundTripsWithAWindowOfThePrefix) {
   ASSERT_TRUE(
       EncodePlanRequest(request, {/*leading=*/4, /*window=*/10}, &wire).ok());
   EXPECT_EQ(wire.sequence_id(), "42");
-  EXPECT_EQ(wire.kv_context().window().positions_size(), 14);
-  EXPECT_EQ(wire.kv_context().window().positions(4),
-            40);  // the window ends at 49
+  // 4 leading + 10 before the first reference position (40..49), then
+  // the committed reference positions before the last one (50..54).
+  EXPECT_EQ(wire.kv_context().window().positions_size(), 14 + 5);
+  EXPECT_EQ(wire.kv_context().window().positions(4), 40);
+  EXPECT_EQ(wire.kv_context().window().positions(14), 50);
+  EXPECT_EQ(wire.kv_context().window().reference_positions_with_kv(), 5);
   auto back = DecodePlanRequest(wire, kLayers, 10);
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->sequence_id, 42u);
@@ -63,9 +66,12 @@ TEST(PlanCodecTest, RequestRoundTripsWithAWindowOfThePrefix) {
   EXPECT_EQ(back->target_argmax, request.target_argmax);
   EXPECT_TRUE(torch::equal(back->states, request.states));
   ASSERT_EQ(back->kv.size(), static_cast<size_t>(kLayers));
-  EXPECT_EQ(back->kv_length, 14);
-  torch::Tensor positions =
-      torch::cat({torch::arange(0, 4), torch::arange(40, 50)});
+  EXPECT_EQ(back->kv_length, 19);
+  torch::Tensor positions = torch::cat(
+      {torch::arange(0, 4), torch::arange(40, 50), torch::arange(50, 55)});
+  std::vector<int64_t> want(positions.data_ptr<int64_t>(),
+                            positions.data_ptr<int64_t>() + 19);
+  EXPECT_EQ(back->kv_positions, want);
   for (int l = 0; l < kLayers; ++l) {
     EXPECT_TRUE(torch::equal(back->kv[l].k,
                              request.kv[l].k.index_select(1, positions)));
@@ -81,8 +87,15 @@ TEST(PlanCodecTest, ALargeWindowCarriesTheWholePrefixOnce) {
   ASSERT_TRUE(EncodePlanRequest(request, {4, 1024}, &wire).ok());
   auto back = DecodePlanRequest(wire, kLayers, 10);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(back->kv_length, 12);
-  EXPECT_TRUE(torch::equal(back->kv[0].k, request.kv[0].k.narrow(1, 0, 12)));
+  EXPECT_EQ(back->kv_length, 12 + 2);  // and reference positions 12, 13
+  EXPECT_TRUE(torch::equal(back->kv[0].k, request.kv[0].k.narrow(1, 0, 14)));
+  // Only the committed ones: a cache that ends at the first reference
+  // position sends none of them.
+  PlanRequest prefix_only = request;
+  prefix_only.kv_length = 12;
+  ASSERT_TRUE(EncodePlanRequest(prefix_only, {4, 1024}, &wire).ok());
+  EXPECT_EQ(wire.kv_context().window().reference_positions_with_kv(), 0);
+  EXPECT_EQ(wire.kv_context().window().positions_size(), 12);
 }
 
 TEST(PlanCodecTest, ResponsesRoundTripAndErrorsKeepTheirKind) {
@@ -154,6 +167,16 @@ TEST(PlanCodecTest, RefusesMalformedRequestsNamingTheField) {
       {"kv_context.window.positions[1]",
        [](v1::PlanRequest& r) {
          r.mutable_kv_context()->mutable_window()->set_positions(1, 0);
+       }},
+      {"kv_context.window.reference_positions_with_kv",
+       [](v1::PlanRequest& r) {
+         r.mutable_kv_context()
+             ->mutable_window()
+             ->set_reference_positions_with_kv(4);  // r - 1 = 3 at most
+       }},
+      {"kv_context.window.positions[14]",  // the third reference position
+       [](v1::PlanRequest& r) {
+         r.mutable_kv_context()->mutable_window()->set_positions(14, 23);
        }},
       {"kv_context.window.layers: 2",
        [](v1::PlanRequest& r) {
