@@ -1,5 +1,6 @@
 // `knapserve anchors`: builds the KNN-SSD domain anchors file for a model
-// (tools/domain_anchors.h says how; executor/domain_router.h is the file).
+// (tools/domain_anchors.h says how; executor/planning/domain_router.h is the
+// file).
 //
 //   knapserve anchors --model DIR --domains NAME=FILE[#CATEGORY],...
 //       --out FILE [--split train] [--samples-per-domain 1000]

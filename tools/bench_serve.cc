@@ -47,7 +47,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/base/status.h"
-#include "executor/generation_codec.h"
+#include "executor/api/generation_codec.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"

@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/llama.h"
 #include "common/text/tokenizer.h"
-#include "executor/generator.h"
+#include "executor/engine/generator.h"
 #include "tools/prompt_set.h"
 
 namespace knapserve {

@@ -16,7 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "common/base/status.h"
 #include "common/model/simd_target.h"
-#include "executor/generation_codec.h"
+#include "executor/api/generation_codec.h"
 #include "planner/thread_choice.h"
 #include "tools/default_model.h"
 #include "tools/tls_from_flags.h"

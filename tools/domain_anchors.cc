@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "common/model/exception_status.h"
-#include "executor/generator.h"
+#include "executor/engine/generator.h"
 #include "planner/tpt.h"
 #include "tools/prompt_set.h"
 

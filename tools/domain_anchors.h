@@ -1,8 +1,8 @@
 // KNN-SSD's offline half (`knapserve anchors`, and the mixed-domain stream of
 // `bench spec --domains`): which samples make up a domain, the hidden vector
 // a prompt is routed by, K-means over those vectors, the anchors, and the one
-// draft (skip mask, gamma) each domain gets. executor/domain_router.h is the
-// request-time half and the file format.
+// draft (skip mask, gamma) each domain gets. executor/planning/domain_router.h
+// is the request-time half and the file format.
 //
 // How a domain's draft is chosen. The KNN-SSD paper runs Bayesian
 // optimisation of measured time per token on about 8 samples per domain. We
@@ -35,7 +35,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/llama.h"
 #include "common/text/tokenizer.h"
-#include "executor/domain_router.h"
+#include "executor/planning/domain_router.h"
 #include "planner/latency_profile.h"
 #include "planner/planner.h"
 
@@ -76,7 +76,7 @@ absl::StatusOr<std::vector<DomainSamples>> LoadDomainSamples(
     const std::vector<DomainSource>& sources, SampleSplit split,
     int max_per_domain);
 
-// The vector a prompt is routed by (executor/domain_router.h's
+// The vector a prompt is routed by (executor/planning/domain_router.h's
 // RoutingVector, float32 [hidden]), from the same batched forward the
 // executor's prefill runs.
 absl::StatusOr<torch::Tensor> PromptRoutingVector(

@@ -24,8 +24,8 @@
 #include "absl/status/statusor.h"
 #include "common/metrics/metrics.h"
 #include "common/trace/tracer.h"
-#include "executor/executor_server.h"
-#include "executor/kv_pool.h"
+#include "executor/api/executor_server.h"
+#include "executor/engine/kv_pool.h"
 #include "planner/batch_cost.h"
 #include "tools/cli_flags.h"
 

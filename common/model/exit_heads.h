@@ -1,6 +1,6 @@
 // ExitHeads: the exit heads of SpecBound's early-exit drafting
-// (executor/specbound.h). After layer l (0-based: the hidden state h after
-// layers 0..l), the exit head of layer l turns h into float32 logits z_l;
+// (executor/engine/specbound.h). After layer l (0-based: the hidden state h
+// after layers 0..l), the exit head of layer l turns h into float32 logits z_l;
 // the draft exits there when softmax(z_l / T_l) is confident enough.
 //
 // Two kinds:

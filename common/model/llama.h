@@ -15,8 +15,8 @@
 //
 // Ownership: the model owns its weights (copied out of the checkpoint into the
 // requested dtype and device; the checkpoint is closed after Load). K/V storage
-// is owned by the caller (see AllocateKv and executor/kv_cache.h), so many
-// sequences can share one model.
+// is owned by the caller (see AllocateKv and executor/engine/kv_cache.h), so
+// many sequences can share one model.
 //
 // Thread safety: a loaded model is immutable; all const methods may be called
 // from several threads at once as long as each thread passes its own KV
@@ -65,10 +65,11 @@ struct LayerKv {
   torch::Tensor v;
 };
 
-// The K/V memory of a paged pool (executor/kv_pool.h owns one): per layer, K
-// and V of [num_blocks, num_kv_heads, block_rows, head_dim] in the model's
-// dtype and device. A sequence owns some of the blocks, listed in its block
-// table: position p lives in block table[p / block_rows], row p % block_rows.
+// The K/V memory of a paged pool (executor/engine/kv_pool.h owns one): per
+// layer, K and V of [num_blocks, num_kv_heads, block_rows, head_dim] in the
+// model's dtype and device. A sequence owns some of the blocks, listed in its
+// block table: position p lives in block table[p / block_rows], row
+// p % block_rows.
 struct PagedKvStorage {
   std::vector<LayerKv> layers;
   int64_t num_blocks = 0;
@@ -78,15 +79,15 @@ struct PagedKvStorage {
 // One sequence's part of a batched forward pass (LlamaModel::ForwardBatch).
 // Everything is borrowed for the duration of the call.
 //
-// Partial passes (SpecBound's early-exit drafting, executor/specbound.h): a
-// sequence may run only the layers [first_layer, last_layer). It then starts
-// from `input_states` instead of `tokens` (the hidden states after layer
-// first_layer - 1 of positions whose K/V in layers [0, first_layer) the
-// caller has already written), and its logits and `output_states` are taken
-// after layer last_layer - 1. Running [0, a) and then [a, L) with the first
-// pass's output_states as the second's input_states gives bit-identically
-// the logits and K/V of one full pass on the row-wise CPU path (see
-// ForwardBatch's batch invariance).
+// Partial passes (SpecBound's early-exit drafting,
+// executor/engine/specbound.h): a sequence may run only the layers
+// [first_layer, last_layer). It then starts from `input_states` instead of
+// `tokens` (the hidden states after layer first_layer - 1 of positions whose
+// K/V in layers [0, first_layer) the caller has already written), and its
+// logits and `output_states` are taken after layer last_layer - 1. Running
+// [0, a) and then [a, L) with the first pass's output_states as the second's
+// input_states gives bit-identically the logits and K/V of one full pass on
+// the row-wise CPU path (see ForwardBatch's batch invariance).
 struct BatchSequence {
   // The new tokens, at positions start_pos .. start_pos + size - 1. Empty
   // when `input_states` gives the rows.

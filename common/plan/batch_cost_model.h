@@ -7,8 +7,8 @@
 // sequences the main pass already has B rows; with drafts it has
 // sum(gamma_i + 1) rows, plus gamma draft passes of up to B rows each, and
 // once the pass is compute-bound those rows are no longer nearly free. The
-// batch engine (executor/batch_engine.h) asks before every step and decodes
-// plainly (no drafts) when the answer is no, the way vLLM disables
+// batch engine (executor/engine/batch_engine.h) asks before every step and
+// decodes plainly (no drafts) when the answer is no, the way vLLM disables
 // speculation above a batch size, but priced from the measured profile
 // (planner/batch_cost.h implements it) instead of a fixed threshold.
 //

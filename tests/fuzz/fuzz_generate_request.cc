@@ -1,5 +1,5 @@
-// Fuzz target: GenerateRequest validation (executor/generation_codec.h) from
-// arbitrary protobuf bytes, against the shared stories260k model with the
+// Fuzz target: GenerateRequest validation (executor/api/generation_codec.h)
+// from arbitrary protobuf bytes, against the shared stories260k model with the
 // default request limits, as the Generation service decodes every request.
 // A request that is accepted then runs (at most 3 new tokens) through the
 // real generator: it must not fail with Internal, which would mean that a
@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "executor/generation_codec.h"
-#include "executor/generator.h"
+#include "executor/api/generation_codec.h"
+#include "executor/engine/generator.h"
 #include "tests/fuzz/fuzz_support.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {

@@ -1,8 +1,8 @@
 // Tests of the Planner gRPC service (planner/planner_service.h,
 // planner_server.h) with the executor's RemotePlannerClient
-// (executor/remote_planner_client.h), over real loopback gRPC in one process:
-// answers, errors, planned generation through the wire, and a planner that
-// dies mid-generation and comes back.
+// (executor/api/remote_planner_client.h), over real loopback gRPC in one
+// process: answers, errors, planned generation through the wire, and a planner
+// that dies mid-generation and comes back.
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/wire/plan_codec.h"
-#include "executor/generator.h"
-#include "executor/remote_planner_client.h"
+#include "executor/api/remote_planner_client.h"
+#include "executor/engine/generator.h"
 #include "planner/planner_server.h"
 #include "tests/testing/test_models.h"
 

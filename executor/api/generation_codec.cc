@@ -1,0 +1,285 @@
+#include "executor/api/generation_codec.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/base/status.h"
+
+namespace knapserve {
+namespace {
+
+constexpr absl::string_view kModePrefix = "SPECULATION_MODE_";
+
+}  // namespace
+
+v1::SpeculationMode ToWireMode(SpeculationMode mode) {
+  v1::SpeculationMode wire = v1::SPECULATION_MODE_UNSPECIFIED;
+  // The mode table's names are fixed at build time and the codec test checks
+  // that each has a wire value; UNSPECIFIED is only left for a missing one.
+  v1::SpeculationMode_Parse(
+      absl::StrCat(kModePrefix,
+                   absl::AsciiStrToUpper(SpeculationModeName(mode))),
+      &wire);
+  return wire;
+}
+
+absl::StatusOr<SpeculationMode> FromWireMode(v1::SpeculationMode wire,
+                                             SpeculationMode unspecified) {
+  if (wire == v1::SPECULATION_MODE_UNSPECIFIED) return unspecified;
+  const std::string name = v1::SpeculationMode_IsValid(wire)
+                               ? v1::SpeculationMode_Name(wire)
+                               : std::string();
+  if (absl::StartsWith(name, kModePrefix)) {
+    absl::StatusOr<SpeculationMode> mode = ParseSpeculationMode(
+        absl::AsciiStrToLower(name.substr(kModePrefix.size())));
+    if (mode.ok()) return mode;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("speculation.mode: unknown value ", static_cast<int>(wire)));
+}
+
+v1::FinishReason ToWireFinishReason(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kEos:
+      return v1::FINISH_REASON_EOS;
+    case FinishReason::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kStopSequence:
+      return v1::FINISH_REASON_STOP_SEQUENCE;
+    case FinishReason::kAborted:
+      return v1::FINISH_REASON_ABORTED;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
+    const v1::GenerateRequest& wire, const GenerateRequestDefaults& defaults,
+    const LlamaModel& model, const Tokenizer& tokenizer) {
+  GenerationRequest request;
+  switch (wire.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      if (wire.text().empty())
+        return absl::InvalidArgumentError("prompt.text: empty");
+      absl::StatusOr<std::vector<int32_t>> ids =
+          tokenizer.Encode(wire.text(), /*add_special_tokens=*/true);
+      if (!ids.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("prompt.text: ", ids.status().message()));
+      }
+      request.prompt_ids = std::move(*ids);
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds:
+      if (defaults.limits.max_prompt_tokens > 0 &&
+          wire.token_ids().ids_size() > defaults.limits.max_prompt_tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "prompt.token_ids: ", wire.token_ids().ids_size(),
+            " tokens, more than this server's limit of ",
+            defaults.limits.max_prompt_tokens, " (--max-prompt-tokens)"));
+      }
+      request.prompt_ids.assign(wire.token_ids().ids().begin(),
+                                wire.token_ids().ids().end());
+      if (request.prompt_ids.empty()) {
+        return absl::InvalidArgumentError("prompt.token_ids: empty");
+      }
+      break;
+    default:
+      return absl::InvalidArgumentError("prompt: set text or token_ids");
+  }
+  const RequestLimits& limits = defaults.limits;
+  if (limits.max_prompt_tokens > 0 &&
+      static_cast<int64_t>(request.prompt_ids.size()) >
+          limits.max_prompt_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt: ", request.prompt_ids.size(),
+                     " tokens, more than this server's limit of ",
+                     limits.max_prompt_tokens, " (--max-prompt-tokens)"));
+  }
+  request.max_new_tokens = wire.has_max_new_tokens() ? wire.max_new_tokens()
+                                                     : defaults.max_new_tokens;
+  if (limits.max_new_tokens > 0 &&
+      request.max_new_tokens > limits.max_new_tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_new_tokens: ", request.max_new_tokens,
+                     ", more than this server's limit of ",
+                     limits.max_new_tokens, " (--max-new-tokens-limit)"));
+  }
+  if (limits.max_stop_strings > 0 &&
+      wire.stop_size() > limits.max_stop_strings) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop: ", wire.stop_size(),
+                     " strings, more than this server's limit of ",
+                     limits.max_stop_strings, " (--max-stop-strings)"));
+  }
+  for (int i = 0; i < wire.stop_size(); ++i) {
+    if (limits.max_stop_bytes > 0 &&
+        static_cast<int64_t>(wire.stop(i).size()) > limits.max_stop_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stop[", i, "]: ", wire.stop(i).size(),
+                       " bytes, more than this server's limit of ",
+                       limits.max_stop_bytes, " (--max-stop-bytes)"));
+    }
+  }
+  if (limits.max_stop_token_ids > 0 &&
+      wire.stop_token_ids_size() > limits.max_stop_token_ids) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stop_token_ids: ", wire.stop_token_ids_size(),
+                     " ids, more than this server's limit of ",
+                     limits.max_stop_token_ids, " (--max-stop-token-ids)"));
+  }
+  if (wire.has_temperature()) request.sampling.temperature = wire.temperature();
+  if (wire.has_top_k()) request.sampling.top_k = wire.top_k();
+  if (wire.has_top_p()) request.sampling.top_p = wire.top_p();
+  if (wire.has_seed()) request.sampling.seed = wire.seed();
+  request.ignore_eos = wire.has_ignore_eos() && wire.ignore_eos();
+  request.logprobs = wire.logprobs();
+  request.stop_strings.assign(wire.stop().begin(), wire.stop().end());
+  request.stop_token_ids.assign(wire.stop_token_ids().begin(),
+                                wire.stop_token_ids().end());
+  request.speculation = defaults.speculation;
+  const v1::SpeculationOptions& spec = wire.speculation();
+  ASSIGN_OR_RETURN(request.speculation.mode,
+                   FromWireMode(spec.mode(), defaults.speculation.mode));
+  if (spec.has_max_draft_tokens())
+    request.speculation.max_draft = spec.max_draft_tokens();
+  if (spec.has_static_mask()) request.speculation.skip = spec.static_mask();
+  if (spec.has_exit_threshold())
+    request.speculation.exit_threshold = spec.exit_threshold();
+  SpecBoundConfig& specbound = request.speculation.specbound;
+  if (spec.has_specbound_lambda()) specbound.lambda = spec.specbound_lambda();
+  if (spec.has_specbound_t0()) specbound.t0 = spec.specbound_t0();
+  if (spec.has_specbound_depth_bound()) {
+    specbound.depth_bound = static_cast<int>(
+        std::min<uint32_t>(spec.specbound_depth_bound(), 1u << 30));
+  }
+  if (spec.has_specbound_check_every()) {
+    specbound.check_every = static_cast<int>(
+        std::min<uint32_t>(spec.specbound_check_every(), 1u << 30));
+  }
+  // The heads themselves are the server's (defaults); a client only picks.
+  if (spec.has_specbound_trained_heads())
+    specbound.trained_heads = spec.specbound_trained_heads();
+  if (IsPlanned(request.speculation.mode) && !defaults.have_planner) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "speculation.mode: ", SpeculationModeName(request.speculation.mode),
+        " needs a planner, and this executor runs without one (--planner "
+        "none)"));
+  }
+  RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
+  return request;
+}
+
+v1::GenerateResponse EncodeChunk(std::string_view request_id,
+                                 absl::Span<const int32_t> ids,
+                                 std::string_view text,
+                                 absl::Span<const float> logprobs) {
+  v1::GenerateResponse response;
+  v1::Chunk* chunk = response.mutable_chunk();
+  chunk->mutable_token_ids()->Add(ids.begin(), ids.end());
+  chunk->mutable_logprobs()->Add(logprobs.begin(), logprobs.end());
+  chunk->set_text(std::string(text));
+  chunk->set_request_id(std::string(request_id));
+  return response;
+}
+
+v1::GenerateResponse EncodeFinal(std::string_view request_id,
+                                 const GenerationResult& r,
+                                 SpeculationMode mode,
+                                 const ServiceTimings& timings) {
+  v1::GenerateResponse response;
+  v1::FinalResult* final = response.mutable_final();
+  final->set_request_id(std::string(request_id));
+  final->set_finish_reason(ToWireFinishReason(r.finish_reason));
+  final->set_stop_sequence(r.matched_stop);
+  final->set_seed(r.seed);
+  final->mutable_usage()->set_prompt_tokens(
+      static_cast<int32_t>(r.stats.prompt_tokens));
+  final->mutable_usage()->set_completion_tokens(
+      static_cast<int32_t>(r.stats.completion_tokens));
+  v1::Timings* t = final->mutable_timings();
+  t->set_queue_seconds(timings.queue_seconds);
+  t->set_time_to_first_token_seconds(timings.first_token_seconds);
+  t->set_mean_inter_token_latency_seconds(
+      r.stats.completion_tokens > 1
+          ? r.stats.decode_seconds /
+                static_cast<double>(r.stats.completion_tokens - 1)
+          : 0.0);
+  t->set_total_seconds(timings.total_seconds);
+  t->set_prefill_seconds(r.stats.prefill_seconds);
+  t->set_draft_seconds(r.stats.draft_seconds);
+  t->set_verify_seconds(r.stats.verify_seconds);
+  t->set_planner_wait_seconds(r.stats.waiting_seconds);
+  t->set_routing_seconds(r.stats.routing_seconds);
+  v1::SpeculationStats* s = final->mutable_speculation_stats();
+  s->set_mode(ToWireMode(mode));
+  s->set_drafts(static_cast<int32_t>(r.speculation.drafts));
+  s->set_draft_tokens(static_cast<int32_t>(r.speculation.draft_tokens));
+  s->set_accepted_tokens(static_cast<int32_t>(r.speculation.accepted_tokens));
+  for (int64_t n : r.speculation.accepted_per_position) {
+    s->add_accepted_per_position(static_cast<int32_t>(n));
+  }
+  s->set_mean_acceptance_length(r.speculation.mean_acceptance_length());
+  for (int64_t n : r.speculation.exit_depths)
+    s->add_exit_depths(static_cast<int32_t>(n));
+  s->set_depth_bound_stops(
+      static_cast<int32_t>(r.speculation.depth_bound_stops));
+  s->set_width_bound_stops(
+      static_cast<int32_t>(r.speculation.width_bound_stops));
+  s->set_mean_exit_depth(r.speculation.mean_exit_depth());
+  s->set_plans_applied(static_cast<int32_t>(r.plans.size()));
+  s->set_routed_domain(r.routed_domain);
+  s->set_routing_similarity(r.routing_similarity);
+  for (const AppliedPlan& p : r.plans) {
+    v1::AppliedPlan* wire = s->add_plans();
+    wire->set_step(static_cast<uint64_t>(p.applied_step));
+    wire->set_mask(p.mask);
+    wire->set_gamma(static_cast<uint32_t>(p.gamma));
+    wire->set_alpha_hat(p.alpha_hat);
+    wire->set_predicted_tokens_per_second(p.predicted_tpt);
+    wire->set_solve_seconds(p.solve_seconds);
+    wire->set_age_steps(static_cast<uint64_t>(p.age_steps));
+  }
+  return response;
+}
+
+v1::ModelInfo EncodeModelInfo(const LlamaModel& model,
+                              const ServiceInfo& service) {
+  const ModelConfig& c = model.config();
+  v1::ModelInfo info;
+  info.set_model_path(service.model_path);
+  info.set_model_name(
+      service.model_path.substr(service.model_path.find_last_of('/') + 1));
+  info.set_model_type(c.model_type);
+  info.set_num_layers(model.num_layers());
+  info.set_hidden_size(static_cast<int32_t>(c.hidden_size));
+  info.set_num_attention_heads(static_cast<int32_t>(c.num_attention_heads));
+  info.set_num_key_value_heads(static_cast<int32_t>(c.num_key_value_heads));
+  info.set_head_dim(static_cast<int32_t>(c.head_dim));
+  info.set_vocab_size(static_cast<int32_t>(c.vocab_size));
+  info.set_max_context(model.max_context());
+  info.set_dtype(DtypeName(model.dtype()));
+  info.set_device(model.device().str());
+  info.set_model_fingerprint(c.Fingerprint());
+  for (int32_t id : c.eos_token_ids) info.add_eos_token_ids(id);
+  info.set_default_speculation_mode(
+      ToWireMode(service.default_speculation.mode));
+  info.set_default_max_draft_tokens(static_cast<uint32_t>(
+      std::max(0, service.default_speculation.max_draft)));
+  info.set_plan_interval_steps(
+      static_cast<int32_t>(service.default_speculation.plan_interval));
+  info.set_planner_mode(service.planner_mode);
+  info.set_planner_address(service.planner_address);
+  return info;
+}
+
+}  // namespace knapserve

@@ -1,0 +1,260 @@
+#include "executor/engine/kv_pool.h"
+
+#include <c10/core/InferenceMode.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace knapserve {
+
+absl::StatusOr<int64_t> ParseKvCacheMemory(std::string_view text,
+                                           int64_t total_ram_bytes) {
+  const std::string original(text);
+  std::string s = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(original));
+  auto bad = [&](const char* why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv-cache-memory: '", original, "' ", why,
+                     " (bytes such as 536870912, 512MiB or 2GB, or a "
+                     "fraction of RAM below 1 such as 0.25)"));
+  };
+  // Strip a unit: [KMGT](I)?B? or B.
+  double scale = 1;
+  if (!s.empty() && s.back() == 'B') s.pop_back();
+  if (!s.empty() && s.back() == 'I') s.pop_back();
+  if (!s.empty() && std::isalpha(static_cast<unsigned char>(s.back()))) {
+    const char unit = s.back();
+    s.pop_back();
+    const bool binary = original.find_first_of("iI") != std::string::npos;
+    const double base = binary ? 1024.0 : 1000.0;
+    switch (unit) {
+      case 'K':
+        scale = base;
+        break;
+      case 'M':
+        scale = base * base;
+        break;
+      case 'G':
+        scale = base * base * base;
+        break;
+      case 'T':
+        scale = base * base * base * base;
+        break;
+      default:
+        return bad("has an unknown unit");
+    }
+  }
+  double value = 0;
+  if (s.empty() || !absl::SimpleAtod(s, &value) || !std::isfinite(value) ||
+      value <= 0) {
+    return bad("is not a positive number");
+  }
+  if (scale == 1 && value < 1) {
+    if (total_ram_bytes <= 0)
+      return bad("is a fraction, but this machine's RAM is unknown");
+    return static_cast<int64_t>(value * static_cast<double>(total_ram_bytes));
+  }
+  const double bytes = value * scale;
+  if (bytes > 9e18) return bad("is too large");
+  return static_cast<int64_t>(bytes);
+}
+
+int64_t TotalRamBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<int64_t>(pages) * page_size;
+}
+
+int64_t DefaultKvCacheBytes(const LlamaModel& model, int max_running) {
+  const int64_t rows = 16;
+  const int64_t per_sequence =
+      (model.max_context() + rows - 1) / rows * model.KvBytesPerBlock(rows);
+  int64_t bytes = per_sequence * std::max(1, max_running);
+  const int64_t ram = TotalRamBytes();
+  if (ram > 0) bytes = std::min(bytes, ram / 4);
+  return std::max(bytes, per_sequence);
+}
+
+// ---- SequenceKv ----
+
+SequenceKv::SequenceKv(SequenceKv&& other) noexcept
+    : pool_(std::exchange(other.pool_, nullptr)),
+      reserved_blocks_(std::exchange(other.reserved_blocks_, 0)),
+      blocks_(std::move(other.blocks_)) {
+  other.blocks_.clear();
+}
+
+SequenceKv& SequenceKv::operator=(SequenceKv&& other) noexcept {
+  if (this != &other) {
+    Release();
+    pool_ = std::exchange(other.pool_, nullptr);
+    reserved_blocks_ = std::exchange(other.reserved_blocks_, 0);
+    blocks_ = std::move(other.blocks_);
+    other.blocks_.clear();
+  }
+  return *this;
+}
+
+SequenceKv::~SequenceKv() { Release(); }
+
+void SequenceKv::Release() {
+  if (pool_ == nullptr) return;
+  pool_->Return(blocks_, reserved_blocks_);
+  blocks_.clear();
+  reserved_blocks_ = 0;
+  pool_ = nullptr;
+}
+
+absl::Status SequenceKv::EnsureCapacity(int64_t positions) {
+  const int64_t needed = pool_->BlocksFor(positions);
+  if (needed > reserved_blocks_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("K/V for ", positions, " positions exceeds the ",
+                     reserved_positions(), " this sequence reserved"));
+  }
+  while (static_cast<int64_t>(blocks_.size()) < needed) {
+    blocks_.push_back(pool_->TakeBlock());
+  }
+  return absl::OkStatus();
+}
+
+int64_t SequenceKv::reserved_positions() const {
+  return reserved_blocks_ * pool_->block_rows();
+}
+
+const PagedKvStorage& SequenceKv::storage() const { return pool_->storage(); }
+
+std::vector<LayerKv> SequenceKv::ContiguousCopy(int64_t length) const {
+  c10::InferenceMode guard;
+  const PagedKvStorage& storage = pool_->storage();
+  const int64_t used = pool_->BlocksFor(length);
+  TORCH_CHECK(used <= static_cast<int64_t>(blocks_.size()),
+              "ContiguousCopy past the sequence's blocks");
+  std::vector<LayerKv> out;
+  out.reserve(storage.layers.size());
+  if (used == 0) return out;
+  torch::Tensor table = torch::tensor(
+      std::vector<int64_t>(blocks_.begin(), blocks_.begin() + used),
+      torch::TensorOptions().dtype(torch::kInt64));
+  table = table.to(storage.layers[0].k.device());
+  for (const LayerKv& layer : storage.layers) {
+    // [blocks, KV, B, hd] -> [KV, blocks * B, hd] -> first `length`.
+    auto gather = [&](const torch::Tensor& pool) {
+      const int64_t nkv = pool.size(1);
+      const int64_t hd = pool.size(3);
+      return pool.index_select(0, table)
+          .permute({1, 0, 2, 3})
+          .reshape({nkv, used * storage.block_rows, hd})
+          .narrow(1, 0, length)
+          .contiguous();
+    };
+    out.push_back({gather(layer.k), gather(layer.v)});
+  }
+  return out;
+}
+
+// ---- KvPool ----
+
+absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
+    const LlamaModel& model, const KvPoolOptions& options) {
+  if (options.block_rows <= 0 || options.block_rows % 16 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv block size: must be a positive multiple of 16, got ",
+                     options.block_rows));
+  }
+  const int64_t per_block = model.KvBytesPerBlock(options.block_rows);
+  const int64_t blocks = options.memory_bytes / per_block;
+  if (blocks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv-cache-memory: ", options.memory_bytes,
+                     " bytes cannot hold one K/V block of ", options.block_rows,
+                     " positions (", per_block, " bytes for this model)"));
+  }
+  if (blocks > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv-cache-memory: ", blocks, " blocks is too many"));
+  }
+  PagedKvStorage storage;
+  try {
+    storage = model.AllocatePagedKv(blocks, options.block_rows);
+  } catch (const std::exception& e) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "kv-cache-memory: could not allocate ", blocks, " K/V blocks (",
+        blocks * per_block, " bytes): ", e.what()));
+  }
+  return std::unique_ptr<KvPool>(new KvPool(std::move(storage), per_block));
+}
+
+KvPool::KvPool(PagedKvStorage storage, int64_t bytes_per_block)
+    : storage_(std::move(storage)), bytes_per_block_(bytes_per_block) {
+  absl::MutexLock lock(&mu_);
+  free_list_.reserve(storage_.num_blocks);
+  // Lowest ids first out (popped from the back).
+  for (int64_t b = storage_.num_blocks - 1; b >= 0; --b)
+    free_list_.push_back(static_cast<int32_t>(b));
+}
+
+int64_t KvPool::BlocksFor(int64_t positions) const {
+  return (std::max<int64_t>(positions, 0) + storage_.block_rows - 1) /
+         storage_.block_rows;
+}
+
+bool KvPool::CanEverFit(int64_t positions) const {
+  return BlocksFor(positions) <= storage_.num_blocks;
+}
+
+std::optional<SequenceKv> KvPool::TryReserve(int64_t positions) {
+  const int64_t blocks = BlocksFor(positions);
+  absl::MutexLock lock(&mu_);
+  if (reserved_ + blocks > storage_.num_blocks) return std::nullopt;
+  reserved_ += blocks;
+  ++sequences_;
+  return SequenceKv(this, blocks);
+}
+
+int32_t KvPool::TakeBlock() {
+  absl::MutexLock lock(&mu_);
+  // A reservation guarantees a free block: reserved_ <= total and every
+  // block in a table is covered by its sequence's reservation.
+  TORCH_CHECK(!free_list_.empty(), "K/V pool: no free block for a reservation");
+  const int32_t block = free_list_.back();
+  free_list_.pop_back();
+  return block;
+}
+
+void KvPool::Return(absl::Span<const int32_t> blocks, int64_t reserved) {
+  absl::MutexLock lock(&mu_);
+  free_list_.insert(free_list_.end(), blocks.begin(), blocks.end());
+  reserved_ -= reserved;
+  --sequences_;
+}
+
+int64_t KvPool::used_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return storage_.num_blocks - static_cast<int64_t>(free_list_.size());
+}
+
+int64_t KvPool::reserved_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return reserved_;
+}
+
+int64_t KvPool::free_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return storage_.num_blocks - reserved_;
+}
+
+int64_t KvPool::sequences() const {
+  absl::MutexLock lock(&mu_);
+  return sequences_;
+}
+
+}  // namespace knapserve

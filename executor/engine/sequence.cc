@@ -1,0 +1,1004 @@
+#include "executor/engine/sequence.h"
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+
+#include <algorithm>
+#include <atomic>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/base/clock.h"
+#include "common/base/status.h"
+#include "common/model/exception_status.h"
+#include "common/plan/plan_trace.h"
+#include "common/trace/tracer.h"
+#include "executor/engine/speculation_mode.h"
+#include "executor/engine/speculation_step.h"
+#include "executor/planning/plan_cache.h"
+#include "executor/planning/plan_controller.h"
+
+namespace knapserve {
+
+// The planned modes' side of one generation: a PlanController decides, this
+// class acts on the sequence's mask and gamma, the result and the planner.
+// Snapshots go to the planner without waiting; answers land in the plan cache
+// (which the controller reads at step boundaries) from the planner's callback,
+// which may run after the generation ended: it touches only shared_ptr-held
+// state.
+class PlanSession {
+ public:
+  PlanSession(PlannerClient* planner, const LlamaModel& model,
+              const GenerationRequest& request, const PlanningShared& shared,
+              int initial_gamma)
+      : planner_(planner),
+        model_(model),
+        spec_(request.speculation),
+        sequence_id_(request.sequence_id != 0 ? request.sequence_id
+                                              : NextSequenceId()),
+        shared_(shared),
+        mailbox_(std::make_shared<Mailbox>()),
+        controller_(ControllerOptions(request.speculation),
+                    CacheKey(model, request.speculation), sequence_id_,
+                    initial_gamma, shared),
+        trace_parent_(request.trace_parent),
+        tracing_(trace::GlobalTracer() != nullptr) {}
+
+  // Before step `step`: puts a plan that took effect into mask and the
+  // result, sets this step's gamma; returns the directive (capture or not).
+  StepDirective BeforeStep(int64_t step, int64_t context_length,
+                           LayerMask& mask, int& gamma,
+                           GenerationResult& result,
+                           bool may_start_capture = true) {
+    const auto start = std::chrono::steady_clock::now();
+    {
+      absl::MutexLock lock(&mailbox_->mu);
+      result.stats.plan_failures += mailbox_->failures;
+      mailbox_->failures = 0;
+      if (!mailbox_->last_error.empty())
+        result.last_plan_error = mailbox_->last_error;
+    }
+    StepDirective directive =
+        controller_.BeforeStep(step, context_length, may_start_capture);
+    if (snapshot_span_.context().valid() && !controller_.capturing()) {
+      // The controller dropped the capture (a new bucket, a newer plan).
+      snapshot_span_.SetError("abandoned: the snapshot did not complete");
+      snapshot_span_.End();
+      snapshot_span_ = trace::Span();
+    }
+    if (tracing_ && directive.capture && directive.capture_offset == 0) {
+      // The trigger stays pending until the snapshot is submitted.
+      StartSnapshotSpan(step, context_length, controller_.pending_trigger());
+    }
+    if (directive.apply.has_value()) {
+      const CachedPlan& cached = *directive.apply;
+      const DraftPlan& plan = cached.plan;
+      mask = plan.mask;
+      AppliedPlan applied;
+      applied.applied_step = step;
+      applied.plan_step = plan.step;
+      applied.age_steps =
+          directive.apply_source == "solve" ? step - plan.step : 0;
+      applied.mask = plan.mask.ToString();
+      applied.gamma = plan.gamma;
+      applied.alpha_hat = plan.alpha_hat;
+      applied.predicted_tpt = plan.predicted_tpt;
+      applied.baseline_tpt = plan.baseline_tpt;
+      applied.num_candidates = plan.num_candidates;
+      applied.solve_seconds = plan.solve_seconds;
+      applied.queue_seconds = plan.queue_seconds;
+      applied.context_length = cached.context_length;
+      applied.source = directive.apply_source;
+      if (tracing_) StartApplySpan(cached, applied);
+      result.plans.push_back(std::move(applied));
+      result.mask = plan.mask.ToString();
+    }
+    gamma = directive.gamma;
+    result.stats.waiting_seconds += SecondsSince(start);
+    return directive;
+  }
+
+  void AfterStep(const StepObservation& observation) {
+    controller_.AfterStep(observation);
+    if (apply_span_.recording()) {
+      ++apply_steps_;
+      apply_tokens_ += observation.tokens;
+      apply_seconds_ += observation.seconds;
+    }
+  }
+
+  // Sends one completed snapshot; returns at once.
+  void Submit(const ReferenceStates& snapshot, std::vector<LayerKv> kv,
+              GenerationResult& result) {
+    const auto start = std::chrono::steady_clock::now();
+    const SubmitTicket ticket = controller_.TakeTicket();
+    PlanRequest request;
+    request.sequence_id = sequence_id_;
+    request.step = snapshot.step;
+    request.context_length = snapshot.context_length;
+    request.policy = ticket.key.policy;
+    request.clasp_layers = ClaspLayers(model_, spec_);
+    request.max_draft = spec_.max_draft;
+    request.model_fingerprint = model_.config().Fingerprint();
+    request.states = snapshot.states;
+    request.first_position = snapshot.positions.front();
+    request.target_argmax = snapshot.target_argmax;
+    // Positions [0, context_length) are committed and never rewritten while
+    // the sequence lives; `kv` holds them (handles to a contiguous cache, or
+    // a copy out of the paged pool) for the solve. All of them are sent: the
+    // reference tokens' own positions too, which CLaSp's DP on the last
+    // reference token attends to (KnapSpec's DP on all r tokens uses [0,
+    // first_position) of them).
+    request.kv = std::move(kv);
+    request.kv_length = snapshot.context_length;
+    // The plan is cached for its whole context bucket [b W, (b+1) W), so the
+    // planner should price it at the bucket's middle: it prices at
+    // n + lifetime / 2, hence lifetime = 2 * (middle - n) (0 past the middle).
+    const int64_t width = spec_.plan_bucket_tokens;
+    const int64_t middle = snapshot.context_length / width * width + width / 2;
+    request.plan_lifetime_tokens =
+        std::max<int64_t>(0, 2 * (middle - snapshot.context_length));
+    if (snapshot_span_.context().valid()) {
+      // The snapshot is taken: it parents the request's spans.
+      SetPlanRequestAttributes(snapshot_span_, request);
+      snapshot_span_.SetAttribute("knapserve.plan.first_position",
+                                  request.first_position);
+      request.traceparent = snapshot_span_.traceparent();
+      snapshot_span_.End();
+      snapshot_span_ = trace::Span();
+    }
+    ++result.stats.plan_requests;
+    std::weak_ptr<Mailbox> weak = mailbox_;
+    PlanningShared shared = shared_;
+    const uint64_t sequence_id = sequence_id_;
+    const int64_t context_length = snapshot.context_length;
+    const std::string snapshot_traceparent = request.traceparent;
+    planner_->Submit(std::move(request), [weak, shared, ticket, sequence_id,
+                                          context_length, snapshot_traceparent](
+                                             absl::StatusOr<DraftPlan> plan) {
+      // plan.receive: the answer back on the executor, child of the span
+      // that delivered it (plan.send across gRPC, else the snapshot);
+      // the plan enters the cache carrying receive's context, which the
+      // plan.apply spans hang from.
+      trace::Span receive;
+      if (!snapshot_traceparent.empty()) {
+        receive = trace::StartSpan(
+            "plan.receive", plan.ok() && !plan->traceparent.empty()
+                                ? std::string_view(plan->traceparent)
+                                : std::string_view(snapshot_traceparent));
+        if (plan.ok()) {
+          SetPlanAttributes(receive, *plan);
+          plan->traceparent = receive.traceparent();
+        } else {
+          receive.SetError(plan.status().ToString());
+        }
+      }
+      CompleteTicket(shared, ticket, sequence_id, context_length, plan);
+      receive.End();
+      std::shared_ptr<Mailbox> box = weak.lock();
+      if (box == nullptr) return;  // the generation is over
+      absl::MutexLock lock(&box->mu);
+      if (plan.ok()) {
+        box->solve_seconds += plan->solve_seconds;
+      } else if (plan.status().code() != absl::StatusCode::kCancelled) {
+        ++box->failures;
+        box->last_error = plan.status().ToString();
+      }
+    });
+    result.stats.waiting_seconds += SecondsSince(start);
+  }
+
+  // A generation that ends early (an error) still drops its queued request.
+  ~PlanSession() {
+    if (!finished_) planner_->Forget(sequence_id_);
+  }
+  PlanSession(const PlanSession&) = delete;
+  PlanSession& operator=(const PlanSession&) = delete;
+
+  void Finish(GenerationResult& result) {
+    finished_ = true;
+    EndApplySpan("finished");
+    if (snapshot_span_.recording()) {
+      snapshot_span_.SetError("the generation ended before the snapshot");
+    }
+    snapshot_span_.End();
+    planner_->Forget(sequence_id_);
+    controller_.Finish();
+    result.planning = controller_.stats();
+    absl::MutexLock lock(&mailbox_->mu);
+    result.stats.plan_failures += mailbox_->failures;
+    result.planning.solve_seconds = mailbox_->solve_seconds;
+    if (!mailbox_->last_error.empty())
+      result.last_plan_error = mailbox_->last_error;
+  }
+
+ private:
+  // What planner callbacks report back to the decode thread. Shared (the
+  // callback holds a weak_ptr) so a late callback finds it gone rather than
+  // dangling; written by planner threads, drained by the decode thread.
+  struct Mailbox {
+    absl::Mutex mu;
+    int64_t failures ABSL_GUARDED_BY(mu) = 0;  // not yet added to the result
+    std::string last_error ABSL_GUARDED_BY(mu);
+    double solve_seconds ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  // plan.snapshot: from the first captured step until the request is
+  // submitted (Submit ends it). A capture that restarts ends the old one as
+  // abandoned.
+  void StartSnapshotSpan(int64_t step, int64_t context_length,
+                         PlanTrigger trigger) {
+    if (snapshot_span_.recording()) {
+      snapshot_span_.SetError("abandoned: the snapshot did not complete");
+    }
+    snapshot_span_.End();
+    snapshot_span_ = trace::StartSpan("plan.snapshot", trace_parent_);
+    snapshot_span_.SetAttribute("knapserve.plan.trigger",
+                                PlanTriggerName(trigger));
+    snapshot_span_.SetAttribute("knapserve.plan.capture_start_step", step);
+    snapshot_span_.SetAttribute("knapserve.plan.capture_start_context_length",
+                                context_length);
+    snapshot_span_.SetAttribute("knapserve.plan.reference_steps",
+                                spec_.reference_steps);
+  }
+
+  // plan.apply: the plan in force, from the step it took effect until the
+  // next plan replaces it or the generation ends, with the tokens per second
+  // it realized meanwhile. Child of the plan's plan.receive when the plan
+  // was solved in this trace; a plan from another trace (the plan cache, or
+  // another request's solve) hangs from this request's decode span and
+  // names its origin.
+  void StartApplySpan(const CachedPlan& cached, const AppliedPlan& applied) {
+    EndApplySpan("replaced");
+    const std::optional<trace::SpanContext> origin =
+        trace::ParseTraceparent(cached.plan.traceparent);
+    const bool same_trace =
+        origin.has_value() &&
+        (!trace_parent_.valid() || origin->trace_id == trace_parent_.trace_id);
+    apply_span_ =
+        trace::StartSpan("plan.apply", same_trace ? *origin : trace_parent_);
+    apply_steps_ = 0;
+    apply_tokens_ = 0;
+    apply_seconds_ = 0;
+    if (!apply_span_.recording()) return;
+    SetPlanAttributes(apply_span_, cached.plan);
+    apply_span_.SetAttribute("knapserve.plan.source", applied.source);
+    apply_span_.SetAttribute("knapserve.plan.applied_step",
+                             applied.applied_step);
+    apply_span_.SetAttribute("knapserve.plan.step", applied.plan_step);
+    apply_span_.SetAttribute("knapserve.plan.age_steps", applied.age_steps);
+    apply_span_.SetAttribute("knapserve.plan.context_length",
+                             applied.context_length);
+    if (!same_trace && origin.has_value()) {
+      apply_span_.SetAttribute("knapserve.plan.origin_traceparent",
+                               cached.plan.traceparent);
+    }
+  }
+
+  void EndApplySpan(const char* reason) {
+    if (apply_span_.recording()) {
+      apply_span_.SetAttribute("knapserve.plan.end_reason", reason);
+      apply_span_.SetAttribute("knapserve.plan.steps_in_force", apply_steps_);
+      apply_span_.SetAttribute("knapserve.plan.tokens_in_force", apply_tokens_);
+      apply_span_.SetAttribute(
+          "knapserve.plan.realized_tokens_per_second",
+          apply_seconds_ > 0
+              ? static_cast<double>(apply_tokens_) / apply_seconds_
+              : 0.0);
+    }
+    apply_span_.End();
+  }
+
+  static uint64_t NextSequenceId() {
+    static std::atomic<uint64_t> next{1};
+    return next.fetch_add(1);
+  }
+
+  static int ClaspLayers(const LlamaModel& model,
+                         const SpeculationConfig& spec) {
+    return spec.clasp_layers > 0 ? spec.clasp_layers
+                                 : std::max(1, model.num_layers() / 2);
+  }
+
+  static PlanControllerOptions ControllerOptions(
+      const SpeculationConfig& spec) {
+    PlanControllerOptions options;
+    options.bucket_tokens = spec.plan_bucket_tokens;
+    options.drift_tolerance = spec.drift_tolerance;
+    options.drift_min_tokens = spec.drift_min_tokens;
+    options.planner_budget = spec.planner_budget;
+    options.reference_steps = spec.reference_steps;
+    options.min_request_gap = spec.plan_interval;
+    options.guard.enabled = spec.guard;
+    options.guard.margin = spec.guard_margin;
+    options.guard.min_steps = spec.guard_min_steps;
+    options.guard.probe_steps = spec.guard_probe_steps;
+    return options;
+  }
+
+  static PlanCacheKey CacheKey(const LlamaModel& model,
+                               const SpeculationConfig& spec) {
+    PlanCacheKey key;
+    key.model_fingerprint = model.config().Fingerprint();
+    key.device = model.device().str();
+    key.dtype = DtypeName(model.dtype());
+    key.threads = at::get_num_threads();
+    key.policy = PlannedPolicy(spec.mode);
+    if (key.policy == PlanPolicy::kClasp) {
+      key.policy_detail = absl::StrCat("layers=", ClaspLayers(model, spec));
+    }
+    key.max_draft = spec.max_draft;
+    key.bucket_tokens = spec.plan_bucket_tokens;
+    return key;
+  }
+
+  PlannerClient* planner_;
+  const LlamaModel& model_;
+  const SpeculationConfig& spec_;
+  const uint64_t sequence_id_;
+  const PlanningShared shared_;
+  std::shared_ptr<Mailbox> mailbox_;
+  PlanController controller_;
+  bool finished_ = false;  // Finish ran (it already told the planner)
+  // Tracing (common/trace): the request's decode span, the snapshot being
+  // captured, and the plan in force with what it realized so far.
+  const trace::SpanContext trace_parent_;
+  const bool tracing_;  // a tracer was installed when the sequence began
+  trace::Span snapshot_span_;
+  trace::Span apply_span_;
+  int64_t apply_steps_ = 0;
+  int64_t apply_tokens_ = 0;
+  double apply_seconds_ = 0;
+};
+
+// ---- Sequence ----
+
+absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    GenerationRequest request, StreamCallback on_tokens,
+    ReferenceCallback on_reference, PlannerClient* planner,
+    const PlanningShared* shared) {
+  RETURN_IF_ERROR(ValidateGenerationRequest(request, model));
+  const SpeculationConfig& spec = request.speculation;
+  const bool planned = IsPlanned(spec.mode);
+  if (planned && planner == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("spec ", SpeculationModeName(spec.mode),
+                     " needs a planner (and its latency profile)"));
+  }
+  if (IsRouted(spec.mode) && (shared == nullptr || shared->router == nullptr)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec ", SpeculationModeName(spec.mode),
+        " needs domain anchors (made by `knapserve anchors`, given to the "
+        "server with --anchors FILE)"));
+  }
+  LayerMask mask(model.num_layers());
+  if (Drafts(spec.mode)) {
+    ASSIGN_OR_RETURN(mask, LayerMask::Parse(spec.skip, model.num_layers()));
+  }
+  std::unique_ptr<Sequence> seq(
+      new Sequence(model, tokenizer, std::move(request), std::move(on_tokens),
+                   std::move(on_reference), std::move(mask)));
+  if (IsRouted(seq->request_.speculation.mode)) seq->router_ = shared->router;
+  if (planned) {
+    const PlanningShared own =
+        shared != nullptr ? PlanningShared() : PlanningShared::Create();
+    seq->plans_ = std::make_unique<PlanSession>(
+        planner, model, seq->request_, shared != nullptr ? *shared : own,
+        seq->gamma_);
+  }
+  return seq;
+}
+
+Sequence::Sequence(const LlamaModel& model, const Tokenizer& tokenizer,
+                   GenerationRequest request, StreamCallback on_tokens,
+                   ReferenceCallback on_reference, LayerMask mask)
+    : model_(model),
+      request_(std::move(request)),
+      on_tokens_(std::move(on_tokens)),
+      on_reference_(std::move(on_reference)),
+      planned_(IsPlanned(request_.speculation.mode)),
+      prompt_len_(static_cast<int64_t>(request_.prompt_ids.size())),
+      // Output stops at max_new_tokens or when prompt + output fills the
+      // context; every position a step feeds is below prompt_len + limit.
+      limit_(
+          std::min(request_.max_new_tokens, model.max_context() - prompt_len_)),
+      sampler_(request_.sampling),
+      stream_(tokenizer, request_.prompt_ids, request_.stop_strings),
+      mask_(std::move(mask)),
+      collector_(request_.speculation.plan_interval,
+                 request_.speculation.reference_steps),
+      planned_collector_(std::numeric_limits<int64_t>::max() / 2,
+                         request_.speculation.reference_steps),
+      early_exit_(DraftsByEarlyExit(request_.speculation.mode)) {
+  const SpeculationConfig& spec = request_.speculation;
+  // Before the first plan, planned modes draft with `skip` if given, else
+  // decode autoregressively.
+  gamma_ = Drafts(spec.mode) ? spec.max_draft : 0;
+  if (planned_ && spec.skip.empty()) gamma_ = 0;
+  // A routed sequence decodes with its domain's draft, known after prefill.
+  if (IsRouted(spec.mode)) gamma_ = 0;
+  if (early_exit_) {
+    exit_heads_ = spec.specbound.trained_heads ? spec.specbound.heads
+                                               : ExitHeads::TrainingFree();
+    depth_bound_ = spec.specbound.depth_bound > 0 ? spec.specbound.depth_bound
+                                                  : model.num_layers();
+    UpdateExitCostMask();
+  }
+  result_.seed = sampler_.seed();
+  result_.mask =
+      Drafts(spec.mode) && !IsRouted(spec.mode) ? mask_.ToString() : "";
+  result_.stats.prompt_tokens = prompt_len_;
+}
+
+Sequence::~Sequence() = default;
+
+void Sequence::UseKv(std::vector<LayerKv>* contiguous) {
+  contiguous_ = contiguous;
+  paged_ = nullptr;
+}
+
+void Sequence::UseKv(SequenceKv* paged) {
+  paged_ = paged;
+  contiguous_ = nullptr;
+}
+
+absl::Status Sequence::BindKv(BatchSequence& input, int64_t positions) {
+  if (paged_ != nullptr) {
+    RETURN_IF_ERROR(paged_->EnsureCapacity(positions));
+    input.paged = &paged_->storage();
+    input.blocks = paged_->blocks();
+    return absl::OkStatus();
+  }
+  if (contiguous_ == nullptr)
+    return absl::FailedPreconditionError("sequence has no K/V bound");
+  input.kv = contiguous_;
+  return absl::OkStatus();
+}
+
+BatchMember Sequence::batch_member() const {
+  BatchMember member;
+  if (Drafts(request_.speculation.mode) && gamma_ > 0) {
+    member.gamma = gamma_;
+    member.mask = early_exit_ ? &exit_cost_mask_ : &mask_;
+  }
+  member.acceptance = (static_cast<double>(spec_stats_.accepted_tokens) + 1.0) /
+                      (static_cast<double>(spec_stats_.draft_tokens) + 2.0);
+  return member;
+}
+
+void Sequence::Abort() {
+  if (done_) return;
+  result_.finish_reason = FinishReason::kAborted;
+  Finish();
+}
+
+void Sequence::Fail(absl::Status status) {
+  if (done_) return;
+  error_ = std::move(status);
+  done_ = true;
+  if (plans_ != nullptr) plans_->Finish(result_);
+}
+
+void Sequence::Finish() {
+  if (done_) return;
+  done_ = true;
+  if (plans_ != nullptr) plans_->Finish(result_);
+  result_.text = stream_.emitted();
+  if (stream_.matched_stop().has_value())
+    result_.matched_stop = *stream_.matched_stop();
+  result_.speculation = spec_stats_;
+  result_.stats.completion_tokens =
+      static_cast<int64_t>(result_.output_ids.size());
+  if (started_) {
+    if (result_.output_ids.empty()) {
+      result_.stats.prefill_seconds = SecondsSince(start_);
+    } else {
+      result_.stats.decode_seconds = SecondsSince(decode_start_);
+    }
+    result_.stats.total_seconds = SecondsSince(start_);
+    result_.stats.end_unix_nanos = trace::NowUnixNanos();
+  }
+  result_.stats.draft_seconds = spec_stats_.draft_seconds;
+  result_.stats.verify_seconds = spec_stats_.verify_seconds;
+}
+
+absl::StatusOr<GenerationResult> Sequence::TakeResult() {
+  if (!done_) return absl::FailedPreconditionError("sequence still running");
+  if (!error_.ok()) return error_;
+  return std::move(result_);
+}
+
+absl::Status Sequence::Commit(const std::vector<int32_t>& tokens,
+                              const torch::Tensor& logits) {
+  const std::vector<int32_t>& eos = model_.config().eos_token_ids;
+  auto end_reason = [&](int32_t id) -> std::optional<FinishReason> {
+    if (!request_.ignore_eos &&
+        std::find(eos.begin(), eos.end(), id) != eos.end()) {
+      return FinishReason::kEos;
+    }
+    const std::vector<int32_t>& stops = request_.stop_token_ids;
+    if (std::find(stops.begin(), stops.end(), id) != stops.end()) {
+      return FinishReason::kStopSequence;
+    }
+    return std::nullopt;
+  };
+  const size_t first_new = result_.output_ids.size();
+  if (request_.logprobs) {
+    // Row j's log_softmax at tokens[j], for every token (those past a stop
+    // are dropped with the ids below).
+    const int64_t n = static_cast<int64_t>(tokens.size());
+    torch::Tensor rows = logits.narrow(0, 0, n).to(torch::kFloat32);
+    torch::Tensor ids = torch::tensor(
+        std::vector<int64_t>(tokens.begin(), tokens.end()), torch::kInt64);
+    torch::Tensor chosen = torch::log_softmax(rows, -1)
+                               .gather(1, ids.unsqueeze(1).to(rows.device()))
+                               .squeeze(1)
+                               .to(torch::kCPU)
+                               .contiguous();
+    const float* values = chosen.data_ptr<float>();
+    pending_logprobs_.assign(values, values + n);
+  }
+  std::string text;
+  std::optional<FinishReason> reason;
+  for (size_t j = 0; j < tokens.size(); ++j) {
+    const int32_t id = tokens[j];
+    result_.output_ids.push_back(id);
+    if (request_.logprobs) {
+      result_.output_logprobs.push_back(pending_logprobs_[j]);
+    }
+    ASSIGN_OR_RETURN(std::string piece, stream_.Push(id));
+    text += piece;
+    reason = end_reason(id);
+    if (stream_.stopped()) reason = FinishReason::kStopSequence;
+    if (!reason && static_cast<int64_t>(result_.output_ids.size()) >= limit_) {
+      reason = FinishReason::kLength;
+    }
+    if (reason) break;
+  }
+  if (reason) text += stream_.Finish();
+  const size_t added = result_.output_ids.size() - first_new;
+  const absl::Span<const float> logprobs =
+      request_.logprobs ? absl::MakeConstSpan(
+                              result_.output_logprobs.data() + first_new, added)
+                        : absl::Span<const float>();
+  if (on_tokens_ &&
+      !on_tokens_(
+          absl::MakeConstSpan(result_.output_ids.data() + first_new, added),
+          text, logprobs)) {
+    reason = FinishReason::kAborted;
+  }
+  if (reason) {
+    result_.finish_reason = *reason;
+    Finish();
+  }
+  return absl::OkStatus();
+}
+
+void Sequence::BeginStep(bool allow_drafts) {
+  if (request_.before_step_for_tests) request_.before_step_for_tests(step_);
+  capture_ = false;
+  capture_offset_ = 0;
+  if (planned_) {
+    // While the batch drops drafts a new plan would go unused: no solve
+    // starts then (a pending trigger waits for a step that drafts).
+    const StepDirective directive = plans_->BeforeStep(
+        step_, length_, mask_, gamma_, result_, allow_drafts);
+    capture_ = directive.capture;
+    capture_offset_ = directive.capture_offset;
+  } else if (!early_exit_) {
+    capture_ = on_reference_ != nullptr && collector_.Wants(step_);
+  }
+  // SpecBound's verification is a partial pass, which captures no boundary
+  // states (it has no reference snapshots).
+  if (early_exit_) exit_rows_.Begin(length_, result_.output_ids.back());
+  const int64_t remaining =
+      limit_ - static_cast<int64_t>(result_.output_ids.size());
+  // Drafts + the verified token must fit both the budget and the K/V.
+  budget_ =
+      std::max<int64_t>(0, std::min<int64_t>({gamma_, remaining - 1,
+                                              max_positions() - length_ - 1}));
+  step_gamma_ = allow_drafts ? gamma_ : 0;
+  if (!allow_drafts) budget_ = 0;
+  drafts_.clear();
+  draft_dists_.clear();
+  drafting_ = budget_ > 0;
+  step_seconds_ = 0;
+}
+
+void Sequence::OnDraftLogits(const torch::Tensor& logits) {
+  bool confident = false;
+  drafts_.push_back(ChooseDraft(sampler_, logits,
+                                request_.speculation.exit_threshold,
+                                draft_dists_, confident));
+  if (!confident || static_cast<int64_t>(drafts_.size()) >= budget_)
+    drafting_ = false;
+}
+
+void Sequence::OnExitPass(const torch::Tensor& states) {
+  exit_rows_.Apply(states);
+  const SpecBoundConfig& config = request_.speculation.specbound;
+  const int newest = exit_rows_.rows() - 1;
+  const int depth = exit_rows_.depth(newest);
+  // z_l / T_l for the exit after layer depth - 1.
+  const torch::Tensor scaled =
+      exit_heads_->Logits(model_, depth - 1, exit_rows_.state(newest))[0] /
+      ExitTemperature(config.t0, depth - 1, model_.num_layers());
+  const double top1 = torch::softmax(scaled, 0).max().item<double>();
+  if (top1 >= config.lambda) {
+    int32_t draft;
+    if (sampler_.greedy()) {
+      draft = Argmax(scaled);
+    } else {
+      // q_j: exactly the distribution the draft is sampled from.
+      torch::Tensor q = sampler_.Distribution(scaled);
+      draft = sampler_.SampleFrom(q);
+      draft_dists_.push_back(std::move(q));
+    }
+    drafts_.push_back(draft);
+    exit_rows_.AddRow(draft);
+    std::vector<int64_t>& depths = spec_stats_.exit_depths;
+    if (static_cast<int>(depths.size()) < depth) depths.resize(depth, 0);
+    ++depths[depth - 1];
+    if (static_cast<int64_t>(drafts_.size()) >= budget_) {
+      drafting_ = false;
+      ++spec_stats_.width_bound_stops;
+    }
+  } else if (depth >= depth_bound_) {
+    drafting_ = false;
+    ++spec_stats_.depth_bound_stops;
+  }
+}
+
+void Sequence::UpdateExitCostMask() {
+  // What a draft costs the batch cost model: the layers a draft token runs
+  // on average (half the depth bound before any exit), nothing above.
+  const double mean = spec_stats_.mean_exit_depth();
+  const int depth = std::clamp(
+      mean > 0 ? static_cast<int>(mean + 0.5) : (depth_bound_ + 1) / 2, 1,
+      model_.num_layers());
+  exit_cost_mask_ = LayerMask(model_.num_layers());
+  for (int l = depth; l < model_.num_layers(); ++l) {
+    exit_cost_mask_.set_skipped(2 * l, true);
+    exit_cost_mask_.set_skipped(2 * l + 1, true);
+  }
+}
+
+absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
+  length_ = prompt_len_;
+  const int32_t first = sampler_.Sample(logits);
+  result_.stats.prefill_seconds = SecondsSince(start_);
+  decode_start_ = std::chrono::steady_clock::now();
+  result_.stats.first_token_unix_nanos = trace::NowUnixNanos();
+  if (router_ != nullptr) Route();
+  return Commit({first}, logits.unsqueeze(0));
+}
+
+void Sequence::Route() {
+  const auto start = std::chrono::steady_clock::now();
+  const DomainRoute route = router_->Route(routing_.Mean());
+  const RoutedDomain& domain = router_->domains()[route.domain];
+  mask_ = domain.mask;
+  gamma_ = std::min(domain.gamma, request_.speculation.max_draft);
+  result_.mask = gamma_ > 0 ? mask_.ToString() : "";
+  result_.routed_domain = domain.name;
+  result_.routing_similarity = route.similarity;
+  result_.stats.routing_seconds = SecondsSince(start);
+}
+
+absl::Status Sequence::OnVerified(const torch::Tensor& logits,
+                                  const torch::Tensor& states,
+                                  double step_seconds) {
+  const int64_t pos = length_;
+  StepResult out = FinishVerification(sampler_, drafts_, draft_dists_, logits,
+                                      states, pos, capture_, spec_stats_);
+  // Keep [last, accepted drafts]; later positions are overwritten later.
+  length_ = pos + out.accepted + 1;
+  ++result_.stats.steps;
+  if (early_exit_) UpdateExitCostMask();
+  if (planned_) {
+    StepObservation observation;
+    observation.gamma = step_gamma_;
+    observation.drafted = out.drafted;
+    observation.accepted = out.accepted;
+    observation.tokens = static_cast<int>(out.tokens.size());
+    observation.seconds = step_seconds;
+    plans_->AfterStep(observation);
+  }
+  if (capture_) {
+    std::optional<ReferenceStates> snapshot =
+        planned_ ? planned_collector_.Add(capture_offset_, out, length_)
+                 : collector_.Add(step_, out, length_);
+    if (snapshot && planned_) {
+      snapshot->step = step_ - capture_offset_;
+      std::vector<LayerKv> kv =
+          paged_ != nullptr ? paged_->ContiguousCopy(length_) : *contiguous_;
+      plans_->Submit(*snapshot, std::move(kv), result_);
+    }
+    if (snapshot && on_reference_) on_reference_(std::move(*snapshot));
+  }
+  ++step_;
+  return Commit(out.tokens, logits);
+}
+
+// ---- RunBatchStep ----
+
+// The step driver; a struct so that it may touch Sequence's privates.
+struct BatchStepRunner {
+  const LlamaModel& model;
+  const BatchStepOptions& options;
+  BatchStepStats stats;
+
+  // Runs `fn` for `seq`, failing only that sequence if it throws.
+  template <typename Fn>
+  static void Guarded(Sequence* seq, const char* what, Fn&& fn) {
+    try {
+      absl::Status status = fn();
+      if (!status.ok()) seq->Fail(std::move(status));
+    } catch (...) {
+      seq->Fail(CurrentExceptionAsInternal(
+          seq->prefilling() ? std::string("generation failed in the prefill")
+                            : absl::StrCat("generation failed at decode step ",
+                                           seq->step_, " (", what, ")")));
+    }
+  }
+
+  // One forward pass; an exception fails every sequence in it.
+  std::vector<torch::Tensor> Pass(const std::vector<Sequence*>& seqs,
+                                  const std::vector<BatchSequence>& inputs,
+                                  double& seconds) {
+    const auto start = std::chrono::steady_clock::now();
+    std::vector<torch::Tensor> out;
+    try {
+      out = model.ForwardBatch(inputs);
+    } catch (...) {
+      const absl::Status status =
+          CurrentExceptionAsInternal("generation failed in a forward pass");
+      for (Sequence* seq : seqs) seq->Fail(status);
+      out.clear();
+    }
+    seconds = SecondsSince(start);
+    return out;
+  }
+
+  // A pass before the main one (a draft round, or SpecBound's alignment):
+  // its time counts as drafting for every sequence in it, then
+  // `take(i, seq, logits)` takes sequence i's output, failing only that
+  // sequence if it throws.
+  template <typename Take>
+  void DraftPass(const std::vector<Sequence*>& ready,
+                 const std::vector<BatchSequence>& inputs, const char* what,
+                 Take&& take) {
+    double seconds = 0;
+    std::vector<torch::Tensor> logits = Pass(ready, inputs, seconds);
+    ++stats.draft_passes;
+    for (size_t i = 0; i < ready.size() && !logits.empty(); ++i) {
+      Sequence* seq = ready[i];
+      seq->spec_stats_.draft_seconds += seconds;
+      seq->step_seconds_ += seconds;
+      Guarded(seq, what, [&] {
+        take(i, seq, logits[i]);
+        return absl::OkStatus();
+      });
+    }
+  }
+
+  void Run(absl::Span<Sequence* const> batch) {
+    const auto step_start = std::chrono::steady_clock::now();
+    c10::InferenceMode inference_mode;
+    // 1. Begin: decoding sequences set up their step.
+    for (Sequence* seq : batch) {
+      if (seq->done()) continue;
+      if (!seq->started_) {
+        seq->started_ = true;
+        seq->start_ = std::chrono::steady_clock::now();
+        seq->result_.stats.first_pass_unix_nanos = trace::NowUnixNanos();
+      }
+      if (seq->prefilling()) continue;
+      Guarded(seq, "begin", [&] {
+        seq->BeginStep(options.allow_drafts);
+        return absl::OkStatus();
+      });
+    }
+
+    // 2. Draft rounds: one masked pass per round over the sequences still
+    //    drafting, each with its own mask.
+    for (;;) {
+      std::vector<Sequence*> seqs;
+      std::vector<BatchSequence> inputs;
+      std::vector<int32_t> tokens;
+      for (Sequence* seq : batch) {
+        if (!seq->done() && !seq->prefilling() && seq->drafting_)
+          seqs.push_back(seq);
+      }
+      if (seqs.empty()) break;
+      tokens.reserve(seqs.size());
+      for (Sequence* seq : seqs) {
+        tokens.push_back(seq->drafts_.empty() ? seq->result_.output_ids.back()
+                                              : seq->drafts_.back());
+      }
+      std::vector<Sequence*> ready;
+      std::vector<torch::Tensor> exit_states(seqs.size());
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        Sequence* seq = seqs[i];
+        BatchSequence input;
+        if (seq->early_exit_) {
+          // The newest row up to its next exit check, with the rows that
+          // lag below it.
+          Guarded(seq, "draft", [&] {
+            const int newest = seq->exit_rows_.rows() - 1;
+            seq->exit_rows_.DraftPass(
+                NextCheckDepth(seq->exit_rows_.depth(newest),
+                               seq->request_.speculation.specbound.check_every,
+                               seq->depth_bound_),
+                input);
+            input.num_logits = 0;
+            input.output_states = &exit_states[ready.size()];
+            return seq->BindKv(input, input.start_pos + input.rows());
+          });
+        } else {
+          input.tokens = absl::MakeConstSpan(&tokens[i], 1);
+          input.start_pos =
+              seq->length_ + static_cast<int64_t>(seq->drafts_.size());
+          input.skip = &seq->mask_;
+          input.num_logits = 1;
+          Guarded(seq, "draft",
+                  [&] { return seq->BindKv(input, input.start_pos + 1); });
+        }
+        if (seq->done()) continue;
+        ready.push_back(seq);
+        inputs.push_back(input);
+      }
+      if (ready.empty()) continue;
+      DraftPass(ready, inputs, "draft",
+                [&](size_t i, Sequence* seq, const torch::Tensor& logits) {
+                  if (seq->early_exit_) {
+                    seq->OnExitPass(exit_states[i]);
+                  } else {
+                    seq->OnDraftLogits(logits[0]);
+                  }
+                });
+    }
+
+    // 2b. SpecBound's alignment: rows below their step's deepest exit go up
+    //     to it, one stage per pass, every such sequence in each pass.
+    for (;;) {
+      std::vector<Sequence*> ready;
+      std::vector<BatchSequence> inputs;
+      std::vector<torch::Tensor> out(batch.size());
+      for (Sequence* seq : batch) {
+        if (seq->done() || seq->prefilling() || !seq->early_exit_) continue;
+        BatchSequence input;
+        bool align = false;
+        Guarded(seq, "align", [&] {
+          align = seq->exit_rows_.max_depth() > 0 &&
+                  seq->exit_rows_.AlignPass(input);
+          if (!align) return absl::OkStatus();
+          input.num_logits = 0;
+          input.output_states = &out[ready.size()];
+          return seq->BindKv(input, input.start_pos + input.rows());
+        });
+        if (!align || seq->done()) continue;
+        ready.push_back(seq);
+        inputs.push_back(input);
+      }
+      if (ready.empty()) break;
+      DraftPass(ready, inputs, "align",
+                [&](size_t i, Sequence* seq, const torch::Tensor&) {
+                  seq->exit_rows_.Apply(out[i]);
+                });
+    }
+
+    // 3. The main pass: decode rows first, then prefill chunks within the
+    //    token budget.
+    std::vector<Sequence*> seqs;
+    std::vector<BatchSequence> inputs;
+    std::vector<std::vector<int32_t>> rows;  // decode rows' tokens
+    std::vector<torch::Tensor> states;
+    std::vector<bool> is_prefill;
+    rows.reserve(batch.size());
+    states.resize(batch.size());
+    int64_t used = 0;
+    for (Sequence* seq : batch) {
+      if (seq->done() || seq->prefilling()) continue;
+      std::vector<int32_t> input = {seq->result_.output_ids.back()};
+      input.insert(input.end(), seq->drafts_.begin(), seq->drafts_.end());
+      rows.push_back(std::move(input));
+      BatchSequence in;
+      in.tokens = rows.back();
+      in.start_pos = seq->length_;
+      in.num_logits = -1;
+      Guarded(seq, "verify", [&] {
+        if (seq->early_exit_ && seq->exit_rows_.max_depth() > 0) {
+          // From the deepest exit up, over the cached states.
+          in.tokens = {};
+          seq->exit_rows_.VerifyPass(in);
+        }
+        return seq->BindKv(in, in.start_pos + in.rows());
+      });
+      if (seq->done()) continue;
+      if (seq->capture_) in.boundary_states = &states[seqs.size()];
+      used += in.rows();
+      seqs.push_back(seq);
+      inputs.push_back(in);
+      is_prefill.push_back(false);
+    }
+    const int decoding = static_cast<int>(seqs.size());
+    int64_t prefill_used = 0;
+    for (Sequence* seq : batch) {
+      if (!seq->prefilling()) continue;
+      // The first prompt waiting always gets min_prefill_rows, so prompts
+      // make progress however many streams decode; the rest fill the room.
+      int64_t room = std::min(options.max_batch_tokens - used,
+                              options.max_prefill_rows - prefill_used);
+      if (room < options.min_prefill_rows) {
+        if (stats.prefilling > 0) break;
+        room = std::min(options.min_prefill_rows, options.max_prefill_rows);
+      }
+      if (room <= 0) break;
+      const int64_t chunk = std::min({room, seq->request_.prefill_chunk,
+                                      seq->prompt_len_ - seq->prefilled_});
+      BatchSequence in;
+      in.tokens = absl::MakeConstSpan(
+          seq->request_.prompt_ids.data() + seq->prefilled_, chunk);
+      in.start_pos = seq->prefilled_;
+      in.num_logits = seq->prefilled_ + chunk == seq->prompt_len_ ? 1 : 0;
+      // A routed sequence routes by its prompt's final hidden states.
+      if (seq->router_ != nullptr) in.output_states = &seq->chunk_states_;
+      Guarded(seq, "prefill",
+              [&] { return seq->BindKv(in, in.start_pos + chunk); });
+      if (seq->done()) continue;
+      used += chunk;
+      prefill_used += chunk;
+      ++stats.prefilling;
+      seqs.push_back(seq);
+      inputs.push_back(in);
+      is_prefill.push_back(true);
+    }
+    stats.decoding = decoding;
+    stats.main_rows = used;
+    stats.prefill_rows = prefill_used;
+    if (!seqs.empty()) {
+      double seconds = 0;
+      std::vector<torch::Tensor> logits = Pass(seqs, inputs, seconds);
+      for (size_t i = 0; i < seqs.size() && !logits.empty(); ++i) {
+        Sequence* seq = seqs[i];
+        if (is_prefill[i]) {
+          if (seq->router_ != nullptr) {
+            Guarded(seq, "prefill", [&] {
+              seq->routing_.Add(seq->chunk_states_, seq->prefilled_);
+              seq->chunk_states_ = torch::Tensor();
+              return absl::OkStatus();
+            });
+          }
+          seq->prefilled_ += static_cast<int64_t>(inputs[i].tokens.size());
+          if (seq->prefilled_ == seq->prompt_len_) {
+            Guarded(seq, "prefill",
+                    [&] { return seq->OnPrefillDone(logits[i][0]); });
+          }
+          continue;
+        }
+        seq->spec_stats_.verify_seconds += seconds;
+        seq->step_seconds_ += seconds;
+        Guarded(seq, "verify", [&] {
+          return seq->OnVerified(logits[i], states[i], seq->step_seconds_);
+        });
+      }
+    }
+    stats.seconds = SecondsSince(step_start);
+  }
+};
+
+BatchStepStats RunBatchStep(const LlamaModel& model,
+                            absl::Span<Sequence* const> batch,
+                            const BatchStepOptions& options) {
+  BatchStepRunner runner{model, options, {}};
+  runner.Run(batch);
+  return runner.stats;
+}
+
+}  // namespace knapserve

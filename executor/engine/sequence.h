@@ -1,0 +1,238 @@
+// Sequence and RunBatchStep: the one decode loop of knapserve, written as a
+// state machine so that many sequences can share every forward pass
+// (continuous batching) and a single sequence runs exactly the same code.
+//
+// A Sequence is one generation request in flight: its prompt, sampler,
+// stop conditions and text stream, its speculation state (mask, gamma, the
+// planned modes' PlanController and plan session), its statistics, and where
+// its K/V lives (a contiguous cache, or blocks of the executor's KvPool).
+// RunBatchStep advances every sequence of a batch by one step:
+//
+//   1. each decoding sequence begins its step: plan bookkeeping (a cached
+//      or newly solved plan takes effect, the guard decides), then the
+//      number of tokens it may draft;
+//   2. draft rounds: every sequence still drafting feeds its newest token
+//      through the model with its own layer mask, all of them in one
+//      masked pass per round (ragged draft lengths simply drop out); a
+//      SpecBound sequence (executor/engine/specbound.h) instead runs its newest
+//      row up by one exit-check interval per round (with the rows that lag
+//      below it) and checks its exit head; then SpecBound's alignment
+//      passes bring its rows to the deepest exit;
+//   3. one main pass: decoding sequences verify [last, drafts...] (one row
+//      when not speculating; SpecBound's from its deepest exit layer up,
+//      from the cached hidden states), prefilling sequences add a chunk of
+//      their prompt, within --max-batch-tokens (decode rows first, so running
+//      streams keep their pace while a long prompt loads);
+//   4. each sequence accepts, commits, streams and checks its stop
+//      conditions (executor/engine/speculation_step.h's AcceptDrafts, so the
+//      output is the model's own, token for token).
+//
+// Passes go through LlamaModel::ForwardBatch, whose rows are batch-invariant
+// on CPU: a sequence's tokens do not depend on who shares its batch.
+//
+// Tracing (common/trace, when a tracer is installed): a planned sequence's
+// plans are spans under GenerationRequest::trace_parent: plan.snapshot
+// (the captured steps; its traceparent goes with the PlanRequest),
+// plan.receive (on the planner's callback thread) and plan.apply (the plan
+// in force, with the tokens per second it realized).
+//
+// Errors: whatever one sequence's own work throws (its callbacks, its plan
+// bookkeeping, the test hook) fails that sequence only, with Internal naming
+// the step. A forward pass that throws fails every sequence in that pass.
+//
+// Thread safety: a Sequence and RunBatchStep are used by one thread at a
+// time (the engine's step thread, or the caller of Generate). Callbacks run
+// on that thread.
+#ifndef KNAPSERVE_EXECUTOR_ENGINE_SEQUENCE_H_
+#define KNAPSERVE_EXECUTOR_ENGINE_SEQUENCE_H_
+
+#include <chrono>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model/exit_heads.h"
+#include "common/model/layer_mask.h"
+#include "common/model/llama.h"
+#include "common/plan/batch_cost_model.h"
+#include "common/plan/planner_client.h"
+#include "common/text/tokenizer.h"
+#include "executor/engine/generator.h"
+#include "executor/engine/kv_pool.h"
+#include "executor/engine/reference_states.h"
+#include "executor/engine/sampler.h"
+#include "executor/engine/specbound.h"
+#include "executor/engine/speculation_step.h"
+#include "executor/planning/domain_router.h"
+
+namespace knapserve {
+
+class PlanSession;
+
+class Sequence {
+ public:
+  // Validates `request` (InvalidArgument naming the field;
+  // FailedPrecondition for a planned mode without a planner) and sets the
+  // sequence up. `planner` and `shared` as for Generate(); they must outlive
+  // the sequence.
+  static absl::StatusOr<std::unique_ptr<Sequence>> Create(
+      const LlamaModel& model, const Tokenizer& tokenizer,
+      GenerationRequest request, StreamCallback on_tokens,
+      ReferenceCallback on_reference, PlannerClient* planner,
+      const PlanningShared* shared);
+  ~Sequence();
+  Sequence(const Sequence&) = delete;
+  Sequence& operator=(const Sequence&) = delete;
+
+  // K/V positions this sequence may ever write: prompt + max output (capped
+  // at the context), drafts included.
+  int64_t max_positions() const { return prompt_len_ + limit_; }
+  int64_t prompt_tokens() const { return prompt_len_; }
+  // Where its K/V lives; exactly one, set before the first step and kept
+  // alive (by the caller) until the sequence is destroyed.
+  void UseKv(std::vector<LayerKv>* contiguous);
+  void UseKv(SequenceKv* paged);
+
+  bool prefilling() const { return !done_ && prefilled_ < prompt_len_; }
+  // Committed K/V positions.
+  int64_t context_length() const { return length_; }
+  // The speculation counters so far (the result's `speculation` at the
+  // end): after each step, how many tokens it drafted and accepted.
+  const SpeculationStats& speculation() const { return spec_stats_; }
+  // How this sequence would draft next (gamma 0 and no mask when it does
+  // not), with its acceptance so far under a Beta(1, 1) prior.
+  BatchMember batch_member() const;
+  bool done() const { return done_; }
+  // Ends the sequence now with FinishReason::kAborted (cancelled, deadline
+  // passed, Abort), keeping what it generated.
+  void Abort();
+  // Ends the sequence now with `status` (an error).
+  void Fail(absl::Status status);
+  // The outcome, once done(): the result, or the error that ended it.
+  absl::StatusOr<GenerationResult> TakeResult();
+
+ private:
+  friend struct BatchStepRunner;
+  Sequence(const LlamaModel& model, const Tokenizer& tokenizer,
+           GenerationRequest request, StreamCallback on_tokens,
+           ReferenceCallback on_reference, LayerMask mask);
+
+  // Fills the K/V fields of `input` (and grows paged K/V to `positions`).
+  absl::Status BindKv(BatchSequence& input, int64_t positions);
+  // Step begin for a decoding sequence: hook, plans, draft budget (none
+  // unless allow_drafts).
+  void BeginStep(bool allow_drafts);
+  // A draft pass's logits ([vocab]) for this sequence.
+  void OnDraftLogits(const torch::Tensor& logits);
+  // SpecBound: the output states of a draft pass (exit_rows_.DraftPass);
+  // checks the newest row's exit head at its new depth and drafts from it,
+  // or ends drafting at a bound.
+  void OnExitPass(const torch::Tensor& states);
+  // SpecBound: the mask the batch cost model prices a draft with (the
+  // layers above the mean exit depth skipped).
+  void UpdateExitCostMask();
+  // The main pass's logits for the prefill chunk that ended the prompt.
+  absl::Status OnPrefillDone(const torch::Tensor& logits);
+  // The main pass's logits ([m+1, vocab]) and boundary states of a decode
+  // step.
+  absl::Status OnVerified(const torch::Tensor& logits,
+                          const torch::Tensor& states, double step_seconds);
+  // Commits `tokens` one by one, streaming them; sets done_ at a stop.
+  // `logits` holds each token's full-model logits in its rows (row j for
+  // tokens[j]), read only when the request asked for logprobs.
+  absl::Status Commit(const std::vector<int32_t>& tokens,
+                      const torch::Tensor& logits);
+  // Ends the sequence normally and fills the result's totals.
+  void Finish();
+  // kKnn, after the prefill: routes routing_ to a domain and takes its mask
+  // and gamma for the rest of the generation.
+  void Route();
+
+  const LlamaModel& model_;
+  GenerationRequest request_;
+  StreamCallback on_tokens_;
+  std::vector<float> pending_logprobs_;  // Commit's scratch, per token
+  ReferenceCallback on_reference_;
+  const bool planned_;
+  int64_t prompt_len_ = 0;
+  int64_t limit_ = 0;  // most output tokens (max_new_tokens within context)
+  Sampler sampler_;
+  TextStream stream_;
+  LayerMask mask_;
+  int gamma_ = 0;
+  SpeculationStats spec_stats_;
+  ReferenceStateCollector collector_;
+  ReferenceStateCollector planned_collector_;
+  std::unique_ptr<PlanSession> plans_;
+  // kKnn: the process's domain anchors, and the prompt's routing vector
+  // (built by the prefill's chunks; chunk_states_ is the pass's output).
+  std::shared_ptr<const DomainRouter> router_;
+  RoutingVector routing_;
+  torch::Tensor chunk_states_;
+  std::vector<LayerKv>* contiguous_ = nullptr;
+  SequenceKv* paged_ = nullptr;
+
+  GenerationResult result_;
+  absl::Status error_;
+  bool done_ = false;
+  bool started_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point decode_start_;
+  int64_t prefilled_ = 0;  // prompt positions in the K/V
+  int64_t length_ = 0;     // committed K/V positions
+
+  // The current decode step.
+  int64_t step_ = 0;
+  bool capture_ = false;
+  int64_t capture_offset_ = 0;
+  int64_t budget_ = 0;  // drafts allowed this step
+  int step_gamma_ = 0;  // the gamma this step runs with (0: plain)
+  bool drafting_ = false;
+  std::vector<int32_t> drafts_;
+  std::vector<torch::Tensor> draft_dists_;
+  // SpecBound (DraftsByEarlyExit): its rows and hidden-state cache, the heads
+  // and the resolved depth bound (1..L).
+  const bool early_exit_;
+  SpecBoundRows exit_rows_;
+  std::shared_ptr<const ExitHeads> exit_heads_;
+  int depth_bound_ = 0;
+  LayerMask exit_cost_mask_;
+  double step_seconds_ = 0;  // passes this step took part in
+};
+
+struct BatchStepOptions {
+  // Rows of the main pass: decode rows always run; prefill chunks fill what
+  // is left, at least min_prefill_rows when a prompt is waiting.
+  int64_t max_batch_tokens = 512;
+  int64_t min_prefill_rows = 16;
+  // At most this many prompt rows in the step, over all prompts (the
+  // engine's step-time budget; it wins over min_prefill_rows).
+  int64_t max_prefill_rows = std::numeric_limits<int64_t>::max();
+  // Whether sequences may draft this step (false: every decoding sequence
+  // takes a plain step, as at a batch size where speculation stops paying).
+  bool allow_drafts = true;
+};
+
+// What one RunBatchStep did (for metrics and the engine's pacing).
+struct BatchStepStats {
+  int decoding = 0;    // sequences that decoded a step
+  int prefilling = 0;  // sequences that prefilled a chunk
+  int64_t draft_passes = 0;
+  int64_t main_rows = 0;     // rows of the main pass
+  int64_t prefill_rows = 0;  // of which prompt rows
+  double seconds = 0;
+};
+
+// Advances every sequence of `batch` that is not done by one step (see the
+// file comment). Sequences with their K/V bound.
+BatchStepStats RunBatchStep(const LlamaModel& model,
+                            absl::Span<Sequence* const> batch,
+                            const BatchStepOptions& options);
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_EXECUTOR_ENGINE_SEQUENCE_H_

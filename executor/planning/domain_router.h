@@ -1,0 +1,145 @@
+// DomainRouter: KNN-SSD's request-time half. A request in SpeculationMode::kKnn
+// is routed once, after its prompt is prefilled: the prompt's routing vector
+// (RoutingVector below: its last-layer hidden states, averaged) is compared
+// by cosine similarity with every anchor, and the domain of the nearest
+// anchor (1-NN) gives the layer mask and draft length the request keeps to
+// its end.
+//
+// The routing vector. The KNN-SSD paper routes by the last hidden vector
+// of the input. We average the last layer's hidden states (after the last
+// sublayer, before the final norm; BatchSequence::output_states) over the
+// prompt's positions instead, leaving out position 0 (BOS in most prompts,
+// the same for every prompt) unless it is the only one. Measured on
+// stories-24l, the last position's state alone routed a plain story opening
+// to the wrong domain with a cosine of 0.11 to its nearest anchor: it mostly
+// says what the next token will be, not what the text is about; the mean
+// says what the text is about and costs one add per prefilled row.
+//
+// The anchors and per-domain drafts come from one file that `knapserve
+// anchors` writes (tools/domain_anchors.h: K-means with one cluster per
+// domain, the k samples nearest each centroid as anchors, one skip mask and
+// gamma per domain from the KnapSpec DP). The file is a .safetensors file:
+//
+//   tensor    "anchors"            [N, hidden] float32, one anchor per row
+//   metadata  "format"             "knapserve.domain_anchors.v1"
+//             "anchor_domain"      JSON array of N domain indices
+//             "model_fingerprint"  ModelConfig::Fingerprint() and
+//             "weights_fingerprint" LlamaModel::weights_fingerprint() of the
+//                                  model whose hidden states the anchors are
+//             "domains"            JSON array of {name, mask, gamma,
+//                                  samples, mask_source, predicted_speedup}
+//
+// A file made for another model (another architecture, or the same one with
+// other weights) is refused at load with FailedPrecondition naming both
+// fingerprints; a malformed one with InvalidArgument naming the file and the
+// problem.
+//
+// Ownership and threads: a DomainRouter is immutable once made; share it by
+// shared_ptr<const DomainRouter> (PlanningShared::router) and call Route()
+// from any thread.
+#ifndef KNAPSERVE_EXECUTOR_PLANNING_DOMAIN_ROUTER_H_
+#define KNAPSERVE_EXECUTOR_PLANNING_DOMAIN_ROUTER_H_
+
+#include <torch/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/checkpoint/model_config.h"
+#include "common/model/layer_mask.h"
+
+namespace knapserve {
+
+// One domain: its name and the draft every request routed to it uses.
+struct RoutedDomain {
+  std::string name;
+  LayerMask mask;  // the sublayers its drafts skip
+  int gamma = 0;   // draft length; 0 decodes plainly (nothing paid)
+  // Provenance, for people reading the file: samples the domain was built
+  // from, how its mask was chosen ("knapspec-dp", "none"), and the speed-up
+  // over plain decoding the latency model predicted for (mask, gamma).
+  int64_t samples = 0;
+  std::string mask_source;
+  double predicted_speedup = 1.0;
+};
+
+// A prompt's routing vector, built chunk by chunk as its prefill runs.
+// Not thread-safe (one sequence's prefill).
+class RoutingVector {
+ public:
+  // The final hidden states ([rows, hidden]) of prompt positions start_pos ..
+  // start_pos + rows - 1.
+  void Add(const torch::Tensor& final_states, int64_t start_pos);
+  // The mean over positions 1.. (position 0 alone when nothing else was
+  // added), float32 [hidden]; undefined before any Add.
+  torch::Tensor Mean() const;
+
+ private:
+  torch::Tensor first_;  // position 0's state
+  torch::Tensor sum_;    // over positions >= 1
+  int64_t count_ = 0;
+};
+
+// What Route() decided.
+struct DomainRoute {
+  int domain = -1;        // index into DomainRouter::domains()
+  int anchor = -1;        // the nearest anchor's row
+  double similarity = 0;  // its cosine similarity with the state
+};
+
+class DomainRouter {
+ public:
+  // Checks and builds a router. `anchors` is [N, hidden] (any float dtype,
+  // any device; kept as float32 on CPU), `anchor_domain` has N entries, each
+  // a valid index into `domains`; every domain needs at least one anchor and
+  // its mask must have `num_layers` layers. InvalidArgument naming the
+  // problem otherwise.
+  static absl::StatusOr<std::shared_ptr<const DomainRouter>> Create(
+      std::string model_fingerprint, std::string weights_fingerprint,
+      int num_layers, std::vector<RoutedDomain> domains,
+      const torch::Tensor& anchors, std::vector<int> anchor_domain);
+
+  // Reads a file Save() wrote and checks it against the model of `config`
+  // and `weights_fingerprint` (LlamaModel::weights_fingerprint(); see the
+  // file comment for the errors).
+  static absl::StatusOr<std::shared_ptr<const DomainRouter>> Load(
+      const std::string& path, const ModelConfig& config,
+      const std::string& weights_fingerprint);
+
+  // Writes the file format above (atomically: a temporary file, renamed).
+  absl::Status Save(const std::string& path) const;
+
+  // The nearest anchor to `state` ([hidden], any float dtype and device) by
+  // cosine similarity; ties go to the lower anchor row. A state of norm 0
+  // routes to anchor 0's domain with similarity 0.
+  DomainRoute Route(const torch::Tensor& state) const;
+
+  const std::vector<RoutedDomain>& domains() const { return domains_; }
+  const std::string& model_fingerprint() const { return fingerprint_; }
+  const std::string& weights_fingerprint() const {
+    return weights_fingerprint_;
+  }
+  int64_t hidden_size() const { return anchors_.size(1); }
+  int64_t num_anchors() const { return anchors_.size(0); }
+  // The anchors as given (float32, CPU) and each one's domain.
+  const torch::Tensor& anchors() const { return anchors_; }
+  const std::vector<int>& anchor_domain() const { return anchor_domain_; }
+
+ private:
+  DomainRouter() = default;
+
+  std::string fingerprint_;
+  std::string weights_fingerprint_;
+  std::vector<RoutedDomain> domains_;
+  torch::Tensor anchors_;  // [N, hidden] float32
+  torch::Tensor unit_;     // anchors_ with rows scaled to norm 1 (0 rows: 0)
+  std::vector<int> anchor_domain_;
+};
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_EXECUTOR_PLANNING_DOMAIN_ROUTER_H_

@@ -1,0 +1,205 @@
+#include "executor/planning/plan_cache.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace knapserve {
+
+int64_t ContextBucket(int64_t context_length, int64_t bucket_tokens) {
+  return std::max<int64_t>(0, context_length) /
+         std::max<int64_t>(1, bucket_tokens);
+}
+
+std::string PlanCacheKey::ExecutionId() const {
+  return absl::StrCat(model_fingerprint, "|", device, "|", dtype,
+                      "|threads=", threads);
+}
+
+std::string PlanCacheKey::ToString() const {
+  return absl::StrCat(ExecutionId(), "|", PlanPolicyName(policy), "|",
+                      policy_detail, "|D=", max_draft, "|bucket=", bucket, "x",
+                      bucket_tokens);
+}
+
+bool PlanCacheKey::operator==(const PlanCacheKey& o) const {
+  return model_fingerprint == o.model_fingerprint && device == o.device &&
+         dtype == o.dtype && threads == o.threads && policy == o.policy &&
+         policy_detail == o.policy_detail && max_draft == o.max_draft &&
+         bucket_tokens == o.bucket_tokens && bucket == o.bucket;
+}
+
+// ---------------------------------------------------------------------------
+// PlanCache
+
+std::optional<CachedPlan> PlanCache::Lookup(const PlanCacheKey& key) {
+  absl::MutexLock lock(&mu_);
+  auto it = plans_.find(key);
+  if (it == plans_.end()) {
+    ++misses_;
+    return std::nullopt;
+  }
+  ++hits_;
+  return it->second;
+}
+
+std::optional<CachedPlan> PlanCache::Peek(const PlanCacheKey& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = plans_.find(key);
+  if (it == plans_.end()) return std::nullopt;
+  return it->second;
+}
+
+int64_t PlanCache::Version(const PlanCacheKey& key) const {
+  absl::MutexLock lock(&mu_);
+  auto it = plans_.find(key);
+  return it == plans_.end() ? 0 : it->second.version;
+}
+
+int64_t PlanCache::Insert(const PlanCacheKey& key, DraftPlan plan,
+                          uint64_t sequence_id, int64_t context_length) {
+  absl::MutexLock lock(&mu_);
+  CachedPlan& entry = plans_[key];
+  entry.plan = std::move(plan);
+  entry.version = next_version_++;
+  entry.sequence_id = sequence_id;
+  entry.context_length = context_length;
+  return entry.version;
+}
+
+bool PlanCache::TryClaim(const PlanCacheKey& key) {
+  absl::MutexLock lock(&mu_);
+  return claimed_.insert(key).second;
+}
+
+void PlanCache::ReleaseClaim(const PlanCacheKey& key) {
+  absl::MutexLock lock(&mu_);
+  claimed_.erase(key);
+}
+
+bool PlanCache::Claimed(const PlanCacheKey& key) const {
+  absl::MutexLock lock(&mu_);
+  return claimed_.contains(key);
+}
+
+int64_t PlanCache::hits() const {
+  absl::MutexLock lock(&mu_);
+  return hits_;
+}
+
+int64_t PlanCache::misses() const {
+  absl::MutexLock lock(&mu_);
+  return misses_;
+}
+
+int64_t PlanCache::size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(plans_.size());
+}
+
+// ---------------------------------------------------------------------------
+// PlannerBudget
+
+void PlannerBudget::AddDecodeSeconds(double seconds) {
+  absl::MutexLock lock(&mu_);
+  decode_seconds_ += std::max(0.0, seconds);
+}
+
+std::optional<double> PlannerBudget::TryReserve(double fraction) {
+  absl::MutexLock lock(&mu_);
+  const double expected =
+      solves_ > 0 ? solve_seconds_ / static_cast<double>(solves_) : 0.0;
+  const double committed = solve_seconds_ + reserved_seconds_;
+  const bool allowed = fraction <= 0 || committed <= 0 ||
+                       committed <= fraction * decode_seconds_;
+  if (!allowed) return std::nullopt;
+  reserved_seconds_ += expected;
+  return expected;
+}
+
+void PlannerBudget::CountDeferral() {
+  absl::MutexLock lock(&mu_);
+  ++deferrals_;
+}
+
+double PlannerBudget::reserved_seconds() const {
+  absl::MutexLock lock(&mu_);
+  return reserved_seconds_;
+}
+
+void PlannerBudget::Settle(double reserved, double solve_seconds) {
+  absl::MutexLock lock(&mu_);
+  reserved_seconds_ = std::max(0.0, reserved_seconds_ - reserved);
+  if (solve_seconds > 0) {
+    solve_seconds_ += solve_seconds;
+    ++solves_;
+  }
+}
+
+double PlannerBudget::solve_seconds() const {
+  absl::MutexLock lock(&mu_);
+  return solve_seconds_;
+}
+
+double PlannerBudget::decode_seconds() const {
+  absl::MutexLock lock(&mu_);
+  return decode_seconds_;
+}
+
+double PlannerBudget::share() const {
+  absl::MutexLock lock(&mu_);
+  return decode_seconds_ > 0 ? solve_seconds_ / decode_seconds_ : 0.0;
+}
+
+int64_t PlannerBudget::solves() const {
+  absl::MutexLock lock(&mu_);
+  return solves_;
+}
+
+int64_t PlannerBudget::deferrals() const {
+  absl::MutexLock lock(&mu_);
+  return deferrals_;
+}
+
+// ---------------------------------------------------------------------------
+// PlainRateTable
+
+void PlainRateTable::Record(const std::string& execution_id,
+                            int64_t bucket_tokens, int64_t bucket,
+                            double seconds) {
+  absl::MutexLock lock(&mu_);
+  std::deque<double>& window = steps_[Key(execution_id, bucket_tokens, bucket)];
+  window.push_back(seconds);
+  while (window.size() > static_cast<size_t>(kWindow)) window.pop_front();
+}
+
+std::optional<double> PlainRateTable::MeanStepSeconds(
+    const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
+    int min_samples) const {
+  absl::MutexLock lock(&mu_);
+  auto it = steps_.find(Key(execution_id, bucket_tokens, bucket));
+  if (it == steps_.end() || it->second.empty() ||
+      static_cast<int64_t>(it->second.size()) < std::max(1, min_samples)) {
+    return std::nullopt;
+  }
+  double sum = 0;
+  for (double s : it->second) sum += s;
+  return sum / static_cast<double>(it->second.size());
+}
+
+int64_t PlainRateTable::samples(const std::string& execution_id,
+                                int64_t bucket_tokens, int64_t bucket) const {
+  absl::MutexLock lock(&mu_);
+  auto it = steps_.find(Key(execution_id, bucket_tokens, bucket));
+  return it == steps_.end() ? 0 : static_cast<int64_t>(it->second.size());
+}
+
+PlanningShared PlanningShared::Create() {
+  PlanningShared shared;
+  shared.cache = std::make_shared<PlanCache>();
+  shared.budget = std::make_shared<PlannerBudget>();
+  shared.plain_rates = std::make_shared<PlainRateTable>();
+  return shared;
+}
+
+}  // namespace knapserve

@@ -1,0 +1,216 @@
+// Executor-side planning state shared by every sequence and request of a
+// process, so that planning costs almost nothing per request:
+//
+//   PlanCache      plans by (model, device, dtype, threads, policy, max_draft,
+//                  context bucket), so a new request speculates from its first
+//                  decode step and plans survive a planner restart;
+//   PlannerBudget  the process's planner CPU share (solve seconds over decode
+//                  seconds), which gates new solves (--planner-budget);
+//   PlainRateTable plain-decoding step times per context bucket, measured
+//                  online, against which the online guard judges a plan.
+//
+// Context buckets are fixed-width: bucket = context_length / bucket_tokens
+// (default 256 tokens: [0, 256), [256, 512), ...). A plan is keyed by the
+// bucket of the snapshot it was solved from.
+//
+// The three live on the executor side, so the in-process and the remote
+// planner get the same cache and budget. PlanningShared bundles them, with
+// the process's KNN-SSD domain anchors when it has any (--anchors); the
+// binaries make one per process and pass it to every Generate() call.
+//
+// Ownership: shared_ptr, because planner callbacks (which may run after the
+// generation that submitted them ended) insert plans and settle the budget.
+// Thread safety: every method of every class here may be called from any
+// thread; each class guards its state with one absl::Mutex.
+#ifndef KNAPSERVE_EXECUTOR_PLANNING_PLAN_CACHE_H_
+#define KNAPSERVE_EXECUTOR_PLANNING_PLAN_CACHE_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
+#include "common/plan/planner_client.h"
+#include "executor/planning/domain_router.h"
+
+namespace knapserve {
+
+// The bucket of a context length: context_length / bucket_tokens
+// (bucket_tokens >= 1; lengths < 0 count as 0).
+int64_t ContextBucket(int64_t context_length, int64_t bucket_tokens);
+
+// What a cached plan is valid for. Two requests whose keys are equal get the
+// same plan.
+struct PlanCacheKey {
+  std::string model_fingerprint;  // ModelConfig::Fingerprint()
+  std::string device;             // "cpu", "cuda:0"
+  std::string dtype;              // DtypeName()
+  int threads = 0;                // torch intra-op threads of the decode
+  PlanPolicy policy = PlanPolicy::kKnapSpec;
+  std::string policy_detail;  // kStatic: the mask; kClasp: "layers=M"; else ""
+  int max_draft = 0;          // D: plans choose gamma in 0..D
+  int64_t bucket_tokens = 256;  // bucket width the key was made with
+  int64_t bucket = 0;           // ContextBucket(context, bucket_tokens)
+
+  // Everything but the policy and the bucket: what plain-decoding speed depends
+  // on.
+  std::string ExecutionId() const;
+  std::string ToString() const;
+
+  bool operator==(const PlanCacheKey& other) const;
+  template <typename H>
+  friend H AbslHashValue(H h, const PlanCacheKey& k) {
+    return H::combine(std::move(h), k.model_fingerprint, k.device, k.dtype,
+                      k.threads, static_cast<int>(k.policy), k.policy_detail,
+                      k.max_draft, k.bucket_tokens, k.bucket);
+  }
+};
+
+// One cached plan and where it came from.
+struct CachedPlan {
+  DraftPlan plan;
+  int64_t version =
+      0;  // process-wide insert counter: a newer plan has a larger one
+  uint64_t sequence_id = 0;    // the sequence whose snapshot it was solved from
+  int64_t context_length = 0;  // committed length of that snapshot
+};
+
+class PlanCache {
+ public:
+  PlanCache() = default;
+  PlanCache(const PlanCache&) = delete;
+  PlanCache& operator=(const PlanCache&) = delete;
+
+  // The plan for `key`, counting a hit or a miss.
+  std::optional<CachedPlan> Lookup(const PlanCacheKey& key)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The same without counting (for the per-step "did a newer plan arrive"
+  // check).
+  std::optional<CachedPlan> Peek(const PlanCacheKey& key) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The version of the plan for `key`, 0 when there is none. Cheap: no copy.
+  int64_t Version(const PlanCacheKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Stores `plan` for `key`, replacing an older one; returns its version.
+  int64_t Insert(const PlanCacheKey& key, DraftPlan plan, uint64_t sequence_id,
+                 int64_t context_length) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Marks a solve for `key` as in flight. False when one already is, so
+  // concurrent sequences in one bucket share a single solve.
+  bool TryClaim(const PlanCacheKey& key) ABSL_LOCKS_EXCLUDED(mu_);
+  // Ends the claim (the solve answered, failed, or was abandoned).
+  void ReleaseClaim(const PlanCacheKey& key) ABSL_LOCKS_EXCLUDED(mu_);
+  bool Claimed(const PlanCacheKey& key) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  int64_t hits() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t misses() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t size() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<PlanCacheKey, CachedPlan> plans_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<PlanCacheKey> claimed_ ABSL_GUARDED_BY(mu_);
+  int64_t next_version_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The planner CPU budget, process-wide: new solves may start while
+//   (solve seconds so far + seconds reserved by solves in flight)
+//     <= fraction * decode seconds so far,
+// where decode seconds is the summed wall time of every decode step of every
+// sequence of the process (running sequences take turns, so steps do not
+// overlap: this is the time the process spent decoding), and solve seconds is
+// the planners' reported solve time (DraftPlan::solve_seconds). A solve in
+// flight reserves the mean solve time seen so far (0 before the first), so
+// many sequences cannot all start one at once. Nothing spent and nothing
+// reserved always allows a solve, so the first plan of a process is never
+// deferred. fraction <= 0 means no limit.
+class PlannerBudget {
+ public:
+  PlannerBudget() = default;
+  PlannerBudget(const PlannerBudget&) = delete;
+  PlannerBudget& operator=(const PlannerBudget&) = delete;
+
+  void AddDecodeSeconds(double seconds) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether a solve may start under `fraction`; if so, reserves its expected
+  // cost and returns the seconds reserved (give them back to Settle). nullopt
+  // when over budget.
+  std::optional<double> TryReserve(double fraction) ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts one trigger deferred for the budget (callers count each trigger
+  // once).
+  void CountDeferral() ABSL_LOCKS_EXCLUDED(mu_);
+  // A reserved solve ended: frees `reserved` and adds `solve_seconds`
+  // (0 for a failed or cancelled request).
+  void Settle(double reserved, double solve_seconds) ABSL_LOCKS_EXCLUDED(mu_);
+
+  double solve_seconds() const ABSL_LOCKS_EXCLUDED(mu_);
+  double decode_seconds() const ABSL_LOCKS_EXCLUDED(mu_);
+  // solve_seconds / decode_seconds (0 before any decoding).
+  double share() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t solves() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t deferrals() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Seconds reserved by solves in flight.
+  double reserved_seconds() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  double solve_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double reserved_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double decode_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t solves_ ABSL_GUARDED_BY(mu_) = 0;  // settled with solve_seconds > 0
+  int64_t deferrals_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Plain-decoding (gamma 0, one token per step) step times by execution and
+// context bucket, the last kWindow per bucket. Any sequence's plain steps
+// count: those before its first plan, under a gamma-0 plan, and under the
+// guard (probes and fallbacks).
+class PlainRateTable {
+ public:
+  static constexpr int kWindow = 32;
+
+  PlainRateTable() = default;
+  PlainRateTable(const PlainRateTable&) = delete;
+  PlainRateTable& operator=(const PlainRateTable&) = delete;
+
+  void Record(const std::string& execution_id, int64_t bucket_tokens,
+              int64_t bucket, double seconds) ABSL_LOCKS_EXCLUDED(mu_);
+  // Mean seconds of the recorded plain steps of the bucket (the last kWindow),
+  // nullopt with fewer than `min_samples`.
+  std::optional<double> MeanStepSeconds(const std::string& execution_id,
+                                        int64_t bucket_tokens, int64_t bucket,
+                                        int min_samples) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t samples(const std::string& execution_id, int64_t bucket_tokens,
+                  int64_t bucket) const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  using Key = std::tuple<std::string, int64_t, int64_t>;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<Key, std::deque<double>> steps_ ABSL_GUARDED_BY(mu_);
+};
+
+// The process's shared planning state. Make one with Create() and hand it
+// to every Generate() call; copies share the same objects.
+struct PlanningShared {
+  std::shared_ptr<PlanCache> cache;
+  std::shared_ptr<PlannerBudget> budget;
+  std::shared_ptr<PlainRateTable> plain_rates;
+  // The domain anchors SpeculationMode::kKnn routes by; null when the
+  // process has none (a kKnn request then fails with FailedPrecondition).
+  // Create() leaves it null: the binaries load it from --anchors.
+  std::shared_ptr<const DomainRouter> router;
+
+  static PlanningShared Create();
+};
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_EXECUTOR_PLANNING_PLAN_CACHE_H_

@@ -1,0 +1,284 @@
+#include "executor/planning/plan_controller.h"
+
+#include <cmath>
+#include <utility>
+
+namespace knapserve {
+
+std::string PlanTriggerName(PlanTrigger trigger) {
+  switch (trigger) {
+    case PlanTrigger::kNone:
+      return "none";
+    case PlanTrigger::kNoPlan:
+      return "no_plan";
+    case PlanTrigger::kNewBucket:
+      return "new_bucket";
+    case PlanTrigger::kDrift:
+      return "drift";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------
+// SpeculationGuard
+
+SpeculationGuard::SpeculationGuard(GuardOptions options,
+                                   std::shared_ptr<PlainRateTable> plain_rates,
+                                   std::string execution_id,
+                                   int64_t bucket_tokens)
+    : options_(options),
+      plain_rates_(std::move(plain_rates)),
+      execution_id_(std::move(execution_id)),
+      bucket_tokens_(bucket_tokens) {}
+
+void SpeculationGuard::Reset() {
+  state_ = State::kSpeculate;
+  window_steps_ = 0;
+  window_tokens_ = 0;
+  window_seconds_ = 0;
+  probe_left_ = 0;
+}
+
+void SpeculationGuard::Observe(bool speculating, int64_t bucket,
+                               const StepObservation& step,
+                               PlanningStats& stats) {
+  if (!options_.enabled) return;
+  switch (state_) {
+    case State::kSpeculate:
+      if (!speculating || step.gamma == 0) return;
+      ++window_steps_;
+      window_tokens_ += step.tokens;
+      window_seconds_ += step.seconds;
+      if (window_steps_ >= options_.min_steps) Judge(bucket, stats);
+      return;
+    case State::kProbe:
+      ++stats.guard_probe_steps;
+      if (--probe_left_ <= 0) Judge(bucket, stats);
+      return;
+    case State::kFallback:
+      ++stats.guard_plain_steps;
+      return;
+  }
+}
+
+void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats) {
+  const int min_samples =
+      static_cast<int>(std::max<int64_t>(1, options_.probe_steps));
+  const std::optional<double> plain = plain_rates_->MeanStepSeconds(
+      execution_id_, bucket_tokens_, bucket, min_samples);
+  if (!plain.has_value() || *plain <= 0) {
+    if (state_ == State::kProbe) {
+      // The probe's steps went to another bucket (the context crossed a
+      // boundary meanwhile): measure speculation again, then probe again.
+      Reset();
+      return;
+    }
+    state_ = State::kProbe;
+    probe_left_ = options_.probe_steps;
+    return;
+  }
+  if (window_seconds_ <= 0 || window_tokens_ <= 0) {
+    Reset();
+    return;
+  }
+  ++stats.guard_checks;
+  const double speculative_tps =
+      static_cast<double>(window_tokens_) / window_seconds_;
+  const double plain_tps = 1.0 / *plain;
+  stats.guard_last_spec_tps = speculative_tps;
+  stats.guard_last_plain_tps = plain_tps;
+  window_steps_ = 0;
+  window_tokens_ = 0;
+  window_seconds_ = 0;
+  if (speculative_tps < plain_tps * (1.0 + options_.margin)) {
+    state_ = State::kFallback;
+    ++stats.guard_fallbacks;
+  } else {
+    state_ = State::kSpeculate;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Tickets
+
+void CompleteTicket(const PlanningShared& shared, const SubmitTicket& ticket,
+                    uint64_t sequence_id, int64_t context_length,
+                    const absl::StatusOr<DraftPlan>& plan) {
+  double solve_seconds = 0;
+  if (plan.ok()) {
+    solve_seconds = plan->solve_seconds;
+    shared.cache->Insert(ticket.key, *plan, sequence_id, context_length);
+  }
+  shared.cache->ReleaseClaim(ticket.key);
+  shared.budget->Settle(ticket.reserved_seconds, solve_seconds);
+}
+
+// ---------------------------------------------------------------------------
+// PlanController
+
+PlanController::PlanController(PlanControllerOptions options, PlanCacheKey key,
+                               uint64_t sequence_id, int initial_gamma,
+                               PlanningShared shared)
+    : options_(options),
+      key_(std::move(key)),
+      sequence_id_(sequence_id),
+      shared_(std::move(shared)),
+      guard_(options_.guard, shared_.plain_rates, key_.ExecutionId(),
+             options_.bucket_tokens),
+      gamma_(initial_gamma) {
+  key_.bucket_tokens = options_.bucket_tokens;
+}
+
+PlanController::~PlanController() { AbandonCapture(); }
+
+void PlanController::SetTrigger(PlanTrigger trigger) {
+  trigger_ = trigger;
+  last_trigger_ = trigger;
+  deferral_counted_ = false;
+  switch (trigger) {
+    case PlanTrigger::kNoPlan:
+      ++stats_.triggers_no_plan;
+      break;
+    case PlanTrigger::kNewBucket:
+      ++stats_.triggers_new_bucket;
+      break;
+    case PlanTrigger::kDrift:
+      ++stats_.triggers_drift;
+      break;
+    case PlanTrigger::kNone:
+      break;
+  }
+}
+
+void PlanController::AbandonCapture() {
+  if (!capturing_) return;
+  capturing_ = false;
+  shared_.cache->ReleaseClaim(capture_ticket_.key);
+  shared_.budget->Settle(capture_ticket_.reserved_seconds, 0);
+}
+
+void PlanController::Apply(const CachedPlan& plan, const std::string& source,
+                           StepDirective& directive) {
+  in_force_ = plan;
+  gamma_ = plan.plan.gamma;
+  applied_version_ = plan.version;
+  drift_trials_ = 0;
+  drift_accepted_ = 0;
+  drift_fired_ = false;
+  guard_.Reset();
+  directive.apply = plan;
+  directive.apply_source = source;
+}
+
+StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
+                                         bool may_start_capture) {
+  StepDirective directive;
+  const int64_t bucket = ContextBucket(context_length, options_.bucket_tokens);
+  if (!started_ || bucket != bucket_) {
+    const bool first = !started_;
+    started_ = true;
+    AbandonCapture();
+    trigger_ = PlanTrigger::kNone;
+    last_trigger_ = PlanTrigger::kNone;
+    bucket_ = bucket;
+    key_.bucket = bucket;
+    std::optional<CachedPlan> hit = shared_.cache->Lookup(key_);
+    if (hit.has_value()) {
+      ++stats_.cache_hits;
+      Apply(*hit, "cache", directive);
+    } else {
+      ++stats_.cache_misses;
+      SetTrigger(first ? PlanTrigger::kNoPlan : PlanTrigger::kNewBucket);
+    }
+  } else {
+    const int64_t version = shared_.cache->Version(key_);
+    if (version != 0 && version != applied_version_) {
+      std::optional<CachedPlan> newer = shared_.cache->Peek(key_);
+      if (newer.has_value()) {
+        Apply(*newer, newer->sequence_id == sequence_id_ ? "solve" : "shared",
+              directive);
+        // The newer plan answers whatever this sequence was waiting for.
+        AbandonCapture();
+        trigger_ = PlanTrigger::kNone;
+      }
+    }
+  }
+
+  if (trigger_ == PlanTrigger::kNone && !capturing_ &&
+      last_trigger_ != PlanTrigger::kDrift &&
+      last_trigger_ != PlanTrigger::kNone &&
+      shared_.cache->Version(key_) == 0 && !shared_.cache->Claimed(key_)) {
+    // This bucket's solve failed (no plan, none in flight): the same trigger
+    // again, not counted twice.
+    trigger_ = last_trigger_;
+    deferral_counted_ = false;
+  }
+  if (capturing_ && step - capture_start_ >= options_.reference_steps) {
+    // The snapshot never completed (a step gave no states): try again.
+    AbandonCapture();
+  }
+  if (may_start_capture && trigger_ != PlanTrigger::kNone && !capturing_) {
+    const bool gap_ok = !last_capture_start_.has_value() ||
+                        step - *last_capture_start_ >= options_.min_request_gap;
+    if (gap_ok && shared_.cache->TryClaim(key_)) {
+      std::optional<double> reserved =
+          shared_.budget->TryReserve(options_.planner_budget);
+      if (reserved.has_value()) {
+        capturing_ = true;
+        capture_start_ = step;
+        last_capture_start_ = step;
+        capture_ticket_ = SubmitTicket{key_, *reserved, trigger_};
+      } else {
+        shared_.cache->ReleaseClaim(key_);
+        if (!deferral_counted_) {
+          deferral_counted_ = true;
+          ++stats_.budget_deferrals;
+          shared_.budget->CountDeferral();
+        }
+      }
+    }
+  }
+  if (capturing_) {
+    directive.capture = true;
+    directive.capture_offset = step - capture_start_;
+  }
+  directive.gamma = guard_.ForcePlain() ? 0 : gamma_;
+  return directive;
+}
+
+void PlanController::AfterStep(const StepObservation& step) {
+  shared_.budget->AddDecodeSeconds(step.seconds);
+  if (step.gamma == 0 && step.tokens == 1) {
+    shared_.plain_rates->Record(key_.ExecutionId(), options_.bucket_tokens,
+                                bucket_, step.seconds);
+  }
+  if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 &&
+      step.drafted > 0) {
+    drift_accepted_ += step.accepted;
+    drift_trials_ += step.accepted + (step.accepted < step.drafted ? 1 : 0);
+    if (!drift_fired_ && trigger_ == PlanTrigger::kNone &&
+        drift_trials_ >= options_.drift_min_tokens && drift_trials_ > 0) {
+      const double observed = static_cast<double>(drift_accepted_) /
+                              static_cast<double>(drift_trials_);
+      if (std::abs(observed - in_force_->plan.alpha_hat) >
+          options_.drift_tolerance) {
+        drift_fired_ = true;
+        SetTrigger(PlanTrigger::kDrift);
+      }
+    }
+  }
+  guard_.Observe(gamma_ > 0, bucket_, step, stats_);
+}
+
+SubmitTicket PlanController::TakeTicket() {
+  capturing_ = false;
+  trigger_ = PlanTrigger::kNone;
+  return capture_ticket_;
+}
+
+void PlanController::Finish() {
+  AbandonCapture();
+  stats_.process_planner_cpu_share = shared_.budget->share();
+}
+
+}  // namespace knapserve

@@ -1,0 +1,246 @@
+// PlanController: when one sequence of a planned mode (knapspec, clasp)
+// asks for a plan, which plan it decodes with, and when it decodes plainly.
+// It holds no tensors and reads no clock: the decode loop
+// (executor/engine/sequence.cc) reports each step's measured seconds, so tests
+// drive it with made-up numbers.
+//
+// Plans come from the process's PlanCache (executor/planning/plan_cache.h).
+// Before every step the controller looks at the context bucket of the committed
+// length:
+//   * entering a bucket (the first step included) with a cached plan: the
+//     plan takes effect at once (a cache hit; no snapshot, no solve);
+//   * entering a bucket without one: a trigger, kNoPlan on the first step,
+//     kNewBucket later (a cache miss); meanwhile the plan in force (or the
+//     request's `skip` mask, or plain decoding) stays;
+//   * a newer plan for the current bucket appeared in the cache (this
+//     sequence's solve arrived, or another sequence's): it takes effect.
+// After every speculative step under a plan it compares the observed
+// per-token acceptance with the plan's alpha_hat:
+//   observed = accepted / (accepted + rejections),
+// where a rejection is a step that stopped at a rejected draft token (the
+// maximum-likelihood per-token acceptance when each draft token is accepted
+// with the same probability; alpha_hat is that probability on the reference
+// tokens). After at least drift_min_tokens trials (accepted + rejections)
+// since the plan took effect, |observed - alpha_hat| > drift_tolerance is a
+// kDrift trigger (once per plan).
+//
+// A pending trigger turns into a snapshot only when (1) the sequence's last
+// snapshot began at least min_request_gap steps ago, (2) no other sequence is
+// solving the same key (PlanCache::TryClaim; its plan will arrive instead),
+// and (3) the PlannerBudget allows a solve (else the trigger is deferred and
+// retried every step). Then the next reference_steps steps capture reference
+// states, and TakeTicket() hands the claim and the budget reservation to the
+// submission; CompleteTicket() stores the answer in the cache and settles
+// both. When a bucket's solve fails (no plan, no claim) its trigger comes
+// back (counted once). Without a trigger nothing is captured and nothing is
+// sent.
+//
+// The online guard (SpeculationGuard, below) may force plain steps.
+//
+// Not thread-safe: one per sequence, used by its decode thread. The shared
+// objects it points to are thread-safe.
+#ifndef KNAPSERVE_EXECUTOR_PLANNING_PLAN_CONTROLLER_H_
+#define KNAPSERVE_EXECUTOR_PLANNING_PLAN_CONTROLLER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/plan/planner_client.h"
+#include "executor/planning/plan_cache.h"
+
+namespace knapserve {
+
+struct GuardOptions {
+  bool enabled = true;
+  // Speculation stays only while its measured tokens/s is at least
+  // (1 + margin) times the plain rate at the same context bucket.
+  double margin = 0.03;
+  // Speculative steps per judgement (the minimum sample).
+  int64_t min_steps = 16;
+  // Plain steps the bucket needs in the PlainRateTable before a judgement;
+  // when it has fewer, the guard decodes this many plain steps (a probe).
+  int64_t probe_steps = 8;
+};
+
+struct PlanControllerOptions {
+  int64_t bucket_tokens = 256;  // context bucket width, >= 1
+  double drift_tolerance =
+      0.2;  // |observed acceptance - alpha_hat| that triggers
+  int64_t drift_min_tokens = 40;  // trials before drift is judged
+  double planner_budget = 0.05;   // PlannerBudget fraction; <= 0: no limit
+  int64_t reference_steps = 5;    // m: steps captured per snapshot, >= 1
+  int64_t min_request_gap = 64;   // T: steps between two snapshot starts, >= 1
+  GuardOptions guard;
+};
+
+enum class PlanTrigger { kNone, kNoPlan, kNewBucket, kDrift };
+// "none", "no_plan", "new_bucket", "drift".
+std::string PlanTriggerName(PlanTrigger trigger);
+
+// What one sequence's planning did (GenerationResult::planning).
+struct PlanningStats {
+  int64_t cache_hits = 0;        // buckets entered with a cached plan
+  int64_t cache_misses = 0;      // buckets entered without one
+  int64_t triggers_no_plan = 0;  // first step without a cached plan
+  int64_t triggers_new_bucket = 0;
+  int64_t triggers_drift = 0;
+  int64_t budget_deferrals =
+      0;                     // triggers that had to wait for the planner budget
+  double solve_seconds = 0;  // planner solve time of this sequence's requests
+  // The guard.
+  int64_t guard_checks = 0;        // judgements made
+  int64_t guard_fallbacks = 0;     // judgements that switched to plain decoding
+  int64_t guard_probe_steps = 0;   // plain steps run to measure the plain rate
+  int64_t guard_plain_steps = 0;   // plain steps decoded because a plan lost
+  double guard_last_spec_tps = 0;  // measured at the last judgement
+  double guard_last_plain_tps = 0;  // the plain rate it was compared with
+  // Process-wide, when the generation ended: solve seconds / decode seconds.
+  double process_planner_cpu_share = 0;
+};
+
+// One step's outcome as the decode loop measured it.
+struct StepObservation {
+  int gamma = 0;       // gamma the step ran with (0: plain)
+  int drafted = 0;     // draft tokens proposed
+  int accepted = 0;    // of which accepted
+  int tokens = 0;      // tokens committed
+  double seconds = 0;  // wall time of the step (draft + verify)
+};
+
+// The guard of one sequence: judges the setting in force against plain
+// decoding at the same context bucket. The plain rate is measured online:
+// the mean wall time of the plain steps (gamma 0, one token) recorded in the
+// process's PlainRateTable for the bucket, fed by every sequence; when the
+// bucket has fewer than probe_steps of them the guard runs a probe of
+// probe_steps plain steps first. The speculative rate is tokens committed
+// over summed step seconds of the last min_steps speculative steps. When
+// speculative < plain * (1 + margin) the sequence decodes plainly until
+// Reset() (a plan takes effect: the next trigger's plan, or the cached plan
+// of the next bucket); otherwise it keeps speculating and judges again after
+// the next min_steps steps.
+class SpeculationGuard {
+ public:
+  SpeculationGuard(GuardOptions options,
+                   std::shared_ptr<PlainRateTable> plain_rates,
+                   std::string execution_id, int64_t bucket_tokens);
+
+  // A new setting took effect: speculate and measure from scratch.
+  void Reset();
+  // Whether the next step must be plain (a probe or a fallback).
+  bool ForcePlain() const { return state_ != State::kSpeculate; }
+  bool in_fallback() const { return state_ == State::kFallback; }
+  // After every step (its plain step already recorded in the table).
+  // `speculating`: the setting in force drafts (gamma > 0).
+  void Observe(bool speculating, int64_t bucket, const StepObservation& step,
+               PlanningStats& stats);
+
+ private:
+  enum class State { kSpeculate, kProbe, kFallback };
+  void Judge(int64_t bucket, PlanningStats& stats);
+
+  const GuardOptions options_;
+  const std::shared_ptr<PlainRateTable> plain_rates_;
+  const std::string execution_id_;
+  const int64_t bucket_tokens_;
+  State state_ = State::kSpeculate;
+  int64_t window_steps_ = 0;
+  int64_t window_tokens_ = 0;
+  double window_seconds_ = 0;
+  int64_t probe_left_ = 0;
+};
+
+// What the decode loop does at one step.
+struct StepDirective {
+  std::optional<CachedPlan> apply;  // put this plan in force before the step
+  std::string
+      apply_source;      // "cache" (bucket entered), "solve" (own), "shared"
+  int gamma = 0;         // gamma of this step
+  bool capture = false;  // capture reference states this step
+  int64_t capture_offset = 0;  // 0 .. reference_steps - 1 within the snapshot
+};
+
+// A snapshot ready to submit: the cache key its plan goes to, the claim on
+// it, and the budget reservation. CompleteTicket() must run exactly once.
+struct SubmitTicket {
+  PlanCacheKey key;
+  double reserved_seconds = 0;
+  PlanTrigger trigger = PlanTrigger::kNone;
+};
+
+// Settles `ticket` with the planner's answer: stores a plan in the cache
+// (from `sequence_id`'s snapshot of `context_length`), ends the claim and
+// settles the budget with the solve time (0 on error). Thread-safe; called
+// from planner threads.
+void CompleteTicket(const PlanningShared& shared, const SubmitTicket& ticket,
+                    uint64_t sequence_id, int64_t context_length,
+                    const absl::StatusOr<DraftPlan>& plan);
+
+class PlanController {
+ public:
+  // `key`: the sequence's cache key (its bucket is set per step);
+  // `initial_gamma`: gamma before any plan (the request's skip mask's D, or 0).
+  PlanController(PlanControllerOptions options, PlanCacheKey key,
+                 uint64_t sequence_id, int initial_gamma,
+                 PlanningShared shared);
+  PlanController(const PlanController&) = delete;
+  PlanController& operator=(const PlanController&) = delete;
+  ~PlanController();
+
+  // Before decode step `step`, with `context_length` positions committed.
+  // With `may_start_capture` false (the batch runs this step without drafts:
+  // a plan would not be used now) no new snapshot starts; a pending trigger
+  // waits for a step where it may, and a capture in progress goes on.
+  StepDirective BeforeStep(int64_t step, int64_t context_length,
+                           bool may_start_capture = true);
+  // After the step.
+  void AfterStep(const StepObservation& observation);
+  // The capture of the current snapshot is complete: its ticket (the caller
+  // now owns the claim and the reservation; see CompleteTicket).
+  SubmitTicket TakeTicket();
+  // Generation over: releases a capture in progress, fills the process share.
+  void Finish();
+
+  const PlanningStats& stats() const { return stats_; }
+  PlanTrigger pending_trigger() const { return trigger_; }
+  bool capturing() const { return capturing_; }
+  int gamma_in_force() const { return gamma_; }
+  const std::optional<CachedPlan>& plan_in_force() const { return in_force_; }
+
+ private:
+  void Apply(const CachedPlan& plan, const std::string& source,
+             StepDirective& directive);
+  void SetTrigger(PlanTrigger trigger);
+  void AbandonCapture();
+
+  const PlanControllerOptions options_;
+  PlanCacheKey key_;
+  const uint64_t sequence_id_;
+  const PlanningShared shared_;
+  SpeculationGuard guard_;
+  PlanningStats stats_;
+
+  bool started_ = false;
+  int64_t bucket_ = 0;
+  std::optional<CachedPlan> in_force_;
+  int gamma_ = 0;  // of the setting in force
+  int64_t applied_version_ = 0;
+
+  PlanTrigger trigger_ = PlanTrigger::kNone;
+  PlanTrigger last_trigger_ = PlanTrigger::kNone;  // of the current bucket
+  bool deferral_counted_ = false;
+  bool capturing_ = false;
+  int64_t capture_start_ = 0;
+  std::optional<int64_t> last_capture_start_;
+  SubmitTicket capture_ticket_;
+
+  int64_t drift_trials_ = 0;
+  int64_t drift_accepted_ = 0;
+  bool drift_fired_ = false;
+};
+
+}  // namespace knapserve
+
+#endif  // KNAPSERVE_EXECUTOR_PLANNING_PLAN_CONTROLLER_H_

@@ -1,0 +1,358 @@
+// Tests of the Generation wire codec (executor/api/generation_codec.h): every
+// speculation mode of the table round-trips through its wire value, bad
+// values are InvalidArgument naming the field, requests decode with defaults
+// and validation, results encode field by field.
+#include "executor/api/generation_codec.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "absl/strings/ascii.h"
+#include "tests/testing/test_models.h"
+
+namespace knapserve {
+namespace {
+
+using testing::CachedModel;
+using testing::StoriesTokenizer;
+
+TEST(GenerationCodecTest, EveryModeRoundTripsThroughItsWireValue) {
+  std::set<int> wire_values;
+  for (const SpeculationModeInfo& info : AllSpeculationModes()) {
+    const v1::SpeculationMode wire = ToWireMode(info.mode);
+    EXPECT_NE(wire, v1::SPECULATION_MODE_UNSPECIFIED)
+        << info.name << " has no wire value";
+    EXPECT_EQ(v1::SpeculationMode_Name(wire),
+              "SPECULATION_MODE_" + absl::AsciiStrToUpper(info.name));
+    EXPECT_TRUE(wire_values.insert(wire).second) << info.name;
+    absl::StatusOr<SpeculationMode> back =
+        FromWireMode(wire, SpeculationMode::kOff);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, info.mode);
+  }
+  // And every wire value but UNSPECIFIED names a mode.
+  for (int value = v1::SpeculationMode_MIN; value <= v1::SpeculationMode_MAX;
+       ++value) {
+    if (!v1::SpeculationMode_IsValid(value) ||
+        value == v1::SPECULATION_MODE_UNSPECIFIED)
+      continue;
+    EXPECT_TRUE(FromWireMode(static_cast<v1::SpeculationMode>(value),
+                             SpeculationMode::kOff)
+                    .ok())
+        << v1::SpeculationMode_Name(static_cast<v1::SpeculationMode>(value));
+  }
+}
+
+TEST(GenerationCodecTest, UnspecifiedModeIsTheDefaultAndBadValuesNameTheField) {
+  EXPECT_EQ(
+      *FromWireMode(v1::SPECULATION_MODE_UNSPECIFIED, SpeculationMode::kStatic),
+      SpeculationMode::kStatic);
+  for (int bad : {42, -1, 1000}) {
+    absl::StatusOr<SpeculationMode> mode = FromWireMode(
+        static_cast<v1::SpeculationMode>(bad), SpeculationMode::kOff);
+    EXPECT_EQ(mode.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(mode.status().message().find("speculation.mode"),
+              std::string::npos)
+        << mode.status();
+  }
+}
+
+TEST(GenerationCodecTest, FinishReasonsMapToTheirNamedWireValues) {
+  std::set<int> values;
+  for (FinishReason reason :
+       {FinishReason::kEos, FinishReason::kLength, FinishReason::kStopSequence,
+        FinishReason::kAborted}) {
+    const v1::FinishReason wire = ToWireFinishReason(reason);
+    EXPECT_NE(wire, v1::FINISH_REASON_UNSPECIFIED);
+    EXPECT_TRUE(values.insert(wire).second);
+    EXPECT_EQ(
+        v1::FinishReason_Name(wire),
+        "FINISH_REASON_" + absl::AsciiStrToUpper(FinishReasonName(reason)));
+  }
+}
+
+TEST(GenerationCodecTest, StatusesKeepTheirCodeAndMessage) {
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  const grpc::Status internal =
+      ToGrpcStatus(absl::InternalError("decode step 3: boom"));
+  EXPECT_EQ(internal.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_EQ(internal.error_message(), "decode step 3: boom");
+  EXPECT_EQ(ToGrpcStatus(absl::InvalidArgumentError("x")).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("x")).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
+class DecodeGenerateRequestTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+    model_ = CachedModel("stories260k");
+    ASSERT_NE(model_, nullptr);
+    defaults_.max_new_tokens = 33;
+    defaults_.speculation.mode = SpeculationMode::kStatic;
+    defaults_.speculation.skip = "a1";
+    defaults_.speculation.max_draft = 4;
+  }
+
+  absl::StatusOr<GenerationRequest> Decode(
+      const v1::GenerateRequest& wire) const {
+    return DecodeGenerateRequest(wire, defaults_, *model_, *StoriesTokenizer());
+  }
+
+  const LlamaModel* model_ = nullptr;
+  GenerateRequestDefaults defaults_;
+};
+
+TEST_F(DecodeGenerateRequestTest, FieldsMapAndUnsetOnesTakeTheDefaults) {
+  v1::GenerateRequest wire;
+  wire.set_text("Zoo");
+  absl::StatusOr<GenerationRequest> plain = Decode(wire);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->prompt_ids, (std::vector<int32_t>{1, 410, 469, 347}));
+  EXPECT_EQ(plain->max_new_tokens, 33);
+  EXPECT_EQ(plain->speculation.mode, SpeculationMode::kStatic);
+  EXPECT_EQ(plain->speculation.skip, "a1");
+  EXPECT_EQ(plain->speculation.max_draft, 4);
+  EXPECT_FALSE(plain->ignore_eos);
+
+  wire.mutable_token_ids()->add_ids(1);
+  wire.mutable_token_ids()->add_ids(410);
+  wire.set_max_new_tokens(7);
+  wire.set_temperature(0.5);
+  wire.set_top_k(3);
+  wire.set_top_p(0.9);
+  wire.set_seed(99);
+  wire.set_ignore_eos(true);
+  wire.add_stop("The end");
+  wire.add_stop_token_ids(2);
+  v1::SpeculationOptions* spec = wire.mutable_speculation();
+  spec->set_mode(v1::SPECULATION_MODE_OFF);
+  spec->set_max_draft_tokens(6);
+  spec->set_static_mask("m2");
+  spec->set_exit_threshold(0.25);
+  absl::StatusOr<GenerationRequest> full = Decode(wire);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_EQ(full->prompt_ids, (std::vector<int32_t>{1, 410}));
+  EXPECT_EQ(full->max_new_tokens, 7);
+  EXPECT_FLOAT_EQ(full->sampling.temperature, 0.5);
+  EXPECT_EQ(full->sampling.top_k, 3);
+  EXPECT_FLOAT_EQ(full->sampling.top_p, 0.9);
+  ASSERT_TRUE(full->sampling.seed.has_value());
+  EXPECT_EQ(*full->sampling.seed, 99u);
+  EXPECT_TRUE(full->ignore_eos);
+  EXPECT_EQ(full->stop_strings, std::vector<std::string>{"The end"});
+  EXPECT_EQ(full->stop_token_ids, std::vector<int32_t>{2});
+  EXPECT_EQ(full->speculation.mode, SpeculationMode::kOff);
+  EXPECT_EQ(full->speculation.max_draft, 6);
+  EXPECT_EQ(full->speculation.skip, "m2");
+  EXPECT_DOUBLE_EQ(full->speculation.exit_threshold, 0.25);
+}
+
+TEST_F(DecodeGenerateRequestTest, BadRequestsNameTheField) {
+  struct Case {
+    std::string field;
+    absl::StatusCode code;
+    std::function<void(v1::GenerateRequest&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"prompt: set text or token_ids", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.clear_prompt(); }},
+      {"prompt.text: empty", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.set_text(""); }},
+      {"prompt.token_ids: empty", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.mutable_token_ids(); }},
+      {"prompt: token id 9999", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.mutable_token_ids()->add_ids(9999); }},
+      {"speculation.mode: unknown value 42", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_mode(
+             static_cast<v1::SpeculationMode>(42));
+       }},
+      {"speculation.mode: knapspec needs a planner",
+       absl::StatusCode::kFailedPrecondition,
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_KNAPSPEC);
+       }},
+      {"speculation.mode: clasp needs a planner",
+       absl::StatusCode::kFailedPrecondition,
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_CLASP);
+       }},
+      {"max_new_tokens", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.set_max_new_tokens(0); }},
+      {"max_draft", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_max_draft_tokens(16);
+       }},
+      {"temperature", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.set_temperature(-1); }},
+      {"specbound.lambda", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_SPECBOUND);
+         r.mutable_speculation()->set_specbound_lambda(2);
+       }},
+      {"specbound.depth_bound", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_SPECBOUND);
+         r.mutable_speculation()->set_specbound_depth_bound(99);
+       }},
+      // The server loaded no trained heads.
+      {"specbound.trained_heads", absl::StatusCode::kFailedPrecondition,
+       [](v1::GenerateRequest& r) {
+         r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_SPECBOUND);
+         r.mutable_speculation()->set_specbound_trained_heads(true);
+       }},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest wire;
+    wire.set_text("Hello");
+    c.edit(wire);
+    absl::StatusOr<GenerationRequest> request = Decode(wire);
+    EXPECT_EQ(request.status().code(), c.code)
+        << c.field << ": " << request.status();
+    EXPECT_NE(request.status().message().find(c.field), std::string::npos)
+        << c.field << ": " << request.status();
+  }
+  // With a planner the planned modes decode.
+  defaults_.have_planner = true;
+  v1::GenerateRequest planned;
+  planned.set_text("Hello");
+  planned.mutable_speculation()->set_mode(v1::SPECULATION_MODE_KNAPSPEC);
+  absl::StatusOr<GenerationRequest> request = Decode(planned);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->speculation.mode, SpeculationMode::kKnapSpec);
+}
+
+TEST_F(DecodeGenerateRequestTest, SpecBoundSettingsMapAndDefault) {
+  defaults_.speculation.specbound.lambda = 0.75;
+  v1::GenerateRequest wire;
+  wire.set_text("Hello");
+  v1::SpeculationOptions* spec = wire.mutable_speculation();
+  spec->set_mode(v1::SPECULATION_MODE_SPECBOUND);
+  spec->set_specbound_t0(2.5);
+  spec->set_specbound_depth_bound(3);
+  spec->set_specbound_check_every(2);
+  absl::StatusOr<GenerationRequest> request = Decode(wire);
+  ASSERT_TRUE(request.ok()) << request.status();
+  const SpecBoundConfig& sb = request->speculation.specbound;
+  EXPECT_EQ(request->speculation.mode, SpeculationMode::kSpecBound);
+  EXPECT_DOUBLE_EQ(sb.lambda, 0.75);  // unset: the server's
+  EXPECT_DOUBLE_EQ(sb.t0, 2.5);
+  EXPECT_EQ(sb.depth_bound, 3);
+  EXPECT_EQ(sb.check_every, 2);
+  EXPECT_FALSE(sb.trained_heads);
+}
+
+TEST_F(DecodeGenerateRequestTest, LimitsRefuseOversizeFieldsNamingTheFlag) {
+  defaults_.limits.max_prompt_tokens = 4;
+  defaults_.limits.max_new_tokens = 50;
+  defaults_.limits.max_stop_strings = 2;
+  defaults_.limits.max_stop_bytes = 5;
+  defaults_.limits.max_stop_token_ids = 1;
+  struct Case {
+    std::string says;
+    std::function<void(v1::GenerateRequest&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"prompt.token_ids: 5 tokens, more than this server's limit of 4 "
+       "(--max-prompt-tokens)",
+       [](v1::GenerateRequest& r) {
+         for (int i = 0; i < 5; ++i) r.mutable_token_ids()->add_ids(7);
+       }},
+      {"(--max-prompt-tokens)",
+       [](v1::GenerateRequest& r) {
+         r.set_text("Once upon a time there was a big dog");
+       }},
+      {"max_new_tokens: 51, more than this server's limit of 50",
+       [](v1::GenerateRequest& r) { r.set_max_new_tokens(51); }},
+      {"stop: 3 strings, more than this server's limit of 2",
+       [](v1::GenerateRequest& r) {
+         for (const char* s : {"a", "b", "c"}) r.add_stop(s);
+       }},
+      {"stop[1]: 6 bytes, more than this server's limit of 5",
+       [](v1::GenerateRequest& r) {
+         r.add_stop("ok");
+         r.add_stop("sixsix");
+       }},
+      {"stop_token_ids: 2 ids, more than this server's limit of 1",
+       [](v1::GenerateRequest& r) {
+         r.add_stop_token_ids(1);
+         r.add_stop_token_ids(2);
+       }},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest wire;
+    wire.set_text("Hi");
+    wire.set_max_new_tokens(10);
+    c.edit(wire);
+    absl::StatusOr<GenerationRequest> request = Decode(wire);
+    EXPECT_EQ(request.status().code(), absl::StatusCode::kInvalidArgument)
+        << c.says << ": " << request.status();
+    EXPECT_NE(request.status().message().find(c.says), std::string::npos)
+        << c.says << ": " << request.status();
+  }
+  // At the limits a request decodes.
+  v1::GenerateRequest wire;
+  for (int i = 0; i < 4; ++i) wire.mutable_token_ids()->add_ids(7);
+  wire.set_max_new_tokens(50);
+  wire.add_stop("five5");
+  wire.add_stop("x");
+  wire.add_stop_token_ids(3);
+  EXPECT_TRUE(Decode(wire).ok()) << Decode(wire).status();
+}
+
+TEST(GenerationCodecTest, EncodesChunksAndFinalResults) {
+  const std::vector<int32_t> ids = {5, 6};
+  v1::GenerateResponse chunk = EncodeChunk("req-1", ids, "hi");
+  ASSERT_TRUE(chunk.has_chunk());
+  EXPECT_EQ(chunk.chunk().request_id(), "req-1");
+  EXPECT_EQ(chunk.chunk().text(), "hi");
+  EXPECT_EQ(std::vector<int32_t>(chunk.chunk().token_ids().begin(),
+                                 chunk.chunk().token_ids().end()),
+            ids);
+
+  GenerationResult r;
+  r.finish_reason = FinishReason::kStopSequence;
+  r.matched_stop = "The end";
+  r.seed = 7;
+  r.stats.prompt_tokens = 4;
+  r.stats.completion_tokens = 11;
+  r.stats.decode_seconds = 2.0;
+  r.stats.prefill_seconds = 0.5;
+  r.speculation.drafts = 3;
+  r.speculation.draft_tokens = 9;
+  r.speculation.accepted_tokens = 6;
+  r.speculation.accepted_per_position = {3, 2, 1};
+  AppliedPlan plan;
+  plan.applied_step = 12;
+  plan.mask = "a1";
+  plan.gamma = 3;
+  plan.age_steps = 2;
+  r.plans.push_back(plan);
+  v1::GenerateResponse final = EncodeFinal(
+      "req-2", r, SpeculationMode::kKnapSpec, ServiceTimings{0.1, 0.2, 3.0});
+  ASSERT_TRUE(final.has_final());
+  const v1::FinalResult& f = final.final();
+  EXPECT_EQ(f.request_id(), "req-2");
+  EXPECT_EQ(f.finish_reason(), v1::FINISH_REASON_STOP_SEQUENCE);
+  EXPECT_EQ(f.stop_sequence(), "The end");
+  EXPECT_EQ(f.seed(), 7u);
+  EXPECT_EQ(f.usage().prompt_tokens(), 4);
+  EXPECT_EQ(f.usage().completion_tokens(), 11);
+  EXPECT_DOUBLE_EQ(f.timings().queue_seconds(), 0.1);
+  EXPECT_DOUBLE_EQ(f.timings().time_to_first_token_seconds(), 0.2);
+  EXPECT_DOUBLE_EQ(f.timings().total_seconds(), 3.0);
+  EXPECT_DOUBLE_EQ(f.timings().mean_inter_token_latency_seconds(), 0.2);
+  EXPECT_EQ(f.speculation_stats().mode(), v1::SPECULATION_MODE_KNAPSPEC);
+  EXPECT_EQ(f.speculation_stats().drafts(), 3);
+  EXPECT_EQ(f.speculation_stats().accepted_per_position_size(), 3);
+  ASSERT_EQ(f.speculation_stats().plans_size(), 1);
+  EXPECT_EQ(f.speculation_stats().plans(0).step(), 12u);
+  EXPECT_EQ(f.speculation_stats().plans(0).mask(), "a1");
+  EXPECT_EQ(f.speculation_stats().plans(0).age_steps(), 2u);
+}
+
+}  // namespace
+}  // namespace knapserve

@@ -1,0 +1,194 @@
+// Planned generation (executor/engine/generator.h with
+// executor/planning/plan_controller.h) against real models and a real planner:
+// greedy output stays identical to
+// --spec off with the plan cache, the triggers and the guard active (on
+// stories260k and stories-24l), cached plans serve a second request from its
+// first step, and the CLaSp request carries the committed K/V length.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "common/text/tokenizer.h"
+#include "executor/engine/generator.h"
+#include "planner/inprocess_planner.h"
+#include "tests/testing/test_models.h"
+
+namespace knapserve {
+namespace {
+
+// Solves on the calling thread at once (InProcessPlanner::Solve), so the
+// plans of a run are the same every time; records what it was sent.
+class SynchronousPlanner : public PlannerClient {
+ public:
+  explicit SynchronousPlanner(const InProcessPlanner* core) : core_(core) {}
+  void Submit(PlanRequest request, PlanCallback done) override {
+    requests_.push_back({request.policy, request.first_position,
+                         request.context_length, request.kv_length,
+                         static_cast<int64_t>(request.target_argmax.size())});
+    done(core_->Solve(request));
+  }
+  void Forget(uint64_t) override {}
+
+  struct Seen {
+    PlanPolicy policy;
+    int64_t first_position, context_length, kv_length, r;
+  };
+  const std::vector<Seen>& requests() const { return requests_; }
+
+ private:
+  const InProcessPlanner* core_;
+  std::vector<Seen> requests_;
+};
+
+std::unique_ptr<InProcessPlanner> MakeCore(const LlamaModel& model) {
+  auto planner = InProcessPlanner::Create(
+      model, testing::HandLatencyProfile(model), InProcessPlannerOptions());
+  EXPECT_TRUE(planner.ok()) << planner.status();
+  return planner.ok() ? std::move(*planner) : nullptr;
+}
+
+GenerationRequest Request(SpeculationMode mode, std::vector<int32_t> prompt,
+                          int64_t tokens) {
+  GenerationRequest r;
+  r.prompt_ids = std::move(prompt);
+  r.max_new_tokens = tokens;
+  r.ignore_eos = true;
+  SpeculationConfig& s = r.speculation;
+  s.mode = mode;
+  s.max_draft = 5;
+  s.exit_threshold = 0.0;
+  s.plan_interval = 8;
+  s.reference_steps = 3;
+  s.clasp_layers = 2;
+  s.plan_bucket_tokens = 32;  // several buckets in a short run
+  s.drift_tolerance = 0.1;    // drift triggers happen
+  s.drift_min_tokens = 8;
+  s.planner_budget = 0;  // the budget has its own tests (timing-free)
+  s.guard_min_steps = 4;
+  s.guard_probe_steps = 2;
+  return r;
+}
+
+struct Model {
+  const char* name;
+  std::vector<int32_t> prompt;
+  int64_t tokens;
+};
+
+class PlannedLosslessTest : public ::testing::TestWithParam<Model> {};
+
+// Two requests of one "process" (one PlanningShared) per mode and guard
+// setting: the first fills the cache through triggers, the second starts
+// from the cache. A guard margin of 100 forces the guard to fall back (no
+// plan is 101 times faster than plain), margin 0 lets it judge for real.
+TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
+  const Model& param = GetParam();
+  if (std::string(param.name) != "stories260k")
+    KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL(param.name);
+  const LlamaModel* model = testing::CachedModel(param.name);
+  ASSERT_NE(model, nullptr);
+  const Tokenizer* tokenizer = testing::StoriesTokenizer();
+  auto core = MakeCore(*model);
+  ASSERT_NE(core, nullptr);
+  auto off =
+      Generate(*model, *tokenizer,
+               Request(SpeculationMode::kOff, param.prompt, param.tokens));
+  ASSERT_TRUE(off.ok()) << off.status();
+  for (SpeculationMode mode :
+       {SpeculationMode::kKnapSpec, SpeculationMode::kClasp}) {
+    for (double margin : {100.0, 0.0}) {
+      SCOPED_TRACE(SpeculationModeName(mode) + " guard margin " +
+                   std::to_string(margin));
+      const PlanningShared shared = PlanningShared::Create();
+      SynchronousPlanner planner(core.get());
+      GenerationRequest request = Request(mode, param.prompt, param.tokens);
+      request.speculation.guard_margin = margin;
+      auto first = Generate(*model, *tokenizer, request, nullptr, nullptr,
+                            &planner, &shared);
+      ASSERT_TRUE(first.ok()) << first.status();
+      EXPECT_EQ(first->output_ids, off->output_ids);
+      const PlanningStats& p1 = first->planning;
+      EXPECT_EQ(p1.triggers_no_plan, 1);
+      EXPECT_GE(p1.triggers_new_bucket, 1);
+      // One lookup per bucket entered: contexts 4 .. 4 + tokens - 1.
+      EXPECT_GE(p1.cache_hits + p1.cache_misses,
+                (4 + param.tokens - 8) / 32 + 1);
+      EXPECT_LE(p1.cache_hits + p1.cache_misses, (4 + param.tokens) / 32 + 1);
+      EXPECT_EQ(first->stats.plan_requests,
+                static_cast<int64_t>(planner.requests().size()));
+      EXPECT_LE(
+          first->stats.plan_requests,
+          p1.triggers_no_plan + p1.triggers_new_bucket + p1.triggers_drift)
+          << "no snapshot without a trigger";
+      EXPECT_GT(first->plans.size(), 0u);
+      bool drafted = false;
+      for (const AppliedPlan& p : first->plans)
+        drafted = drafted || p.gamma > 0;
+      // The hand profile makes drafts cheap, so KnapSpec drafts; CLaSp's
+      // fixed layer count may not pay, and then there is nothing to guard.
+      if (mode == SpeculationMode::kKnapSpec) {
+        EXPECT_TRUE(drafted);
+      }
+      if (drafted) {
+        EXPECT_GT(p1.guard_checks + p1.guard_probe_steps, 0);
+        if (margin > 1) {
+          EXPECT_GT(p1.guard_fallbacks, 0);
+          EXPECT_GT(p1.guard_plain_steps, 0);
+        }
+      }
+
+      auto second = Generate(*model, *tokenizer, request, nullptr, nullptr,
+                             &planner, &shared);
+      ASSERT_TRUE(second.ok()) << second.status();
+      EXPECT_EQ(second->output_ids, off->output_ids);
+      const PlanningStats& p2 = second->planning;
+      EXPECT_EQ(p2.triggers_no_plan, 0) << "the first request cached bucket 0";
+      EXPECT_GE(p2.cache_hits, 1);
+      ASSERT_FALSE(second->plans.empty());
+      EXPECT_EQ(second->plans.front().applied_step, 0)
+          << "speculates from its first step";
+      EXPECT_EQ(second->plans.front().source, "cache");
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Models, PlannedLosslessTest,
+    ::testing::Values(Model{"stories260k", {1, 410, 469, 347}, 120},
+                      Model{"stories-24l", {1, 410, 469, 347}, 100}),
+    [](const ::testing::TestParamInfo<Model>& info) {
+      return info.param.name == std::string("stories260k")
+                 ? std::string("stories260k")
+                 : std::string("stories24l");
+    });
+
+// CLaSp's DP runs on the last reference token, which must attend to every
+// committed position before it, the other reference tokens included: the
+// request carries the committed length, not the first reference position.
+TEST(PlannedRequestTest, SnapshotsCarryTheCommittedKvLength) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = testing::CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto core = MakeCore(*model);
+  ASSERT_NE(core, nullptr);
+  for (SpeculationMode mode :
+       {SpeculationMode::kClasp, SpeculationMode::kKnapSpec}) {
+    SynchronousPlanner planner(core.get());
+    auto result = Generate(*model, *testing::StoriesTokenizer(),
+                           Request(mode, {1, 410, 469, 347}, 60), nullptr,
+                           nullptr, &planner);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_FALSE(planner.requests().empty());
+    for (const SynchronousPlanner::Seen& seen : planner.requests()) {
+      EXPECT_GE(seen.r, 3) << "three captured steps";
+      EXPECT_EQ(seen.context_length, seen.first_position + seen.r);
+      EXPECT_EQ(seen.kv_length, seen.context_length)
+          << SpeculationModeName(mode);
+      EXPECT_GT(seen.kv_length, seen.first_position);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace knapserve

@@ -1,0 +1,119 @@
+// Tests of the K/V pool (executor/engine/kv_pool.h): --kv-cache-memory parsing,
+// reservations, block accounting, and the contiguous copy of a sequence's
+// paged K/V.
+#include "executor/engine/kv_pool.h"
+
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <utility>
+
+#include "tests/testing/test_models.h"
+
+namespace knapserve {
+namespace {
+
+using testing::CachedModel;
+
+TEST(ParseKvCacheMemoryTest, BytesUnitsAndFractions) {
+  EXPECT_EQ(*ParseKvCacheMemory("1048576", 0), 1048576);
+  EXPECT_EQ(*ParseKvCacheMemory("2KiB", 0), 2048);
+  EXPECT_EQ(*ParseKvCacheMemory("2kb", 0), 2000);
+  EXPECT_EQ(*ParseKvCacheMemory("1.5GiB", 0), int64_t{3} << 29);
+  EXPECT_EQ(*ParseKvCacheMemory("512M", 0), 512000000);
+  EXPECT_EQ(*ParseKvCacheMemory(" 0.25 ", 4000), 1000);
+  for (const char* bad : {"", "abc", "-5", "0", "5X", "0.5", "1e30GB"}) {
+    absl::StatusOr<int64_t> parsed =
+        ParseKvCacheMemory(bad, bad == std::string("0.5") ? 0 : 4000);
+    EXPECT_FALSE(parsed.ok()) << bad;
+    if (!parsed.ok()) {
+      EXPECT_NE(parsed.status().message().find("kv-cache-memory"),
+                std::string::npos);
+    }
+  }
+}
+
+TEST(KvPoolTest, ReservationsTakeBlocksAsSequencesGrowAndGiveThemBack) {
+  const LlamaModel* model = CachedModel("tiny-llama");
+  ASSERT_NE(model, nullptr);
+  const int64_t per_block = model->KvBytesPerBlock(16);
+  auto pool = KvPool::Create(*model, KvPoolOptions{10 * per_block + 5, 16});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  KvPool& p = **pool;
+  EXPECT_EQ(p.total_blocks(), 10);
+  EXPECT_EQ(p.BlocksFor(33), 3);
+  EXPECT_TRUE(p.CanEverFit(160));
+  EXPECT_FALSE(p.CanEverFit(161));
+  {
+    std::optional<SequenceKv> a = p.TryReserve(100);  // 7 blocks
+    ASSERT_TRUE(a.has_value());
+    EXPECT_EQ(p.reserved_blocks(), 7);
+    EXPECT_EQ(p.free_blocks(), 3);
+    EXPECT_EQ(p.used_blocks(), 0);               // nothing taken until it grows
+    EXPECT_FALSE(p.TryReserve(49).has_value());  // 4 blocks > 3 free
+    std::optional<SequenceKv> b = p.TryReserve(48);
+    ASSERT_TRUE(b.has_value());
+    EXPECT_EQ(p.free_blocks(), 0);
+    ASSERT_TRUE(a->EnsureCapacity(17).ok());
+    EXPECT_EQ(a->blocks().size(), 2u);
+    EXPECT_EQ(p.used_blocks(), 2);
+    ASSERT_TRUE(a->EnsureCapacity(112).ok());
+    EXPECT_EQ(p.used_blocks(), 7);
+    const absl::Status past = a->EnsureCapacity(113);
+    EXPECT_EQ(past.code(), absl::StatusCode::kFailedPrecondition) << past;
+    // Moving keeps one owner.
+    SequenceKv moved = std::move(*b);
+    b.reset();
+    EXPECT_EQ(p.sequences(), 2);
+    EXPECT_EQ(p.reserved_blocks(), 10);
+  }
+  EXPECT_EQ(p.used_blocks(), 0);
+  EXPECT_EQ(p.reserved_blocks(), 0);
+  EXPECT_EQ(p.free_blocks(), 10);
+  EXPECT_EQ(p.sequences(), 0);
+}
+
+TEST(KvPoolTest, RefusesAPoolThatCannotHoldOneBlock) {
+  const LlamaModel* model = CachedModel("tiny-llama");
+  ASSERT_NE(model, nullptr);
+  auto tiny = KvPool::Create(*model, KvPoolOptions{100, 16});
+  EXPECT_EQ(tiny.status().code(), absl::StatusCode::kInvalidArgument);
+  auto odd = KvPool::Create(*model, KvPoolOptions{1 << 24, 24});
+  EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// What a forward pass writes into a sequence's blocks comes back in order
+// from ContiguousCopy, equal to a contiguous cache fed the same tokens.
+TEST(KvPoolTest, ContiguousCopyEqualsAContiguousCache) {
+  const LlamaModel* model = CachedModel("tiny-llama");
+  ASSERT_NE(model, nullptr);
+  auto pool =
+      KvPool::Create(*model, KvPoolOptions{8 * model->KvBytesPerBlock(16), 16});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  // Take a block first so the sequence's table does not start at 0.
+  std::optional<SequenceKv> other = (*pool)->TryReserve(16);
+  ASSERT_TRUE(other->EnsureCapacity(16).ok());
+  std::optional<SequenceKv> seq = (*pool)->TryReserve(40);
+  ASSERT_TRUE(seq->EnsureCapacity(37).ok());
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 37; ++i) tokens.push_back(1 + (i * 7) % 250);
+  BatchSequence paged;
+  paged.tokens = tokens;
+  paged.paged = &(*pool)->storage();
+  paged.blocks = seq->blocks();
+  model->ForwardBatch({paged});
+  std::vector<LayerKv> contiguous = model->AllocateKv(37);
+  BatchSequence plain;
+  plain.tokens = tokens;
+  plain.kv = &contiguous;
+  model->ForwardBatch({plain});
+  std::vector<LayerKv> copy = seq->ContiguousCopy(37);
+  ASSERT_EQ(copy.size(), contiguous.size());
+  for (size_t l = 0; l < copy.size(); ++l) {
+    EXPECT_TRUE(torch::equal(copy[l].k, contiguous[l].k)) << l;
+    EXPECT_TRUE(torch::equal(copy[l].v, contiguous[l].v)) << l;
+  }
+}
+
+}  // namespace
+}  // namespace knapserve

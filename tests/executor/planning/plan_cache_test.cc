@@ -1,0 +1,206 @@
+// Tests of executor/planning/plan_cache.h: cache keying and bucketing, claims,
+// thread safety, the planner budget and the plain-rate table.
+#include "executor/planning/plan_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+namespace knapserve {
+namespace {
+
+PlanCacheKey Key(int64_t bucket) {
+  PlanCacheKey key;
+  key.model_fingerprint = "llama:L=2";
+  key.device = "cpu";
+  key.dtype = "fp32";
+  key.threads = 2;
+  key.policy = PlanPolicy::kKnapSpec;
+  key.max_draft = 6;
+  key.bucket_tokens = 256;
+  key.bucket = bucket;
+  return key;
+}
+
+DraftPlan Plan(int gamma, double alpha_hat) {
+  DraftPlan plan;
+  plan.mask = LayerMask(2);
+  plan.gamma = gamma;
+  plan.alpha_hat = alpha_hat;
+  plan.solve_seconds = 0.5;
+  return plan;
+}
+
+TEST(ContextBucketTest, FixedWidthBuckets) {
+  EXPECT_EQ(ContextBucket(0, 256), 0);
+  EXPECT_EQ(ContextBucket(255, 256), 0);
+  EXPECT_EQ(ContextBucket(256, 256), 1);
+  EXPECT_EQ(ContextBucket(1000, 256), 3);
+  EXPECT_EQ(ContextBucket(1024, 256), 4);
+  EXPECT_EQ(ContextBucket(31, 32), 0);
+  EXPECT_EQ(ContextBucket(32, 32), 1);
+  EXPECT_EQ(ContextBucket(-5, 256), 0);
+  EXPECT_EQ(ContextBucket(7, 0), 7);  // width clamped to 1
+}
+
+TEST(PlanCacheTest, EveryKeyFieldSeparatesPlans) {
+  PlanCache cache;
+  cache.Insert(Key(1), Plan(3, 0.8), 1, 300);
+  ASSERT_TRUE(cache.Lookup(Key(1)).has_value());
+  std::vector<PlanCacheKey> others;
+  for (int field = 0; field < 9; ++field) {
+    PlanCacheKey k = Key(1);
+    switch (field) {
+      case 0:
+        k.model_fingerprint = "llama:L=3";
+        break;
+      case 1:
+        k.device = "cuda:0";
+        break;
+      case 2:
+        k.dtype = "bf16";
+        break;
+      case 3:
+        k.threads = 4;
+        break;
+      case 4:
+        k.policy = PlanPolicy::kClasp;
+        break;
+      case 5:
+        k.policy_detail = "layers=1";
+        break;
+      case 6:
+        k.max_draft = 10;
+        break;
+      case 7:
+        k.bucket_tokens = 128;
+        break;
+      case 8:
+        k.bucket = 2;
+        break;
+    }
+    SCOPED_TRACE(field);
+    EXPECT_FALSE(cache.Lookup(k).has_value()) << k.ToString();
+  }
+  EXPECT_EQ(cache.hits(), 1);
+  EXPECT_EQ(cache.misses(), 9);
+  EXPECT_EQ(cache.size(), 1);
+}
+
+TEST(PlanCacheTest, InsertReplacesAndBumpsTheVersion) {
+  PlanCache cache;
+  EXPECT_EQ(cache.Version(Key(0)), 0);
+  EXPECT_FALSE(cache.Peek(Key(0)).has_value());
+  const int64_t v1 = cache.Insert(Key(0), Plan(3, 0.8), 7, 40);
+  const int64_t v2 = cache.Insert(Key(0), Plan(5, 0.9), 8, 60);
+  EXPECT_GT(v1, 0);
+  EXPECT_GT(v2, v1);
+  EXPECT_EQ(cache.Version(Key(0)), v2);
+  std::optional<CachedPlan> got = cache.Peek(Key(0));
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->plan.gamma, 5);
+  EXPECT_EQ(got->sequence_id, 8u);
+  EXPECT_EQ(got->context_length, 60);
+  EXPECT_EQ(cache.hits() + cache.misses(), 0)
+      << "Peek and Version do not count";
+}
+
+TEST(PlanCacheTest, OneClaimPerKey) {
+  PlanCache cache;
+  EXPECT_TRUE(cache.TryClaim(Key(0)));
+  EXPECT_FALSE(cache.TryClaim(Key(0)));
+  EXPECT_TRUE(cache.TryClaim(Key(1)));
+  EXPECT_TRUE(cache.Claimed(Key(0)));
+  cache.ReleaseClaim(Key(0));
+  EXPECT_FALSE(cache.Claimed(Key(0)));
+  EXPECT_TRUE(cache.TryClaim(Key(0)));
+}
+
+// Many threads insert, look up and claim at once: every insert gets its own
+// version, exactly one thread wins each claim, and the counters add up.
+TEST(PlanCacheTest, ConcurrentUseIsConsistent) {
+  PlanCache cache;
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 500;
+  std::atomic<int> claims_won{0};
+  std::vector<std::vector<int64_t>> versions(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        versions[t].push_back(cache.Insert(Key(i % 4), Plan(t % 5, 0.5), t, i));
+        cache.Lookup(Key(i % 8));
+        if (cache.TryClaim(Key(100 + i))) ++claims_won;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<int64_t> all;
+  for (const auto& v : versions) all.insert(all.end(), v.begin(), v.end());
+  std::sort(all.begin(), all.end());
+  EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end())
+      << "duplicate version";
+  EXPECT_EQ(claims_won.load(), kRounds);
+  EXPECT_EQ(cache.hits() + cache.misses(), kThreads * kRounds);
+  EXPECT_EQ(cache.size(), 4);
+}
+
+TEST(PlannerBudgetTest, FirstSolveIsFreeThenTheShareGates) {
+  PlannerBudget budget;
+  // Nothing spent: allowed even before any decoding.
+  std::optional<double> first = budget.TryReserve(0.05);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(*first, 0.0);  // no solve seen yet: nothing to expect
+  budget.Settle(*first, 0.5);
+  EXPECT_EQ(budget.solve_seconds(), 0.5);
+  EXPECT_EQ(budget.solves(), 1);
+  // 0.5 s of solving needs 10 s of decoding at 5%.
+  budget.AddDecodeSeconds(9.0);
+  EXPECT_FALSE(budget.TryReserve(0.05).has_value());
+  EXPECT_NEAR(budget.share(), 0.5 / 9.0, 1e-12);
+  budget.AddDecodeSeconds(1.0);
+  std::optional<double> second = budget.TryReserve(0.05);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_DOUBLE_EQ(*second, 0.5);  // the mean solve so far
+  EXPECT_DOUBLE_EQ(budget.reserved_seconds(), 0.5);
+  // The reservation counts: a concurrent request must wait.
+  EXPECT_FALSE(budget.TryReserve(0.05).has_value());
+  budget.Settle(*second, 0.0);  // failed: frees the reservation, adds nothing
+  EXPECT_DOUBLE_EQ(budget.reserved_seconds(), 0.0);
+  EXPECT_EQ(budget.solves(), 1);
+  EXPECT_TRUE(budget.TryReserve(0.05).has_value());
+}
+
+TEST(PlannerBudgetTest, ZeroMeansNoLimitAndDeferralsAreCounted) {
+  PlannerBudget budget;
+  budget.Settle(0, 100.0);
+  budget.AddDecodeSeconds(1.0);
+  EXPECT_FALSE(budget.TryReserve(0.5).has_value());
+  EXPECT_TRUE(budget.TryReserve(0.0).has_value());
+  EXPECT_EQ(budget.deferrals(), 0);
+  budget.CountDeferral();
+  EXPECT_EQ(budget.deferrals(), 1);
+}
+
+TEST(PlainRateTableTest, MeanOfTheLastWindowPerBucketAndExecution) {
+  PlainRateTable table;
+  EXPECT_FALSE(table.MeanStepSeconds("a", 256, 0, 1).has_value());
+  for (int i = 0; i < 3; ++i) table.Record("a", 256, 0, 0.01);
+  EXPECT_FALSE(table.MeanStepSeconds("a", 256, 0, 4).has_value());
+  table.Record("a", 256, 0, 0.03);
+  ASSERT_TRUE(table.MeanStepSeconds("a", 256, 0, 4).has_value());
+  EXPECT_NEAR(*table.MeanStepSeconds("a", 256, 0, 4), 0.015, 1e-12);
+  EXPECT_FALSE(table.MeanStepSeconds("a", 256, 1, 1).has_value());
+  EXPECT_FALSE(table.MeanStepSeconds("b", 256, 0, 1).has_value());
+  EXPECT_FALSE(table.MeanStepSeconds("a", 128, 0, 1).has_value());
+  for (int i = 0; i < PlainRateTable::kWindow; ++i)
+    table.Record("a", 256, 0, 0.02);
+  EXPECT_EQ(table.samples("a", 256, 0), PlainRateTable::kWindow);
+  EXPECT_NEAR(*table.MeanStepSeconds("a", 256, 0, 4), 0.02,
+              1e-12);  // old ones dropped
+}
+
+}  // namespace
+}  // namespace knapserve

@@ -1,0 +1,400 @@
+// Tests of executor/planning/plan_controller.h with made-up steps and timings:
+// cache hits from the first step, the three triggers, no snapshot without one,
+// the planner budget, shared solves between sequences, and the online guard.
+#include "executor/planning/plan_controller.h"
+
+#include <gtest/gtest.h>
+
+namespace knapserve {
+namespace {
+
+PlanCacheKey BaseKey() {
+  PlanCacheKey key;
+  key.model_fingerprint = "llama:L=4";
+  key.device = "cpu";
+  key.dtype = "fp32";
+  key.threads = 2;
+  key.max_draft = 6;
+  return key;
+}
+
+PlanCacheKey KeyAt(int64_t bucket, int64_t bucket_tokens = 32) {
+  PlanCacheKey key = BaseKey();
+  key.bucket_tokens = bucket_tokens;
+  key.bucket = bucket;
+  return key;
+}
+
+DraftPlan Plan(int gamma, double alpha_hat, double solve_seconds = 0.01) {
+  DraftPlan plan;
+  plan.mask = LayerMask(4);
+  plan.gamma = gamma;
+  plan.alpha_hat = alpha_hat;
+  plan.solve_seconds = solve_seconds;
+  return plan;
+}
+
+PlanControllerOptions Options() {
+  PlanControllerOptions o;
+  o.bucket_tokens = 32;
+  o.drift_tolerance = 0.2;
+  o.drift_min_tokens = 10;
+  o.planner_budget = 0;  // no limit unless a test sets one
+  o.reference_steps = 2;
+  o.min_request_gap = 4;
+  o.guard.enabled = false;
+  return o;
+}
+
+StepObservation Spec(int gamma, int drafted, int accepted, double seconds) {
+  return StepObservation{gamma, drafted, accepted, accepted + 1, seconds};
+}
+StepObservation Plain(double seconds) {
+  return StepObservation{0, 0, 0, 1, seconds};
+}
+
+TEST(PlanControllerTest, CachedPlanTakesEffectAtTheFirstStepWithoutASnapshot) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(4, 0.8), /*sequence_id=*/99, 20);
+  PlanController c(Options(), BaseKey(), 1, /*initial_gamma=*/0, shared);
+  StepDirective d = c.BeforeStep(0, 10);
+  ASSERT_TRUE(d.apply.has_value());
+  EXPECT_EQ(d.apply_source, "cache");
+  EXPECT_EQ(d.gamma, 4);
+  EXPECT_FALSE(d.capture);
+  for (int64_t step = 1; step < 15; ++step) {
+    c.AfterStep(
+        Spec(4, 4, 3, 0.01));  // acceptance close to alpha_hat: no drift
+    d = c.BeforeStep(step, 10 + step);
+    EXPECT_FALSE(d.capture) << step;
+    EXPECT_FALSE(d.apply.has_value()) << step;
+  }
+  EXPECT_EQ(c.stats().cache_hits, 1);
+  EXPECT_EQ(c.stats().cache_misses, 0);
+  EXPECT_EQ(c.stats().triggers_no_plan + c.stats().triggers_new_bucket +
+                c.stats().triggers_drift,
+            0);
+}
+
+TEST(PlanControllerTest, NoPlanTriggersOneSnapshotAndTheSolveTakesEffect) {
+  PlanningShared shared = PlanningShared::Create();
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  StepDirective d = c.BeforeStep(0, 5);
+  EXPECT_FALSE(d.apply.has_value());
+  EXPECT_EQ(d.gamma, 0);
+  EXPECT_TRUE(d.capture);
+  EXPECT_EQ(d.capture_offset, 0);
+  EXPECT_EQ(c.pending_trigger(), PlanTrigger::kNoPlan);
+  EXPECT_TRUE(shared.cache->Claimed(KeyAt(0)));
+  c.AfterStep(Plain(0.01));
+  d = c.BeforeStep(1, 6);
+  EXPECT_TRUE(d.capture);
+  EXPECT_EQ(d.capture_offset, 1);
+  c.AfterStep(Plain(0.01));
+  SubmitTicket ticket = c.TakeTicket();
+  EXPECT_EQ(ticket.key, KeyAt(0));
+  EXPECT_EQ(ticket.trigger, PlanTrigger::kNoPlan);
+  EXPECT_EQ(c.pending_trigger(), PlanTrigger::kNone);
+  // Nothing more is captured while the solve runs.
+  d = c.BeforeStep(2, 7);
+  EXPECT_FALSE(d.capture);
+  c.AfterStep(Plain(0.01));
+  CompleteTicket(shared, ticket, 1, 7, Plan(3, 0.7, 0.25));
+  EXPECT_FALSE(shared.cache->Claimed(KeyAt(0)));
+  EXPECT_DOUBLE_EQ(shared.budget->solve_seconds(), 0.25);
+  d = c.BeforeStep(3, 8);
+  ASSERT_TRUE(d.apply.has_value());
+  EXPECT_EQ(d.apply_source, "solve");
+  EXPECT_EQ(d.gamma, 3);
+  EXPECT_EQ(c.stats().triggers_no_plan, 1);
+  EXPECT_EQ(c.stats().cache_misses, 1);
+}
+
+TEST(PlanControllerTest, NoSnapshotStartsWhileTheBatchRunsWithoutDrafts) {
+  PlanningShared shared = PlanningShared::Create();
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  // The trigger is raised but waits: no capture, no claim on the bucket.
+  StepDirective d = c.BeforeStep(0, 5, /*may_start_capture=*/false);
+  EXPECT_FALSE(d.capture);
+  EXPECT_EQ(c.pending_trigger(), PlanTrigger::kNoPlan);
+  EXPECT_FALSE(shared.cache->Claimed(KeyAt(0)));
+  c.AfterStep(Plain(0.01));
+  d = c.BeforeStep(1, 6, false);
+  EXPECT_FALSE(d.capture);
+  c.AfterStep(Plain(0.01));
+  // The first step that may draft starts the snapshot.
+  d = c.BeforeStep(2, 7, true);
+  EXPECT_TRUE(d.capture);
+  EXPECT_EQ(d.capture_offset, 0);
+  EXPECT_TRUE(shared.cache->Claimed(KeyAt(0)));
+  c.AfterStep(Plain(0.01));
+  // A capture in progress goes on through a step without drafts.
+  d = c.BeforeStep(3, 8, false);
+  EXPECT_TRUE(d.capture);
+  EXPECT_EQ(d.capture_offset, 1);
+  EXPECT_EQ(c.stats().triggers_no_plan, 1);
+}
+
+TEST(PlanControllerTest, CrossingIntoABucketUsesItsPlanOrTriggers) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(2, 0.8), 50, 10);
+  shared.cache->Insert(KeyAt(1), Plan(5, 0.8), 50, 40);
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  EXPECT_EQ(c.BeforeStep(0, 30).gamma, 2);
+  c.AfterStep(Spec(2, 2, 2, 0.01));
+  StepDirective d = c.BeforeStep(1, 33);  // bucket 1: cached
+  ASSERT_TRUE(d.apply.has_value());
+  EXPECT_EQ(d.gamma, 5);
+  c.AfterStep(Spec(5, 5, 4, 0.01));
+  d = c.BeforeStep(2, 64);  // bucket 2: nothing cached; the bucket-1 plan stays
+  EXPECT_FALSE(d.apply.has_value());
+  EXPECT_EQ(d.gamma, 5);
+  EXPECT_EQ(c.pending_trigger(), PlanTrigger::kNewBucket);
+  EXPECT_TRUE(d.capture);
+  EXPECT_EQ(c.stats().cache_hits, 2);
+  EXPECT_EQ(c.stats().cache_misses, 1);
+  EXPECT_EQ(c.stats().triggers_new_bucket, 1);
+  // Leaving the bucket mid-capture abandons the snapshot and its claim.
+  c.AfterStep(Spec(5, 5, 4, 0.01));
+  d = c.BeforeStep(3, 96);
+  EXPECT_FALSE(shared.cache->Claimed(KeyAt(2)));
+  EXPECT_EQ(c.stats().triggers_new_bucket, 2);
+}
+
+TEST(PlanControllerTest, ConcurrentSequencesShareOneSolvePerBucket) {
+  PlanningShared shared = PlanningShared::Create();
+  PlanController a(Options(), BaseKey(), 1, 0, shared);
+  PlanController b(Options(), BaseKey(), 2, 0, shared);
+  EXPECT_TRUE(a.BeforeStep(0, 5).capture);
+  EXPECT_FALSE(b.BeforeStep(0, 5).capture) << "a already claimed bucket 0";
+  EXPECT_EQ(b.pending_trigger(), PlanTrigger::kNoPlan);
+  a.AfterStep(Plain(0.01));
+  b.AfterStep(Plain(0.01));
+  EXPECT_TRUE(a.BeforeStep(1, 6).capture);
+  EXPECT_FALSE(b.BeforeStep(1, 6).capture);
+  SubmitTicket ticket = a.TakeTicket();
+  CompleteTicket(shared, ticket, 1, 6, Plan(4, 0.8));
+  StepDirective db = b.BeforeStep(2, 7);
+  ASSERT_TRUE(db.apply.has_value());
+  EXPECT_EQ(db.apply_source, "shared");
+  EXPECT_EQ(b.pending_trigger(), PlanTrigger::kNone);
+  EXPECT_EQ(a.BeforeStep(2, 7).apply_source, "solve");
+}
+
+TEST(PlanControllerTest, AFailedSolveReleasesTheClaimSoAnotherSequenceTries) {
+  PlanningShared shared = PlanningShared::Create();
+  PlanControllerOptions o = Options();
+  o.reference_steps = 1;
+  PlanController a(o, BaseKey(), 1, 0, shared);
+  PlanController b(o, BaseKey(), 2, 0, shared);
+  EXPECT_TRUE(a.BeforeStep(0, 5).capture);
+  SubmitTicket ticket = a.TakeTicket();
+  EXPECT_FALSE(b.BeforeStep(0, 5).capture);
+  CompleteTicket(shared, ticket, 1, 5, absl::UnavailableError("planner gone"));
+  EXPECT_EQ(shared.cache->size(), 0);
+  b.AfterStep(Plain(0.01));
+  EXPECT_TRUE(b.BeforeStep(1, 6).capture);
+}
+
+TEST(PlanControllerTest, DriftBeyondToleranceTriggersOncePerPlan) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(4, 0.9), 50, 10);
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  c.BeforeStep(0, 1);
+  // Every step rejects the first draft token: observed acceptance 0, one trial
+  // per step; drift_min_tokens = 10 trials.
+  int64_t step = 1;
+  for (; step <= 9; ++step) {
+    c.AfterStep(Spec(4, 4, 0, 0.01));
+    EXPECT_FALSE(c.BeforeStep(step, 1).capture) << step;
+  }
+  EXPECT_EQ(c.pending_trigger(), PlanTrigger::kNone);
+  c.AfterStep(Spec(4, 4, 0, 0.01));  // the 10th trial
+  EXPECT_EQ(c.pending_trigger(), PlanTrigger::kDrift);
+  EXPECT_EQ(c.stats().triggers_drift, 1);
+  StepDirective d = c.BeforeStep(step, 1);
+  EXPECT_TRUE(d.capture);
+  c.AfterStep(Spec(4, 4, 0, 0.01));
+  EXPECT_TRUE(c.BeforeStep(++step, 1).capture);
+  SubmitTicket ticket = c.TakeTicket();
+  EXPECT_EQ(ticket.trigger, PlanTrigger::kDrift);
+  for (int i = 0; i < 20; ++i) {
+    c.AfterStep(Spec(4, 4, 0, 0.01));
+    EXPECT_FALSE(c.BeforeStep(++step, 1).capture)
+        << "drift fires once per plan";
+  }
+  EXPECT_EQ(c.stats().triggers_drift, 1);
+  // The new plan replaces the cached one for every sequence in the bucket.
+  CompleteTicket(shared, ticket, 1, 1, Plan(2, 0.1));
+  StepDirective applied = c.BeforeStep(++step, 1);
+  ASSERT_TRUE(applied.apply.has_value());
+  EXPECT_EQ(applied.gamma, 2);
+}
+
+TEST(PlanControllerTest, AcceptanceWithinToleranceNeverTriggers) {
+  PlanningShared shared = PlanningShared::Create();
+  // alpha_hat 0.75; steps accept 3 of 4 and reject the 4th: trials 4, accepted
+  // 3 per step, observed 0.75.
+  shared.cache->Insert(KeyAt(0), Plan(4, 0.75), 50, 10);
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  c.BeforeStep(0, 1);
+  for (int64_t step = 1; step < 200; ++step) {
+    c.AfterStep(Spec(4, 4, 3, 0.01));
+    EXPECT_FALSE(c.BeforeStep(step, 1).capture);
+  }
+  EXPECT_EQ(c.stats().triggers_drift, 0);
+}
+
+TEST(PlanControllerTest, TheBudgetDefersATriggerUntilDecodingCatchesUp) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.budget->Settle(0, 1.0);  // 1 s of solving already spent
+  PlanControllerOptions o = Options();
+  o.planner_budget = 0.05;  // needs 20 s of decoding
+  PlanController c(o, BaseKey(), 1, 0, shared);
+  StepDirective d = c.BeforeStep(0, 5);
+  EXPECT_FALSE(d.capture);
+  EXPECT_EQ(c.pending_trigger(), PlanTrigger::kNoPlan);
+  EXPECT_FALSE(shared.cache->Claimed(KeyAt(0)))
+      << "a deferred trigger holds no claim";
+  for (int64_t step = 1; step < 10; ++step) {
+    c.AfterStep(Plain(1.0));
+    EXPECT_FALSE(c.BeforeStep(step, 5).capture);
+  }
+  EXPECT_EQ(c.stats().budget_deferrals, 1) << "one trigger, counted once";
+  EXPECT_EQ(shared.budget->deferrals(), 1);
+  c.AfterStep(Plain(10.0));  // 19 s decoded
+  EXPECT_FALSE(c.BeforeStep(10, 5).capture);
+  c.AfterStep(Plain(1.0));  // 20 s: 1 / 20 = 0.05
+  EXPECT_TRUE(c.BeforeStep(11, 5).capture);
+  EXPECT_DOUBLE_EQ(shared.budget->decode_seconds(), 20.0);
+}
+
+TEST(PlanControllerTest, SnapshotsOfOneSequenceAreAtLeastTheGapApart) {
+  PlanningShared shared = PlanningShared::Create();
+  PlanControllerOptions o = Options();
+  o.reference_steps = 1;
+  o.min_request_gap = 10;
+  PlanController c(o, BaseKey(), 1, 0, shared);
+  EXPECT_TRUE(c.BeforeStep(0, 5).capture);
+  CompleteTicket(shared, c.TakeTicket(), 1, 5, absl::InternalError("failed"));
+  for (int64_t step = 1; step < 10; ++step) {
+    c.AfterStep(Plain(0.01));
+    EXPECT_FALSE(c.BeforeStep(step, 5).capture) << step;
+  }
+  c.AfterStep(Plain(0.01));
+  EXPECT_TRUE(c.BeforeStep(10, 5).capture);
+}
+
+// ---------------------------------------------------------------------------
+// The guard
+
+PlanControllerOptions GuardOn() {
+  PlanControllerOptions o = Options();
+  o.guard.enabled = true;
+  o.guard.margin = 0.05;
+  o.guard.min_steps = 4;
+  o.guard.probe_steps = 3;
+  return o;
+}
+
+TEST(SpeculationGuardTest, ALosingPlanFallsBackToPlainUntilTheNextPlan) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+  PlanController c(GuardOn(), BaseKey(), 1, 0, shared);
+  int64_t step = 0;
+  EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
+  // 4 speculative steps of 2 tokens in 0.02 s: 100 tokens/s.
+  for (int i = 0; i < 4; ++i) {
+    c.AfterStep(Spec(3, 3, 1, 0.02));
+    ++step;
+    if (i < 3) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
+    }
+  }
+  // No plain timing for the bucket yet: a probe of 3 plain steps.
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "probe " << i;
+    c.AfterStep(Plain(0.005));  // 200 tokens/s
+    ++step;
+  }
+  EXPECT_EQ(c.stats().guard_probe_steps, 3);
+  EXPECT_EQ(c.stats().guard_checks, 1);
+  EXPECT_EQ(c.stats().guard_fallbacks, 1);
+  EXPECT_NEAR(c.stats().guard_last_spec_tps, 100, 1e-9);
+  EXPECT_NEAR(c.stats().guard_last_plain_tps, 200, 1e-9);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "fallback " << i;
+    c.AfterStep(Plain(0.005));
+    ++step;
+  }
+  EXPECT_EQ(c.stats().guard_plain_steps, 10);
+  EXPECT_EQ(c.stats().triggers_drift, 0) << "plain steps observe no acceptance";
+  // A newer plan for the bucket: speculation resumes and is measured afresh.
+  shared.cache->Insert(KeyAt(0), Plan(5, 0.5), 60, 10);
+  StepDirective d = c.BeforeStep(step, 1);
+  ASSERT_TRUE(d.apply.has_value());
+  EXPECT_EQ(d.gamma, 5);
+}
+
+TEST(SpeculationGuardTest, AWinningPlanKeepsSpeculatingAndIsJudgedAgain) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+  // Plain timings from another sequence: 0.005 s per token (200 tokens/s).
+  for (int i = 0; i < 3; ++i)
+    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  PlanController c(GuardOn(), BaseKey(), 1, 0, shared);
+  for (int64_t step = 0; step < 12; ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << step;
+    c.AfterStep(Spec(3, 3, 2, 0.012));  // 3 tokens in 12 ms: 250 tokens/s > 210
+  }
+  EXPECT_EQ(c.stats().guard_probe_steps, 0)
+      << "the table already had plain timings";
+  EXPECT_EQ(c.stats().guard_checks, 3);
+  EXPECT_EQ(c.stats().guard_fallbacks, 0);
+}
+
+TEST(SpeculationGuardTest, TheMarginDecidesCloseCalls) {
+  for (double margin : {0.0, 0.5}) {
+    PlanningShared shared = PlanningShared::Create();
+    shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+    for (int i = 0; i < 3; ++i) {
+      shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+    }
+    PlanControllerOptions o = GuardOn();
+    o.guard.margin = margin;
+    PlanController c(o, BaseKey(), 1, 0, shared);
+    for (int64_t step = 0; step < 4; ++step) {
+      c.BeforeStep(step, 1);
+      c.AfterStep(Spec(3, 3, 2, 0.012));  // 250 tokens/s against 200
+    }
+    EXPECT_EQ(c.stats().guard_fallbacks, margin > 0.25 ? 1 : 0) << margin;
+  }
+}
+
+TEST(SpeculationGuardTest,
+     DisabledGuardNeverForcesPlainAndPlainStepsAreRecorded) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(0, 0.0), 50,
+                       10);  // the planner said: plain
+  PlanControllerOptions o = GuardOn();
+  PlanController c(o, BaseKey(), 1, 0, shared);
+  for (int64_t step = 0; step < 5; ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0);
+    c.AfterStep(Plain(0.004));
+  }
+  EXPECT_EQ(shared.plain_rates->samples(BaseKey().ExecutionId(), 32, 0), 5);
+  EXPECT_EQ(c.stats().guard_checks, 0);
+
+  PlanningShared other = PlanningShared::Create();
+  other.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+  PlanControllerOptions off = Options();  // guard disabled
+  PlanController d(off, BaseKey(), 1, 0, other);
+  for (int64_t step = 0; step < 40; ++step) {
+    EXPECT_EQ(d.BeforeStep(step, 1).gamma, 3);
+    d.AfterStep(Spec(3, 3, 1, 1.0));  // hopelessly slow, but the guard is off
+  }
+  EXPECT_EQ(d.stats().guard_fallbacks + d.stats().guard_probe_steps, 0);
+}
+
+}  // namespace
+}  // namespace knapserve
