@@ -14,6 +14,7 @@
 #   tools/check_thread_safety.sh [BUILD_DIR]              # the check (default: build)
 #   tools/check_thread_safety.sh --all [BUILD_DIR]        # every translation unit
 #   tools/check_thread_safety.sh --self-test [BUILD_DIR]  # proves the check can fail
+#   tools/check_thread_safety.sh --no-cache [BUILD_DIR]   # ignore the cache below
 #
 # Which translation units: only those that can hold a finding, i.e. whose
 # source or a project header it includes (transitively) mentions a mutex, a
@@ -38,6 +39,19 @@
 # took 360 CPU seconds. --self-test about 14 CPU seconds. Jobs run in
 # parallel, JOBS at a time (default: nproc).
 #
+# A cache in BUILD_DIR/thread_safety_cache/ remembers the translation units
+# that passed: one empty file per unit, named by the SHA-256 of clang's
+# version, the unit's clang command line and its input: the content of every
+# file the build's compile of it read (Ninja's record of GCC's -MD
+# dependencies, system headers and the precompiled header's included), i.e.
+# what its preprocessed text is made of. Where Ninja has no record, the
+# preprocessed text itself (clang -E, about 1 CPU second a unit). A unit whose
+# hash has a file is not analysed again, so a re-run after touching one .cc
+# file analyses that file alone (and what includes a changed header); working
+# out the keys takes about 2 s in all. A failure is never cached. Entries
+# unused for 30 days are removed.
+# KNAPSERVE_TSA_CACHE=0 (or --no-cache) analyses everything.
+#
 # clang++ comes from $CLANGXX, else clang++-14, else clang++ (tools/setup.sh
 # installs Debian's clang). Exit status: 0 clean; 1 a thread-safety finding or
 # a translation unit clang could not parse (its diagnostics are printed);
@@ -47,15 +61,17 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 usage() {
-  echo "usage: $0 [--all | --self-test] [BUILD_DIR]" >&2
+  echo "usage: $0 [--all | --self-test] [--no-cache] [BUILD_DIR]" >&2
   exit 2
 }
 self_test=0
 check_all=0
+use_cache="${KNAPSERVE_TSA_CACHE:-1}"
 while [[ "${1:-}" == --* ]]; do
   case "$1" in
     --self-test) self_test=1 ;;
     --all) check_all=1 ;;
+    --no-cache) use_cache=0 ;;
     *) usage ;;
   esac
   shift
@@ -93,15 +109,19 @@ trap 'rm -rf "${work}"' EXIT
 # $work/tu/ (the translation units), listed in $work/pch.list and
 # $work/tu.list; each script's first line names what it checks. Arguments:
 # repo, compile_commands.json, work dir, clang++, 1 for every translation unit
-# (0: only those that mention locking), then for the self-test the sources to
-# check instead, with the flags of a project translation unit.
+# (0: only those that mention locking), the cache folder ("" for none), then
+# for the self-test the sources to check instead, with the flags of a project
+# translation unit. A unit found in the cache gets no job; each job's cache
+# key is written beside its script (NNNN.key).
 make_jobs() {
   python3 - "$@" <<'PY'
 import collections, json, os, re, shlex, sys
 
-repo, db_path, work, clangxx, check_all = sys.argv[1:6]
+import concurrent.futures, hashlib, subprocess, time
+
+repo, db_path, work, clangxx, check_all, cache_dir = sys.argv[1:7]
 check_all = check_all == "1"
-self_test_sources = sys.argv[6:]
+self_test_sources = sys.argv[7:]
 ours = ("common/", "executor/", "planner/", "tools/", "tests/")
 warnings = ["-Qunused-arguments", "-Wno-unknown-warning-option", "-Wthread-safety",
             "-Werror=thread-safety"]
@@ -183,12 +203,125 @@ for entry in json.load(open(db_path)):
 units.sort(key=lambda u: u[0])
 if not units:
     sys.exit("check_thread_safety: compile_commands.json lists no project sources")
+open(os.path.join(work, "tu.list"), "w").close()
 if self_test_sources:
     # Borrow the flags of a translation unit that includes LibTorch through
     # the precompiled header, so the self-test takes the whole path.
     pch_units = [u for u in units if translate(u[2])[2]]
     entry = (pch_units or units)[0][2]
     units = [(os.path.basename(s), s, entry) for s in self_test_sources]
+
+def textual(includes):
+    # As text behind -Xclang: the driver would pick up GCC's .gch beside it.
+    return [x for inc in includes for x in ("-Xclang", "-include", "-Xclang", inc)]
+
+
+clang_version = ""
+if cache_dir:
+    clang_version = subprocess.run([clangxx, "--version"], capture_output=True,
+                                   text=True).stdout
+    # The overlay's patched header is written by this script: its source is
+    # part of every unit's input.
+    clang_version += open(os.path.join(repo, "tools", "clang_libtorch_overlay.py")).read()
+
+
+def ninja_deps(build_dir):
+    """{object path: [files]} from Ninja's record of what each compile read
+    (GCC's -MD: the source and every header, system headers included), or
+    {} without Ninja."""
+    try:
+        out = subprocess.run(["ninja", "-C", build_dir, "-t", "deps"], capture_output=True,
+                             text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    deps, current = {}, None
+    for line in out.splitlines():
+        if line and not line.startswith(" "):
+            current = line.split(":", 1)[0]
+            deps[current] = []
+        elif line.strip() and current is not None:
+            deps[current].append(line.strip())
+    return deps
+
+
+file_digests = {}
+
+
+def file_digest(path):
+    if path not in file_digests:
+        try:
+            with open(path, "rb") as f:
+                file_digests[path] = hashlib.sha256(f.read()).hexdigest()
+        except OSError:
+            file_digests[path] = "missing"
+    return file_digests[path]
+
+
+def output_of(entry):
+    args = entry.get("arguments") or shlex.split(entry["command"])
+    for i, a in enumerate(args[:-1]):
+        if a == "-o":
+            return args[i + 1]
+    return None
+
+
+deps_by_output = ninja_deps(os.path.dirname(db_path)) if cache_dir else {}
+
+
+def cache_key(unit):
+    """SHA-256 of clang's version, the command line and the unit's input.
+    The input is every file the build's compile of the unit read (Ninja's
+    deps, and those of its precompiled header), by content, which is what its
+    preprocessed text is made of; without them, the preprocessed text itself
+    (clang -E, about 1 CPU second). None when neither can be had (the unit is
+    then analysed)."""
+    name, source, entry = unit
+    directory, args, includes = translate(entry)
+    digest = hashlib.sha256()
+    digest.update(clang_version.encode())
+    digest.update("\0".join(args + textual(includes) + [source]).encode())
+    output = output_of(entry)
+    files = deps_by_output.get(output) if output else None
+    build_dir = os.path.dirname(db_path)
+    if files:
+        files = list(files)
+        for inc in includes:  # CMake's PCH: the headers read when it was made
+            pch = os.path.relpath(inc + ".gch", build_dir)
+            if pch not in deps_by_output:
+                files = None
+                break
+            files += deps_by_output[pch]
+    if files:
+        # Ninja's paths are absolute or relative to the build folder.
+        for f in sorted(set(os.path.normpath(os.path.join(build_dir, f)) for f in files)):
+            digest.update(("\0%s\0%s" % (f, file_digest(f))).encode())
+        return digest.hexdigest()
+    proc = subprocess.Popen(args + textual(includes) + ["-E", source], cwd=directory,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    for chunk in iter(lambda: proc.stdout.read(1 << 20), b""):
+        digest.update(chunk)
+    return digest.hexdigest() if proc.wait() == 0 else None
+
+
+keys = {}
+if cache_dir and not self_test_sources:
+    os.makedirs(cache_dir, exist_ok=True)
+    jobs = int(os.environ.get("JOBS") or os.cpu_count() or 1)
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        keys = dict(zip((u[0] for u in units), pool.map(cache_key, units)))
+    hits = [u for u in units
+            if keys[u[0]] and os.path.exists(os.path.join(cache_dir, keys[u[0]]))]
+    now = time.time()
+    for name, _, _ in hits:
+        os.utime(os.path.join(cache_dir, keys[name]), (now, now))
+    for old in os.listdir(cache_dir):
+        path = os.path.join(cache_dir, old)
+        if now - os.path.getmtime(path) > 30 * 86400:
+            os.remove(path)
+    hit_names = {u[0] for u in hits}
+    units = [u for u in units if u[0] not in hit_names]
+    with open(os.path.join(work, "cached.count"), "w") as f:
+        f.write("%d\n" % len(hits))
 
 # Translation units with one -include and the same command line share a PCH
 # of it (when two or more do, or in the self-test).
@@ -209,6 +342,9 @@ def write_job(kind, n, name, directory, cmd):
     script = os.path.join(work, kind, "%04d.sh" % n)
     with open(script, "w") as f:
         f.write("# %s\ncd %s && exec %s\n" % (name, shlex.quote(directory), shlex.join(cmd)))
+    if keys.get(name):
+        with open(os.path.join(work, kind, "%04d.key" % n), "w") as f:
+            f.write(keys[name] + "\n")
     with open(os.path.join(work, kind + ".list"), "a") as listing:
         listing.write(script + "\n")
 
@@ -227,8 +363,7 @@ for n, (name, source, directory, args, includes, key) in enumerate(translated):
                       args + ["-x", "c++-header", wrapper, "-o", pchs[key]])
         prefix = ["-include-pch", pchs[key]]
     else:
-        # As text behind -Xclang: the driver would pick up GCC's .gch beside it.
-        prefix = [x for inc in includes for x in ("-Xclang", "-include", "-Xclang", inc)]
+        prefix = textual(includes)
     write_job("tu", n, name, directory, args + prefix + ["-fsyntax-only", source])
 PY
 }
@@ -238,7 +373,10 @@ PY
 run_jobs() {
   local list="${work}/$1.list" count failed=0 script findings
   count="$(wc -l <"${list}")"
-  [[ "${count}" -gt 0 ]] || return 0
+  if [[ "${count}" -eq 0 ]]; then
+    [[ "$1" == pch ]] || echo "check_thread_safety: no translation unit to analyse"
+    return 0
+  fi
   # shellcheck disable=SC2016
   xargs -a "${list}" -d '\n' -P "${jobs}" -n 1 \
     bash -c 'bash "$1" >"${1%.sh}.log" 2>&1 || touch "${1%.sh}.failed"' _
@@ -260,13 +398,24 @@ run_jobs() {
 
 if [[ "${self_test}" -eq 0 ]]; then
   start=${SECONDS}
-  make_jobs "${repo}" "${db}" "${work}" "${clangxx}" "${check_all}"
+  cache_dir=""
+  [[ "${use_cache}" == 0 ]] || cache_dir="${build_dir}/thread_safety_cache"
+  make_jobs "${repo}" "${db}" "${work}" "${clangxx}" "${check_all}" "${cache_dir}"
+  if [[ -f "${work}/cached.count" ]]; then
+    echo "check_thread_safety: $(cat "${work}/cached.count") translation units unchanged" \
+         "since they passed (${cache_dir}); KNAPSERVE_TSA_CACHE=0 analyses them too"
+  fi
   status=0
   if run_jobs pch; then
     run_jobs tu || status=1
   else
     status=1
   fi
+  # Remember the units that passed.
+  while read -r script; do
+    [[ -n "${cache_dir}" && -e "${script%.sh}.key" && ! -e "${script%.sh}.failed" ]] || continue
+    : >"${cache_dir}/$(cat "${script%.sh}.key")"
+  done <"${work}/tu.list"
   echo "check_thread_safety: $((SECONDS - start)) s with ${jobs} jobs"
   exit "${status}"
 fi
@@ -304,7 +453,7 @@ CC
   cat "${work}/tsa_clean.cc"
 } >"${work}/tsa_violation.cc"
 
-make_jobs "${repo}" "${db}" "${work}" "${clangxx}" 0 "${work}/tsa_clean.cc" \
+make_jobs "${repo}" "${db}" "${work}" "${clangxx}" 0 "" "${work}/tsa_clean.cc" \
   "${work}/tsa_violation.cc"
 run_jobs pch || exit 1
 run_jobs tu || true  # the violation must fail; judged below

@@ -26,7 +26,8 @@ const std::vector<SpeculationModeInfo>& Table() {
       // only caps that gamma, so the default leaves the anchors' choice.
       {SpeculationMode::kKnn, "knn", true, false, true, false,
        PlanPolicy::kStatic, 10},
-      // The width bound (see README.md, SpecBound, for how it was chosen).
+      // The width bound (executor/README.md, SpecBound, says how it was
+      // chosen).
       {SpeculationMode::kSpecBound, "specbound", true, false, false, true,
        PlanPolicy::kOff, 6},
   };

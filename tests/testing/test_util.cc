@@ -154,6 +154,12 @@ ServerProcess::ServerProcess(std::vector<std::string> argv_strings,
   }
   posix_spawn_file_actions_destroy(&actions);
   for (int i = 0; i < 1200 && pid_ != 0 && port_.empty(); ++i) {
+    // A server that exited will never be ready: stop waiting for it.
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+      break;
+    }
     const std::string err = ReadFile(err_path_);
     if (!ready.empty()) {
       if (err.find(ready) != std::string::npos) {
@@ -185,6 +191,8 @@ std::string ServerProcess::log() const { return ReadFile(err_path_); }
 void ServerProcess::SendSigterm() { kill(pid_, SIGTERM); }
 
 int ServerProcess::Signal(int signal) {
+  if (exit_code_ >= 0)
+    return exit_code_;  // already reaped: never signal a reused pid
   if (signal != 0) kill(pid_, signal);
   int status = 0;
   if (waitpid(pid_, &status, 0) == pid_) {
