@@ -423,7 +423,7 @@ absl::StatusOr<nlohmann::json> RunSet(
   // sampling draws other random numbers; its output distribution is the
   // model's, which SamplingLosslessTest checks statistically). Only greedy
   // runs are compared id for id.
-  const bool greedy = modes[0].request.sampling.temperature == 0.0;
+  const bool greedy = modes[0].request.sampling.greedy();
   for (size_t k = 0; k < modes.size(); ++k) {
     int differing = 0;
     for (size_t p = 0; p < inputs.size() && greedy; ++p) {
@@ -762,13 +762,13 @@ absl::Status BenchSpec() {
       engine.model_dir.c_str(), DtypeName(model.dtype()).c_str(),
       at::get_num_threads(), simd::CurrentTarget().c_str(),
       static_cast<long long>(max_new_tokens),
-      base.sampling.temperature == 0.0
+      base.sampling.greedy()
           ? "greedy"
           : absl::StrCat("sampling at temperature ", base.sampling.temperature)
                 .c_str(),
       base.speculation.max_draft, base.speculation.exit_threshold, repeats,
       skip.empty() ? "(none)" : skip.c_str());
-  if (base.sampling.temperature != 0.0) {
+  if (!base.sampling.greedy()) {
     std::fprintf(out,
                  "sampling: output ids are not compared (the distribution is "
                  "the model's)\n");

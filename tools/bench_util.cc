@@ -248,7 +248,7 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     for (size_t mode = 0; mode < num_modes; ++mode) {
       std::vector<GenerationResult>& reps = results[mode];
       for (const GenerationResult& rep : reps) {
-        if (requests[mode].sampling.temperature == 0.0 &&
+        if (requests[mode].sampling.greedy() &&
             rep.output_ids != reps[0].output_ids) {
           return absl::InternalError(
               absl::StrCat("prompt ", inputs[p].prompt.question_id,

@@ -179,7 +179,13 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request,
                        "], got ", spec.clasp_layers));
     }
   }
-  return Annotate(ValidateSamplingParams(request.sampling), "sampling");
+  RETURN_IF_ERROR(ValidateSamplingParams(request.sampling, vocab));
+  if (request.sampling.min_tokens > request.max_new_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "min_tokens: must be <= max_new_tokens (", request.max_new_tokens,
+        "), got ", request.sampling.min_tokens));
+  }
+  return absl::OkStatus();
 }
 
 TextStream::TextStream(const Tokenizer& tokenizer,

@@ -128,6 +128,11 @@ struct GenerationRequest {
   // full model's logits at that position, before temperature and top-p, so
   // the same for greedy and sampled requests and for every speculation mode.
   bool logprobs = false;
+  // Return the raw logits (before the logits processors and the sampler) of
+  // every output position: GenerationResult::output_logits (for
+  // `knapserve generate --dump-logits` and an outside check of the
+  // processors, tests/testing/check_logits_processors.py).
+  bool return_logits = false;
   int64_t prefill_chunk = 512;  // positions per prefill forward
   SpeculationConfig speculation;
   // The trace this generation belongs to (common/trace): the span its plan
@@ -206,6 +211,9 @@ struct GenerationResult {
       text;  // decoded output, special tokens skipped, cut at a stop string
   // With GenerationRequest::logprobs: one per output id (else empty).
   std::vector<float> output_logprobs;
+  // With GenerationRequest::return_logits: float32 [output ids, vocab] on the
+  // CPU, row i the full model's raw logits that chose output_ids[i].
+  torch::Tensor output_logits;
   FinishReason finish_reason = FinishReason::kLength;
   std::string matched_stop;  // the stop string that ended it, if any
   uint64_t seed = 0;         // the sampler seed used

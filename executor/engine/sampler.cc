@@ -4,25 +4,7 @@
 
 #include <cmath>
 
-#include "absl/strings/str_cat.h"
-
 namespace knapserve {
-
-absl::Status ValidateSamplingParams(const SamplingParams& params) {
-  if (!(params.temperature >= 0.0) || !std::isfinite(params.temperature)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "temperature must be a finite number >= 0, got ", params.temperature));
-  }
-  if (params.top_k < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_k must be >= 0, got ", params.top_k));
-  }
-  if (!(params.top_p > 0.0 && params.top_p <= 1.0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_p must be in (0, 1], got ", params.top_p));
-  }
-  return absl::OkStatus();
-}
 
 Sampler::Sampler(const SamplingParams& params) : params_(params) {
   seed_ = params.seed.has_value()
@@ -62,6 +44,14 @@ torch::Tensor Sampler::Distribution(const torch::Tensor& logits) const {
     torch::Tensor drop =
         torch::zeros({vocab}, torch::kBool).scatter(0, order, drop_sorted);
     probs = probs.masked_fill(drop, 0.0f);
+    probs = probs / probs.sum();
+  }
+  if (params_.min_p > 0.0) {
+    // Drop what is less likely than min_p times the most likely token (which
+    // is always kept).
+    const float threshold =
+        static_cast<float>(params_.min_p) * probs.max().item<float>();
+    probs = probs.masked_fill(probs < threshold, 0.0f);
     probs = probs / probs.sum();
   }
   return probs.contiguous();

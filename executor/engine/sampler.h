@@ -1,6 +1,9 @@
-// Sampler: turns a position's logits into the next token, with the sampling
+// Sampler: turns a position's processed logits (executor/engine/
+// logits_processors.h, steps 1-5) into the next token, with the sampling
 // semantics users expect from Hugging Face / vLLM: temperature, then top-k,
-// then top-p (nucleus), then a draw. Temperature 0 means greedy (argmax).
+// then top-p (nucleus), then min-p, then a draw (steps 6-9 of the pipeline
+// logits_processors.h documents). A temperature below kGreedyTemperature
+// (0 included) means greedy: the argmax.
 //
 // Reproducibility: the sampler owns a 64-bit Mersenne Twister seeded from
 // SamplingParams::seed, and every draw consumes exactly one uniform number, so
@@ -15,35 +18,23 @@
 #include <torch/types.h>
 
 #include <cstdint>
-#include <optional>
 #include <random>
 
-#include "absl/status/status.h"
+#include "executor/engine/logits_processors.h"
 
 namespace knapserve {
-
-struct SamplingParams {
-  double temperature = 0.0;  // 0 = greedy; must be >= 0
-  int64_t top_k = 0;         // 0 = no top-k filter; must be >= 0
-  double top_p = 1.0;        // 1 = no nucleus filter; must be in (0, 1]
-  // Seed for the sampler's RNG; unset draws one from std::random_device.
-  std::optional<uint64_t> seed;
-};
-
-// InvalidArgument naming the field when a value is out of range.
-absl::Status ValidateSamplingParams(const SamplingParams& params);
 
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& params);
 
-  bool greedy() const { return params_.temperature == 0.0; }
+  bool greedy() const { return params_.greedy(); }
   // The seed actually used (params.seed or the random one drawn).
   uint64_t seed() const { return seed_; }
 
-  // float32 [vocab] probabilities on the CPU after temperature, top-k and
-  // top-p; filtered tokens are exactly 0. For greedy params it is one-hot on
-  // the argmax. `logits` is [vocab] on any device.
+  // float32 [vocab] probabilities on the CPU after temperature, top-k, top-p
+  // and min-p; filtered tokens are exactly 0. For greedy params it is one-hot
+  // on the argmax. `logits` is [vocab] on any device.
   torch::Tensor Distribution(const torch::Tensor& logits) const;
 
   // Next token from `logits` ([vocab]): the argmax when greedy, else a draw

@@ -23,6 +23,21 @@
 #include "executor/planning/plan_controller.h"
 
 namespace knapserve {
+namespace {
+
+// What min_tokens holds back: the EOS ids (unless ignore_eos) and the stop
+// token ids.
+std::vector<int32_t> MinTokensEndIds(const LlamaModel& model,
+                                     const GenerationRequest& request) {
+  std::vector<int32_t> ids = request.stop_token_ids;
+  if (!request.ignore_eos) {
+    const std::vector<int32_t>& eos = model.config().eos_token_ids;
+    ids.insert(ids.end(), eos.begin(), eos.end());
+  }
+  return ids;
+}
+
+}  // namespace
 
 // The planned modes' side of one generation: a PlanController decides, this
 // class acts on the sequence's mask and gamma, the result and the planner.
@@ -408,6 +423,8 @@ Sequence::Sequence(const LlamaModel& model, const Tokenizer& tokenizer,
       limit_(
           std::min(request_.max_new_tokens, model.max_context() - prompt_len_)),
       sampler_(request_.sampling),
+      processors_(request_.sampling, request_.prompt_ids,
+                  MinTokensEndIds(model, request_)),
       stream_(tokenizer, request_.prompt_ids, request_.stop_strings),
       mask_(std::move(mask)),
       collector_(request_.speculation.plan_interval,
@@ -505,6 +522,10 @@ void Sequence::Finish() {
   }
   result_.stats.draft_seconds = spec_stats_.draft_seconds;
   result_.stats.verify_seconds = spec_stats_.verify_seconds;
+  if (!logit_rows_.empty()) {
+    result_.output_logits = torch::stack(logit_rows_);
+    logit_rows_.clear();
+  }
 }
 
 absl::StatusOr<GenerationResult> Sequence::TakeResult() {
@@ -551,6 +572,11 @@ absl::Status Sequence::Commit(const std::vector<int32_t>& tokens,
     if (request_.logprobs) {
       result_.output_logprobs.push_back(pending_logprobs_[j]);
     }
+    if (request_.return_logits) {
+      logit_rows_.push_back(logits[static_cast<int64_t>(j)].to(
+          torch::kCPU, torch::kFloat32, /*non_blocking=*/false,
+          /*copy=*/true));
+    }
     ASSIGN_OR_RETURN(std::string piece, stream_.Push(id));
     text += piece;
     reason = end_reason(id);
@@ -562,6 +588,8 @@ absl::Status Sequence::Commit(const std::vector<int32_t>& tokens,
   }
   if (reason) text += stream_.Finish();
   const size_t added = result_.output_ids.size() - first_new;
+  processors_.Commit(
+      absl::MakeConstSpan(result_.output_ids.data() + first_new, added));
   const absl::Span<const float> logprobs =
       request_.logprobs ? absl::MakeConstSpan(
                               result_.output_logprobs.data() + first_new, added)
@@ -612,7 +640,9 @@ void Sequence::BeginStep(bool allow_drafts) {
 
 void Sequence::OnDraftLogits(const torch::Tensor& logits) {
   bool confident = false;
-  drafts_.push_back(ChooseDraft(sampler_, logits,
+  // The draft's logits processed with the history its position will have
+  // at verification: the output so far and the drafts before it.
+  drafts_.push_back(ChooseDraft(sampler_, processors_.Apply(logits, drafts_),
                                 request_.speculation.exit_threshold,
                                 draft_dists_, confident));
   if (!confident || static_cast<int64_t>(drafts_.size()) >= budget_)
@@ -624,10 +654,12 @@ void Sequence::OnExitPass(const torch::Tensor& states) {
   const SpecBoundConfig& config = request_.speculation.specbound;
   const int newest = exit_rows_.rows() - 1;
   const int depth = exit_rows_.depth(newest);
-  // z_l / T_l for the exit after layer depth - 1.
-  const torch::Tensor scaled =
+  // z_l / T_l for the exit after layer depth - 1, processed with the
+  // history of the position it drafts for.
+  const torch::Tensor scaled = processors_.Apply(
       exit_heads_->Logits(model_, depth - 1, exit_rows_.state(newest))[0] /
-      ExitTemperature(config.t0, depth - 1, model_.num_layers());
+          ExitTemperature(config.t0, depth - 1, model_.num_layers()),
+      drafts_);
   const double top1 = torch::softmax(scaled, 0).max().item<double>();
   if (top1 >= config.lambda) {
     int32_t draft;
@@ -670,7 +702,7 @@ void Sequence::UpdateExitCostMask() {
 
 absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
   length_ = prompt_len_;
-  const int32_t first = sampler_.Sample(logits);
+  const int32_t first = sampler_.Sample(processors_.Apply(logits, {}));
   result_.stats.prefill_seconds = SecondsSince(start_);
   decode_start_ = std::chrono::steady_clock::now();
   result_.stats.first_token_unix_nanos = trace::NowUnixNanos();
@@ -694,7 +726,10 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
                                   const torch::Tensor& states,
                                   double step_seconds) {
   const int64_t pos = length_;
-  StepResult out = FinishVerification(sampler_, drafts_, draft_dists_, logits,
+  // Row j is processed with the drafts before it as pending history; the
+  // raw rows still give the logprobs (Commit).
+  StepResult out = FinishVerification(sampler_, drafts_, draft_dists_,
+                                      processors_.ApplyRows(logits, drafts_),
                                       states, pos, capture_, spec_stats_);
   // Keep [last, accepted drafts]; later positions are overwritten later.
   length_ = pos + out.accepted + 1;

@@ -26,6 +26,10 @@
 //   4. each sequence accepts, commits, streams and checks its stop
 //      conditions (executor/engine/speculation_step.h's AcceptDrafts, so the
 //      output is the model's own, token for token).
+// Every logits row a sequence chooses from (prefill, draft, SpecBound exit,
+// verification) first goes through its logits processors
+// (executor/engine/logits_processors.h) with that position's own history:
+// the committed output plus the step's drafts before it.
 //
 // Passes go through LlamaModel::ForwardBatch, whose rows are batch-invariant
 // on CPU: a sequence's tokens do not depend on who shares its batch.
@@ -63,6 +67,7 @@
 #include "common/text/tokenizer.h"
 #include "executor/engine/generator.h"
 #include "executor/engine/kv_pool.h"
+#include "executor/engine/logits_processors.h"
 #include "executor/engine/reference_states.h"
 #include "executor/engine/sampler.h"
 #include "executor/engine/specbound.h"
@@ -142,8 +147,9 @@ class Sequence {
   absl::Status OnVerified(const torch::Tensor& logits,
                           const torch::Tensor& states, double step_seconds);
   // Commits `tokens` one by one, streaming them; sets done_ at a stop.
-  // `logits` holds each token's full-model logits in its rows (row j for
-  // tokens[j]), read only when the request asked for logprobs.
+  // `logits` holds each token's raw full-model logits in its rows (row j
+  // for tokens[j]), read only when the request asked for logprobs or
+  // logits.
   absl::Status Commit(const std::vector<int32_t>& tokens,
                       const torch::Tensor& logits);
   // Ends the sequence normally and fills the result's totals.
@@ -161,6 +167,11 @@ class Sequence {
   int64_t prompt_len_ = 0;
   int64_t limit_ = 0;  // most output tokens (max_new_tokens within context)
   Sampler sampler_;
+  // Steps 1-5 of the sampling pipeline (logits_processors.h), with this
+  // sequence's history: every position's logits go through them before the
+  // sampler or an argmax sees them.
+  LogitsProcessors processors_;
+  std::vector<torch::Tensor> logit_rows_;  // return_logits: one per token
   TextStream stream_;
   LayerMask mask_;
   int gamma_ = 0;

@@ -78,8 +78,10 @@ struct StepResult {
   std::vector<int32_t> target_argmax;
 };
 
-// Picks the draft token from the draft's logits ([vocab] float32): argmax
-// when greedy, else a sample from the sampler's distribution, which is
+// Picks the draft token from the draft's logits ([vocab] float32, already
+// through the sequence's logits processors with the history of the position
+// drafted for): argmax when greedy, else a sample from the sampler's
+// distribution, which is
 // appended to `draft_dists` (q_j, for rejection sampling). Returns the token
 // and sets `confident` to whether the draft's top-1 probability reaches
 // `exit_threshold` (drafting goes on only then).
@@ -93,7 +95,8 @@ struct Acceptance {
   int32_t next = -1;     // the target's token after them (correction/bonus)
 };
 // Verification of `drafts` against the full model's logits ([m+1, vocab]
-// float32; row j predicts the token after draft j-1) and their argmax
+// float32; row j predicts the token after draft j-1, and went through the
+// logits processors with drafts 0..j-1 as history) and their argmax
 // (`target`, m+1 ids): greedy keeps the longest matching prefix; sampling
 // runs speculative rejection sampling with `draft_dists`.
 Acceptance AcceptDrafts(Sampler& sampler, const std::vector<int32_t>& drafts,

@@ -117,23 +117,27 @@ TEST(SamplerTest, NeverDrawsAFilteredToken) {
 
 TEST(SamplerTest, ValidatesParams) {
   SamplingParams p;
-  EXPECT_TRUE(ValidateSamplingParams(p).ok());
+  EXPECT_TRUE(ValidateSamplingParams(p, /*vocab_size=*/16).ok());
   p.temperature = -0.5;
-  EXPECT_NE(ValidateSamplingParams(p).message().find("temperature"),
+  EXPECT_NE(ValidateSamplingParams(p, /*vocab_size=*/16)
+                .message()
+                .find("temperature"),
             std::string::npos);
   p = SamplingParams();
   p.top_k = -1;
-  EXPECT_NE(ValidateSamplingParams(p).message().find("top_k"),
-            std::string::npos);
+  EXPECT_NE(
+      ValidateSamplingParams(p, /*vocab_size=*/16).message().find("top_k"),
+      std::string::npos);
   p = SamplingParams();
   p.top_p = 0;
-  EXPECT_NE(ValidateSamplingParams(p).message().find("top_p"),
-            std::string::npos);
+  EXPECT_NE(
+      ValidateSamplingParams(p, /*vocab_size=*/16).message().find("top_p"),
+      std::string::npos);
   p.top_p = 1.5;
-  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  EXPECT_FALSE(ValidateSamplingParams(p, /*vocab_size=*/16).ok());
   p = SamplingParams();
   p.temperature = NAN;
-  EXPECT_FALSE(ValidateSamplingParams(p).ok());
+  EXPECT_FALSE(ValidateSamplingParams(p, /*vocab_size=*/16).ok());
 }
 
 }  // namespace
