@@ -75,4 +75,26 @@ bool ProfileBatchCost::DraftsPay(int64_t context_length,
          StepTokensPerSecond(context_length, members, /*drafting=*/false);
 }
 
+void DeferredBatchCost::SetProfile(LatencyProfile profile) {
+  auto cost =
+      std::make_shared<const ProfileBatchCost>(std::move(profile), num_layers_);
+  absl::MutexLock lock(&mu_);
+  cost_ = std::move(cost);
+}
+
+bool DeferredBatchCost::has_profile() const {
+  absl::MutexLock lock(&mu_);
+  return cost_ != nullptr;
+}
+
+bool DeferredBatchCost::DraftsPay(int64_t context_length,
+                                  absl::Span<const BatchMember> members) const {
+  std::shared_ptr<const ProfileBatchCost> cost;
+  {
+    absl::MutexLock lock(&mu_);
+    cost = cost_;
+  }
+  return cost == nullptr || cost->DraftsPay(context_length, members);
+}
+
 }  // namespace knapserve

@@ -22,12 +22,16 @@
 // plain's.
 //
 // Thread safety: immutable after construction; const methods from any
-// thread. Owns a copy of the profile.
+// thread. Owns a copy of the profile. DeferredBatchCost (below) is the one
+// whose profile comes later.
 #ifndef KNAPSERVE_PLANNER_BATCH_COST_H_
 #define KNAPSERVE_PLANNER_BATCH_COST_H_
 
 #include <cstdint>
+#include <memory>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/plan/batch_cost_model.h"
 #include "planner/latency_profile.h"
 
@@ -51,6 +55,34 @@ class ProfileBatchCost final : public BatchCostModel {
  private:
   const LatencyProfile profile_;
   const int num_layers_;
+};
+
+// A ProfileBatchCost whose profile may come later: a server that serves
+// while its profile is measured in the background
+// (planner/background_profile.h). Until SetProfile every step's drafts pay
+// (as with no cost model: each sequence follows its own mode; planned ones
+// decode plainly anyway while the planner has no profile); from then on
+// ProfileBatchCost answers.
+//
+// Thread safety: DraftsPay from any thread (the engine's step thread),
+// SetProfile from any other; one absl::Mutex guards the model in force,
+// which is immutable once set.
+class DeferredBatchCost final : public BatchCostModel {
+ public:
+  explicit DeferredBatchCost(int num_layers) : num_layers_(num_layers) {}
+
+  // The profile lands; a second call replaces the first.
+  void SetProfile(LatencyProfile profile) ABSL_LOCKS_EXCLUDED(mu_);
+  bool has_profile() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  bool DraftsPay(int64_t context_length,
+                 absl::Span<const BatchMember> members) const override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const int num_layers_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const ProfileBatchCost> cost_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace knapserve

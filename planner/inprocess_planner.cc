@@ -17,9 +17,9 @@
 
 namespace knapserve {
 
-absl::StatusOr<std::unique_ptr<InProcessPlanner>> InProcessPlanner::Create(
-    const LlamaModel& model, LatencyProfile profile,
-    InProcessPlannerOptions options) {
+namespace {
+
+absl::Status CheckOptions(const InProcessPlannerOptions& options) {
   if (options.nice < 0 || options.nice > 19) {
     return absl::InvalidArgumentError(
         absl::StrCat("planner nice must be in [0, 19], got ", options.nice));
@@ -28,21 +28,68 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> InProcessPlanner::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("planner threads must be >= 1, got ", options.threads));
   }
-  RETURN_IF_ERROR(Annotate(profile.Validate(), "latency profile"));
-  RETURN_IF_ERROR(
-      profile.CheckMatches(model.config().Fingerprint(), model.device().str(),
-                           DtypeName(model.dtype()), profile.threads));
-  return std::unique_ptr<InProcessPlanner>(
-      new InProcessPlanner(model, std::move(profile), std::move(options)));
+  return absl::OkStatus();
 }
 
-InProcessPlanner::InProcessPlanner(const LlamaModel& model,
-                                   LatencyProfile profile,
-                                   InProcessPlannerOptions options)
+// A profile of another model, device or dtype is refused (thread counts may
+// differ: see Create).
+absl::Status CheckProfile(const LlamaModel& model,
+                          const LatencyProfile& profile) {
+  RETURN_IF_ERROR(Annotate(profile.Validate(), "latency profile"));
+  return profile.CheckMatches(model.config().Fingerprint(),
+                              model.device().str(), DtypeName(model.dtype()),
+                              profile.threads);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<InProcessPlanner>> InProcessPlanner::Create(
+    const LlamaModel& model, LatencyProfile profile,
+    InProcessPlannerOptions options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  RETURN_IF_ERROR(CheckProfile(model, profile));
+  return std::unique_ptr<InProcessPlanner>(new InProcessPlanner(
+      model, std::make_shared<const LatencyProfile>(std::move(profile)),
+      std::move(options)));
+}
+
+absl::StatusOr<std::unique_ptr<InProcessPlanner>>
+InProcessPlanner::CreateWithoutProfile(const LlamaModel& model,
+                                       InProcessPlannerOptions options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  return std::unique_ptr<InProcessPlanner>(
+      new InProcessPlanner(model, nullptr, std::move(options)));
+}
+
+InProcessPlanner::InProcessPlanner(
+    const LlamaModel& model, std::shared_ptr<const LatencyProfile> profile,
+    InProcessPlannerOptions options)
     : model_(model),
-      profile_(std::move(profile)),
       options_(std::move(options)),
+      profile_(std::move(profile)),
       worker_([this] { Run(); }) {}
+
+absl::Status InProcessPlanner::SetProfile(LatencyProfile profile) {
+  RETURN_IF_ERROR(CheckProfile(model_, profile));
+  auto landed = std::make_shared<const LatencyProfile>(std::move(profile));
+  absl::MutexLock lock(&mu_);
+  if (profile_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "the planner already has its latency profile");
+  }
+  profile_ = std::move(landed);
+  return absl::OkStatus();
+}
+
+bool InProcessPlanner::ProfilePending() const {
+  absl::MutexLock lock(&mu_);
+  return profile_ == nullptr;
+}
+
+std::shared_ptr<const LatencyProfile> InProcessPlanner::profile() const {
+  absl::MutexLock lock(&mu_);
+  return profile_;
+}
 
 InProcessPlanner::~InProcessPlanner() {
   absl::flat_hash_map<uint64_t, Pending> left;
@@ -131,6 +178,13 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
                                                    " layers for a model with ",
                                                    model_.num_layers()));
   }
+  const std::shared_ptr<const LatencyProfile> profile_in_force = profile();
+  if (profile_in_force == nullptr) {
+    return ProfilePendingError(
+        "profile pending: the planner's latency profile is still being "
+        "measured; no plans until it is ready");
+  }
+  const LatencyProfile& profile = *profile_in_force;
   if (request.policy == PlanPolicy::kOff) {
     DraftPlan off;
     off.mask = LayerMask(model_.num_layers());
@@ -167,7 +221,7 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
     case PlanPolicy::kKnapSpec: {
       KnapSpecOptions options = options_.knapspec;
       options.max_draft = request.max_draft;
-      return SolveKnapSpec(model_, profile_, inputs, options);
+      return SolveKnapSpec(model_, profile, inputs, options);
     }
     case PlanPolicy::kClasp: {
       ClaspOptions options;
@@ -175,7 +229,7 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
       options.max_draft = request.max_draft;
       options.keep_first_and_last = options_.knapspec.keep_first_and_last;
       options.alpha_prior = options_.knapspec.alpha_prior;
-      return SolveClasp(model_, profile_, inputs, options);
+      return SolveClasp(model_, profile, inputs, options);
     }
     case PlanPolicy::kOff:
       break;  // answered above
@@ -185,7 +239,7 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
       StaticOptions options;
       options.max_draft = request.max_draft;
       options.alpha_prior = options_.knapspec.alpha_prior;
-      return SolveStatic(model_, profile_, inputs, mask, options);
+      return SolveStatic(model_, profile, inputs, mask, options);
     }
   }
   return absl::InvalidArgumentError("policy: unknown");

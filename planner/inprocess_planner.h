@@ -18,14 +18,23 @@
 // request's traceparent; the solve's stages (planner/planner.h) are
 // children of plan.solve.
 //
+// A planner may start without its latency profile (CreateWithoutProfile: a
+// server that serves while the profile is measured in the background,
+// planner/background_profile.h). Until SetProfile, ProfilePending() is true
+// and every request is answered ProfilePendingError
+// (common/plan/planner_client.h) by the worker; from then on it plans with
+// the profile.
+//
 // Ownership: borrows the model (must outlive the planner); owns its copy of
 // the latency profile and its worker thread. The destructor stops the worker
 // after the running solve and answers queued requests with Unavailable.
 // Exceptions: a solve that throws (a LibTorch check, any std::exception)
 // answers its request with Internal and is counted; the planner goes on.
-// Thread safety: Submit, Forget, Solve and the counters may be called from
-// any thread. One absl::Mutex guards the queue, the counters and the stopping
-// flag; solves and callbacks run without it (callbacks may Submit again).
+// Thread safety: Submit, Forget, Solve, SetProfile, profile() and the
+// counters may be called from any thread. One absl::Mutex guards the queue,
+// the counters, the profile and the stopping flag; solves and callbacks run
+// without it (callbacks may Submit again; a solve holds its own reference to
+// the profile).
 #ifndef KNAPSERVE_PLANNER_INPROCESS_PLANNER_H_
 #define KNAPSERVE_PLANNER_INPROCESS_PLANNER_H_
 
@@ -76,17 +85,31 @@ class InProcessPlanner : public PlannerClient {
   static absl::StatusOr<std::unique_ptr<InProcessPlanner>> Create(
       const LlamaModel& model, LatencyProfile profile,
       InProcessPlannerOptions options);
+  // A planner whose profile comes later (SetProfile); InvalidArgument for
+  // bad options.
+  static absl::StatusOr<std::unique_ptr<InProcessPlanner>> CreateWithoutProfile(
+      const LlamaModel& model, InProcessPlannerOptions options);
   ~InProcessPlanner() override;
 
   void Submit(PlanRequest request, PlanCallback done) override
       ABSL_LOCKS_EXCLUDED(mu_);
   void Forget(uint64_t sequence_id) override ABSL_LOCKS_EXCLUDED(mu_);
+  bool ProfilePending() const override ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Solves `request` on the calling thread (what the worker does per request).
-  absl::StatusOr<DraftPlan> Solve(const PlanRequest& request) const;
+  // The profile lands: requests from now on are solved with it. The checks
+  // of Create (FailedPrecondition, InvalidArgument); FailedPrecondition when
+  // the planner already has one.
+  absl::Status SetProfile(LatencyProfile profile) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The latency profile it plans with (immutable).
-  const LatencyProfile& profile() const { return profile_; }
+  // Solves `request` on the calling thread (what the worker does per
+  // request); ProfilePendingError while the planner has no profile.
+  absl::StatusOr<DraftPlan> Solve(const PlanRequest& request) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The latency profile it plans with (immutable once set); nullptr while
+  // pending.
+  std::shared_ptr<const LatencyProfile> profile() const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Requests solved (or failed) so far, and requests replaced by newer ones.
   int64_t solved() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -104,16 +127,18 @@ class InProcessPlanner : public PlannerClient {
     std::chrono::steady_clock::time_point queued_at;
   };
 
-  InProcessPlanner(const LlamaModel& model, LatencyProfile profile,
+  InProcessPlanner(const LlamaModel& model,
+                   std::shared_ptr<const LatencyProfile> profile,
                    InProcessPlannerOptions options);
   // The worker thread: solves queued requests until the destructor stops it.
   void Run() ABSL_LOCKS_EXCLUDED(mu_);
 
   const LlamaModel& model_;
-  const LatencyProfile profile_;
   const InProcessPlannerOptions options_;
 
   mutable absl::Mutex mu_;
+  // nullptr until the profile lands (CreateWithoutProfile, SetProfile).
+  std::shared_ptr<const LatencyProfile> profile_ ABSL_GUARDED_BY(mu_);
   absl::CondVar cv_;  // signalled when a request is queued or stopping_ is set
   std::deque<uint64_t> order_
       ABSL_GUARDED_BY(mu_);  // sequences with a queued request

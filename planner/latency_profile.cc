@@ -110,20 +110,45 @@ double Median(std::vector<double> values) {
                                 : 0.5 * (values[mid - 1] + values[mid]);
 }
 
-// Median of `repeats` timings of `fn` after `warmup` untimed calls.
-double MedianSeconds(const std::function<void()>& fn, int warmup, int repeats,
-                     bool cuda) {
-  for (int i = 0; i < warmup; ++i) fn();
-  if (cuda) torch::cuda::synchronize();
+// Runs one point of the profile: `run(timed)` `warmup` times untimed, then
+// `repeats` times timed. Before every run asks options.before_run: an error
+// stops it; a wait means the caches went cold, so `restart` drops what the
+// point measured and the warm-up starts over.
+absl::Status RunPoint(const ProfileOptions& options, int warmup, int repeats,
+                      const std::function<void()>& restart,
+                      const std::function<void(bool timed)>& run) {
+  for (int i = 0; i < warmup + repeats; ++i) {
+    if (options.before_run) {
+      ASSIGN_OR_RETURN(const bool waited, options.before_run());
+      if (waited && i > 0) {
+        restart();
+        i = -1;  // the loop's ++i starts the warm-up again
+        continue;
+      }
+    }
+    run(i >= warmup);
+  }
+  return absl::OkStatus();
+}
+
+// Median of `repeats` timings of `fn` after `warmup` untimed calls (a point
+// of RunPoint).
+absl::StatusOr<double> MedianSeconds(const ProfileOptions& options,
+                                     const std::function<void()>& fn,
+                                     int warmup, int repeats, bool cuda) {
   std::vector<double> times;
   times.reserve(repeats);
-  for (int i = 0; i < repeats; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    if (cuda) torch::cuda::synchronize();
-    const auto end = std::chrono::steady_clock::now();
-    times.push_back(std::chrono::duration<double>(end - start).count());
-  }
+  RETURN_IF_ERROR(RunPoint(
+      options, warmup, repeats, [&] { times.clear(); },
+      [&](bool timed) {
+        const auto start = std::chrono::steady_clock::now();
+        fn();
+        if (cuda) torch::cuda::synchronize();
+        const auto end = std::chrono::steady_clock::now();
+        if (timed) {
+          times.push_back(std::chrono::duration<double>(end - start).count());
+        }
+      }));
   return Median(std::move(times));
 }
 
@@ -441,33 +466,40 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
       // they do when decoding (timing one layer over and over keeps its
       // weights in cache and underestimates). Per rep: the mean over layers.
       std::vector<double> attention, mlp, fixed;
-      for (int rep = 0; rep < warmup + repeats; ++rep) {
-        sync();
-        auto t0 = now();
-        torch::Tensor h = model.Embed(one_id);
-        sync();
-        double embed = seconds(t0, now());
-        double attention_sum = 0, mlp_sum = 0;
-        for (int layer = 0; layer < num_layers; ++layer) {
-          auto a = now();
-          h = model.Attention(layer, h, n, kv[layer]);
-          sync();
-          auto b = now();
-          h = model.Mlp(layer, h);
-          sync();
-          auto c = now();
-          attention_sum += seconds(a, b);
-          mlp_sum += seconds(b, c);
-        }
-        auto l0 = now();
-        sink = model.Logits(h);
-        sync();
-        const double logits = seconds(l0, now());
-        if (rep < warmup) continue;
-        attention.push_back(attention_sum / num_layers);
-        mlp.push_back(mlp_sum / num_layers);
-        fixed.push_back(embed + logits);
-      }
+      RETURN_IF_ERROR(RunPoint(
+          options, warmup, repeats,
+          [&] {
+            attention.clear();
+            mlp.clear();
+            fixed.clear();
+          },
+          [&](bool timed) {
+            sync();
+            auto t0 = now();
+            torch::Tensor h = model.Embed(one_id);
+            sync();
+            double embed = seconds(t0, now());
+            double attention_sum = 0, mlp_sum = 0;
+            for (int layer = 0; layer < num_layers; ++layer) {
+              auto a = now();
+              h = model.Attention(layer, h, n, kv[layer]);
+              sync();
+              auto b = now();
+              h = model.Mlp(layer, h);
+              sync();
+              auto c = now();
+              attention_sum += seconds(a, b);
+              mlp_sum += seconds(b, c);
+            }
+            auto l0 = now();
+            sink = model.Logits(h);
+            sync();
+            const double logits = seconds(l0, now());
+            if (!timed) return;
+            attention.push_back(attention_sum / num_layers);
+            mlp.push_back(mlp_sum / num_layers);
+            fixed.push_back(embed + logits);
+          }));
       profile.attention_medians.push_back(Median(attention));
       profile.mlp_medians.push_back(Median(mlp));
       fixed_medians.push_back(Median(fixed));
@@ -476,9 +508,12 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
         torch::Tensor ids =
             torch::randint(model.config().vocab_size, {t},
                            torch::TensorOptions().dtype(torch::kInt64));
-        row.push_back(
-            MedianSeconds([&] { sink = model.Forward(ids, n, kv, -1); }, warmup,
-                          repeats, cuda));
+        ASSIGN_OR_RETURN(
+            const double median,
+            MedianSeconds(
+                options, [&] { sink = model.Forward(ids, n, kv, -1); }, warmup,
+                repeats, cuda));
+        row.push_back(median);
       }
       profile.verify_seconds.push_back(std::move(row));
     }

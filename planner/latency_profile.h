@@ -50,6 +50,7 @@
 #define KNAPSERVE_PLANNER_LATENCY_PROFILE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -174,6 +175,13 @@ struct ProfileOptions {
   int warmup = 3;      // untimed runs before them
   int max_draft = 10;  // verify table covers 1..max_draft+1 tokens
   uint64_t seed = 0;   // for the random K/V contents and hidden states
+  // Called on the measuring thread before every run (warm-up or timed) of
+  // every point; empty = never. An error stops the measurement and is
+  // returned (a server shutting down answers Cancelled). `true` says it
+  // waited (a server's background profile pauses while requests decode,
+  // planner/background_profile.h): the caches are then cold, so the point
+  // starts over with its warm-up and its timings so far are dropped.
+  std::function<absl::StatusOr<bool>()> before_run;
 };
 
 // Measures `model` on its own device and dtype. At each context length n: a
@@ -188,7 +196,7 @@ struct ProfileOptions {
 // kept as measured). The key is filled from the model and the current torch
 // thread count.
 // InvalidArgument for bad options (repeats < 1, fewer than two usable
-// contexts); Internal if torch throws.
+// contexts); Internal if torch throws; before_run's errors.
 absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
                                             const ProfileOptions& options);
 

@@ -206,6 +206,12 @@ void PlannerService::RecordAnswer(const absl::StatusOr<DraftPlan>& plan) {
     metrics_->queue_seconds.Observe(plan->queue_seconds);
   } else if (plan.status().code() == absl::StatusCode::kCancelled) {
     metrics_->superseded.Add();
+  } else if (IsProfilePending(plan.status())) {
+    metrics_->registry
+        .AddCounter("knapserve_planner_server_profile_pending_total",
+                    "Plan requests answered \"profile pending\": the latency "
+                    "profile was still being measured.")
+        .Add();
   } else {
     metrics_->registry
         .AddCounter("knapserve_planner_server_failed_total",

@@ -22,8 +22,10 @@
 // Metrics (when given a registry): knapserve_planner_server_requests_total,
 // _received_bytes_total, _plans_total, _superseded_total (a queued request
 // replaced by a newer one of its sequence), _failed_total{code} (an answer
-// with an error), the histograms _solve_seconds and _queue_seconds of the
-// plans it solved, and the gauge _queue_depth (requests waiting now).
+// with an error), _profile_pending_total (answered "profile pending" while
+// the planner's latency profile was still being measured: no failure), the
+// histograms _solve_seconds and _queue_seconds of the plans it solved, and the
+// gauge _queue_depth (requests waiting now).
 //
 // Ownership: borrows the InProcessPlanner and the metrics registry, which
 // must outlive the server. A

@@ -131,9 +131,11 @@ std::string_view ProfileOriginName(ProfileOrigin origin) {
   return "unknown";
 }
 
-absl::StatusOr<ObtainedProfile> ObtainProfile(
+absl::StatusOr<std::optional<ObtainedProfile>> FindProfile(
     const ProfileKey& key, const ObtainProfileOptions& options,
-    const MeasureProfileFn& measure) {
+    std::vector<std::string>* warnings) {
+  std::vector<std::string> ignored;
+  if (warnings == nullptr) warnings = &ignored;
   ObtainedProfile obtained;
   if (!options.profile_path.empty()) {
     ASSIGN_OR_RETURN(obtained.profile,
@@ -153,30 +155,36 @@ absl::StatusOr<ObtainedProfile> ObtainProfile(
     }
     return obtained;
   }
-
-  std::string entry;
   if (options.cache_dir.empty()) {
-    obtained.warnings.push_back(absl::StrCat(
+    warnings->push_back(absl::StrCat(
         "no profile cache folder (none of --profile-cache, "
         "KNAPSERVE_PROFILE_CACHE, ",
         "XDG_CACHE_HOME, HOME is set); the measured profile is not kept"));
-  } else {
-    entry = (fs::path(options.cache_dir) / key.FileName()).string();
-    absl::StatusOr<LatencyProfile> cached =
-        ReadEntry(entry, key, options.max_draft);
-    if (cached.ok()) {
-      obtained.profile = std::move(*cached);
-      obtained.origin = ProfileOrigin::kCacheHit;
-      obtained.path = entry;
-      return obtained;
-    }
-    if (!absl::IsNotFound(cached.status())) {
-      obtained.warnings.push_back(
-          absl::StrCat("profile cache entry ", entry, " is not usable (",
-                       cached.status().message(), "); measuring it again"));
-    }
+    return std::nullopt;
   }
+  const std::string entry =
+      (fs::path(options.cache_dir) / key.FileName()).string();
+  absl::StatusOr<LatencyProfile> cached =
+      ReadEntry(entry, key, options.max_draft);
+  if (cached.ok()) {
+    obtained.profile = std::move(*cached);
+    obtained.origin = ProfileOrigin::kCacheHit;
+    obtained.path = entry;
+    return obtained;
+  }
+  if (!absl::IsNotFound(cached.status())) {
+    warnings->push_back(
+        absl::StrCat("profile cache entry ", entry, " is not usable (",
+                     cached.status().message(), "); measuring it again"));
+  }
+  return std::nullopt;
+}
 
+absl::StatusOr<ObtainedProfile> MeasureAndStoreProfile(
+    const ProfileKey& key, const ObtainProfileOptions& options,
+    const MeasureProfileFn& measure, std::vector<std::string> warnings) {
+  ObtainedProfile obtained;
+  obtained.warnings = std::move(warnings);
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(obtained.profile, measure());
   obtained.measure_seconds =
@@ -185,7 +193,9 @@ absl::StatusOr<ObtainedProfile> ObtainProfile(
   obtained.origin = ProfileOrigin::kMeasured;
   RETURN_IF_ERROR(obtained.profile.CheckMatches(
       key.model_fingerprint, key.device, key.dtype, key.threads));
-  if (!entry.empty()) {
+  if (!options.cache_dir.empty()) {
+    const std::string entry =
+        (fs::path(options.cache_dir) / key.FileName()).string();
     const absl::Status written =
         WriteCacheFileAtomically(entry, obtained.profile.ToJson());
     if (written.ok()) {
@@ -197,6 +207,16 @@ absl::StatusOr<ObtainedProfile> ObtainProfile(
     }
   }
   return obtained;
+}
+
+absl::StatusOr<ObtainedProfile> ObtainProfile(
+    const ProfileKey& key, const ObtainProfileOptions& options,
+    const MeasureProfileFn& measure) {
+  std::vector<std::string> warnings;
+  ASSIGN_OR_RETURN(std::optional<ObtainedProfile> found,
+                   FindProfile(key, options, &warnings));
+  if (found.has_value()) return std::move(*found);
+  return MeasureAndStoreProfile(key, options, measure, std::move(warnings));
 }
 
 ProfileOptions QuickProfileOptions(const LlamaModel& model, int max_draft) {

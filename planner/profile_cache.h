@@ -26,6 +26,7 @@
 #define KNAPSERVE_PLANNER_PROFILE_CACHE_H_
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -112,10 +113,29 @@ using MeasureProfileFn = std::function<absl::StatusOr<LatencyProfile>()>;
 // The profile for `key` as the file comment says: from options.profile_path,
 // else a cache hit, else `measure` (then stored). Errors: those of loading
 // options.profile_path, and those of `measure`; a measured profile for
-// another key is FailedPrecondition (it would never hit).
+// another key is FailedPrecondition (it would never hit). FindProfile, then
+// MeasureAndStoreProfile on a miss.
 absl::StatusOr<ObtainedProfile> ObtainProfile(
     const ProfileKey& key, const ObtainProfileOptions& options,
     const MeasureProfileFn& measure);
+
+// Steps 1 and 2 alone, which never measure: the profile of
+// options.profile_path (its load errors are returned) or the cache hit;
+// nullopt on a miss, with `warnings` (optional) receiving why an existing
+// entry was not usable, or that there is no cache folder. A server uses it
+// to start at once and measure in the background
+// (planner/background_profile.h).
+absl::StatusOr<std::optional<ObtainedProfile>> FindProfile(
+    const ProfileKey& key, const ObtainProfileOptions& options,
+    std::vector<std::string>* warnings = nullptr);
+
+// Step 3 alone: measures with `measure` and stores the profile as the cache
+// entry of `key` in options.cache_dir (when set; a failed write is a
+// warning). `warnings` (FindProfile's) start the result's warnings. Errors:
+// those of `measure`; a profile for another key is FailedPrecondition.
+absl::StatusOr<ObtainedProfile> MeasureAndStoreProfile(
+    const ProfileKey& key, const ObtainProfileOptions& options,
+    const MeasureProfileFn& measure, std::vector<std::string> warnings = {});
 
 // What a cache miss measures: 5 timed runs per point (what `knapserve serve`
 // always measured at start-up), a verify table up to `max_draft`, and the

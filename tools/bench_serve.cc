@@ -27,6 +27,12 @@
 // single-stream output in the first mode (batching and speculation are
 // lossless); a mismatch or a failed stream makes the command exit 1. Modes run
 // one after another on one server, so their ratios come from one run.
+//
+// An in-process server also reports its start: seconds from the command's
+// start (model load included) to serving, and to the first token of the
+// first request (the first mode's warm-up). A planned mode waits for the
+// server's latency profile when it is still measured in the background, so
+// that its phases time planning.
 #include <ATen/Parallel.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
@@ -468,6 +474,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> RemoteTokenizer(
 }
 
 absl::Status BenchServe() {
+  // The in-process server's start: loading the model, then serving.
+  const Clock::time_point started = Clock::now();
   const int concurrency = absl::GetFlag(FLAGS_concurrency);
   const int num_requests = absl::GetFlag(FLAGS_num_requests) > 0
                                ? absl::GetFlag(FLAGS_num_requests)
@@ -518,6 +526,7 @@ absl::Status BenchServe() {
   std::string address = absl::GetFlag(FLAGS_server);
   Engine engine;
   std::unique_ptr<RunningExecutor> running;
+  double serving_seconds = 0;  // in-process: start to the port serving
   if (address.empty()) {
     ASSIGN_OR_RETURN(engine, LoadEngineFromFlags());
     // Drafting modes get the in-process planner: its profile also prices
@@ -529,6 +538,7 @@ absl::Status BenchServe() {
     ASSIGN_OR_RETURN(
         running,
         StartExecutorFromFlags(engine, planner, "127.0.0.1:0", "bench serve"));
+    serving_seconds = SecondsSince(started);
     address = absl::StrCat("127.0.0.1:", running->server->port());
     if (http) {
       http_address = absl::StrCat("127.0.0.1:", running->server->http_port());
@@ -703,6 +713,7 @@ absl::Status BenchServe() {
   std::vector<std::string> errors;
   int mismatches = 0;
   double first_load_rate = 0;
+  bool first_request = true;
   for (const SpeculationMode mode : modes) {
     const std::string name = SpeculationModeName(mode);
     auto set_mode = [&](PlannedRequest& r) {
@@ -717,13 +728,53 @@ absl::Status BenchServe() {
     for (PlannedRequest& r : load) set_mode(r);
     if (burst.has_value()) set_mode(*burst);
     {
-      const StreamRecord r = stream(warm, Clock::now(), nullptr);
+      // The very first request of an in-process server is timed from the
+      // server's start: the time to the first served token.
+      const bool from_start = first_request && running != nullptr;
+      first_request = false;
+      const StreamRecord r =
+          stream(warm, from_start ? started : Clock::now(), nullptr);
       if (!r.status.ok()) {
         return absl::Status(
             static_cast<absl::StatusCode>(r.status.error_code()),
             absl::StrCat("bench serve: ", name,
                          " warm-up request: ", r.status.error_message()));
       }
+      if (from_start && !r.chunk_times.empty()) {
+        out["startup"] = {{"serving_seconds", serving_seconds},
+                          {"first_served_token_seconds", r.chunk_times[0]},
+                          {"profile_pending", running->profile_pending()}};
+        if (!absl::GetFlag(FLAGS_json)) {
+          std::printf(
+              "startup: serving %.2f s after start, first served token at "
+              "%.2f s (%s, latency profile %s)\n",
+              serving_seconds, r.chunk_times[0], name.c_str(),
+              running->profile_pending() ? "still being measured" : "ready");
+        }
+      }
+    }
+    // Planned modes are timed planning: an in-process server whose profile
+    // is still measured in the background (it measures while the server is
+    // idle) is waited for first.
+    if (IsPlanned(mode) && running != nullptr && running->profile_pending()) {
+      const Clock::time_point wait_start = Clock::now();
+      if (!absl::GetFlag(FLAGS_json)) {
+        std::printf(
+            "%s: waiting for the latency profile (measured in the "
+            "background)\n",
+            name.c_str());
+        std::fflush(stdout);
+      }
+      while (running->profile_pending() &&
+             !running->background_profile->finished()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      if (running->profile_pending()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "bench serve: ", name,
+            ": the latency profile could not be measured (see the log)"));
+      }
+      out["profile_wait_seconds"] = SecondsSince(wait_start);
     }
     // Plan solves of the in-process planner, by phase.
     auto solves = [&]() -> int64_t {
@@ -750,8 +801,10 @@ absl::Status BenchServe() {
         reference.push_back(r.ids);
     }
     int mode_mismatches = 0;
+    int profile_pending = 0;  // streams that could not plan (gRPC finals)
     for (const auto* phase : {&single_phase, &load_phase}) {
       for (const StreamRecord& r : phase->streams) {
+        if (r.final.planning().profile_pending()) ++profile_pending;
         if (!r.status.ok()) {
           errors.push_back(absl::StrCat(
               name, ", prompt ", r.prompt, ": ",
@@ -788,7 +841,8 @@ absl::Status BenchServe() {
         {"load_decode_vs_first_mode",
          first_load_rate > 0 ? loaded.decode_tokens_per_second / first_load_rate
                              : 0.0},
-        {"mismatches", mode_mismatches}};
+        {"mismatches", mode_mismatches},
+        {"profile_pending_requests", profile_pending}};
     if (running != nullptr) {
       const int64_t steps = after.steps - before.steps;
       row["engine"] = {
@@ -838,6 +892,12 @@ absl::Status BenchServe() {
           row["itl_p99_over_p50"].get<double>(),
           SpeculationModeName(modes.front()).c_str(),
           row["load_decode_vs_first_mode"].get<double>());
+      if (profile_pending > 0) {
+        std::printf(
+            "  %d request(s) decoded plainly: the server was still measuring "
+            "its latency profile\n",
+            profile_pending);
+      }
       if (row.contains("engine")) {
         const auto& e = row["engine"];
         std::printf(

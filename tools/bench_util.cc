@@ -166,27 +166,8 @@ void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {
     a.guard_last_plain_tps = b.guard_last_plain_tps;
   }
   a.process_planner_cpu_share = b.process_planner_cpu_share;
-}
-
-nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds) {
-  return {{"plan_cache_hits", s.cache_hits},
-          {"plan_cache_misses", s.cache_misses},
-          {"triggers",
-           {{"no_plan", s.triggers_no_plan},
-            {"new_bucket", s.triggers_new_bucket},
-            {"drift", s.triggers_drift}}},
-          {"budget_deferrals", s.budget_deferrals},
-          {"solve_seconds", s.solve_seconds},
-          {"planner_cpu_share",
-           decode_seconds > 0 ? s.solve_seconds / decode_seconds : 0.0},
-          {"process_planner_cpu_share", s.process_planner_cpu_share},
-          {"guard",
-           {{"checks", s.guard_checks},
-            {"fallbacks", s.guard_fallbacks},
-            {"probe_steps", s.guard_probe_steps},
-            {"plain_steps", s.guard_plain_steps},
-            {"last_spec_tps", s.guard_last_spec_tps},
-            {"last_plain_tps", s.guard_last_plain_tps}}}};
+  a.profile_pending = a.profile_pending || b.profile_pending;
+  a.profile_pending_steps += b.profile_pending_steps;
 }
 
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/llama.h"
 #include "common/text/tokenizer.h"
+#include "executor/api/planning_json.h"
 #include "executor/engine/generator.h"
 #include "tools/prompt_set.h"
 
@@ -113,8 +114,7 @@ struct ModeSummary {
 // Adds b's counts and seconds to a (the last guard rates and the process
 // share are b's).
 void AccumulatePlanning(PlanningStats& a, const PlanningStats& b);
-// `s` as JSON, with planner_cpu_share = s.solve_seconds / decode_seconds.
-nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds);
+// PlanningJson (`s` as JSON): executor/api/planning_json.h.
 
 // Sums `runs` (one per prompt) into a ModeSummary.
 ModeSummary Summarize(const std::vector<PromptRun>& runs);

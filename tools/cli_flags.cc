@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/base/status.h"
 #include "common/model/simd_target.h"
 #include "executor/api/generation_codec.h"
@@ -32,9 +33,33 @@ ABSL_FLAG(std::string, prompt, "",
 ABSL_FLAG(std::string, text, "", "tokenize: the text to encode.");
 ABSL_FLAG(int64_t, max_new_tokens, 128,
           "generate/bench: tokens to generate at most.");
-ABSL_FLAG(double, temperature, 0.0, "Sampling temperature; 0 = greedy.");
+ABSL_FLAG(double, temperature, 0.0,
+          "Sampling temperature; 0 (or below 1e-5) = greedy.");
 ABSL_FLAG(int64_t, top_k, 0, "Top-k filter; 0 = off.");
 ABSL_FLAG(double, top_p, 1.0, "Nucleus (top-p) filter; 1 = off.");
+ABSL_FLAG(double, min_p, 0.0,
+          "Min-p filter (vLLM), in [0, 1]: after top-p, drop the tokens less "
+          "likely than min_p times the most likely one; 0 = off.");
+ABSL_FLAG(double, repetition_penalty, 1.0,
+          "Repetition penalty (vLLM/Hugging Face), > 0: the logit of every "
+          "token in the prompt or the output so far is divided by it when "
+          "positive, multiplied otherwise; 1 = off.");
+ABSL_FLAG(double, presence_penalty, 0.0,
+          "Presence penalty (OpenAI), in [-2, 2]: subtracted from the logit "
+          "of every token generated so far.");
+ABSL_FLAG(double, frequency_penalty, 0.0,
+          "Frequency penalty (OpenAI), in [-2, 2]: subtracted from a token's "
+          "logit once per time it was generated so far.");
+ABSL_FLAG(std::vector<std::string>, logit_bias, {},
+          "Comma-separated ID:BIAS pairs: BIAS (in [-100, 100]) is added to "
+          "token ID's logit at every position (e.g. 42:-100,7:2.5).");
+ABSL_FLAG(int64_t, min_tokens, 0,
+          "The EOS ids (unless --ignore-eos) cannot be generated before this "
+          "many tokens were.");
+ABSL_FLAG(std::string, bad_words, "",
+          "Banned token-id sequences (vLLM's bad_words), comma-separated, the "
+          "ids of one sequence separated by spaces: '12 34,56' bans 34 right "
+          "after 12, and 56 everywhere.");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "Sampling seed (same seed, same output); unset = random, reported in "
           "--json.");
@@ -357,15 +382,70 @@ absl::StatusOr<std::shared_ptr<const ExitHeads>> ExitHeadsFromFlags(
   return ExitHeads::Load(path, *engine.model);
 }
 
+// The sampling flags (temperature, top-k/p, min-p, seed and the logits
+// processors' flags); InvalidArgument naming the flag for a --logit-bias or
+// --bad-words that does not parse (ranges are the request's checks).
+absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
+  SamplingParams params;
+  params.temperature = absl::GetFlag(FLAGS_temperature);
+  params.top_k = absl::GetFlag(FLAGS_top_k);
+  params.top_p = absl::GetFlag(FLAGS_top_p);
+  params.min_p = absl::GetFlag(FLAGS_min_p);
+  params.seed = absl::GetFlag(FLAGS_seed);
+  params.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
+  params.presence_penalty = absl::GetFlag(FLAGS_presence_penalty);
+  params.frequency_penalty = absl::GetFlag(FLAGS_frequency_penalty);
+  params.min_tokens = absl::GetFlag(FLAGS_min_tokens);
+  for (const std::string& item : absl::GetFlag(FLAGS_logit_bias)) {
+    const std::vector<std::string> parts = absl::StrSplit(item, ':');
+    int32_t id = 0;
+    double bias = 0;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &id) ||
+        !absl::SimpleAtod(parts[1], &bias)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--logit-bias: '", item, "' is not ID:BIAS (e.g. 42:-100)"));
+    }
+    params.logit_bias[id] = bias;
+  }
+  for (absl::string_view word :
+       absl::StrSplit(absl::GetFlag(FLAGS_bad_words), ',', absl::SkipEmpty())) {
+    std::vector<int32_t> ids;
+    for (absl::string_view token :
+         absl::StrSplit(word, ' ', absl::SkipWhitespace())) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(token, &id)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--bad-words: '", token,
+                         "' is not a token id (sequences are comma-separated, "
+                         "their ids space-separated)"));
+      }
+      ids.push_back(id);
+    }
+    params.bad_words.push_back(std::move(ids));
+  }
+  return params;
+}
+
 absl::StatusOr<v1::GenerateRequest> WireRequestFromFlags() {
+  ASSIGN_OR_RETURN(const SamplingParams sampling, SamplingParamsFromFlags());
   v1::GenerateRequest request;
   request.set_max_new_tokens(
       static_cast<int32_t>(absl::GetFlag(FLAGS_max_new_tokens)));
-  request.set_temperature(absl::GetFlag(FLAGS_temperature));
-  request.set_top_k(static_cast<int32_t>(absl::GetFlag(FLAGS_top_k)));
-  request.set_top_p(absl::GetFlag(FLAGS_top_p));
-  if (absl::GetFlag(FLAGS_seed).has_value())
-    request.set_seed(*absl::GetFlag(FLAGS_seed));
+  request.set_temperature(sampling.temperature);
+  request.set_top_k(static_cast<int32_t>(
+      std::clamp<int64_t>(sampling.top_k, INT32_MIN, INT32_MAX)));
+  request.set_top_p(sampling.top_p);
+  request.set_min_p(sampling.min_p);
+  if (sampling.seed.has_value()) request.set_seed(*sampling.seed);
+  request.set_repetition_penalty(sampling.repetition_penalty);
+  request.set_presence_penalty(sampling.presence_penalty);
+  request.set_frequency_penalty(sampling.frequency_penalty);
+  request.mutable_logit_bias()->insert(sampling.logit_bias.begin(),
+                                       sampling.logit_bias.end());
+  request.set_min_tokens(static_cast<int32_t>(
+      std::clamp<int64_t>(sampling.min_tokens, INT32_MIN, INT32_MAX)));
+  for (const std::vector<int32_t>& word : sampling.bad_words)
+    request.add_bad_words()->mutable_ids()->Add(word.begin(), word.end());
   request.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
   for (const std::string& stop : absl::GetFlag(FLAGS_stop))
     request.add_stop(stop);
@@ -398,10 +478,7 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
   GenerationRequest request;
   request.prompt_ids = std::move(prompt_ids);
   request.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  request.sampling.temperature = absl::GetFlag(FLAGS_temperature);
-  request.sampling.top_k = absl::GetFlag(FLAGS_top_k);
-  request.sampling.top_p = absl::GetFlag(FLAGS_top_p);
-  request.sampling.seed = absl::GetFlag(FLAGS_seed);
+  ASSIGN_OR_RETURN(request.sampling, SamplingParamsFromFlags());
   request.stop_strings = absl::GetFlag(FLAGS_stop);
   request.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   ASSIGN_OR_RETURN(request.speculation.mode,
@@ -433,13 +510,18 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
   return request;
 }
 
-absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
-    const Engine& engine, const std::string& command) {
-  const LlamaModel& model = *engine.model;
+ObtainProfileOptions ObtainProfileOptionsFromFlags() {
   ObtainProfileOptions options;
   options.profile_path = absl::GetFlag(FLAGS_profile);
   options.cache_dir = ProfileCacheDir(absl::GetFlag(FLAGS_profile_cache));
   options.max_draft = std::max(10, absl::GetFlag(FLAGS_max_draft).value_or(10));
+  return options;
+}
+
+absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
+    const Engine& engine, const std::string& command) {
+  const LlamaModel& model = *engine.model;
+  const ObtainProfileOptions options = ObtainProfileOptionsFromFlags();
   const std::string prefix = absl::StrCat("knapserve ", command, ": ");
   auto measure = [&]() -> absl::StatusOr<LatencyProfile> {
     std::cerr << prefix

@@ -36,6 +36,13 @@ ABSL_DECLARE_FLAG(int64_t, max_new_tokens);
 ABSL_DECLARE_FLAG(double, temperature);
 ABSL_DECLARE_FLAG(int64_t, top_k);
 ABSL_DECLARE_FLAG(double, top_p);
+ABSL_DECLARE_FLAG(double, min_p);
+ABSL_DECLARE_FLAG(double, repetition_penalty);
+ABSL_DECLARE_FLAG(double, presence_penalty);
+ABSL_DECLARE_FLAG(double, frequency_penalty);
+ABSL_DECLARE_FLAG(std::vector<std::string>, logit_bias);
+ABSL_DECLARE_FLAG(int64_t, min_tokens);
+ABSL_DECLARE_FLAG(std::string, bad_words);
 ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
 ABSL_DECLARE_FLAG(std::vector<std::string>, stop);
 ABSL_DECLARE_FLAG(bool, ignore_eos);
@@ -133,6 +140,15 @@ absl::StatusOr<Engine> LoadEngineFromFlags();
 absl::StatusOr<std::shared_ptr<const ExitHeads>> ExitHeadsFromFlags(
     const Engine& engine);
 
+// The sampling settings the flags describe: --temperature, --top-k,
+// --top-p, --min-p, --seed and the logits processors' --repetition-penalty,
+// --presence-penalty, --frequency-penalty, --logit-bias ID:BIAS,...,
+// --min-tokens and --bad-words 'ID ID,ID' (executor/engine/
+// logits_processors.h defines them). InvalidArgument naming the flag when
+// --logit-bias or --bad-words does not parse; the ranges are checked with
+// the request.
+absl::StatusOr<SamplingParams> SamplingParamsFromFlags();
+
 // The generation request the flags describe, for already tokenized prompt ids.
 absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
     std::vector<int32_t> prompt_ids);
@@ -148,6 +164,11 @@ struct ProfileSource {
   std::string origin;
   std::string path;
 };
+
+// Where a latency profile comes from: --profile, the cache folder
+// (--profile-cache, planner/profile_cache.h ProfileCacheDir), and the
+// largest draft it must cover (--max-draft, at least 10).
+ObtainProfileOptions ObtainProfileOptionsFromFlags();
 
 // The latency profile for planning with `engine`: --profile FILE, else the
 // profile cache (--profile-cache, planner/profile_cache.h), measured with

@@ -1,10 +1,15 @@
 // The Generation service set up from the command line (see the header).
 #include "tools/executor_from_flags.h"
 
+#include <cstdlib>
+#include <filesystem>
 #include <iostream>
+#include <optional>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/base/file_util.h"
 #include "common/base/status.h"
 #include "common/text/chat_template.h"
@@ -174,16 +179,19 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
   options.default_speculation.specbound.heads = engine.exit_heads;
 
   if (planner_where == "inproc") {
-    // The latency profile: --profile, else the profile cache (measured on a
-    // miss).
-    ASSIGN_OR_RETURN(
-        running->planner.local,
-        PlannerFromFlags(engine, SpeculationMode::kKnapSpec, command));
+    // The latency profile: --profile, else the profile cache; on a miss it
+    // is measured in the background once the server serves (below).
+    ASSIGN_OR_RETURN(running->planner, ServerPlannerFromFlags(engine, command));
     options.planner_mode = v1::PLANNER_MODE_IN_PROCESS;
     // The same profile prices batched steps: drafts are dropped for a step
     // where they would not pay at that batch size.
-    running->batch_cost = std::make_unique<ProfileBatchCost>(
-        running->planner.local->profile(), engine.model->num_layers());
+    running->batch_cost =
+        std::make_unique<DeferredBatchCost>(engine.model->num_layers());
+    if (const std::shared_ptr<const LatencyProfile> profile =
+            running->planner.local->profile();
+        profile != nullptr) {
+      running->batch_cost->SetProfile(*profile);
+    }
     options.engine.cost_model = running->batch_cost.get();
   } else if (planner_where != "none") {
     ASSIGN_OR_RETURN(RemotePlannerOptions remote,
@@ -237,7 +245,120 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
     std::cerr << "knapserve " << command << ": grpc.health.v1 (plaintext) at "
               << "port " << running->server->health_port() << std::endl;
   }
+  if (running->profile_pending()) {
+    // The server serves; the profile is measured while it is idle: no
+    // request running or queued, and no decode step since the last look.
+    const GenerationService& service = running->server->service();
+    auto last_steps = std::make_shared<int64_t>(service.engine().stats().steps);
+    auto busy = [&service, last_steps] {
+      const int64_t steps = service.engine().stats().steps;
+      const bool stepped = steps != *last_steps;
+      *last_steps = steps;
+      return stepped || service.scheduler().running() > 0 ||
+             service.scheduler().queued() > 0;
+    };
+    ASSIGN_OR_RETURN(running->background_profile,
+                     MeasureProfileInBackground(
+                         engine, running->planner.local.get(),
+                         running->batch_cost.get(), command, std::move(busy)));
+  }
   return running;
+}
+
+absl::StatusOr<PlannerHandle> ServerPlannerFromFlags(
+    const Engine& engine, const std::string& command) {
+  const std::string prefix = absl::StrCat("knapserve ", command, ": ");
+  std::vector<std::string> warnings;
+  ASSIGN_OR_RETURN(std::optional<ObtainedProfile> found,
+                   FindProfile(ProfileKey::Of(*engine.model),
+                               ObtainProfileOptionsFromFlags(), &warnings));
+  for (const std::string& warning :
+       found.has_value() ? found->warnings : warnings) {
+    std::cerr << prefix << "warning: " << warning << std::endl;
+  }
+  InProcessPlannerOptions options;
+  options.threads = absl::GetFlag(FLAGS_planner_threads);
+  options.nice = absl::GetFlag(FLAGS_planner_nice);
+  PlannerHandle handle;
+  if (!found.has_value()) {
+    handle.profile.origin = "pending";
+    ASSIGN_OR_RETURN(handle.local, InProcessPlanner::CreateWithoutProfile(
+                                       *engine.model, options));
+    return handle;
+  }
+  std::cerr << prefix
+            << (found->origin == ProfileOrigin::kFile
+                    ? "latency profile from --profile "
+                    : "latency profile: cache hit ")
+            << found->path << std::endl;
+  handle.profile.origin = std::string(ProfileOriginName(found->origin));
+  handle.profile.path = found->path;
+  ASSIGN_OR_RETURN(handle.local,
+                   InProcessPlanner::Create(
+                       *engine.model, std::move(found->profile), options));
+  return handle;
+}
+
+absl::StatusOr<std::unique_ptr<BackgroundProfile>> MeasureProfileInBackground(
+    const Engine& engine, InProcessPlanner* planner,
+    DeferredBatchCost* batch_cost, const std::string& command,
+    std::function<bool()> busy) {
+  const std::string prefix = absl::StrCat("knapserve ", command, ": ");
+  BackgroundProfileOptions options;
+  options.key = ProfileKey::Of(*engine.model);
+  options.cache = ObtainProfileOptionsFromFlags();
+  options.cache.profile_path.clear();
+  options.profile = QuickProfileOptions(*engine.model, options.cache.max_draft);
+  // Test only (see the header): hold the measurement while the gate file
+  // is missing.
+  const char* gate_env = std::getenv("KNAPSERVE_TEST_PROFILE_GATE");
+  const std::string gate = gate_env == nullptr ? "" : gate_env;
+  const bool yields = busy != nullptr;
+  options.busy = [gate, busy = std::move(busy)] {
+    if (!gate.empty() && !std::filesystem::exists(gate)) return true;
+    return busy != nullptr && busy();
+  };
+  std::cerr << prefix
+            << "profile: measuring in the background (no --profile and no "
+               "usable entry in the profile cache"
+            << (options.cache.cache_dir.empty()
+                    ? ""
+                    : absl::StrCat(" ", options.cache.cache_dir))
+            << (yields ? "; at low priority, only while no request decodes"
+                       : "; at low priority")
+            << "); planned modes decode plainly until it is ready" << std::endl;
+  auto done = [prefix, planner, batch_cost](
+                  absl::StatusOr<ObtainedProfile> obtained, double seconds,
+                  double paused_seconds) {
+    if (absl::IsCancelled(obtained.status())) return;  // shutting down
+    if (!obtained.ok()) {
+      std::cerr << prefix << "warning: profile: measuring failed ("
+                << obtained.status()
+                << "); planned modes go on decoding plainly" << std::endl;
+      return;
+    }
+    for (const std::string& warning : obtained->warnings) {
+      std::cerr << prefix << "warning: " << warning << std::endl;
+    }
+    if (batch_cost != nullptr) batch_cost->SetProfile(obtained->profile);
+    const absl::Status set = planner->SetProfile(std::move(obtained->profile));
+    if (!set.ok()) {
+      std::cerr << prefix << "warning: profile: the measured profile was "
+                << "refused (" << set << "); planned modes go on decoding "
+                << "plainly" << std::endl;
+      return;
+    }
+    std::cerr << prefix << "profile ready after "
+              << absl::StrFormat("%.1f", seconds) << " s ("
+              << absl::StrFormat("%.1f", paused_seconds)
+              << " s of it paused while requests decoded"
+              << (obtained->path.empty()
+                      ? ", not stored"
+                      : absl::StrCat(", stored in ", obtained->path))
+              << "); planned modes plan from now on" << std::endl;
+  };
+  return BackgroundProfile::Start(*engine.model, std::move(options),
+                                  std::move(done));
 }
 
 }  // namespace knapserve

@@ -1,6 +1,7 @@
 // `knapserve generate`: local generation, streamed to stdout or as one JSON.
 #include <grpcpp/grpcpp.h>
 
+#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
@@ -9,6 +10,7 @@
 #include "common/base/status.h"
 #include "common/trace/span_context.h"
 #include "executor/api/generation_codec.h"
+#include "executor/api/planning_json.h"
 #include "knapserve/v1/generation.grpc.pb.h"
 #include "tools/bench_util.h"
 #include "tools/cli_flags.h"
@@ -20,8 +22,40 @@ ABSL_FLAG(std::string, traceparent, "",
           "(00-<32 hex trace id>-<16 hex span id>-01) sent as gRPC metadata, "
           "so the server's trace of the request continues the caller's.");
 
+ABSL_FLAG(std::string, dump_logits, "",
+          "generate (local): write the full model's raw logits (before the "
+          "logits processors and sampling) of every generated position to "
+          "this file, as JSON: {vocab_size, eos_token_ids, prompt_ids, "
+          "output_ids, logits: [[...] per output id]} (for an outside check "
+          "of the processors, tests/testing/check_logits_processors.py).");
+
 namespace knapserve {
 namespace {
+
+// --dump-logits: the raw logits of `result` (one row per output id).
+absl::Status DumpLogits(const std::string& path, const LlamaModel& model,
+                        const std::vector<int32_t>& prompt_ids,
+                        const GenerationResult& result) {
+  const torch::Tensor logits = result.output_logits.contiguous();
+  nlohmann::json rows = nlohmann::json::array();
+  for (int64_t i = 0; i < logits.size(0); ++i) {
+    const float* row = logits[i].data_ptr<float>();
+    rows.push_back(std::vector<float>(row, row + logits.size(1)));
+  }
+  const nlohmann::json dump = {{"vocab_size", model.config().vocab_size},
+                               {"eos_token_ids", model.config().eos_token_ids},
+                               {"prompt_ids", prompt_ids},
+                               {"output_ids", result.output_ids},
+                               {"logits", std::move(rows)}};
+  std::ofstream out(path);
+  out << dump.dump() << "\n";
+  out.close();
+  if (!out) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dump-logits: cannot write ", path));
+  }
+  return absl::OkStatus();
+}
 
 // --server: the same request over gRPC to a knapserve executor.
 absl::Status GenerateRemote(const std::string& address) {
@@ -105,12 +139,31 @@ absl::Status GenerateRemote(const std::string& address) {
         {"depth_bound_stops", s.depth_bound_stops()},
         {"width_bound_stops", s.width_bound_stops()}};
   }
+  // The planning statistics as in-process --json prints them (same keys,
+  // same meaning: executor/api/planning_json.h), from the final message.
+  const v1::PlanningStats& p = final.planning();
+  out["decode_seconds"] = t.decode_seconds();
+  out["plan_requests"] = p.plan_requests();
+  out["plan_failures"] = p.plan_failures();
+  out["planning"] = PlanningJson(DecodePlanningStats(p), t.decode_seconds());
+  if (!p.last_plan_error().empty())
+    out["last_plan_error"] = p.last_plan_error();
+  std::vector<AppliedPlan> plans;
+  for (const v1::AppliedPlan& plan : s.plans())
+    plans.push_back(DecodeAppliedPlan(plan));
+  out["plans"] = AppliedPlansJson(plans);
   std::cout << out.dump() << std::endl;
   return absl::OkStatus();
 }
 
 absl::Status Generate() {
+  const std::string dump_logits = absl::GetFlag(FLAGS_dump_logits);
   if (const std::string server = absl::GetFlag(FLAGS_server); !server.empty()) {
+    if (!dump_logits.empty()) {
+      return absl::InvalidArgumentError(
+          "--dump-logits: only for local generation (a server does not send "
+          "logits)");
+    }
     return GenerateRemote(server);
   }
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
@@ -120,6 +173,7 @@ absl::Status Generate() {
   ASSIGN_OR_RETURN(GenerationRequest request,
                    GenerationRequestFromFlags(prompt_ids));
   request.speculation.specbound.heads = engine.exit_heads;
+  request.return_logits = !dump_logits.empty();
   const bool json = absl::GetFlag(FLAGS_json);
   StreamCallback stream = nullptr;
   if (!json) {
@@ -138,6 +192,9 @@ absl::Status Generate() {
       GenerationResult result,
       knapserve::Generate(*engine.model, *engine.tokenizer, request, stream,
                           nullptr, planner.get(), &shared));
+  if (!dump_logits.empty()) {
+    RETURN_IF_ERROR(DumpLogits(dump_logits, *engine.model, prompt_ids, result));
+  }
   if (!json) {
     std::cout << std::endl;
     if (!result.last_plan_error.empty()) {
@@ -208,22 +265,7 @@ absl::Status Generate() {
   out["planning"] = PlanningJson(result.planning, result.stats.decode_seconds);
   if (!result.last_plan_error.empty())
     out["last_plan_error"] = result.last_plan_error;
-  out["plans"] = nlohmann::json::array();
-  for (const AppliedPlan& p : result.plans) {
-    out["plans"].push_back({{"step", p.applied_step},
-                            {"plan_step", p.plan_step},
-                            {"age_steps", p.age_steps},
-                            {"context_length", p.context_length},
-                            {"mask", p.mask},
-                            {"gamma", p.gamma},
-                            {"alpha_hat", p.alpha_hat},
-                            {"predicted_tpt", p.predicted_tpt},
-                            {"baseline_tpt", p.baseline_tpt},
-                            {"num_candidates", p.num_candidates},
-                            {"solve_seconds", p.solve_seconds},
-                            {"queue_seconds", p.queue_seconds},
-                            {"source", p.source}});
-  }
+  out["plans"] = AppliedPlansJson(result.plans);
   std::cout << out.dump() << std::endl;
   return absl::OkStatus();
 }

@@ -1,7 +1,9 @@
 // knapserve-planner: the Planner service as its own process.
 //   knapserve-planner --model DIR --listen 0.0.0.0:50052 [--profile FILE]
 // Without --profile the latency profile comes from the profile cache
-// (measured and stored on a miss; planner/profile_cache.h).
+// (planner/profile_cache.h); on a miss the planner serves at once, answers
+// "profile pending" while it measures the profile in the background, and
+// stores it.
 #include "absl/flags/usage.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"

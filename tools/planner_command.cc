@@ -20,9 +20,12 @@ absl::Status ServePlanner() {
                    ListenAddressAndBlockStopSignals());
 
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<InProcessPlanner> planner,
-      PlannerFromFlags(engine, SpeculationMode::kKnapSpec, "planner"));
+  // The profile: --profile or a cache hit; on a miss the planner serves at
+  // once, answering "profile pending" until the background measurement
+  // (started below, once the server is up) lands.
+  ASSIGN_OR_RETURN(PlannerHandle handle,
+                   ServerPlannerFromFlags(engine, "planner"));
+  std::unique_ptr<InProcessPlanner> planner = std::move(handle.local);
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                    PlannerServerCredentialsFromFlags());
   // Its own /metrics (--metrics-port): solves, queue, failures, bytes.
@@ -52,9 +55,16 @@ absl::Status ServePlanner() {
   std::cerr << "knapserve-planner: serving " << engine.model_dir << " ("
             << engine.model->config().Fingerprint() << ") on port "
             << server->port() << std::endl;
+  std::unique_ptr<BackgroundProfile> background;
+  if (planner->ProfilePending()) {
+    ASSIGN_OR_RETURN(background,
+                     MeasureProfileInBackground(engine, planner.get(), nullptr,
+                                                "planner", nullptr));
+  }
   const int received = WaitForStopSignal();
   std::cerr << "knapserve-planner: signal " << received << ", shutting down"
             << std::endl;
+  background.reset();  // stops a measurement still running
   server->Shutdown();
   return absl::OkStatus();
 }

@@ -1,9 +1,28 @@
 #include "common/plan/planner_client.h"
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace knapserve {
+namespace {
+
+// The payload that marks ProfilePendingError (its value is unused).
+constexpr char kProfilePendingPayload[] =
+    "type.knapserve.dev/knapserve.v1.ProfilePending";
+
+}  // namespace
+
+absl::Status ProfilePendingError(std::string_view message) {
+  absl::Status status = absl::UnavailableError(std::string(message));
+  status.SetPayload(kProfilePendingPayload, absl::Cord("1"));
+  return status;
+}
+
+bool IsProfilePending(const absl::Status& status) {
+  return absl::IsUnavailable(status) &&
+         status.GetPayload(kProfilePendingPayload).has_value();
+}
 
 std::string PlanPolicyName(PlanPolicy policy) {
   switch (policy) {

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -132,7 +133,26 @@ class PlannerClient {
   // Drops any queued request of `sequence_id` (its callback gets Cancelled).
   // A solve already running finishes and reports normally.
   virtual void Forget(uint64_t sequence_id) = 0;
+
+  // True while this planner cannot plan because its latency profile is
+  // still being measured (a server that started serving before it had one:
+  // tools/executor_from_flags.h). Planned sequences then take no snapshot
+  // and decode plainly (unless a plan or their own skip mask is in force),
+  // counting those steps (PlanningStats::profile_pending_steps). The
+  // in-process planner says so until its profile lands; the remote client
+  // for a while after the planner answered ProfilePendingError, after which
+  // a snapshot goes out again (decode plainly, retry later). Any thread;
+  // cheap (called before every step of a planned sequence).
+  virtual bool ProfilePending() const { return false; }
 };
+
+// The answer to a plan request while the planner's latency profile is still
+// being measured: Unavailable with `message`, marked (a status payload) so that
+// IsProfilePending recognizes it after it crossed the wire
+// (PLAN_ERROR_CODE_PROFILE_PENDING). Not a failure: the executor decodes
+// without a plan and asks again later; it is not counted in plan_failures.
+absl::Status ProfilePendingError(std::string_view message);
+bool IsProfilePending(const absl::Status& status);
 
 }  // namespace knapserve
 

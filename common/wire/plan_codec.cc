@@ -99,6 +99,8 @@ absl::Status StatusFromWire(const v1::PlanError& error) {
       return absl::CancelledError(m);
     case v1::PLAN_ERROR_CODE_RESOURCE_EXHAUSTED:
       return absl::ResourceExhaustedError(m);
+    case v1::PLAN_ERROR_CODE_PROFILE_PENDING:
+      return ProfilePendingError(m);
     default:
       return absl::InternalError(m);
   }
@@ -329,7 +331,9 @@ v1::PlanResponse EncodePlanResponse(uint64_t sequence_id, int64_t step,
   out.set_sequence_id(std::to_string(sequence_id));
   out.set_step(static_cast<uint64_t>(std::max<int64_t>(0, step)));
   if (!plan.ok()) {
-    out.mutable_error()->set_code(WireErrorCode(plan.status().code()));
+    out.mutable_error()->set_code(IsProfilePending(plan.status())
+                                      ? v1::PLAN_ERROR_CODE_PROFILE_PENDING
+                                      : WireErrorCode(plan.status().code()));
     out.mutable_error()->set_message(std::string(plan.status().message()));
     return out;
   }

@@ -141,6 +141,20 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
   if (wire.has_top_k()) request.sampling.top_k = wire.top_k();
   if (wire.has_top_p()) request.sampling.top_p = wire.top_p();
   if (wire.has_seed()) request.sampling.seed = wire.seed();
+  if (wire.has_min_p()) request.sampling.min_p = wire.min_p();
+  if (wire.has_repetition_penalty())
+    request.sampling.repetition_penalty = wire.repetition_penalty();
+  if (wire.has_presence_penalty())
+    request.sampling.presence_penalty = wire.presence_penalty();
+  if (wire.has_frequency_penalty())
+    request.sampling.frequency_penalty = wire.frequency_penalty();
+  request.sampling.logit_bias.insert(wire.logit_bias().begin(),
+                                     wire.logit_bias().end());
+  if (wire.has_min_tokens()) request.sampling.min_tokens = wire.min_tokens();
+  for (const v1::TokenIds& word : wire.bad_words()) {
+    request.sampling.bad_words.emplace_back(word.ids().begin(),
+                                            word.ids().end());
+  }
   request.ignore_eos = wire.has_ignore_eos() && wire.ignore_eos();
   request.logprobs = wire.logprobs();
   request.stop_strings.assign(wire.stop().begin(), wire.stop().end());
@@ -248,8 +262,79 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
     wire->set_predicted_tokens_per_second(p.predicted_tpt);
     wire->set_solve_seconds(p.solve_seconds);
     wire->set_age_steps(static_cast<uint64_t>(p.age_steps));
+    wire->set_source(p.source);
+    wire->set_plan_step(
+        static_cast<uint64_t>(std::max<int64_t>(0, p.plan_step)));
+    wire->set_context_length(p.context_length);
+    wire->set_baseline_tokens_per_second(p.baseline_tpt);
+    wire->set_num_candidates(p.num_candidates);
+    wire->set_queue_seconds(p.queue_seconds);
   }
+  t->set_decode_seconds(r.stats.decode_seconds);
+  const PlanningStats& planning = r.planning;
+  v1::PlanningStats* w = final->mutable_planning();
+  w->set_plan_cache_hits(planning.cache_hits);
+  w->set_plan_cache_misses(planning.cache_misses);
+  w->set_triggers_no_plan(planning.triggers_no_plan);
+  w->set_triggers_new_bucket(planning.triggers_new_bucket);
+  w->set_triggers_drift(planning.triggers_drift);
+  w->set_budget_deferrals(planning.budget_deferrals);
+  w->set_solve_seconds(planning.solve_seconds);
+  w->set_planner_cpu_share(r.stats.decode_seconds > 0
+                               ? planning.solve_seconds / r.stats.decode_seconds
+                               : 0.0);
+  w->set_process_planner_cpu_share(planning.process_planner_cpu_share);
+  w->set_guard_checks(planning.guard_checks);
+  w->set_guard_fallbacks(planning.guard_fallbacks);
+  w->set_guard_probe_steps(planning.guard_probe_steps);
+  w->set_guard_plain_steps(planning.guard_plain_steps);
+  w->set_guard_last_spec_tokens_per_second(planning.guard_last_spec_tps);
+  w->set_guard_last_plain_tokens_per_second(planning.guard_last_plain_tps);
+  w->set_plan_requests(r.stats.plan_requests);
+  w->set_plan_failures(r.stats.plan_failures);
+  w->set_last_plan_error(r.last_plan_error);
+  w->set_profile_pending(planning.profile_pending);
+  w->set_profile_pending_steps(planning.profile_pending_steps);
   return response;
+}
+
+PlanningStats DecodePlanningStats(const v1::PlanningStats& w) {
+  PlanningStats s;
+  s.cache_hits = w.plan_cache_hits();
+  s.cache_misses = w.plan_cache_misses();
+  s.triggers_no_plan = w.triggers_no_plan();
+  s.triggers_new_bucket = w.triggers_new_bucket();
+  s.triggers_drift = w.triggers_drift();
+  s.budget_deferrals = w.budget_deferrals();
+  s.solve_seconds = w.solve_seconds();
+  s.process_planner_cpu_share = w.process_planner_cpu_share();
+  s.guard_checks = w.guard_checks();
+  s.guard_fallbacks = w.guard_fallbacks();
+  s.guard_probe_steps = w.guard_probe_steps();
+  s.guard_plain_steps = w.guard_plain_steps();
+  s.guard_last_spec_tps = w.guard_last_spec_tokens_per_second();
+  s.guard_last_plain_tps = w.guard_last_plain_tokens_per_second();
+  s.profile_pending = w.profile_pending();
+  s.profile_pending_steps = w.profile_pending_steps();
+  return s;
+}
+
+AppliedPlan DecodeAppliedPlan(const v1::AppliedPlan& w) {
+  AppliedPlan p;
+  p.applied_step = static_cast<int64_t>(w.step());
+  p.plan_step = static_cast<int64_t>(w.plan_step());
+  p.age_steps = static_cast<int64_t>(w.age_steps());
+  p.mask = w.mask();
+  p.gamma = static_cast<int>(w.gamma());
+  p.alpha_hat = w.alpha_hat();
+  p.predicted_tpt = w.predicted_tokens_per_second();
+  p.baseline_tpt = w.baseline_tokens_per_second();
+  p.num_candidates = w.num_candidates();
+  p.solve_seconds = w.solve_seconds();
+  p.queue_seconds = w.queue_seconds();
+  p.context_length = w.context_length();
+  p.source = w.source();
+  return p;
 }
 
 v1::ModelInfo EncodeModelInfo(const LlamaModel& model,

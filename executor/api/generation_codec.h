@@ -93,6 +93,15 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
                                  SpeculationMode mode,
                                  const ServiceTimings& timings);
 
+// A FinalResult's planning statistics and applied plans back in the
+// executor's types, for gRPC clients that print them the way local
+// generation does (`knapserve generate --server --json`,
+// executor/api/planning_json.h). PlanningStats.plan_requests,
+// plan_failures and last_plan_error have no place in PlanningStats (they
+// are GenerationStats' and GenerationResult's); read them from `wire`.
+PlanningStats DecodePlanningStats(const v1::PlanningStats& wire);
+AppliedPlan DecodeAppliedPlan(const v1::AppliedPlan& wire);
+
 // What GetModelInfo says about the model and the service's defaults.
 struct ServiceInfo {
   std::string model_path;

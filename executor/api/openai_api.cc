@@ -3,8 +3,10 @@
 #include <cctype>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "executor/api/planning_json.h"
 #include "executor/engine/speculation_mode.h"
 
 namespace knapserve {
@@ -322,6 +324,83 @@ absl::Status ParseExtension(const Json& body, v1::GenerateRequest& wire) {
   return absl::OkStatus();
 }
 
+// The logits processors (executor/engine/logits_processors.h): OpenAI's
+// presence_penalty, frequency_penalty and logit_bias ({"token id": bias}),
+// vLLM's repetition_penalty, min_p, min_tokens and bad_words (here as lists
+// of token ids; words as strings are refused). Their ranges are checked by
+// DecodeGenerateRequest, with the same messages as for gRPC.
+absl::Status ParseLogitsProcessors(const Json& body,
+                                   v1::GenerateRequest& wire) {
+  ASSIGN_OR_RETURN(std::optional<double> presence,
+                   OptionalNumber(body, "presence_penalty"));
+  if (presence.has_value()) wire.set_presence_penalty(*presence);
+  ASSIGN_OR_RETURN(std::optional<double> frequency,
+                   OptionalNumber(body, "frequency_penalty"));
+  if (frequency.has_value()) wire.set_frequency_penalty(*frequency);
+  ASSIGN_OR_RETURN(std::optional<double> repetition,
+                   OptionalNumber(body, "repetition_penalty"));
+  if (repetition.has_value()) wire.set_repetition_penalty(*repetition);
+  ASSIGN_OR_RETURN(std::optional<double> min_p, OptionalNumber(body, "min_p"));
+  if (min_p.has_value()) wire.set_min_p(*min_p);
+  ASSIGN_OR_RETURN(std::optional<int64_t> min_tokens,
+                   OptionalInt(body, "min_tokens"));
+  if (min_tokens.has_value()) {
+    if (*min_tokens < 0 || *min_tokens > INT32_MAX) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("min_tokens: must be >= 0, got ", *min_tokens));
+    }
+    wire.set_min_tokens(static_cast<int32_t>(*min_tokens));
+  }
+  if (const Json* bias = Field(body, "logit_bias"); bias != nullptr) {
+    if (!bias->is_object()) {
+      return FieldError("logit_bias", "an object of token id: bias", *bias);
+    }
+    for (auto it = bias->begin(); it != bias->end(); ++it) {
+      int32_t id = 0;
+      if (!absl::SimpleAtoi(it.key(), &id)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("logit_bias: key '", it.key(), "' is not a token id"));
+      }
+      if (!it->is_number()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("logit_bias: the bias of token id ", id,
+                         ": expected a number, got ", TypeName(*it)));
+      }
+      (*wire.mutable_logit_bias())[id] = it->get<double>();
+    }
+  }
+  if (const Json* words = Field(body, "bad_words"); words != nullptr) {
+    if (!words->is_array()) {
+      return FieldError("bad_words", "a list of token-id lists", *words);
+    }
+    for (size_t i = 0; i < words->size(); ++i) {
+      const Json& word = (*words)[i];
+      if (word.is_string()) {
+        return absl::InvalidArgumentError(
+            "bad_words: only lists of token ids are supported (e.g. [[1234], "
+            "[56, 78]]), not strings; tokenize the words with the model's "
+            "tokenizer (knapserve tokenize --text ...) first");
+      }
+      if (!word.is_array()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "bad_words: sequence ", i, ": expected a list of token ids, got ",
+            TypeName(word)));
+      }
+      v1::TokenIds* ids = wire.add_bad_words();
+      for (const Json& id : word) {
+        if (!id.is_number_integer() || id.get<int64_t>() < INT32_MIN ||
+            id.get<int64_t>() > INT32_MAX) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("bad_words: sequence ", i,
+                           ": expected token ids, got ", TypeName(id)));
+        }
+        ids->add_ids(static_cast<int32_t>(id.get<int64_t>()));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Fields a client may send that this server cannot honour: refused, never
 // silently ignored.
 absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
@@ -341,18 +420,6 @@ absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
   if (const Json* suffix = Field(body, "suffix");
       suffix != nullptr && !(suffix->is_string() && suffix->empty())) {
     return absl::InvalidArgumentError("suffix: not supported");
-  }
-  for (const char* penalty : {"presence_penalty", "frequency_penalty"}) {
-    ASSIGN_OR_RETURN(std::optional<double> value,
-                     OptionalNumber(body, penalty));
-    if (value.has_value() && *value != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(penalty, ": only 0 is supported, got ", *value));
-    }
-  }
-  if (const Json* bias = Field(body, "logit_bias");
-      bias != nullptr && !bias->empty()) {
-    return absl::InvalidArgumentError("logit_bias: not supported");
   }
   for (const char* tools : {"tools", "functions"}) {
     if (const Json* t = Field(body, tools); t != nullptr && !t->empty()) {
@@ -467,6 +534,7 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body_text,
                      TokenList(*ids, "stop_token_ids"));
     wire.mutable_stop_token_ids()->Add(stops.begin(), stops.end());
   }
+  RETURN_IF_ERROR(ParseLogitsProcessors(body, wire));
   RETURN_IF_ERROR(ParseExtension(body, wire));
   ASSIGN_OR_RETURN(request.stream, OptionalBool(body, "stream", false));
   if (const Json* options = Field(body, "stream_options"); options != nullptr) {
@@ -580,6 +648,14 @@ Json KnapserveExtension(const GenerationResult& r, SpeculationMode mode,
     ext["routed_domain"] = r.routed_domain;
     ext["routing_similarity"] = r.routing_similarity;
     ext["timings"]["routing_seconds"] = r.stats.routing_seconds;
+  }
+  if (IsPlanned(mode)) {
+    // What planning did, as `knapserve generate --json` prints it
+    // (profile_pending: the server was still measuring its latency profile,
+    // so the request decoded plainly for want of a plan).
+    ext["planning"] = PlanningJson(r.planning, r.stats.decode_seconds);
+    ext["plan_requests"] = r.stats.plan_requests;
+    ext["plan_failures"] = r.stats.plan_failures;
   }
   return ext;
 }

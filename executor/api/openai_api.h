@@ -17,13 +17,20 @@
 //   string or a list), n (1 only), stream, stream_options.include_usage,
 //   logprobs (completions: an integer, 0 only; chat: a boolean) and
 //   top_logprobs (0 only): the chosen token's log-probability
-//   top_k, ignore_eos, stop_token_ids   vLLM's extensions, same meaning
-//   knapserve: {spec, max_draft, static_mask, exit_threshold}
+//   presence_penalty, frequency_penalty, logit_bias ({"token id": bias})
+//                         OpenAI's logits processors
+//   top_k, ignore_eos, stop_token_ids, repetition_penalty, min_p,
+//   min_tokens            vLLM's extensions, same meaning
+//   bad_words             vLLM's, but as lists of token ids ([[12], [34,
+//                         56]]); a list of strings is refused
+//   knapserve: {spec, max_draft, static_mask, exit_threshold, specbound}
 //                         speculation for this request; the response's
 //                         `knapserve` field carries its acceptance stats
+// The sampling fields mean what executor/engine/logits_processors.h defines
+// (the same pipeline as gRPC); out of range they are a 400 naming the field.
 // Refused with a 400 naming the field: n != 1, best_of != 1, echo, suffix,
-// non-zero presence/frequency penalties, logit_bias, top_logprobs > 0,
-// tools / functions (no tool calling), stream_options without stream.
+// top_logprobs > 0, tools / functions (no tool calling), stream_options
+// without stream.
 //
 // Stateless functions and a per-request encoder; thread safety: any thread,
 // one OpenAiEncoder per request.
@@ -139,7 +146,9 @@ class OpenAiEncoder {
 };
 
 // The `knapserve` extension object of a finished response: speculation mode,
-// mask, acceptance stats, plans applied and timings (clients ignore it).
+// mask, acceptance stats, plans applied and timings (clients ignore it); for
+// the planned modes also `planning` (executor/api/planning_json.h, with
+// profile_pending), plan_requests and plan_failures.
 nlohmann::json KnapserveExtension(const GenerationResult& result,
                                   SpeculationMode mode,
                                   const ServiceTimings& timings);

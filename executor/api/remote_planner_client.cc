@@ -65,6 +65,16 @@ void RemotePlannerClient::Forget(uint64_t sequence_id) {
   dropped(absl::CancelledError("the sequence finished"));
 }
 
+bool RemotePlannerClient::ProfilePending() const {
+  absl::MutexLock lock(&mu_);
+  return std::chrono::steady_clock::now() < profile_pending_until_;
+}
+
+int64_t RemotePlannerClient::profile_pending_answers() const {
+  absl::MutexLock lock(&mu_);
+  return profile_pending_answers_;
+}
+
 void RemotePlannerClient::FailInFlight(const absl::Status& status) {
   std::map<Key, Pending> failed;
   {
@@ -95,6 +105,16 @@ void RemotePlannerClient::Read(
     }
     absl::StatusOr<DraftPlan> plan =
         DecodePlanResponse(response, options_.num_layers, pending.max_draft);
+    if (plan.ok() || IsProfilePending(plan.status())) {
+      absl::MutexLock lock(&mu_);
+      if (plan.ok()) {
+        profile_pending_until_ = std::chrono::steady_clock::time_point();
+      } else {
+        profile_pending_until_ =
+            std::chrono::steady_clock::now() + options_.profile_pending_retry;
+        ++profile_pending_answers_;
+      }
+    }
     if (pending.send_span.context().valid()) {
       if (!plan.ok()) pending.send_span.SetError(plan.status().ToString());
       if (plan.ok()) plan->traceparent = pending.send_span.traceparent();

@@ -14,6 +14,13 @@
 // traceparent to the planner, and the plan comes back with it
 // (DraftPlan::traceparent).
 //
+// A planner still measuring its latency profile (it started without one)
+// answers PLAN_ERROR_CODE_PROFILE_PENDING, which reaches the callback as
+// ProfilePendingError: no failure. ProfilePending() is then true for
+// profile_pending_retry, so sequences decode without a plan and take no
+// snapshot; after that the next trigger sends one again (a plan clears it
+// at once).
+//
 // Faults: when the stream breaks (planner down, restarted, network), every
 // request in flight is answered Unavailable, and the client reconnects with
 // exponential backoff (initial_backoff doubling up to max_backoff) while
@@ -55,6 +62,9 @@ struct RemotePlannerOptions {
   KvWindowOptions window;
   std::chrono::milliseconds initial_backoff{100};
   std::chrono::milliseconds max_backoff{5000};
+  // After a "profile pending" answer, how long ProfilePending() says so
+  // before snapshots go to the planner again.
+  std::chrono::milliseconds profile_pending_retry{2000};
   // A plan request that encodes to more bytes than this
   // (--max-plan-request-bytes) fails alone with ResourceExhausted and is
   // never sent; answers are read up to the same size.
@@ -72,6 +82,12 @@ class RemotePlannerClient : public PlannerClient {
   void Submit(PlanRequest request, PlanCallback done) override
       ABSL_LOCKS_EXCLUDED(mu_);
   void Forget(uint64_t sequence_id) override ABSL_LOCKS_EXCLUDED(mu_);
+  // True for profile_pending_retry after the planner answered "profile
+  // pending", until then or until a plan arrives.
+  bool ProfilePending() const override ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Answers "profile pending" received so far.
+  int64_t profile_pending_answers() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Whether a stream is open now; how many times one was (re)opened; bytes of
   // encoded requests written; requests written.
@@ -103,7 +119,7 @@ class RemotePlannerClient : public PlannerClient {
   void FailInFlight(const absl::Status& status) ABSL_LOCKS_EXCLUDED(mu_);
 
   const RemotePlannerOptions options_;
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   absl::CondVar cv_;  // signalled when the queue, broken_ or stopping_ change
   std::deque<uint64_t> order_
       ABSL_GUARDED_BY(mu_);  // sequences with a queued request
@@ -123,6 +139,10 @@ class RemotePlannerClient : public PlannerClient {
   bool broken_ ABSL_GUARDED_BY(mu_) =
       false;  // the open stream's reader saw it end
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;  // the destructor runs
+  // Until when ProfilePending() is true (after a "profile pending" answer).
+  std::chrono::steady_clock::time_point profile_pending_until_
+      ABSL_GUARDED_BY(mu_);
+  int64_t profile_pending_answers_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> connected_{false};
   std::atomic<int64_t> connections_{0};
   std::atomic<int64_t> bytes_sent_{0};

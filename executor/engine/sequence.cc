@@ -77,8 +77,8 @@ class PlanSession {
       if (!mailbox_->last_error.empty())
         result.last_plan_error = mailbox_->last_error;
     }
-    StepDirective directive =
-        controller_.BeforeStep(step, context_length, may_start_capture);
+    StepDirective directive = controller_.BeforeStep(
+        step, context_length, may_start_capture, planner_->ProfilePending());
     if (snapshot_span_.context().valid() && !controller_.capturing()) {
       // The controller dropped the capture (a new bucket, a newer plan).
       snapshot_span_.SetError("abandoned: the snapshot did not complete");
@@ -199,7 +199,10 @@ class PlanSession {
       absl::MutexLock lock(&box->mu);
       if (plan.ok()) {
         box->solve_seconds += plan->solve_seconds;
-      } else if (plan.status().code() != absl::StatusCode::kCancelled) {
+      } else if (plan.status().code() != absl::StatusCode::kCancelled &&
+                 !IsProfilePending(plan.status())) {
+        // A planner still measuring its profile is no failure: the
+        // trigger comes back and asks again later.
         ++box->failures;
         box->last_error = plan.status().ToString();
       }

@@ -171,7 +171,8 @@ void PlanController::Apply(const CachedPlan& plan, const std::string& source,
 }
 
 StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
-                                         bool may_start_capture) {
+                                         bool may_start_capture,
+                                         bool profile_pending) {
   StepDirective directive;
   const int64_t bucket = ContextBucket(context_length, options_.bucket_tokens);
   if (!started_ || bucket != bucket_) {
@@ -217,7 +218,9 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
     // The snapshot never completed (a step gave no states): try again.
     AbandonCapture();
   }
-  if (may_start_capture && trigger_ != PlanTrigger::kNone && !capturing_) {
+  if (profile_pending) stats_.profile_pending = true;
+  if (may_start_capture && !profile_pending && trigger_ != PlanTrigger::kNone &&
+      !capturing_) {
     const bool gap_ok = !last_capture_start_.has_value() ||
                         step - *last_capture_start_ >= options_.min_request_gap;
     if (gap_ok && shared_.cache->TryClaim(key_)) {
@@ -243,6 +246,9 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
     directive.capture_offset = step - capture_start_;
   }
   directive.gamma = guard_.ForcePlain() ? 0 : gamma_;
+  if (profile_pending && directive.gamma == 0 && !in_force_.has_value()) {
+    ++stats_.profile_pending_steps;
+  }
   return directive;
 }
 

@@ -37,6 +37,10 @@
 //
 // The online guard (SpeculationGuard, below) may force plain steps.
 //
+// While the planner's latency profile is pending (BeforeStep's
+// profile_pending) no snapshot starts: the sequence decodes with what it has
+// (its skip mask, a cached plan, else plainly) and counts the plain steps.
+//
 // Not thread-safe: one per sequence, used by its decode thread. The shared
 // objects it points to are thread-safe.
 #ifndef KNAPSERVE_EXECUTOR_PLANNING_PLAN_CONTROLLER_H_
@@ -99,6 +103,13 @@ struct PlanningStats {
   double guard_last_plain_tps = 0;  // the plain rate it was compared with
   // Process-wide, when the generation ended: solve seconds / decode seconds.
   double process_planner_cpu_share = 0;
+  // The planner's latency profile was still being measured at some step of
+  // this request (PlannerClient::ProfilePending: a server that started
+  // before it had its profile), and the steps decoded plainly because of
+  // that (no plan in force while it was pending; steps drafting with the
+  // request's own skip mask are not counted).
+  bool profile_pending = false;
+  int64_t profile_pending_steps = 0;
 };
 
 // One step's outcome as the decode loop measured it.
@@ -193,8 +204,14 @@ class PlanController {
   // With `may_start_capture` false (the batch runs this step without drafts:
   // a plan would not be used now) no new snapshot starts; a pending trigger
   // waits for a step where it may, and a capture in progress goes on.
+  // `profile_pending` (PlannerClient::ProfilePending): the planner cannot
+  // plan yet, so no new snapshot starts either (the trigger waits, and is
+  // not counted as a budget deferral); the step is counted in
+  // PlanningStats::profile_pending_steps when it decodes plainly for want
+  // of a plan.
   StepDirective BeforeStep(int64_t step, int64_t context_length,
-                           bool may_start_capture = true);
+                           bool may_start_capture = true,
+                           bool profile_pending = false);
   // After the step.
   void AfterStep(const StepObservation& observation);
   // The capture of the current snapshot is complete: its ticket (the caller

@@ -47,6 +47,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   c10::InferenceMode guard;
   GenerationRequest capped = *request;
   capped.max_new_tokens = std::min<int64_t>(capped.max_new_tokens, 3);
+  // min_tokens was checked against the uncapped max_new_tokens.
+  capped.sampling.min_tokens =
+      std::min<int64_t>(capped.sampling.min_tokens, capped.max_new_tokens);
   auto result = Generate(model, Stories260kTokenizer(), capped);
   FUZZ_CHECK_MSG(result.ok(), result.status().ToString());
   FUZZ_CHECK(static_cast<int64_t>(result->output_ids.size()) <= 3);

@@ -320,6 +320,20 @@ absl::Status GenerateRequestSeeds(SeedWriter& seeds,
       request.set_top_p(0.9);
       request.set_seed(1234 + i);
     }
+    // The logits processors (executor/engine/logits_processors.h).
+    if (i == 1 || i == 3) {
+      request.set_repetition_penalty(1.2);
+      (*request.mutable_logit_bias())[13] = -5;
+      v1::TokenIds* word = request.add_bad_words();
+      word->add_ids(13);
+      word->add_ids(14);
+    }
+    if (i >= 2) {
+      request.set_presence_penalty(0.5);
+      request.set_frequency_penalty(-0.3);
+      request.set_min_tokens(4);
+      request.set_min_p(0.05);
+    }
     request.add_stop("Lily");
     request.add_stop_token_ids(13);
     request.set_ignore_eos(i == 3);

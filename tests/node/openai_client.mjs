@@ -86,6 +86,34 @@ const [a, b] = await Promise.all([sample(42), sample(42)]);
 assert.equal(a.choices[0].text, b.choices[0].text, 'same seed, same sample');
 report.seeded_text = a.choices[0].text;
 
+// Logits processors. A +100 bias on one token makes greedy output that
+// token over and over (ignored, the bias would leave the greedy text).
+const biasToken = 300;
+const biased = await client.completions.create({
+  model, prompt, max_tokens: 8, temperature: 0, ignore_eos: true,
+  logit_bias: { [String(biasToken)]: 100 },
+});
+assert.deepEqual(biased.knapserve.output_token_ids, Array(8).fill(biasToken),
+                 'logit_bias +100 wins every position');
+// Penalties change greedy output; the C++ test compares these ids with
+// `knapserve generate --presence-penalty 0.5 --frequency-penalty 1`.
+const penalized = await client.completions.create({
+  model, prompt, max_tokens: 40, temperature: 0, ignore_eos: true,
+  presence_penalty: 0.5, frequency_penalty: 1.0,
+});
+assert.notDeepEqual(penalized.knapserve.output_token_ids, report.greedy_ids,
+                    'the penalties change the greedy output');
+report.penalized_ids = penalized.knapserve.output_token_ids;
+// Out of range: a 400 naming the field.
+await assert.rejects(
+  client.completions.create({ model, prompt, max_tokens: 4, presence_penalty: 3 }),
+  (e) => e instanceof OpenAI.BadRequestError && e.error?.param === 'presence_penalty');
+await assert.rejects(
+  client.completions.create({
+    model, prompt, max_tokens: 4, logit_bias: { '999999': 1 },
+  }),
+  (e) => e instanceof OpenAI.BadRequestError && e.error?.param === 'logit_bias');
+
 // Chat, whole and streamed, with logprobs.
 const messages = [
   { role: 'system', content: 'You tell short stories.' },
@@ -116,6 +144,21 @@ for await (const chunk of chatStream) {
 assert.equal(role, 'assistant');
 assert.equal(chatText, chat.choices[0].message.content);
 report.chat_text = chatText;
+
+// Through chat, streamed: a -100 bias on the unbiased chat's first token
+// (with a frequency penalty beside it) keeps that token out of the output.
+const chatBan = chat.knapserve.output_token_ids[0];
+const banned = await client.chat.completions.create({
+  model, messages, max_completion_tokens: 20, temperature: 0,
+  ignore_eos: true, stream: true,
+  logit_bias: { [String(chatBan)]: -100 }, frequency_penalty: 0.5,
+});
+const bannedIds = [];
+for await (const chunk of banned) {
+  bannedIds.push(...(chunk.knapserve?.token_ids ?? []));
+}
+assert.equal(bannedIds.length, 20);
+assert.ok(!bannedIds.includes(chatBan), 'a -100 bias bans the token');
 
 // Errors arrive as the client's typed errors with OpenAI's codes.
 await assert.rejects(

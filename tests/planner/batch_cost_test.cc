@@ -68,5 +68,28 @@ TEST(ProfileBatchCostTest, DraftingPaysAloneAndStopsPayingInALargeBatch) {
   EXPECT_GT(flip, 2);
 }
 
+// Before its profile lands every step's drafts pay (as with no cost model);
+// then it answers as ProfileBatchCost does.
+TEST(DeferredBatchCostTest, DraftsPayUntilTheProfileLandsThenItPrices) {
+  const LlamaModel* model = CachedModel("tiny-llama");
+  ASSERT_NE(model, nullptr);
+  LayerMask mask(model->num_layers());
+  for (int i = 0; i < model->num_sublayers() / 2; ++i)
+    mask.set_skipped(i, true);
+  const std::vector<BatchMember> large(32, BatchMember{4, 0.85, &mask});
+  const std::vector<BatchMember> poor(1, BatchMember{4, 0.05, &mask});
+  DeferredBatchCost deferred(model->num_layers());
+  EXPECT_FALSE(deferred.has_profile());
+  EXPECT_TRUE(deferred.DraftsPay(64, large));
+  EXPECT_TRUE(deferred.DraftsPay(64, poor));
+  deferred.SetProfile(testing::HandLatencyProfile(*model));
+  EXPECT_TRUE(deferred.has_profile());
+  const ProfileBatchCost direct(testing::HandLatencyProfile(*model),
+                                model->num_layers());
+  EXPECT_FALSE(direct.DraftsPay(64, large));
+  EXPECT_EQ(deferred.DraftsPay(64, large), direct.DraftsPay(64, large));
+  EXPECT_EQ(deferred.DraftsPay(64, poor), direct.DraftsPay(64, poor));
+}
+
 }  // namespace
 }  // namespace knapserve

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/metrics/metrics.h"
 #include "common/wire/plan_codec.h"
 #include "executor/api/remote_planner_client.h"
 #include "executor/engine/generator.h"
@@ -173,6 +174,97 @@ TEST(PlannerServiceTest, PlannedGenerationThroughARemotePlannerIsLossless) {
   std::printf("[ remote ] %lld plan requests, %zu applied, %lld bytes sent\n",
               static_cast<long long>(spec->stats.plan_requests),
               spec->plans.size(), static_cast<long long>(client.bytes_sent()));
+}
+
+// A planner that serves before its latency profile exists answers
+// PLAN_ERROR_CODE_PROFILE_PENDING. The executor counts no failure: it decodes
+// without a plan (same output), stops sending snapshots for a while, and
+// plans once the profile has landed.
+TEST(PlannerServiceTest, APlannerWithoutItsProfileYetIsPendingNotFailing) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  auto planner = InProcessPlanner::CreateWithoutProfile(*model, {});
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  MetricsRegistry metrics;
+  auto server =
+      PlannerServer::Start(planner->get(), model->num_layers(), "127.0.0.1:0",
+                           kDefaultMaxPlanRequestBytes, nullptr, "", &metrics);
+  ASSERT_TRUE(server.ok()) << server.status();
+  RemotePlannerOptions options;
+  options.address = absl::StrCat("127.0.0.1:", (*server)->port());
+  options.num_layers = model->num_layers();
+  options.profile_pending_retry = std::chrono::milliseconds(200);
+  RemotePlannerClient client(options);
+  EXPECT_FALSE(client.ProfilePending());
+  auto pending = SubmitAndWait(client, ForwardPlanRequest(*model, 1, 30, 4));
+  EXPECT_TRUE(IsProfilePending(pending.status())) << pending.status();
+  EXPECT_EQ(client.profile_pending_answers(), 1);
+  EXPECT_NE(
+      metrics.Render().find("knapserve_planner_server_profile_pending_total 1"),
+      std::string::npos);
+
+  // A generation whose first snapshot is answered "pending" mid-way (the
+  // stream holds step 30 until the answer is in), once the client's retry
+  // window after the first answer has passed.
+  GenerationRequest off = Planned(120);
+  off.speculation.mode = SpeculationMode::kOff;
+  auto ar = Generate(*model, *StoriesTokenizer(), off);
+  ASSERT_TRUE(ar.ok()) << ar.status();
+  auto wait_until_not_pending = [&] {
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (client.ProfilePending() &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return !client.ProfilePending();
+  };
+  ASSERT_TRUE(wait_until_not_pending());
+  int steps = 0;
+  bool answered = true;
+  auto spec = Generate(
+      *model, *StoriesTokenizer(), Planned(120),
+      [&](absl::Span<const int32_t>, std::string_view,
+          absl::Span<const float>) {
+        if (++steps == 30) {
+          const auto deadline =
+              std::chrono::steady_clock::now() + std::chrono::seconds(60);
+          while (client.profile_pending_answers() < 2 &&
+                 std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+          answered = client.profile_pending_answers() >= 2;
+        }
+        return true;
+      },
+      nullptr, &client);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(answered) << "the planner never answered the snapshot";
+  EXPECT_EQ(spec->output_ids, ar->output_ids);
+  EXPECT_GE(spec->stats.plan_requests, 1);
+  EXPECT_EQ(spec->stats.plan_failures, 0);
+  EXPECT_EQ(spec->last_plan_error, "");
+  EXPECT_TRUE(spec->planning.profile_pending);
+  EXPECT_GT(spec->planning.profile_pending_steps, 0);
+  EXPECT_TRUE(spec->plans.empty());
+
+  // The profile lands; after the retry window the client plans again.
+  ASSERT_TRUE((*planner)->SetProfile(HandLatencyProfile(*model)).ok());
+  ASSERT_TRUE(wait_until_not_pending());
+  auto planned = Generate(*model, *StoriesTokenizer(), Planned(120), nullptr,
+                          nullptr, &client);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_EQ(planned->output_ids, ar->output_ids);
+  EXPECT_FALSE(planned->planning.profile_pending);
+  EXPECT_GE(planned->stats.plan_requests, 1);
+  EXPECT_EQ(planned->stats.plan_failures, 0);
+  // The planner answers with plans now.
+  const int64_t answers = client.profile_pending_answers();
+  auto plan = SubmitAndWait(client, ForwardPlanRequest(*model, 3, 30, 4));
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(client.profile_pending_answers(), answers);
+  EXPECT_FALSE(client.ProfilePending());
 }
 
 // The planner goes away mid-generation: decoding goes on (same output), and

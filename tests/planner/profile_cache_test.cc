@@ -12,6 +12,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/model/llama.h"
 #include "tests/testing/test_models.h"
@@ -21,6 +22,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::AllOf;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
@@ -86,6 +88,39 @@ TEST(ProfileCacheTest, MissMeasuresAndStoresThenHitDoesNotMeasure) {
   EXPECT_EQ(second->path, first->path);
   EXPECT_EQ(f.calls, 1);  // not measured again
   EXPECT_EQ(second->profile.ToJson(), first->profile.ToJson());
+}
+
+// FindProfile never measures: a miss is nullopt, a stored entry a hit; a
+// server starts on it and measures in the background on a miss.
+TEST(ProfileCacheTest, FindProfileReportsAMissWithoutMeasuring) {
+  const LlamaModel* model = Model();
+  ASSERT_NE(model, nullptr);
+  const std::string dir = testing::MakeTempDir("profile_cache_find");
+  Fixture f(*model);
+  std::vector<std::string> warnings;
+  auto miss = FindProfile(f.key, InCache(dir), &warnings);
+  ASSERT_TRUE(miss.ok()) << miss.status();
+  EXPECT_FALSE(miss->has_value());
+  EXPECT_THAT(warnings, IsEmpty());
+  EXPECT_FALSE(fs::exists(fs::path(dir) / f.key.FileName()));
+
+  auto stored = MeasureAndStoreProfile(f.key, InCache(dir), f.Measure(*model));
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(stored->origin, ProfileOrigin::kMeasured);
+  EXPECT_EQ(f.calls, 1);
+  auto hit = FindProfile(f.key, InCache(dir), &warnings);
+  ASSERT_TRUE(hit.ok()) << hit.status();
+  ASSERT_TRUE(hit->has_value());
+  EXPECT_EQ((*hit)->origin, ProfileOrigin::kCacheHit);
+  EXPECT_EQ((*hit)->profile.ToJson(), stored->profile.ToJson());
+  EXPECT_EQ(f.calls, 1);
+
+  // A corrupt entry is a miss with a warning.
+  std::ofstream(stored->path) << "{not json";
+  auto corrupt = FindProfile(f.key, InCache(dir), &warnings);
+  ASSERT_TRUE(corrupt.ok()) << corrupt.status();
+  EXPECT_FALSE(corrupt->has_value());
+  EXPECT_THAT(warnings, ElementsAre(HasSubstr("is not usable")));
 }
 
 TEST(ProfileCacheTest, DifferentDtypeOrThreadsAreDifferentEntries) {

@@ -273,5 +273,23 @@ TEST(PlanCodecTest, AnErrorWithoutAMessageIsNamedByItsCode) {
       ::testing::HasSubstr("PLAN_ERROR_CODE_SUPERSEDED without a message"));
 }
 
+// "Profile pending" crosses the wire as its own code and is recognized on
+// the executor's side (no failure there); a plain Unavailable is not it.
+TEST(PlanCodecTest, ProfilePendingRoundTripsAsItsOwnCode) {
+  const v1::PlanResponse wire = EncodePlanResponse(
+      7, 12, ProfilePendingError("profile pending: still measuring"));
+  EXPECT_EQ(wire.error().code(), v1::PLAN_ERROR_CODE_PROFILE_PENDING);
+  auto decoded = DecodePlanResponse(wire, kLayers, 10);
+  EXPECT_TRUE(IsProfilePending(decoded.status())) << decoded.status();
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(decoded.status().message(), "profile pending: still measuring");
+
+  const v1::PlanResponse gone =
+      EncodePlanResponse(7, 12, absl::UnavailableError("profile pending"));
+  EXPECT_EQ(gone.error().code(), v1::PLAN_ERROR_CODE_INTERNAL);
+  EXPECT_FALSE(
+      IsProfilePending(DecodePlanResponse(gone, kLayers, 10).status()));
+}
+
 }  // namespace
 }  // namespace knapserve

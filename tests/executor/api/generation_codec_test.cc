@@ -9,6 +9,7 @@
 #include <set>
 
 #include "absl/strings/ascii.h"
+#include "executor/api/planning_json.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -186,8 +187,39 @@ TEST_F(DecodeGenerateRequestTest, BadRequestsNameTheField) {
        [](v1::GenerateRequest& r) {
          r.mutable_speculation()->set_max_draft_tokens(16);
        }},
-      {"temperature", absl::StatusCode::kInvalidArgument,
+      {"temperature: must be", absl::StatusCode::kInvalidArgument,
        [](v1::GenerateRequest& r) { r.set_temperature(-1); }},
+      {"top_p: must be", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.set_top_p(0); }},
+      {"top_k: must be", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.set_top_k(-2); }},
+      {"min_p: must be", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.set_min_p(1.5); }},
+      {"repetition_penalty: must be", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.set_repetition_penalty(0); }},
+      {"presence_penalty: must be", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.set_presence_penalty(2.5); }},
+      {"frequency_penalty: must be", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.set_frequency_penalty(-3); }},
+      {"logit_bias: token id 9999 outside", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { (*r.mutable_logit_bias())[9999] = 1; }},
+      {"logit_bias: the bias of token id 5", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { (*r.mutable_logit_bias())[5] = 101; }},
+      {"min_tokens: must be >= 0", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.set_min_tokens(-1); }},
+      {"min_tokens: must be <= max_new_tokens",
+       absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) {
+         r.set_max_new_tokens(4);
+         r.set_min_tokens(5);
+       }},
+      {"bad_words: sequence 1 has 0", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) {
+         r.add_bad_words()->add_ids(3);
+         r.add_bad_words();
+       }},
+      {"bad_words: token id 512 outside", absl::StatusCode::kInvalidArgument,
+       [](v1::GenerateRequest& r) { r.add_bad_words()->add_ids(512); }},
       {"specbound.lambda", absl::StatusCode::kInvalidArgument,
        [](v1::GenerateRequest& r) {
          r.mutable_speculation()->set_mode(v1::SPECULATION_MODE_SPECBOUND);
@@ -223,6 +255,42 @@ TEST_F(DecodeGenerateRequestTest, BadRequestsNameTheField) {
   absl::StatusOr<GenerationRequest> request = Decode(planned);
   ASSERT_TRUE(request.ok()) << request.status();
   EXPECT_EQ(request->speculation.mode, SpeculationMode::kKnapSpec);
+}
+
+TEST_F(DecodeGenerateRequestTest, LogitsProcessorsMapAndDefaultToOff) {
+  v1::GenerateRequest wire;
+  wire.set_text("Hello");
+  absl::StatusOr<GenerationRequest> bare = Decode(wire);
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  const SamplingParams off;
+  EXPECT_EQ(bare->sampling.repetition_penalty, off.repetition_penalty);
+  EXPECT_EQ(bare->sampling.presence_penalty, 0.0);
+  EXPECT_EQ(bare->sampling.frequency_penalty, 0.0);
+  EXPECT_EQ(bare->sampling.min_p, 0.0);
+  EXPECT_EQ(bare->sampling.min_tokens, 0);
+  EXPECT_TRUE(bare->sampling.logit_bias.empty());
+  EXPECT_TRUE(bare->sampling.bad_words.empty());
+  wire.set_repetition_penalty(1.2);
+  wire.set_presence_penalty(-0.5);
+  wire.set_frequency_penalty(0.75);
+  wire.set_min_p(0.1);
+  wire.set_min_tokens(3);
+  (*wire.mutable_logit_bias())[7] = -100;
+  (*wire.mutable_logit_bias())[11] = 2.5;
+  wire.add_bad_words()->add_ids(9);
+  v1::TokenIds* pair = wire.add_bad_words();
+  pair->add_ids(4);
+  pair->add_ids(5);
+  absl::StatusOr<GenerationRequest> full = Decode(wire);
+  ASSERT_TRUE(full.ok()) << full.status();
+  const SamplingParams& s = full->sampling;
+  EXPECT_DOUBLE_EQ(s.repetition_penalty, 1.2);
+  EXPECT_DOUBLE_EQ(s.presence_penalty, -0.5);
+  EXPECT_DOUBLE_EQ(s.frequency_penalty, 0.75);
+  EXPECT_DOUBLE_EQ(s.min_p, 0.1);
+  EXPECT_EQ(s.min_tokens, 3);
+  EXPECT_EQ(s.logit_bias, (std::map<int32_t, double>{{7, -100}, {11, 2.5}}));
+  EXPECT_EQ(s.bad_words, (std::vector<std::vector<int32_t>>{{9}, {4, 5}}));
 }
 
 TEST_F(DecodeGenerateRequestTest, SpecBoundSettingsMapAndDefault) {
@@ -352,6 +420,70 @@ TEST(GenerationCodecTest, EncodesChunksAndFinalResults) {
   EXPECT_EQ(f.speculation_stats().plans(0).step(), 12u);
   EXPECT_EQ(f.speculation_stats().plans(0).mask(), "a1");
   EXPECT_EQ(f.speculation_stats().plans(0).age_steps(), 2u);
+}
+
+// The final message carries the planning statistics, and a client decodes
+// them back into the same values `generate --json` prints in-process
+// (executor/api/planning_json.h): the same JSON either way.
+TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
+  GenerationResult r;
+  r.stats.completion_tokens = 20;
+  r.stats.decode_seconds = 2.0;
+  r.stats.plan_requests = 3;
+  r.stats.plan_failures = 1;
+  r.last_plan_error = "INTERNAL: boom";
+  PlanningStats& p = r.planning;
+  p.cache_hits = 2;
+  p.cache_misses = 1;
+  p.triggers_no_plan = 1;
+  p.triggers_new_bucket = 4;
+  p.triggers_drift = 5;
+  p.budget_deferrals = 6;
+  p.solve_seconds = 0.5;
+  p.process_planner_cpu_share = 0.04;
+  p.guard_checks = 7;
+  p.guard_fallbacks = 8;
+  p.guard_probe_steps = 9;
+  p.guard_plain_steps = 10;
+  p.guard_last_spec_tps = 123.5;
+  p.guard_last_plain_tps = 100.25;
+  p.profile_pending = true;
+  p.profile_pending_steps = 11;
+  AppliedPlan plan;
+  plan.applied_step = 12;
+  plan.plan_step = 9;
+  plan.age_steps = 3;
+  plan.mask = "a1,m2";
+  plan.gamma = 3;
+  plan.alpha_hat = 0.75;
+  plan.predicted_tpt = 210;
+  plan.baseline_tpt = 180;
+  plan.num_candidates = 14;
+  plan.solve_seconds = 0.125;
+  plan.queue_seconds = 0.0625;
+  plan.context_length = 40;
+  plan.source = "solve";
+  r.plans.push_back(plan);
+  const v1::FinalResult f =
+      EncodeFinal("req-3", r, SpeculationMode::kKnapSpec, ServiceTimings{})
+          .final();
+  EXPECT_DOUBLE_EQ(f.timings().decode_seconds(), 2.0);
+  EXPECT_EQ(f.planning().plan_requests(), 3);
+  EXPECT_EQ(f.planning().plan_failures(), 1);
+  EXPECT_EQ(f.planning().last_plan_error(), "INTERNAL: boom");
+  EXPECT_DOUBLE_EQ(f.planning().planner_cpu_share(), 0.25);
+  EXPECT_TRUE(f.planning().profile_pending());
+  EXPECT_EQ(f.planning().profile_pending_steps(), 11);
+
+  const PlanningStats back = DecodePlanningStats(f.planning());
+  EXPECT_EQ(PlanningJson(back, f.timings().decode_seconds()),
+            PlanningJson(p, r.stats.decode_seconds));
+  ASSERT_EQ(f.speculation_stats().plans_size(), 1);
+  const AppliedPlan plan_back =
+      DecodeAppliedPlan(f.speculation_stats().plans(0));
+  EXPECT_EQ(AppliedPlansJson({plan_back}), AppliedPlansJson(r.plans));
+  EXPECT_EQ(PlanningJson(back, 2.0)["planner_cpu_share"], 0.25);
+  EXPECT_EQ(PlanningJson(back, 2.0)["profile_pending_steps"], 11);
 }
 
 }  // namespace

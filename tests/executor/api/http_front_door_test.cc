@@ -2,15 +2,22 @@
 // (executor/api/http_front_door.h) over real loopback HTTP with cpp-httplib's
 // client, on the same executor as gRPC: greedy output equal to local generation
 // (whole and streamed), chat through a template, logprobs, OpenAI's error shape
-// and codes (400, 404, 413, 429, 503), the info endpoints, and a client that
-// disconnects mid-stream stopping its sequence and freeing its K/V.
+// and codes (400, 404, 413, 429, 503), the info endpoints, a client that
+// disconnects (streamed or not) stopping its sequence and freeing its K/V, and
+// request ids no gRPC client can guess or abort.
 #include "executor/api/http_front_door.h"
 
+#include <arpa/inet.h>
 #include <c10/util/Exception.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <regex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -289,6 +296,33 @@ TEST(HttpFrontDoorTest, ErrorsUseOpenAisShapeAndHttpCodes) {
   EXPECT_NE(r.body["error"]["message"].get<std::string>().find("64"),
             std::string::npos);
 
+  // Sampling fields out of range: 400 naming the field (the same checks as
+  // gRPC's).
+  for (const auto& [field, value] : std::vector<std::pair<std::string, Json>>{
+           {"presence_penalty", 3},
+           {"frequency_penalty", -2.5},
+           {"repetition_penalty", 0},
+           {"min_p", 1.5},
+           {"temperature", -0.5},
+           {"logit_bias", {{"600", 1}}},
+           {"logit_bias", {{"5", -101}}},
+           {"min_tokens", 9},
+           {"bad_words", Json::array({Json::array()})}}) {
+    bad = Completion("Once", 8);
+    bad[field] = value;
+    r = Post(*s.http, "/v1/completions", bad);
+    EXPECT_EQ(r.status, 400) << field << " " << value.dump();
+    EXPECT_EQ(r.body["error"]["param"], field) << r.body.dump();
+  }
+  // In range they are served: a +100 bias makes the greedy output one token.
+  Json biased = Completion("Once", 8);
+  biased["logit_bias"] = {{"300", 100}};
+  biased["presence_penalty"] = 0.5;
+  r = Post(*s.http, "/v1/completions", biased);
+  ASSERT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_EQ(r.body["knapserve"]["output_token_ids"],
+            Json(std::vector<int>(8, 300)));
+
   bad = Completion("Once", 8);
   bad["model"] = "gpt-4o";
   r = Post(*s.http, "/v1/completions", bad);
@@ -456,6 +490,100 @@ TEST(HttpFrontDoorTest, AClientThatDisconnectsStopsItsSequenceAndFreesKv) {
   EXPECT_LT(last_step, 470);
   EXPECT_LE(last_step - step_at_close, 3)
       << "steps after the disconnect: " << last_step - step_at_close;
+}
+
+// Issue 28, item 7: a non-streamed request, which writes nothing before
+// its end, also stops within a few steps of its client closing the
+// connection (the front door watches the socket), and frees its K/V.
+TEST(HttpFrontDoorTest, ANonStreamedClientThatDisconnectsStopsItsSequence) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  absl::Mutex mu;
+  int64_t last_step = -1;
+  GenerationServiceOptions options;
+  options.before_step_for_tests = [&](std::string_view, int64_t step) {
+    {
+      absl::MutexLock lock(&mu);
+      last_step = step;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  };
+  Server s = StartServer(options, true);
+  ASSERT_NE(s.server, nullptr);
+  const std::string body = Completion("Once", 480).dump();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(s.server->http_port()));
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)),
+            0);
+  const std::string request = absl::StrCat(
+      "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+      "Content-Type: application/json\r\nContent-Length: ",
+      body.size(), "\r\n\r\n", body);
+  ASSERT_EQ(send(fd, request.data(), request.size(), 0),
+            static_cast<ssize_t>(request.size()));
+  auto step = [&] {
+    absl::MutexLock lock(&mu);
+    return last_step;
+  };
+  for (int i = 0; i < 1000 && step() < 10; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const int64_t step_at_close = step();
+  ASSERT_GE(step_at_close, 10);
+  close(fd);
+  const KvPool& pool = s.server->service().engine().pool();
+  for (int i = 0; i < 500 && pool.used_blocks() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(pool.used_blocks(), 0);
+  EXPECT_LT(step(), 470);
+  EXPECT_LE(step() - step_at_close, 30)
+      << "steps after the disconnect: " << step() - step_at_close;
+}
+
+// Issue 28, item 7: HTTP request ids are unguessable ("cmpl-" and 32 hex
+// digits), and a gRPC client that learns one cannot abort that request: it
+// belongs to the HTTP front door, and finishes in full.
+TEST(HttpFrontDoorTest, IdsAreUnguessableAndNoGrpcClientCanAbortThem) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  GenerationServiceOptions options;
+  options.before_step_for_tests = [](std::string_view, int64_t) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  };
+  Server s = StartServer(options, true);
+  ASSERT_NE(s.server, nullptr);
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", s.server->port()),
+                          grpc::InsecureChannelCredentials()));
+  Json longer = Completion("Once", 120);
+  longer["stream"] = true;
+  std::string id;
+  bool found = true;
+  const Events streamed =
+      Stream(*s.http, "/v1/completions", longer, [&](const Json& event) {
+        if (id.empty()) {
+          id = event.value("id", "");
+          grpc::ClientContext context;
+          v1::AbortRequest abort;
+          abort.set_request_id(id);
+          v1::AbortResponse response;
+          EXPECT_TRUE(stub->Abort(&context, abort, &response).ok());
+          found = response.found();
+        }
+        return true;
+      });
+  EXPECT_TRUE(std::regex_match(id, std::regex("cmpl-[0-9a-f]{32}"))) << id;
+  EXPECT_FALSE(found) << "a gRPC client aborted an HTTP request";
+  EXPECT_TRUE(streamed.done);
+  EXPECT_EQ(streamed.ids.size(), 120u);
+  const Reply whole = Post(*s.http, "/v1/completions", Completion("Zoo", 3));
+  EXPECT_TRUE(std::regex_match(whole.body.value("id", ""),
+                               std::regex("cmpl-[0-9a-f]{32}")))
+      << whole.body.dump();
+  EXPECT_NE(whole.body.value("id", ""), id);
 }
 
 }  // namespace

@@ -99,6 +99,52 @@ TEST(OpenAiApiTest, SpecBoundSettingsMapToTheWire) {
   EXPECT_FALSE(bare->wire.speculation().has_specbound_trained_heads());
 }
 
+// OpenAI's penalties and logit_bias (token ids as strings, as OpenAI sends
+// them) and vLLM's repetition_penalty, min_p, min_tokens and bad_words (as
+// token-id lists) reach the gRPC request; unset ones stay unset.
+TEST(OpenAiApiTest, LogitsProcessorFieldsBecomeTheGrpcRequest) {
+  if (testing::StoriesTokenizer() == nullptr) GTEST_SKIP() << "no tokenizer";
+  absl::StatusOr<OpenAiRequest> r =
+      Parse(Json{{"model", "stories"},
+                 {"prompt", "Once"},
+                 {"presence_penalty", 0.5},
+                 {"frequency_penalty", -1.25},
+                 {"repetition_penalty", 1.1},
+                 {"min_p", 0.05},
+                 {"min_tokens", 7},
+                 {"logit_bias", {{"12", 5}, {"300", -100}}},
+                 {"bad_words", {{4}, {5, 6}}}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::GenerateRequest& w = r->wire;
+  EXPECT_DOUBLE_EQ(w.presence_penalty(), 0.5);
+  EXPECT_DOUBLE_EQ(w.frequency_penalty(), -1.25);
+  EXPECT_DOUBLE_EQ(w.repetition_penalty(), 1.1);
+  EXPECT_DOUBLE_EQ(w.min_p(), 0.05);
+  EXPECT_EQ(w.min_tokens(), 7);
+  ASSERT_EQ(w.logit_bias_size(), 2);
+  EXPECT_DOUBLE_EQ(w.logit_bias().at(12), 5.0);
+  EXPECT_DOUBLE_EQ(w.logit_bias().at(300), -100.0);
+  ASSERT_EQ(w.bad_words_size(), 2);
+  EXPECT_EQ(w.bad_words(0).ids_size(), 1);
+  EXPECT_EQ(w.bad_words(1).ids(1), 6);
+  absl::StatusOr<OpenAiRequest> bare =
+      Parse(Json{{"model", "stories"},
+                 {"prompt", "Once"},
+                 {"logit_bias", nullptr},
+                 {"presence_penalty", nullptr}});
+  ASSERT_TRUE(bare.ok()) << bare.status();
+  EXPECT_FALSE(bare->wire.has_presence_penalty());
+  EXPECT_FALSE(bare->wire.has_repetition_penalty());
+  EXPECT_FALSE(bare->wire.has_min_tokens());
+  EXPECT_EQ(bare->wire.logit_bias_size(), 0);
+  // Words as strings are refused, saying what is taken instead.
+  auto words = Parse(Json{
+      {"model", "stories"}, {"prompt", "Once"}, {"bad_words", {"dragon"}}});
+  EXPECT_NE(words.status().message().find("only lists of token ids"),
+            std::string::npos)
+      << words.status();
+}
+
 TEST(OpenAiApiTest, PromptsComeAsTextTokensOrAListOfOne) {
   if (testing::StoriesTokenizer() == nullptr) GTEST_SKIP() << "no tokenizer";
   auto ids = Parse(Json{{"model", "stories"}, {"prompt", {1, 403, 9}}});
@@ -136,8 +182,20 @@ TEST(OpenAiApiTest, RefusalsNameTheirField) {
       {{{"n", 2}}, "n"},
       {{{"best_of", 3}}, "best_of"},
       {{{"echo", true}}, "echo"},
-      {{{"presence_penalty", 0.5}}, "presence_penalty"},
-      {{{"logit_bias", {{"12", 5}}}}, "logit_bias"},
+      {{{"presence_penalty", "high"}}, "presence_penalty"},
+      {{{"frequency_penalty", true}}, "frequency_penalty"},
+      {{{"repetition_penalty", "x"}}, "repetition_penalty"},
+      {{{"min_p", Json::array()}}, "min_p"},
+      {{{"min_tokens", -1}}, "min_tokens"},
+      {{{"min_tokens", 1.5}}, "min_tokens"},
+      {{{"logit_bias", 5}}, "logit_bias"},
+      {{{"logit_bias", {{"twelve", 5}}}}, "logit_bias"},
+      {{{"logit_bias", {{"12", "up"}}}}, "logit_bias"},
+      {{{"bad_words", {"word"}}}, "bad_words"},
+      {{{"bad_words", 3}}, "bad_words"},
+      {{{"bad_words", {{1, "x"}}}}, "bad_words"},
+      {{{"top_logprobs", 2}}, "top_logprobs"},
+      {{{"suffix", "x"}}, "suffix"},
       {{{"logprobs", 3}}, "logprobs"},
       {{{"stop", 5}}, "stop"},
       {{{"stop", {"a", 1}}}, "stop[1]"},

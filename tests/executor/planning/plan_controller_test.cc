@@ -110,6 +110,50 @@ TEST(PlanControllerTest, NoPlanTriggersOneSnapshotAndTheSolveTakesEffect) {
   EXPECT_EQ(c.stats().cache_misses, 1);
 }
 
+// While the planner's profile is pending the sequence decodes plainly,
+// takes no snapshot and counts those steps; once it is ready the trigger it
+// kept starts a snapshot at the next step. Steps drafting with the request's
+// own skip mask (initial gamma) are not counted.
+TEST(PlanControllerTest, WhileTheProfileIsPendingItDecodesPlainlyAndCounts) {
+  PlanningShared shared = PlanningShared::Create();
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  for (int64_t step = 0; step < 6; ++step) {
+    const StepDirective d = c.BeforeStep(step, 5 + step, true,
+                                         /*profile_pending=*/true);
+    EXPECT_FALSE(d.capture) << step;
+    EXPECT_EQ(d.gamma, 0) << step;
+    c.AfterStep(Plain(0.01));
+  }
+  EXPECT_FALSE(shared.cache->Claimed(KeyAt(0)));
+  EXPECT_EQ(c.pending_trigger(), PlanTrigger::kNoPlan);
+  EXPECT_TRUE(c.stats().profile_pending);
+  EXPECT_EQ(c.stats().profile_pending_steps, 6);
+  EXPECT_EQ(c.stats().triggers_no_plan, 1);  // raised once, kept
+  EXPECT_EQ(c.stats().budget_deferrals, 0);
+  // The profile is ready: the kept trigger's snapshot starts.
+  const StepDirective ready = c.BeforeStep(6, 11, true, false);
+  EXPECT_TRUE(ready.capture);
+  EXPECT_TRUE(shared.cache->Claimed(KeyAt(0)));
+  EXPECT_EQ(c.stats().profile_pending_steps, 6);
+  EXPECT_EQ(c.stats().triggers_no_plan, 1);
+
+  // With a skip mask the steps draft: pending, but none decoded plainly.
+  PlanningShared other = PlanningShared::Create();
+  PlanController masked(Options(), BaseKey(), 2, /*initial_gamma=*/3, other);
+  for (int64_t step = 0; step < 4; ++step) {
+    EXPECT_EQ(masked.BeforeStep(step, 5 + step, true, true).gamma, 3);
+    masked.AfterStep(Spec(3, 3, 2, 0.01));
+  }
+  EXPECT_TRUE(masked.stats().profile_pending);
+  EXPECT_EQ(masked.stats().profile_pending_steps, 0);
+
+  // Never pending: nothing reported.
+  PlanController plain(Options(), BaseKey(), 3, 0, PlanningShared::Create());
+  plain.BeforeStep(0, 5);
+  EXPECT_FALSE(plain.stats().profile_pending);
+  EXPECT_EQ(plain.stats().profile_pending_steps, 0);
+}
+
 TEST(PlanControllerTest, NoSnapshotStartsWhileTheBatchRunsWithoutDrafts) {
   PlanningShared shared = PlanningShared::Create();
   PlanController c(Options(), BaseKey(), 1, 0, shared);

@@ -1,0 +1,48 @@
+#include "executor/api/planning_json.h"
+
+namespace knapserve {
+
+nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds) {
+  return {{"plan_cache_hits", s.cache_hits},
+          {"plan_cache_misses", s.cache_misses},
+          {"triggers",
+           {{"no_plan", s.triggers_no_plan},
+            {"new_bucket", s.triggers_new_bucket},
+            {"drift", s.triggers_drift}}},
+          {"budget_deferrals", s.budget_deferrals},
+          {"solve_seconds", s.solve_seconds},
+          {"planner_cpu_share",
+           decode_seconds > 0 ? s.solve_seconds / decode_seconds : 0.0},
+          {"process_planner_cpu_share", s.process_planner_cpu_share},
+          {"guard",
+           {{"checks", s.guard_checks},
+            {"fallbacks", s.guard_fallbacks},
+            {"probe_steps", s.guard_probe_steps},
+            {"plain_steps", s.guard_plain_steps},
+            {"last_spec_tps", s.guard_last_spec_tps},
+            {"last_plain_tps", s.guard_last_plain_tps}}},
+          {"profile_pending", s.profile_pending},
+          {"profile_pending_steps", s.profile_pending_steps}};
+}
+
+nlohmann::json AppliedPlansJson(absl::Span<const AppliedPlan> plans) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const AppliedPlan& p : plans) {
+    out.push_back({{"step", p.applied_step},
+                   {"plan_step", p.plan_step},
+                   {"age_steps", p.age_steps},
+                   {"context_length", p.context_length},
+                   {"mask", p.mask},
+                   {"gamma", p.gamma},
+                   {"alpha_hat", p.alpha_hat},
+                   {"predicted_tpt", p.predicted_tpt},
+                   {"baseline_tpt", p.baseline_tpt},
+                   {"num_candidates", p.num_candidates},
+                   {"solve_seconds", p.solve_seconds},
+                   {"queue_seconds", p.queue_seconds},
+                   {"source", p.source}});
+  }
+  return out;
+}
+
+}  // namespace knapserve
