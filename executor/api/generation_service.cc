@@ -1,5 +1,7 @@
 #include "executor/api/generation_service.h"
 
+#include <grpcpp/security/auth_context.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <optional>
@@ -7,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
+#include "common/base/random_id.h"
 #include "common/model/exception_status.h"
 #include "common/rpc/queued_writer.h"
 #include "common/trace/tracer.h"
@@ -19,6 +22,22 @@ std::string ModelName(std::string path) {
   while (path.size() > 1 && path.back() == '/') path.pop_back();
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// The owner of a gRPC call (see the header): the client's identity when
+// its certificate was verified (mutual TLS), else its connection.
+std::string CallerOf(const grpc::ServerContextBase& context) {
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth != nullptr && auth->IsPeerAuthenticated()) {
+    std::string identity =
+        absl::StrCat("identity:", auth->GetPeerIdentityPropertyName(), "=");
+    for (const grpc::string_ref& name : auth->GetPeerIdentity()) {
+      absl::StrAppend(&identity, absl::string_view(name.data(), name.size()),
+                      ";");
+    }
+    return identity;
+  }
+  return absl::StrCat("peer:", context.peer());
 }
 
 }  // namespace
@@ -35,9 +54,11 @@ class GenerationService::Call final
       : service_(service),
         context_(context),
         request_id_(std::move(request_id)),
+        owner_(CallerOf(*context)),
         arrived_(std::chrono::steady_clock::now()) {}
 
   const std::string& request_id() const override { return request_id_; }
+  const std::string& owner() const override { return owner_; }
 
   // GenerationSink: client cancelled, deadline passed, aborted.
   bool ShouldStop() const override {
@@ -81,7 +102,7 @@ class GenerationService::Call final
     // The id is free before the client can see the end: a client that sends
     // the same id again right after must not find it "already running"
     // (OnDone, which also removes it, may come much later).
-    service_->RemoveCall(request_id_, this);
+    service_->RemoveCall(this);
     writer_.Finish(ToGrpcStatus(status));
   }
 
@@ -97,7 +118,7 @@ class GenerationService::Call final
 
   void OnDone() override {
     GenerationService* service = service_;
-    service->RemoveCall(request_id_, this);
+    service->RemoveCall(this);
     delete this;
     service->CallEnded();  // last: the service may be destroyed right after
   }
@@ -106,6 +127,7 @@ class GenerationService::Call final
   GenerationService* const service_;
   grpc::CallbackServerContext* const context_;
   const std::string request_id_;
+  const std::string owner_;
   const std::chrono::steady_clock::time_point arrived_;
   std::atomic<bool> cancelled_{false};
   QueuedWriter<v1::GenerateResponse> writer_{this};
@@ -236,15 +258,15 @@ void GenerationService::CallEnded() {
   --calls_alive_;
 }
 
-bool GenerationService::AddCall(const std::string& id, GenerationSink* call) {
+bool GenerationService::AddCall(GenerationSink* call) {
   absl::MutexLock lock(&calls_mu_);
-  return calls_.emplace(id, call).second;
+  return calls_.emplace(CallKey(call->owner(), call->request_id()), call)
+      .second;
 }
 
-void GenerationService::RemoveCall(const std::string& id,
-                                   GenerationSink* call) {
+void GenerationService::RemoveCall(GenerationSink* call) {
   absl::MutexLock lock(&calls_mu_);
-  auto it = calls_.find(id);
+  auto it = calls_.find(CallKey(call->owner(), call->request_id()));
   if (it != calls_.end() && it->second == call) calls_.erase(it);
 }
 
@@ -252,7 +274,7 @@ absl::Status GenerationService::Submit(
     GenerationRequest request, std::shared_ptr<LocalGenerationSink> sink) {
   const std::string& id = sink->request_id();
   const auto arrived = std::chrono::steady_clock::now();
-  if (!AddCall(id, sink.get())) {
+  if (!AddCall(sink.get())) {
     const absl::Status taken = absl::InvalidArgumentError(
         absl::StrCat("request_id: '", id, "' is already running"));
     RecordRequest(taken, nullptr, 0, arrived);
@@ -268,13 +290,13 @@ absl::Status GenerationService::Submit(
         RecordRequest(outcome.status, result,
                       outcome.timings.first_token_seconds, arrived);
         sink->trace().Finish(outcome.status, result);
-        RemoveCall(sink->request_id(), sink.get());
+        RemoveCall(sink.get());
         sink->OnFinished(std::move(outcome));
       });
   if (!admitted.ok()) {
     RecordRequest(admitted, nullptr, 0, arrived);
     sink->trace().Finish(admitted, nullptr);
-    RemoveCall(id, sink.get());
+    RemoveCall(sink.get());
   }
   return admitted;
 }
@@ -286,7 +308,7 @@ void GenerationService::RecordRefused(const absl::Status& status) {
 grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* wire) {
   std::string id = wire->request_id();
-  if (id.empty()) id = absl::StrCat("req-", next_id_.fetch_add(1));
+  if (id.empty()) id = UnguessableId("req-");
   Call* call = new Call(this, context, id);
   CallCreated();
   if (trace::GlobalTracer() != nullptr) {
@@ -304,7 +326,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* GenerationService::Generate(
     call->Close(request.status());
     return call;
   }
-  if (!AddCall(id, call)) {
+  if (!AddCall(call)) {
     call->Close(absl::InvalidArgumentError(
         absl::StrCat("request_id: '", id, "' is already running")));
     return call;
@@ -322,7 +344,9 @@ grpc::ServerUnaryReactor* GenerationService::Abort(
     v1::AbortResponse* response) {
   {
     absl::MutexLock lock(&calls_mu_);
-    auto it = calls_.find(request->request_id());
+    // Only the caller's own requests (see the header): another caller's id
+    // is answered as an unknown one.
+    auto it = calls_.find(CallKey(CallerOf(*context), request->request_id()));
     response->set_found(it != calls_.end());
     if (it != calls_.end()) it->second->MarkAborted();
   }

@@ -18,6 +18,16 @@
 // ends the stream with FINISH_REASON_ABORTED; cancellation and deadlines end
 // it with CANCELLED and DEADLINE_EXCEEDED.
 //
+// Request ids belong to their caller. A request id is registered under its
+// owner (GenerationSink::owner): for gRPC the client's authenticated
+// identity when it presented a certificate (mutual TLS), else its
+// connection (grpc::ServerContext::peer(); a client that keeps its channel
+// keeps its connection); for HTTP the front door. A client-chosen id is
+// unique only within its owner, and Abort(request_id) reaches only the
+// caller's own requests: another caller's id answers found = false, as an
+// unknown one does. Ids the server chooses ("req-" and 32 hex digits) are
+// unguessable (common/base/random_id.h).
+//
 // Tracing (common/trace, when a tracer is installed): every request, from
 // either front end, is a `generate` span with queue, prefill and decode
 // children (executor/api/request_trace.h), child of the client's W3C
@@ -46,6 +56,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -106,6 +117,10 @@ class GenerationSink {
  public:
   virtual ~GenerationSink() = default;
   virtual const std::string& request_id() const = 0;
+  // Who sent the request (see the file comment): "identity:<name>" (a
+  // client certificate), "peer:<connection>" (gRPC otherwise) or "http".
+  // The id registry and Abort are scoped by it.
+  virtual const std::string& owner() const = 0;
   // Whether the sequence must stop now: the client went away, its deadline
   // passed, or it was aborted. Checked at least once per decode step.
   virtual bool ShouldStop() const = 0;
@@ -197,11 +212,12 @@ class GenerationService final : public v1::Generation::CallbackService {
   class Call;
   friend class Call;
 
-  // Registers `call` under its request id; false when the id is taken.
-  bool AddCall(const std::string& id, GenerationSink* call)
-      ABSL_LOCKS_EXCLUDED(calls_mu_);
-  void RemoveCall(const std::string& id, GenerationSink* call)
-      ABSL_LOCKS_EXCLUDED(calls_mu_);
+  // A registered request: (owner, request id).
+  using CallKey = std::pair<std::string, std::string>;
+  // Registers `call` under its owner and request id; false when its owner
+  // already has a queued or running request with that id.
+  bool AddCall(GenerationSink* call) ABSL_LOCKS_EXCLUDED(calls_mu_);
+  void RemoveCall(GenerationSink* call) ABSL_LOCKS_EXCLUDED(calls_mu_);
   // On a scheduler worker: runs the generation, streaming to `sink`. Nothing
   // it runs may throw past here (an exception is an INTERNAL outcome).
   GenerationOutcome RunOnWorker(GenerationRequest request,
@@ -230,10 +246,9 @@ class GenerationService final : public v1::Generation::CallbackService {
   std::unique_ptr<KvPool> own_pool_;     // when options.kv_pool is null
   std::unique_ptr<BatchEngine> engine_;  // every running sequence's steps
   absl::Mutex calls_mu_;
-  absl::flat_hash_map<std::string, GenerationSink*> calls_
-      ABSL_GUARDED_BY(calls_mu_);  // queued or running, by id
+  absl::flat_hash_map<CallKey, GenerationSink*> calls_
+      ABSL_GUARDED_BY(calls_mu_);  // queued or running, by owner and id
   int64_t calls_alive_ ABSL_GUARDED_BY(calls_mu_) = 0;  // created, not done
-  std::atomic<uint64_t> next_id_{1};
   std::unique_ptr<GenerationMetrics> metrics_;  // null without options.metrics
 };
 

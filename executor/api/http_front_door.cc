@@ -1,16 +1,19 @@
 #include "executor/api/http_front_door.h"
 
 #include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <deque>
-#include <random>
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
+#include "common/base/random_id.h"
 #include "common/base/status.h"
 #include "common/model/exception_status.h"
 
@@ -32,6 +35,10 @@ class HttpFrontDoor::Request final : public LocalGenerationSink {
                  absl::ToUnixSeconds(absl::Now()), tokenizer) {}
 
   const std::string& request_id() const override { return id_; }
+  const std::string& owner() const override {
+    static const std::string* http = new std::string("http");
+    return *http;
+  }
   bool ShouldStop() const override { return cancelled_.load() || aborted(); }
   absl::Status StopStatus() const override {
     return absl::CancelledError("the HTTP client went away");
@@ -72,13 +79,17 @@ class HttpFrontDoor::Request final : public LocalGenerationSink {
     return outcome_.has_value();
   }
 
-  // Whole response: waits for the outcome.
-  GenerationOutcome TakeOutcome() ABSL_LOCKS_EXCLUDED(mu_) {
+  // Whole response: waits up to `timeout` for the outcome; nullopt if it
+  // has not come yet.
+  std::optional<GenerationOutcome> TakeOutcome(absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return outcome_.has_value();
     };
-    mu_.Await(absl::Condition(&done));
+    if (!mu_.AwaitWithTimeout(absl::Condition(&done), timeout)) {
+      return std::nullopt;
+    }
     return std::move(*outcome_);
   }
 
@@ -116,12 +127,62 @@ void ReplyError(httplib::Response& res, const absl::Status& status) {
   ReplyJson(res, HttpStatusFor(status.code()), OpenAiErrorJson(status));
 }
 
-// A random 64-bit tag per process, so that request ids made by two
-// executors (or two runs) do not collide in logs and traces.
-std::string ProcessTag() {
-  std::random_device device;
-  const uint64_t tag = (static_cast<uint64_t>(device()) << 32) | device();
-  return absl::StrFormat("%016x", tag);
+// The numeric host and port of a socket address, as cpp-httplib writes
+// them into Request::remote_addr / local_addr.
+bool HostAndPort(const sockaddr_storage& address, socklen_t length,
+                 std::string& host, int& port) {
+  char name[NI_MAXHOST];
+  char service[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<const sockaddr*>(&address), length, name,
+                  sizeof(name), service, sizeof(service),
+                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
+    return false;
+  }
+  host = name;
+  return absl::SimpleAtoi(service, &port);
+}
+
+// The socket of the connection `req` arrived on, or -1. cpp-httplib 0.11
+// does not hand it to the handler, so this looks for the descriptor of
+// this process whose two ends are the request's. The descriptor stays
+// valid while the handler runs: cpp-httplib closes it only afterwards.
+int ConnectionSocket(const httplib::Request& req) {
+  std::error_code ec;
+  for (const auto& entry :
+       std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &fd)) continue;
+    sockaddr_storage peer{};
+    socklen_t peer_length = sizeof(peer);
+    if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) !=
+        0) {
+      continue;  // not a connected socket
+    }
+    sockaddr_storage local{};
+    socklen_t local_length = sizeof(local);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) !=
+        0) {
+      continue;
+    }
+    std::string peer_host, local_host;
+    int peer_port = -1, local_port = -1;
+    if (HostAndPort(peer, peer_length, peer_host, peer_port) &&
+        HostAndPort(local, local_length, local_host, local_port) &&
+        peer_port == req.remote_port && local_port == req.local_port &&
+        peer_host == req.remote_addr && local_host == req.local_addr) {
+      return fd;
+    }
+  }
+  return -1;
+}
+
+// Whether the peer of connected socket `fd` hung up (closed or shut down
+// its side). Data it sent (a pipelined request) is not a hang-up and is
+// left unread.
+bool PeerHungUp(int fd) {
+  pollfd watched{fd, POLLRDHUP, 0};
+  if (poll(&watched, 1, 0) <= 0) return false;
+  return (watched.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 }  // namespace
@@ -283,10 +344,8 @@ void HttpFrontDoor::HandleGenerate(const httplib::Request& req,
     ReplyError(res, decoded.status());
     return;
   }
-  static const std::string tag = ProcessTag();
   const std::string id =
-      absl::StrCat(endpoint == OpenAiEndpoint::kChat ? "chatcmpl-" : "cmpl-",
-                   tag, "-", next_id_.fetch_add(1));
+      UnguessableId(endpoint == OpenAiEndpoint::kChat ? "chatcmpl-" : "cmpl-");
   auto request =
       std::make_shared<Request>(id, *parsed, decoded->speculation.mode,
                                 options_.model_name, service_.tokenizer());
@@ -306,7 +365,14 @@ void HttpFrontDoor::HandleGenerate(const httplib::Request& req,
     return;
   }
   if (!parsed->stream) {
-    const GenerationOutcome outcome = request->TakeOutcome();
+    // Nothing is written before the outcome, so the connection itself is
+    // watched for a client that leaves (see the header).
+    const int socket = ConnectionSocket(req);
+    std::optional<GenerationOutcome> finished;
+    while (!(finished = request->TakeOutcome(absl::Milliseconds(20)))) {
+      if (socket >= 0 && PeerHungUp(socket)) request->Cancel();
+    }
+    const GenerationOutcome outcome = std::move(*finished);
     Untrack(request.get());
     if (!outcome.status.ok()) {
       ReplyError(res, outcome.status);

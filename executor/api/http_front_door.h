@@ -16,13 +16,19 @@
 // internal error. A streamed response that fails after its first event ends
 // with an error event and [DONE].
 //
-// A client that disconnects stops its sequence: the failed write marks the
-// request cancelled and the batch drops it at its next step, freeing its
-// K/V blocks. (The first write after the peer closed can still succeed
-// into the kernel's buffer, so on a streamed response this takes one or two
-// steps. A request whose client left while it was queued is noticed at its
-// first writes, once it runs; a non-streamed one runs to its end, since
-// nothing is written before it.)
+// A client that disconnects stops its sequence: the request is marked
+// cancelled and the batch drops it at its next step, freeing its K/V
+// blocks. A streamed response notices at a failed write (the first write
+// after the peer closed can still succeed into the kernel's buffer, so this
+// takes one or two steps; a request whose client left while it was queued
+// is noticed at its first writes, once it runs). A non-streamed one, which
+// writes nothing before its end, watches its connection's socket instead
+// (every 20 ms: poll(2) for the peer's hang-up), queued or running.
+//
+// Request ids ("cmpl-" or "chatcmpl-" and 32 hex digits) are unguessable
+// (common/base/random_id.h) and registered under the owner "http", apart
+// from every gRPC caller's ids, so no gRPC client can claim or abort them
+// (executor/api/generation_service.h).
 //
 // Tracing: a `traceparent` header (W3C Trace Context) makes the request's
 // generate span its child (executor/api/request_trace.h).
@@ -111,7 +117,6 @@ class HttpFrontDoor {
   std::thread listener_;
   int port_ = 0;
   std::atomic<bool> draining_{false};
-  std::atomic<uint64_t> next_id_{1};
   absl::Mutex mu_;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   // Requests between admission and their response's end, to cancel at

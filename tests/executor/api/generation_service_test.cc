@@ -1,15 +1,19 @@
 // Tests of the Generation gRPC service (executor/api/generation_service.h,
 // executor_server.h) over real loopback gRPC: streamed output equals local
 // generation, invalid requests name their field, concurrency, admission,
-// cancellation, deadlines, Abort, drain, and a LibTorch exception in one
-// stream's forward pass failing that stream only.
+// cancellation, deadlines, Abort (scoped to the caller's connection), drain,
+// and a LibTorch exception in one stream's forward pass failing that stream
+// only.
 #include <c10/util/Exception.h>
 #include <gmock/gmock.h>
 #include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <filesystem>
+#include <regex>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -565,6 +569,70 @@ TEST(GenerationServiceTest, DeadlinesAndAbortStopTheSequence) {
   EXPECT_LT(aborted.ids.size(), 480u);
   // The slot is free again.
   EXPECT_TRUE(Call(*s.stub, TextRequest("Zoo", 4)).status.ok());
+}
+
+// Issue 28, item 7: a request id belongs to the connection that sent it.
+// A second client on its own connection cannot abort the first client's
+// "job-1" (found = false, as for an unknown id) and may use "job-1" itself
+// meanwhile; the first client cannot start a second "job-1" while its own
+// runs, and its Abort finds it. Ids the server chooses are 32 random hex
+// digits, never repeated.
+TEST(GenerationServiceTest, ARequestIdBelongsToItsCaller) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  Server s = StartServer(/*max_running=*/4, /*max_queue=*/4);
+  ASSERT_NE(s.server, nullptr);
+  // Its own subchannel pool gives the second client its own connection.
+  grpc::ChannelArguments own_connection;
+  own_connection.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  std::unique_ptr<v1::Generation::Stub> other =
+      v1::Generation::NewStub(grpc::CreateCustomChannel(
+          absl::StrCat("127.0.0.1:", s.server->port()),
+          grpc::InsecureChannelCredentials(), own_connection));
+  auto abort = [](v1::Generation::Stub& stub, const std::string& id) {
+    grpc::ClientContext context;
+    v1::AbortRequest request;
+    request.set_request_id(id);
+    v1::AbortResponse response;
+    EXPECT_TRUE(stub.Abort(&context, request, &response).ok());
+    return response.found();
+  };
+  v1::GenerateRequest longer = TextRequest("Once", 480);
+  longer.set_ignore_eos(true);
+  longer.set_request_id("job-1");
+  bool other_found = true;
+  bool own_found = false;
+  Streamed others_job, duplicate;
+  Streamed mine = Call(*s.stub, longer, nullptr, [&] {
+    other_found = abort(*other, "job-1");
+    v1::GenerateRequest same_id = TextRequest("Zoo", 4);
+    same_id.set_request_id("job-1");
+    others_job = Call(*other, same_id);
+    duplicate = Call(*s.stub, same_id);
+    own_found = abort(*s.stub, "job-1");
+  });
+  EXPECT_FALSE(other_found) << "another connection aborted job-1";
+  EXPECT_TRUE(others_job.status.ok()) << others_job.status.error_message();
+  ASSERT_TRUE(others_job.final.has_value());
+  EXPECT_EQ(others_job.final->request_id(), "job-1");
+  EXPECT_EQ(others_job.ids.size(), 4u);
+  EXPECT_EQ(duplicate.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(duplicate.status.error_message(),
+              ::testing::HasSubstr("already running"));
+  EXPECT_TRUE(own_found);
+  ASSERT_TRUE(mine.final.has_value());
+  EXPECT_EQ(mine.final->finish_reason(), v1::FINISH_REASON_ABORTED);
+  EXPECT_LT(mine.ids.size(), 480u);
+
+  std::set<std::string> ids;
+  const std::regex unguessable("req-[0-9a-f]{32}");
+  for (int i = 0; i < 3; ++i) {
+    const Streamed call = Call(*other, TextRequest("Zoo", 2));
+    ASSERT_TRUE(call.final.has_value());
+    EXPECT_TRUE(std::regex_match(call.final->request_id(), unguessable))
+        << call.final->request_id();
+    ids.insert(call.final->request_id());
+  }
+  EXPECT_EQ(ids.size(), 3u);
 }
 
 TEST(GenerationServiceTest, DrainFinishesRunningRequestsAndRefusesNewOnes) {
