@@ -66,6 +66,14 @@ ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop strings.");
 ABSL_FLAG(bool, ignore_eos, false,
           "Keep generating past the model's EOS tokens.");
+ABSL_FLAG(bool, logprobs, false,
+          "Report each output token's log-probability under the model (the "
+          "full model's log_softmax, before the logits processors and "
+          "temperature; generate --json prints output_logprobs).");
+ABSL_FLAG(int32_t, top_logprobs, 0,
+          "With --logprobs: also the N most likely tokens at each output "
+          "position, in [0, 20] (generate --json prints output_top_logprobs: "
+          "[[id, logprob], ...] per output token).");
 ABSL_FLAG(std::string, dtype, "fp32",
           "Compute dtype: fp32, bf16 or fp16 (fp16: CUDA only).");
 ABSL_FLAG(std::string, device, "cpu", "cpu, cuda or cuda:N.");
@@ -447,6 +455,8 @@ absl::StatusOr<v1::GenerateRequest> WireRequestFromFlags() {
   for (const std::vector<int32_t>& word : sampling.bad_words)
     request.add_bad_words()->mutable_ids()->Add(word.begin(), word.end());
   request.set_ignore_eos(absl::GetFlag(FLAGS_ignore_eos));
+  request.set_logprobs(absl::GetFlag(FLAGS_logprobs));
+  request.set_top_logprobs(absl::GetFlag(FLAGS_top_logprobs));
   for (const std::string& stop : absl::GetFlag(FLAGS_stop))
     request.add_stop(stop);
   ASSIGN_OR_RETURN(SpeculationMode mode,
@@ -481,6 +491,8 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
   ASSIGN_OR_RETURN(request.sampling, SamplingParamsFromFlags());
   request.stop_strings = absl::GetFlag(FLAGS_stop);
   request.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  request.logprobs = absl::GetFlag(FLAGS_logprobs);
+  request.top_logprobs = absl::GetFlag(FLAGS_top_logprobs);
   ASSIGN_OR_RETURN(request.speculation.mode,
                    ParseSpeculationMode(absl::GetFlag(FLAGS_spec)));
   request.speculation.skip = absl::GetFlag(FLAGS_skip);

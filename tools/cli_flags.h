@@ -46,6 +46,8 @@ ABSL_DECLARE_FLAG(std::string, bad_words);
 ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
 ABSL_DECLARE_FLAG(std::vector<std::string>, stop);
 ABSL_DECLARE_FLAG(bool, ignore_eos);
+ABSL_DECLARE_FLAG(bool, logprobs);
+ABSL_DECLARE_FLAG(int32_t, top_logprobs);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(std::string, device);
 ABSL_DECLARE_FLAG(std::string, threads);

@@ -78,12 +78,24 @@ absl::Status GenerateRemote(const std::string& address) {
   const bool json = absl::GetFlag(FLAGS_json);
   std::vector<int32_t> ids;
   std::string text;
+  std::vector<float> logprobs;
+  nlohmann::json top_logprobs = nlohmann::json::array();
   v1::FinalResult final;
   v1::GenerateResponse response;
   while (reader->Read(&response)) {
     if (response.has_chunk()) {
       ids.insert(ids.end(), response.chunk().token_ids().begin(),
                  response.chunk().token_ids().end());
+      logprobs.insert(logprobs.end(), response.chunk().logprobs().begin(),
+                      response.chunk().logprobs().end());
+      for (const v1::TopLogprobs& top : response.chunk().top_logprobs()) {
+        nlohmann::json alternatives = nlohmann::json::array();
+        for (int k = 0; k < top.token_ids_size() && k < top.logprobs_size();
+             ++k) {
+          alternatives.push_back({top.token_ids(k), top.logprobs(k)});
+        }
+        top_logprobs.push_back(std::move(alternatives));
+      }
       text += response.chunk().text();
       if (!json) std::cout << response.chunk().text() << std::flush;
     } else if (response.has_final()) {
@@ -131,6 +143,8 @@ absl::Status GenerateRemote(const std::string& address) {
         {"mean_acceptance_length", s.mean_acceptance_length()},
         {"plans_applied", s.plans_applied()}}},
   };
+  if (request.logprobs()) out["output_logprobs"] = logprobs;
+  if (request.top_logprobs() > 0) out["output_top_logprobs"] = top_logprobs;
   if (s.exit_depths_size() > 0 || s.depth_bound_stops() > 0) {
     out["speculation"]["specbound"] = {
         {"mean_exit_depth", s.mean_exit_depth()},
@@ -178,7 +192,7 @@ absl::Status Generate() {
   StreamCallback stream = nullptr;
   if (!json) {
     stream = [](absl::Span<const int32_t>, std::string_view text,
-                absl::Span<const float>) {
+                const StepLogprobs&) {
       std::cout << text << std::flush;
       return true;
     };
@@ -222,6 +236,19 @@ absl::Status Generate() {
       {"decode_tokens_per_s", result.stats.decode_tokens_per_second()},
   };
   if (!result.matched_stop.empty()) out["stop"] = result.matched_stop;
+  if (request.logprobs) out["output_logprobs"] = result.output_logprobs;
+  if (request.top_logprobs > 0) {
+    nlohmann::json top = nlohmann::json::array();
+    for (const std::vector<TokenLogprob>& alternatives :
+         result.output_top_logprobs) {
+      nlohmann::json position = nlohmann::json::array();
+      for (const TokenLogprob& alt : alternatives) {
+        position.push_back({alt.id, alt.logprob});
+      }
+      top.push_back(std::move(position));
+    }
+    out["output_top_logprobs"] = std::move(top);
+  }
   out["spec"] = SpeculationModeName(request.speculation.mode);
   out["mask"] = result.mask;
   if (IsRouted(request.speculation.mode)) {

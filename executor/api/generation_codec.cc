@@ -157,6 +157,8 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
   }
   request.ignore_eos = wire.has_ignore_eos() && wire.ignore_eos();
   request.logprobs = wire.logprobs();
+  request.top_logprobs = wire.top_logprobs();
+  request.prompt_logprobs = wire.prompt_logprobs();
   request.stop_strings.assign(wire.stop().begin(), wire.stop().end());
   request.stop_token_ids.assign(wire.stop_token_ids().begin(),
                                 wire.stop_token_ids().end());
@@ -193,14 +195,30 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
   return request;
 }
 
+namespace {
+
+void AddTopLogprobs(absl::Span<const TokenLogprob> alternatives,
+                    v1::TopLogprobs& out) {
+  for (const TokenLogprob& alt : alternatives) {
+    out.add_token_ids(alt.id);
+    out.add_logprobs(alt.logprob);
+  }
+}
+
+}  // namespace
+
 v1::GenerateResponse EncodeChunk(std::string_view request_id,
                                  absl::Span<const int32_t> ids,
                                  std::string_view text,
-                                 absl::Span<const float> logprobs) {
+                                 const StepLogprobs& logprobs) {
   v1::GenerateResponse response;
   v1::Chunk* chunk = response.mutable_chunk();
   chunk->mutable_token_ids()->Add(ids.begin(), ids.end());
-  chunk->mutable_logprobs()->Add(logprobs.begin(), logprobs.end());
+  chunk->mutable_logprobs()->Add(logprobs.chosen.begin(),
+                                 logprobs.chosen.end());
+  for (const std::vector<TokenLogprob>& alternatives : logprobs.top) {
+    AddTopLogprobs(alternatives, *chunk->add_top_logprobs());
+  }
   chunk->set_text(std::string(text));
   chunk->set_request_id(std::string(request_id));
   return response;
@@ -216,6 +234,11 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
   final->set_finish_reason(ToWireFinishReason(r.finish_reason));
   final->set_stop_sequence(r.matched_stop);
   final->set_seed(r.seed);
+  final->mutable_prompt_logprobs()->Add(r.prompt_logprobs.begin(),
+                                        r.prompt_logprobs.end());
+  for (const std::vector<TokenLogprob>& alternatives : r.prompt_top_logprobs) {
+    AddTopLogprobs(alternatives, *final->add_prompt_top_logprobs());
+  }
   final->mutable_usage()->set_prompt_tokens(
       static_cast<int32_t>(r.stats.prompt_tokens));
   final->mutable_usage()->set_completion_tokens(

@@ -78,7 +78,7 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
 v1::GenerateResponse EncodeChunk(std::string_view request_id,
                                  absl::Span<const int32_t> ids,
                                  std::string_view text,
-                                 absl::Span<const float> logprobs = {});
+                                 const StepLogprobs& logprobs = {});
 
 // Timings only the service knows (measured from the request's arrival).
 struct ServiceTimings {

@@ -73,7 +73,7 @@ class GenerationService::Call final
   }
   // On the engine's step thread: only queues the chunk.
   void OnTokens(absl::Span<const int32_t> ids, std::string_view text,
-                absl::Span<const float> logprobs) override {
+                const StepLogprobs& logprobs) override {
     writer_.Enqueue(EncodeChunk(request_id_, ids, text, logprobs));
   }
 
@@ -163,7 +163,7 @@ absl::Status GenerationService::Serve(
   // on_tokens runs on the engine's step thread while this worker waits in
   // Generate: it only hands the chunk over and says whether to go on.
   auto on_tokens = [&](absl::Span<const int32_t> ids, std::string_view text,
-                       absl::Span<const float> logprobs) {
+                       const StepLogprobs& logprobs) {
     if (first) {
       timings.first_token_seconds = SecondsSince(arrived);
       first = false;

@@ -130,7 +130,7 @@ class GenerationSink {
   // One decode step's new tokens (see StreamCallback). Must not block on
   // the client: the whole batch waits for it.
   virtual void OnTokens(absl::Span<const int32_t> ids, std::string_view text,
-                        absl::Span<const float> logprobs) = 0;
+                        const StepLogprobs& logprobs) = 0;
 
   // Abort(request_id): the sequence ends within one step with finish
   // reason aborted.

@@ -27,12 +27,22 @@ using Json = nlohmann::json;
 class HttpFrontDoor::Request final : public LocalGenerationSink {
  public:
   Request(std::string id, const OpenAiRequest& parsed, SpeculationMode mode,
-          std::string model_name, const Tokenizer& tokenizer)
+          std::string model_name, const Tokenizer& tokenizer,
+          const std::vector<int32_t>& prompt_ids)
       : id_(std::move(id)),
         stream_(parsed.stream),
         mode_(mode),
         encoder_(parsed, id_, std::move(model_name),
-                 absl::ToUnixSeconds(absl::Now()), tokenizer) {}
+                 absl::ToUnixSeconds(absl::Now()), tokenizer) {
+    if (parsed.echo) {
+      // The prompt as given; a prompt of token ids as their text.
+      absl::StatusOr<std::string> text =
+          parsed.wire.has_text()
+              ? absl::StatusOr<std::string>(parsed.wire.text())
+              : tokenizer.Decode(prompt_ids, false);
+      encoder_.SetPrompt(prompt_ids, text.ok() ? *text : "");
+    }
+  }
 
   const std::string& request_id() const override { return id_; }
   const std::string& owner() const override {
@@ -44,7 +54,7 @@ class HttpFrontDoor::Request final : public LocalGenerationSink {
     return absl::CancelledError("the HTTP client went away");
   }
   void OnTokens(absl::Span<const int32_t> ids, std::string_view text,
-                absl::Span<const float> logprobs) override
+                const StepLogprobs& logprobs) override
       ABSL_LOCKS_EXCLUDED(mu_) {
     if (!stream_) return;  // the whole response is built from the result
     absl::MutexLock lock(&mu_);
@@ -346,9 +356,9 @@ void HttpFrontDoor::HandleGenerate(const httplib::Request& req,
   }
   const std::string id =
       UnguessableId(endpoint == OpenAiEndpoint::kChat ? "chatcmpl-" : "cmpl-");
-  auto request =
-      std::make_shared<Request>(id, *parsed, decoded->speculation.mode,
-                                options_.model_name, service_.tokenizer());
+  auto request = std::make_shared<Request>(
+      id, *parsed, decoded->speculation.mode, options_.model_name,
+      service_.tokenizer(), decoded->prompt_ids);
   request->trace().Start(traceparent, id, "http", operation,
                          options_.model_name);
   if (!Track(request)) {

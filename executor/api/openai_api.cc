@@ -415,8 +415,14 @@ absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
     return absl::InvalidArgumentError(
         absl::StrCat("best_of: only 1 is supported, got ", *best_of));
   }
-  ASSIGN_OR_RETURN(bool echo, OptionalBool(body, "echo", false));
-  if (echo) return absl::InvalidArgumentError("echo: not supported");
+  if (endpoint == OpenAiEndpoint::kChat) {
+    ASSIGN_OR_RETURN(bool echo, OptionalBool(body, "echo", false));
+    if (echo) {
+      return absl::InvalidArgumentError(
+          "echo: a completions field (chat responses hold the new message "
+          "only)");
+    }
+  }
   if (const Json* suffix = Field(body, "suffix");
       suffix != nullptr && !(suffix->is_string() && suffix->empty())) {
     return absl::InvalidArgumentError("suffix: not supported");
@@ -427,20 +433,11 @@ absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
           absl::StrCat(tools, ": tool calling is not supported"));
     }
   }
-  ASSIGN_OR_RETURN(std::optional<int64_t> top,
-                   OptionalInt(body, "top_logprobs"));
-  if (top.has_value() && *top != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "top_logprobs: only 0 is supported (the chosen token's logprob), got ",
-        *top));
-  }
-  if (endpoint == OpenAiEndpoint::kCompletions) {
-    ASSIGN_OR_RETURN(std::optional<int64_t> lp, OptionalInt(body, "logprobs"));
-    if (lp.has_value() && *lp != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "logprobs: only 0 is supported (the chosen token's logprob), got ",
-          *lp));
-    }
+  if (endpoint == OpenAiEndpoint::kCompletions &&
+      Field(body, "top_logprobs") != nullptr) {
+    return absl::InvalidArgumentError(
+        "top_logprobs: a chat field; completions take the count as "
+        "logprobs");
   }
   return absl::OkStatus();
 }
@@ -473,12 +470,36 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body_text,
   v1::GenerateRequest& wire = request.wire;
   if (endpoint == OpenAiEndpoint::kCompletions) {
     RETURN_IF_ERROR(ParsePrompt(body, wire));
-    if (const Json* lp = Field(body, "logprobs"); lp != nullptr) {
-      request.logprobs = true;  // an integer, 0 (checked above)
+    // logprobs: N, the chosen token's logprob and N alternatives.
+    ASSIGN_OR_RETURN(std::optional<int64_t> lp, OptionalInt(body, "logprobs"));
+    if (lp.has_value()) {
+      if (*lp < 0 || *lp > kMaxTopLogprobs) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "logprobs: must be in [0, ", kMaxTopLogprobs, "], got ", *lp));
+      }
+      request.logprobs = true;
+      wire.set_top_logprobs(static_cast<int32_t>(*lp));
     }
+    // echo: the prompt before the completion, with its tokens'
+    // log-probabilities when logprobs is set.
+    ASSIGN_OR_RETURN(request.echo, OptionalBool(body, "echo", false));
+    wire.set_prompt_logprobs(request.echo && request.logprobs);
   } else {
     RETURN_IF_ERROR(ParseMessages(body, model, wire));
     ASSIGN_OR_RETURN(request.logprobs, OptionalBool(body, "logprobs", false));
+    ASSIGN_OR_RETURN(std::optional<int64_t> top,
+                     OptionalInt(body, "top_logprobs"));
+    if (top.has_value()) {
+      if (*top < 0 || *top > kMaxTopLogprobs) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "top_logprobs: must be in [0, ", kMaxTopLogprobs, "], got ", *top));
+      }
+      if (*top > 0 && !request.logprobs) {
+        return absl::InvalidArgumentError(
+            "top_logprobs: needs \"logprobs\": true");
+      }
+      wire.set_top_logprobs(static_cast<int32_t>(*top));
+    }
   }
   wire.set_logprobs(request.logprobs);
   // max_completion_tokens is chat's newer name; either is honoured.
@@ -666,6 +687,7 @@ OpenAiEncoder::OpenAiEncoder(const OpenAiRequest& request, std::string id,
     : endpoint_(request.endpoint),
       include_usage_(request.include_usage),
       logprobs_(request.logprobs),
+      echo_(request.echo),
       id_(std::move(id)),
       model_name_(std::move(model_name)),
       created_(created),
@@ -687,39 +709,126 @@ Json OpenAiEncoder::Usage(const GenerationResult& result) const {
                result.stats.prompt_tokens + result.stats.completion_tokens}};
 }
 
+std::string OpenAiEncoder::TokenText(int32_t id) const {
+  const int32_t single[] = {id};
+  absl::StatusOr<std::string> piece = tokenizer_.Decode(single, false);
+  return piece.ok() ? *piece : "";
+}
+
 Json OpenAiEncoder::Logprobs(absl::Span<const int32_t> ids,
-                             absl::Span<const float> logprobs,
+                             const StepLogprobs& logprobs,
                              int64_t& text_offset) const {
   if (!logprobs_) return nullptr;
   Json tokens = Json::array(), values = Json::array(), offsets = Json::array();
-  Json content = Json::array();
-  for (size_t i = 0; i < ids.size() && i < logprobs.size(); ++i) {
-    const int32_t single[] = {ids[i]};
-    absl::StatusOr<std::string> piece = tokenizer_.Decode(single, false);
-    const std::string token = piece.ok() ? *piece : "";
-    const double lp = logprobs[i];
+  Json content = Json::array(), tops = Json::array();
+  auto bytes_of = [](const std::string& token) {
+    Json bytes = Json::array();
+    for (unsigned char c : token) bytes.push_back(static_cast<int>(c));
+    return bytes;
+  };
+  for (size_t i = 0; i < ids.size() && i < logprobs.chosen.size(); ++i) {
+    const std::string token = TokenText(ids[i]);
+    const double lp = logprobs.chosen[i];
+    const absl::Span<const TokenLogprob> top =
+        i < logprobs.top.size() ? absl::MakeConstSpan(logprobs.top[i])
+                                : absl::Span<const TokenLogprob>();
     if (endpoint_ == OpenAiEndpoint::kChat) {
-      Json bytes = Json::array();
-      for (unsigned char c : token) bytes.push_back(static_cast<int>(c));
+      Json alternatives = Json::array();
+      for (const TokenLogprob& alt : top) {
+        const std::string text = TokenText(alt.id);
+        alternatives.push_back(Json{{"token", text},
+                                    {"logprob", alt.logprob},
+                                    {"bytes", bytes_of(text)}});
+      }
       content.push_back(Json{{"token", token},
                              {"logprob", lp},
-                             {"bytes", std::move(bytes)},
-                             {"top_logprobs", Json::array()}});
+                             {"bytes", bytes_of(token)},
+                             {"top_logprobs", std::move(alternatives)}});
     } else {
       tokens.push_back(token);
       values.push_back(lp);
       offsets.push_back(text_offset);
       text_offset += static_cast<int64_t>(token.size());
+      // OpenAI's legacy shape: {token text: logprob}; ids that decode to
+      // the same text keep the likelier one (the first).
+      Json alternatives = Json::object();
+      for (const TokenLogprob& alt : top) {
+        const std::string text = TokenText(alt.id);
+        if (!alternatives.contains(text)) alternatives[text] = alt.logprob;
+      }
+      tops.push_back(std::move(alternatives));
     }
   }
   if (endpoint_ == OpenAiEndpoint::kChat) {
     return Json{{"content", std::move(content)}};
   }
+  return Json{
+      {"tokens", std::move(tokens)},
+      {"token_logprobs", std::move(values)},
+      {"top_logprobs", logprobs.top.empty() ? Json(nullptr) : std::move(tops)},
+      {"text_offset", std::move(offsets)}};
+}
+
+void OpenAiEncoder::SetPrompt(std::vector<int32_t> ids, std::string text) {
+  prompt_ids_ = std::move(ids);
+  prompt_text_ = std::move(text);
+}
+
+Json OpenAiEncoder::PromptLogprobs(const StepLogprobs& logprobs,
+                                   int64_t& text_offset) const {
+  Json tokens = Json::array(), values = Json::array(), offsets = Json::array();
+  Json tops = Json::array();
+  for (size_t i = 0; i < prompt_ids_.size(); ++i) {
+    const std::string token = TokenText(prompt_ids_[i]);
+    tokens.push_back(token);
+    offsets.push_back(text_offset);
+    text_offset += static_cast<int64_t>(token.size());
+    // The first token has no position before it: null, as OpenAI's.
+    values.push_back(i > 0 && i - 1 < logprobs.prompt.size()
+                         ? Json(logprobs.prompt[i - 1])
+                         : Json(nullptr));
+    if (i == 0 || i - 1 >= logprobs.prompt_top.size()) {
+      tops.push_back(nullptr);
+      continue;
+    }
+    Json alternatives = Json::object();
+    for (const TokenLogprob& alt : logprobs.prompt_top[i - 1]) {
+      const std::string text = TokenText(alt.id);
+      if (!alternatives.contains(text)) alternatives[text] = alt.logprob;
+    }
+    tops.push_back(std::move(alternatives));
+  }
   return Json{{"tokens", std::move(tokens)},
               {"token_logprobs", std::move(values)},
-              {"top_logprobs", nullptr},
+              {"top_logprobs",
+               logprobs.prompt_top.empty() ? Json(nullptr) : std::move(tops)},
               {"text_offset", std::move(offsets)}};
 }
+
+namespace {
+
+// Appends the legacy logprobs object `more` to `into` (the echoed prompt's,
+// then the completion's).
+void AppendLegacyLogprobs(Json& into, const Json& more) {
+  for (const char* key : {"tokens", "token_logprobs", "text_offset"}) {
+    for (const Json& v : more[key]) into[key].push_back(v);
+  }
+  if (into["top_logprobs"].is_null() && more["top_logprobs"].is_null()) return;
+  Json tops =
+      into["top_logprobs"].is_array() ? into["top_logprobs"] : Json::array();
+  if (into["top_logprobs"].is_null()) {
+    for (size_t i = 0; i < into["tokens"].size() - more["tokens"].size(); ++i)
+      tops.push_back(nullptr);
+  }
+  if (more["top_logprobs"].is_array()) {
+    for (const Json& v : more["top_logprobs"]) tops.push_back(v);
+  } else {
+    for (size_t i = 0; i < more["tokens"].size(); ++i) tops.push_back(nullptr);
+  }
+  into["top_logprobs"] = std::move(tops);
+}
+
+}  // namespace
 
 std::string OpenAiEncoder::Event(const Json& data) {
   return absl::StrCat(
@@ -729,7 +838,21 @@ std::string OpenAiEncoder::Event(const Json& data) {
 
 std::string OpenAiEncoder::StreamTokens(absl::Span<const int32_t> ids,
                                         std::string_view text,
-                                        absl::Span<const float> logprobs) {
+                                        const StepLogprobs& logprobs) {
+  std::string echoed;
+  if (echo_ && !sent_echo_ && endpoint_ == OpenAiEndpoint::kCompletions) {
+    // The prompt first, in an event of its own.
+    sent_echo_ = true;
+    Json chunk = Envelope();
+    chunk["choices"] = Json::array({Json{
+        {"index", 0},
+        {"text", prompt_text_},
+        {"logprobs", logprobs_ ? PromptLogprobs(logprobs, stream_text_offset_)
+                               : Json(nullptr)},
+        {"finish_reason", nullptr}}});
+    if (include_usage_) chunk["usage"] = nullptr;
+    echoed = Event(chunk);
+  }
   Json chunk = Envelope();
   Json choice = {{"index", 0},
                  {"logprobs", Logprobs(ids, logprobs, stream_text_offset_)},
@@ -747,7 +870,7 @@ std::string OpenAiEncoder::StreamTokens(absl::Span<const int32_t> ids,
   chunk["knapserve"] =
       Json{{"token_ids", std::vector<int32_t>(ids.begin(), ids.end())}};
   if (include_usage_) chunk["usage"] = nullptr;
-  return Event(chunk);
+  return echoed + Event(chunk);
 }
 
 std::string OpenAiEncoder::StreamEnd(const GenerationResult& result,
@@ -789,14 +912,23 @@ Json OpenAiEncoder::Response(const GenerationResult& result,
                              const ServiceTimings& timings) const {
   Json response = Envelope();
   int64_t offset = 0;
-  Json choice = {
-      {"index", 0},
-      {"logprobs", Logprobs(result.output_ids, result.output_logprobs, offset)},
-      {"finish_reason", OpenAiFinishReason(result.finish_reason)}};
+  const bool echo = echo_ && endpoint_ == OpenAiEndpoint::kCompletions;
+  const StepLogprobs all{result.output_logprobs, result.output_top_logprobs,
+                         result.prompt_logprobs, result.prompt_top_logprobs};
+  Json logprobs = nullptr;
+  if (logprobs_ && echo) {
+    logprobs = PromptLogprobs(all, offset);
+    AppendLegacyLogprobs(logprobs, Logprobs(result.output_ids, all, offset));
+  } else {
+    logprobs = Logprobs(result.output_ids, all, offset);
+  }
+  Json choice = {{"index", 0},
+                 {"logprobs", std::move(logprobs)},
+                 {"finish_reason", OpenAiFinishReason(result.finish_reason)}};
   if (endpoint_ == OpenAiEndpoint::kChat) {
     choice["message"] = {{"role", "assistant"}, {"content", result.text}};
   } else {
-    choice["text"] = result.text;
+    choice["text"] = echo ? prompt_text_ + result.text : result.text;
   }
   response["choices"] = Json::array({std::move(choice)});
   response["usage"] = Usage(result);

@@ -15,8 +15,11 @@
 //                         the model's chat template (executor-side Jinja)
 //   max_tokens, max_completion_tokens, temperature, top_p, seed, stop (a
 //   string or a list), n (1 only), stream, stream_options.include_usage,
-//   logprobs (completions: an integer, 0 only; chat: a boolean) and
-//   top_logprobs (0 only): the chosen token's log-probability
+//   logprobs              completions: an integer N in [0, 20], the chosen
+//                         token's log-probability and N alternatives;
+//                         chat: a boolean, with top_logprobs N in [0, 20]
+//                         (the full model's log_softmax, the same in every
+//                         speculation mode)
 //   presence_penalty, frequency_penalty, logit_bias ({"token id": bias})
 //                         OpenAI's logits processors
 //   top_k, ignore_eos, stop_token_ids, repetition_penalty, min_p,
@@ -28,9 +31,13 @@
 //                         `knapserve` field carries its acceptance stats
 // The sampling fields mean what executor/engine/logits_processors.h defines
 // (the same pipeline as gRPC); out of range they are a 400 naming the field.
-// Refused with a 400 naming the field: n != 1, best_of != 1, echo, suffix,
-// top_logprobs > 0, tools / functions (no tool calling), stream_options
-// without stream.
+//   echo                  completions: the prompt before the completion
+//                         (streamed: in a first event of its own), with
+//                         its tokens' log-probabilities under `logprobs`
+//                         (the first token's null)
+// Refused with a 400 naming the field: n != 1, best_of != 1, echo on chat,
+// suffix, top_logprobs on completions (its count is `logprobs`), tools /
+// functions (no tool calling), stream_options without stream.
 //
 // Stateless functions and a per-request encoder; thread safety: any thread,
 // one OpenAiEncoder per request.
@@ -41,6 +48,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -79,6 +87,7 @@ struct OpenAiRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool logprobs = false;
+  bool echo = false;  // completions: the prompt before the completion
 };
 
 // Parses and checks a request body. InvalidArgument naming the field
@@ -112,13 +121,16 @@ class OpenAiEncoder {
   // The SSE events ("data: {...}\n\n") for one decode step's output. The
   // first chat event also carries the assistant role.
   std::string StreamTokens(absl::Span<const int32_t> ids, std::string_view text,
-                           absl::Span<const float> logprobs);
+                           const StepLogprobs& logprobs);
   // The closing events: the finish reason, the usage chunk when asked, and
   // "data: [DONE]".
   std::string StreamEnd(const GenerationResult& result, SpeculationMode mode,
                         const ServiceTimings& timings);
   // An error after the stream began: an error event, then [DONE].
   static std::string StreamError(const absl::Status& status);
+
+  // The prompt as tokenized (and its text as given), for `echo`.
+  void SetPrompt(std::vector<int32_t> ids, std::string text);
 
   // The non-streamed response.
   nlohmann::json Response(const GenerationResult& result, SpeculationMode mode,
@@ -130,13 +142,23 @@ class OpenAiEncoder {
   // The logprobs object of a choice for these tokens (OpenAI's legacy
   // completions shape or chat's content list); `text_offset` advances.
   nlohmann::json Logprobs(absl::Span<const int32_t> ids,
-                          absl::Span<const float> logprobs,
+                          const StepLogprobs& logprobs,
                           int64_t& text_offset) const;
   static std::string Event(const nlohmann::json& data);
+  // One token's text ("" when it decodes to nothing).
+  std::string TokenText(int32_t id) const;
+  // The legacy logprobs object of the echoed prompt (its first token null);
+  // `text_offset` advances.
+  nlohmann::json PromptLogprobs(const StepLogprobs& logprobs,
+                                int64_t& text_offset) const;
 
   const OpenAiEndpoint endpoint_;
   const bool include_usage_;
   const bool logprobs_;
+  const bool echo_;
+  std::vector<int32_t> prompt_ids_;  // SetPrompt
+  std::string prompt_text_;
+  bool sent_echo_ = false;  // a stream's first event echoed the prompt
   const std::string id_;
   const std::string model_name_;
   const int64_t created_;

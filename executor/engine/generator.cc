@@ -180,6 +180,15 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request,
     }
   }
   RETURN_IF_ERROR(ValidateSamplingParams(request.sampling, vocab));
+  if (request.top_logprobs < 0 || request.top_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs: must be in [0, ", kMaxTopLogprobs,
+                     "], got ", request.top_logprobs));
+  }
+  if (request.top_logprobs > 0 && !request.logprobs) {
+    return absl::InvalidArgumentError(
+        "top_logprobs: needs logprobs (the chosen tokens' log-probabilities)");
+  }
   if (request.sampling.min_tokens > request.max_new_tokens) {
     return absl::InvalidArgumentError(absl::StrCat(
         "min_tokens: must be <= max_new_tokens (", request.max_new_tokens,

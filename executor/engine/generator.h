@@ -128,6 +128,20 @@ struct GenerationRequest {
   // full model's logits at that position, before temperature and top-p, so
   // the same for greedy and sampled requests and for every speculation mode.
   bool logprobs = false;
+  // With logprobs: also the `top_logprobs` most likely ids at each output
+  // position and their log-probabilities, from the same full-model
+  // log_softmax (GenerationResult::output_top_logprobs, and the stream), so
+  // the same in every speculation mode. In [0, kMaxTopLogprobs]; > 0 needs
+  // logprobs.
+  int top_logprobs = 0;
+  // Report each prompt token's log-probability after the first (the first
+  // has no position before it): the full model's log_softmax at the
+  // position before it, from the prefill's logits
+  // (GenerationResult::prompt_logprobs, and with the first output tokens in
+  // the stream); with top_logprobs also that many alternatives. The prefill
+  // then computes the logits of every prompt row, in chunks of at most
+  // kPromptLogprobsChunk rows (bounding that memory).
+  bool prompt_logprobs = false;
   // Return the raw logits (before the logits processors and the sampler) of
   // every output position: GenerationResult::output_logits (for
   // `knapserve generate --dump-logits` and an outside check of the
@@ -146,6 +160,19 @@ struct GenerationRequest {
   // thread, inside the step's exception boundary: whatever it throws fails
   // this generation the way a LibTorch error in that step's forward would.
   std::function<void(int64_t step)> before_step_for_tests;
+};
+
+// Most alternatives GenerationRequest::top_logprobs may ask for (OpenAI's).
+inline constexpr int kMaxTopLogprobs = 20;
+// Most prompt rows per prefill pass of a request with prompt_logprobs.
+inline constexpr int64_t kPromptLogprobsChunk = 64;
+
+// One alternative at a position: a token id and its log-probability under
+// the full model (before the logits processors and temperature).
+struct TokenLogprob {
+  int32_t id = 0;
+  float logprob = 0;
+  bool operator==(const TokenLogprob&) const = default;
 };
 
 enum class FinishReason { kEos, kLength, kStopSequence, kAborted };
@@ -211,6 +238,13 @@ struct GenerationResult {
       text;  // decoded output, special tokens skipped, cut at a stop string
   // With GenerationRequest::logprobs: one per output id (else empty).
   std::vector<float> output_logprobs;
+  // With GenerationRequest::top_logprobs > 0: per output id, that many
+  // alternatives, most likely first (ties by the smaller id); else empty.
+  std::vector<std::vector<TokenLogprob>> output_top_logprobs;
+  // With GenerationRequest::prompt_logprobs: one per prompt id after the
+  // first, and with top_logprobs that many alternatives each; else empty.
+  std::vector<float> prompt_logprobs;
+  std::vector<std::vector<TokenLogprob>> prompt_top_logprobs;
   // With GenerationRequest::return_logits: float32 [output ids, vocab] on the
   // CPU, row i the full model's raw logits that chose output_ids[i].
   torch::Tensor output_logits;
@@ -230,13 +264,26 @@ struct GenerationResult {
   double routing_similarity = 0;
 };
 
+// The log-probabilities of one step's new ids, as the request asked for
+// them: `chosen` one per id (GenerationRequest::logprobs, else empty) and
+// `top` one list of alternatives per id (top_logprobs > 0, else empty).
+// With prompt_logprobs, the first step also carries the prompt's
+// (GenerationResult::prompt_logprobs and prompt_top_logprobs); later steps
+// leave them empty. Borrowed for the callback's duration.
+struct StepLogprobs {
+  absl::Span<const float> chosen;
+  absl::Span<const std::vector<TokenLogprob>> top;
+  absl::Span<const float> prompt;
+  absl::Span<const std::vector<TokenLogprob>> prompt_top;
+};
+
 // Receives each step's newly generated ids, the text they finalized (which
-// may be empty, e.g. half of a UTF-8 character) and, when the request asked
-// for them (GenerationRequest::logprobs), each id's log-probability (else
-// empty). Returning false aborts the generation (FinishReason::kAborted).
+// may be empty, e.g. half of a UTF-8 character) and their log-probabilities
+// when the request asked for them. Returning false aborts the generation
+// (FinishReason::kAborted).
 using StreamCallback =
     std::function<bool(absl::Span<const int32_t> ids, std::string_view text,
-                       absl::Span<const float> logprobs)>;
+                       const StepLogprobs& logprobs)>;
 // Receives each reference-state snapshot as it completes (the planner's input).
 using ReferenceCallback = std::function<void(ReferenceStates&& states)>;
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <limits>
+#include <numeric>
 #include <string>
 #include <utility>
 
@@ -35,6 +36,35 @@ std::vector<int32_t> MinTokensEndIds(const LlamaModel& model,
     ids.insert(ids.end(), eos.begin(), eos.end());
   }
   return ids;
+}
+
+// The k most likely ids of every row of `scores` ([rows, vocab] logits) and
+// their log-probabilities, most likely first; equal values by the smaller
+// id (a fixed order, whatever the kernels' target).
+std::vector<std::vector<TokenLogprob>> TopLogprobs(const torch::Tensor& scores,
+                                                   int k) {
+  const torch::Tensor log_probs =
+      torch::log_softmax(scores.to(torch::kFloat32), -1)
+          .to(torch::kCPU)
+          .contiguous();
+  const int64_t rows = log_probs.size(0);
+  const int64_t vocab = log_probs.size(1);
+  k = static_cast<int>(std::min<int64_t>(k, vocab));
+  const float* all = log_probs.data_ptr<float>();
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  std::vector<std::vector<TokenLogprob>> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = all + r * vocab;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [row](int32_t a, int32_t b) {
+                        return row[a] > row[b] || (row[a] == row[b] && a < b);
+                      });
+    std::vector<TokenLogprob>& top = out[static_cast<size_t>(r)];
+    top.reserve(static_cast<size_t>(k));
+    for (int i = 0; i < k; ++i) top.push_back({order[i], row[order[i]]});
+  }
+  return out;
 }
 
 }  // namespace
@@ -566,6 +596,9 @@ absl::Status Sequence::Commit(const std::vector<int32_t>& tokens,
                                .contiguous();
     const float* values = chosen.data_ptr<float>();
     pending_logprobs_.assign(values, values + n);
+    if (request_.top_logprobs > 0) {
+      pending_top_ = TopLogprobs(rows, request_.top_logprobs);
+    }
   }
   std::string text;
   std::optional<FinishReason> reason;
@@ -574,6 +607,9 @@ absl::Status Sequence::Commit(const std::vector<int32_t>& tokens,
     result_.output_ids.push_back(id);
     if (request_.logprobs) {
       result_.output_logprobs.push_back(pending_logprobs_[j]);
+    }
+    if (request_.top_logprobs > 0) {
+      result_.output_top_logprobs.push_back(std::move(pending_top_[j]));
     }
     if (request_.return_logits) {
       logit_rows_.push_back(logits[static_cast<int64_t>(j)].to(
@@ -593,10 +629,19 @@ absl::Status Sequence::Commit(const std::vector<int32_t>& tokens,
   const size_t added = result_.output_ids.size() - first_new;
   processors_.Commit(
       absl::MakeConstSpan(result_.output_ids.data() + first_new, added));
-  const absl::Span<const float> logprobs =
-      request_.logprobs ? absl::MakeConstSpan(
-                              result_.output_logprobs.data() + first_new, added)
-                        : absl::Span<const float>();
+  StepLogprobs logprobs;
+  if (first_new == 0) {
+    logprobs.prompt = result_.prompt_logprobs;
+    logprobs.prompt_top = result_.prompt_top_logprobs;
+  }
+  if (request_.logprobs) {
+    logprobs.chosen =
+        absl::MakeConstSpan(result_.output_logprobs.data() + first_new, added);
+  }
+  if (request_.top_logprobs > 0) {
+    logprobs.top = absl::MakeConstSpan(
+        result_.output_top_logprobs.data() + first_new, added);
+  }
   if (on_tokens_ &&
       !on_tokens_(
           absl::MakeConstSpan(result_.output_ids.data() + first_new, added),
@@ -700,6 +745,32 @@ void Sequence::UpdateExitCostMask() {
   for (int l = depth; l < model_.num_layers(); ++l) {
     exit_cost_mask_.set_skipped(2 * l, true);
     exit_cost_mask_.set_skipped(2 * l + 1, true);
+  }
+}
+
+void Sequence::OnPromptLogits(const torch::Tensor& logits, int64_t start) {
+  // Row r is position start + r; it predicts the prompt token after it.
+  const int64_t rows =
+      std::min<int64_t>(logits.size(0), prompt_len_ - 1 - start);
+  if (rows <= 0) return;
+  torch::Tensor scores = logits.narrow(0, 0, rows).to(torch::kFloat32);
+  std::vector<int64_t> next(request_.prompt_ids.begin() + start + 1,
+                            request_.prompt_ids.begin() + start + 1 + rows);
+  torch::Tensor chosen = torch::log_softmax(scores, -1)
+                             .gather(1, torch::tensor(next, torch::kInt64)
+                                            .unsqueeze(1)
+                                            .to(scores.device()))
+                             .squeeze(1)
+                             .to(torch::kCPU)
+                             .contiguous();
+  const float* values = chosen.data_ptr<float>();
+  result_.prompt_logprobs.insert(result_.prompt_logprobs.end(), values,
+                                 values + rows);
+  if (request_.top_logprobs > 0) {
+    for (std::vector<TokenLogprob>& top :
+         TopLogprobs(scores, request_.top_logprobs)) {
+      result_.prompt_top_logprobs.push_back(std::move(top));
+    }
   }
 }
 
@@ -978,13 +1049,19 @@ struct BatchStepRunner {
         room = std::min(options.min_prefill_rows, options.max_prefill_rows);
       }
       if (room <= 0) break;
-      const int64_t chunk = std::min({room, seq->request_.prefill_chunk,
-                                      seq->prompt_len_ - seq->prefilled_});
+      const int64_t chunk =
+          std::min({room, seq->request_.prefill_chunk,
+                    seq->request_.prompt_logprobs ? kPromptLogprobsChunk
+                                                  : seq->request_.prefill_chunk,
+                    seq->prompt_len_ - seq->prefilled_});
       BatchSequence in;
       in.tokens = absl::MakeConstSpan(
           seq->request_.prompt_ids.data() + seq->prefilled_, chunk);
       in.start_pos = seq->prefilled_;
-      in.num_logits = seq->prefilled_ + chunk == seq->prompt_len_ ? 1 : 0;
+      // With prompt_logprobs every row's logits, else the last chunk's last.
+      in.num_logits = seq->request_.prompt_logprobs                 ? chunk
+                      : seq->prefilled_ + chunk == seq->prompt_len_ ? 1
+                                                                    : 0;
       // A routed sequence routes by its prompt's final hidden states.
       if (seq->router_ != nullptr) in.output_states = &seq->chunk_states_;
       Guarded(seq, "prefill",
@@ -1013,10 +1090,19 @@ struct BatchStepRunner {
               return absl::OkStatus();
             });
           }
+          if (seq->request_.prompt_logprobs) {
+            Guarded(seq, "prefill", [&] {
+              seq->OnPromptLogits(logits[i], seq->prefilled_);
+              return absl::OkStatus();
+            });
+            if (seq->done()) continue;
+          }
           seq->prefilled_ += static_cast<int64_t>(inputs[i].tokens.size());
           if (seq->prefilled_ == seq->prompt_len_) {
-            Guarded(seq, "prefill",
-                    [&] { return seq->OnPrefillDone(logits[i][0]); });
+            // The prompt's last row: the first output token's logits.
+            Guarded(seq, "prefill", [&] {
+              return seq->OnPrefillDone(logits[i][logits[i].size(0) - 1]);
+            });
           }
           continue;
         }

@@ -142,6 +142,10 @@ class Sequence {
   void UpdateExitCostMask();
   // The main pass's logits for the prefill chunk that ended the prompt.
   absl::Status OnPrefillDone(const torch::Tensor& logits);
+  // With prompt_logprobs: a prefill chunk's logits, one row per prompt
+  // position from `start`; adds the log-probabilities of the prompt tokens
+  // they predict.
+  void OnPromptLogits(const torch::Tensor& logits, int64_t start);
   // The main pass's logits ([m+1, vocab]) and boundary states of a decode
   // step.
   absl::Status OnVerified(const torch::Tensor& logits,
@@ -162,6 +166,7 @@ class Sequence {
   GenerationRequest request_;
   StreamCallback on_tokens_;
   std::vector<float> pending_logprobs_;  // Commit's scratch, per token
+  std::vector<std::vector<TokenLogprob>> pending_top_;  // the same
   ReferenceCallback on_reference_;
   const bool planned_;
   int64_t prompt_len_ = 0;

@@ -121,14 +121,41 @@ const messages = [
 ];
 const chat = await client.chat.completions.create({
   model, messages, max_completion_tokens: 20, temperature: 0,
-  logprobs: true, ignore_eos: true,
+  logprobs: true, top_logprobs: 3, ignore_eos: true,
 });
 assert.equal(chat.object, 'chat.completion');
 assert.equal(chat.choices[0].message.role, 'assistant');
 assert.equal(chat.choices[0].logprobs.content.length, 20);
 for (const t of chat.choices[0].logprobs.content) {
   assert.ok(t.logprob <= 0, 'a log-probability');
+  // Greedy: the chosen token is the most likely of the three alternatives.
+  assert.equal(t.top_logprobs.length, 3);
+  assert.ok(Math.abs(t.top_logprobs[0].logprob - t.logprob) < 1e-4,
+            'greedy picks the top alternative');
+  assert.ok(t.top_logprobs[1].logprob <= t.top_logprobs[0].logprob);
 }
+// Completions take the count as logprobs (the legacy shape).
+const legacy = await client.completions.create({
+  model, prompt, max_tokens: 5, temperature: 0, logprobs: 2, ignore_eos: true,
+});
+assert.equal(legacy.choices[0].logprobs.top_logprobs.length, 5);
+assert.equal(legacy.choices[0].logprobs.token_logprobs.length, 5);
+// echo: the prompt before the completion, its first token's logprob null.
+const echoed = await client.completions.create({
+  model, prompt, max_tokens: 5, temperature: 0, logprobs: 0, echo: true,
+  ignore_eos: true,
+});
+assert.ok(echoed.choices[0].text.startsWith(prompt), 'the prompt is echoed');
+assert.equal(echoed.choices[0].text, prompt + legacy.choices[0].text);
+assert.equal(echoed.choices[0].logprobs.token_logprobs[0], null);
+assert.ok(echoed.choices[0].logprobs.token_logprobs[1] <= 0);
+await assert.rejects(
+  client.chat.completions.create({
+    model, messages, max_completion_tokens: 4, logprobs: true,
+    top_logprobs: 21,
+  }),
+  (e) => e instanceof OpenAI.BadRequestError &&
+         e.error?.param === 'top_logprobs');
 const chatStream = await client.chat.completions.create({
   model, messages, max_completion_tokens: 20, temperature: 0,
   ignore_eos: true, stream: true,

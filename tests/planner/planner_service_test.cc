@@ -226,7 +226,7 @@ TEST(PlannerServiceTest, APlannerWithoutItsProfileYetIsPendingNotFailing) {
   auto spec = Generate(
       *model, *StoriesTokenizer(), Planned(120),
       [&](absl::Span<const int32_t>, std::string_view,
-          absl::Span<const float>) {
+          const StepLogprobs&) {
         if (++steps == 30) {
           const auto deadline =
               std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -292,7 +292,7 @@ TEST(PlannerServiceTest, SurvivesAPlannerRestart) {
   auto spec = Generate(
       *f.model, *StoriesTokenizer(), Planned(400),
       [&](absl::Span<const int32_t>, std::string_view,
-          absl::Span<const float>) {
+          const StepLogprobs&) {
         ++steps;
         if (steps.load() > 40)
           std::this_thread::sleep_for(std::chrono::microseconds(300));

@@ -638,7 +638,8 @@ TEST(KnapserveServerTest,
   ASSERT_FALSE(serve.port().empty()) << serve.log();
   std::vector<std::string> planned = GreedyJson(150);
   planned.insert(planned.end(), {"--spec", "knapspec", "--plan-interval", "8",
-                                 "--reference-steps", "3"});
+                                 "--reference-steps", "3", "--logprobs",
+                                 "--top-logprobs", "2"});
   std::vector<std::string> in_process = planned;
   in_process.insert(in_process.end(), {"--profile", StoriesProfile()});
   const nlohmann::json local = RunJson(Stories(in_process));
@@ -646,6 +647,23 @@ TEST(KnapserveServerTest,
   over_grpc.insert(over_grpc.end(), {"--server", serve.address()});
   const nlohmann::json remote = RunJson(over_grpc);
   EXPECT_EQ(Ids(remote["output_ids"]), Ids(local["output_ids"]));
+  // The log-probabilities, and the two most likely tokens at each position,
+  // arrive the same over gRPC (issue 28, item 4).
+  ASSERT_EQ(local["output_logprobs"].size(), 150u);
+  ASSERT_EQ(remote["output_logprobs"].size(), 150u);
+  ASSERT_EQ(remote["output_top_logprobs"].size(), 150u);
+  for (size_t i = 0; i < 150; ++i) {
+    EXPECT_NEAR(remote["output_logprobs"][i].get<double>(),
+                local["output_logprobs"][i].get<double>(), 1e-4)
+        << i;
+    const nlohmann::json& top = remote["output_top_logprobs"][i];
+    ASSERT_EQ(top.size(), 2u) << i;
+    EXPECT_EQ(top[0][0], local["output_top_logprobs"][i][0][0]) << i;
+    EXPECT_EQ(top[0][0], remote["output_ids"][i]) << "greedy: the top one";
+    EXPECT_NEAR(top[1][1].get<double>(),
+                local["output_top_logprobs"][i][1][1].get<double>(), 1e-4)
+        << i;
+  }
 
   ASSERT_TRUE(local["planning"].is_object()) << local.dump();
   ASSERT_TRUE(remote["planning"].is_object()) << remote.dump();

@@ -128,6 +128,8 @@ TEST_F(DecodeGenerateRequestTest, FieldsMapAndUnsetOnesTakeTheDefaults) {
   wire.set_ignore_eos(true);
   wire.add_stop("The end");
   wire.add_stop_token_ids(2);
+  wire.set_logprobs(true);
+  wire.set_top_logprobs(4);
   v1::SpeculationOptions* spec = wire.mutable_speculation();
   spec->set_mode(v1::SPECULATION_MODE_OFF);
   spec->set_max_draft_tokens(6);
@@ -149,6 +151,11 @@ TEST_F(DecodeGenerateRequestTest, FieldsMapAndUnsetOnesTakeTheDefaults) {
   EXPECT_EQ(full->speculation.max_draft, 6);
   EXPECT_EQ(full->speculation.skip, "m2");
   EXPECT_DOUBLE_EQ(full->speculation.exit_threshold, 0.25);
+  EXPECT_TRUE(full->logprobs);
+  EXPECT_EQ(full->top_logprobs, 4);
+  wire.set_top_logprobs(21);
+  EXPECT_NE(Decode(wire).status().message().find("top_logprobs"),
+            std::string::npos);
 }
 
 TEST_F(DecodeGenerateRequestTest, BadRequestsNameTheField) {
@@ -380,6 +387,19 @@ TEST(GenerationCodecTest, EncodesChunksAndFinalResults) {
   EXPECT_EQ(std::vector<int32_t>(chunk.chunk().token_ids().begin(),
                                  chunk.chunk().token_ids().end()),
             ids);
+  EXPECT_EQ(chunk.chunk().logprobs_size(), 0);
+  EXPECT_EQ(chunk.chunk().top_logprobs_size(), 0);
+  // Log-probabilities: one per id, and with top_logprobs the alternatives.
+  const std::vector<float> chosen = {-0.5f, -1.0f};
+  const std::vector<std::vector<TokenLogprob>> top = {
+      {{5, -0.5f}, {9, -2.0f}}, {{7, -0.25f}, {6, -1.0f}}};
+  const v1::GenerateResponse with_top =
+      EncodeChunk("req-1", ids, "hi", StepLogprobs{chosen, top});
+  ASSERT_EQ(with_top.chunk().logprobs_size(), 2);
+  EXPECT_FLOAT_EQ(with_top.chunk().logprobs(1), -1.0f);
+  ASSERT_EQ(with_top.chunk().top_logprobs_size(), 2);
+  EXPECT_EQ(with_top.chunk().top_logprobs(1).token_ids(0), 7);
+  EXPECT_FLOAT_EQ(with_top.chunk().top_logprobs(1).logprobs(1), -1.0f);
 
   GenerationResult r;
   r.finish_reason = FinishReason::kStopSequence;

@@ -151,13 +151,15 @@ Events Stream(httplib::Client& http, const std::string& path, const Json& body,
 }
 
 GenerationResult LocalGreedy(const LlamaModel& model, const std::string& prompt,
-                             int64_t max_new_tokens, bool logprobs = false) {
+                             int64_t max_new_tokens, bool logprobs = false,
+                             int top_logprobs = 0) {
   GenerationRequest request;
   absl::StatusOr<std::vector<int32_t>> ids =
       StoriesTokenizer()->Encode(prompt, true);
   EXPECT_TRUE(ids.ok());
   request.prompt_ids = *ids;
   request.max_new_tokens = max_new_tokens;
+  request.top_logprobs = top_logprobs;
   request.ignore_eos = true;
   request.logprobs = logprobs;
   absl::StatusOr<GenerationResult> result =
@@ -220,9 +222,10 @@ TEST(HttpFrontDoorTest, ChatGoesThroughTheTemplateAndLogprobsAreTheModels) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Server s = StartServer();
   ASSERT_NE(s.server, nullptr);
-  const GenerationResult local =
-      LocalGreedy(*s.model, "Once upon a time", 24, /*logprobs=*/true);
+  const GenerationResult local = LocalGreedy(
+      *s.model, "Once upon a time", 24, /*logprobs=*/true, /*top_logprobs=*/3);
   ASSERT_EQ(local.output_logprobs.size(), 24u);
+  ASSERT_EQ(local.output_top_logprobs.size(), 24u);
   const Json chat = {
       {"model", "stories260k"},
       {"messages",
@@ -231,7 +234,8 @@ TEST(HttpFrontDoorTest, ChatGoesThroughTheTemplateAndLogprobsAreTheModels) {
       {"max_completion_tokens", 24},
       {"temperature", 0},
       {"ignore_eos", true},
-      {"logprobs", true}};
+      {"logprobs", true},
+      {"top_logprobs", 3}};
   const Reply whole = Post(*s.http, "/v1/chat/completions", chat);
   ASSERT_EQ(whole.status, 200) << whole.body.dump();
   EXPECT_EQ(whole.body["object"], "chat.completion");
@@ -243,6 +247,12 @@ TEST(HttpFrontDoorTest, ChatGoesThroughTheTemplateAndLogprobsAreTheModels) {
     EXPECT_NEAR(content[i]["logprob"].get<double>(), local.output_logprobs[i],
                 1e-4);
     EXPECT_LE(content[i]["logprob"].get<double>(), 0.0);
+    const Json& top = content[i]["top_logprobs"];
+    ASSERT_EQ(top.size(), 3u) << i;
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_NEAR(top[k]["logprob"].get<double>(),
+                  local.output_top_logprobs[i][k].logprob, 1e-4);
+    }
   }
 
   // Streamed with speculation: the same text, and the logprobs (from the
@@ -258,17 +268,95 @@ TEST(HttpFrontDoorTest, ChatGoesThroughTheTemplateAndLogprobsAreTheModels) {
   ASSERT_FALSE(streamed.events.empty());
   EXPECT_EQ(streamed.events[0]["object"], "chat.completion.chunk");
   EXPECT_EQ(streamed.events[0]["choices"][0]["delta"]["role"], "assistant");
-  std::vector<double> lps;
+  std::vector<double> lps, firsts;
   for (const Json& e : streamed.events) {
     const Json& lp = e["choices"][0]["logprobs"];
     if (lp.is_object()) {
-      for (const Json& t : lp["content"]) lps.push_back(t["logprob"]);
+      for (const Json& t : lp["content"]) {
+        lps.push_back(t["logprob"]);
+        firsts.push_back(t["top_logprobs"][0]["logprob"]);
+      }
     }
   }
   ASSERT_EQ(lps.size(), 24u);
+  ASSERT_EQ(firsts.size(), 24u);
   for (size_t i = 0; i < lps.size(); ++i) {
-    EXPECT_NEAR(lps[i], local.output_logprobs[i], 1e-3) << i;
+    EXPECT_NEAR(lps[i], local.output_logprobs[i], 1e-4) << i;
+    EXPECT_NEAR(firsts[i], local.output_top_logprobs[i][0].logprob, 1e-4) << i;
   }
+
+  // Completions take the count as `logprobs` (OpenAI's legacy shape).
+  Json completion = Completion("Once upon a time", 8);
+  completion["logprobs"] = 2;
+  const Reply legacy = Post(*s.http, "/v1/completions", completion);
+  ASSERT_EQ(legacy.status, 200) << legacy.body.dump();
+  const Json& legacy_top =
+      legacy.body["choices"][0]["logprobs"]["top_logprobs"];
+  ASSERT_EQ(legacy_top.size(), 8u);
+  EXPECT_GE(legacy_top[0].size(), 1u);
+  EXPECT_LE(legacy_top[0].size(), 2u);
+}
+
+// echo (issue 28, item 4): the prompt before the completion, whole and
+// streamed (in a first event of its own), with its tokens'
+// log-probabilities (the first null) equal to local generation's
+// prompt_logprobs, and the completion's as without echo.
+TEST(HttpFrontDoorTest, EchoReturnsThePromptAndItsLogprobs) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  Server s = StartServer();
+  ASSERT_NE(s.server, nullptr);
+  const std::string prompt = "Once upon a time, there was a cat";
+  GenerationRequest local_request;
+  absl::StatusOr<std::vector<int32_t>> ids =
+      StoriesTokenizer()->Encode(prompt, true);
+  ASSERT_TRUE(ids.ok());
+  local_request.prompt_ids = *ids;
+  local_request.max_new_tokens = 6;
+  local_request.ignore_eos = true;
+  local_request.logprobs = true;
+  local_request.top_logprobs = 1;
+  local_request.prompt_logprobs = true;
+  absl::StatusOr<GenerationResult> local =
+      Generate(*s.model, *StoriesTokenizer(), local_request);
+  ASSERT_TRUE(local.ok()) << local.status();
+  const size_t n = ids->size();
+  ASSERT_EQ(local->prompt_logprobs.size(), n - 1);
+
+  Json body = Completion(prompt, 6);
+  body["echo"] = true;
+  body["logprobs"] = 1;
+  const Reply whole = Post(*s.http, "/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body.dump();
+  const Json& choice = whole.body["choices"][0];
+  EXPECT_EQ(choice["text"], prompt + local->text);
+  const Json& lp = choice["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), n + 6);
+  ASSERT_EQ(lp["token_logprobs"].size(), n + 6);
+  ASSERT_EQ(lp["top_logprobs"].size(), n + 6);
+  ASSERT_EQ(lp["text_offset"].size(), n + 6);
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  for (size_t i = 1; i < n; ++i) {
+    EXPECT_NEAR(lp["token_logprobs"][i].get<double>(),
+                local->prompt_logprobs[i - 1], 1e-4)
+        << i;
+  }
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_NEAR(lp["token_logprobs"][n + i].get<double>(),
+                local->output_logprobs[i], 1e-4)
+        << i;
+  }
+
+  body["stream"] = true;
+  const Events streamed = Stream(*s.http, "/v1/completions", body);
+  EXPECT_TRUE(streamed.done);
+  EXPECT_EQ(streamed.text, prompt + local->text);
+  ASSERT_FALSE(streamed.events.empty());
+  const Json& first = streamed.events[0]["choices"][0];
+  EXPECT_EQ(first["text"], prompt);
+  ASSERT_EQ(first["logprobs"]["token_logprobs"].size(), n);
+  EXPECT_NEAR(first["logprobs"]["token_logprobs"][n - 1].get<double>(),
+              local->prompt_logprobs[n - 2], 1e-4);
 }
 
 TEST(HttpFrontDoorTest, ErrorsUseOpenAisShapeAndHttpCodes) {
@@ -452,24 +540,41 @@ TEST(HttpFrontDoorTest, AnInternalErrorIs500OrAnErrorEvent) {
             200);
 }
 
+// Records the last decode step, and makes every step last `step_ms` (as a
+// real model's: a long generation takes seconds, so a disconnect lands in
+// its middle). Must outlive the server whose options it made.
+class SlowSteps {
+ public:
+  explicit SlowSteps(int step_ms) : step_ms_(step_ms) {}
+  GenerationServiceOptions Options() {
+    GenerationServiceOptions options;
+    options.before_step_for_tests = [this](std::string_view, int64_t step) {
+      {
+        absl::MutexLock lock(&mu_);
+        last_step_ = step;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(step_ms_));
+    };
+    return options;
+  }
+  int64_t last_step() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return last_step_;
+  }
+
+ private:
+  const int step_ms_;
+  mutable absl::Mutex mu_;
+  int64_t last_step_ ABSL_GUARDED_BY(mu_) = -1;
+};
+
 // The client drops the connection after a few events: its sequence stops
 // within a few steps (the first write after the close may still succeed),
 // long before its 480 tokens, and its K/V blocks go back to the pool.
 TEST(HttpFrontDoorTest, AClientThatDisconnectsStopsItsSequenceAndFreesKv) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
-  absl::Mutex mu;
-  int64_t last_step = -1;
-  GenerationServiceOptions options;
-  options.before_step_for_tests = [&](std::string_view, int64_t step) {
-    {
-      absl::MutexLock lock(&mu);
-      last_step = step;
-    }
-    // Steps of a few ms, as a real model's: the 480 steps take seconds, so
-    // the disconnect lands mid-stream.
-    std::this_thread::sleep_for(std::chrono::milliseconds(3));
-  };
-  Server s = StartServer(options, true);
+  SlowSteps steps(3);
+  Server s = StartServer(steps.Options(), true);
   ASSERT_NE(s.server, nullptr);
   Json longer = Completion("Once", 480);
   longer["stream"] = true;
@@ -477,8 +582,7 @@ TEST(HttpFrontDoorTest, AClientThatDisconnectsStopsItsSequenceAndFreesKv) {
   int64_t step_at_close = 0;
   Stream(*s.http, "/v1/completions", longer, [&](const Json&) {
     if (++events < 5) return true;
-    absl::MutexLock lock(&mu);
-    step_at_close = last_step;
+    step_at_close = steps.last_step();
     return false;
   });
   const KvPool& pool = s.server->service().engine().pool();
@@ -486,7 +590,7 @@ TEST(HttpFrontDoorTest, AClientThatDisconnectsStopsItsSequenceAndFreesKv) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(pool.used_blocks(), 0);
-  absl::MutexLock lock(&mu);
+  const int64_t last_step = steps.last_step();
   EXPECT_LT(last_step, 470);
   EXPECT_LE(last_step - step_at_close, 3)
       << "steps after the disconnect: " << last_step - step_at_close;
@@ -497,17 +601,8 @@ TEST(HttpFrontDoorTest, AClientThatDisconnectsStopsItsSequenceAndFreesKv) {
 // connection (the front door watches the socket), and frees its K/V.
 TEST(HttpFrontDoorTest, ANonStreamedClientThatDisconnectsStopsItsSequence) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
-  absl::Mutex mu;
-  int64_t last_step = -1;
-  GenerationServiceOptions options;
-  options.before_step_for_tests = [&](std::string_view, int64_t step) {
-    {
-      absl::MutexLock lock(&mu);
-      last_step = step;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(3));
-  };
-  Server s = StartServer(options, true);
+  SlowSteps steps(3);
+  Server s = StartServer(steps.Options(), true);
   ASSERT_NE(s.server, nullptr);
   const std::string body = Completion("Once", 480).dump();
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -524,10 +619,7 @@ TEST(HttpFrontDoorTest, ANonStreamedClientThatDisconnectsStopsItsSequence) {
       body.size(), "\r\n\r\n", body);
   ASSERT_EQ(send(fd, request.data(), request.size(), 0),
             static_cast<ssize_t>(request.size()));
-  auto step = [&] {
-    absl::MutexLock lock(&mu);
-    return last_step;
-  };
+  auto step = [&] { return steps.last_step(); };
   for (int i = 0; i < 1000 && step() < 10; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }

@@ -181,7 +181,7 @@ TEST(OpenAiApiTest, RefusalsNameTheirField) {
       {{{"top_p", 0}}, "top_p"},
       {{{"n", 2}}, "n"},
       {{{"best_of", 3}}, "best_of"},
-      {{{"echo", true}}, "echo"},
+      {{{"echo", "yes"}}, "echo"},
       {{{"presence_penalty", "high"}}, "presence_penalty"},
       {{{"frequency_penalty", true}}, "frequency_penalty"},
       {{{"repetition_penalty", "x"}}, "repetition_penalty"},
@@ -196,7 +196,8 @@ TEST(OpenAiApiTest, RefusalsNameTheirField) {
       {{{"bad_words", {{1, "x"}}}}, "bad_words"},
       {{{"top_logprobs", 2}}, "top_logprobs"},
       {{{"suffix", "x"}}, "suffix"},
-      {{{"logprobs", 3}}, "logprobs"},
+      {{{"logprobs", 21}}, "logprobs"},
+      {{{"logprobs", -1}}, "logprobs"},
       {{{"stop", 5}}, "stop"},
       {{{"stop", {"a", 1}}}, "stop[1]"},
       {{{"stream_options", {{"include_usage", true}}}}, "stream_options"},
@@ -280,8 +281,95 @@ TEST(OpenAiApiTest, ChatRendersTheTemplateOrSaysThereIsNone) {
           Parse(bad, OpenAiEndpoint::kChat, &chat).status())["error"]["param"],
       "messages[0].role");
   bad = body;
+  bad["top_logprobs"] = 21;
+  EXPECT_EQ(
+      OpenAiErrorJson(
+          Parse(bad, OpenAiEndpoint::kChat, &chat).status())["error"]["param"],
+      "top_logprobs");
   bad["top_logprobs"] = 2;
-  EXPECT_FALSE(Parse(bad, OpenAiEndpoint::kChat, &chat).ok());
+  bad["logprobs"] = false;
+  EXPECT_EQ(
+      OpenAiErrorJson(
+          Parse(bad, OpenAiEndpoint::kChat, &chat).status())["error"]["param"],
+      "top_logprobs");
+  bad = body;
+  bad["echo"] = true;
+  EXPECT_EQ(
+      OpenAiErrorJson(
+          Parse(bad, OpenAiEndpoint::kChat, &chat).status())["error"]["param"],
+      "echo");
+  Json top = body;
+  top["top_logprobs"] = 20;
+  auto with_top = Parse(top, OpenAiEndpoint::kChat, &chat);
+  ASSERT_TRUE(with_top.ok()) << with_top.status();
+  EXPECT_TRUE(with_top->wire.logprobs());
+  EXPECT_EQ(with_top->wire.top_logprobs(), 20);
+}
+
+// Alternatives at each position in both of OpenAI's shapes: chat's
+// content[i].top_logprobs list of {token, logprob, bytes}, and the legacy
+// completions' top_logprobs list of {token text: logprob} (logprobs: N).
+TEST(OpenAiApiTest, TopLogprobsUseEachEndpointsShape) {
+  if (testing::StoriesTokenizer() == nullptr) GTEST_SKIP() << "no tokenizer";
+  const Json completion = {
+      {"model", "stories"}, {"prompt", "Once"}, {"logprobs", 2}};
+  auto parsed = Parse(completion, OpenAiEndpoint::kCompletions);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->logprobs);
+  EXPECT_EQ(parsed->wire.top_logprobs(), 2);
+  EXPECT_FALSE(parsed->echo);
+  EXPECT_FALSE(parsed->wire.prompt_logprobs());
+  // echo asks for the prompt's log-probabilities only with logprobs.
+  Json echo = completion;
+  echo["echo"] = true;
+  auto echoed = Parse(echo, OpenAiEndpoint::kCompletions);
+  ASSERT_TRUE(echoed.ok()) << echoed.status();
+  EXPECT_TRUE(echoed->echo);
+  EXPECT_TRUE(echoed->wire.prompt_logprobs());
+  echo.erase("logprobs");
+  echoed = Parse(echo, OpenAiEndpoint::kCompletions);
+  ASSERT_TRUE(echoed.ok()) << echoed.status();
+  EXPECT_TRUE(echoed->echo);
+  EXPECT_FALSE(echoed->wire.prompt_logprobs());
+
+  const std::vector<int32_t> ids = {403};
+  const std::vector<float> chosen = {-0.25f};
+  const std::vector<std::vector<TokenLogprob>> top = {
+      {{403, -0.25f}, {261, -1.5f}}};
+  OpenAiRequest request;
+  request.endpoint = OpenAiEndpoint::kCompletions;
+  request.stream = true;
+  request.logprobs = true;
+  OpenAiEncoder legacy(request, "cmpl-1", "stories", 1700000000,
+                       *testing::StoriesTokenizer());
+  const Json event = Json::parse(
+      legacy.StreamTokens(ids, " Once", StepLogprobs{chosen, top}).substr(6));
+  const Json& lp = event["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["top_logprobs"].size(), 1u);
+  const Json& alternatives = lp["top_logprobs"][0];
+  ASSERT_EQ(alternatives.size(), 2u) << alternatives.dump();
+  EXPECT_DOUBLE_EQ(alternatives[" Once"].get<double>(), -0.25);
+  EXPECT_EQ(lp["token_logprobs"][0].get<double>(), -0.25);
+
+  request.endpoint = OpenAiEndpoint::kChat;
+  OpenAiEncoder chat(request, "chatcmpl-1", "stories", 1700000000,
+                     *testing::StoriesTokenizer());
+  const Json chunk = Json::parse(
+      chat.StreamTokens(ids, " Once", StepLogprobs{chosen, top}).substr(6));
+  const Json& content = chunk["choices"][0]["logprobs"]["content"][0];
+  ASSERT_EQ(content["top_logprobs"].size(), 2u);
+  EXPECT_EQ(content["top_logprobs"][0]["token"], " Once");
+  EXPECT_DOUBLE_EQ(content["top_logprobs"][1]["logprob"].get<double>(), -1.5);
+  EXPECT_TRUE(content["top_logprobs"][1]["bytes"].is_array());
+  // Without alternatives the legacy shape keeps top_logprobs null.
+  OpenAiRequest plain = request;
+  plain.endpoint = OpenAiEndpoint::kCompletions;
+  OpenAiEncoder no_top(plain, "cmpl-2", "stories", 1700000000,
+                       *testing::StoriesTokenizer());
+  EXPECT_TRUE(
+      Json::parse(no_top.StreamTokens(ids, " Once", StepLogprobs{chosen})
+                      .substr(6))["choices"][0]["logprobs"]["top_logprobs"]
+          .is_null());
 }
 
 TEST(OpenAiApiTest, ErrorsUseOpenAisShapeAndCodes) {
@@ -310,7 +398,8 @@ TEST(OpenAiApiTest, StreamEventsEndWithUsageAndDone) {
                         *testing::StoriesTokenizer());
   const std::vector<int32_t> ids = {403};
   const std::vector<float> lps = {-0.25f};
-  const std::string first = encoder.StreamTokens(ids, " Once", lps);
+  const std::string first =
+      encoder.StreamTokens(ids, " Once", StepLogprobs{lps});
   ASSERT_EQ(first.rfind("data: ", 0), 0u);
   ASSERT_EQ(first.substr(first.size() - 2), "\n\n");
   const Json chunk = Json::parse(first.substr(6));
@@ -322,7 +411,7 @@ TEST(OpenAiApiTest, StreamEventsEndWithUsageAndDone) {
       -0.25);
   EXPECT_TRUE(chunk["usage"].is_null());
   const Json second =
-      Json::parse(encoder.StreamTokens(ids, "x", lps).substr(6));
+      Json::parse(encoder.StreamTokens(ids, "x", StepLogprobs{lps}).substr(6));
   EXPECT_FALSE(second["choices"][0]["delta"].contains("role"));
 
   GenerationResult result;

@@ -166,7 +166,7 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
     threads.emplace_back([&, i] {
       runs[i] = engine.Generate(
           runner, [&](absl::Span<const int32_t> ids, std::string_view,
-                      absl::Span<const float>) {
+                      const StepLogprobs&) {
             // On the step thread: the long prompt is sent once all three
             // runners have streamed 10 tokens (each has 210 more to go).
             per_runner[i] += static_cast<int>(ids.size());
@@ -177,7 +177,7 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
               long_client = std::thread([&] {
                 long_run = engine.Generate(
                     longer, [&](absl::Span<const int32_t>, std::string_view,
-                                absl::Span<const float>) {
+                                const StepLogprobs&) {
                       long_started = true;
                       return true;
                     });
@@ -229,7 +229,7 @@ BatchEngineStats RunLongPromptBesideStreams(double budget) {
     threads.emplace_back([&, i] {
       runs[i] = engine.Generate(runner, [&](absl::Span<const int32_t> ids,
                                             std::string_view,
-                                            absl::Span<const float>) {
+                                            const StepLogprobs&) {
         per_runner[i] += static_cast<int>(ids.size());
         if (per_runner[0] >= 10 && per_runner[1] >= 10 && per_runner[2] >= 10 &&
             !submitted.exchange(true)) {
@@ -293,7 +293,7 @@ TEST(BatchEngineTest, AdmissionWaitsForBlocksAndRefusesWhatCanNeverFit) {
       // token is counted before any sequence admitted after it streams.
       runs[i] =
           engine.Generate(r, [&](absl::Span<const int32_t> ids,
-                                 std::string_view, absl::Span<const float>) {
+                                 std::string_view, const StepLogprobs&) {
             absl::MutexLock lock(&mu);
             if (seen == 0) most_active = std::max(most_active, ++active);
             seen += ids.size();
@@ -361,7 +361,7 @@ TEST(BatchEngineTest, NoBlockLeaksAfterStopsAndErrors) {
       runs[i] = engine.Generate(
           mine,
           [&seen](absl::Span<const int32_t> ids, std::string_view,
-                  absl::Span<const float>) {
+                  const StepLogprobs&) {
             seen += static_cast<int>(ids.size());
             return true;
           },

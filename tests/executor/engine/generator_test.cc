@@ -53,7 +53,7 @@ TEST_F(GeneratorTest, GreedyReproducesGoldenAndStreamsTheSameText) {
   int calls = 0;
   auto result = Generate(*model_, *tokenizer_, Greedy(kZooPrompt, 57),
                          [&](absl::Span<const int32_t> ids,
-                             std::string_view text, absl::Span<const float>) {
+                             std::string_view text, const StepLogprobs&) {
                            EXPECT_EQ(ids.size(), 1u);
                            streamed += text;
                            ++calls;
@@ -159,7 +159,7 @@ TEST_F(GeneratorTest, RejectsBadRequestsNamingTheField) {
 TEST_F(GeneratorTest, AnExceptionInsideGenerationIsAnInternalErrorNotACrash) {
   int calls = 0;
   auto throwing = [&](absl::Span<const int32_t>, std::string_view,
-                      absl::Span<const float>) -> bool {
+                      const StepLogprobs&) -> bool {
     if (++calls == 3) throw std::runtime_error("stream broke");
     return true;
   };

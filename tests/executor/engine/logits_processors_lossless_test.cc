@@ -34,6 +34,7 @@
 #include "executor/planning/domain_router.h"
 #include "planner/inprocess_planner.h"
 #include "tests/testing/chi_square.h"
+#include "tests/testing/generate_many.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -368,8 +369,8 @@ struct SamplingCase {
 const std::vector<int32_t> kSamplingPrompt = {1,   410, 469, 347, 286, 261,
                                               376, 298, 315, 421, 395, 317};
 
-// The outputs of `n` generations with seeds first_seed.. and their summed
-// draft counts.
+// The outputs of `n` generations with seeds first_seed.. (run side by side:
+// tests/testing/generate_many.h) and their summed draft counts.
 struct Samples {
   std::vector<std::vector<int32_t>> outputs;
   int64_t draft_tokens = 0, accepted_tokens = 0;
@@ -379,10 +380,9 @@ Samples Draw(const LlamaModel& model, GenerationRequest request,
              uint64_t first_seed, int n, PlannerClient* planner,
              const PlanningShared* shared) {
   Samples samples;
-  for (int i = 0; i < n; ++i) {
-    request.sampling.seed = first_seed + i;
-    auto result = Generate(model, *StoriesTokenizer(), request, nullptr,
-                           nullptr, planner, shared);
+  for (absl::StatusOr<GenerationResult>& result :
+       testing::GenerateMany(model, *StoriesTokenizer(), std::move(request),
+                             first_seed, n, planner, shared)) {
     EXPECT_TRUE(result.ok()) << result.status();
     if (!result.ok()) break;
     samples.outputs.push_back(result->output_ids);

@@ -190,7 +190,7 @@ TEST_P(ReferenceStatesTest,
   auto result = Generate(
       *model, *GetTokenizer(), request,
       [&](absl::Span<const int32_t> ids, std::string_view,
-          absl::Span<const float>) {
+          const StepLogprobs&) {
         committed_per_call.push_back(static_cast<int64_t>(ids.size()));
         return true;
       },

@@ -41,6 +41,7 @@
 #include "executor/engine/sampler.h"
 #include "executor/engine/sequence.h"
 #include "tests/testing/chi_square.h"
+#include "tests/testing/generate_many.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -429,9 +430,8 @@ struct Samples {
 Samples Draw(const LlamaModel& model, const Tokenizer& tokenizer,
              GenerationRequest request, uint64_t first_seed, int n) {
   Samples samples;
-  for (int i = 0; i < n; ++i) {
-    request.sampling.seed = first_seed + i;
-    auto result = Generate(model, tokenizer, request);
+  for (absl::StatusOr<GenerationResult>& result : testing::GenerateMany(
+           model, tokenizer, std::move(request), first_seed, n)) {
     EXPECT_TRUE(result.ok()) << result.status();
     if (!result.ok()) break;
     samples.outputs.push_back(result->output_ids);
@@ -643,7 +643,7 @@ class SteppedSequence {
     auto seq = Sequence::Create(
         model, *GetTokenizer(), std::move(request),
         [this](absl::Span<const int32_t> ids, std::string_view,
-               absl::Span<const float>) {
+               const StepLogprobs&) {
           committed_.insert(committed_.end(), ids.begin(), ids.end());
           return true;
         },
