@@ -225,8 +225,7 @@ TEST(PlannerServiceTest, APlannerWithoutItsProfileYetIsPendingNotFailing) {
   bool answered = true;
   auto spec = Generate(
       *model, *StoriesTokenizer(), Planned(120),
-      [&](absl::Span<const int32_t>, std::string_view,
-          const StepLogprobs&) {
+      [&](absl::Span<const int32_t>, std::string_view, const StepLogprobs&) {
         if (++steps == 30) {
           const auto deadline =
               std::chrono::steady_clock::now() + std::chrono::seconds(60);
@@ -291,8 +290,7 @@ TEST(PlannerServiceTest, SurvivesAPlannerRestart) {
   });
   auto spec = Generate(
       *f.model, *StoriesTokenizer(), Planned(400),
-      [&](absl::Span<const int32_t>, std::string_view,
-          const StepLogprobs&) {
+      [&](absl::Span<const int32_t>, std::string_view, const StepLogprobs&) {
         ++steps;
         if (steps.load() > 40)
           std::this_thread::sleep_for(std::chrono::microseconds(300));

@@ -164,9 +164,9 @@ TEST(BatchEngineTest, LongPromptIsChunkedWhileOthersKeepDecoding) {
   std::vector<std::thread> threads;
   for (int i = 0; i < 3; ++i) {
     threads.emplace_back([&, i] {
-      runs[i] = engine.Generate(
-          runner, [&](absl::Span<const int32_t> ids, std::string_view,
-                      const StepLogprobs&) {
+      runs[i] =
+          engine.Generate(runner, [&](absl::Span<const int32_t> ids,
+                                      std::string_view, const StepLogprobs&) {
             // On the step thread: the long prompt is sent once all three
             // runners have streamed 10 tokens (each has 210 more to go).
             per_runner[i] += static_cast<int>(ids.size());
@@ -291,15 +291,14 @@ TEST(BatchEngineTest, AdmissionWaitsForBlocksAndRefusesWhatCanNeverFit) {
       size_t seen = 0;
       // Callbacks run on the step thread in step order, so a sequence's last
       // token is counted before any sequence admitted after it streams.
-      runs[i] =
-          engine.Generate(r, [&](absl::Span<const int32_t> ids,
-                                 std::string_view, const StepLogprobs&) {
-            absl::MutexLock lock(&mu);
-            if (seen == 0) most_active = std::max(most_active, ++active);
-            seen += ids.size();
-            if (seen == 40) --active;
-            return true;
-          });
+      runs[i] = engine.Generate(r, [&](absl::Span<const int32_t> ids,
+                                       std::string_view, const StepLogprobs&) {
+        absl::MutexLock lock(&mu);
+        if (seen == 0) most_active = std::max(most_active, ++active);
+        seen += ids.size();
+        if (seen == 40) --active;
+        return true;
+      });
     });
   }
   for (std::thread& t : threads) t.join();

@@ -163,7 +163,8 @@ TEST(LogprobsTest, PromptLogprobsAreOneForwardsOverThePrompt) {
       "play outside in the park with her friends. One day, she saw a big "
       "red ball under a tree. She ran to the ball and picked it up. Her "
       "friend Tom came to play with her. They played with the ball all day "
-      "and had so much fun. When the sun went down, they went home happy.",
+      "and had so much fun. When the sun went down, they went home happy. "
+      "The next morning, Lily woke up early and looked out of the window.",
       true);
   ASSERT_TRUE(prompt.ok()) << prompt.status();
   const int64_t n = static_cast<int64_t>(prompt->size());
