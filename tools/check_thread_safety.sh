@@ -279,7 +279,10 @@ def cache_key(unit):
     directory, args, includes = translate(entry)
     digest = hashlib.sha256()
     digest.update(clang_version.encode())
-    digest.update("\0".join(args + textual(includes) + [source]).encode())
+    # The overlay lives in this run's temporary folder: its path must not
+    # make every key new (the overlay's content is in clang_version).
+    stable = [a.replace(work, "<work>") for a in args + textual(includes)]
+    digest.update("\0".join(stable + [source]).encode())
     output = output_of(entry)
     files = deps_by_output.get(output) if output else None
     build_dir = os.path.dirname(db_path)
