@@ -41,7 +41,6 @@
 #include "executor/engine/sampler.h"
 #include "executor/engine/sequence.h"
 #include "tests/testing/chi_square.h"
-#include "tests/testing/generate_many.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -430,8 +429,9 @@ struct Samples {
 Samples Draw(const LlamaModel& model, const Tokenizer& tokenizer,
              GenerationRequest request, uint64_t first_seed, int n) {
   Samples samples;
-  for (absl::StatusOr<GenerationResult>& result : testing::GenerateMany(
-           model, tokenizer, std::move(request), first_seed, n)) {
+  for (int i = 0; i < n; ++i) {
+    request.sampling.seed = first_seed + i;
+    auto result = Generate(model, tokenizer, request);
     EXPECT_TRUE(result.ok()) << result.status();
     if (!result.ok()) break;
     samples.outputs.push_back(result->output_ids);
