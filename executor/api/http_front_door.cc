@@ -157,11 +157,12 @@ bool HostAndPort(const sockaddr_storage& address, socklen_t length,
 // this process whose two ends are the request's. The descriptor stays
 // valid while the handler runs: cpp-httplib closes it only afterwards.
 int ConnectionSocket(const httplib::Request& req) {
+  // Error codes, not exceptions: nothing may throw into the handler.
   std::error_code ec;
-  for (const auto& entry :
-       std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+  for (std::filesystem::directory_iterator it("/proc/self/fd", ec), end;
+       !ec && it != end; it.increment(ec)) {
     int fd = -1;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &fd)) continue;
+    if (!absl::SimpleAtoi(it->path().filename().string(), &fd)) continue;
     sockaddr_storage peer{};
     socklen_t peer_length = sizeof(peer);
     if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) !=

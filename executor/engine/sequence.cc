@@ -38,21 +38,38 @@ std::vector<int32_t> MinTokensEndIds(const LlamaModel& model,
   return ids;
 }
 
-// The k most likely ids of every row of `scores` ([rows, vocab] logits) and
-// their log-probabilities, most likely first; equal values by the smaller
-// id (a fixed order, whatever the kernels' target).
-std::vector<std::vector<TokenLogprob>> TopLogprobs(const torch::Tensor& scores,
-                                                   int k) {
+// The log-probabilities of `targets` under the first targets.size() rows
+// of `logits` ([rows, vocab]), one log_softmax for both: row j's value at
+// targets[j], and with k > 0 each row's k most likely ids, most likely
+// first, equal values by the smaller id (a fixed order, whatever the
+// kernels' target).
+struct RowLogprobs {
+  std::vector<float> chosen;
+  std::vector<std::vector<TokenLogprob>> top;
+};
+RowLogprobs LogprobsOf(const torch::Tensor& logits,
+                       absl::Span<const int32_t> targets, int k) {
+  const int64_t rows = static_cast<int64_t>(targets.size());
   const torch::Tensor log_probs =
-      torch::log_softmax(scores.to(torch::kFloat32), -1)
-          .to(torch::kCPU)
-          .contiguous();
-  const int64_t rows = log_probs.size(0);
-  const int64_t vocab = log_probs.size(1);
+      torch::log_softmax(logits.narrow(0, 0, rows).to(torch::kFloat32), -1);
+  const torch::Tensor ids =
+      torch::tensor(std::vector<int64_t>(targets.begin(), targets.end()),
+                    torch::kInt64)
+          .to(log_probs.device());
+  // Only the chosen values leave the device unless alternatives are asked.
+  const torch::Tensor chosen = log_probs.gather(1, ids.unsqueeze(1))
+                                   .squeeze(1)
+                                   .to(torch::kCPU)
+                                   .contiguous();
+  RowLogprobs out;
+  out.chosen.assign(chosen.data_ptr<float>(), chosen.data_ptr<float>() + rows);
+  if (k <= 0) return out;
+  const torch::Tensor host = log_probs.to(torch::kCPU).contiguous();
+  const int64_t vocab = host.size(1);
+  const float* all = host.data_ptr<float>();
   k = static_cast<int>(std::min<int64_t>(k, vocab));
-  const float* all = log_probs.data_ptr<float>();
   std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::vector<std::vector<TokenLogprob>> out(static_cast<size_t>(rows));
+  out.top.resize(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) {
     const float* row = all + r * vocab;
     std::iota(order.begin(), order.end(), 0);
@@ -60,7 +77,7 @@ std::vector<std::vector<TokenLogprob>> TopLogprobs(const torch::Tensor& scores,
                       [row](int32_t a, int32_t b) {
                         return row[a] > row[b] || (row[a] == row[b] && a < b);
                       });
-    std::vector<TokenLogprob>& top = out[static_cast<size_t>(r)];
+    std::vector<TokenLogprob>& top = out.top[static_cast<size_t>(r)];
     top.reserve(static_cast<size_t>(k));
     for (int i = 0; i < k; ++i) top.push_back({order[i], row[order[i]]});
   }
@@ -585,20 +602,9 @@ absl::Status Sequence::Commit(const std::vector<int32_t>& tokens,
   if (request_.logprobs) {
     // Row j's log_softmax at tokens[j], for every token (those past a stop
     // are dropped with the ids below).
-    const int64_t n = static_cast<int64_t>(tokens.size());
-    torch::Tensor rows = logits.narrow(0, 0, n).to(torch::kFloat32);
-    torch::Tensor ids = torch::tensor(
-        std::vector<int64_t>(tokens.begin(), tokens.end()), torch::kInt64);
-    torch::Tensor chosen = torch::log_softmax(rows, -1)
-                               .gather(1, ids.unsqueeze(1).to(rows.device()))
-                               .squeeze(1)
-                               .to(torch::kCPU)
-                               .contiguous();
-    const float* values = chosen.data_ptr<float>();
-    pending_logprobs_.assign(values, values + n);
-    if (request_.top_logprobs > 0) {
-      pending_top_ = TopLogprobs(rows, request_.top_logprobs);
-    }
+    RowLogprobs values = LogprobsOf(logits, tokens, request_.top_logprobs);
+    pending_logprobs_ = std::move(values.chosen);
+    pending_top_ = std::move(values.top);
   }
   std::string text;
   std::optional<FinishReason> reason;
@@ -753,24 +759,15 @@ void Sequence::OnPromptLogits(const torch::Tensor& logits, int64_t start) {
   const int64_t rows =
       std::min<int64_t>(logits.size(0), prompt_len_ - 1 - start);
   if (rows <= 0) return;
-  torch::Tensor scores = logits.narrow(0, 0, rows).to(torch::kFloat32);
-  std::vector<int64_t> next(request_.prompt_ids.begin() + start + 1,
-                            request_.prompt_ids.begin() + start + 1 + rows);
-  torch::Tensor chosen = torch::log_softmax(scores, -1)
-                             .gather(1, torch::tensor(next, torch::kInt64)
-                                            .unsqueeze(1)
-                                            .to(scores.device()))
-                             .squeeze(1)
-                             .to(torch::kCPU)
-                             .contiguous();
-  const float* values = chosen.data_ptr<float>();
-  result_.prompt_logprobs.insert(result_.prompt_logprobs.end(), values,
-                                 values + rows);
-  if (request_.top_logprobs > 0) {
-    for (std::vector<TokenLogprob>& top :
-         TopLogprobs(scores, request_.top_logprobs)) {
-      result_.prompt_top_logprobs.push_back(std::move(top));
-    }
+  RowLogprobs values =
+      LogprobsOf(logits,
+                 absl::MakeConstSpan(request_.prompt_ids.data() + start + 1,
+                                     static_cast<size_t>(rows)),
+                 request_.top_logprobs);
+  result_.prompt_logprobs.insert(result_.prompt_logprobs.end(),
+                                 values.chosen.begin(), values.chosen.end());
+  for (std::vector<TokenLogprob>& top : values.top) {
+    result_.prompt_top_logprobs.push_back(std::move(top));
   }
 }
 
