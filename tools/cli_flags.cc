@@ -63,6 +63,11 @@ ABSL_FLAG(std::string, bad_words, "",
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "Sampling seed (same seed, same output); unset = random, reported in "
           "--json.");
+ABSL_FLAG(std::string, draft_acceptance, "auto",
+          "How sampled drafts are accepted (in-process only): rejection "
+          "(speculative rejection sampling, the most accepted drafts), coupled "
+          "(position-keyed noise: a seed gives the same text in every mode), "
+          "or auto (coupled with --seed, else rejection).");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop strings.");
 ABSL_FLAG(bool, ignore_eos, false,
           "Keep generating past the model's EOS tokens.");
@@ -400,6 +405,12 @@ absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
   params.top_p = absl::GetFlag(FLAGS_top_p);
   params.min_p = absl::GetFlag(FLAGS_min_p);
   params.seed = absl::GetFlag(FLAGS_seed);
+  absl::StatusOr<DraftAcceptance> acceptance =
+      ParseDraftAcceptance(absl::GetFlag(FLAGS_draft_acceptance));
+  if (!acceptance.ok()) {
+    return Annotate(acceptance.status(), "--draft-acceptance");
+  }
+  params.acceptance = *acceptance;
   params.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
   params.presence_penalty = absl::GetFlag(FLAGS_presence_penalty);
   params.frequency_penalty = absl::GetFlag(FLAGS_frequency_penalty);
@@ -436,6 +447,11 @@ absl::StatusOr<SamplingParams> SamplingParamsFromFlags() {
 
 absl::StatusOr<v1::GenerateRequest> WireRequestFromFlags() {
   ASSIGN_OR_RETURN(const SamplingParams sampling, SamplingParamsFromFlags());
+  if (sampling.acceptance != DraftAcceptance::kAuto) {
+    return absl::InvalidArgumentError(
+        "--draft-acceptance is an in-process setting: a server accepts "
+        "drafts its own way (coupled with a seed, else rejection)");
+  }
   v1::GenerateRequest request;
   request.set_max_new_tokens(
       static_cast<int32_t>(absl::GetFlag(FLAGS_max_new_tokens)));

@@ -19,6 +19,28 @@ absl::Status TokenIdInVocab(const char* field, int32_t id, int64_t vocab) {
 
 }  // namespace
 
+const char* DraftAcceptanceName(DraftAcceptance acceptance) {
+  switch (acceptance) {
+    case DraftAcceptance::kAuto:
+      return "auto";
+    case DraftAcceptance::kRejection:
+      return "rejection";
+    case DraftAcceptance::kCoupled:
+      return "coupled";
+  }
+  return "auto";
+}
+
+absl::StatusOr<DraftAcceptance> ParseDraftAcceptance(std::string_view name) {
+  for (DraftAcceptance a : {DraftAcceptance::kAuto, DraftAcceptance::kRejection,
+                            DraftAcceptance::kCoupled}) {
+    if (name == DraftAcceptanceName(a)) return a;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("draft acceptance '", std::string(name),
+                   "' is not one of auto, rejection, coupled"));
+}
+
 absl::Status ValidateSamplingParams(const SamplingParams& params,
                                     int64_t vocab_size) {
   if (!(params.temperature >= 0.0) || !std::isfinite(params.temperature)) {

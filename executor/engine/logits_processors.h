@@ -68,18 +68,45 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
 namespace knapserve {
 
 // Temperatures below this are greedy decoding (vLLM's _SAMPLING_EPS).
 inline constexpr double kGreedyTemperature = 1e-5;
+// How a sampled draft token is judged against the full model (executor/
+// engine/speculation_step.h). Both keep every output token exactly
+// distributed as plain sampling would draw it.
+enum class DraftAcceptance {
+  // kCoupled when the request has a seed, else kRejection: rejection
+  // sampling accepts more drafts (it is the maximal coupling), coupling
+  // makes a seed mean the same text in every mode and batch.
+  kAuto,
+  // Speculative rejection sampling: accept draft d with min(1, p(d)/q(d)),
+  // else resample from norm(max(0, p - q)). Draws from the sampler's
+  // sequential RNG, so the text depends on how many draws each step made.
+  kRejection,
+  // Gumbel-max coupling: the token at sequence position t is
+  // argmin_i E_i / p_i with E_i = -log(u_i) and u_i counter-based noise
+  // f(seed, t, i); the draft is chosen the same way from q and accepted
+  // when it equals the target's token. Plain decoding uses the same rule, so
+  // the text is a function of (seed, prompt) alone.
+  kCoupled,
+};
+
+// "auto", "rejection", "coupled"; and back (InvalidArgument naming the
+// choices for anything else).
+const char* DraftAcceptanceName(DraftAcceptance acceptance);
+absl::StatusOr<DraftAcceptance> ParseDraftAcceptance(std::string_view name);
+
 // Limits of bad_words: sequences per request, ids per sequence.
 inline constexpr int64_t kMaxBadWords = 1024;
 inline constexpr int64_t kMaxBadWordTokens = 64;
@@ -104,7 +131,11 @@ struct SamplingParams {
   // in [0, vocab).
   std::vector<std::vector<int32_t>> bad_words;
   // Seed for the sampler's RNG; unset draws one from std::random_device.
+  // With a seed (and DraftAcceptance::kAuto) the output is the same alone,
+  // in any batch and in every drafting mode.
   std::optional<uint64_t> seed;
+  // Engine setting, not a client field: how sampled drafts are accepted.
+  DraftAcceptance acceptance = DraftAcceptance::kAuto;
 
   // Whether sampling is greedy (temperature < kGreedyTemperature).
   bool greedy() const { return temperature < kGreedyTemperature; }

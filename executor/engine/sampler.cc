@@ -1,8 +1,10 @@
 #include "executor/engine/sampler.h"
 
+#include <ATen/core/PhiloxRNGEngine.h>
 #include <c10/core/InferenceMode.h>
 
 #include <cmath>
+#include <limits>
 
 namespace knapserve {
 
@@ -12,6 +14,14 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
               : (static_cast<uint64_t>(std::random_device{}()) << 32) ^
                     std::random_device{}();
   rng_.seed(seed_);
+  coupled_ = CoupledDraws(params);
+}
+
+bool CoupledDraws(const SamplingParams& params) {
+  return !params.greedy() &&
+         (params.acceptance == DraftAcceptance::kCoupled ||
+          (params.acceptance == DraftAcceptance::kAuto &&
+           params.seed.has_value()));
 }
 
 int32_t Argmax(const torch::Tensor& logits) {
@@ -80,8 +90,38 @@ int32_t Sampler::SampleFrom(const torch::Tensor& probs) {
   return last_nonzero;  // rounding at the very top of the range
 }
 
-int32_t Sampler::Sample(const torch::Tensor& logits) {
+int32_t Sampler::DrawAt(const torch::Tensor& probs, int64_t position) const {
+  c10::InferenceMode guard;
+  torch::Tensor p = probs.to(torch::kCPU, torch::kFloat32).contiguous();
+  const float* data = p.data_ptr<float>();
+  const int64_t n = p.numel();
+  // Subsequence `position` of the key `seed`: the i-th number is token i's.
+  at::Philox4_32 noise(seed_, static_cast<uint64_t>(position), 0);
+  constexpr double kScale = 1.0 / 4294967296.0;  // 2^-32
+  double best = std::numeric_limits<double>::infinity();
+  int32_t choice = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = noise();
+    if (!(data[i] > 0.0f)) continue;
+    // u in (0, 1): never 0, so E is finite.
+    const double u = (static_cast<double>(bits) + 0.5) * kScale;
+    const double pi = data[i];
+    // -log(u) >= 1 - u: most tokens lose without computing the logarithm.
+    if ((1.0 - u) / pi >= best) continue;
+    const double key = -std::log(u) / pi;
+    if (key < best) {
+      best = key;
+      choice = static_cast<int32_t>(i);
+    }
+  }
+  // An all-zero vector cannot come from Distribution(); keep the argmax
+  // then rather than an invalid id.
+  return choice >= 0 ? choice : Argmax(p);
+}
+
+int32_t Sampler::Sample(const torch::Tensor& logits, int64_t position) {
   if (greedy()) return Argmax(logits);
+  if (coupled()) return DrawAt(Distribution(logits), position);
   return SampleFrom(Distribution(logits));
 }
 

@@ -5,11 +5,25 @@
 // logits_processors.h documents). A temperature below kGreedyTemperature
 // (0 included) means greedy: the argmax.
 //
-// Reproducibility: the sampler owns a 64-bit Mersenne Twister seeded from
-// SamplingParams::seed, and every draw consumes exactly one uniform number, so
-// the same seed, model and prompt give the same output. Speculative
-// acceptance (executor/engine/speculation_step.h) uses Distribution() and
-// Uniform() for rejection sampling with the same semantics.
+// Two ways to draw, chosen by SamplingParams::acceptance (coupled() says
+// which):
+//   - sequential (DraftAcceptance::kRejection): a 64-bit Mersenne Twister
+//     seeded from SamplingParams::seed; every draw consumes one uniform
+//     number. Speculative rejection sampling (executor/engine/
+//     speculation_step.h) draws its acceptance tests and residuals from the
+//     same stream, so with speculation the text depends on how many numbers
+//     each step drew.
+//   - coupled (DraftAcceptance::kCoupled, the default for seeded requests):
+//     the token at sequence position t is a function of (seed, t) and the
+//     distribution alone. Noise u_i for token i is the Philox 4x32-10
+//     counter-based generator's (ATen's at::Philox4_32) i-th number of
+//     subsequence t under key `seed`; the token is argmin_i E_i / p_i with
+//     E_i = -log(u_i), which is an exact draw from p (the exponential race,
+//     Gumbel-max's equivalent: -log E_i is Gumbel noise). A draft drawn from
+//     q with the same noise equals the target's token exactly when the
+//     coupling agrees, so verification accepts it when they are equal, as
+//     greedy does, and every drafting mode and batch gives the same text as
+//     plain decoding.
 //
 // Not thread-safe (it owns an RNG); one per sequence.
 #ifndef KNAPSERVE_EXECUTOR_ENGINE_SAMPLER_H_
@@ -29,6 +43,9 @@ class Sampler {
   explicit Sampler(const SamplingParams& params);
 
   bool greedy() const { return params_.greedy(); }
+  // Whether sampled tokens are drawn with position-keyed noise (DrawAt)
+  // rather than the sequential RNG; false when greedy.
+  bool coupled() const { return coupled_; }
   // The seed actually used (params.seed or the random one drawn).
   uint64_t seed() const { return seed_; }
 
@@ -37,19 +54,32 @@ class Sampler {
   // on the argmax. `logits` is [vocab] on any device.
   torch::Tensor Distribution(const torch::Tensor& logits) const;
 
-  // Next token from `logits` ([vocab]): the argmax when greedy, else a draw
-  // from Distribution(logits).
-  int32_t Sample(const torch::Tensor& logits);
-  // A draw from a probability vector (float32 [vocab], CPU, sums to ~1).
+  // Next token for sequence position `position` from `logits` ([vocab]):
+  // the argmax when greedy, else a draw from Distribution(logits), coupled
+  // (DrawAt) or sequential (SampleFrom).
+  int32_t Sample(const torch::Tensor& logits, int64_t position);
+  // A sequential draw from a probability vector (float32 [vocab], CPU, sums
+  // to ~1).
   int32_t SampleFrom(const torch::Tensor& probs);
-  // One uniform number in [0, 1) from the sampler's RNG.
+  // The coupled draw for sequence position `position` from `probs` (float32
+  // [vocab], CPU, sums to ~1): argmin over p_i > 0 of E_i / p_i with the
+  // noise of (seed, position). Const: it keeps no state.
+  int32_t DrawAt(const torch::Tensor& probs, int64_t position) const;
+  // One uniform number in [0, 1) from the sequential RNG.
   double Uniform();
 
  private:
   SamplingParams params_;
   uint64_t seed_ = 0;
+  bool coupled_ = false;
   std::mt19937_64 rng_;
 };
+
+// Whether `params` draw sampled tokens with position-keyed noise
+// (DraftAcceptance::kCoupled, or kAuto with a seed); false when greedy. Then,
+// as under greedy, the output ids are a function of the request alone, the
+// same in every drafting mode and batch.
+bool CoupledDraws(const SamplingParams& params);
 
 // Index of the largest logit ([vocab] on any device); ties go to the lowest
 // index.

@@ -696,8 +696,10 @@ void Sequence::OnDraftLogits(const torch::Tensor& logits) {
   bool confident = false;
   // The draft's logits processed with the history its position will have
   // at verification: the output so far and the drafts before it.
+  // `last` sits at position length_; draft k goes to length_ + 1 + k.
+  const int64_t position = length_ + 1 + static_cast<int64_t>(drafts_.size());
   drafts_.push_back(ChooseDraft(sampler_, processors_.Apply(logits, drafts_),
-                                request_.speculation.exit_threshold,
+                                position, request_.speculation.exit_threshold,
                                 draft_dists_, confident));
   if (!confident || static_cast<int64_t>(drafts_.size()) >= budget_)
     drafting_ = false;
@@ -716,15 +718,11 @@ void Sequence::OnExitPass(const torch::Tensor& states) {
       drafts_);
   const double top1 = torch::softmax(scaled, 0).max().item<double>();
   if (top1 >= config.lambda) {
-    int32_t draft;
-    if (sampler_.greedy()) {
-      draft = Argmax(scaled);
-    } else {
-      // q_j: exactly the distribution the draft is sampled from.
-      torch::Tensor q = sampler_.Distribution(scaled);
-      draft = sampler_.SampleFrom(q);
-      draft_dists_.push_back(std::move(q));
-    }
+    // q_j (for rejection sampling): exactly the distribution the draft is
+    // drawn from.
+    const int32_t draft = DrawDraft(
+        sampler_, scaled, length_ + 1 + static_cast<int64_t>(drafts_.size()),
+        draft_dists_);
     drafts_.push_back(draft);
     exit_rows_.AddRow(draft);
     std::vector<int64_t>& depths = spec_stats_.exit_depths;
@@ -773,7 +771,9 @@ void Sequence::OnPromptLogits(const torch::Tensor& logits, int64_t start) {
 
 absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
   length_ = prompt_len_;
-  const int32_t first = sampler_.Sample(processors_.Apply(logits, {}));
+  // The first generated token sits at position prompt_len_.
+  const int32_t first =
+      sampler_.Sample(processors_.Apply(logits, {}), prompt_len_);
   result_.stats.prefill_seconds = SecondsSince(start_);
   decode_start_ = std::chrono::steady_clock::now();
   result_.stats.first_token_unix_nanos = trace::NowUnixNanos();

@@ -4,17 +4,20 @@
 
 namespace knapserve {
 
+int32_t DrawDraft(Sampler& sampler, const torch::Tensor& logits,
+                  int64_t position, std::vector<torch::Tensor>& draft_dists) {
+  if (sampler.greedy()) return Argmax(logits);
+  torch::Tensor q = sampler.Distribution(logits);
+  if (sampler.coupled()) return sampler.DrawAt(q, position);
+  const int32_t draft = sampler.SampleFrom(q);
+  draft_dists.push_back(std::move(q));
+  return draft;
+}
+
 int32_t ChooseDraft(Sampler& sampler, const torch::Tensor& logits,
-                    double exit_threshold,
+                    int64_t position, double exit_threshold,
                     std::vector<torch::Tensor>& draft_dists, bool& confident) {
-  int32_t draft;
-  if (sampler.greedy()) {
-    draft = Argmax(logits);
-  } else {
-    torch::Tensor q = sampler.Distribution(logits);
-    draft = sampler.SampleFrom(q);
-    draft_dists.push_back(q);
-  }
+  const int32_t draft = DrawDraft(sampler, logits, position, draft_dists);
   // Dynamic exit: stop once the draft is unsure of its own top token.
   const double top1 = torch::softmax(logits, 0).max().item<double>();
   confident = top1 >= exit_threshold;
@@ -23,7 +26,8 @@ int32_t ChooseDraft(Sampler& sampler, const torch::Tensor& logits,
 
 Acceptance AcceptDrafts(Sampler& sampler, const std::vector<int32_t>& drafts,
                         const std::vector<torch::Tensor>& draft_dists,
-                        const torch::Tensor& logits, const int64_t* target) {
+                        const torch::Tensor& logits, const int64_t* target,
+                        int64_t position) {
   const int64_t m = static_cast<int64_t>(drafts.size());
   Acceptance out;
   int64_t& accepted = out.accepted;
@@ -31,8 +35,15 @@ Acceptance AcceptDrafts(Sampler& sampler, const std::vector<int32_t>& drafts,
   if (sampler.greedy()) {
     while (accepted < m && target[accepted] == drafts[accepted]) ++accepted;
     next = static_cast<int32_t>(target[accepted]);
+  } else if (sampler.coupled()) {
+    // The target's own coupled draw at each position, as plain decoding
+    // would make it; the first that differs from the draft is committed.
+    for (;; ++accepted) {
+      next = sampler.Sample(logits[accepted], position + accepted);
+      if (accepted == m || next != drafts[accepted]) break;
+    }
   } else if (m == 0) {
-    next = sampler.Sample(logits[0]);
+    next = sampler.Sample(logits[0], position);
   } else {
     for (; accepted < m; ++accepted) {
       torch::Tensor p = sampler.Distribution(logits[accepted]);
@@ -74,7 +85,8 @@ StepResult FinishVerification(Sampler& sampler,
   torch::Tensor argmax = logits.argmax(-1).to(torch::kCPU);
   const int64_t* target = argmax.data_ptr<int64_t>();
   const Acceptance acceptance =
-      AcceptDrafts(sampler, drafts, draft_dists, logits, target);
+      AcceptDrafts(sampler, drafts, draft_dists, logits, target,
+                   first_position + 1);
   const int64_t accepted = acceptance.accepted;
   const int64_t m = static_cast<int64_t>(drafts.size());
   StepResult result;

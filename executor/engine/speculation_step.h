@@ -15,10 +15,13 @@
 //      overwrites those positions' K/V in every layer;
 //   3. accepts (AcceptDrafts, FinishVerification): greedy keeps the longest
 //      prefix of drafts equal to the target's argmax plus the target's token
-//      at the first mismatch (or a bonus token after a full accept); sampling
-//      uses speculative rejection sampling (accept with min(1, p/q), resample
-//      from norm(max(0, p - q)), bonus from p), so the output distribution is
-//      exactly the target's;
+//      at the first mismatch (or a bonus token after a full accept); coupled
+//      sampling (Sampler::coupled(), the default with a seed) does the same
+//      with the target's coupled draws (Sampler::DrawAt, noise keyed by the
+//      seed and the token's position), so the text equals plain decoding's;
+//      other sampling uses speculative rejection sampling (accept with
+//      min(1, p/q), resample from norm(max(0, p - q)), bonus from p). Each
+//      keeps the output distribution exactly the target's;
 //   4. rolls the K/V back by moving the sequence's committed length (no
 //      copy): rejected positions are overwritten later.
 // With gamma 0 (or an empty budget) a step is a plain autoregressive step.
@@ -78,15 +81,21 @@ struct StepResult {
   std::vector<int32_t> target_argmax;
 };
 
-// Picks the draft token from the draft's logits ([vocab] float32, already
-// through the sequence's logits processors with the history of the position
-// drafted for): argmax when greedy, else a sample from the sampler's
-// distribution, which is
-// appended to `draft_dists` (q_j, for rejection sampling). Returns the token
-// and sets `confident` to whether the draft's top-1 probability reaches
+// The draft token for sequence position `position` from the draft's
+// processed logits, already scaled as the draft wants them: argmax when
+// greedy, the coupled draw when coupled, else a sequential draw from the
+// sampler's distribution, which is appended to `draft_dists` (q_j, for
+// rejection sampling).
+int32_t DrawDraft(Sampler& sampler, const torch::Tensor& logits,
+                  int64_t position, std::vector<torch::Tensor>& draft_dists);
+
+// Picks the draft token for sequence position `position` from the draft's
+// logits ([vocab] float32, already through the sequence's logits processors
+// with the history of that position) with DrawDraft. Returns the token and
+// sets `confident` to whether the draft's top-1 probability reaches
 // `exit_threshold` (drafting goes on only then).
 int32_t ChooseDraft(Sampler& sampler, const torch::Tensor& logits,
-                    double exit_threshold,
+                    int64_t position, double exit_threshold,
                     std::vector<torch::Tensor>& draft_dists, bool& confident);
 
 // What verification decided.
@@ -95,13 +104,16 @@ struct Acceptance {
   int32_t next = -1;     // the target's token after them (correction/bonus)
 };
 // Verification of `drafts` against the full model's logits ([m+1, vocab]
-// float32; row j predicts the token after draft j-1, and went through the
-// logits processors with drafts 0..j-1 as history) and their argmax
-// (`target`, m+1 ids): greedy keeps the longest matching prefix; sampling
-// runs speculative rejection sampling with `draft_dists`.
+// float32; row j predicts the token at sequence position `position` + j,
+// after draft j-1, and went through the logits processors with drafts
+// 0..j-1 as history) and their argmax (`target`, m+1 ids): greedy keeps the
+// longest matching prefix; coupled sampling keeps the longest prefix equal
+// to the target's coupled draws; other sampling runs speculative rejection
+// sampling with `draft_dists`.
 Acceptance AcceptDrafts(Sampler& sampler, const std::vector<int32_t>& drafts,
                         const std::vector<torch::Tensor>& draft_dists,
-                        const torch::Tensor& logits, const int64_t* target);
+                        const torch::Tensor& logits, const int64_t* target,
+                        int64_t position);
 
 // Adds one verification's counts to `stats` (nothing when m == 0).
 void RecordVerification(SpeculationStats& stats, int64_t drafted,
@@ -110,8 +122,10 @@ void RecordVerification(SpeculationStats& stats, int64_t drafted,
 // The end of a verification: accepts `drafts` against the full model's
 // `logits` ([m+1, vocab]), records the counts in `stats`, and returns the
 // step's result (committed tokens, counts; with `capture`, the committed
-// positions' rows of `states` and the target's argmax). The caller keeps
-// K/V positions [0, first_position + result.accepted + 1).
+// positions' rows of `states` and the target's argmax). `first_position` is
+// the position of the step's input token `last`, so row j predicts position
+// first_position + 1 + j. The caller keeps K/V positions
+// [0, first_position + result.accepted + 1).
 StepResult FinishVerification(Sampler& sampler,
                               const std::vector<int32_t>& drafts,
                               const std::vector<torch::Tensor>& draft_dists,

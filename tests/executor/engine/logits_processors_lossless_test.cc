@@ -5,11 +5,15 @@
 //     them at once (GreedyLosslessWithProcessorsTest); a draft made of the
 //     full model (empty mask) is then always accepted, which holds only if
 //     draft and verification process each position with the same history;
-//   - sampling: the first generated tokens have the plain sampler's
-//     distribution (chi-square two-sample test, tests/testing/chi_square.h)
-//     for each processor and all at once (SamplingLosslessWithProcessorsTest),
+//   - rejection sampling: the first generated tokens have the plain
+//     sampler's distribution (chi-square two-sample test,
+//     tests/testing/chi_square.h) for each processor and all at once
+//     (SamplingLosslessWithProcessorsTest),
 //     and the same statistic tells the processed distribution from the
 //     unprocessed one, so a speculation that dropped a processor would fail;
+//   - seeded sampling (coupled draws, executor/engine/sampler.h): the same
+//     seed gives the same ids alone, in a batch, and in every mode, with
+//     every processor on (SeededSamplingTest);
 //   - batching: a sequence's tokens do not depend on which sequences, with
 //     which processors, share its passes (ProcessorsBatchTest);
 //   - a temperature so small that logits / T overflows is greedy.
@@ -454,6 +458,9 @@ TEST_P(SamplingLosslessWithProcessorsTest,
   ASSERT_TRUE(greedy.ok()) << greedy.status();
   GenerationRequest request = base;
   request.sampling.temperature = 1.0;
+  // Rejection sampling, seeded for repeatability; coupled draws are held to
+  // exact equality by SeededSamplingTest.
+  request.sampling.acceptance = DraftAcceptance::kRejection;
   for (const Processors& p : SamplingProcessors()) {
     if (p.name == param.processors) p.set(request, greedy->output_ids);
   }
@@ -468,6 +475,7 @@ TEST_P(SamplingLosslessWithProcessorsTest,
   if (param.control) {
     GenerationRequest unprocessed_request = base;
     unprocessed_request.sampling.temperature = 1.0;
+    unprocessed_request.sampling.acceptance = DraftAcceptance::kRejection;
     const Samples unprocessed =
         Draw(*kit.model, unprocessed_request, 5'000'001, n, nullptr, nullptr);
     EXPECT_LT(SmallestPValue(plain, unprocessed, /*expect_same=*/false), kAlpha)
@@ -543,6 +551,110 @@ INSTANTIATE_TEST_SUITE_P(
       std::replace(name.begin(), name.end(), '-', '_');
       return name;
     });
+
+// ---------------------------------------------------------------------------
+// Seeded sampling: a function of (seed, prompt) alone.
+
+class SeededSamplingTest : public ::testing::TestWithParam<std::string> {};
+
+// With a seed, sampling draws coupled tokens (noise keyed by the seed and
+// the position), and verification accepts a draft exactly when it equals the
+// target's own coupled draw. So each seed's ids equal plain decoding's, in
+// every drafting mode, and in a batch beside other seeds, as greedy ids do;
+// drafts are both accepted and rejected on the way.
+TEST_P(SeededSamplingTest, ASeedGivesTheSameTextAloneInABatchAndInEveryMode) {
+  const std::string& model_name = GetParam();
+  if (model_name == "stories260k") {
+    if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  } else {
+    KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL(model_name);
+  }
+  ModeKit kit = MakeKit(model_name);
+  ASSERT_NE(kit.model, nullptr);
+  ASSERT_NE(kit.core, nullptr);
+  const Tokenizer& tokenizer = *StoriesTokenizer();
+  GenerationRequest request;
+  request.prompt_ids = kSamplingPrompt;
+  request.max_new_tokens = model_name == "stories260k" ? 40 : 24;
+  request.ignore_eos = true;
+  request.sampling.temperature = 1.0;
+  request.sampling.top_p = 0.95;
+  request.sampling.repetition_penalty = 1.2;
+  request.sampling.presence_penalty = 0.3;
+  request.sampling.frequency_penalty = 0.2;
+  request.sampling.logit_bias = {{kSamplingPrompt[5], -2.0}};
+  request.sampling.min_p = 0.02;
+  constexpr int kSeeds = 6;
+  constexpr uint64_t kFirstSeed = 41;
+
+  std::vector<std::vector<int32_t>> plain;
+  for (int i = 0; i < kSeeds; ++i) {
+    GenerationRequest r = request;
+    r.sampling.seed = kFirstSeed + i;
+    auto result = Generate(*kit.model, tokenizer, r);
+    ASSERT_TRUE(result.ok()) << result.status();
+    plain.push_back(result->output_ids);
+  }
+  // Seeds differ, so do their texts (the test could not fail otherwise).
+  EXPECT_NE(plain[0], plain[1]);
+  // Rejection sampling with the same seed draws other tokens: the equality
+  // below comes from the coupling, not from the seed alone.
+  GenerationRequest rejection = InMode(request, Modes().front());
+  rejection.sampling.acceptance = DraftAcceptance::kRejection;
+  rejection.sampling.seed = kFirstSeed;
+  auto rejected = Generate(*kit.model, tokenizer, rejection);
+  ASSERT_TRUE(rejected.ok()) << rejected.status();
+  EXPECT_NE(rejected->output_ids, plain[0]);
+
+  for (const Mode& mode : Modes()) {
+    SCOPED_TRACE(absl::StrCat(model_name, ", ", mode.label));
+    PlanningShared shared = PlanningShared::Create();
+    shared.router = kit.router;
+    SynchronousPlanner planner(kit.core.get());
+    // Alone: the first seed.
+    GenerationRequest alone = InMode(request, mode);
+    alone.sampling.seed = kFirstSeed;
+    auto one = Generate(*kit.model, tokenizer, alone, nullptr, nullptr,
+                        &planner, &shared);
+    ASSERT_TRUE(one.ok()) << one.status();
+    EXPECT_EQ(one->output_ids, plain[0]);
+    // In one batch: every seed side by side. The planned modes' plans for
+    // these sampled runs draft little or nothing, so here they keep their
+    // pre-plan mask (their solves are held, and the plan cache the run
+    // alone filled is not theirs) and draft throughout.
+    HoldingPlanner holding;
+    PlanningShared batch_shared = PlanningShared::Create();
+    batch_shared.router = kit.router;
+    int64_t drafted = 0, accepted = 0;
+    std::vector<absl::StatusOr<GenerationResult>> batch = testing::GenerateMany(
+        *kit.model, tokenizer, InMode(request, mode), kFirstSeed, kSeeds,
+        IsPlanned(mode.mode) ? static_cast<PlannerClient*>(&holding)
+                             : &planner,
+        &batch_shared, /*batch=*/kSeeds);
+    ASSERT_EQ(batch.size(), static_cast<size_t>(kSeeds));
+    for (int i = 0; i < kSeeds; ++i) {
+      ASSERT_TRUE(batch[i].ok()) << batch[i].status();
+      EXPECT_EQ(batch[i]->output_ids, plain[i]) << "seed " << kFirstSeed + i;
+      drafted += batch[i]->speculation.draft_tokens;
+      accepted += batch[i]->speculation.accepted_tokens;
+    }
+    EXPECT_GT(drafted, 0);
+    if (mode.label == "static-full") {
+      EXPECT_EQ(accepted, drafted) << "the full model's drafts are its own";
+    } else {
+      EXPECT_GT(accepted, 0);
+      EXPECT_LT(accepted, drafted);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, SeededSamplingTest,
+                         ::testing::Values("stories260k", "stories-24l"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
 
 // ---------------------------------------------------------------------------
 // Batching and the greedy threshold.

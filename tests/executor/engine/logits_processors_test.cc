@@ -249,7 +249,7 @@ TEST(SamplerGreedyThresholdTest, TinyTemperaturesAreGreedyNotNaN) {
     const torch::Tensor d = sampler.Distribution(RawTensor());
     EXPECT_EQ(d[7].item<float>(), 1.0f) << t;
     EXPECT_EQ(d.sum().item<float>(), 1.0f) << t;
-    EXPECT_EQ(sampler.Sample(RawTensor()), 7) << t;
+    EXPECT_EQ(sampler.Sample(RawTensor(), /*position=*/0), 7) << t;
   }
   SamplingParams p;
   p.temperature = kGreedyTemperature;

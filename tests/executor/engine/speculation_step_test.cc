@@ -28,6 +28,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -459,7 +460,8 @@ const Samples& CachedDraw(const LlamaModel& model,
       absl::StrCat(SpeculationModeName(request.speculation.mode), "/",
                    request.speculation.skip, "/", request.speculation.max_draft,
                    "/", request.sampling.temperature, "/",
-                   request.sampling.top_p, "/", first_seed);
+                   request.sampling.top_p, "/", first_seed, "/",
+                   DraftAcceptanceName(request.sampling.acceptance));
   if (request.speculation.mode == SpeculationMode::kSpecBound) {
     const SpecBoundConfig& sb = request.speculation.specbound;
     absl::StrAppend(&key, "/specbound ", sb.lambda, " ", sb.t0, " ",
@@ -498,10 +500,14 @@ const std::vector<std::pair<std::string, std::vector<int>>>& Statistics() {
 // Zoo: "Zoo" on stories260k (vocab 512, peaked next-token distributions).
 const std::vector<int32_t> kZooPrompt = {1, 410, 469, 347};
 
-GenerationRequest SamplingRequest(double temperature, double top_p) {
+// Seeded for repeatability; rejection sampling unless `acceptance` says.
+GenerationRequest SamplingRequest(
+    double temperature, double top_p,
+    DraftAcceptance acceptance = DraftAcceptance::kRejection) {
   GenerationRequest r = Request(kZooPrompt, 4);
   r.sampling.temperature = temperature;
   r.sampling.top_p = top_p;
+  r.sampling.acceptance = acceptance;
   return r;
 }
 
@@ -509,22 +515,28 @@ GenerationRequest SamplingRequest(double temperature, double top_p) {
 // drafts two (the budget max_new_tokens - 2), so draft position 0, draft
 // position 1, the bonus token and the resampling after a rejection all decide
 // tokens 1-3. The mask makes the draft differ from the target.
-GenerationRequest SpeculativeSampling(double temperature, double top_p) {
-  return Speculative(SamplingRequest(temperature, top_p), "a2,m2,a3",
+GenerationRequest SpeculativeSampling(double temperature, double top_p,
+                                      DraftAcceptance acceptance) {
+  return Speculative(SamplingRequest(temperature, top_p, acceptance),
+                     "a2,m2,a3",
                      /*gamma=*/3,
                      /*exit_threshold=*/0.0);
 }
 
-class SamplingLosslessTest : public ::testing::TestWithParam<double> {};
+// Both ways of accepting sampled drafts (rejection sampling, and coupled
+// draws: executor/engine/sampler.h) against plain decoding with the
+// sequential sampler.
+class SamplingLosslessTest
+    : public ::testing::TestWithParam<std::tuple<double, DraftAcceptance>> {};
 
 TEST_P(SamplingLosslessTest, FirstTokensHaveTheAutoregressiveDistribution) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = GetModel("stories260k");
   ASSERT_NE(model, nullptr);
-  const double top_p = GetParam();
+  const auto [top_p, scheme] = GetParam();
   const Samples& ar = CachedDraw(*model, SamplingRequest(1.0, top_p), 1);
-  const Samples& spec =
-      CachedDraw(*model, SpeculativeSampling(1.0, top_p), 1'000'001);
+  const Samples& spec = CachedDraw(
+      *model, SpeculativeSampling(1.0, top_p, scheme), 1'000'001);
   ASSERT_EQ(ar.outputs.size(), static_cast<size_t>(kSamples));
   ASSERT_EQ(spec.outputs.size(), static_cast<size_t>(kSamples));
 
@@ -550,12 +562,16 @@ TEST_P(SamplingLosslessTest, FirstTokensHaveTheAutoregressiveDistribution) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(TopP, SamplingLosslessTest,
-                         ::testing::Values(1.0, 0.8),
-                         [](const ::testing::TestParamInfo<double>& info) {
-                           return info.param == 1.0 ? std::string("Full")
-                                                    : std::string("TopP08");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    TopP, SamplingLosslessTest,
+    ::testing::Combine(::testing::Values(1.0, 0.8),
+                       ::testing::Values(DraftAcceptance::kRejection,
+                                         DraftAcceptance::kCoupled)),
+    [](const ::testing::TestParamInfo<std::tuple<double, DraftAcceptance>>&
+           info) {
+      return absl::StrCat(std::get<0>(info.param) == 1.0 ? "Full" : "TopP08",
+                          "_", DraftAcceptanceName(std::get<1>(info.param)));
+    });
 
 // SpecBound (executor/engine/specbound.h) through the same rejection sampler:
 // its drafts come from an early exit's softmax(z_l / T_l) after the sampler's
@@ -1054,6 +1070,51 @@ TEST(SpeculativeStepTest, FinishVerificationKeepsTheMatchingPrefix) {
   EXPECT_EQ(step.drafted, 0);
   EXPECT_EQ(stats.drafts, 3);
   EXPECT_EQ(stats.draft_tokens, 9);
+}
+
+// The same with coupled draws: row j's token is the target's own coupled
+// draw at position first_position + 1 + j, and drafts are kept while they
+// equal those draws, whatever the draft distributions were.
+TEST(SpeculativeStepTest, CoupledVerificationKeepsDraftsEqualToTheTargetsDraws) {
+  c10::InferenceMode guard;
+  torch::manual_seed(3);
+  const torch::Tensor logits = torch::randn({4, 6}, torch::kFloat32);
+  const torch::Tensor states = torch::zeros({3, 4, 2}, torch::kFloat32);
+  SamplingParams params;
+  params.temperature = 1.0;
+  params.seed = 17;
+  Sampler sampler(params);
+  ASSERT_TRUE(sampler.coupled());
+  std::vector<int32_t> target;
+  for (int64_t j = 0; j < 4; ++j) {
+    target.push_back(sampler.Sample(logits[j], 11 + j));
+  }
+  SpeculationStats stats;
+  const int32_t wrong = (target[2] + 1) % 6;
+  StepResult step = FinishVerification(sampler, {target[0], target[1], wrong},
+                                       {}, logits, states,
+                                       /*first_position=*/10,
+                                       /*capture=*/false, stats);
+  EXPECT_EQ(step.tokens,
+            (std::vector<int32_t>{target[0], target[1], target[2]}));
+  EXPECT_EQ(step.accepted, 2);
+  step = FinishVerification(sampler, {target[0], target[1], target[2]}, {},
+                            logits, states, /*first_position=*/10,
+                            /*capture=*/false, stats);
+  EXPECT_EQ(step.tokens, target) << "all kept, then the bonus draw";
+  // The draws are keyed by position: drawn again they repeat, and other
+  // positions draw otherwise.
+  std::vector<int32_t> again, elsewhere;
+  for (int64_t j = 0; j < 4; ++j) {
+    again.push_back(sampler.Sample(logits[j], 11 + j));
+    elsewhere.push_back(sampler.Sample(logits[j], 1000 + j));
+  }
+  EXPECT_EQ(again, target);
+  bool differs = elsewhere != target;
+  for (int k = 0; k < 16 && !differs; ++k) {
+    differs = sampler.Sample(logits[0], 2000 + k) != target[0];
+  }
+  EXPECT_TRUE(differs);
 }
 
 // ---------------------------------------------------------------------------
