@@ -777,16 +777,20 @@ TEST(KnapserveCliTest, BenchServeStreamsConcurrentlyAndChecksOutputs) {
        "--json"}));
   EXPECT_EQ(poisson["arrival"], "poisson");
 
-  // The same load through the OpenAI front door: same outputs as the
-  // single streams (checked by the command), speculation included.
+  // The same load through the OpenAI front door, sampled with a seed: the
+  // same outputs as off's single streams (checked by the command), with
+  // speculation and three streams side by side (coupled draws: a seed means
+  // the same text in every mode and batch).
   const nlohmann::json http = RunJson(Stories(
       {"bench",          "serve",      "--prompts",        prompts,
        "--protocol",     "http",       "--concurrency",    "3",
        "--num-requests", "4",          "--max-new-tokens", "12",
        "--modes",        "off,static", "--skip",           "a1,m2",
        "--max-draft",    "3",          "--profile",        StoriesProfile(),
+       "--temperature",  "1",          "--seed",           "5",
        "--json"}));
   EXPECT_EQ(http["protocol"], "http");
+  EXPECT_EQ(http["checked"], true);
   ASSERT_EQ(http["modes"].size(), 2u);
   for (const nlohmann::json& mode : http["modes"]) {
     EXPECT_EQ(mode["load"]["failed"], 0);
@@ -794,6 +798,8 @@ TEST(KnapserveCliTest, BenchServeStreamsConcurrentlyAndChecksOutputs) {
     EXPECT_EQ(mode["mismatches"], 0);
   }
   EXPECT_EQ(http["mismatches"], 0);
+  EXPECT_GT(http["modes"][1]["single"]["tokens_per_step"].get<double>(), 1.0)
+      << "static drafted and some drafts were accepted";
   ASSERT_EQ(poisson["modes"].size(), 2u);
   EXPECT_EQ(poisson["modes"][1]["spec"], "static");
   for (const nlohmann::json& mode : poisson["modes"]) {
