@@ -490,7 +490,7 @@ absl::StatusOr<nlohmann::json> RunSet(
         is_planned ? absl::StrFormat("%.1f%%", 100 * solve_share).c_str() : "-",
         is_planned ? absl::StrFormat("%.2f%%", 100 * wait_share).c_str() : "-",
         n_plans > 0 ? absl::StrFormat("%.1f", age).c_str() : "-",
-        !compared          ? "-"
+        !compared        ? "-"
         : differing == 0 ? "yes"
                          : "NO");
   }

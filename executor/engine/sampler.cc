@@ -18,10 +18,9 @@ Sampler::Sampler(const SamplingParams& params) : params_(params) {
 }
 
 bool CoupledDraws(const SamplingParams& params) {
-  return !params.greedy() &&
-         (params.acceptance == DraftAcceptance::kCoupled ||
-          (params.acceptance == DraftAcceptance::kAuto &&
-           params.seed.has_value()));
+  return !params.greedy() && (params.acceptance == DraftAcceptance::kCoupled ||
+                              (params.acceptance == DraftAcceptance::kAuto &&
+                               params.seed.has_value()));
 }
 
 int32_t Argmax(const torch::Tensor& logits) {

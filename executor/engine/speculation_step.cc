@@ -84,9 +84,8 @@ StepResult FinishVerification(Sampler& sampler,
                               SpeculationStats& stats) {
   torch::Tensor argmax = logits.argmax(-1).to(torch::kCPU);
   const int64_t* target = argmax.data_ptr<int64_t>();
-  const Acceptance acceptance =
-      AcceptDrafts(sampler, drafts, draft_dists, logits, target,
-                   first_position + 1);
+  const Acceptance acceptance = AcceptDrafts(
+      sampler, drafts, draft_dists, logits, target, first_position + 1);
   const int64_t accepted = acceptance.accepted;
   const int64_t m = static_cast<int64_t>(drafts.size());
   StepResult result;

@@ -628,8 +628,7 @@ TEST_P(SeededSamplingTest, ASeedGivesTheSameTextAloneInABatchAndInEveryMode) {
     int64_t drafted = 0, accepted = 0;
     std::vector<absl::StatusOr<GenerationResult>> batch = testing::GenerateMany(
         *kit.model, tokenizer, InMode(request, mode), kFirstSeed, kSeeds,
-        IsPlanned(mode.mode) ? static_cast<PlannerClient*>(&holding)
-                             : &planner,
+        IsPlanned(mode.mode) ? static_cast<PlannerClient*>(&holding) : &planner,
         &batch_shared, /*batch=*/kSeeds);
     ASSERT_EQ(batch.size(), static_cast<size_t>(kSeeds));
     for (int i = 0; i < kSeeds; ++i) {

@@ -185,7 +185,8 @@ TEST(SamplerTest, CoupledDraftsAgreeWithTheTargetAsTheCouplingPromises) {
   const double independent = (p * q).sum().item<double>();
   const int n = 20000;
   int agree = 0;
-  for (int i = 0; i < n; ++i) agree += sampler.DrawAt(p, i) == sampler.DrawAt(q, i);
+  for (int i = 0; i < n; ++i)
+    agree += sampler.DrawAt(p, i) == sampler.DrawAt(q, i);
   const double rate = static_cast<double>(agree) / n;
   EXPECT_GE(rate, (1 - tv) / (1 + tv) - 0.01) << "tv " << tv;
   EXPECT_LE(rate, 1 - tv + 0.01) << "no coupling beats the maximal one";

@@ -456,12 +456,11 @@ const Samples& CachedDraw(const LlamaModel& model,
                           const GenerationRequest& request,
                           uint64_t first_seed) {
   static auto* cache = new std::map<std::string, Samples>();
-  std::string key =
-      absl::StrCat(SpeculationModeName(request.speculation.mode), "/",
-                   request.speculation.skip, "/", request.speculation.max_draft,
-                   "/", request.sampling.temperature, "/",
-                   request.sampling.top_p, "/", first_seed, "/",
-                   DraftAcceptanceName(request.sampling.acceptance));
+  std::string key = absl::StrCat(
+      SpeculationModeName(request.speculation.mode), "/",
+      request.speculation.skip, "/", request.speculation.max_draft, "/",
+      request.sampling.temperature, "/", request.sampling.top_p, "/",
+      first_seed, "/", DraftAcceptanceName(request.sampling.acceptance));
   if (request.speculation.mode == SpeculationMode::kSpecBound) {
     const SpecBoundConfig& sb = request.speculation.specbound;
     absl::StrAppend(&key, "/specbound ", sb.lambda, " ", sb.t0, " ",
@@ -535,8 +534,8 @@ TEST_P(SamplingLosslessTest, FirstTokensHaveTheAutoregressiveDistribution) {
   ASSERT_NE(model, nullptr);
   const auto [top_p, scheme] = GetParam();
   const Samples& ar = CachedDraw(*model, SamplingRequest(1.0, top_p), 1);
-  const Samples& spec = CachedDraw(
-      *model, SpeculativeSampling(1.0, top_p, scheme), 1'000'001);
+  const Samples& spec =
+      CachedDraw(*model, SpeculativeSampling(1.0, top_p, scheme), 1'000'001);
   ASSERT_EQ(ar.outputs.size(), static_cast<size_t>(kSamples));
   ASSERT_EQ(spec.outputs.size(), static_cast<size_t>(kSamples));
 
@@ -1075,7 +1074,8 @@ TEST(SpeculativeStepTest, FinishVerificationKeepsTheMatchingPrefix) {
 // The same with coupled draws: row j's token is the target's own coupled
 // draw at position first_position + 1 + j, and drafts are kept while they
 // equal those draws, whatever the draft distributions were.
-TEST(SpeculativeStepTest, CoupledVerificationKeepsDraftsEqualToTheTargetsDraws) {
+TEST(SpeculativeStepTest,
+     CoupledVerificationKeepsDraftsEqualToTheTargetsDraws) {
   c10::InferenceMode guard;
   torch::manual_seed(3);
   const torch::Tensor logits = torch::randn({4, 6}, torch::kFloat32);
