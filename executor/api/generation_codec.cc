@@ -159,6 +159,8 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
   request.logprobs = wire.logprobs();
   request.top_logprobs = wire.top_logprobs();
   request.prompt_logprobs = wire.prompt_logprobs();
+  if (wire.has_n()) request.n = wire.n();
+  if (wire.has_best_of()) request.best_of = wire.best_of();
   request.stop_strings.assign(wire.stop().begin(), wire.stop().end());
   request.stop_token_ids.assign(wire.stop_token_ids().begin(),
                                 wire.stop_token_ids().end());
@@ -210,9 +212,10 @@ void AddTopLogprobs(absl::Span<const TokenLogprob> alternatives,
 v1::GenerateResponse EncodeChunk(std::string_view request_id,
                                  absl::Span<const int32_t> ids,
                                  std::string_view text,
-                                 const StepLogprobs& logprobs) {
+                                 const StepLogprobs& logprobs, int index) {
   v1::GenerateResponse response;
   v1::Chunk* chunk = response.mutable_chunk();
+  chunk->set_index(index);
   chunk->mutable_token_ids()->Add(ids.begin(), ids.end());
   chunk->mutable_logprobs()->Add(logprobs.chosen.begin(),
                                  logprobs.chosen.end());
@@ -234,6 +237,10 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
   final->set_finish_reason(ToWireFinishReason(r.finish_reason));
   final->set_stop_sequence(r.matched_stop);
   final->set_seed(r.seed);
+  final->set_index(r.index);
+  if (r.cumulative_logprob.has_value()) {
+    final->set_cumulative_logprob(*r.cumulative_logprob);
+  }
   final->mutable_prompt_logprobs()->Add(r.prompt_logprobs.begin(),
                                         r.prompt_logprobs.end());
   for (const std::vector<TokenLogprob>& alternatives : r.prompt_top_logprobs) {

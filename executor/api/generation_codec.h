@@ -74,11 +74,12 @@ absl::StatusOr<GenerationRequest> DecodeGenerateRequest(
     const v1::GenerateRequest& wire, const GenerateRequestDefaults& defaults,
     const LlamaModel& model, const Tokenizer& tokenizer);
 
-// One step's Chunk message.
+// One step's Chunk message, of choice `index`.
 v1::GenerateResponse EncodeChunk(std::string_view request_id,
                                  absl::Span<const int32_t> ids,
                                  std::string_view text,
-                                 const StepLogprobs& logprobs = {});
+                                 const StepLogprobs& logprobs = {},
+                                 int index = 0);
 
 // Timings only the service knows (measured from the request's arrival).
 struct ServiceTimings {

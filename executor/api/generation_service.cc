@@ -2,8 +2,10 @@
 
 #include <grpcpp/security/auth_context.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -72,9 +74,9 @@ class GenerationService::Call final
     return absl::CancelledError("cancelled by the client");
   }
   // On the engine's step thread: only queues the chunk.
-  void OnTokens(absl::Span<const int32_t> ids, std::string_view text,
+  void OnTokens(int index, absl::Span<const int32_t> ids, std::string_view text,
                 const StepLogprobs& logprobs) override {
-    writer_.Enqueue(EncodeChunk(request_id_, ids, text, logprobs));
+    writer_.Enqueue(EncodeChunk(request_id_, ids, text, logprobs, index));
   }
 
   // On a scheduler worker: generates, streams, closes.
@@ -85,6 +87,10 @@ class GenerationService::Call final
     if (outcome.status.ok()) {
       writer_.Enqueue(
           EncodeFinal(request_id_, *outcome.result, mode, outcome.timings));
+      for (const GenerationResult& choice : outcome.other_choices) {
+        writer_.Enqueue(
+            EncodeFinal(request_id_, choice, mode, outcome.timings));
+      }
     }
     Close(outcome.status,
           outcome.result.has_value() ? &*outcome.result : nullptr,
@@ -160,25 +166,69 @@ absl::Status GenerationService::Serve(
     };
   }
   bool first = true;
-  // on_tokens runs on the engine's step thread while this worker waits in
-  // Generate: it only hands the chunk over and says whether to go on.
-  auto on_tokens = [&](absl::Span<const int32_t> ids, std::string_view text,
-                       const StepLogprobs& logprobs) {
-    if (first) {
-      timings.first_token_seconds = SecondsSince(arrived);
-      first = false;
-    }
-    sink.OnTokens(ids, text, logprobs);
-    return !sink.ShouldStop();
+  const int candidates = std::max(request.n, request.best_of);
+  // best_of > n: the n best candidates are known only at the end, so
+  // nothing streams before (their outputs follow as one chunk each).
+  const bool select = candidates > request.n;
+  const bool asked_logprobs = request.logprobs;
+  if (select) request.logprobs = true;  // the selection's measure
+  // The callbacks run on the engine's step thread while this worker waits
+  // in Generate: they only hand the chunk over and say whether to go on.
+  auto on_tokens = [&](int index) -> StreamCallback {
+    return [&, index](absl::Span<const int32_t> ids, std::string_view text,
+                      const StepLogprobs& logprobs) {
+      if (first) {
+        timings.first_token_seconds = SecondsSince(arrived);
+        first = false;
+      }
+      if (!select) sink.OnTokens(index, ids, text, logprobs);
+      return !sink.ShouldStop();
+    };
   };
-  absl::StatusOr<GenerationResult> generated = engine_->Generate(
-      request, on_tokens, nullptr, [&sink] { return sink.ShouldStop(); });
-  if (!generated.ok()) return generated.status();
-  outcome.result = std::move(*generated);
-  if (outcome.result->finish_reason == FinishReason::kAborted &&
-      !sink.aborted()) {
-    return sink.StopStatus();  // cancelled or past the deadline
+  auto should_stop = [&sink] { return sink.ShouldStop(); };
+  std::vector<GenerationResult> choices;
+  if (candidates == 1) {
+    ASSIGN_OR_RETURN(
+        choices.emplace_back(),
+        engine_->Generate(request, on_tokens(0), nullptr, should_stop));
+  } else {
+    ASSIGN_OR_RETURN(choices, engine_->GenerateChoices(request, candidates,
+                                                       on_tokens, should_stop));
   }
+  for (size_t i = 0; i < choices.size(); ++i) {
+    GenerationResult& choice = choices[i];
+    choice.index = static_cast<int>(i);
+    if (choice.finish_reason == FinishReason::kAborted && !sink.aborted()) {
+      return sink.StopStatus();  // cancelled or past the deadline
+    }
+    if (request.logprobs) {
+      double sum = 0;
+      for (float logprob : choice.output_logprobs) sum += logprob;
+      choice.cumulative_logprob = sum;
+    }
+  }
+  if (select) {
+    // The n most likely candidates, best first (ties: the earlier one).
+    std::stable_sort(choices.begin(), choices.end(),
+                     [](const GenerationResult& a, const GenerationResult& b) {
+                       return *a.cumulative_logprob > *b.cumulative_logprob;
+                     });
+    choices.resize(request.n);
+    for (size_t k = 0; k < choices.size(); ++k) {
+      GenerationResult& choice = choices[k];
+      choice.index = static_cast<int>(k);
+      if (!asked_logprobs) {
+        choice.output_logprobs.clear();
+        choice.output_top_logprobs.clear();
+      }
+      StepLogprobs logprobs{choice.output_logprobs, choice.output_top_logprobs,
+                            choice.prompt_logprobs, choice.prompt_top_logprobs};
+      sink.OnTokens(choice.index, choice.output_ids, choice.text, logprobs);
+    }
+  }
+  outcome.result = std::move(choices[0]);
+  outcome.other_choices.assign(std::make_move_iterator(choices.begin() + 1),
+                               std::make_move_iterator(choices.end()));
   timings.total_seconds = SecondsSince(arrived);
   return absl::OkStatus();
 }

@@ -127,9 +127,11 @@ class GenerationSink {
   // Why it stopped when it stopped without an Abort (CANCELLED,
   // DEADLINE_EXCEEDED).
   virtual absl::Status StopStatus() const = 0;
-  // One decode step's new tokens (see StreamCallback). Must not block on
-  // the client: the whole batch waits for it.
-  virtual void OnTokens(absl::Span<const int32_t> ids, std::string_view text,
+  // One decode step's new tokens of choice `index` (see StreamCallback; 0
+  // unless the request asked for n > 1). Must not block on the client: the
+  // whole batch waits for it.
+  virtual void OnTokens(int index, absl::Span<const int32_t> ids,
+                        std::string_view text,
                         const StepLogprobs& logprobs) = 0;
 
   // Abort(request_id): the sequence ends within one step with finish
@@ -150,7 +152,9 @@ class GenerationSink {
 // (the result is then empty); timings from the request's arrival.
 struct GenerationOutcome {
   absl::Status status;
-  std::optional<GenerationResult> result;
+  std::optional<GenerationResult> result;  // choice 0
+  // Choices 1..n-1 when the request asked for n > 1, in index order.
+  std::vector<GenerationResult> other_choices;
   ServiceTimings timings;
 };
 

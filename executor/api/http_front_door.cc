@@ -53,19 +53,19 @@ class HttpFrontDoor::Request final : public LocalGenerationSink {
   absl::Status StopStatus() const override {
     return absl::CancelledError("the HTTP client went away");
   }
-  void OnTokens(absl::Span<const int32_t> ids, std::string_view text,
+  void OnTokens(int index, absl::Span<const int32_t> ids, std::string_view text,
                 const StepLogprobs& logprobs) override
       ABSL_LOCKS_EXCLUDED(mu_) {
     if (!stream_) return;  // the whole response is built from the result
     absl::MutexLock lock(&mu_);
-    pending_ += encoder_.StreamTokens(ids, text, logprobs);
+    pending_ += encoder_.StreamTokens(index, ids, text, logprobs);
   }
   void OnFinished(GenerationOutcome outcome) override ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
     if (stream_) {
       pending_ +=
           outcome.status.ok()
-              ? encoder_.StreamEnd(*outcome.result, mode_, outcome.timings)
+              ? encoder_.StreamEnd(Choices(outcome), mode_, outcome.timings)
               : OpenAiEncoder::StreamError(outcome.status);
     }
     outcome_ = std::move(outcome);
@@ -106,10 +106,20 @@ class HttpFrontDoor::Request final : public LocalGenerationSink {
   Json Response(const GenerationOutcome& outcome) const
       ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
-    return encoder_.Response(*outcome.result, mode_, outcome.timings);
+    return encoder_.Response(Choices(outcome), mode_, outcome.timings);
   }
 
  private:
+  // Every choice of a successful outcome, in index order.
+  static std::vector<const GenerationResult*> Choices(
+      const GenerationOutcome& outcome) {
+    std::vector<const GenerationResult*> all = {&*outcome.result};
+    for (const GenerationResult& choice : outcome.other_choices) {
+      all.push_back(&choice);
+    }
+    return all;
+  }
+
   const std::string id_;
   const bool stream_;
   const SpeculationMode mode_;

@@ -404,16 +404,9 @@ absl::Status ParseLogitsProcessors(const Json& body,
 // Fields a client may send that this server cannot honour: refused, never
 // silently ignored.
 absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
-  ASSIGN_OR_RETURN(std::optional<int64_t> n, OptionalInt(body, "n"));
-  if (n.has_value() && *n != 1) {
+  if (endpoint == OpenAiEndpoint::kChat && Field(body, "best_of") != nullptr) {
     return absl::InvalidArgumentError(
-        absl::StrCat("n: only 1 choice per request is supported, got ", *n));
-  }
-  ASSIGN_OR_RETURN(std::optional<int64_t> best_of,
-                   OptionalInt(body, "best_of"));
-  if (best_of.has_value() && *best_of != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("best_of: only 1 is supported, got ", *best_of));
+        "best_of: a completions field (chat has n only)");
   }
   if (endpoint == OpenAiEndpoint::kChat) {
     ASSIGN_OR_RETURN(bool echo, OptionalBool(body, "echo", false));
@@ -558,6 +551,22 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(std::string_view body_text,
   RETURN_IF_ERROR(ParseLogitsProcessors(body, wire));
   RETURN_IF_ERROR(ParseExtension(body, wire));
   ASSIGN_OR_RETURN(request.stream, OptionalBool(body, "stream", false));
+  // n and best_of: ranges are the request's checks (DecodeGenerateRequest).
+  ASSIGN_OR_RETURN(std::optional<int64_t> n, OptionalInt(body, "n"));
+  if (n.has_value()) {
+    wire.set_n(static_cast<int32_t>(std::clamp<int64_t>(*n, -1, 1 << 20)));
+  }
+  ASSIGN_OR_RETURN(std::optional<int64_t> best_of,
+                   OptionalInt(body, "best_of"));
+  if (best_of.has_value()) {
+    wire.set_best_of(
+        static_cast<int32_t>(std::clamp<int64_t>(*best_of, -1, 1 << 20)));
+    if (request.stream && *best_of > n.value_or(1)) {
+      return absl::InvalidArgumentError(
+          "best_of: cannot stream (the best choices are known only at the "
+          "end); send stream: false or best_of equal to n");
+    }
+  }
   if (const Json* options = Field(body, "stream_options"); options != nullptr) {
     if (!request.stream) {
       return absl::InvalidArgumentError(
@@ -702,11 +711,17 @@ Json OpenAiEncoder::Envelope() const {
       {"model", model_name_}};
 }
 
-Json OpenAiEncoder::Usage(const GenerationResult& result) const {
-  return Json{{"prompt_tokens", result.stats.prompt_tokens},
-              {"completion_tokens", result.stats.completion_tokens},
-              {"total_tokens",
-               result.stats.prompt_tokens + result.stats.completion_tokens}};
+Json OpenAiEncoder::Usage(
+    absl::Span<const GenerationResult* const> results) const {
+  // The prompt counts once (its K/V is shared); every choice's tokens count.
+  const int64_t prompt = results.empty() ? 0 : results[0]->stats.prompt_tokens;
+  int64_t completion = 0;
+  for (const GenerationResult* result : results) {
+    completion += result->stats.completion_tokens;
+  }
+  return Json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion}};
 }
 
 std::string OpenAiEncoder::TokenText(int32_t id) const {
@@ -836,32 +851,39 @@ std::string OpenAiEncoder::Event(const Json& data) {
       "\n\n");
 }
 
-std::string OpenAiEncoder::StreamTokens(absl::Span<const int32_t> ids,
+OpenAiEncoder::ChoiceState& OpenAiEncoder::State(int index) {
+  if (static_cast<int>(choices_.size()) <= index) choices_.resize(index + 1);
+  return choices_[index];
+}
+
+std::string OpenAiEncoder::StreamTokens(int index,
+                                        absl::Span<const int32_t> ids,
                                         std::string_view text,
                                         const StepLogprobs& logprobs) {
+  ChoiceState& state = State(index);
   std::string echoed;
-  if (echo_ && !sent_echo_ && endpoint_ == OpenAiEndpoint::kCompletions) {
+  if (echo_ && !state.sent_echo && endpoint_ == OpenAiEndpoint::kCompletions) {
     // The prompt first, in an event of its own.
-    sent_echo_ = true;
+    state.sent_echo = true;
     Json chunk = Envelope();
     chunk["choices"] = Json::array({Json{
-        {"index", 0},
+        {"index", index},
         {"text", prompt_text_},
-        {"logprobs", logprobs_ ? PromptLogprobs(logprobs, stream_text_offset_)
+        {"logprobs", logprobs_ ? PromptLogprobs(logprobs, state.text_offset)
                                : Json(nullptr)},
         {"finish_reason", nullptr}}});
     if (include_usage_) chunk["usage"] = nullptr;
     echoed = Event(chunk);
   }
   Json chunk = Envelope();
-  Json choice = {{"index", 0},
-                 {"logprobs", Logprobs(ids, logprobs, stream_text_offset_)},
+  Json choice = {{"index", index},
+                 {"logprobs", Logprobs(ids, logprobs, state.text_offset)},
                  {"finish_reason", nullptr}};
   if (endpoint_ == OpenAiEndpoint::kChat) {
     chunk["object"] = "chat.completion.chunk";
     Json delta = {{"content", std::string(text)}};
-    if (!sent_role_) delta["role"] = "assistant";
-    sent_role_ = true;
+    if (!state.sent_role) delta["role"] = "assistant";
+    state.sent_role = true;
     choice["delta"] = std::move(delta);
   } else {
     choice["text"] = std::string(text);
@@ -873,32 +895,37 @@ std::string OpenAiEncoder::StreamTokens(absl::Span<const int32_t> ids,
   return echoed + Event(chunk);
 }
 
-std::string OpenAiEncoder::StreamEnd(const GenerationResult& result,
-                                     SpeculationMode mode,
-                                     const ServiceTimings& timings) {
-  Json chunk = Envelope();
-  Json choice = {{"index", 0},
-                 {"logprobs", nullptr},
-                 {"finish_reason", OpenAiFinishReason(result.finish_reason)}};
-  if (endpoint_ == OpenAiEndpoint::kChat) {
-    chunk["object"] = "chat.completion.chunk";
-    Json delta = Json::object();
-    if (!sent_role_) delta["role"] = "assistant";
-    choice["delta"] = std::move(delta);
-  } else {
-    choice["text"] = "";
+std::string OpenAiEncoder::StreamEnd(
+    absl::Span<const GenerationResult* const> results, SpeculationMode mode,
+    const ServiceTimings& timings) {
+  std::string out;
+  for (const GenerationResult* result : results) {
+    ChoiceState& state = State(result->index);
+    Json chunk = Envelope();
+    Json choice = {
+        {"index", result->index},
+        {"logprobs", nullptr},
+        {"finish_reason", OpenAiFinishReason(result->finish_reason)}};
+    if (endpoint_ == OpenAiEndpoint::kChat) {
+      chunk["object"] = "chat.completion.chunk";
+      Json delta = Json::object();
+      if (!state.sent_role) delta["role"] = "assistant";
+      choice["delta"] = std::move(delta);
+    } else {
+      choice["text"] = "";
+    }
+    chunk["choices"] = Json::array({std::move(choice)});
+    chunk["knapserve"] = KnapserveExtension(*result, mode, timings);
+    if (include_usage_) chunk["usage"] = nullptr;
+    out += Event(chunk);
   }
-  chunk["choices"] = Json::array({std::move(choice)});
-  chunk["knapserve"] = KnapserveExtension(result, mode, timings);
-  std::string out = Event(chunk);
   if (include_usage_) {
-    chunk["usage"] = nullptr;
     Json usage = Envelope();
     if (endpoint_ == OpenAiEndpoint::kChat)
       usage["object"] = "chat.completion.chunk";
     usage["choices"] = Json::array();
-    usage["usage"] = Usage(result);
-    out = Event(chunk) + Event(usage);
+    usage["usage"] = Usage(results);
+    out += Event(usage);
   }
   return out + "data: [DONE]\n\n";
 }
@@ -907,32 +934,44 @@ std::string OpenAiEncoder::StreamError(const absl::Status& status) {
   return Event(OpenAiErrorJson(status)) + "data: [DONE]\n\n";
 }
 
-Json OpenAiEncoder::Response(const GenerationResult& result,
+Json OpenAiEncoder::Response(absl::Span<const GenerationResult* const> results,
                              SpeculationMode mode,
                              const ServiceTimings& timings) const {
   Json response = Envelope();
-  int64_t offset = 0;
   const bool echo = echo_ && endpoint_ == OpenAiEndpoint::kCompletions;
-  const StepLogprobs all{result.output_logprobs, result.output_top_logprobs,
-                         result.prompt_logprobs, result.prompt_top_logprobs};
-  Json logprobs = nullptr;
-  if (logprobs_ && echo) {
-    logprobs = PromptLogprobs(all, offset);
-    AppendLegacyLogprobs(logprobs, Logprobs(result.output_ids, all, offset));
-  } else {
-    logprobs = Logprobs(result.output_ids, all, offset);
+  Json choices = Json::array();
+  for (const GenerationResult* result : results) {
+    int64_t offset = 0;
+    const StepLogprobs all{result->output_logprobs, result->output_top_logprobs,
+                           result->prompt_logprobs,
+                           result->prompt_top_logprobs};
+    Json logprobs = nullptr;
+    if (logprobs_ && echo) {
+      logprobs = PromptLogprobs(all, offset);
+      AppendLegacyLogprobs(logprobs, Logprobs(result->output_ids, all, offset));
+    } else {
+      logprobs = Logprobs(result->output_ids, all, offset);
+    }
+    Json choice = {
+        {"index", result->index},
+        {"logprobs", std::move(logprobs)},
+        {"finish_reason", OpenAiFinishReason(result->finish_reason)}};
+    if (endpoint_ == OpenAiEndpoint::kChat) {
+      choice["message"] = {{"role", "assistant"}, {"content", result->text}};
+    } else {
+      choice["text"] = echo ? prompt_text_ + result->text : result->text;
+    }
+    // Each choice's own speculation statistics when there are several.
+    if (results.size() > 1) {
+      choice["knapserve"] = KnapserveExtension(*result, mode, timings);
+    }
+    choices.push_back(std::move(choice));
   }
-  Json choice = {{"index", 0},
-                 {"logprobs", std::move(logprobs)},
-                 {"finish_reason", OpenAiFinishReason(result.finish_reason)}};
-  if (endpoint_ == OpenAiEndpoint::kChat) {
-    choice["message"] = {{"role", "assistant"}, {"content", result.text}};
-  } else {
-    choice["text"] = echo ? prompt_text_ + result.text : result.text;
+  response["choices"] = std::move(choices);
+  response["usage"] = Usage(results);
+  if (!results.empty()) {
+    response["knapserve"] = KnapserveExtension(*results[0], mode, timings);
   }
-  response["choices"] = Json::array({std::move(choice)});
-  response["usage"] = Usage(result);
-  response["knapserve"] = KnapserveExtension(result, mode, timings);
   return response;
 }
 

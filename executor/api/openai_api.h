@@ -14,7 +14,12 @@
 //                         list of {type: "text", text} parts; rendered with
 //                         the model's chat template (executor-side Jinja)
 //   max_tokens, max_completion_tokens, temperature, top_p, seed, stop (a
-//   string or a list), n (1 only), stream, stream_options.include_usage,
+//   string or a list), stream, stream_options.include_usage,
+//   n                     choices, decoded side by side sharing the prompt's
+//                         K/V; each streamed event carries its choice's index
+//   best_of               completions: candidates, the n with the highest
+//                         cumulative log-probability returned (not with
+//                         stream unless equal to n)
 //   logprobs              completions: an integer N in [0, 20], the chosen
 //                         token's log-probability and N alternatives;
 //                         chat: a boolean, with top_logprobs N in [0, 20]
@@ -35,9 +40,9 @@
 //                         (streamed: in a first event of its own), with
 //                         its tokens' log-probabilities under `logprobs`
 //                         (the first token's null)
-// Refused with a 400 naming the field: n != 1, best_of != 1, echo on chat,
-// suffix, top_logprobs on completions (its count is `logprobs`), tools /
-// functions (no tool calling), stream_options without stream.
+// Refused with a 400 naming the field: best_of on chat or streamed above n,
+// echo on chat, suffix, top_logprobs on completions (its count is `logprobs`),
+// tools / functions (no tool calling), stream_options without stream.
 //
 // Stateless functions and a per-request encoder; thread safety: any thread,
 // one OpenAiEncoder per request.
@@ -118,27 +123,39 @@ class OpenAiEncoder {
                 std::string model_name, int64_t created,
                 const Tokenizer& tokenizer);
 
-  // The SSE events ("data: {...}\n\n") for one decode step's output. The
-  // first chat event also carries the assistant role.
-  std::string StreamTokens(absl::Span<const int32_t> ids, std::string_view text,
-                           const StepLogprobs& logprobs);
-  // The closing events: the finish reason, the usage chunk when asked, and
-  // "data: [DONE]".
-  std::string StreamEnd(const GenerationResult& result, SpeculationMode mode,
-                        const ServiceTimings& timings);
+  // The SSE events ("data: {...}\n\n") for one decode step's output of
+  // choice `index`. A choice's first chat event also carries the assistant
+  // role.
+  std::string StreamTokens(int index, absl::Span<const int32_t> ids,
+                           std::string_view text, const StepLogprobs& logprobs);
+  // The closing events: each choice's finish reason (results in index
+  // order, each with its GenerationResult::index), the usage chunk when
+  // asked, and "data: [DONE]".
+  std::string StreamEnd(absl::Span<const GenerationResult* const> results,
+                        SpeculationMode mode, const ServiceTimings& timings);
   // An error after the stream began: an error event, then [DONE].
   static std::string StreamError(const absl::Status& status);
 
   // The prompt as tokenized (and its text as given), for `echo`.
   void SetPrompt(std::vector<int32_t> ids, std::string text);
 
-  // The non-streamed response.
-  nlohmann::json Response(const GenerationResult& result, SpeculationMode mode,
+  // The non-streamed response: one choice per result, in index order.
+  nlohmann::json Response(absl::Span<const GenerationResult* const> results,
+                          SpeculationMode mode,
                           const ServiceTimings& timings) const;
 
  private:
+  // A stream's progress for one choice.
+  struct ChoiceState {
+    bool sent_role = false;   // chat: the first delta carries the role
+    bool sent_echo = false;   // completions: the prompt went first
+    int64_t text_offset = 0;  // completions logprobs' text_offset
+  };
+  ChoiceState& State(int index);
+
   nlohmann::json Envelope() const;  // id, object, created, model
-  nlohmann::json Usage(const GenerationResult& result) const;
+  // The prompt once, every choice's completion tokens.
+  nlohmann::json Usage(absl::Span<const GenerationResult* const> results) const;
   // The logprobs object of a choice for these tokens (OpenAI's legacy
   // completions shape or chat's content list); `text_offset` advances.
   nlohmann::json Logprobs(absl::Span<const int32_t> ids,
@@ -158,13 +175,11 @@ class OpenAiEncoder {
   const bool echo_;
   std::vector<int32_t> prompt_ids_;  // SetPrompt
   std::string prompt_text_;
-  bool sent_echo_ = false;  // a stream's first event echoed the prompt
   const std::string id_;
   const std::string model_name_;
   const int64_t created_;
   const Tokenizer& tokenizer_;
-  bool sent_role_ = false;          // chat: the first delta carries the role
-  int64_t stream_text_offset_ = 0;  // completions logprobs' text_offset
+  std::vector<ChoiceState> choices_;  // streams: by choice index
 };
 
 // The `knapserve` extension object of a finished response: speculation mode,

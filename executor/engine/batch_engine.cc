@@ -48,10 +48,50 @@ class StepTimeFit {
 }  // namespace
 
 struct BatchEngine::Entry {
+  // Choice 0: the only one unless the request asked for n > 1. It
+  // prefills the prompt for every choice.
   std::unique_ptr<Sequence> seq;
-  std::function<bool()> should_stop;
   std::optional<SequenceKv> kv;  // set at admission, reset when it ends
+  // Choices 1..n-1: reserved at admission (without the prompt's full
+  // blocks), started from choice 0's prefill.
+  struct Choice {
+    std::unique_ptr<Sequence> seq;
+    std::optional<SequenceKv> kv;
+    bool started = false;
+  };
+  std::vector<Choice> more;
+  std::function<bool()> should_stop;
   absl::Notification done;
+
+  int sequences() const { return 1 + static_cast<int>(more.size()); }
+  // The sequences that take part in steps now (started, not done).
+  std::vector<Sequence*> Live() const {
+    std::vector<Sequence*> live;
+    if (!seq->done()) live.push_back(seq.get());
+    for (const Choice& choice : more) {
+      if (choice.started && !choice.seq->done())
+        live.push_back(choice.seq.get());
+    }
+    return live;
+  }
+  bool AllDone() const {
+    if (!seq->done()) return false;
+    for (const Choice& choice : more) {
+      if (!choice.seq->done()) return false;
+    }
+    return true;
+  }
+  void Abort() {
+    seq->Abort();
+    for (Choice& choice : more) choice.seq->Abort();
+  }
+  // Blocks of the whole group: choice 0's, and each other choice's
+  // without the prompt's full blocks.
+  int64_t Blocks(const KvPool& pool) const {
+    const int64_t own = pool.BlocksFor(seq->max_positions());
+    const int64_t shared = seq->prompt_tokens() / pool.block_rows();
+    return own + static_cast<int64_t>(more.size()) * (own - shared);
+  }
 };
 
 BatchEngine::BatchEngine(const LlamaModel& model, const Tokenizer& tokenizer,
@@ -83,21 +123,66 @@ absl::StatusOr<GenerationResult> BatchEngine::Generate(
       entry.seq,
       Sequence::Create(model_, tokenizer_, request, std::move(on_tokens),
                        std::move(on_reference), planner_, &planning_));
+  entry.should_stop = std::move(should_stop);
+  RETURN_IF_ERROR(Run(entry));
+  return entry.seq->TakeResult();
+}
+
+absl::StatusOr<std::vector<GenerationResult>> BatchEngine::GenerateChoices(
+    const GenerationRequest& request, int n,
+    const std::function<StreamCallback(int)>& on_tokens,
+    std::function<bool()> should_stop) {
+  if (n < 1 || n > options_.max_running) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: must be in [1, ", options_.max_running,
+                     "] (the server's --max-running), got ", n));
+  }
+  Entry entry;
+  for (int i = 0; i < n; ++i) {
+    GenerationRequest choice = request;
+    if (i > 0) choice.sequence_id = 0;  // each its own planner session
+    if (choice.sampling.seed.has_value()) {
+      choice.sampling.seed = ChoiceSeed(*choice.sampling.seed, i);
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<Sequence> seq,
+                     Sequence::Create(model_, tokenizer_, std::move(choice),
+                                      on_tokens ? on_tokens(i) : nullptr,
+                                      nullptr, planner_, &planning_));
+    if (i == 0) {
+      entry.seq = std::move(seq);
+      if (n > 1) entry.seq->KeepPrefillLogits();
+    } else {
+      entry.more.push_back({std::move(seq), std::nullopt, false});
+    }
+  }
+  entry.should_stop = std::move(should_stop);
+  RETURN_IF_ERROR(Run(entry));
+  std::vector<GenerationResult> results;
+  ASSIGN_OR_RETURN(results.emplace_back(), entry.seq->TakeResult());
+  for (Entry::Choice& choice : entry.more) {
+    ASSIGN_OR_RETURN(results.emplace_back(), choice.seq->TakeResult());
+  }
+  return results;
+}
+
+absl::Status BatchEngine::Run(Entry& entry) {
   const int64_t positions = entry.seq->max_positions();
-  if (!pool_.CanEverFit(positions)) {
+  const int64_t blocks = entry.Blocks(pool_);
+  if (blocks > pool_.total_blocks()) {
     {
       absl::MutexLock lock(&mu_);
       ++stats_.refused_never_fit;
     }
     return absl::ResourceExhaustedError(absl::StrCat(
         "prompt: ", entry.seq->prompt_tokens(), " tokens plus up to ",
-        positions - entry.seq->prompt_tokens(), " new ones need K/V for ",
-        positions, " positions (", pool_.BlocksFor(positions),
-        " blocks), more than the whole K/V pool (", pool_.total_blocks(),
-        " blocks of ", pool_.block_rows(),
-        " positions); lower max_new_tokens or raise --kv-cache-memory"));
+        positions - entry.seq->prompt_tokens(), " new ones",
+        entry.more.empty() ? ""
+                           : absl::StrCat(" for each of ", entry.sequences(),
+                                          " choices sharing the prompt"),
+        " need K/V for ", blocks, " blocks of ", pool_.block_rows(),
+        " positions, more than the whole K/V pool (", pool_.total_blocks(),
+        " blocks); lower max_new_tokens or raise --kv-cache-memory"));
   }
-  entry.should_stop = std::move(should_stop);
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the engine is stopping");
@@ -105,7 +190,7 @@ absl::StatusOr<GenerationResult> BatchEngine::Generate(
     ++waiting_;
   }
   entry.done.WaitForNotification();
-  return entry.seq->TakeResult();
+  return absl::OkStatus();
 }
 
 bool BatchEngine::HasWork() const { return stopping_ || !incoming_.empty(); }
@@ -126,16 +211,46 @@ void BatchEngine::Loop() {
   // Ends `entry`: its blocks go back to the pool and the gauges count it
   // out before its caller wakes.
   auto end = [&](Entry* entry, bool was_running) {
+    for (Entry::Choice& choice : entry->more) choice.kv.reset();
     entry->kv.reset();
     {
       absl::MutexLock lock(&mu_);
       if (was_running) {
-        --running_;
+        running_ -= entry->sequences();
       } else {
         --waiting_;
       }
     }
     entry->done.Notify();
+  };
+  // Starts the choices of `entry` whose prompt choice 0 has just put in
+  // the K/V: each takes the prompt's blocks over and its first token from
+  // choice 0's last prompt row. A choice 0 that ended before its prompt was
+  // in leaves the others nothing to start from.
+  auto start_choices = [&](Entry* entry) {
+    for (Entry::Choice& choice : entry->more) {
+      if (choice.started || choice.seq->done()) continue;
+      if (!entry->seq->prefilled()) {
+        if (entry->seq->done()) {
+          choice.seq->Fail(absl::AbortedError(
+              "the request's shared prompt was never prefilled"));
+        }
+        continue;
+      }
+      choice.started = true;
+      absl::Status status;
+      try {
+        status =
+            choice.kv->SharePrefix(*entry->kv, entry->seq->prompt_tokens());
+        if (status.ok()) {
+          choice.seq->UseKv(&*choice.kv);
+          status = choice.seq->StartFromPrefill(*entry->seq);
+        }
+      } catch (...) {
+        status = CurrentExceptionAsInternal("starting a choice");
+      }
+      if (!status.ok()) choice.seq->Fail(status);
+    }
   };
   for (;;) {
     bool stopping = false;
@@ -162,7 +277,7 @@ void BatchEngine::Loop() {
     };
     for (auto it = waiting.begin(); it != waiting.end();) {
       if (stop_requested(*it)) {
-        (*it)->seq->Abort();
+        (*it)->Abort();
         end(*it, /*was_running=*/false);
         it = waiting.erase(it);
       } else {
@@ -170,22 +285,37 @@ void BatchEngine::Loop() {
       }
     }
     for (Entry* entry : running) {
-      if (stop_requested(entry)) entry->seq->Abort();
+      if (stop_requested(entry)) entry->Abort();
     }
-    // Admission, first come first served: K/V blocks and max_running.
-    while (!waiting.empty() &&
-           static_cast<int>(running.size()) < options_.max_running) {
+    // Admission, first come first served: K/V blocks (a request's choices
+    // all at once) and max_running sequences.
+    int running_sequences = 0;
+    for (Entry* entry : running) running_sequences += entry->sequences();
+    while (!waiting.empty()) {
       Entry* entry = waiting.front();
+      if (running_sequences + entry->sequences() > options_.max_running) break;
       std::optional<SequenceKv> kv =
           pool_.TryReserve(entry->seq->max_positions());
       if (!kv.has_value()) break;
+      std::vector<std::optional<SequenceKv>> more_kv;
+      for (const Entry::Choice& choice : entry->more) {
+        more_kv.push_back(pool_.TryReserve(choice.seq->max_positions(),
+                                           entry->seq->prompt_tokens()));
+        if (!more_kv.back().has_value()) break;
+      }
+      // All or nothing: what was reserved goes back with the vectors.
+      if (!more_kv.empty() && !more_kv.back().has_value()) break;
       entry->kv = std::move(kv);
       entry->seq->UseKv(&*entry->kv);
+      for (size_t i = 0; i < more_kv.size(); ++i) {
+        entry->more[i].kv = std::move(more_kv[i]);
+      }
       running.push_back(entry);
       waiting.pop_front();
+      running_sequences += entry->sequences();
       absl::MutexLock lock(&mu_);
       --waiting_;
-      ++running_;
+      running_ += entry->sequences();
     }
     // One step of everything running.
     std::vector<Sequence*> batch;
@@ -193,12 +323,13 @@ void BatchEngine::Loop() {
     int64_t context_sum = 0;
     bool any_draft = false;
     for (Entry* entry : running) {
-      if (entry->seq->done()) continue;
-      batch.push_back(entry->seq.get());
-      if (entry->seq->prefilling()) continue;
-      members.push_back(entry->seq->batch_member());
-      any_draft = any_draft || members.back().gamma > 0;
-      context_sum += entry->seq->context_length();
+      for (Sequence* seq : entry->Live()) {
+        batch.push_back(seq);
+        if (seq->prefilling()) continue;
+        members.push_back(seq->batch_member());
+        any_draft = any_draft || members.back().gamma > 0;
+        context_sum += seq->context_length();
+      }
     }
     const int decoding = static_cast<int>(members.size());
     const bool any_prefill = static_cast<int>(batch.size()) > decoding;
@@ -258,9 +389,10 @@ void BatchEngine::Loop() {
         for (Sequence* seq : batch) seq->Fail(status);
       }
     }
-    // Ended sequences leave the batch and give their blocks back.
+    for (Entry* entry : running) start_choices(entry);
+    // Ended requests leave the batch and give their blocks back.
     for (auto it = running.begin(); it != running.end();) {
-      if ((*it)->seq->done()) {
+      if ((*it)->AllDone()) {
         end(*it, /*was_running=*/true);
         it = running.erase(it);
       } else {

@@ -123,8 +123,23 @@ class BatchEngine {
       ReferenceCallback on_reference = nullptr,
       std::function<bool()> should_stop = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A request's n choices (OpenAI's n; best_of's candidates) in the shared
+  // batch, admitted together (they count n against max_running): choice 0
+  // prefills the prompt; the others share its K/V blocks (KvPool prefix
+  // sharing: the prompt's full blocks are held once, its partial last block
+  // is copied) and start from its prompt's last logits row, each with a
+  // sampler of its own: seed ChoiceSeed(seed, i) when the request has one,
+  // else a random seed each. `on_tokens(i)` (optional) gives choice i's
+  // stream callback. Results come in choice order; the first error of any
+  // choice fails the call. InvalidArgument when n is not in
+  // [1, max_running]; otherwise as Generate.
+  absl::StatusOr<std::vector<GenerationResult>> GenerateChoices(
+      const GenerationRequest& request, int n,
+      const std::function<StreamCallback(int)>& on_tokens,
+      std::function<bool()> should_stop = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Gauges.
-  int running() const ABSL_LOCKS_EXCLUDED(mu_);  // in the batch
+  int running() const ABSL_LOCKS_EXCLUDED(mu_);  // sequences in the batch
   int waiting() const ABSL_LOCKS_EXCLUDED(mu_);  // admitted by the caller,
                                                  // waiting for K/V
   BatchEngineStats stats() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -135,6 +150,9 @@ class BatchEngine {
   // the step thread drops every pointer to it before `done` is notified.
   struct Entry;
 
+  // Checks that `entry` could ever fit the pool, queues it and waits for
+  // its end.
+  absl::Status Run(Entry& entry) ABSL_LOCKS_EXCLUDED(mu_);
   void Loop() ABSL_LOCKS_EXCLUDED(mu_);
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -180,6 +180,16 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request,
     }
   }
   RETURN_IF_ERROR(ValidateSamplingParams(request.sampling, vocab));
+  if (request.n < 1 || request.n > kMaxChoices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("n: must be in [1, ", kMaxChoices, "], got ", request.n));
+  }
+  if (request.best_of != 0 &&
+      (request.best_of < request.n || request.best_of > kMaxChoices)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("best_of: must be in [n = ", request.n, ", ", kMaxChoices,
+                     "], got ", request.best_of));
+  }
   if (request.top_logprobs < 0 || request.top_logprobs > kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
         absl::StrCat("top_logprobs: must be in [0, ", kMaxTopLogprobs,

@@ -148,6 +148,12 @@ struct GenerationRequest {
   // processors, tests/testing/check_logits_processors.py).
   bool return_logits = false;
   int64_t prefill_chunk = 512;  // positions per prefill forward
+  // OpenAI's n and best_of: choices returned and candidates generated (0 =
+  // n), each in [1, kMaxChoices] with best_of >= n. Served by the service
+  // through BatchEngine::GenerateChoices (executor/engine/batch_engine.h);
+  // Generate() and a Sequence make one choice and ignore them.
+  int n = 1;
+  int best_of = 0;
   SpeculationConfig speculation;
   // The trace this generation belongs to (common/trace): the span its plan
   // spans (plan.snapshot, plan.apply) hang from, the service's decode span.
@@ -162,6 +168,8 @@ struct GenerationRequest {
   std::function<void(int64_t step)> before_step_for_tests;
 };
 
+// Most choices (n, best_of) one request may ask for.
+inline constexpr int kMaxChoices = 16;
 // Most alternatives GenerationRequest::top_logprobs may ask for (OpenAI's).
 inline constexpr int kMaxTopLogprobs = 20;
 // Most prompt rows per prefill pass of a request with prompt_logprobs.
@@ -251,7 +259,10 @@ struct GenerationResult {
   FinishReason finish_reason = FinishReason::kLength;
   std::string matched_stop;  // the stop string that ended it, if any
   uint64_t seed = 0;         // the sampler seed used
-  std::string mask;          // the layer mask used ("" when off)
+  int index = 0;             // the choice it is, in [0, n)
+  // The sum of output_logprobs (set with logprobs, and with best_of > n).
+  std::optional<double> cumulative_logprob;
+  std::string mask;  // the layer mask used ("" when off)
   GenerationStats stats;
   SpeculationStats speculation;
   std::vector<AppliedPlan>

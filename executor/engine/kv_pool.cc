@@ -87,7 +87,7 @@ int64_t DefaultKvCacheBytes(const LlamaModel& model, int max_running) {
 
 SequenceKv::SequenceKv(SequenceKv&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
-      reserved_blocks_(std::exchange(other.reserved_blocks_, 0)),
+      future_blocks_(std::exchange(other.future_blocks_, 0)),
       blocks_(std::move(other.blocks_)) {
   other.blocks_.clear();
 }
@@ -96,7 +96,7 @@ SequenceKv& SequenceKv::operator=(SequenceKv&& other) noexcept {
   if (this != &other) {
     Release();
     pool_ = std::exchange(other.pool_, nullptr);
-    reserved_blocks_ = std::exchange(other.reserved_blocks_, 0);
+    future_blocks_ = std::exchange(other.future_blocks_, 0);
     blocks_ = std::move(other.blocks_);
     other.blocks_.clear();
   }
@@ -107,27 +107,62 @@ SequenceKv::~SequenceKv() { Release(); }
 
 void SequenceKv::Release() {
   if (pool_ == nullptr) return;
-  pool_->Return(blocks_, reserved_blocks_);
+  pool_->Return(blocks_, future_blocks_);
   blocks_.clear();
-  reserved_blocks_ = 0;
+  future_blocks_ = 0;
   pool_ = nullptr;
 }
 
 absl::Status SequenceKv::EnsureCapacity(int64_t positions) {
   const int64_t needed = pool_->BlocksFor(positions);
-  if (needed > reserved_blocks_) {
+  const int64_t missing = needed - static_cast<int64_t>(blocks_.size());
+  if (missing > future_blocks_) {
     return absl::FailedPreconditionError(
         absl::StrCat("K/V for ", positions, " positions exceeds the ",
                      reserved_positions(), " this sequence reserved"));
   }
   while (static_cast<int64_t>(blocks_.size()) < needed) {
     blocks_.push_back(pool_->TakeBlock());
+    --future_blocks_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SequenceKv::SharePrefix(const SequenceKv& source,
+                                     int64_t positions) {
+  if (source.pool_ != pool_ || !blocks_.empty() || positions < 0 ||
+      pool_->BlocksFor(positions) >
+          static_cast<int64_t>(source.blocks_.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("K/V prefix sharing: cannot share ", positions,
+                     " positions (the source holds ", source.blocks_.size(),
+                     " blocks; this table ", blocks_.size(), ")"));
+  }
+  const int64_t full = positions / pool_->block_rows();
+  const bool partial = positions % pool_->block_rows() != 0;
+  if (partial && future_blocks_ < 1) {
+    return absl::FailedPreconditionError(
+        "K/V prefix sharing: no reserved block for the copied partial block");
+  }
+  blocks_.assign(source.blocks_.begin(), source.blocks_.begin() + full);
+  pool_->Share(blocks_);
+  if (partial) {
+    c10::InferenceMode guard;
+    const int32_t from = source.blocks_[full];
+    const int32_t to = pool_->TakeBlock();
+    --future_blocks_;
+    for (const LayerKv& layer : pool_->storage().layers) {
+      layer.k[to].copy_(layer.k[from]);
+      layer.v[to].copy_(layer.v[from]);
+    }
+    blocks_.push_back(to);
   }
   return absl::OkStatus();
 }
 
 int64_t SequenceKv::reserved_positions() const {
-  return reserved_blocks_ * pool_->block_rows();
+  return (static_cast<int64_t>(blocks_.size()) + future_blocks_) *
+         pool_->block_rows();
 }
 
 const PagedKvStorage& SequenceKv::storage() const { return pool_->storage(); }
@@ -197,6 +232,7 @@ KvPool::KvPool(PagedKvStorage storage, int64_t bytes_per_block)
     : storage_(std::move(storage)), bytes_per_block_(bytes_per_block) {
   absl::MutexLock lock(&mu_);
   free_list_.reserve(storage_.num_blocks);
+  references_.assign(storage_.num_blocks, 0);
   // Lowest ids first out (popped from the back).
   for (int64_t b = storage_.num_blocks - 1; b >= 0; --b)
     free_list_.push_back(static_cast<int32_t>(b));
@@ -211,8 +247,12 @@ bool KvPool::CanEverFit(int64_t positions) const {
   return BlocksFor(positions) <= storage_.num_blocks;
 }
 
-std::optional<SequenceKv> KvPool::TryReserve(int64_t positions) {
-  const int64_t blocks = BlocksFor(positions);
+std::optional<SequenceKv> KvPool::TryReserve(int64_t positions,
+                                             int64_t shared_prefix_positions) {
+  const int64_t shared =
+      std::clamp<int64_t>(shared_prefix_positions, 0, positions) /
+      storage_.block_rows;
+  const int64_t blocks = BlocksFor(positions) - shared;
   absl::MutexLock lock(&mu_);
   if (reserved_ + blocks > storage_.num_blocks) return std::nullopt;
   reserved_ += blocks;
@@ -222,24 +262,46 @@ std::optional<SequenceKv> KvPool::TryReserve(int64_t positions) {
 
 int32_t KvPool::TakeBlock() {
   absl::MutexLock lock(&mu_);
-  // A reservation guarantees a free block: reserved_ <= total and every
-  // block in a table is covered by its sequence's reservation.
+  // A promise guarantees a free block: reserved_ = held + promised <= total.
+  // The block moves from promised to held, so reserved_ stays.
   TORCH_CHECK(!free_list_.empty(), "K/V pool: no free block for a reservation");
   const int32_t block = free_list_.back();
   free_list_.pop_back();
+  references_[block] = 1;
+  ++table_blocks_;
   return block;
 }
 
-void KvPool::Return(absl::Span<const int32_t> blocks, int64_t reserved) {
+void KvPool::Share(absl::Span<const int32_t> blocks) {
   absl::MutexLock lock(&mu_);
-  free_list_.insert(free_list_.end(), blocks.begin(), blocks.end());
-  reserved_ -= reserved;
+  for (int32_t block : blocks) {
+    TORCH_CHECK(references_[block] > 0, "K/V pool: sharing a free block");
+    ++references_[block];
+  }
+  table_blocks_ += static_cast<int64_t>(blocks.size());
+}
+
+void KvPool::Return(absl::Span<const int32_t> blocks, int64_t future) {
+  absl::MutexLock lock(&mu_);
+  for (int32_t block : blocks) {
+    if (--references_[block] == 0) {
+      free_list_.push_back(block);
+      --reserved_;
+    }
+  }
+  table_blocks_ -= static_cast<int64_t>(blocks.size());
+  reserved_ -= future;
   --sequences_;
 }
 
 int64_t KvPool::used_blocks() const {
   absl::MutexLock lock(&mu_);
   return storage_.num_blocks - static_cast<int64_t>(free_list_.size());
+}
+
+int64_t KvPool::table_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return table_blocks_;
 }
 
 int64_t KvPool::reserved_blocks() const {

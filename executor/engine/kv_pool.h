@@ -15,10 +15,26 @@
 // larger than the whole pool can never run (ResourceExhausted at once);
 // one that is merely larger than what is free now waits.
 //
-// Ownership: the pool owns the storage. A SequenceKv owns its blocks and its
-// reservation and returns both on destruction (finish, cancel, deadline,
-// Abort, error: every path that drops the sequence), so blocks cannot leak.
-// The pool must outlive every SequenceKv.
+// Prefix sharing (a request's n > 1 choices, executor/engine/batch_engine.h):
+// the choices share the prompt's full blocks. A choice's SequenceKv is
+// reserved with the shared prefix left out (TryReserve's
+// shared_prefix_positions) and, once the first choice has prefilled, takes
+// the prefix over with SharePrefix: the full blocks by reference (each block
+// counts its holders), the last partly filled block by copy (the one block
+// a choice will write into: copy on write, done when the prefix is shared).
+// Positions before the prompt's end are never written again, so a shared
+// block is read-only. A block returns to the free list when its last holder
+// ends.
+//
+// Accounting: reserved = blocks held in some table (counted once however
+// many tables share them) + blocks promised but not taken yet. A reservation
+// therefore stays valid whichever sharer ends first.
+//
+// Ownership: the pool owns the storage. A SequenceKv owns its reservation
+// and one reference to each block of its table, and returns them on
+// destruction (finish, cancel, deadline, Abort, error: every path that drops
+// the sequence), so blocks cannot leak. The pool must outlive every
+// SequenceKv.
 //
 // Thread safety: KvPool's methods may be called from any thread (the engine
 // allocates, metrics read the gauges). A SequenceKv is used by one thread at
@@ -73,8 +89,13 @@ class SequenceKv {
   // Makes the table cover positions [0, positions), taking blocks from the
   // reservation. Fails (FailedPrecondition) only past the reservation.
   absl::Status EnsureCapacity(int64_t positions);
+  // Starts this (empty) table with positions [0, positions) of `source`'s:
+  // the full blocks shared, a last partial block copied into a block of
+  // this reservation. FailedPrecondition when this table is not empty, the
+  // source does not hold the positions, or they are in another pool.
+  absl::Status SharePrefix(const SequenceKv& source, int64_t positions);
   absl::Span<const int32_t> blocks() const { return blocks_; }
-  // Positions the reservation covers.
+  // Positions the table and the rest of the reservation cover.
   int64_t reserved_positions() const;
   const PagedKvStorage& storage() const;
   // A contiguous copy of positions [0, length) for every layer
@@ -84,13 +105,13 @@ class SequenceKv {
 
  private:
   friend class KvPool;
-  SequenceKv(KvPool* pool, int64_t reserved_blocks)
-      : pool_(pool), reserved_blocks_(reserved_blocks) {}
+  SequenceKv(KvPool* pool, int64_t future_blocks)
+      : pool_(pool), future_blocks_(future_blocks) {}
   void Release();
 
   KvPool* pool_ = nullptr;
-  int64_t reserved_blocks_ = 0;  // blocks promised, used ones included
-  std::vector<int32_t> blocks_;  // the table: blocks taken so far
+  int64_t future_blocks_ = 0;    // promised, not in the table yet
+  std::vector<int32_t> blocks_;  // the table: one reference to each
 };
 
 class KvPool {
@@ -114,12 +135,18 @@ class KvPool {
   bool CanEverFit(int64_t positions) const;
 
   // Reserves blocks for `positions` positions, or nullopt when not enough
-  // unreserved blocks are free now.
-  std::optional<SequenceKv> TryReserve(int64_t positions)
+  // unreserved blocks are free now. With shared_prefix_positions, the full
+  // blocks of that prefix are left out: the table will take them over from
+  // another sequence with SharePrefix.
+  std::optional<SequenceKv> TryReserve(int64_t positions,
+                                       int64_t shared_prefix_positions = 0)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Gauges.
-  int64_t used_blocks() const ABSL_LOCKS_EXCLUDED(mu_);      // in tables
+  int64_t used_blocks() const ABSL_LOCKS_EXCLUDED(mu_);  // in tables, once
+  // Table entries over all sequences: minus used_blocks, the blocks that
+  // prefix sharing saved.
+  int64_t table_blocks() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t reserved_blocks() const ABSL_LOCKS_EXCLUDED(mu_);  // promised
   int64_t free_blocks() const ABSL_LOCKS_EXCLUDED(mu_);      // total - reserved
   int64_t sequences() const ABSL_LOCKS_EXCLUDED(mu_);        // live SequenceKvs
@@ -127,15 +154,22 @@ class KvPool {
  private:
   friend class SequenceKv;
   KvPool(PagedKvStorage storage, int64_t bytes_per_block);
+  // A free block with one reference (moved from a reservation's promise).
   int32_t TakeBlock() ABSL_LOCKS_EXCLUDED(mu_);
-  void Return(absl::Span<const int32_t> blocks, int64_t reserved)
+  // One more reference to each of `blocks`.
+  void Share(absl::Span<const int32_t> blocks) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drops one reference to each of `blocks` (freeing those that had the
+  // last) and the promise of `future` blocks.
+  void Return(absl::Span<const int32_t> blocks, int64_t future)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   const PagedKvStorage storage_;
   const int64_t bytes_per_block_;
   mutable absl::Mutex mu_;
   std::vector<int32_t> free_list_ ABSL_GUARDED_BY(mu_);
-  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int32_t> references_ ABSL_GUARDED_BY(mu_);  // per block
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;             // held + promised
+  int64_t table_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sequences_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

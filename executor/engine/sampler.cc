@@ -23,6 +23,15 @@ bool CoupledDraws(const SamplingParams& params) {
                                params.seed.has_value()));
 }
 
+uint64_t ChoiceSeed(uint64_t seed, int index) {
+  if (index == 0) return seed;
+  // SplitMix64's finalizer over seed + index * its increment.
+  uint64_t z = seed + static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 int32_t Argmax(const torch::Tensor& logits) {
   c10::InferenceMode guard;
   return static_cast<int32_t>(logits.argmax().item<int64_t>());

@@ -81,6 +81,11 @@ class Sampler {
 // same in every drafting mode and batch.
 bool CoupledDraws(const SamplingParams& params);
 
+// The seed of choice `index` of a request with n > 1 choices: `seed` itself
+// for choice 0 (so n = 1 keeps its text), a SplitMix64 mix of (seed,
+// index) for the others, so every choice has a seed stream of its own.
+uint64_t ChoiceSeed(uint64_t seed, int index);
+
 // Index of the largest logit ([vocab] on any device); ties go to the lowest
 // index.
 int32_t Argmax(const torch::Tensor& logits);

@@ -769,7 +769,24 @@ void Sequence::OnPromptLogits(const torch::Tensor& logits, int64_t start) {
   }
 }
 
+absl::Status Sequence::StartFromPrefill(const Sequence& first) {
+  if (!first.prefill_logits_.defined() || started_ || paged_ == nullptr ||
+      first.prompt_len_ != prompt_len_) {
+    return absl::FailedPreconditionError(
+        "a choice can start only from its request's first choice's kept "
+        "prefill, with its K/V bound and before it ran");
+  }
+  started_ = true;
+  start_ = first.start_;
+  prefilled_ = prompt_len_;
+  routing_ = first.routing_;
+  result_.prompt_logprobs = first.result_.prompt_logprobs;
+  result_.prompt_top_logprobs = first.result_.prompt_top_logprobs;
+  return OnPrefillDone(first.prefill_logits_);
+}
+
 absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
+  if (keep_prefill_logits_) prefill_logits_ = logits.clone();
   length_ = prompt_len_;
   // The first generated token sits at position prompt_len_.
   const int32_t first =

@@ -103,6 +103,18 @@ class Sequence {
   void UseKv(SequenceKv* paged);
 
   bool prefilling() const { return !done_ && prefilled_ < prompt_len_; }
+  // Whether the whole prompt is in the K/V (also after the sequence ended).
+  bool prefilled() const { return prefilled_ == prompt_len_; }
+
+  // A request's n > 1 choices (executor/engine/batch_engine.h) prefill once.
+  // The first choice keeps its prompt's last logits row (KeepPrefillLogits,
+  // before its prefill ends); every other choice, its paged K/V already
+  // holding the prompt (SequenceKv::SharePrefix), starts decoding from them
+  // with its own sampler (StartFromPrefill), taking the prompt's routing
+  // vector and prompt logprobs from `first`. FailedPrecondition when
+  // `first` has not kept its prefill or this one already started.
+  void KeepPrefillLogits() { keep_prefill_logits_ = true; }
+  absl::Status StartFromPrefill(const Sequence& first);
   // Committed K/V positions.
   int64_t context_length() const { return length_; }
   // The speculation counters so far (the result's `speculation` at the
@@ -199,7 +211,10 @@ class Sequence {
   std::chrono::steady_clock::time_point start_;
   std::chrono::steady_clock::time_point decode_start_;
   int64_t prefilled_ = 0;  // prompt positions in the K/V
-  int64_t length_ = 0;     // committed K/V positions
+  // KeepPrefillLogits: the prompt's last row of logits, once prefilled.
+  bool keep_prefill_logits_ = false;
+  torch::Tensor prefill_logits_;
+  int64_t length_ = 0;  // committed K/V positions
 
   // The current decode step.
   int64_t step_ = 0;

@@ -85,6 +85,37 @@ const sample = (seed) => client.completions.create({
 const [a, b] = await Promise.all([sample(42), sample(42)]);
 assert.equal(a.choices[0].text, b.choices[0].text, 'same seed, same sample');
 report.seeded_text = a.choices[0].text;
+// ... whatever the speculation mode.
+const speculated = await client.completions.create({
+  model, prompt, max_tokens: 24, temperature: 0.9, top_p: 0.95, seed: 42,
+  knapserve: { spec: 'static', static_mask: 'a1,m3', max_draft: 3 },
+});
+assert.equal(speculated.choices[0].text, a.choices[0].text,
+             'a seed means the same text with speculation');
+
+// n choices, streamed: each chunk says its choice; best_of keeps the
+// likeliest candidate.
+const several = await client.completions.create({
+  model, prompt, max_tokens: 10, temperature: 1, seed: 7, n: 3,
+  ignore_eos: true, stream: true,
+});
+const texts = ['', '', ''];
+let ends = 0;
+for await (const chunk of several) {
+  for (const choice of chunk.choices) {
+    texts[choice.index] += choice.text;
+    if (choice.finish_reason) ends += 1;
+  }
+}
+assert.equal(ends, 3, 'each choice finishes');
+assert.ok(new Set(texts).size > 1, 'the choices sample their own streams');
+const picked = await client.completions.create({
+  model, prompt, max_tokens: 10, temperature: 1, seed: 7, n: 1, best_of: 3,
+  ignore_eos: true,
+});
+assert.equal(picked.choices.length, 1);
+assert.ok(texts.includes(picked.choices[0].text), 'best_of picks a candidate');
+report.choice_texts = texts;
 
 // Logits processors. A +100 bias on one token makes greedy output that
 // token over and over (ignored, the bias would leave the greedy text).
@@ -189,7 +220,7 @@ assert.ok(!bannedIds.includes(chatBan), 'a -100 bias bans the token');
 
 // Errors arrive as the client's typed errors with OpenAI's codes.
 await assert.rejects(
-  client.completions.create({ model, prompt, max_tokens: 4, n: 2 }),
+  client.completions.create({ model, prompt, max_tokens: 4, n: 17 }),
   (e) => e instanceof OpenAI.BadRequestError && e.status === 400 &&
          e.error?.param === 'n');
 await assert.rejects(

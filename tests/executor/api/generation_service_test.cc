@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <regex>
 #include <set>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "executor/api/executor_server.h"
+#include "executor/engine/sampler.h"
 #include "planner/inprocess_planner.h"
 #include "tests/testing/test_models.h"
 #include "tools/domain_anchors.h"
@@ -142,6 +144,108 @@ TEST(GenerationServiceTest, StreamsWhatLocalGenerationProduces) {
   EXPECT_EQ(info.model_info().max_context(), s.model->max_context());
   EXPECT_EQ(info.model_info().model_fingerprint(),
             s.model->config().Fingerprint());
+}
+
+// n choices over gRPC: each choice's chunks carry its index and each ends
+// with a FinalResult of its own; choice i is the request alone with choice
+// i's seed (executor/engine/sampler.h's ChoiceSeed). best_of returns the
+// candidates with the highest cumulative log-probability, best first, as
+// one chunk each once all ended.
+TEST(GenerationServiceTest,
+     ChoicesStreamWithTheirIndexAndBestOfPicksTheLikeliest) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  Server s = StartServer();
+  ASSERT_NE(s.server, nullptr);
+  v1::GenerateRequest request = TextRequest("Once upon a time", 16);
+  request.set_temperature(1.0);
+  request.set_seed(11);
+  request.set_n(3);
+  request.set_logprobs(true);
+  request.set_ignore_eos(true);
+  request.mutable_speculation()->set_mode(v1::SPECULATION_MODE_STATIC);
+  request.mutable_speculation()->set_static_mask("a1,m3");
+  grpc::ClientContext context;
+  auto reader = s.stub->Generate(&context, request);
+  std::map<int, std::vector<int32_t>> ids;
+  std::map<int, v1::FinalResult> finals;
+  v1::GenerateResponse response;
+  while (reader->Read(&response)) {
+    if (response.has_chunk()) {
+      const v1::Chunk& chunk = response.chunk();
+      EXPECT_EQ(finals.count(chunk.index()), 0u) << "a chunk after its final";
+      ids[chunk.index()].insert(ids[chunk.index()].end(),
+                                chunk.token_ids().begin(),
+                                chunk.token_ids().end());
+    } else {
+      finals[response.final().index()] = response.final();
+    }
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(ids.size(), 3u);
+  ASSERT_EQ(finals.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(ids[i].size(), 16u);
+    EXPECT_EQ(finals[i].usage().completion_tokens(), 16);
+    EXPECT_EQ(finals[i].seed(), ChoiceSeed(11, i));
+    v1::GenerateRequest alone = request;
+    alone.set_n(1);
+    alone.set_seed(ChoiceSeed(11, i));
+    Streamed single = Call(*s.stub, alone);
+    ASSERT_TRUE(single.status.ok()) << single.status.error_message();
+    EXPECT_EQ(single.ids, ids[i]) << "choice " << i;
+    EXPECT_NEAR(single.final->cumulative_logprob(),
+                finals[i].cumulative_logprob(), 1e-9);
+  }
+  EXPECT_NE(ids[0], ids[1]);
+
+  // best_of 3, n 2: the same three candidates, the two likeliest first.
+  std::vector<int> order = {0, 1, 2};
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    return finals[a].cumulative_logprob() > finals[b].cumulative_logprob();
+  });
+  v1::GenerateRequest best = request;
+  best.set_n(2);
+  best.set_best_of(3);
+  best.set_logprobs(false);
+  grpc::ClientContext best_context;
+  auto best_reader = s.stub->Generate(&best_context, best);
+  std::vector<v1::Chunk> chunks;
+  std::vector<v1::FinalResult> best_finals;
+  while (best_reader->Read(&response)) {
+    if (response.has_chunk()) {
+      EXPECT_TRUE(best_finals.empty());
+      chunks.push_back(response.chunk());
+    } else {
+      best_finals.push_back(response.final());
+    }
+  }
+  ASSERT_TRUE(best_reader->Finish().ok());
+  ASSERT_EQ(chunks.size(), 2u) << "one chunk per returned choice";
+  ASSERT_EQ(best_finals.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(chunks[k].index(), k);
+    EXPECT_EQ(std::vector<int32_t>(chunks[k].token_ids().begin(),
+                                   chunks[k].token_ids().end()),
+              ids[order[k]]);
+    EXPECT_TRUE(chunks[k].logprobs().empty()) << "not asked for";
+    EXPECT_EQ(best_finals[k].index(), k);
+    EXPECT_NEAR(best_finals[k].cumulative_logprob(),
+                finals[order[k]].cumulative_logprob(), 1e-9);
+  }
+
+  // Out of range: n above 16 or the server's max_running, best_of below n.
+  for (auto [n, best_of] :
+       {std::pair{17, 0}, std::pair{5, 0}, std::pair{3, 2}}) {
+    v1::GenerateRequest bad = request;
+    bad.set_n(n);
+    bad.set_best_of(best_of);
+    Streamed refused = Call(*s.stub, bad);
+    EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << n << " " << best_of;
+    EXPECT_NE(refused.status.error_message().find(n > 4 ? "n:" : "best_of:"),
+              std::string::npos)
+        << refused.status.error_message();
+  }
 }
 
 // KNN-SSD over gRPC: a knn request is routed to the domain whose anchor is

@@ -16,9 +16,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <regex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -218,6 +222,83 @@ TEST(HttpFrontDoorTest, GreedyCompletionsWholeAndStreamedEqualLocalOutput) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], 40);
 }
 
+// n choices through the OpenAI API: whole, each choice at its index with
+// its own text and the prompt counted once in the usage; streamed, every
+// event at its choice's index, each choice's text the same as whole (a
+// seed means the same text); best_of returns the candidate with the
+// highest cumulative log-probability; chat takes n but not best_of.
+TEST(HttpFrontDoorTest, NChoicesComeAtTheirIndexAndBestOfPicksTheLikeliest) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  Server s = StartServer();
+  ASSERT_NE(s.server, nullptr);
+  Json body = Completion("Once upon a time", 12);
+  body["temperature"] = 1.0;
+  body["seed"] = 5;
+  body["n"] = 3;
+  body["logprobs"] = 0;
+  const Reply whole = Post(*s.http, "/v1/completions", body);
+  ASSERT_EQ(whole.status, 200) << whole.body.dump();
+  const Json& choices = whole.body["choices"];
+  ASSERT_EQ(choices.size(), 3u);
+  std::vector<std::string> texts;
+  std::vector<double> likelihood;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(choices[i]["index"], i);
+    EXPECT_EQ(choices[i]["finish_reason"], "length");
+    texts.push_back(choices[i]["text"]);
+    double sum = 0;
+    for (double lp : choices[i]["logprobs"]["token_logprobs"]) sum += lp;
+    likelihood.push_back(sum);
+  }
+  EXPECT_NE(texts[0], texts[1]);
+  EXPECT_EQ(whole.body["usage"]["completion_tokens"], 36);
+  const int64_t prompt = whole.body["usage"]["prompt_tokens"];
+  EXPECT_EQ(whole.body["usage"]["total_tokens"], prompt + 36);
+  Json alone = body;
+  alone["n"] = 1;
+  EXPECT_EQ(Post(*s.http, "/v1/completions", alone).body["choices"][0]["text"],
+            texts[0])
+      << "choice 0 samples with the request's own seed";
+
+  Json streamed_body = body;
+  streamed_body["stream"] = true;
+  const Events streamed = Stream(*s.http, "/v1/completions", streamed_body);
+  ASSERT_EQ(streamed.status, 200);
+  EXPECT_TRUE(streamed.done);
+  std::map<int, std::string> by_index;
+  int finished = 0;
+  for (const Json& event : streamed.events) {
+    const Json& choice = event["choices"][0];
+    by_index[choice["index"].get<int>()] += choice["text"].get<std::string>();
+    finished += !choice["finish_reason"].is_null();
+  }
+  EXPECT_EQ(finished, 3);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(by_index[i], texts[i]) << i;
+
+  Json best = body;
+  best["n"] = 1;
+  best["best_of"] = 3;
+  const Reply picked = Post(*s.http, "/v1/completions", best);
+  ASSERT_EQ(picked.status, 200) << picked.body.dump();
+  ASSERT_EQ(picked.body["choices"].size(), 1u);
+  const size_t likeliest =
+      std::max_element(likelihood.begin(), likelihood.end()) -
+      likelihood.begin();
+  EXPECT_EQ(picked.body["choices"][0]["text"], texts[likeliest]);
+  EXPECT_EQ(picked.body["usage"]["completion_tokens"], 12);
+
+  best["stream"] = true;
+  EXPECT_EQ(Post(*s.http, "/v1/completions", best).body["error"]["param"],
+            "best_of");
+  Json chat = {{"model", "stories260k"},
+               {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+               {"max_tokens", 4},
+               {"n", 2},
+               {"best_of", 2}};
+  EXPECT_EQ(Post(*s.http, "/v1/chat/completions", chat).body["error"]["param"],
+            "best_of");
+}
+
 TEST(HttpFrontDoorTest, ChatGoesThroughTheTemplateAndLogprobsAreTheModels) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   Server s = StartServer();
@@ -374,7 +455,7 @@ TEST(HttpFrontDoorTest, ErrorsUseOpenAisShapeAndHttpCodes) {
   EXPECT_EQ(r.body["error"]["type"], "invalid_request_error");
 
   bad = Completion("Once", 8);
-  bad["n"] = 2;
+  bad["n"] = 17;  // over kMaxChoices
   EXPECT_EQ(Post(*s.http, "/v1/completions", bad).body["error"]["param"], "n");
 
   bad = Completion("Once", 8);
@@ -459,7 +540,7 @@ TEST(HttpFrontDoorTest, ModelsHealthAndMetrics) {
   ASSERT_EQ(Post(*s.http, "/v1/completions", Completion("Once", 5)).status,
             200);
   Json bad = Completion("Once", 5);
-  bad["n"] = 3;
+  bad["n"] = 0;
   ASSERT_EQ(Post(*s.http, "/v1/completions", bad).status, 400);
   const std::string text = s.http->Get("/metrics")->body;
   // The same registry as gRPC: the request and its refusal are counted.

@@ -182,8 +182,8 @@ TEST(OpenAiApiTest, RefusalsNameTheirField) {
       {{{"max_completion_tokens", -3}}, "max_completion_tokens"},
       {{{"temperature", -1}}, "temperature"},
       {{{"top_p", 0}}, "top_p"},
-      {{{"n", 2}}, "n"},
-      {{{"best_of", 3}}, "best_of"},
+      {{{"n", "two"}}, "n"},
+      {{{"best_of", 3}, {"stream", true}}, "best_of"},
       {{{"echo", "yes"}}, "echo"},
       {{{"presence_penalty", "high"}}, "presence_penalty"},
       {{{"frequency_penalty", true}}, "frequency_penalty"},
@@ -346,7 +346,8 @@ TEST(OpenAiApiTest, TopLogprobsUseEachEndpointsShape) {
   OpenAiEncoder legacy(request, "cmpl-1", "stories", 1700000000,
                        *testing::StoriesTokenizer());
   const Json event = Json::parse(
-      legacy.StreamTokens(ids, " Once", StepLogprobs{chosen, top}).substr(6));
+      legacy.StreamTokens(0, ids, " Once", StepLogprobs{chosen, top})
+          .substr(6));
   const Json& lp = event["choices"][0]["logprobs"];
   ASSERT_EQ(lp["top_logprobs"].size(), 1u);
   const Json& alternatives = lp["top_logprobs"][0];
@@ -364,7 +365,7 @@ TEST(OpenAiApiTest, TopLogprobsUseEachEndpointsShape) {
   OpenAiEncoder chat(request, "chatcmpl-1", "stories", 1700000000,
                      *testing::StoriesTokenizer());
   const Json chunk = Json::parse(
-      chat.StreamTokens(ids, " Once", StepLogprobs{chosen, top}).substr(6));
+      chat.StreamTokens(0, ids, " Once", StepLogprobs{chosen, top}).substr(6));
   const Json& content = chunk["choices"][0]["logprobs"]["content"][0];
   ASSERT_EQ(content["top_logprobs"].size(), 2u);
   EXPECT_DOUBLE_EQ(content["top_logprobs"][1]["logprob"].get<double>(), -1.5);
@@ -375,7 +376,7 @@ TEST(OpenAiApiTest, TopLogprobsUseEachEndpointsShape) {
   OpenAiEncoder no_top(plain, "cmpl-2", "stories", 1700000000,
                        *testing::StoriesTokenizer());
   EXPECT_TRUE(
-      Json::parse(no_top.StreamTokens(ids, " Once", StepLogprobs{chosen})
+      Json::parse(no_top.StreamTokens(0, ids, " Once", StepLogprobs{chosen})
                       .substr(6))["choices"][0]["logprobs"]["top_logprobs"]
           .is_null());
 }
@@ -407,7 +408,7 @@ TEST(OpenAiApiTest, StreamEventsEndWithUsageAndDone) {
   const std::vector<int32_t> ids = {403};
   const std::vector<float> lps = {-0.25f};
   const std::string first =
-      encoder.StreamTokens(ids, " Once", StepLogprobs{lps});
+      encoder.StreamTokens(0, ids, " Once", StepLogprobs{lps});
   ASSERT_EQ(first.rfind("data: ", 0), 0u);
   ASSERT_EQ(first.substr(first.size() - 2), "\n\n");
   const Json chunk = Json::parse(first.substr(6));
@@ -418,8 +419,8 @@ TEST(OpenAiApiTest, StreamEventsEndWithUsageAndDone) {
       chunk["choices"][0]["logprobs"]["content"][0]["logprob"].get<double>(),
       -0.25);
   EXPECT_TRUE(chunk["usage"].is_null());
-  const Json second =
-      Json::parse(encoder.StreamTokens(ids, "x", StepLogprobs{lps}).substr(6));
+  const Json second = Json::parse(
+      encoder.StreamTokens(0, ids, "x", StepLogprobs{lps}).substr(6));
   EXPECT_FALSE(second["choices"][0]["delta"].contains("role"));
 
   GenerationResult result;
@@ -428,7 +429,7 @@ TEST(OpenAiApiTest, StreamEventsEndWithUsageAndDone) {
   result.stats.completion_tokens = 2;
   result.finish_reason = FinishReason::kLength;
   const std::string end =
-      encoder.StreamEnd(result, SpeculationMode::kOff, ServiceTimings{});
+      encoder.StreamEnd({&result}, SpeculationMode::kOff, ServiceTimings{});
   std::vector<std::string> events;
   for (size_t at = 0; at < end.size();) {
     const size_t next = end.find("\n\n", at);

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -316,6 +317,84 @@ TEST(BatchEngineTest, AdmissionWaitsForBlocksAndRefusesWhatCanNeverFit) {
             std::string::npos)
       << refused.status();
   EXPECT_EQ(engine.stats().refused_never_fit, 1);
+  EXPECT_EQ(pool->reserved_blocks(), 0);
+}
+
+// n = 4 choices of one request: the first prefills the prompt, the other
+// three share its full blocks (the pool holds them once: table entries minus
+// blocks in use is 3 x the prompt's full blocks while they decode) and each
+// samples with its own seed stream, so choice i's text equals a single
+// request seeded with ChoiceSeed(seed, i), speculation included.
+TEST(BatchEngineTest, ChoicesShareThePromptsBlocksAndSampleTheirOwnStreams) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  std::unique_ptr<KvPool> pool = Pool(*model, 64);
+  BatchEngineOptions options;
+  options.max_running = 6;
+  BatchEngine engine(*model, *StoriesTokenizer(), *pool, nullptr,
+                     PlanningShared(), options);
+  GenerationRequest r = LongPrompt(100, 24);  // 6 full blocks + 4 rows
+  r.ignore_eos = true;
+  r.sampling.temperature = 1.0;
+  r.sampling.seed = 7;
+  r.speculation.mode = SpeculationMode::kStatic;
+  r.speculation.skip = "m1,a3";
+  r.speculation.max_draft = 3;
+  r.logprobs = true;
+  absl::Mutex mu;
+  int64_t most_saved = 0;
+  std::vector<std::vector<int32_t>> streamed(4);
+  auto results = engine.GenerateChoices(r, 4, [&](int i) -> StreamCallback {
+    return [&, i](absl::Span<const int32_t> ids, std::string_view,
+                  const StepLogprobs&) {
+      absl::MutexLock lock(&mu);
+      streamed[i].insert(streamed[i].end(), ids.begin(), ids.end());
+      most_saved =
+          std::max(most_saved, pool->table_blocks() - pool->used_blocks());
+      return true;
+    };
+  });
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 4u);
+  EXPECT_EQ(most_saved, 3 * 6);
+  std::set<std::vector<int32_t>> distinct;
+  for (int i = 0; i < 4; ++i) {
+    const GenerationResult& choice = (*results)[i];
+    EXPECT_EQ(choice.output_ids.size(), 24u);
+    EXPECT_EQ(streamed[i], choice.output_ids) << "choice " << i;
+    EXPECT_EQ(choice.output_logprobs.size(), 24u);
+    GenerationRequest alone = r;
+    alone.sampling.seed = ChoiceSeed(7, i);
+    auto single = engine.Generate(alone, nullptr);
+    ASSERT_TRUE(single.ok()) << single.status();
+    EXPECT_EQ(choice.output_ids, single->output_ids) << "choice " << i;
+    EXPECT_EQ(choice.output_logprobs, single->output_logprobs);
+    distinct.insert(choice.output_ids);
+  }
+  EXPECT_EQ(distinct.size(), 4u) << "every choice draws its own stream";
+  EXPECT_EQ(ChoiceSeed(7, 0), 7u) << "n = 1 keeps its text";
+  EXPECT_EQ(pool->used_blocks(), 0);
+  EXPECT_EQ(pool->reserved_blocks(), 0);
+  EXPECT_EQ(engine.running(), 0);
+
+  // n is bounded by max_running; a group that could never fit is refused
+  // as a whole; a stopped group gives every block back.
+  EXPECT_EQ(engine.GenerateChoices(r, 7, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(engine.GenerateChoices(r, 0, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  GenerationRequest big = LongPrompt(100, 900);
+  EXPECT_EQ(engine.GenerateChoices(big, 6, nullptr).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  std::atomic<int> polls{0};
+  auto stopped = engine.GenerateChoices(r, 3, nullptr,
+                                        [&] { return polls.fetch_add(1) > 8; });
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  for (const GenerationResult& choice : *stopped) {
+    EXPECT_EQ(choice.finish_reason, FinishReason::kAborted);
+  }
+  EXPECT_EQ(pool->used_blocks(), 0);
   EXPECT_EQ(pool->reserved_blocks(), 0);
 }
 

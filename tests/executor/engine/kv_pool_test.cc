@@ -73,6 +73,70 @@ TEST(KvPoolTest, ReservationsTakeBlocksAsSequencesGrowAndGiveThemBack) {
   EXPECT_EQ(p.sequences(), 0);
 }
 
+// Prefix sharing (a request's n > 1 choices): the prompt's full blocks are
+// held once by every sharer, the partial last block is copied, and the
+// accounting stays right whichever sharer ends first.
+TEST(KvPoolTest, SharedPrefixBlocksAreHeldOnceAndThePartialOneIsCopied) {
+  const LlamaModel* model = CachedModel("tiny-llama");
+  ASSERT_NE(model, nullptr);
+  const int64_t per_block = model->KvBytesPerBlock(16);
+  auto pool = KvPool::Create(*model, KvPoolOptions{20 * per_block, 16});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  KvPool& p = **pool;
+  std::optional<SequenceKv> first = p.TryReserve(100);  // 7 blocks
+  ASSERT_TRUE(first.has_value());
+  ASSERT_TRUE(first->EnsureCapacity(40).ok());  // 2 full blocks + 8 rows
+  // Mark every block of the prompt: block b holds b + 1 everywhere.
+  for (size_t i = 0; i < first->blocks().size(); ++i) {
+    for (const LayerKv& layer : p.storage().layers) {
+      layer.k[first->blocks()[i]].fill_(static_cast<float>(i + 1));
+      layer.v[first->blocks()[i]].fill_(static_cast<float>(-(i + 1)));
+    }
+  }
+  // The other choice reserves without the 2 full blocks: 5.
+  std::optional<SequenceKv> second = p.TryReserve(100, /*shared=*/40);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(p.reserved_blocks(), 12);
+  ASSERT_TRUE(second->SharePrefix(*first, 40).ok());
+  ASSERT_EQ(second->blocks().size(), 3u);
+  EXPECT_EQ(second->blocks()[0], first->blocks()[0]);
+  EXPECT_EQ(second->blocks()[1], first->blocks()[1]);
+  EXPECT_NE(second->blocks()[2], first->blocks()[2]);
+  for (const LayerKv& layer : p.storage().layers) {
+    EXPECT_TRUE(torch::equal(layer.k[second->blocks()[2]],
+                             layer.k[first->blocks()[2]]));
+    EXPECT_TRUE(torch::equal(layer.v[second->blocks()[2]],
+                             layer.v[first->blocks()[2]]));
+  }
+  EXPECT_EQ(p.used_blocks(), 4);   // 2 shared + 2 partial copies
+  EXPECT_EQ(p.table_blocks(), 6);  // 3 per table
+  EXPECT_EQ(second->reserved_positions(), 7 * 16);
+  ASSERT_TRUE(second->EnsureCapacity(112).ok());
+  EXPECT_EQ(p.used_blocks(), 8);
+  EXPECT_FALSE(second->EnsureCapacity(113).ok());
+  // Sharing twice, or from positions the source does not hold, is refused.
+  EXPECT_EQ(second->SharePrefix(*first, 40).code(),
+            absl::StatusCode::kFailedPrecondition);
+  std::optional<SequenceKv> third = p.TryReserve(100, 40);
+  ASSERT_TRUE(third.has_value());
+  EXPECT_EQ(third->SharePrefix(*first, 64).code(),
+            absl::StatusCode::kFailedPrecondition);
+  third.reset();
+  // The first choice ends: the shared blocks stay with the second.
+  first.reset();
+  EXPECT_EQ(p.used_blocks(), 7);
+  EXPECT_EQ(p.reserved_blocks(), 7);
+  for (const LayerKv& layer : p.storage().layers) {
+    EXPECT_EQ(layer.k[second->blocks()[0]].max().item<float>(), 1.0f);
+    EXPECT_EQ(layer.k[second->blocks()[1]].max().item<float>(), 2.0f);
+  }
+  second.reset();
+  EXPECT_EQ(p.used_blocks(), 0);
+  EXPECT_EQ(p.table_blocks(), 0);
+  EXPECT_EQ(p.reserved_blocks(), 0);
+  EXPECT_EQ(p.sequences(), 0);
+}
+
 TEST(KvPoolTest, RefusesAPoolThatCannotHoldOneBlock) {
   const LlamaModel* model = CachedModel("tiny-llama");
   ASSERT_NE(model, nullptr);
