@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/clock.h"
 #include "common/base/random_id.h"
+#include "common/base/status.h"
 #include "common/model/exception_status.h"
 #include "common/rpc/queued_writer.h"
 #include "common/trace/tracer.h"
