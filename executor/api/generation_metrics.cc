@@ -157,7 +157,21 @@ void GenerationMetrics::RecordRequest(absl::StatusCode code,
       .Add();
   if (code == absl::StatusCode::kInternal) internal_errors_.Add();
   if (result == nullptr) return;
-  prompt_tokens_.Add(static_cast<double>(result->stats.prompt_tokens));
+  AddResult(*result, /*count_prompt=*/true);
+  ttft_.Observe(ttft_seconds);
+  duration_.Observe(total_seconds);
+}
+
+void GenerationMetrics::RecordChoice(const GenerationResult& choice) {
+  AddResult(choice, /*count_prompt=*/false);
+}
+
+void GenerationMetrics::AddResult(const GenerationResult& r,
+                                  bool count_prompt) {
+  const GenerationResult* result = &r;
+  if (count_prompt) {
+    prompt_tokens_.Add(static_cast<double>(result->stats.prompt_tokens));
+  }
   generation_tokens_.Add(static_cast<double>(result->stats.completion_tokens));
   drafts_.Add(static_cast<double>(result->speculation.drafts));
   draft_tokens_.Add(static_cast<double>(result->speculation.draft_tokens));
@@ -215,12 +229,10 @@ void GenerationMetrics::RecordRequest(absl::StatusCode code,
   guard_fallbacks_.Add(static_cast<double>(planning.guard_fallbacks));
   guard_probe_steps_.Add(static_cast<double>(planning.guard_probe_steps));
   guard_plain_steps_.Add(static_cast<double>(planning.guard_plain_steps));
-  ttft_.Observe(ttft_seconds);
   if (result->stats.completion_tokens > 1) {
     itl_.Observe(result->stats.decode_seconds /
                  static_cast<double>(result->stats.completion_tokens - 1));
   }
-  duration_.Observe(total_seconds);
   if (!result->routed_domain.empty()) {
     RoutedCounter(result->routed_domain).Add();
     routing_.Observe(result->stats.routing_seconds);

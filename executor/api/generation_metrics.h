@@ -43,8 +43,17 @@ class GenerationMetrics {
   // result, that result; `ttft_seconds` and `total_seconds` from its arrival.
   void RecordRequest(absl::StatusCode code, const GenerationResult* result,
                      double ttft_seconds, double total_seconds);
+  // Another choice of a request with n > 1 (RecordRequest counted the
+  // request and its first choice): its generated tokens, speculation and
+  // planning counters and inter-token latency; the prompt is not counted
+  // again (it was prefilled once).
+  void RecordChoice(const GenerationResult& choice);
 
  private:
+  // The counters of one choice's result; the prompt's tokens too when
+  // `count_prompt`.
+  void AddResult(const GenerationResult& result, bool count_prompt);
+
   MetricsRegistry& registry_;
   Counter& internal_errors_;
   Counter& prompt_tokens_;

@@ -236,10 +236,14 @@ absl::Status GenerationService::Serve(
 
 void GenerationService::RecordRequest(
     const absl::Status& status, const GenerationResult* result,
-    double first_token_seconds, std::chrono::steady_clock::time_point arrived) {
+    double first_token_seconds, std::chrono::steady_clock::time_point arrived,
+    absl::Span<const GenerationResult> other_choices) {
   if (metrics_ != nullptr) {
     metrics_->RecordRequest(status.code(), result, first_token_seconds,
                             SecondsSince(arrived));
+    for (const GenerationResult& choice : other_choices) {
+      metrics_->RecordChoice(choice);
+    }
   }
 }
 

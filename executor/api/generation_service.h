@@ -232,7 +232,8 @@ class GenerationService final : public v1::Generation::CallbackService {
                      GenerationSink& sink, GenerationOutcome& outcome);
   void RecordRequest(const absl::Status& status, const GenerationResult* result,
                      double first_token_seconds,
-                     std::chrono::steady_clock::time_point arrived);
+                     std::chrono::steady_clock::time_point arrived,
+                     absl::Span<const GenerationResult> other_choices = {});
   // Counts a Call from its creation until its OnDone has finished with it:
   // the destructor waits for the count to reach zero, because gRPC may run a
   // reactor's OnDone after the server itself is gone.

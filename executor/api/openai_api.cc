@@ -426,6 +426,21 @@ absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
           absl::StrCat(tools, ": tool calling is not supported"));
     }
   }
+  if (const Json* tool_choice = Field(body, "tool_choice");
+      tool_choice != nullptr && *tool_choice != "none") {
+    return absl::InvalidArgumentError(
+        "tool_choice: tool calling is not supported (only \"none\")");
+  }
+  if (const Json* format = Field(body, "response_format");
+      format != nullptr &&
+      !(format->is_object() && format->value("type", "") == "text")) {
+    return absl::InvalidArgumentError(
+        "response_format: only {\"type\": \"text\"}; JSON mode and JSON "
+        "schemas need constrained decoding, which this server does not do");
+  }
+  if (const Json* audio = Field(body, "audio"); audio != nullptr) {
+    return absl::InvalidArgumentError("audio: text models only");
+  }
   if (endpoint == OpenAiEndpoint::kCompletions &&
       Field(body, "top_logprobs") != nullptr) {
     return absl::InvalidArgumentError(

@@ -154,7 +154,8 @@ TEST(GenerationServiceTest, StreamsWhatLocalGenerationProduces) {
 TEST(GenerationServiceTest,
      ChoicesStreamWithTheirIndexAndBestOfPicksTheLikeliest) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
-  Server s = StartServer();
+  MetricsRegistry metrics;
+  Server s = StartServer(4, 16, &metrics);
   ASSERT_NE(s.server, nullptr);
   v1::GenerateRequest request = TextRequest("Once upon a time", 16);
   request.set_temperature(1.0);
@@ -183,6 +184,18 @@ TEST(GenerationServiceTest,
   ASSERT_TRUE(reader->Finish().ok());
   ASSERT_EQ(ids.size(), 3u);
   ASSERT_EQ(finals.size(), 3u);
+  // One request; every choice's tokens; the prompt once.
+  const std::string text = metrics.Render();
+  EXPECT_NE(text.find("knapserve_requests_total{code=\"OK\"} 1\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("knapserve_generation_tokens_total 48\n"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find(absl::StrCat("knapserve_prompt_tokens_total ",
+                                   finals[0].usage().prompt_tokens(), "\n")),
+            std::string::npos)
+      << text;
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(ids[i].size(), 16u);
     EXPECT_EQ(finals[i].usage().completion_tokens(), 16);

@@ -199,6 +199,9 @@ TEST(OpenAiApiTest, RefusalsNameTheirField) {
       {{{"bad_words", {{1, "x"}}}}, "bad_words"},
       {{{"top_logprobs", 2}}, "top_logprobs"},
       {{{"suffix", "x"}}, "suffix"},
+      {{{"response_format", {{"type", "json_object"}}}}, "response_format"},
+      {{{"tool_choice", "auto"}}, "tool_choice"},
+      {{{"audio", {{"voice", "alloy"}}}}, "audio"},
       {{{"logprobs", 21}}, "logprobs"},
       {{{"logprobs", -1}}, "logprobs"},
       {{{"stop", 5}}, "stop"},
@@ -226,6 +229,17 @@ TEST(OpenAiApiTest, RefusalsNameTheirField) {
     EXPECT_EQ(OpenAiErrorJson(r.status())["error"]["param"], c.field)
         << r.status();
   }
+  // What these refusals leave alone: plain text output, no tools, n and
+  // best_of in range (their ranges are DecodeGenerateRequest's).
+  Json fine = base;
+  fine.update(Json{{"response_format", {{"type", "text"}}},
+                   {"tool_choice", "none"},
+                   {"n", 2},
+                   {"best_of", 3}});
+  absl::StatusOr<OpenAiRequest> accepted = Parse(fine);
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_EQ(accepted->wire.n(), 2);
+  EXPECT_EQ(accepted->wire.best_of(), 3);
   auto missing = Parse(Json{{"model", "stories"}});
   EXPECT_EQ(OpenAiErrorJson(missing.status())["error"]["param"], "prompt");
   auto other = Parse(Json{{"model", "gpt-4"}, {"prompt", "x"}});
