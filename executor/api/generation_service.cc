@@ -95,7 +95,7 @@ class GenerationService::Call final
     }
     Close(outcome.status,
           outcome.result.has_value() ? &*outcome.result : nullptr,
-          outcome.timings.first_token_seconds);
+          outcome.timings.first_token_seconds, outcome.other_choices);
   }
 
   // Records the request's metrics and ends the stream with `status` once
@@ -103,8 +103,10 @@ class GenerationService::Call final
   // afterwards (gRPC may delete it at once).
   void Close(const absl::Status& status,
              const GenerationResult* result = nullptr,
-             double first_token_seconds = 0) {
-    service_->RecordRequest(status, result, first_token_seconds, arrived_);
+             double first_token_seconds = 0,
+             absl::Span<const GenerationResult> other_choices = {}) {
+    service_->RecordRequest(status, result, first_token_seconds, arrived_,
+                            other_choices);
     trace().Finish(status, result);
     // The id is free before the client can see the end: a client that sends
     // the same id again right after must not find it "already running"
@@ -343,7 +345,8 @@ absl::Status GenerationService::Submit(
         const GenerationResult* result =
             outcome.result.has_value() ? &*outcome.result : nullptr;
         RecordRequest(outcome.status, result,
-                      outcome.timings.first_token_seconds, arrived);
+                      outcome.timings.first_token_seconds, arrived,
+                      outcome.other_choices);
         sink->trace().Finish(outcome.status, result);
         RemoveCall(sink.get());
         sink->OnFinished(std::move(outcome));
