@@ -270,6 +270,10 @@ ABSL_FLAG(int64_t, guard_probe_steps, 8,
           "knapspec/clasp: plain steps the guard measures when the context "
           "bucket has no plain "
           "timings yet.");
+ABSL_FLAG(int64_t, guard_reprobe_steps, 256,
+          "Plain steps a losing guard verdict holds, over every request of the "
+          "same setting and context bucket, before the setting is measured "
+          "again.");
 ABSL_FLAG(bool, search_masks, false,
           "bench spec: first find a static mask by greedy forward selection "
           "(start from no "
@@ -535,6 +539,8 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
   request.speculation.guard_min_steps = absl::GetFlag(FLAGS_guard_min_steps);
   request.speculation.guard_probe_steps =
       absl::GetFlag(FLAGS_guard_probe_steps);
+  request.speculation.guard_reprobe_steps =
+      absl::GetFlag(FLAGS_guard_reprobe_steps);
   return request;
 }
 

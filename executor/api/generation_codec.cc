@@ -325,6 +325,7 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
   w->set_last_plan_error(r.last_plan_error);
   w->set_profile_pending(planning.profile_pending);
   w->set_profile_pending_steps(planning.profile_pending_steps);
+  w->set_guard_inherited_steps(planning.guard_inherited_steps);
   return response;
 }
 
@@ -346,6 +347,7 @@ PlanningStats DecodePlanningStats(const v1::PlanningStats& w) {
   s.guard_last_plain_tps = w.guard_last_plain_tokens_per_second();
   s.profile_pending = w.profile_pending();
   s.profile_pending_steps = w.profile_pending_steps();
+  s.guard_inherited_steps = w.guard_inherited_steps();
   return s;
 }
 

@@ -70,7 +70,12 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
                        "Plain steps the guard ran to measure the plain rate.")),
       guard_plain_steps_(
           r.AddCounter("knapserve_guard_plain_steps_total",
-                       "Steps decoded plainly because a plan lost.")),
+                       "Steps decoded plainly because the drafting setting "
+                       "lost to plain decoding (any drafting mode).")),
+      guard_inherited_steps_(r.AddCounter(
+          "knapserve_guard_inherited_steps_total",
+          "Of those, steps decoded plainly under a verdict another request "
+          "gave (shared per setting and context bucket).")),
       routing_(r.AddHistogram(
           "knapserve_routing_seconds",
           "KNN-SSD: time to route a request to its domain (1-NN over the "
@@ -97,6 +102,12 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
   r.AddGauge("knapserve_plan_cache_entries",
              "Plans in the executor's plan cache.",
              [cache] { return static_cast<double>(cache->size()); });
+  if (std::shared_ptr<GuardVerdicts> verdicts = planning.verdicts) {
+    r.AddGauge("knapserve_guard_losing_settings",
+               "Drafting settings (mode and draft, per context bucket) the "
+               "guard holds at plain decoding now: their verdicts lost.",
+               [verdicts] { return static_cast<double>(verdicts->losing()); });
+  }
   r.AddGauge("knapserve_running_requests", "Requests decoding now.",
              [&scheduler] { return scheduler.running(); });
   r.AddGauge("knapserve_queued_requests", "Requests waiting for a slot.",
@@ -229,6 +240,8 @@ void GenerationMetrics::AddResult(const GenerationResult& r,
   guard_fallbacks_.Add(static_cast<double>(planning.guard_fallbacks));
   guard_probe_steps_.Add(static_cast<double>(planning.guard_probe_steps));
   guard_plain_steps_.Add(static_cast<double>(planning.guard_plain_steps));
+  guard_inherited_steps_.Add(
+      static_cast<double>(planning.guard_inherited_steps));
   if (result->stats.completion_tokens > 1) {
     itl_.Observe(result->stats.decode_seconds /
                  static_cast<double>(result->stats.completion_tokens - 1));

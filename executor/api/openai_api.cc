@@ -701,6 +701,9 @@ Json KnapserveExtension(const GenerationResult& r, SpeculationMode mode,
     ext["planning"] = PlanningJson(r.planning, r.stats.decode_seconds);
     ext["plan_requests"] = r.stats.plan_requests;
     ext["plan_failures"] = r.stats.plan_failures;
+  } else if (Drafts(mode)) {
+    // The guard of the unplanned drafting modes (static, knn, specbound).
+    ext["guard"] = PlanningJson(r.planning, r.stats.decode_seconds)["guard"];
   }
   return ext;
 }

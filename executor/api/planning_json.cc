@@ -19,6 +19,7 @@ nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds) {
             {"fallbacks", s.guard_fallbacks},
             {"probe_steps", s.guard_probe_steps},
             {"plain_steps", s.guard_plain_steps},
+            {"inherited_steps", s.guard_inherited_steps},
             {"last_spec_tps", s.guard_last_spec_tps},
             {"last_plain_tps", s.guard_last_plain_tps}}},
           {"profile_pending", s.profile_pending},

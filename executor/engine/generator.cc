@@ -164,6 +164,10 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request,
       return absl::InvalidArgumentError(
           absl::StrCat("guard_margin: must be >= 0, got ", spec.guard_margin));
     }
+    if (spec.guard_reprobe_steps < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "guard_reprobe_steps: must be >= 1, got ", spec.guard_reprobe_steps));
+    }
     if (spec.guard_min_steps < 1 || spec.guard_probe_steps < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "guard_min_steps and guard_probe_steps: must be >= 1, got ",

@@ -108,6 +108,9 @@ struct SpeculationConfig {
   int64_t guard_min_steps = 16;  // speculative steps per guard judgement, >= 1
   int64_t guard_probe_steps =
       8;  // plain steps measured when the bucket has none, >= 1
+  // Plain steps a losing verdict holds (over every sequence decoding under
+  // it) before the setting is measured again, >= 1.
+  int64_t guard_reprobe_steps = 256;
   // SpecBound (kSpecBound, executor/engine/specbound.h): early-exit drafting.
   // Its width bound is max_draft (the longest run of drafts per step).
   SpecBoundConfig specbound;

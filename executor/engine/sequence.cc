@@ -84,6 +84,35 @@ RowLogprobs LogprobsOf(const torch::Tensor& logits,
   return out;
 }
 
+// Process-wide ids of sequences (the planner's key; the guard's verdicts
+// say which sequence judged).
+uint64_t NextSequenceId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1);
+}
+
+// The guard settings of a request (SpeculationConfig's guard_* fields).
+GuardOptions GuardOptionsFrom(const SpeculationConfig& spec) {
+  GuardOptions options;
+  options.enabled = spec.guard;
+  options.margin = spec.guard_margin;
+  options.min_steps = spec.guard_min_steps;
+  options.probe_steps = spec.guard_probe_steps;
+  options.reprobe_steps = spec.guard_reprobe_steps;
+  return options;
+}
+
+// What plain-decoding speed depends on (PlanCacheKey::ExecutionId): model,
+// device, dtype and threads.
+std::string ExecutionId(const LlamaModel& model) {
+  PlanCacheKey key;
+  key.model_fingerprint = model.config().Fingerprint();
+  key.device = model.device().str();
+  key.dtype = DtypeName(model.dtype());
+  key.threads = at::get_num_threads();
+  return key.ExecutionId();
+}
+
 }  // namespace
 
 // The planned modes' side of one generation: a PlanController decides, this
@@ -358,11 +387,6 @@ class PlanSession {
     apply_span_.End();
   }
 
-  static uint64_t NextSequenceId() {
-    static std::atomic<uint64_t> next{1};
-    return next.fetch_add(1);
-  }
-
   static int ClaspLayers(const LlamaModel& model,
                          const SpeculationConfig& spec) {
     return spec.clasp_layers > 0 ? spec.clasp_layers
@@ -378,10 +402,7 @@ class PlanSession {
     options.planner_budget = spec.planner_budget;
     options.reference_steps = spec.reference_steps;
     options.min_request_gap = spec.plan_interval;
-    options.guard.enabled = spec.guard;
-    options.guard.margin = spec.guard_margin;
-    options.guard.min_steps = spec.guard_min_steps;
-    options.guard.probe_steps = spec.guard_probe_steps;
+    options.guard = GuardOptionsFrom(spec);
     return options;
   }
 
@@ -449,6 +470,21 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
       new Sequence(model, tokenizer, std::move(request), std::move(on_tokens),
                    std::move(on_reference), std::move(mask)));
   if (IsRouted(seq->request_.speculation.mode)) seq->router_ = shared->router;
+  if (shared != nullptr) {
+    seq->shared_ = *shared;
+    seq->plain_rates_ = shared->plain_rates;
+    seq->execution_id_ = ExecutionId(model);
+  }
+  // Static and SpecBound drafts are fixed from the start; knn's once routed.
+  if (spec.mode == SpeculationMode::kStatic) {
+    seq->StartGuard(absl::StrCat("static ", spec.skip, " D", spec.max_draft));
+  } else if (spec.mode == SpeculationMode::kSpecBound) {
+    const SpecBoundConfig& sb = spec.specbound;
+    seq->StartGuard(
+        absl::StrCat("specbound lambda=", sb.lambda, " t0=", sb.t0,
+                     " depth=", sb.depth_bound, " every=", sb.check_every,
+                     sb.trained_heads ? " trained" : "", " D", spec.max_draft));
+  }
   if (planned) {
     const PlanningShared own =
         shared != nullptr ? PlanningShared() : PlanningShared::Create();
@@ -678,6 +714,14 @@ void Sequence::BeginStep(bool allow_drafts) {
   // SpecBound's verification is a partial pass, which captures no boundary
   // states (it has no reference snapshots).
   if (early_exit_) exit_rows_.Begin(length_, result_.output_ids.back());
+  // The guard of an unplanned drafting mode: plain while its setting's
+  // verdict (this sequence's or another's) says drafting loses here.
+  if (guard_ != nullptr && allow_drafts && gamma_ > 0 &&
+      guard_->BeforeStep(
+          ContextBucket(length_, request_.speculation.plan_bucket_tokens),
+          result_.planning)) {
+    allow_drafts = false;
+  }
   const int64_t remaining =
       limit_ - static_cast<int64_t>(result_.output_ids.size());
   // Drafts + the verified token must fit both the budget and the K/V.
@@ -798,6 +842,14 @@ absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
   return Commit({first}, logits.unsqueeze(0));
 }
 
+void Sequence::StartGuard(const std::string& setting) {
+  const SpeculationConfig& spec = request_.speculation;
+  if (!spec.guard || plain_rates_ == nullptr) return;
+  guard_ = std::make_unique<SpeculationGuard>(
+      GuardOptionsFrom(spec), plain_rates_, shared_.verdicts, execution_id_,
+      setting, NextSequenceId(), spec.plan_bucket_tokens);
+}
+
 void Sequence::Route() {
   const auto start = std::chrono::steady_clock::now();
   const DomainRoute route = router_->Route(routing_.Mean());
@@ -806,6 +858,10 @@ void Sequence::Route() {
   gamma_ = std::min(domain.gamma, request_.speculation.max_draft);
   result_.mask = gamma_ > 0 ? mask_.ToString() : "";
   result_.routed_domain = domain.name;
+  if (gamma_ > 0) {
+    StartGuard(
+        absl::StrCat("knn ", domain.name, " ", mask_.ToString(), " D", gamma_));
+  }
   result_.routing_similarity = route.similarity;
   result_.stats.routing_seconds = SecondsSince(start);
 }
@@ -823,14 +879,24 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   length_ = pos + out.accepted + 1;
   ++result_.stats.steps;
   if (early_exit_) UpdateExitCostMask();
+  StepObservation observation;
+  observation.gamma = step_gamma_;
+  observation.drafted = out.drafted;
+  observation.accepted = out.accepted;
+  observation.tokens = static_cast<int>(out.tokens.size());
+  observation.seconds = step_seconds;
   if (planned_) {
-    StepObservation observation;
-    observation.gamma = step_gamma_;
-    observation.drafted = out.drafted;
-    observation.accepted = out.accepted;
-    observation.tokens = static_cast<int>(out.tokens.size());
-    observation.seconds = step_seconds;
-    plans_->AfterStep(observation);
+    plans_->AfterStep(observation);  // records its plain steps itself
+  } else {
+    const int64_t bucket_tokens = request_.speculation.plan_bucket_tokens;
+    const int64_t bucket = ContextBucket(pos, bucket_tokens);
+    if (plain_rates_ != nullptr && observation.gamma == 0 &&
+        observation.tokens == 1) {
+      plain_rates_->Record(execution_id_, bucket_tokens, bucket, step_seconds);
+    }
+    if (guard_ != nullptr) {
+      guard_->Observe(gamma_ > 0, bucket, observation, result_.planning);
+    }
   }
   if (capture_) {
     std::optional<ReferenceStates> snapshot =

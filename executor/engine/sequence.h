@@ -55,6 +55,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -173,6 +174,10 @@ class Sequence {
   // kKnn, after the prefill: routes routing_ to a domain and takes its mask
   // and gamma for the rest of the generation.
   void Route();
+  // The drafting modes that are not planned (static, knn, specbound): their
+  // guard (the planned modes' is in their PlanController), keyed by
+  // `setting` (the mode and what fixes its drafts).
+  void StartGuard(const std::string& setting);
 
   const LlamaModel& model_;
   GenerationRequest request_;
@@ -196,6 +201,12 @@ class Sequence {
   ReferenceStateCollector collector_;
   ReferenceStateCollector planned_collector_;
   std::unique_ptr<PlanSession> plans_;
+  // Every sequence records its plain steps for the guards (PlainRateTable,
+  // under execution_id_), when the process shares a table.
+  std::shared_ptr<PlainRateTable> plain_rates_;
+  std::string execution_id_;
+  std::unique_ptr<SpeculationGuard> guard_;  // StartGuard
+  PlanningShared shared_;                    // the process's, or empty
   // kKnn: the process's domain anchors, and the prompt's routing vector
   // (built by the prefill's chunks; chunk_states_ is the pass's output).
   std::shared_ptr<const DomainRouter> router_;

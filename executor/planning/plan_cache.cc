@@ -194,11 +194,68 @@ int64_t PlainRateTable::samples(const std::string& execution_id,
   return it == steps_.end() ? 0 : static_cast<int64_t>(it->second.size());
 }
 
+// ---------------------------------------------------------------------------
+// GuardVerdicts
+
+void GuardVerdicts::Judge(const std::string& execution_id,
+                          const std::string& setting, int64_t bucket_tokens,
+                          int64_t bucket, bool loses, const Verdict& verdict,
+                          int64_t hold_steps) {
+  absl::MutexLock lock(&mu_);
+  const Key key(execution_id, setting, bucket_tokens, bucket);
+  if (!loses) {
+    losing_.erase(key);
+    return;
+  }
+  Verdict& held = losing_[key];
+  held = verdict;
+  held.plain_steps_left = std::max<int64_t>(1, hold_steps);
+  held.plain_steps = 0;
+  ++given_;
+}
+
+std::optional<GuardVerdicts::Verdict> GuardVerdicts::TakePlainStep(
+    const std::string& execution_id, const std::string& setting,
+    int64_t bucket_tokens, int64_t bucket, int64_t plan_version) {
+  absl::MutexLock lock(&mu_);
+  auto it = losing_.find(Key(execution_id, setting, bucket_tokens, bucket));
+  if (it == losing_.end()) return std::nullopt;
+  if (it->second.plan_version != plan_version) {
+    // A verdict on another plan: the newest plan is judged afresh.
+    if (it->second.plan_version < plan_version) losing_.erase(it);
+    return std::nullopt;
+  }
+  Verdict verdict = it->second;
+  ++it->second.plain_steps;
+  if (--it->second.plain_steps_left <= 0) losing_.erase(it);
+  return verdict;
+}
+
+std::optional<GuardVerdicts::Verdict> GuardVerdicts::Find(
+    const std::string& execution_id, const std::string& setting,
+    int64_t bucket_tokens, int64_t bucket) const {
+  absl::MutexLock lock(&mu_);
+  auto it = losing_.find(Key(execution_id, setting, bucket_tokens, bucket));
+  if (it == losing_.end()) return std::nullopt;
+  return it->second;
+}
+
+int64_t GuardVerdicts::losing() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(losing_.size());
+}
+
+int64_t GuardVerdicts::verdicts_given() const {
+  absl::MutexLock lock(&mu_);
+  return given_;
+}
+
 PlanningShared PlanningShared::Create() {
   PlanningShared shared;
   shared.cache = std::make_shared<PlanCache>();
   shared.budget = std::make_shared<PlannerBudget>();
   shared.plain_rates = std::make_shared<PlainRateTable>();
+  shared.verdicts = std::make_shared<GuardVerdicts>();
   return shared;
 }
 

@@ -197,12 +197,67 @@ class PlainRateTable {
   absl::flat_hash_map<Key, std::deque<double>> steps_ ABSL_GUARDED_BY(mu_);
 };
 
+// The guard's shared verdicts (executor/planning/plan_controller.h's
+// SpeculationGuard): which drafting settings measured slower than plain
+// decoding, per execution and context bucket, so that a new request does
+// not try a losing setting again. A setting is a drafting mode and what
+// fixes its drafts ("static a1,m3 D3", "knapspec D6", "knn stories D4",
+// ...); for the planned modes a verdict holds for the plan version it
+// judged, and a newer plan is judged afresh. A losing verdict holds for
+// `hold_steps` plain steps, counted over every sequence that decodes under
+// it; then it expires and the next speculative steps measure again (the
+// re-probe). A winning judgement clears it.
+class GuardVerdicts {
+ public:
+  struct Verdict {
+    double spec_tps = 0;           // measured at the judgement
+    double plain_tps = 0;          // the plain rate it lost to
+    int64_t plan_version = 0;      // planned modes: the plan judged; else 0
+    uint64_t sequence_id = 0;      // the sequence that judged
+    int64_t plain_steps_left = 0;  // before the re-probe
+    int64_t plain_steps = 0;       // decoded under it so far
+  };
+
+  GuardVerdicts() = default;
+  GuardVerdicts(const GuardVerdicts&) = delete;
+  GuardVerdicts& operator=(const GuardVerdicts&) = delete;
+
+  // A judgement: the setting lost (`loses`: a verdict of `hold_steps` plain
+  // steps) or won (any verdict for it is cleared).
+  void Judge(const std::string& execution_id, const std::string& setting,
+             int64_t bucket_tokens, int64_t bucket, bool loses,
+             const Verdict& verdict, int64_t hold_steps)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Before a step of `setting` at `bucket` under plan `plan_version` (0
+  // unplanned): the verdict in force, if it loses, with one of its plain
+  // steps spent by this call (at the last one it expires). nullopt: draft.
+  std::optional<Verdict> TakePlainStep(const std::string& execution_id,
+                                       const std::string& setting,
+                                       int64_t bucket_tokens, int64_t bucket,
+                                       int64_t plan_version)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The verdict in force, without spending a step (tests, reports).
+  std::optional<Verdict> Find(const std::string& execution_id,
+                              const std::string& setting, int64_t bucket_tokens,
+                              int64_t bucket) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Losing verdicts in force (a gauge), and all ever given (a counter).
+  int64_t losing() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t verdicts_given() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  using Key = std::tuple<std::string, std::string, int64_t, int64_t>;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<Key, Verdict> losing_ ABSL_GUARDED_BY(mu_);
+  int64_t given_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // The process's shared planning state. Make one with Create() and hand it
 // to every Generate() call; copies share the same objects.
 struct PlanningShared {
   std::shared_ptr<PlanCache> cache;
   std::shared_ptr<PlannerBudget> budget;
   std::shared_ptr<PlainRateTable> plain_rates;
+  std::shared_ptr<GuardVerdicts> verdicts;
   // The domain anchors SpeculationMode::kKnn routes by; null when the
   // process has none (a kKnn request then fails with FailedPrecondition).
   // Create() leaves it null: the binaries load it from --anchors.

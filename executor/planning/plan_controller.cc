@@ -3,6 +3,8 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+
 namespace knapserve {
 
 std::string PlanTriggerName(PlanTrigger trigger) {
@@ -24,11 +26,16 @@ std::string PlanTriggerName(PlanTrigger trigger) {
 
 SpeculationGuard::SpeculationGuard(GuardOptions options,
                                    std::shared_ptr<PlainRateTable> plain_rates,
+                                   std::shared_ptr<GuardVerdicts> verdicts,
                                    std::string execution_id,
+                                   std::string setting, uint64_t sequence_id,
                                    int64_t bucket_tokens)
     : options_(options),
       plain_rates_(std::move(plain_rates)),
+      verdicts_(std::move(verdicts)),
       execution_id_(std::move(execution_id)),
+      setting_(std::move(setting)),
+      sequence_id_(sequence_id),
       bucket_tokens_(bucket_tokens) {}
 
 void SpeculationGuard::Reset() {
@@ -37,6 +44,23 @@ void SpeculationGuard::Reset() {
   window_tokens_ = 0;
   window_seconds_ = 0;
   probe_left_ = 0;
+}
+
+bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
+  if (!options_.enabled) return false;
+  if (state_ != State::kSpeculate) return true;  // probe, or lone fallback
+  if (verdicts_ == nullptr) return false;
+  const std::optional<GuardVerdicts::Verdict> verdict =
+      verdicts_->TakePlainStep(execution_id_, setting_, bucket_tokens_, bucket,
+                               plan_version_);
+  if (!verdict.has_value()) return false;
+  ++stats.guard_plain_steps;
+  if (verdict->sequence_id != sequence_id_) ++stats.guard_inherited_steps;
+  if (stats.guard_last_plain_tps == 0) {
+    stats.guard_last_spec_tps = verdict->spec_tps;
+    stats.guard_last_plain_tps = verdict->plain_tps;
+  }
+  return true;
 }
 
 void SpeculationGuard::Observe(bool speculating, int64_t bucket,
@@ -90,11 +114,19 @@ void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats) {
   window_steps_ = 0;
   window_tokens_ = 0;
   window_seconds_ = 0;
-  if (speculative_tps < plain_tps * (1.0 + options_.margin)) {
+  const bool loses = speculative_tps < plain_tps * (1.0 + options_.margin);
+  if (loses) ++stats.guard_fallbacks;
+  state_ = State::kSpeculate;
+  if (verdicts_ != nullptr) {
+    GuardVerdicts::Verdict verdict;
+    verdict.spec_tps = speculative_tps;
+    verdict.plain_tps = plain_tps;
+    verdict.plan_version = plan_version_;
+    verdict.sequence_id = sequence_id_;
+    verdicts_->Judge(execution_id_, setting_, bucket_tokens_, bucket, loses,
+                     verdict, options_.reprobe_steps);
+  } else if (loses) {
     state_ = State::kFallback;
-    ++stats.guard_fallbacks;
-  } else {
-    state_ = State::kSpeculate;
   }
 }
 
@@ -123,8 +155,12 @@ PlanController::PlanController(PlanControllerOptions options, PlanCacheKey key,
       key_(std::move(key)),
       sequence_id_(sequence_id),
       shared_(std::move(shared)),
-      guard_(options_.guard, shared_.plain_rates, key_.ExecutionId(),
-             options_.bucket_tokens),
+      guard_(options_.guard, shared_.plain_rates, shared_.verdicts,
+             key_.ExecutionId(),
+             absl::StrCat(PlanPolicyName(key_.policy),
+                          key_.policy_detail.empty() ? "" : " ",
+                          key_.policy_detail, " D", key_.max_draft),
+             sequence_id, options_.bucket_tokens),
       gamma_(initial_gamma) {
   key_.bucket_tokens = options_.bucket_tokens;
 }
@@ -165,7 +201,7 @@ void PlanController::Apply(const CachedPlan& plan, const std::string& source,
   drift_trials_ = 0;
   drift_accepted_ = 0;
   drift_fired_ = false;
-  guard_.Reset();
+  guard_.SetPlan(plan.version);
   directive.apply = plan;
   directive.apply_source = source;
 }
@@ -245,7 +281,10 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
     directive.capture = true;
     directive.capture_offset = step - capture_start_;
   }
-  directive.gamma = guard_.ForcePlain() ? 0 : gamma_;
+  directive.gamma =
+      gamma_ > 0 && may_start_capture && guard_.BeforeStep(bucket_, stats_)
+          ? 0
+          : gamma_;
   if (profile_pending && directive.gamma == 0 && !in_force_.has_value()) {
     ++stats_.profile_pending_steps;
   }

@@ -67,6 +67,9 @@ struct GuardOptions {
   // Plain steps the bucket needs in the PlainRateTable before a judgement;
   // when it has fewer, the guard decodes this many plain steps (a probe).
   int64_t probe_steps = 8;
+  // Plain steps a losing verdict holds (GuardVerdicts) before the setting
+  // is measured again.
+  int64_t reprobe_steps = 256;
 };
 
 struct PlanControllerOptions {
@@ -101,6 +104,9 @@ struct PlanningStats {
   int64_t guard_plain_steps = 0;   // plain steps decoded because a plan lost
   double guard_last_spec_tps = 0;  // measured at the last judgement
   double guard_last_plain_tps = 0;  // the plain rate it was compared with
+  // Of guard_plain_steps: those decoded under a verdict another sequence
+  // gave (the shared verdict spared this one its own losing steps).
+  int64_t guard_inherited_steps = 0;
   // Process-wide, when the generation ended: solve seconds / decode seconds.
   double process_planner_cpu_share = 0;
   // The planner's latency profile was still being measured at some step of
@@ -121,27 +127,42 @@ struct StepObservation {
   double seconds = 0;  // wall time of the step (draft + verify)
 };
 
-// The guard of one sequence: judges the setting in force against plain
-// decoding at the same context bucket. The plain rate is measured online:
-// the mean wall time of the plain steps (gamma 0, one token) recorded in the
-// process's PlainRateTable for the bucket, fed by every sequence; when the
-// bucket has fewer than probe_steps of them the guard runs a probe of
-// probe_steps plain steps first. The speculative rate is tokens committed
-// over summed step seconds of the last min_steps speculative steps. When
-// speculative < plain * (1 + margin) the sequence decodes plainly until
-// Reset() (a plan takes effect: the next trigger's plan, or the cached plan
-// of the next bucket); otherwise it keeps speculating and judges again after
-// the next min_steps steps.
+// The guard of one sequence in any drafting mode (static, knapspec, clasp,
+// knn, specbound): judges the setting in force against plain decoding at the
+// same context bucket. The plain rate is measured online: the mean wall time
+// of the plain steps (gamma 0, one token) recorded in the process's
+// PlainRateTable for the bucket, fed by every sequence; when the bucket has
+// fewer than probe_steps of them the guard runs a probe of probe_steps plain
+// steps first. The speculative rate is tokens committed over summed step
+// seconds of the last min_steps speculative steps. When speculative < plain
+// * (1 + margin) the setting loses: the verdict goes to the process's
+// GuardVerdicts (executor/planning/plan_cache.h) under (execution, setting,
+// bucket), and every sequence of that setting in that bucket, this one and
+// those that come later, decodes plainly for reprobe_steps plain steps in
+// all; then the setting is measured again. A win clears the verdict. A new
+// plan (SetPlan) is a new setting version: an older verdict does not hold
+// it back. Without a verdict table the sequence falls back alone, until its
+// next plan.
 class SpeculationGuard {
  public:
+  // `setting`: the drafting mode and what fixes its drafts (the verdict's
+  // key with `execution_id`); `verdicts` may be null (no sharing).
   SpeculationGuard(GuardOptions options,
                    std::shared_ptr<PlainRateTable> plain_rates,
-                   std::string execution_id, int64_t bucket_tokens);
+                   std::shared_ptr<GuardVerdicts> verdicts,
+                   std::string execution_id, std::string setting,
+                   uint64_t sequence_id, int64_t bucket_tokens);
 
   // A new setting took effect: speculate and measure from scratch.
   void Reset();
-  // Whether the next step must be plain (a probe or a fallback).
-  bool ForcePlain() const { return state_ != State::kSpeculate; }
+  // A plan took effect (planned modes): its version keys the verdicts.
+  void SetPlan(int64_t plan_version) {
+    plan_version_ = plan_version;
+    Reset();
+  }
+  // Before a step that would draft, at context bucket `bucket`: whether it
+  // must be plain (a probe, or a losing verdict, whose step it counts).
+  bool BeforeStep(int64_t bucket, PlanningStats& stats);
   bool in_fallback() const { return state_ == State::kFallback; }
   // After every step (its plain step already recorded in the table).
   // `speculating`: the setting in force drafts (gamma > 0).
@@ -154,8 +175,12 @@ class SpeculationGuard {
 
   const GuardOptions options_;
   const std::shared_ptr<PlainRateTable> plain_rates_;
+  const std::shared_ptr<GuardVerdicts> verdicts_;
   const std::string execution_id_;
+  const std::string setting_;
+  const uint64_t sequence_id_;
   const int64_t bucket_tokens_;
+  int64_t plan_version_ = 0;
   State state_ = State::kSpeculate;
   int64_t window_steps_ = 0;
   int64_t window_tokens_ = 0;

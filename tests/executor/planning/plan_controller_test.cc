@@ -440,5 +440,92 @@ TEST(SpeculationGuardTest,
   EXPECT_EQ(d.stats().guard_fallbacks + d.stats().guard_probe_steps, 0);
 }
 
+// A losing verdict is shared: another sequence of the same setting in the
+// same bucket decodes plainly from its first step, without measuring the
+// setting again, until the verdict's plain steps (over both) are spent; then
+// the setting is measured again, and a win clears the verdict.
+TEST(SpeculationGuardTest, ALosingVerdictHoldsForEverySequenceUntilItsReprobe) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+  for (int i = 0; i < 3; ++i) {
+    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  }
+  PlanControllerOptions o = GuardOn();
+  o.guard.reprobe_steps = 6;
+  PlanController first(o, BaseKey(), 1, 0, shared);
+  for (int64_t step = 0; step < 4; ++step) {
+    EXPECT_EQ(first.BeforeStep(step, 1).gamma, 3);
+    first.AfterStep(Spec(3, 3, 1, 0.02));  // 100 tokens/s against 200
+  }
+  EXPECT_EQ(first.stats().guard_fallbacks, 1);
+  ASSERT_TRUE(
+      shared.verdicts->Find(BaseKey().ExecutionId(), "knapspec D6", 32, 0)
+          .has_value());
+  EXPECT_EQ(shared.verdicts->losing(), 1);
+  // Two plain steps of the first sequence, then a new sequence inherits.
+  for (int64_t step = 4; step < 6; ++step) {
+    EXPECT_EQ(first.BeforeStep(step, 1).gamma, 0);
+    first.AfterStep(Plain(0.005));
+  }
+  PlanController second(o, BaseKey(), 2, 0, shared);
+  for (int64_t step = 0; step < 4; ++step) {
+    const StepDirective d = second.BeforeStep(step, 1);
+    EXPECT_EQ(d.gamma, 0) << "inherited, step " << step;
+    second.AfterStep(Plain(0.005));
+  }
+  EXPECT_EQ(second.stats().guard_plain_steps, 4);
+  EXPECT_EQ(second.stats().guard_inherited_steps, 4);
+  EXPECT_EQ(second.stats().guard_checks, 0) << "it never measured the loser";
+  EXPECT_EQ(first.stats().guard_inherited_steps, 0);
+  // Six plain steps spent: the verdict expired; the setting is measured
+  // again, wins this time, and no verdict comes back.
+  EXPECT_EQ(shared.verdicts->losing(), 0);
+  for (int64_t step = 4; step < 8; ++step) {
+    EXPECT_EQ(second.BeforeStep(step, 1).gamma, 3) << step;
+    second.AfterStep(Spec(3, 3, 2, 0.012));  // 250 tokens/s
+  }
+  EXPECT_EQ(second.stats().guard_checks, 1);
+  EXPECT_EQ(second.stats().guard_fallbacks, 0);
+  EXPECT_EQ(shared.verdicts->losing(), 0);
+  EXPECT_EQ(shared.verdicts->verdicts_given(), 1);
+}
+
+TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
+  GuardVerdicts verdicts;
+  GuardVerdicts::Verdict v;
+  v.spec_tps = 90;
+  v.plain_tps = 100;
+  v.plan_version = 7;
+  v.sequence_id = 3;
+  verdicts.Judge("exec", "knapspec D6", 256, 1, /*loses=*/true, v, 3);
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 0, 7))
+      << "another bucket";
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", "static a1 D3", 256, 1, 0))
+      << "another setting";
+  EXPECT_FALSE(verdicts.TakePlainStep("other", "knapspec D6", 256, 1, 7))
+      << "another execution";
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 6))
+      << "an older plan is not what lost";
+  std::optional<GuardVerdicts::Verdict> taken =
+      verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 7);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_EQ(taken->sequence_id, 3u);
+  EXPECT_DOUBLE_EQ(taken->plain_tps, 100);
+  EXPECT_TRUE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 7));
+  EXPECT_TRUE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 7));
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 7))
+      << "three plain steps held it";
+  // A newer plan voids a verdict on an older one; a win clears a verdict.
+  verdicts.Judge("exec", "knapspec D6", 256, 1, true, v, 3);
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 8));
+  EXPECT_EQ(verdicts.losing(), 0);
+  v.plan_version = 0;
+  verdicts.Judge("exec", "static a1 D3", 256, 1, true, v, 3);
+  EXPECT_EQ(verdicts.losing(), 1);
+  verdicts.Judge("exec", "static a1 D3", 256, 1, false, v, 3);
+  EXPECT_EQ(verdicts.losing(), 0);
+  EXPECT_EQ(verdicts.verdicts_given(), 3);
+}
+
 }  // namespace
 }  // namespace knapserve

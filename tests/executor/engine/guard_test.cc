@@ -1,0 +1,113 @@
+// The online guard in the drafting modes that are not planned (static,
+// specbound; knn takes the same path once routed): a setting that loses to
+// plain decoding gets a verdict in the process's GuardVerdicts
+// (executor/planning/plan_cache.h), and the next request with the same
+// setting decodes plainly from its first step, inheriting the verdict,
+// instead of measuring the loser again. Output stays plain decoding's.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "executor/engine/generator.h"
+#include "tests/testing/test_models.h"
+
+namespace knapserve {
+namespace {
+
+using testing::CachedModel;
+using testing::StoriesTokenizer;
+
+TEST(GuardTest, UnplannedModesShareALosingVerdict) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  GenerationRequest base;
+  base.prompt_ids = {1, 410, 469, 347};
+  base.max_new_tokens = 48;
+  base.ignore_eos = true;
+  auto plain = Generate(*model, *StoriesTokenizer(), base);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (const SpeculationMode mode :
+       {SpeculationMode::kStatic, SpeculationMode::kSpecBound}) {
+    SCOPED_TRACE(SpeculationModeName(mode));
+    PlanningShared shared = PlanningShared::Create();
+    GenerationRequest request = base;
+    SpeculationConfig& spec = request.speculation;
+    spec.mode = mode;
+    spec.max_draft = 3;
+    spec.exit_threshold = 0.0;
+    if (mode == SpeculationMode::kStatic) spec.skip = "a2,m2,a3";
+    spec.specbound.lambda = 0.2;
+    spec.specbound.check_every = 1;
+    // Speculation would have to be 1000 times faster than plain decoding:
+    // every judgement loses, whatever this machine's timings.
+    spec.guard = true;
+    spec.guard_margin = 1000;
+    spec.guard_min_steps = 4;
+    spec.guard_probe_steps = 3;
+    spec.guard_reprobe_steps = 10000;
+    auto first = Generate(*model, *StoriesTokenizer(), request, nullptr,
+                          nullptr, nullptr, &shared);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ(first->output_ids, plain->output_ids);
+    EXPECT_GT(first->speculation.drafts, 0) << "it measured the setting";
+    EXPECT_EQ(first->planning.guard_checks, 1);
+    EXPECT_EQ(first->planning.guard_fallbacks, 1);
+    EXPECT_EQ(first->planning.guard_probe_steps, 3)
+        << "no plain timings before: a probe";
+    EXPECT_GT(first->planning.guard_plain_steps, 20);
+    EXPECT_EQ(first->planning.guard_inherited_steps, 0);
+    EXPECT_EQ(shared.verdicts->losing(), 1);
+
+    auto second = Generate(*model, *StoriesTokenizer(), request, nullptr,
+                           nullptr, nullptr, &shared);
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_EQ(second->output_ids, plain->output_ids);
+    EXPECT_EQ(second->speculation.drafts, 0) << "the loser is not tried again";
+    EXPECT_EQ(second->planning.guard_checks, 0);
+    EXPECT_EQ(second->planning.guard_inherited_steps, second->stats.steps);
+    EXPECT_EQ(second->planning.guard_plain_steps, second->stats.steps);
+    EXPECT_DOUBLE_EQ(second->planning.guard_last_plain_tps,
+                     first->planning.guard_last_plain_tps);
+
+    // Another setting (another mask) is judged on its own.
+    GenerationRequest other = request;
+    other.speculation.skip = "m1";
+    other.speculation.max_draft = 2;
+    auto third = Generate(*model, *StoriesTokenizer(), other, nullptr, nullptr,
+                          nullptr, &shared);
+    ASSERT_TRUE(third.ok()) << third.status();
+    EXPECT_GT(third->speculation.drafts, 0);
+    EXPECT_EQ(third->planning.guard_inherited_steps, 0);
+  }
+}
+
+// With the guard off (--guard=false) nothing is judged or inherited.
+TEST(GuardTest, AnUnguardedRequestAlwaysDrafts) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  PlanningShared shared = PlanningShared::Create();
+  GenerationRequest request;
+  request.prompt_ids = {1, 410, 469, 347};
+  request.max_new_tokens = 40;
+  request.ignore_eos = true;
+  request.speculation.mode = SpeculationMode::kStatic;
+  request.speculation.skip = "a2,m2,a3";
+  request.speculation.max_draft = 3;
+  request.speculation.exit_threshold = 0.0;
+  request.speculation.guard = false;
+  request.speculation.guard_margin = 1000;
+  for (int run = 0; run < 2; ++run) {
+    auto result = Generate(*model, *StoriesTokenizer(), request, nullptr,
+                           nullptr, nullptr, &shared);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_GT(result->speculation.drafts, 5);
+    EXPECT_EQ(result->planning.guard_checks, 0);
+    EXPECT_EQ(result->planning.guard_plain_steps, 0);
+  }
+  EXPECT_EQ(shared.verdicts->losing(), 0);
+}
+
+}  // namespace
+}  // namespace knapserve
