@@ -172,11 +172,12 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
         absl::StrCat("plan request for model '", request.model_fingerprint,
                      "' but this planner serves '", fingerprint, "'"));
   }
+  // A prefix held by reference is copied out here, on the solving thread.
+  const std::vector<LayerKv> kv = ResolvedKv(request);
   if (request.kv_length > 0 &&
-      static_cast<int>(request.kv.size()) != model_.num_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat("kv: ", request.kv.size(),
-                                                   " layers for a model with ",
-                                                   model_.num_layers()));
+      static_cast<int>(kv.size()) != model_.num_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv: ", kv.size(), " layers for a model with ", model_.num_layers()));
   }
   const std::shared_ptr<const LatencyProfile> profile_in_force = profile();
   if (profile_in_force == nullptr) {
@@ -211,7 +212,7 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
           static_cast<int32_t>(argmax[i].item<int64_t>()));
     }
   }
-  inputs.prefix_kv = request.kv_length > 0 ? &request.kv : nullptr;
+  inputs.prefix_kv = request.kv_length > 0 ? &kv : nullptr;
   inputs.prefix_len = request.kv_length;
   inputs.kv_positions = request.kv_positions;
   inputs.context_length = request.context_length;

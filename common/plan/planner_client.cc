@@ -24,6 +24,11 @@ bool IsProfilePending(const absl::Status& status) {
          status.GetPayload(kProfilePendingPayload).has_value();
 }
 
+std::vector<LayerKv> ResolvedKv(const PlanRequest& request) {
+  if (!request.kv.empty() || request.kv_snapshot == nullptr) return request.kv;
+  return request.kv_snapshot->Contiguous();
+}
+
 std::string PlanPolicyName(PlanPolicy policy) {
   switch (policy) {
     case PlanPolicy::kStatic:

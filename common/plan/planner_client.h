@@ -20,6 +20,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,6 +73,19 @@ struct DraftPlan {
   std::string traceparent;
 };
 
+// A prefix K/V held by reference: a sequence's blocks in the executor's
+// paged pool (executor/engine/kv_pool.h's SequenceKv::Snapshot). Positions
+// [0, length) stay valid while it lives, and the blocks count against the
+// pool's memory until the last holder drops it. The consumer copies them
+// out with Contiguous() on its own thread (the planner's, or the remote
+// client's sender), so the decode thread never copies a prefix.
+class KvSnapshot {
+ public:
+  virtual ~KvSnapshot() = default;
+  // Per layer, K and V of [kv_heads, length, head_dim]. Any thread.
+  virtual std::vector<LayerKv> Contiguous() const = 0;
+};
+
 // One plan request: a snapshot of reference states plus what the DP's
 // attention needs.
 struct PlanRequest {
@@ -104,6 +118,9 @@ struct PlanRequest {
   // planner must do without.
   std::vector<LayerKv> kv;
   int64_t kv_length = 0;
+  // Instead of `kv`: the same positions [0, kv_length) by reference, copied
+  // out by the consumer (ResolvedKv). Null when `kv` holds them.
+  std::shared_ptr<const KvSnapshot> kv_snapshot;
   // The position each K/V entry holds, ascending, when the entries are a
   // window rather than positions 0 .. kv_length - 1 (a request decoded from
   // the wire: common/wire/plan_codec.h); empty: contiguous.
@@ -114,6 +131,10 @@ struct PlanRequest {
   // plan.send): the planner's spans become its children. "" when not traced.
   std::string traceparent;
 };
+
+// The request's prefix K/V as tensors: `kv` when given, else a copy out of
+// `kv_snapshot` (made now, on the calling thread), else empty.
+std::vector<LayerKv> ResolvedKv(const PlanRequest& request);
 
 using PlanCallback = std::function<void(absl::StatusOr<DraftPlan> plan)>;
 

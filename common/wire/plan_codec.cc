@@ -147,10 +147,11 @@ absl::Status EncodePlanRequest(const PlanRequest& request,
   for (int32_t id : request.target_argmax) out->add_reference_token_ids(id);
 
   v1::KvWindow* window = out->mutable_kv_context()->mutable_window();
+  // A prefix held by reference is copied out here (the encoding thread).
+  const std::vector<LayerKv> kv = ResolvedKv(request);
   const int64_t prefix = std::min(request.kv_length, request.first_position);
-  std::vector<int64_t> positions = request.kv.empty()
-                                       ? std::vector<int64_t>()
-                                       : WindowPositions(prefix, options);
+  std::vector<int64_t> positions =
+      kv.empty() ? std::vector<int64_t>() : WindowPositions(prefix, options);
   window->set_leading_positions(
       std::min(prefix, std::max<int64_t>(0, options.leading)));
   window->set_window_positions(static_cast<int64_t>(positions.size()) -
@@ -158,7 +159,7 @@ absl::Status EncodePlanRequest(const PlanRequest& request,
   // The committed reference positions before the last one (the K/V CLaSp's
   // DP on the last reference token attends to beyond the prefix).
   const int64_t reference_kv =
-      request.kv.empty()
+      kv.empty()
           ? 0
           : std::clamp<int64_t>(request.kv_length - request.first_position, 0,
                                 std::max<int64_t>(0, r - 1));
@@ -167,9 +168,9 @@ absl::Status EncodePlanRequest(const PlanRequest& request,
   }
   window->set_reference_positions_with_kv(reference_kv);
   for (int64_t p : positions) window->add_positions(p);
-  if (!request.kv.empty()) {
+  if (!kv.empty()) {
     torch::Tensor index = torch::tensor(positions, torch::kInt64);
-    for (const LayerKv& layer : request.kv) {
+    for (const LayerKv& layer : kv) {
       v1::LayerKv* wire = window->add_layers();
       const torch::Tensor idx = index.to(layer.k.device());
       RETURN_IF_ERROR(

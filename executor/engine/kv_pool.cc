@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <cstdio>
 #include <string>
 #include <utility>
 
@@ -196,6 +197,58 @@ std::vector<LayerKv> SequenceKv::ContiguousCopy(int64_t length) const {
   return out;
 }
 
+namespace {
+
+// SequenceKv::Snapshot's holder: a table of shared blocks and no promise.
+class PrefixSnapshot : public KvSnapshot {
+ public:
+  PrefixSnapshot(SequenceKv blocks, int64_t length)
+      : blocks_(std::move(blocks)), length_(length) {}
+  std::vector<LayerKv> Contiguous() const override {
+    c10::InferenceMode guard;
+    const PagedKvStorage& storage = blocks_.storage();
+    const int64_t rows = storage.block_rows;
+    std::vector<LayerKv> out;
+    out.reserve(storage.layers.size());
+    for (const LayerKv& layer : storage.layers) {
+      // Block by block, and only the rows below length_: the sequence may
+      // be writing the rest of its last block meanwhile.
+      auto gather = [&](const torch::Tensor& pool) {
+        std::vector<torch::Tensor> parts;
+        for (int64_t b = 0; b * rows < length_; ++b) {
+          const int64_t n = std::min(rows, length_ - b * rows);
+          parts.push_back(pool[blocks_.blocks()[b]].narrow(1, 0, n));
+        }
+        return torch::cat(parts, 1);  // [KV, length, hd]
+      };
+      out.push_back({gather(layer.k), gather(layer.v)});
+    }
+    return out;
+  }
+
+ private:
+  const SequenceKv blocks_;
+  const int64_t length_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const KvSnapshot>> SequenceKv::Snapshot(
+    int64_t length) const {
+  const int64_t used = pool_->BlocksFor(length);
+  if (length <= 0 || used > static_cast<int64_t>(blocks_.size())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("K/V snapshot of ", length, " positions: the table holds ",
+                     blocks_.size(), " blocks"));
+  }
+  std::optional<SequenceKv> held = pool_->TryReserve(0);
+  // A reservation of nothing always succeeds.
+  held->blocks_.assign(blocks_.begin(), blocks_.begin() + used);
+  pool_->Share(held->blocks_);
+  return std::shared_ptr<const KvSnapshot>(
+      std::make_shared<PrefixSnapshot>(std::move(*held), length));
+}
+
 // ---- KvPool ----
 
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
@@ -236,6 +289,19 @@ KvPool::KvPool(PagedKvStorage storage, int64_t bytes_per_block)
   // Lowest ids first out (popped from the back).
   for (int64_t b = storage_.num_blocks - 1; b >= 0; --b)
     free_list_.push_back(static_cast<int32_t>(b));
+}
+
+KvPool::~KvPool() {
+  absl::MutexLock lock(&mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return sequences_ == 0;
+  };
+  while (!mu_.AwaitWithTimeout(absl::Condition(&none), absl::Seconds(10))) {
+    std::fprintf(stderr,
+                 "knapserve: the K/V pool waits for %lld sequences or plan "
+                 "snapshots to give their blocks back\n",
+                 static_cast<long long>(sequences_));
+  }
 }
 
 int64_t KvPool::BlocksFor(int64_t positions) const {

@@ -33,8 +33,10 @@
 // Ownership: the pool owns the storage. A SequenceKv owns its reservation
 // and one reference to each block of its table, and returns them on
 // destruction (finish, cancel, deadline, Abort, error: every path that drops
-// the sequence), so blocks cannot leak. The pool must outlive every
-// SequenceKv.
+// the sequence), so blocks cannot leak. A plan snapshot
+// (SequenceKv::Snapshot) is a SequenceKv too: it holds its blocks, inside
+// the pool's memory budget, until the planner drops it. The pool outlives
+// every SequenceKv: its destructor waits for the last.
 //
 // Thread safety: KvPool's methods may be called from any thread (the engine
 // allocates, metrics read the gauges). A SequenceKv is used by one thread at
@@ -44,6 +46,7 @@
 #define KNAPSERVE_EXECUTOR_ENGINE_KV_POOL_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -53,6 +56,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/model/llama.h"
+#include "common/plan/planner_client.h"
 
 namespace knapserve {
 
@@ -102,6 +106,15 @@ class SequenceKv {
   // ([kv_heads, length, head_dim] each), for consumers that need plain
   // tensors (a planner's K/V window).
   std::vector<LayerKv> ContiguousCopy(int64_t length) const;
+  // Positions [0, length) by reference, for a plan snapshot: one more
+  // reference to each block holding them (nothing is copied; a partial last
+  // block too, since a sequence writes only positions at or past its
+  // committed length, which `length` must be). The blocks stay out of the
+  // free list, counted as used, until the snapshot is dropped, also after
+  // this sequence ended. Its Contiguous() copies only rows below `length`,
+  // on the caller's thread. FailedPrecondition past this table.
+  absl::StatusOr<std::shared_ptr<const KvSnapshot>> Snapshot(
+      int64_t length) const;
 
  private:
   friend class KvPool;
@@ -123,6 +136,11 @@ class KvPool {
 
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
+  // Waits until every SequenceKv is gone: a plan snapshot may still be
+  // queued at a planner or being solved when the engine stops (its
+  // sequence ended, so the planner drops it soon). Says so on stderr every
+  // 10 s while it waits.
+  ~KvPool();
 
   const PagedKvStorage& storage() const { return storage_; }
   int64_t block_rows() const { return storage_.block_rows; }

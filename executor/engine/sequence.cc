@@ -204,6 +204,7 @@ class PlanSession {
 
   // Sends one completed snapshot; returns at once.
   void Submit(const ReferenceStates& snapshot, std::vector<LayerKv> kv,
+              std::shared_ptr<const KvSnapshot> kv_snapshot,
               GenerationResult& result) {
     const auto start = std::chrono::steady_clock::now();
     const SubmitTicket ticket = controller_.TakeTicket();
@@ -219,12 +220,14 @@ class PlanSession {
     request.first_position = snapshot.positions.front();
     request.target_argmax = snapshot.target_argmax;
     // Positions [0, context_length) are committed and never rewritten while
-    // the sequence lives; `kv` holds them (handles to a contiguous cache, or
-    // a copy out of the paged pool) for the solve. All of them are sent: the
-    // reference tokens' own positions too, which CLaSp's DP on the last
+    // the sequence lives; `kv` holds them (handles to a contiguous cache), or
+    // `kv_snapshot` does (references to the paged pool's blocks, copied out
+    // by the planner on its own thread) for the solve. All of them are sent:
+    // the reference tokens' own positions too, which CLaSp's DP on the last
     // reference token attends to (KnapSpec's DP on all r tokens uses [0,
     // first_position) of them).
     request.kv = std::move(kv);
+    request.kv_snapshot = std::move(kv_snapshot);
     request.kv_length = snapshot.context_length;
     // The plan is cached for its whole context bucket [b W, (b+1) W), so the
     // planner should price it at the bucket's middle: it prices at
@@ -904,9 +907,19 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
                  : collector_.Add(step_, out, length_);
     if (snapshot && planned_) {
       snapshot->step = step_ - capture_offset_;
-      std::vector<LayerKv> kv =
-          paged_ != nullptr ? paged_->ContiguousCopy(length_) : *contiguous_;
-      plans_->Submit(*snapshot, std::move(kv), result_);
+      // Paged K/V goes by reference (no copy on this thread; the blocks
+      // count against the pool until the planner is done with them).
+      std::vector<LayerKv> kv;
+      std::shared_ptr<const KvSnapshot> held;
+      if (paged_ != nullptr) {
+        absl::StatusOr<std::shared_ptr<const KvSnapshot>> taken =
+            paged_->Snapshot(length_);
+        if (!taken.ok()) return taken.status();
+        held = *std::move(taken);
+      } else {
+        kv = *contiguous_;
+      }
+      plans_->Submit(*snapshot, std::move(kv), std::move(held), result_);
     }
     if (snapshot && on_reference_) on_reference_(std::move(*snapshot));
   }

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <stdexcept>
@@ -394,6 +395,110 @@ TEST(BatchEngineTest, ChoicesShareThePromptsBlocksAndSampleTheirOwnStreams) {
   for (const GenerationResult& choice : *stopped) {
     EXPECT_EQ(choice.finish_reason, FinishReason::kAborted);
   }
+  EXPECT_EQ(pool->used_blocks(), 0);
+  EXPECT_EQ(pool->reserved_blocks(), 0);
+}
+
+// Keeps every plan request it gets (never answers) until DropAll.
+class KeepingPlanner : public PlannerClient {
+ public:
+  void Submit(PlanRequest request, PlanCallback done) override {
+    absl::MutexLock lock(&mu_);
+    kept_.push_back(std::move(request));
+    dones_.push_back(std::move(done));
+  }
+  void Forget(uint64_t) override {}
+  std::vector<PlanRequest> Kept() {
+    absl::MutexLock lock(&mu_);
+    return kept_;
+  }
+  void DropAll() {
+    absl::MutexLock lock(&mu_);
+    kept_.clear();
+    dones_.clear();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<PlanRequest> kept_ ABSL_GUARDED_BY(mu_);
+  std::vector<PlanCallback> dones_ ABSL_GUARDED_BY(mu_);
+};
+
+// Plan snapshots of sequences in the paged pool hold their blocks by
+// reference: the step thread copies no K/V (the planner copies it out,
+// Contiguous(), on its own thread), the blocks stay counted in the pool's
+// memory (used and reserved) while a planner holds a snapshot, also after
+// its sequence ended, and they come back when it drops them. Many
+// long-prompt knapspec requests at once stay inside the pool.
+TEST(BatchEngineTest, PlanSnapshotsHoldTheirBlocksInsideThePool) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  std::unique_ptr<KvPool> pool = Pool(*model, 160);
+  KeepingPlanner planner;
+  BatchEngineOptions options;
+  options.max_running = 6;
+  BatchEngine engine(*model, *StoriesTokenizer(), *pool, &planner,
+                     PlanningShared(), options);
+  std::vector<GenerationRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    GenerationRequest r = LongPrompt(180 + 10 * i, 24);
+    r.ignore_eos = true;
+    r.speculation.mode = SpeculationMode::kKnapSpec;
+    r.speculation.max_draft = 3;
+    r.speculation.skip = "a2,m2";
+    r.speculation.reference_steps = 3;
+    r.speculation.plan_interval = 8;
+    r.speculation.planner_budget = 0;
+    r.speculation.guard = false;
+    requests.push_back(std::move(r));
+  }
+  for (const auto& result : RunConcurrently(engine, requests)) {
+    ASSERT_TRUE(result.ok()) << result.status();
+  }
+  const std::vector<PlanRequest> kept = planner.Kept();
+  ASSERT_GE(kept.size(), 6u);
+  int64_t snapshot_blocks = 0;
+  for (const PlanRequest& request : kept) {
+    EXPECT_TRUE(request.kv.empty()) << "no copy on the step thread";
+    ASSERT_NE(request.kv_snapshot, nullptr);
+    EXPECT_GT(request.kv_length, 180);
+    snapshot_blocks =
+        std::max(snapshot_blocks, pool->BlocksFor(request.kv_length));
+  }
+  // Every sequence ended; its snapshots still hold prompt blocks, counted.
+  EXPECT_GE(pool->used_blocks(), snapshot_blocks);
+  EXPECT_EQ(pool->reserved_blocks(), pool->used_blocks());
+  EXPECT_LE(pool->used_blocks(), pool->total_blocks());
+  // The planner's copy is the K/V a contiguous run of the same request
+  // hands its planner (batch-invariant passes: bit for bit).
+  KeepingPlanner contiguous;
+  auto alone = Generate(*model, *StoriesTokenizer(), requests[0], nullptr,
+                        nullptr, &contiguous, nullptr);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  const std::vector<PlanRequest> reference = contiguous.Kept();
+  ASSERT_FALSE(reference.empty());
+  const PlanRequest& want = reference.front();
+  ASSERT_FALSE(want.kv.empty());
+  bool compared = false;
+  for (const PlanRequest& got : kept) {
+    if (got.kv_length != want.kv_length ||
+        got.first_position != want.first_position) {
+      continue;
+    }
+    const std::vector<LayerKv> copied = ResolvedKv(got);
+    ASSERT_EQ(copied.size(), static_cast<size_t>(model->num_layers()));
+    for (size_t l = 0; l < copied.size(); ++l) {
+      EXPECT_TRUE(
+          torch::equal(copied[l].k, want.kv[l].k.narrow(1, 0, want.kv_length)));
+      EXPECT_TRUE(
+          torch::equal(copied[l].v, want.kv[l].v.narrow(1, 0, want.kv_length)));
+    }
+    compared = true;
+    break;
+  }
+  EXPECT_TRUE(compared) << "the same request's snapshot";
+  planner.DropAll();
   EXPECT_EQ(pool->used_blocks(), 0);
   EXPECT_EQ(pool->reserved_blocks(), 0);
 }

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "tests/testing/test_models.h"
 
@@ -133,6 +135,48 @@ TEST(KvPoolTest, SharedPrefixBlocksAreHeldOnceAndThePartialOneIsCopied) {
   second.reset();
   EXPECT_EQ(p.used_blocks(), 0);
   EXPECT_EQ(p.table_blocks(), 0);
+  EXPECT_EQ(p.reserved_blocks(), 0);
+  EXPECT_EQ(p.sequences(), 0);
+}
+
+// A plan snapshot holds a sequence's blocks by reference: nothing copied,
+// the blocks counted as used until it is dropped (also after the sequence
+// ended), and its Contiguous() equals the sequence's own copy.
+TEST(KvPoolTest, SnapshotsHoldBlocksByReferenceInsideThePool) {
+  const LlamaModel* model = CachedModel("tiny-llama");
+  ASSERT_NE(model, nullptr);
+  const int64_t per_block = model->KvBytesPerBlock(16);
+  auto pool = KvPool::Create(*model, KvPoolOptions{10 * per_block, 16});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  KvPool& p = **pool;
+  std::optional<SequenceKv> seq = p.TryReserve(64);
+  ASSERT_TRUE(seq.has_value());
+  ASSERT_TRUE(seq->EnsureCapacity(40).ok());
+  torch::manual_seed(5);
+  for (const LayerKv& layer : p.storage().layers) {
+    layer.k.normal_();
+    layer.v.normal_();
+  }
+  const std::vector<LayerKv> copy = seq->ContiguousCopy(37);
+  absl::StatusOr<std::shared_ptr<const KvSnapshot>> snapshot =
+      seq->Snapshot(37);
+  ASSERT_TRUE(snapshot.ok()) << snapshot.status();
+  EXPECT_EQ(p.used_blocks(), 3) << "shared, not copied";
+  EXPECT_EQ(p.table_blocks(), 6);
+  EXPECT_EQ(p.reserved_blocks(), 4);
+  EXPECT_FALSE(seq->Snapshot(49).ok()) << "past the table";
+  seq.reset();  // the sequence ends; the snapshot keeps its blocks
+  EXPECT_EQ(p.used_blocks(), 3);
+  EXPECT_EQ(p.reserved_blocks(), 3);
+  EXPECT_EQ(p.sequences(), 1);
+  const std::vector<LayerKv> out = (*snapshot)->Contiguous();
+  ASSERT_EQ(out.size(), copy.size());
+  for (size_t l = 0; l < out.size(); ++l) {
+    EXPECT_TRUE(torch::equal(out[l].k, copy[l].k)) << l;
+    EXPECT_TRUE(torch::equal(out[l].v, copy[l].v)) << l;
+  }
+  snapshot->reset();
+  EXPECT_EQ(p.used_blocks(), 0);
   EXPECT_EQ(p.reserved_blocks(), 0);
   EXPECT_EQ(p.sequences(), 0);
 }
