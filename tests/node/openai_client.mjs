@@ -135,6 +135,18 @@ const penalized = await client.completions.create({
 assert.notDeepEqual(penalized.knapserve.output_token_ids, report.greedy_ids,
                     'the penalties change the greedy output');
 report.penalized_ids = penalized.knapserve.output_token_ids;
+// vLLM's extensions pass through the client as extra body fields: a
+// banned id never appears, and no stop id ends the output before
+// min_tokens.
+const bannedId = report.greedy_ids[1];
+const extras = await client.completions.create({
+  model, prompt, max_tokens: 16, temperature: 0.8, seed: 3, top_k: 20,
+  min_p: 0.05, repetition_penalty: 1.2, min_tokens: 8,
+  stop_token_ids: [report.greedy_ids[0]], bad_words: [[bannedId]],
+});
+const extraIds = extras.knapserve.output_token_ids;
+assert.ok(!extraIds.includes(bannedId), 'bad_words bans the id');
+assert.ok(extraIds.length >= 8, 'min_tokens holds the stop ids back');
 // Out of range: a 400 naming the field.
 await assert.rejects(
   client.completions.create({ model, prompt, max_tokens: 4, presence_penalty: 3 }),
