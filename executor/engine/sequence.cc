@@ -102,15 +102,15 @@ GuardOptions GuardOptionsFrom(const SpeculationConfig& spec) {
   return options;
 }
 
-// What plain-decoding speed depends on (PlanCacheKey::ExecutionId): model,
-// device, dtype and threads.
-std::string ExecutionId(const LlamaModel& model) {
+// The part of a plan cache key that plain-decoding speed depends on
+// (PlanCacheKey::ExecutionId): model, device, dtype and threads.
+PlanCacheKey ExecutionKey(const LlamaModel& model) {
   PlanCacheKey key;
   key.model_fingerprint = model.config().Fingerprint();
   key.device = model.device().str();
   key.dtype = DtypeName(model.dtype());
   key.threads = at::get_num_threads();
-  return key.ExecutionId();
+  return key;
 }
 
 }  // namespace
@@ -411,11 +411,7 @@ class PlanSession {
 
   static PlanCacheKey CacheKey(const LlamaModel& model,
                                const SpeculationConfig& spec) {
-    PlanCacheKey key;
-    key.model_fingerprint = model.config().Fingerprint();
-    key.device = model.device().str();
-    key.dtype = DtypeName(model.dtype());
-    key.threads = at::get_num_threads();
+    PlanCacheKey key = ExecutionKey(model);
     key.policy = PlannedPolicy(spec.mode);
     if (key.policy == PlanPolicy::kClasp) {
       key.policy_detail = absl::StrCat("layers=", ClaspLayers(model, spec));
@@ -476,7 +472,7 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
   if (shared != nullptr) {
     seq->shared_ = *shared;
     seq->plain_rates_ = shared->plain_rates;
-    seq->execution_id_ = ExecutionId(model);
+    seq->execution_id_ = ExecutionKey(model).ExecutionId();
   }
   // Static and SpecBound drafts are fixed from the start; knn's once routed.
   if (spec.mode == SpeculationMode::kStatic) {
