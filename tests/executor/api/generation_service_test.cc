@@ -133,7 +133,11 @@ TEST(GenerationServiceTest, StreamsWhatLocalGenerationProduces) {
     EXPECT_GT(got.final->timings().time_to_first_token_seconds(), 0);
     EXPECT_EQ(got.final->speculation_stats().mode(),
               v1::SPECULATION_MODE_STATIC);
-    EXPECT_GT(got.final->speculation_stats().drafts(), 0);
+    // It drafted, or the guard's verdict on this static mask (measured by
+    // an earlier prompt on this toy model) kept it plain.
+    EXPECT_TRUE(got.final->speculation_stats().drafts() > 0 ||
+                got.final->planning().guard_inherited_steps() > 0)
+        << prompt;
     EXPECT_FALSE(got.final->request_id().empty());
   }
   grpc::ClientContext context;

@@ -270,6 +270,9 @@ GenerationRequest KnnRequest(const std::vector<int32_t>& prompt, int64_t n) {
   r.speculation.mode = SpeculationMode::kKnn;
   r.speculation.max_draft = 10;
   r.speculation.exit_threshold = 0;
+  // These tests count drafts: no guard verdict (tests/executor/engine/
+  // guard_test.cc) may turn a later request plain.
+  r.speculation.guard = false;
   return r;
 }
 
