@@ -442,8 +442,11 @@ TEST(BatchEngineTest, PlanSnapshotsHoldTheirBlocksInsideThePool) {
                      PlanningShared(), options);
   std::vector<GenerationRequest> requests;
   for (int i = 0; i < 6; ++i) {
-    GenerationRequest r = LongPrompt(180 + 10 * i, 24);
+    // Each in a context bucket of its own, so each asks for its own plan
+    // (sequences of one bucket share a solve).
+    GenerationRequest r = LongPrompt(180 + 40 * i, 24);
     r.ignore_eos = true;
+    r.speculation.plan_bucket_tokens = 32;
     r.speculation.mode = SpeculationMode::kKnapSpec;
     r.speculation.max_draft = 3;
     r.speculation.skip = "a2,m2";
@@ -456,7 +459,7 @@ TEST(BatchEngineTest, PlanSnapshotsHoldTheirBlocksInsideThePool) {
   for (const auto& result : RunConcurrently(engine, requests)) {
     ASSERT_TRUE(result.ok()) << result.status();
   }
-  const std::vector<PlanRequest> kept = planner.Kept();
+  std::vector<PlanRequest> kept = planner.Kept();  // copies hold them too
   ASSERT_GE(kept.size(), 6u);
   int64_t snapshot_blocks = 0;
   for (const PlanRequest& request : kept) {
@@ -499,6 +502,8 @@ TEST(BatchEngineTest, PlanSnapshotsHoldTheirBlocksInsideThePool) {
   }
   EXPECT_TRUE(compared) << "the same request's snapshot";
   planner.DropAll();
+  EXPECT_GT(pool->used_blocks(), 0) << "this test's copies still hold them";
+  kept.clear();
   EXPECT_EQ(pool->used_blocks(), 0);
   EXPECT_EQ(pool->reserved_blocks(), 0);
 }
