@@ -83,6 +83,15 @@ void RequestTrace::Finish(const absl::Status& status,
                          stats.decode_tokens_per_second());
     decode_.SetAttribute("knapserve.plan_requests", stats.plan_requests);
     decode_.SetAttribute("knapserve.plan_failures", stats.plan_failures);
+    // The online guard (every drafting mode): its judgements and the plain
+    // steps it forced, those under another request's verdict among them.
+    const PlanningStats& guard = result->planning;
+    decode_.SetAttribute("knapserve.guard.checks", guard.guard_checks);
+    decode_.SetAttribute("knapserve.guard.fallbacks", guard.guard_fallbacks);
+    decode_.SetAttribute("knapserve.guard.plain_steps",
+                         guard.guard_plain_steps);
+    decode_.SetAttribute("knapserve.guard.inherited_steps",
+                         guard.guard_inherited_steps);
     decode_.End(seq_end);
 
     const SpeculationStats& spec = result->speculation;

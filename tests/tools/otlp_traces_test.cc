@@ -361,6 +361,10 @@ TEST(OtlpTracesTest, SplitDeploymentExportsOneTraceAcrossBothProcesses) {
   EXPECT_LE(queue->end, prefill->start);
   EXPECT_LE(prefill->end, decode->start);
   EXPECT_EQ(decode->integer("gen_ai.usage.output_tokens"), new_tokens);
+  EXPECT_EQ(decode->integer("knapserve.guard.plain_steps"),
+            out["planning"]["guard"]["plain_steps"].get<int64_t>());
+  EXPECT_EQ(decode->integer("knapserve.guard.inherited_steps"),
+            out["planning"]["guard"]["inherited_steps"].get<int64_t>());
 
   // The plan chain: snapshot -> encode -> send -> [planner] queue, solve;
   // send -> receive -> apply. The first snapshot is the no_plan trigger's
