@@ -143,9 +143,7 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
       "knapserve_kv_blocks_shared_saved",
       "K/V blocks that prefix sharing saves: a request's n > 1 "
       "choices hold the prompt's full blocks once.",
-      [&pool] {
-        return static_cast<double>(pool.table_blocks() - pool.used_blocks());
-      });
+      [&pool] { return static_cast<double>(pool.shared_saved_blocks()); });
   r.AddGauge("knapserve_kv_blocks_reserved",
              "K/V blocks promised to running sequences (used ones included).",
              [&pool] { return static_cast<double>(pool.reserved_blocks()); });

@@ -211,9 +211,14 @@ absl::Status GenerationService::Serve(
     }
   }
   if (select) {
-    // The n most likely candidates, best first (ties: the earlier one).
+    // The n most likely candidates, best first (ties: the earlier one);
+    // candidates an Abort cut short, or that produced nothing, come last.
+    auto complete = [](const GenerationResult& r) {
+      return r.finish_reason != FinishReason::kAborted && !r.output_ids.empty();
+    };
     std::stable_sort(choices.begin(), choices.end(),
-                     [](const GenerationResult& a, const GenerationResult& b) {
+                     [&](const GenerationResult& a, const GenerationResult& b) {
+                       if (complete(a) != complete(b)) return complete(a);
                        return *a.cumulative_logprob > *b.cumulative_logprob;
                      });
     choices.resize(request.n);

@@ -433,7 +433,8 @@ absl::Status RefuseUnsupported(const Json& body, OpenAiEndpoint endpoint) {
   }
   if (const Json* format = Field(body, "response_format");
       format != nullptr &&
-      !(format->is_object() && format->value("type", "") == "text")) {
+      !(format->is_object() && format->contains("type") &&
+        (*format)["type"].is_string() && (*format)["type"] == "text")) {
     return absl::InvalidArgumentError(
         "response_format: only {\"type\": \"text\"}; JSON mode and JSON "
         "schemas need constrained decoding, which this server does not do");

@@ -6,6 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/model/exception_status.h"
 #include "common/plan/plan_trace.h"
 
 namespace knapserve {
@@ -151,8 +152,14 @@ void RemotePlannerClient::Serve(
     SetPlanRequestAttributes(encode_span, next.request);
     const int max_draft = next.request.max_draft;
     v1::PlanRequest wire;
-    absl::Status encoded =
-        EncodePlanRequest(next.request, options_.window, &wire);
+    // The encoder copies a snapshot's K/V out of the pool here: whatever
+    // LibTorch throws fails this request, never the sender thread.
+    absl::Status encoded;
+    try {
+      encoded = EncodePlanRequest(next.request, options_.window, &wire);
+    } catch (...) {
+      encoded = CurrentExceptionAsInternal("encoding a plan request");
+    }
     next.request = PlanRequest();  // drop the K/V handles
     if (!encoded.ok()) {
       encode_span.SetError(encoded.ToString());

@@ -85,6 +85,13 @@ struct BatchEngine::Entry {
     seq->Abort();
     for (Choice& choice : more) choice.seq->Abort();
   }
+  bool AnyFailed() const {
+    if (seq->failed()) return true;
+    for (const Choice& choice : more) {
+      if (choice.seq->failed()) return true;
+    }
+    return false;
+  }
   // Blocks of the whole group: choice 0's, and each other choice's
   // without the prompt's full blocks.
   int64_t Blocks(const KvPool& pool) const {
@@ -157,10 +164,16 @@ absl::StatusOr<std::vector<GenerationResult>> BatchEngine::GenerateChoices(
   }
   entry.should_stop = std::move(should_stop);
   RETURN_IF_ERROR(Run(entry));
-  std::vector<GenerationResult> results;
-  ASSIGN_OR_RETURN(results.emplace_back(), entry.seq->TakeResult());
+  // The first choice's error that is not the stop it caused in the others.
+  std::vector<absl::StatusOr<GenerationResult>> taken;
+  taken.push_back(entry.seq->TakeResult());
   for (Entry::Choice& choice : entry.more) {
-    ASSIGN_OR_RETURN(results.emplace_back(), choice.seq->TakeResult());
+    taken.push_back(choice.seq->TakeResult());
+  }
+  std::vector<GenerationResult> results;
+  for (absl::StatusOr<GenerationResult>& result : taken) {
+    if (!result.ok()) return result.status();
+    results.push_back(*std::move(result));
   }
   return results;
 }
@@ -389,7 +402,12 @@ void BatchEngine::Loop() {
         for (Sequence* seq : batch) seq->Fail(status);
       }
     }
-    for (Entry* entry : running) start_choices(entry);
+    for (Entry* entry : running) {
+      start_choices(entry);
+      // One choice failed: the request fails, so the others stop now
+      // instead of decoding for nothing.
+      if (!entry->more.empty() && entry->AnyFailed()) entry->Abort();
+    }
     // Ended requests leave the batch and give their blocks back.
     for (auto it = running.begin(); it != running.end();) {
       if ((*it)->AllDone()) {

@@ -88,6 +88,7 @@ int64_t DefaultKvCacheBytes(const LlamaModel& model, int max_running) {
 
 SequenceKv::SequenceKv(SequenceKv&& other) noexcept
     : pool_(std::exchange(other.pool_, nullptr)),
+      snapshot_(other.snapshot_),
       future_blocks_(std::exchange(other.future_blocks_, 0)),
       blocks_(std::move(other.blocks_)) {
   other.blocks_.clear();
@@ -97,6 +98,7 @@ SequenceKv& SequenceKv::operator=(SequenceKv&& other) noexcept {
   if (this != &other) {
     Release();
     pool_ = std::exchange(other.pool_, nullptr);
+    snapshot_ = other.snapshot_;
     future_blocks_ = std::exchange(other.future_blocks_, 0);
     blocks_ = std::move(other.blocks_);
     other.blocks_.clear();
@@ -108,7 +110,7 @@ SequenceKv::~SequenceKv() { Release(); }
 
 void SequenceKv::Release() {
   if (pool_ == nullptr) return;
-  pool_->Return(blocks_, future_blocks_);
+  pool_->Return(blocks_, future_blocks_, /*table=*/!snapshot_);
   blocks_.clear();
   future_blocks_ = 0;
   pool_ = nullptr;
@@ -146,17 +148,17 @@ absl::Status SequenceKv::SharePrefix(const SequenceKv& source,
         "K/V prefix sharing: no reserved block for the copied partial block");
   }
   blocks_.assign(source.blocks_.begin(), source.blocks_.begin() + full);
-  pool_->Share(blocks_);
+  pool_->Share(blocks_, /*table=*/true);
   if (partial) {
     c10::InferenceMode guard;
     const int32_t from = source.blocks_[full];
     const int32_t to = pool_->TakeBlock();
     --future_blocks_;
+    blocks_.push_back(to);  // in the table first: a throwing copy leaks nothing
     for (const LayerKv& layer : pool_->storage().layers) {
       layer.k[to].copy_(layer.k[from]);
       layer.v[to].copy_(layer.v[from]);
     }
-    blocks_.push_back(to);
   }
   return absl::OkStatus();
 }
@@ -243,8 +245,9 @@ absl::StatusOr<std::shared_ptr<const KvSnapshot>> SequenceKv::Snapshot(
   }
   std::optional<SequenceKv> held = pool_->TryReserve(0);
   // A reservation of nothing always succeeds.
+  held->snapshot_ = true;
   held->blocks_.assign(blocks_.begin(), blocks_.begin() + used);
-  pool_->Share(held->blocks_);
+  pool_->Share(held->blocks_, /*table=*/false);
   return std::shared_ptr<const KvSnapshot>(
       std::make_shared<PrefixSnapshot>(std::move(*held), length));
 }
@@ -286,6 +289,7 @@ KvPool::KvPool(PagedKvStorage storage, int64_t bytes_per_block)
   absl::MutexLock lock(&mu_);
   free_list_.reserve(storage_.num_blocks);
   references_.assign(storage_.num_blocks, 0);
+  table_references_.assign(storage_.num_blocks, 0);
   // Lowest ids first out (popped from the back).
   for (int64_t b = storage_.num_blocks - 1; b >= 0; --b)
     free_list_.push_back(static_cast<int32_t>(b));
@@ -334,28 +338,33 @@ int32_t KvPool::TakeBlock() {
   const int32_t block = free_list_.back();
   free_list_.pop_back();
   references_[block] = 1;
+  table_references_[block] = 1;  // taken for a table
   ++table_blocks_;
+  ++blocks_in_tables_;
   return block;
 }
 
-void KvPool::Share(absl::Span<const int32_t> blocks) {
+void KvPool::Share(absl::Span<const int32_t> blocks, bool table) {
   absl::MutexLock lock(&mu_);
   for (int32_t block : blocks) {
     TORCH_CHECK(references_[block] > 0, "K/V pool: sharing a free block");
     ++references_[block];
+    if (table && table_references_[block]++ == 0) ++blocks_in_tables_;
   }
-  table_blocks_ += static_cast<int64_t>(blocks.size());
+  if (table) table_blocks_ += static_cast<int64_t>(blocks.size());
 }
 
-void KvPool::Return(absl::Span<const int32_t> blocks, int64_t future) {
+void KvPool::Return(absl::Span<const int32_t> blocks, int64_t future,
+                    bool table) {
   absl::MutexLock lock(&mu_);
   for (int32_t block : blocks) {
+    if (table && --table_references_[block] == 0) --blocks_in_tables_;
     if (--references_[block] == 0) {
       free_list_.push_back(block);
       --reserved_;
     }
   }
-  table_blocks_ -= static_cast<int64_t>(blocks.size());
+  if (table) table_blocks_ -= static_cast<int64_t>(blocks.size());
   reserved_ -= future;
   --sequences_;
 }
@@ -368,6 +377,11 @@ int64_t KvPool::used_blocks() const {
 int64_t KvPool::table_blocks() const {
   absl::MutexLock lock(&mu_);
   return table_blocks_;
+}
+
+int64_t KvPool::shared_saved_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return table_blocks_ - blocks_in_tables_;
 }
 
 int64_t KvPool::reserved_blocks() const {

@@ -123,6 +123,7 @@ class SequenceKv {
   void Release();
 
   KvPool* pool_ = nullptr;
+  bool snapshot_ = false;        // Snapshot's holder: not a table
   int64_t future_blocks_ = 0;    // promised, not in the table yet
   std::vector<int32_t> blocks_;  // the table: one reference to each
 };
@@ -162,9 +163,11 @@ class KvPool {
 
   // Gauges.
   int64_t used_blocks() const ABSL_LOCKS_EXCLUDED(mu_);  // in tables, once
-  // Table entries over all sequences: minus used_blocks, the blocks that
-  // prefix sharing saved.
+  // Table entries over all sequences (plan snapshots' references not
+  // counted): minus the blocks those tables hold, what prefix sharing saved.
   int64_t table_blocks() const ABSL_LOCKS_EXCLUDED(mu_);
+  // table_blocks minus the distinct blocks in tables, read at once.
+  int64_t shared_saved_blocks() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t reserved_blocks() const ABSL_LOCKS_EXCLUDED(mu_);  // promised
   int64_t free_blocks() const ABSL_LOCKS_EXCLUDED(mu_);      // total - reserved
   int64_t sequences() const ABSL_LOCKS_EXCLUDED(mu_);        // live SequenceKvs
@@ -174,19 +177,23 @@ class KvPool {
   KvPool(PagedKvStorage storage, int64_t bytes_per_block);
   // A free block with one reference (moved from a reservation's promise).
   int32_t TakeBlock() ABSL_LOCKS_EXCLUDED(mu_);
-  // One more reference to each of `blocks`.
-  void Share(absl::Span<const int32_t> blocks) ABSL_LOCKS_EXCLUDED(mu_);
+  // One more reference to each of `blocks`, by a table (counted in
+  // table_blocks) or a snapshot.
+  void Share(absl::Span<const int32_t> blocks, bool table)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Drops one reference to each of `blocks` (freeing those that had the
-  // last) and the promise of `future` blocks.
-  void Return(absl::Span<const int32_t> blocks, int64_t future)
+  // last) and the promise of `future` blocks; `table` as for Share.
+  void Return(absl::Span<const int32_t> blocks, int64_t future, bool table)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   const PagedKvStorage storage_;
   const int64_t bytes_per_block_;
   mutable absl::Mutex mu_;
   std::vector<int32_t> free_list_ ABSL_GUARDED_BY(mu_);
-  std::vector<int32_t> references_ ABSL_GUARDED_BY(mu_);  // per block
-  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;             // held + promised
+  std::vector<int32_t> references_ ABSL_GUARDED_BY(mu_);        // per block
+  std::vector<int32_t> table_references_ ABSL_GUARDED_BY(mu_);  // of those
+  int64_t blocks_in_tables_ ABSL_GUARDED_BY(mu_) = 0;           // distinct
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;  // held + promised
   int64_t table_blocks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sequences_ ABSL_GUARDED_BY(mu_) = 0;
 };

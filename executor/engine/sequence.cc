@@ -406,6 +406,7 @@ class PlanSession {
     options.reference_steps = spec.reference_steps;
     options.min_request_gap = spec.plan_interval;
     options.guard = GuardOptionsFrom(spec);
+    options.initial_mask = spec.skip;
     return options;
   }
 
@@ -1178,6 +1179,7 @@ struct BatchStepRunner {
               seq->chunk_states_ = torch::Tensor();
               return absl::OkStatus();
             });
+            if (seq->done()) continue;
           }
           if (seq->request_.prompt_logprobs) {
             Guarded(seq, "prefill", [&] {

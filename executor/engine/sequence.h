@@ -125,6 +125,8 @@ class Sequence {
   // not), with its acceptance so far under a Beta(1, 1) prior.
   BatchMember batch_member() const;
   bool done() const { return done_; }
+  // Whether it ended with an error (Fail).
+  bool failed() const { return done_ && !error_.ok(); }
   // Ends the sequence now with FinishReason::kAborted (cancelled, deadline
   // passed, Abort), keeping what it generated.
   void Abort();

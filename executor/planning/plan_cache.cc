@@ -203,6 +203,11 @@ void GuardVerdicts::Judge(const std::string& execution_id,
                           int64_t hold_steps) {
   absl::MutexLock lock(&mu_);
   const Key key(execution_id, setting, bucket_tokens, bucket);
+  auto held_it = losing_.find(key);
+  if (held_it != losing_.end() &&
+      held_it->second.plan_version > verdict.plan_version) {
+    return;  // a late judgement of an older plan: the newer verdict stands
+  }
   if (!loses) {
     losing_.erase(key);
     return;

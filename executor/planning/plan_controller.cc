@@ -159,7 +159,9 @@ PlanController::PlanController(PlanControllerOptions options, PlanCacheKey key,
              key_.ExecutionId(),
              absl::StrCat(PlanPolicyName(key_.policy),
                           key_.policy_detail.empty() ? "" : " ",
-                          key_.policy_detail, " D", key_.max_draft),
+                          key_.policy_detail, " D", key_.max_draft,
+                          options_.initial_mask.empty() ? "" : " skip=",
+                          options_.initial_mask),
              sequence_id, options_.bucket_tokens),
       gamma_(initial_gamma) {
   key_.bucket_tokens = options_.bucket_tokens;

@@ -81,6 +81,10 @@ struct PlanControllerOptions {
   int64_t reference_steps = 5;    // m: steps captured per snapshot, >= 1
   int64_t min_request_gap = 64;   // T: steps between two snapshot starts, >= 1
   GuardOptions guard;
+  // The request's own skip mask, drafted with before the first plan ("" =
+  // none): part of the guard's setting, so that requests with other masks
+  // do not share a verdict on it.
+  std::string initial_mask;
 };
 
 enum class PlanTrigger { kNone, kNoPlan, kNewBucket, kDrift };

@@ -351,8 +351,7 @@ TEST(BatchEngineTest, ChoicesShareThePromptsBlocksAndSampleTheirOwnStreams) {
                   const StepLogprobs&) {
       absl::MutexLock lock(&mu);
       streamed[i].insert(streamed[i].end(), ids.begin(), ids.end());
-      most_saved =
-          std::max(most_saved, pool->table_blocks() - pool->used_blocks());
+      most_saved = std::max(most_saved, pool->shared_saved_blocks());
       return true;
     };
   });

@@ -515,6 +515,16 @@ TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
   EXPECT_TRUE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 7));
   EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 7))
       << "three plain steps held it";
+  // A late judgement of an older plan neither clears nor replaces the
+  // verdict on a newer one.
+  GuardVerdicts::Verdict newer = v;
+  newer.plan_version = 9;
+  verdicts.Judge("exec", "knapspec D6", 256, 1, true, newer, 3);
+  verdicts.Judge("exec", "knapspec D6", 256, 1, false, v, 3);
+  verdicts.Judge("exec", "knapspec D6", 256, 1, true, v, 3);
+  EXPECT_EQ(verdicts.Find("exec", "knapspec D6", 256, 1)->plan_version, 9);
+  EXPECT_TRUE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 9));
+  verdicts.Judge("exec", "knapspec D6", 256, 1, false, newer, 3);
   // A newer plan voids a verdict on an older one; a win clears a verdict.
   verdicts.Judge("exec", "knapspec D6", 256, 1, true, v, 3);
   EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 8));
@@ -524,7 +534,7 @@ TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
   EXPECT_EQ(verdicts.losing(), 1);
   verdicts.Judge("exec", "static a1 D3", 256, 1, false, v, 3);
   EXPECT_EQ(verdicts.losing(), 0);
-  EXPECT_EQ(verdicts.verdicts_given(), 3);
+  EXPECT_EQ(verdicts.verdicts_given(), 4);
 }
 
 }  // namespace
