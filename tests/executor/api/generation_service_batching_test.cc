@@ -73,6 +73,10 @@ void Start(Fixture& f, int64_t blocks, MetricsRegistry* metrics,
   options.metrics = metrics;
   options.model_path = testing::Stories260kDir();
   options.limits = limits;
+  // These tests count drafts and exit depths of streams that share one
+  // process: no guard verdict (tests/executor/engine/guard_test.cc) may
+  // turn a later stream plain, whatever this machine's timings.
+  options.default_speculation.guard = false;
   auto server = ExecutorServer::Start(*f.model, *StoriesTokenizer(), options,
                                       "127.0.0.1:0");
   ASSERT_TRUE(server.ok()) << server.status();
