@@ -37,7 +37,9 @@ double ProfileBatchCost::StepTokensPerSecond(
     bool drafting) const {
   const int n = static_cast<int>(members.size());
   if (n == 0) return 0;
-  if (!drafting) return n / PassSeconds(context_length, n, n);
+  // The engine's own work per sequence and step, and per draft token.
+  const double overhead = n * profile_.step_overhead_seconds;
+  if (!drafting) return n / (PassSeconds(context_length, n, n) + overhead);
   int rows = 0;
   int max_gamma = 0;
   double tokens = 0;
@@ -55,7 +57,8 @@ double ProfileBatchCost::StepTokensPerSecond(
       ++drafting_members;
     }
   }
-  double seconds = PassSeconds(context_length, rows, n);
+  double seconds = PassSeconds(context_length, rows, n) + overhead +
+                   (rows - n) * profile_.draft_overhead_seconds;
   if (drafting_members > 0) {
     const double fraction = fraction_sum / drafting_members;
     for (int round = 1; round <= max_gamma; ++round) {

@@ -18,8 +18,9 @@
 // rows times the mean draft fraction t_draft(S_i, n) / t_verify(n, 1); then
 // one main pass over sum(gamma_i + 1) rows. It commits
 // sum ExpectedTokensPerStep(alpha_i, gamma_i) tokens. Plain: one pass over B
-// rows committing B tokens. Drafting pays when its tokens per second exceed
-// plain's.
+// rows committing B tokens. Both add the engine's work outside the passes
+// (the profile's o_step per member and o_draft per draft row). Drafting pays
+// when its tokens per second exceed plain's.
 //
 // Thread safety: immutable after construction; const methods from any
 // thread. Owns a copy of the profile. DeferredBatchCost (below) is the one

@@ -85,6 +85,10 @@ absl::StatusOr<LatencyProfile> ParseProfile(const JsonReader& json) {
   ASSIGN_OR_RETURN(p.mlp_fit, ReadFit(json, "mlp_fit"));
   ASSIGN_OR_RETURN(p.step_fixed_seconds,
                    json.RequiredDouble("step_fixed_seconds"));
+  ASSIGN_OR_RETURN(p.step_overhead_seconds,
+                   json.RequiredDouble("step_overhead_seconds"));
+  ASSIGN_OR_RETURN(p.draft_overhead_seconds,
+                   json.RequiredDouble("draft_overhead_seconds"));
   ASSIGN_OR_RETURN(p.max_draft, json.RequiredInt("max_draft"));
   ASSIGN_OR_RETURN(p.verify_contexts,
                    json.RequiredInt64Array("verify_contexts"));
@@ -267,6 +271,15 @@ double LatencyProfile::DraftSeconds(const LayerMask& mask,
   return one_token - one_token * (skipped / full);
 }
 
+double LatencyProfile::StepSeconds(int64_t context_length, int tokens) const {
+  return VerifySeconds(context_length, tokens) + step_overhead_seconds;
+}
+
+double LatencyProfile::DraftTokenSeconds(const LayerMask& mask,
+                                         int64_t context_length) const {
+  return DraftSeconds(mask, context_length) + draft_overhead_seconds;
+}
+
 double LatencyProfile::FullStepSeconds(int num_layers,
                                        int64_t context_length) const {
   return step_fixed_seconds +
@@ -289,6 +302,13 @@ absl::Status LatencyProfile::Validate() const {
   }
   if (!finite(step_fixed_seconds) || step_fixed_seconds < 0) {
     return FieldError("step_fixed_seconds", "must be a non-negative number");
+  }
+  if (!finite(step_overhead_seconds) || step_overhead_seconds < 0) {
+    return FieldError("step_overhead_seconds", "must be a non-negative number");
+  }
+  if (!finite(draft_overhead_seconds) || draft_overhead_seconds < 0) {
+    return FieldError("draft_overhead_seconds",
+                      "must be a non-negative number");
   }
   if (max_draft < 1)
     return FieldError("max_draft",
@@ -362,6 +382,8 @@ std::string LatencyProfile::ToJson() const {
   json["mlp_seconds"] = mlp_seconds;
   json["mlp_fit"] = FitToJson(mlp_fit);
   json["step_fixed_seconds"] = step_fixed_seconds;
+  json["step_overhead_seconds"] = step_overhead_seconds;
+  json["draft_overhead_seconds"] = draft_overhead_seconds;
   json["max_draft"] = max_draft;
   json["verify_contexts"] = verify_contexts;
   json["verify_seconds"] = verify_seconds;
@@ -535,6 +557,19 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("profile: torch error: ", e.what_without_backtrace()));
+  }
+  if (options.measure_overhead) {
+    ASSIGN_OR_RETURN(const StepOverhead overhead,
+                     options.measure_overhead(options.before_run));
+    if (!std::isfinite(overhead.step_seconds) || overhead.step_seconds < 0 ||
+        !std::isfinite(overhead.draft_seconds) || overhead.draft_seconds < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "profile: the measured step overhead must be non-negative, got ",
+          overhead.step_seconds, " s per step and ", overhead.draft_seconds,
+          " s per draft token"));
+    }
+    profile.step_overhead_seconds = overhead.step_seconds;
+    profile.draft_overhead_seconds = overhead.draft_seconds;
   }
   RETURN_IF_ERROR(
       Annotate(profile.Validate(), "profile: measured values are unusable"));

@@ -29,6 +29,23 @@
 //                                         t_attn(n)
 //                                         + kept MLP sublayers * t_mlp
 //
+// The whole step. The passes are not all a step costs: the engine also picks
+// the tokens from the logits, accepts or rejects drafts, keeps its books and
+// calls back with the new tokens. ProfileOptions::measure_overhead measures
+// that on the real engine (tools/step_overhead.h) as two figures:
+//
+//   o_step             = step_overhead_seconds   (per decode step)
+//   o_draft            = draft_overhead_seconds  (per draft token)
+//
+// and the planner prices a step with them (tpt.h):
+//
+//   StepSeconds(n, t)       = t_verify(n, t) + o_step
+//   DraftTokenSeconds(S, n) = t_draft(S, n) + o_draft
+//
+// Without them the TPT grid over-speculates: every draft token looks cheaper
+// than it is, and plain decoding's own step cost is understated less than a
+// speculative step's.
+//
 // One basis: the sublayer timings (each sublayer timed on its own inside a
 // step) do not sum exactly to the measured one-token pass, so t_draft scales
 // the sublayer model to it. The empty mask (skip nothing) costs exactly
@@ -78,8 +95,10 @@ absl::StatusOr<LineFit> FitLine(absl::Span<const double> x,
                                 absl::Span<const double> y);
 
 struct LatencyProfile {
-  // Bumped when the JSON layout changes; Load refuses other versions.
-  static constexpr int kVersion = 1;
+  // Bumped when the JSON layout changes; Load refuses other versions (a
+  // cached profile of another version is measured again). Version 2 added
+  // step_overhead_seconds and draft_overhead_seconds.
+  static constexpr int kVersion = 2;
 
   // ---- Key: which engine the timings are for ----
   std::string model_fingerprint;  // ModelConfig::Fingerprint()
@@ -98,6 +117,11 @@ struct LatencyProfile {
   LineFit mlp_fit;
   // Per decode step on top of the sublayers: embedding, final norm, LM head.
   double step_fixed_seconds = 0;
+  // The engine's work outside the passes (the file comment): per decode step
+  // (o_step) and per draft token (o_draft), >= 0. 0 when the profile was
+  // measured without an engine (ProfileOptions::measure_overhead empty).
+  double step_overhead_seconds = 0;
+  double draft_overhead_seconds = 0;
   // The largest gamma the verify table covers (tokens 1..max_draft+1).
   int max_draft = 0;
   // Context lengths of the verify table, strictly increasing.
@@ -135,6 +159,12 @@ struct LatencyProfile {
   // VerifySeconds(n, 1) minus the skipped sublayers' share of it, so the
   // empty mask costs exactly VerifySeconds(n, 1) (bit for bit).
   double DraftSeconds(const LayerMask& mask, int64_t context_length) const;
+  // The whole step as the TPT objective prices it: VerifySeconds(n, tokens)
+  // + step_overhead_seconds.
+  double StepSeconds(int64_t context_length, int tokens) const;
+  // One draft token as the TPT objective prices it: DraftSeconds(mask, n) +
+  // draft_overhead_seconds.
+  double DraftTokenSeconds(const LayerMask& mask, int64_t context_length) const;
   // The raw sublayer model of one draft token: step_fixed_seconds + kept
   // attention sublayers * t_attn(n) + kept MLP sublayers * t_mlp.
   double SublayerSeconds(const LayerMask& mask, int64_t context_length) const;
@@ -165,6 +195,13 @@ struct LatencyProfile {
   static absl::StatusOr<LatencyProfile> Load(const std::string& path);
 };
 
+// The engine's work outside the model's passes (LatencyProfile's o_step and
+// o_draft), as ProfileOptions::measure_overhead reports it.
+struct StepOverhead {
+  double step_seconds = 0;   // per decode step, >= 0
+  double draft_seconds = 0;  // per draft token, >= 0
+};
+
 // What ProfileModel measures and how often.
 struct ProfileOptions {
   // Context lengths n for the attention fit and the verify table. Values that
@@ -182,6 +219,15 @@ struct ProfileOptions {
   // planner/background_profile.h): the caches are then cold, so the point
   // starts over with its warm-up and its timings so far are dropped.
   std::function<absl::StatusOr<bool>()> before_run;
+  // Measures the engine's per-step work outside the passes, called once on
+  // the measuring thread after the passes are timed, with `before_run` to
+  // call before each of its runs; empty leaves both overheads 0 (the
+  // planner's layer has no engine: the caller that owns one supplies it,
+  // tools/step_overhead.h). Negative or non-finite results are
+  // InvalidArgument; its errors are returned.
+  std::function<absl::StatusOr<StepOverhead>(
+      const std::function<absl::StatusOr<bool>()>& before_run)>
+      measure_overhead;
 };
 
 // Measures `model` on its own device and dtype. At each context length n: a

@@ -138,7 +138,7 @@ std::vector<double> VerifyTable(const LatencyProfile& profile, int64_t n,
                                 int max_draft) {
   std::vector<double> table;
   for (int t = 1; t <= max_draft + 1; ++t)
-    table.push_back(profile.VerifySeconds(n, t));
+    table.push_back(profile.StepSeconds(n, t));
   return table;
 }
 
@@ -151,7 +151,7 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
                          int fixed_gamma, DraftPlan& plan) {
   const std::vector<double> verify = VerifyTable(profile, n, max_draft);
   const TptCandidate tc{SmoothAlpha(candidate.alpha_hat, r, prior),
-                        profile.DraftSeconds(candidate.mask, n)};
+                        profile.DraftTokenSeconds(candidate.mask, n)};
   plan.mask = candidate.mask;
   plan.alpha_hat = candidate.alpha_hat;
   plan.mean_cosine = candidate.mean_cosine;
@@ -162,7 +162,7 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
     plan.alpha_smoothed = tc.alpha;
     plan.predicted_tpt =
         TokensPerSecond(tc.alpha, fixed_gamma, tc.draft_seconds,
-                        profile.VerifySeconds(n, fixed_gamma + 1));
+                        profile.StepSeconds(n, fixed_gamma + 1));
     plan.baseline_tpt = TokensPerSecond(0, 0, 0, verify[0]);
     return absl::OkStatus();
   }
@@ -290,7 +290,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   std::vector<double> draft_seconds;
   draft_seconds.reserve(candidates.size());
   for (const SkipCandidate& c : candidates)
-    draft_seconds.push_back(profile.DraftSeconds(c.mask, n));
+    draft_seconds.push_back(profile.DraftTokenSeconds(c.mask, n));
   const std::vector<double> verify = VerifyTable(profile, n, options.max_draft);
   TptChoice choice;
   if (options.lazy_alpha) {

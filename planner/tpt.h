@@ -9,6 +9,10 @@
 //   t_verify(n, gamma+1))
 //
 // and plain autoregressive decoding (gamma = 0) gives 1 / t_verify(n, 1).
+// The planner passes whole-step prices (latency_profile.h): t_verify
+// includes the engine's per-step work outside the pass (o_step) and t_draft
+// its per-draft-token work (o_draft), so the objective is tokens per second
+// of the step as the engine runs it, not of its passes alone.
 // MaximizeTpt searches the grid candidates x gamma in 1..D and reports "no
 // speculation" when nothing beats autoregressive decoding; MaximizeTptLazily
 // finds the same maximizer while measuring alpha for as few candidates as it

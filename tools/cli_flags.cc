@@ -20,6 +20,7 @@
 #include "executor/api/generation_codec.h"
 #include "planner/thread_choice.h"
 #include "tools/default_model.h"
+#include "tools/step_overhead.h"
 #include "tools/tls_from_flags.h"
 
 ABSL_FLAG(std::string, model, "",
@@ -564,7 +565,9 @@ absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
                       ? ""
                       : absl::StrCat(" ", options.cache_dir))
               << "; measuring the latency profile now" << std::endl;
-    return ProfileModel(model, QuickProfileOptions(model, options.max_draft));
+    ProfileOptions quick = QuickProfileOptions(model, options.max_draft);
+    quick.measure_overhead = StepOverheadFunction(model, *engine.tokenizer);
+    return ProfileModel(model, quick);
   };
   ASSIGN_OR_RETURN(ObtainedProfile obtained,
                    ObtainProfile(ProfileKey::Of(model), options, measure));

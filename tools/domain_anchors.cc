@@ -187,12 +187,12 @@ absl::Status ChooseDraft(const LlamaModel& model, const Tokenizer& tokenizer,
     share /= static_cast<double>(inputs.size());
     TptCandidate candidate;
     candidate.alpha = SmoothAlpha(share, r_total, knapspec.alpha_prior);
-    candidate.draft_seconds = profile.DraftSeconds(mask, context);
+    candidate.draft_seconds = profile.DraftTokenSeconds(mask, context);
     grid.push_back(candidate);
   }
   std::vector<double> verify;
   for (int t = 1; t <= options.max_draft + 1; ++t)
-    verify.push_back(profile.VerifySeconds(context, t));
+    verify.push_back(profile.StepSeconds(context, t));
   ASSIGN_OR_RETURN(TptChoice choice,
                    MaximizeTpt(grid, verify, options.max_draft));
   if (choice.candidate < 0) {

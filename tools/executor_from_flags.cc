@@ -14,6 +14,7 @@
 #include "common/base/status.h"
 #include "common/text/chat_template.h"
 #include "common/trace/otlp_http_exporter.h"
+#include "tools/step_overhead.h"
 #include "tools/tls_from_flags.h"
 
 ABSL_FLAG(int32_t, max_running, 16,
@@ -309,6 +310,8 @@ absl::StatusOr<std::unique_ptr<BackgroundProfile>> MeasureProfileInBackground(
   options.cache = ObtainProfileOptionsFromFlags();
   options.cache.profile_path.clear();
   options.profile = QuickProfileOptions(*engine.model, options.cache.max_draft);
+  options.profile.measure_overhead =
+      StepOverheadFunction(*engine.model, *engine.tokenizer);
   // Test only (see the header): hold the measurement while the gate file
   // is missing.
   const char* gate_env = std::getenv("KNAPSERVE_TEST_PROFILE_GATE");

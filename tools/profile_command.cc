@@ -11,6 +11,7 @@
 #include "planner/latency_profile.h"
 #include "tools/cli_flags.h"
 #include "tools/commands.h"
+#include "tools/step_overhead.h"
 
 namespace knapserve {
 namespace {
@@ -59,6 +60,8 @@ absl::Status Profile() {
   options.repeats = absl::GetFlag(FLAGS_profile_repeats);
   ASSIGN_OR_RETURN(options.contexts,
                    ContextsFromFlags(*engine.model, options.max_draft));
+  options.measure_overhead =
+      StepOverheadFunction(*engine.model, *engine.tokenizer);
   ASSIGN_OR_RETURN(LatencyProfile profile,
                    ProfileModel(*engine.model, options));
   RETURN_IF_ERROR(profile.Save(out));
@@ -74,6 +77,11 @@ absl::Status Profile() {
       profile.mlp_seconds * 1e6, profile.mlp_fit.b * 1e6, profile.mlp_fit.r2);
   std::printf("  fixed per step (embed, norm, LM head) = %.3f us\n",
               profile.step_fixed_seconds * 1e6);
+  std::printf(
+      "  engine work outside the passes: %.1f us per step, %.1f us per draft "
+      "token\n",
+      profile.step_overhead_seconds * 1e6,
+      profile.draft_overhead_seconds * 1e6);
   std::printf("  %8s %12s %12s %12s\n", "context", "attn us", "verify 1 ms",
               absl::StrCat("verify ", profile.max_draft + 1, " ms").c_str());
   for (size_t c = 0; c < profile.verify_contexts.size(); ++c) {

@@ -66,6 +66,19 @@ TEST(ProfileBatchCostTest, DraftingPaysAloneAndStopsPayingInALargeBatch) {
     }
   }
   EXPECT_GT(flip, 2);
+
+  // The engine's work per draft row (the profile's o_draft) is part of the
+  // price: at a full step's worth a draft never pays, even alone.
+  LatencyProfile dear = testing::HandLatencyProfile(*model);
+  dear.draft_overhead_seconds = dear.VerifySeconds(64, 1);
+  ProfileBatchCost priced(dear, model->num_layers());
+  EXPECT_FALSE(priced.DraftsPay(64, members(1, 4, 0.85)));
+  // o_step is paid per member either way.
+  dear.draft_overhead_seconds = 0;
+  dear.step_overhead_seconds = 1e-3;
+  ProfileBatchCost stepped(dear, model->num_layers());
+  EXPECT_NEAR(stepped.StepTokensPerSecond(64, members(2, 0, 0.9), false),
+              2 / (stepped.PassSeconds(64, 2, 2) + 2e-3), 1e-9);
 }
 
 // Before its profile lands every step's drafts pay (as with no cost model);

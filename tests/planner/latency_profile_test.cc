@@ -3,18 +3,25 @@
 // corrupt or mismatched profiles, and a real (small) measurement.
 #include "planner/latency_profile.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
 namespace {
 
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 using testing::Stories260kDir;
 
 LatencyProfile HandProfile() {
@@ -204,11 +211,54 @@ TEST(LatencyProfileTest, DraftAndVerifyCostsShareOneBasis) {
   EXPECT_LT(p.DraftSeconds(mask, 1000), p.DraftSeconds(LayerMask(4), 1000));
 }
 
+TEST(LatencyProfileTest, PricesTheWholeStepWithTheEnginesOverhead) {
+  LatencyProfile p = HandProfile();
+  LayerMask mask(4);
+  mask.set_skipped(2, true);
+  // Without a measured overhead the whole step is the pass.
+  EXPECT_DOUBLE_EQ(p.StepSeconds(600, 2), p.VerifySeconds(600, 2));
+  EXPECT_DOUBLE_EQ(p.DraftTokenSeconds(mask, 600), p.DraftSeconds(mask, 600));
+  p.step_overhead_seconds = 4e-5;
+  p.draft_overhead_seconds = 3e-5;
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  for (int tokens : {1, 2, 3}) {
+    EXPECT_DOUBLE_EQ(p.StepSeconds(600, tokens),
+                     p.VerifySeconds(600, tokens) + 4e-5);
+  }
+  EXPECT_DOUBLE_EQ(p.DraftTokenSeconds(mask, 600),
+                   p.DraftSeconds(mask, 600) + 3e-5);
+  // The passes themselves are priced as before.
+  EXPECT_DOUBLE_EQ(p.VerifySeconds(600, 1), 1.5e-3);
+
+  // A negative or non-finite overhead is refused, naming the field.
+  p.step_overhead_seconds = -1e-6;
+  EXPECT_THAT(p.Validate().message(), HasSubstr("step_overhead_seconds"));
+  p.step_overhead_seconds = 0;
+  p.draft_overhead_seconds = std::nan("");
+  EXPECT_THAT(p.Validate().message(), HasSubstr("draft_overhead_seconds"));
+}
+
+TEST(LatencyProfileTest, RefusesAVersionOneProfileWithoutTheOverhead) {
+  LatencyProfile p = HandProfile();
+  nlohmann::json json = nlohmann::json::parse(p.ToJson());
+  EXPECT_EQ(json["version"], LatencyProfile::kVersion);
+  json["version"] = 1;
+  json.erase("step_overhead_seconds");
+  json.erase("draft_overhead_seconds");
+  auto loaded = LatencyProfile::FromJson(json.dump(), "old.json");
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(loaded.status().message(),
+              AllOf(HasSubstr("old.json"), HasSubstr("version 1"),
+                    HasSubstr("knapserve profile")));
+}
+
 TEST(LatencyProfileTest, RoundTripsThroughJsonFiles) {
   const testing::ScopedTempDir temp("profile");
   const std::string& dir = temp.path();
   const std::string path = dir + "/profile.json";
-  const LatencyProfile p = HandProfile();
+  LatencyProfile p = HandProfile();
+  p.step_overhead_seconds = 2.5e-5;
+  p.draft_overhead_seconds = 1.25e-5;
   ASSERT_TRUE(p.Save(path).ok());
   auto loaded = LatencyProfile::Load(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -222,6 +272,8 @@ TEST(LatencyProfileTest, RoundTripsThroughJsonFiles) {
   EXPECT_DOUBLE_EQ(loaded->attention.r2, p.attention.r2);
   EXPECT_DOUBLE_EQ(loaded->mlp_seconds, p.mlp_seconds);
   EXPECT_DOUBLE_EQ(loaded->step_fixed_seconds, p.step_fixed_seconds);
+  EXPECT_DOUBLE_EQ(loaded->step_overhead_seconds, p.step_overhead_seconds);
+  EXPECT_DOUBLE_EQ(loaded->draft_overhead_seconds, p.draft_overhead_seconds);
   EXPECT_EQ(loaded->max_draft, p.max_draft);
   EXPECT_EQ(loaded->verify_contexts, p.verify_contexts);
   EXPECT_EQ(loaded->verify_seconds, p.verify_seconds);
@@ -260,9 +312,11 @@ TEST(LatencyProfileTest, RefusesCorruptFilesNamingThem) {
 
   // Another version.
   std::string versioned = text;
-  const size_t v = versioned.find("\"version\": 1");
+  const std::string current =
+      absl::StrCat("\"version\": ", LatencyProfile::kVersion);
+  const size_t v = versioned.find(current);
   ASSERT_NE(v, std::string::npos);
-  versioned.replace(v, std::string("\"version\": 1").size(), "\"version\": 99");
+  versioned.replace(v, current.size(), "\"version\": 99");
   path = WriteFile(dir, "version.json", versioned);
   loaded = LatencyProfile::Load(path);
   EXPECT_EQ(loaded.status().code(), absl::StatusCode::kInvalidArgument);
@@ -355,6 +409,46 @@ TEST(ProfileModelTest, MeasuresAModel) {
                   ->CheckMatches((*model)->config().Fingerprint(), "cpu",
                                  "fp32", profile->threads)
                   .ok());
+
+  // Without an engine the overhead is left at 0.
+  EXPECT_EQ(profile->step_overhead_seconds, 0);
+  EXPECT_EQ(profile->draft_overhead_seconds, 0);
+
+  // The caller's measurement of the engine's overhead goes into the profile,
+  // after the passes and with the same before_run gate.
+  int gate_calls = 0;
+  options.before_run = [&]() -> absl::StatusOr<bool> {
+    ++gate_calls;
+    return false;
+  };
+  int overhead_calls = 0;
+  options.measure_overhead =
+      [&](const std::function<absl::StatusOr<bool>()>& before_run)
+      -> absl::StatusOr<StepOverhead> {
+    ++overhead_calls;
+    const int before = gate_calls;
+    EXPECT_TRUE(before_run().ok());
+    EXPECT_EQ(gate_calls, before + 1);
+    return StepOverhead{3e-5, 2e-5};
+  };
+  profile = ProfileModel(**model, options);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(overhead_calls, 1);
+  EXPECT_DOUBLE_EQ(profile->step_overhead_seconds, 3e-5);
+  EXPECT_DOUBLE_EQ(profile->draft_overhead_seconds, 2e-5);
+  // A negative measurement is an error, as is the measurement's own.
+  options.measure_overhead = [](const auto&) -> absl::StatusOr<StepOverhead> {
+    return StepOverhead{-1e-6, 0};
+  };
+  EXPECT_THAT(ProfileModel(**model, options).status().message(),
+              HasSubstr("non-negative"));
+  options.measure_overhead = [](const auto&) -> absl::StatusOr<StepOverhead> {
+    return absl::CancelledError("stopping");
+  };
+  EXPECT_EQ(ProfileModel(**model, options).status().code(),
+            absl::StatusCode::kCancelled);
+  options.measure_overhead = nullptr;
+  options.before_run = nullptr;
 
   // Bad options.
   options.contexts = {16};

@@ -292,6 +292,23 @@ TEST(SolveStaticTest, APerfectShareFromFiveTokensDoesNotPickTheLargestGamma) {
   plan = SolveStatic(*model, profile, snap->inputs, *mask, raw);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->gamma, 10);
+
+  // The whole step is priced (latency_profile.h): plain decoding's baseline
+  // includes the engine's per-step work, and draft tokens whose own work
+  // outside the pass costs more than a step make speculation lose.
+  const int64_t n = PricingContextLength(snap->inputs);
+  const double one = profile.VerifySeconds(n, 1);
+  LatencyProfile whole = profile;
+  whole.step_overhead_seconds = 0.1 * one;
+  auto priced = SolveStatic(*model, whole, snap->inputs, *mask, raw);
+  ASSERT_TRUE(priced.ok()) << priced.status();
+  EXPECT_DOUBLE_EQ(priced->baseline_tpt, 1.0 / (one + 0.1 * one));
+  EXPECT_GT(priced->gamma, 0);
+  whole.draft_overhead_seconds = one;
+  priced = SolveStatic(*model, whole, snap->inputs, *mask, raw);
+  ASSERT_TRUE(priced.ok()) << priced.status();
+  EXPECT_EQ(priced->gamma, 0);
+  EXPECT_DOUBLE_EQ(priced->predicted_tpt, priced->baseline_tpt);
 }
 
 // A plan made at context n lives plan_lifetime_tokens more tokens: it is

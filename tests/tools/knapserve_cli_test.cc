@@ -174,6 +174,10 @@ TEST(KnapserveCliTest, ProfileThenPlannedGenerationGivesTheSameGreedyIds) {
   ASSERT_FALSE(profile.is_discarded());
   EXPECT_EQ(profile["device"], "cpu");
   EXPECT_EQ(profile["dtype"], "fp32");
+  // The engine's own work per step was measured (tools/step_overhead.h): a
+  // step does more than its passes.
+  EXPECT_GT(profile["step_overhead_seconds"].get<double>(), 0);
+  EXPECT_GE(profile["draft_overhead_seconds"].get<double>(), 0);
   const std::vector<std::string> base = GreedyJson(150);
   std::vector<std::string> off_args = base;
   const nlohmann::json off = RunJson(Stories(off_args));
