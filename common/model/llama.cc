@@ -784,6 +784,11 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
   std::vector<int64_t> index;
   for (int i = 0; i < num_layers(); ++i) {
     const Layer& layer = layers_[i];
+    // Sequences told to stop (an early exit) run no layer from here on.
+    for (size_t s = 0; s < batch.size(); ++s) {
+      if (batch[s].stop != nullptr && *batch[s].stop && i < last_layer[s])
+        last_layer[s] = std::max(first_layer[s], i);
+    }
     for (int part = 0; part < 2; ++part) {
       const bool attention = part == 0;
       const bool all = spans_for(2 * i + part, i, attention, spans, index);
@@ -814,6 +819,12 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
         h = all ? y : h.index_copy(0, index_t, y);
       }
       if (capture) boundaries.push_back(h);
+    }
+    for (size_t s = 0; s < batch.size(); ++s) {
+      if (batch[s].after_layer && first_layer[s] <= i && i < last_layer[s]) {
+        batch[s].after_layer(
+            i, h.narrow(0, first_row[s] + batch[s].rows() - 1, 1));
+      }
     }
   }
 
@@ -859,6 +870,8 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
   std::vector<torch::Tensor> out(batch.size());
   int64_t at = 0;
   for (size_t s = 0; s < batch.size(); ++s) {
+    if (batch[s].reached_layer != nullptr)
+      *batch[s].reached_layer = last_layer[s];
     if (logit_count[s] > 0) out[s] = logits.narrow(0, at, logit_count[s]);
     at += logit_count[s];
     if (batch[s].output_states != nullptr) {

@@ -28,6 +28,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,6 +121,22 @@ struct BatchSequence {
   // boundaries, [2L+1, size, hidden] (as ForwardOptions::boundary_states).
   // Only for a sequence that runs all layers from its tokens.
   torch::Tensor* boundary_states = nullptr;
+
+  // Early exit inside the pass (SpecBound's exit checks,
+  // executor/engine/specbound.h). `after_layer`, if set, is called on the
+  // calling thread after each layer l this sequence runs, with l and the
+  // hidden state of its last row after l ([1, hidden], valid during the
+  // call); it must not throw. `stop`, if set, is read before every layer:
+  // once true, the sequence runs no further layer (one that has not reached
+  // its first_layer yet runs none), and its logits and output_states are
+  // taken where it stopped. Several sequences may share one flag: rows of
+  // one draft that join the pass at different layers stop together, after
+  // the layer whose after_layer set it. `reached_layer`, if set, receives
+  // the end of the layers it ran: last_layer, or where it stopped
+  // (first_layer if it ran none).
+  std::function<void(int layer, const torch::Tensor& state)> after_layer;
+  const bool* stop = nullptr;
+  int* reached_layer = nullptr;
 
   // Rows of this sequence in the pass (tokens or input_states).
   int64_t rows() const {

@@ -749,19 +749,40 @@ void Sequence::OnDraftLogits(const torch::Tensor& logits) {
     drafting_ = false;
 }
 
-void Sequence::OnExitPass(const torch::Tensor& states) {
-  exit_rows_.Apply(states);
+void Sequence::OnExitCheck(int layer, const torch::Tensor& state) {
+  const int depth = layer + 1;
   const SpecBoundConfig& config = request_.speculation.specbound;
+  if (exit_stop_ || !IsCheckDepth(depth, config.check_every, depth_bound_))
+    return;
+  try {
+    // z_l / T_l for the exit after `layer`, processed with the history of
+    // the position it drafts for.
+    torch::Tensor scaled = processors_.Apply(
+        exit_heads_->Logits(model_, layer, state)[0] /
+            ExitTemperature(config.t0, layer, model_.num_layers()),
+        drafts_);
+    const double top1 = torch::softmax(scaled, 0).max().item<double>();
+    if (top1 >= config.lambda) {
+      exit_scaled_ = std::move(scaled);
+      exit_stop_ = true;
+    }
+  } catch (...) {
+    exit_error_ = CurrentExceptionAsInternal(absl::StrCat(
+        "generation failed at decode step ", step_, " (exit check)"));
+    exit_stop_ = true;
+  }
+}
+
+absl::Status Sequence::OnExitPass(absl::Span<const torch::Tensor> states,
+                                  absl::Span<const int> reached) {
+  exit_stop_ = false;
+  torch::Tensor scaled = std::move(exit_scaled_);
+  exit_scaled_ = torch::Tensor();
+  if (!exit_error_.ok()) return std::exchange(exit_error_, absl::OkStatus());
+  exit_rows_.ApplyDraftPass(states, reached);
   const int newest = exit_rows_.rows() - 1;
   const int depth = exit_rows_.depth(newest);
-  // z_l / T_l for the exit after layer depth - 1, processed with the
-  // history of the position it drafts for.
-  const torch::Tensor scaled = processors_.Apply(
-      exit_heads_->Logits(model_, depth - 1, exit_rows_.state(newest))[0] /
-          ExitTemperature(config.t0, depth - 1, model_.num_layers()),
-      drafts_);
-  const double top1 = torch::softmax(scaled, 0).max().item<double>();
-  if (top1 >= config.lambda) {
+  if (scaled.defined()) {
     // q_j (for rejection sampling): exactly the distribution the draft is
     // drawn from.
     const int32_t draft = DrawDraft(
@@ -776,10 +797,12 @@ void Sequence::OnExitPass(const torch::Tensor& states) {
       drafting_ = false;
       ++spec_stats_.width_bound_stops;
     }
-  } else if (depth >= depth_bound_) {
+  } else {
+    // No exit: the row ran to the depth bound.
     drafting_ = false;
     ++spec_stats_.depth_bound_stops;
   }
+  return absl::OkStatus();
 }
 
 void Sequence::UpdateExitCostMask() {
@@ -968,10 +991,13 @@ struct BatchStepRunner {
   // its time counts as drafting for every sequence in it, then
   // `take(i, seq, logits)` takes sequence i's output, failing only that
   // sequence if it throws.
+  // `first_input`: sequence i's inputs are [first_input[i],
+  // first_input[i + 1]) (empty: one input each, in order); take gets their
+  // outputs.
   template <typename Take>
   void DraftPass(const std::vector<Sequence*>& ready,
                  const std::vector<BatchSequence>& inputs, const char* what,
-                 Take&& take) {
+                 Take&& take, const std::vector<size_t>& first_input = {}) {
     double seconds = 0;
     std::vector<torch::Tensor> logits = Pass(ready, inputs, seconds);
     ++stats.draft_passes;
@@ -979,9 +1005,10 @@ struct BatchStepRunner {
       Sequence* seq = ready[i];
       seq->spec_stats_.draft_seconds += seconds;
       seq->step_seconds_ += seconds;
+      const size_t a = first_input.empty() ? i : first_input[i];
+      const size_t b = first_input.empty() ? i + 1 : first_input[i + 1];
       Guarded(seq, what, [&] {
-        take(i, seq, logits[i]);
-        return absl::OkStatus();
+        return take(i, seq, absl::MakeConstSpan(logits.data() + a, b - a));
       });
     }
   }
@@ -1020,47 +1047,78 @@ struct BatchStepRunner {
         tokens.push_back(seq->drafts_.empty() ? seq->result_.output_ids.back()
                                               : seq->drafts_.back());
       }
+      // Per ready sequence, its inputs [first_input[i], first_input[i + 1]):
+      // one, or SpecBound's groups (specbound.h).
       std::vector<Sequence*> ready;
-      std::vector<torch::Tensor> exit_states(seqs.size());
+      std::vector<size_t> first_input;
       for (size_t i = 0; i < seqs.size(); ++i) {
         Sequence* seq = seqs[i];
-        BatchSequence input;
+        std::vector<BatchSequence> mine;
         if (seq->early_exit_) {
-          // The newest row up to its next exit check, with the rows that
-          // lag below it.
+          // The newest row up to its exit (checked inside the pass) or the
+          // depth bound, with the rows that lag below it.
           Guarded(seq, "draft", [&] {
-            const int newest = seq->exit_rows_.rows() - 1;
-            seq->exit_rows_.DraftPass(
-                NextCheckDepth(seq->exit_rows_.depth(newest),
-                               seq->request_.speculation.specbound.check_every,
-                               seq->depth_bound_),
-                input);
-            input.num_logits = 0;
-            input.output_states = &exit_states[ready.size()];
-            return seq->BindKv(input, input.start_pos + input.rows());
+            mine = seq->exit_rows_.DraftPass(seq->depth_bound_);
+            seq->exit_stop_ = false;
+            seq->exit_scaled_ = torch::Tensor();
+            seq->exit_error_ = absl::OkStatus();
+            // Every group binds the K/V grown to the newest row's end, so
+            // no later growth moves the block table under an earlier one.
+            const int64_t positions =
+                mine.back().start_pos + mine.back().rows();
+            for (BatchSequence& input : mine) {
+              input.num_logits = 0;
+              input.stop = &seq->exit_stop_;
+              RETURN_IF_ERROR(seq->BindKv(input, positions));
+            }
+            // The newest row (last: K/V in position order) checks its
+            // exits; the groups stop with it.
+            mine.back().after_layer = [seq](int layer,
+                                            const torch::Tensor& state) {
+              seq->OnExitCheck(layer, state);
+            };
+            return absl::OkStatus();
           });
         } else {
+          BatchSequence input;
           input.tokens = absl::MakeConstSpan(&tokens[i], 1);
           input.start_pos =
               seq->length_ + static_cast<int64_t>(seq->drafts_.size());
           input.skip = &seq->mask_;
           input.num_logits = 1;
+          mine.push_back(input);
           Guarded(seq, "draft",
-                  [&] { return seq->BindKv(input, input.start_pos + 1); });
+                  [&] { return seq->BindKv(mine[0], mine[0].start_pos + 1); });
         }
         if (seq->done()) continue;
         ready.push_back(seq);
-        inputs.push_back(input);
+        first_input.push_back(inputs.size());
+        inputs.insert(inputs.end(), mine.begin(), mine.end());
       }
       if (ready.empty()) continue;
-      DraftPass(ready, inputs, "draft",
-                [&](size_t i, Sequence* seq, const torch::Tensor& logits) {
-                  if (seq->early_exit_) {
-                    seq->OnExitPass(exit_states[i]);
-                  } else {
-                    seq->OnDraftLogits(logits[0]);
-                  }
-                });
+      first_input.push_back(inputs.size());
+      std::vector<torch::Tensor> exit_states(inputs.size());
+      std::vector<int> reached(inputs.size(), 0);
+      for (size_t k = 0; k < inputs.size(); ++k) {
+        if (inputs[k].stop != nullptr) {
+          inputs[k].output_states = &exit_states[k];
+          inputs[k].reached_layer = &reached[k];
+        }
+      }
+      DraftPass(
+          ready, inputs, "draft",
+          [&](size_t i, Sequence* seq, absl::Span<const torch::Tensor> logits) {
+            const size_t a = first_input[i];
+            const size_t n = first_input[i + 1] - a;
+            if (!seq->early_exit_) {
+              seq->OnDraftLogits(logits[0][0]);
+              return absl::OkStatus();
+            }
+            return seq->OnExitPass(
+                absl::MakeConstSpan(exit_states.data() + a, n),
+                absl::MakeConstSpan(reached.data() + a, n));
+          },
+          first_input);
     }
 
     // 2b. SpecBound's alignment: rows below their step's deepest exit go up
@@ -1087,8 +1145,9 @@ struct BatchStepRunner {
       }
       if (ready.empty()) break;
       DraftPass(ready, inputs, "align",
-                [&](size_t i, Sequence* seq, const torch::Tensor&) {
+                [&](size_t i, Sequence* seq, absl::Span<const torch::Tensor>) {
                   seq->exit_rows_.Apply(out[i]);
+                  return absl::OkStatus();
                 });
     }
 

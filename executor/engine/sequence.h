@@ -148,10 +148,17 @@ class Sequence {
   void BeginStep(bool allow_drafts);
   // A draft pass's logits ([vocab]) for this sequence.
   void OnDraftLogits(const torch::Tensor& logits);
-  // SpecBound: the output states of a draft pass (exit_rows_.DraftPass);
-  // checks the newest row's exit head at its new depth and drafts from it,
-  // or ends drafting at a bound.
-  void OnExitPass(const torch::Tensor& states);
+  // SpecBound, inside a draft pass (BatchSequence::after_layer of the
+  // newest row): at a check depth, the exit head of `state` (after `layer`);
+  // an exit records the draft's scaled logits and sets exit_stop_, which
+  // stops the pass for this sequence's rows. Never throws: an error is kept
+  // in exit_error_ (and stops the pass) for OnExitPass.
+  void OnExitCheck(int layer, const torch::Tensor& state);
+  // SpecBound: the outputs of a draft pass (exit_rows_.DraftPass's groups,
+  // their output states and reached depths): drafts from an exit, or ends
+  // drafting at a bound.
+  absl::Status OnExitPass(absl::Span<const torch::Tensor> states,
+                          absl::Span<const int> reached);
   // SpecBound: the mask the batch cost model prices a draft with (the
   // layers above the mean exit depth skipped).
   void UpdateExitCostMask();
@@ -242,6 +249,12 @@ class Sequence {
   // and the resolved depth bound (1..L).
   const bool early_exit_;
   SpecBoundRows exit_rows_;
+  // The current draft pass's exit (OnExitCheck): the stop flag its groups
+  // share, the processed z_l / T_l of the exit (undefined without one) and
+  // an error of the check.
+  bool exit_stop_ = false;
+  torch::Tensor exit_scaled_;
+  absl::Status exit_error_;
   std::shared_ptr<const ExitHeads> exit_heads_;
   int depth_bound_ = 0;
   LayerMask exit_cost_mask_;

@@ -14,6 +14,11 @@ int NextCheckDepth(int depth, int check_every, int depth_bound) {
   return std::min(depth_bound, (depth / check_every + 1) * check_every);
 }
 
+bool IsCheckDepth(int depth, int check_every, int depth_bound) {
+  return depth == depth_bound ||
+         (depth < depth_bound && depth > 0 && depth % check_every == 0);
+}
+
 void SpecBoundRows::Begin(int64_t first_position, int32_t last) {
   first_position_ = first_position;
   tokens_.assign(1, last);
@@ -51,19 +56,67 @@ void SpecBoundRows::Fill(int first, int from, int to, BatchSequence& input) {
   input.input_states = pass_input_;
 }
 
-void SpecBoundRows::DraftPass(int to, BatchSequence& input) {
+std::vector<BatchSequence> SpecBoundRows::DraftPass(int to) {
   const int newest = rows() - 1;
-  const int from = depth_[newest];
-  TORCH_CHECK(to > from, "SpecBound: draft pass to depth ", to, " from ", from);
-  // Earlier rows below `to` are all at `from` (depths are check depths and
-  // never increase along the rows), a suffix.
+  TORCH_CHECK(depth_[newest] == 0, "SpecBound: the newest row is at depth ",
+              depth_[newest], ", a draft pass starts at 0");
+  TORCH_CHECK(to > 0, "SpecBound: draft pass to depth ", to);
+  // Earlier rows below `to`: a suffix (depths never increase along the
+  // rows), in groups of one depth each.
   int first = newest;
-  while (first > 0 && depth_[first - 1] < to) {
-    --first;
-    TORCH_CHECK(depth_[first] == from, "SpecBound: row ", first, " at depth ",
-                depth_[first], ", expected ", from);
+  while (first > 0 && depth_[first - 1] < to) --first;
+  group_first_.clear();
+  group_inputs_.clear();
+  std::vector<BatchSequence> inputs;
+  for (int r = first; r < newest;) {
+    int end = r;
+    while (end < newest && depth_[end] == depth_[r]) ++end;
+    BatchSequence input;
+    input.start_pos = first_position_ + r;
+    input.first_layer = depth_[r];
+    input.last_layer = to;
+    std::vector<torch::Tensor> parts(states_.begin() + r,
+                                     states_.begin() + end);
+    group_inputs_.push_back(parts.size() == 1 ? parts[0]
+                                              : torch::cat(parts, 0));
+    input.input_states = group_inputs_.back();
+    group_first_.push_back(r);
+    inputs.push_back(std::move(input));
+    r = end;
   }
-  Fill(first, from, to, input);
+  BatchSequence input;
+  input.start_pos = first_position_ + newest;
+  input.first_layer = 0;
+  input.last_layer = to;
+  input.tokens = absl::MakeConstSpan(&tokens_[newest], 1);
+  group_first_.push_back(newest);
+  inputs.push_back(std::move(input));
+  return inputs;
+}
+
+void SpecBoundRows::ApplyDraftPass(
+    absl::Span<const torch::Tensor> output_states,
+    absl::Span<const int> reached) {
+  TORCH_CHECK(output_states.size() == group_first_.size() &&
+                  reached.size() == group_first_.size(),
+              "SpecBound: ", output_states.size(), " outputs for ",
+              group_first_.size(), " draft pass groups");
+  for (size_t g = 0; g < group_first_.size(); ++g) {
+    const int first = group_first_[g];
+    const int end = g + 1 < group_first_.size() ? group_first_[g + 1] : rows();
+    // A group the pass stopped before it joined kept its depth and states.
+    if (reached[g] <= depth_[first]) continue;
+    TORCH_CHECK(output_states[g].size(0) == end - first,
+                "SpecBound: pass "
+                "returned ",
+                output_states[g].size(0), " rows, expected ", end - first);
+    for (int r = first; r < end; ++r) {
+      states_[r] = output_states[g].narrow(0, r - first, 1);
+      depth_[r] = reached[g];
+    }
+  }
+  group_first_.clear();
+  group_inputs_.clear();
 }
 
 bool SpecBoundRows::AlignPass(BatchSequence& input) {

@@ -5,11 +5,12 @@
 // and `last` (the newest token, not in the K/V yet) has rows
 // [last, d_1, ..., d_m] at positions n, n+1, ..., n+m:
 //
-//   1. Drafting. The newest row runs the model upward from layer 0, in
-//      chunks of `check_every` layers (SpecBoundConfig::check_every). After
-//      each chunk, ending after layer l, its exit head (common/model/
-//      exit_heads.h: the model's own final norm and LM head, or trained
-//      heads) gives logits z_l, and the row exits when the top-1 probability
+//   1. Drafting. The newest row runs the model upward from layer 0 in one
+//      pass. Every `check_every` layers (SpecBoundConfig::check_every) and
+//      at the depth bound, inside that pass (BatchSequence::after_layer),
+//      after layer l, its exit head (common/model/exit_heads.h: the model's
+//      own final norm and LM head, or trained heads) gives logits z_l, and
+//      the pass stops the row (BatchSequence::stop) when the top-1 probability
 //      of softmax(z_l / T_l) reaches lambda, where the exit temperature T_l
 //      falls linearly from T_0 after layer 0 to 1 after the last layer
 //      (ExitTemperature). The exit's draft is argmax(z_l / T_l) when greedy,
@@ -22,10 +23,12 @@
 //   2. The cache of hidden states: each row keeps its hidden state at the
 //      depth it reached. When the newest row is to run layer l, earlier rows
 //      that have not run layer l yet (those that exited lower) run it in
-//      the same pass first (their K/V at layer l is what it attends to), so
-//      a pass is [lagging rows..., newest row] from one common depth.
-//      Depths never increase along the rows, so the lagging rows are always
-//      a suffix at one depth.
+//      the same pass (their K/V at layer l is what it attends to): each
+//      group of rows at one depth d joins the pass at layer d as a
+//      BatchSequence of its own, and every group stops where the newest row
+//      exits (they share its stop flag). Depths never increase along the
+//      rows, so the lagging rows are a suffix, in groups of one depth each;
+//      no row runs a layer twice.
 //   3. Alignment. Before verification, rows shallower than the deepest (row
 //      0's depth D) are brought up to D, a few rows at a time (each pass
 //      takes the shallowest suffix up to the next depth).
@@ -38,7 +41,7 @@
 //
 // Every pass goes through LlamaModel::ForwardBatch, so several SpecBound
 // sequences (and other modes' draft rounds) share passes: one round per
-// check interval, one per alignment stage, then the common main pass.
+// draft token, one per alignment stage, then the common main pass.
 //
 // Ownership: SpecBoundRows owns its rows' states; it borrows nothing.
 // Thread safety: one thread at a time (the sequence's step thread).
@@ -50,6 +53,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "common/model/llama.h"
 
 namespace knapserve {
@@ -62,6 +66,9 @@ double ExitTemperature(double t0, int layer, int num_layers);
 // the depth bound, and at the depth bound. The next check depth after
 // `depth` (< depth_bound).
 int NextCheckDepth(int depth, int check_every, int depth_bound);
+// Whether a row that has run `depth` layers (1 <= depth <= depth_bound) is
+// checked there.
+bool IsCheckDepth(int depth, int check_every, int depth_bound);
 
 // The rows of one SpecBound step and their hidden-state cache (see the file
 // comment).
@@ -79,11 +86,17 @@ class SpecBoundRows {
   // Row 0's depth: the deepest of the step.
   int max_depth() const { return depth_.empty() ? 0 : depth_[0]; }
 
-  // The pass that takes the newest row to depth `to` (> its depth), with the
-  // earlier rows that lag below `to`: `input` gets tokens or input_states,
-  // start_pos, first_layer and last_layer (K/V, logits and output_states
-  // are the caller's).
-  void DraftPass(int to, BatchSequence& input);
+  // The draft pass that takes the newest row (at depth 0) up to at most
+  // `to`, with the earlier rows that lag below `to`: one BatchSequence per
+  // group of rows at one depth, oldest first, the newest row last, each
+  // with tokens or input_states, start_pos, first_layer and last_layer = to
+  // (K/V, logits, output_states, stop and after_layer are the caller's).
+  // ApplyDraftPass records its outputs.
+  std::vector<BatchSequence> DraftPass(int to);
+  // The output states of the last DraftPass's inputs and the depth each
+  // reached (BatchSequence::reached_layer), in the same order.
+  void ApplyDraftPass(absl::Span<const torch::Tensor> output_states,
+                      absl::Span<const int> reached);
   // The next alignment pass (the shallowest rows up to the next depth);
   // false when every row is at max_depth().
   bool AlignPass(BatchSequence& input);
@@ -105,6 +118,10 @@ class SpecBoundRows {
   int pass_rows_ = 0;
   int pass_to_ = 0;
   torch::Tensor pass_input_;  // keeps the pass's input alive
+  // The last DraftPass's groups: first row of each (the newest row last)
+  // and their inputs, kept alive until ApplyDraftPass.
+  std::vector<int> group_first_;
+  std::vector<torch::Tensor> group_inputs_;
 };
 
 }  // namespace knapserve

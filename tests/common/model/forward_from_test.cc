@@ -175,6 +175,122 @@ TEST(ForwardFromTest, LogitsOfAPartialPassAreTheHeadOfItsLastState) {
   EXPECT_TRUE(torch::equal(model->ForwardBatch({none})[0], logits));
 }
 
+// An exit inside the pass (after_layer / stop / reached_layer): a sequence
+// told to stop after layer e ends exactly as a pass with last_layer = e + 1
+// (states, K/V, logits bit for bit); a second sequence sharing its flag
+// stops after the same layer if it joined below it and runs nothing if it
+// would join above it; a bystander is untouched.
+TEST(ForwardFromTest, AnExitInsideThePassEqualsAPassThatEndsThere) {
+  KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL("stories-24l");
+  const LlamaModel* model = CachedModel("stories-24l");
+  ASSERT_NE(model, nullptr);
+  const int layers = model->num_layers();
+  const std::vector<int32_t> prompt = RandomTokens(*model, 9, 21);
+  const std::vector<int32_t> other = RandomTokens(*model, 7, 22);
+  const int exit_after = 9;  // layer index: depth 10
+  for (const int join : {4, 15}) {
+    // Reference: the prompt fully; row 9 (a lagging row at depth `join`);
+    // row 10 from 0 to the exit depth, then row 9 on to the same depth when
+    // it lagged below it.
+    std::vector<LayerKv> kv_ref = model->AllocateKv(16);
+    std::vector<LayerKv> kv = model->AllocateKv(16);
+    torch::Tensor lag_states;
+    for (std::vector<LayerKv>* store : {&kv_ref, &kv}) {
+      BatchSequence head;
+      head.tokens = prompt;
+      head.kv = store;
+      head.num_logits = 0;
+      model->ForwardBatch({head});
+      BatchSequence lag;
+      lag.tokens = absl::MakeConstSpan(&other[0], 1);
+      lag.start_pos = 9;
+      lag.kv = store;
+      lag.last_layer = join;
+      lag.num_logits = 0;
+      lag.output_states = &lag_states;
+      model->ForwardBatch({lag});
+    }
+    const int depth = exit_after + 1;
+    torch::Tensor ref_lag = lag_states, ref_new;
+    std::vector<BatchSequence> ref;
+    if (join < depth) {
+      BatchSequence up;
+      up.input_states = lag_states;
+      up.first_layer = join;
+      up.last_layer = depth;
+      up.start_pos = 9;
+      up.kv = &kv_ref;
+      up.num_logits = 0;
+      up.output_states = &ref_lag;
+      ref.push_back(up);
+    }
+    BatchSequence fresh;
+    fresh.tokens = absl::MakeConstSpan(&other[1], 1);
+    fresh.start_pos = 10;
+    fresh.kv = &kv_ref;
+    fresh.last_layer = depth;
+    fresh.num_logits = 1;
+    fresh.output_states = &ref_new;
+    ref.push_back(fresh);
+    const torch::Tensor ref_logits = model->ForwardBatch(ref).back();
+
+    // The same as one pass to L with the exit found inside it, beside a
+    // bystander.
+    bool stop = false;
+    int reached_lag = -1, reached_new = -1;
+    std::vector<int> seen;
+    torch::Tensor out_lag, out_new;
+    BatchSequence lag;
+    lag.input_states = lag_states;
+    lag.first_layer = join;
+    lag.start_pos = 9;
+    lag.kv = &kv;
+    lag.num_logits = 0;
+    lag.stop = &stop;
+    lag.reached_layer = &reached_lag;
+    lag.output_states = &out_lag;
+    BatchSequence newest;
+    newest.tokens = absl::MakeConstSpan(&other[1], 1);
+    newest.start_pos = 10;
+    newest.kv = &kv;
+    newest.num_logits = 1;
+    newest.stop = &stop;
+    newest.reached_layer = &reached_new;
+    newest.output_states = &out_new;
+    newest.after_layer = [&](int layer, const torch::Tensor& state) {
+      seen.push_back(layer);
+      EXPECT_EQ(state.size(0), 1);
+      if (layer == exit_after) stop = true;
+    };
+    std::vector<LayerKv> kv_by = model->AllocateKv(8);
+    std::vector<LayerKv> kv_by_alone = model->AllocateKv(8);
+    BatchSequence bystander;
+    bystander.tokens = absl::MakeConstSpan(other.data(), 6);
+    bystander.kv = &kv_by;
+    bystander.num_logits = -1;
+    const std::vector<torch::Tensor> out =
+        model->ForwardBatch({lag, newest, bystander});
+    std::vector<int> expected_seen;
+    for (int l = 0; l <= exit_after; ++l) expected_seen.push_back(l);
+    EXPECT_EQ(seen, expected_seen) << "join " << join;
+    EXPECT_EQ(reached_new, depth);
+    EXPECT_EQ(reached_lag, join < depth ? depth : join) << "join " << join;
+    EXPECT_TRUE(torch::equal(out_new, ref_new)) << "join " << join;
+    EXPECT_TRUE(torch::equal(out[1], ref_logits)) << "join " << join;
+    if (join < depth) EXPECT_TRUE(torch::equal(out_lag, ref_lag));
+    ExpectKvEqual(kv, kv_ref, 11, "exit inside the pass");
+    // Nothing above the exit was written.
+    for (int l = depth; l < layers; ++l) {
+      EXPECT_TRUE(torch::equal(kv[l].k.narrow(1, 10, 1),
+                               torch::zeros_like(kv[l].k.narrow(1, 10, 1))))
+          << "layer " << l;
+    }
+    BatchSequence alone = bystander;
+    alone.kv = &kv_by_alone;
+    EXPECT_TRUE(torch::equal(out[2], model->ForwardBatch({alone})[0]));
+  }
+}
+
 TEST(ForwardFromTest, RefusesBadLayerRangesAndStates) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
   const LlamaModel* model = CachedModel("stories260k");
