@@ -795,7 +795,14 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
       if (!spans.empty()) {
         torch::Tensor index_t;
         torch::Tensor x = h;
-        if (!all) {
+        // The running rows are often one block of h (an early exit's rows,
+        // a lone sequence): a view, then, and no gather.
+        const int64_t count = static_cast<int64_t>(index.size());
+        const bool block =
+            !all && !capture && index.back() - index.front() + 1 == count;
+        if (block) {
+          x = h.narrow(0, index.front(), count);
+        } else if (!all) {
           index_t = torch::tensor(index, torch::kInt64).to(options_.device);
           x = h.index_select(0, index_t);
         }
@@ -815,8 +822,14 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
         } else {
           y = Mlp(i, x);
         }
-        // Out of place: earlier boundary states keep their values.
-        h = all ? y : h.index_copy(0, index_t, y);
+        if (block) {
+          // In place: no boundary state shares h's storage (block needs
+          // !capture), and h is this pass's own tensor.
+          h.narrow(0, index.front(), count).copy_(y);
+        } else {
+          // Out of place: earlier boundary states keep their values.
+          h = all ? y : h.index_copy(0, index_t, y);
+        }
       }
       if (capture) boundaries.push_back(h);
     }
@@ -843,29 +856,7 @@ std::vector<torch::Tensor> LlamaModel::ForwardBatch(
   if (!logit_rows.empty()) {
     torch::Tensor x = h.index_select(
         0, torch::tensor(logit_rows, torch::kInt64).to(options_.device));
-    if (row_path) {
-      // The final norm row by row, so a row's logits never depend on the
-      // number of rows.
-      torch::Tensor normed = torch::empty_like(x);
-      const int64_t n = x.size(0);
-      const float eps = static_cast<float>(config_.rms_norm_eps);
-      if (options_.dtype == torch::kFloat32) {
-        row_ops::RmsNorm<float>(
-            x.data_ptr<float>(), final_norm_.data_ptr<float>(), n,
-            config_.hidden_size, eps, normed.data_ptr<float>());
-      } else {
-        row_ops::RmsNorm<c10::BFloat16>(
-            x.data_ptr<c10::BFloat16>(), final_norm_.data_ptr<c10::BFloat16>(),
-            n, config_.hidden_size, eps, normed.data_ptr<c10::BFloat16>());
-      }
-      logits = LinearFloatOut(normed, lm_head_);
-      if (options_.dtype != torch::kFloat32) {
-        // As Logits(): the LM head's output in the model dtype, then float32.
-        logits = logits.to(options_.dtype).to(torch::kFloat32);
-      }
-    } else {
-      logits = Logits(x);
-    }
+    logits = row_path ? RowLogits(x) : Logits(x);
   }
   std::vector<torch::Tensor> out(batch.size());
   int64_t at = 0;
@@ -974,8 +965,39 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index,
   return h + Linear(out, layer.o_proj).view(h.sizes());
 }
 
+torch::Tensor LlamaModel::RowLogits(const torch::Tensor& h) const {
+  const torch::Tensor x = h.contiguous();
+  // The final norm row by row, so a row's logits never depend on the number
+  // of rows.
+  torch::Tensor normed = torch::empty_like(x);
+  const int64_t n = x.size(0);
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  if (options_.dtype == torch::kFloat32) {
+    row_ops::RmsNorm<float>(x.data_ptr<float>(), final_norm_.data_ptr<float>(),
+                            n, config_.hidden_size, eps,
+                            normed.data_ptr<float>());
+  } else {
+    row_ops::RmsNorm<c10::BFloat16>(
+        x.data_ptr<c10::BFloat16>(), final_norm_.data_ptr<c10::BFloat16>(), n,
+        config_.hidden_size, eps, normed.data_ptr<c10::BFloat16>());
+  }
+  torch::Tensor logits = LinearFloatOut(normed, lm_head_);
+  if (options_.dtype != torch::kFloat32) {
+    // As the LibTorch path: the LM head's output in the model dtype, then
+    // float32.
+    logits = logits.to(options_.dtype).to(torch::kFloat32);
+  }
+  return logits;
+}
+
 torch::Tensor LlamaModel::Logits(const torch::Tensor& h) const {
   c10::InferenceMode guard;
+  // A few rows (a decode step's, an exit check's) take the row-wise path,
+  // bit for bit the logits ForwardBatch gives the same states.
+  if (h.dim() == 2 && h.scalar_type() == options_.dtype && FewRowsApply(h) &&
+      RowPathApplies()) {
+    return RowLogits(h);
+  }
   torch::Tensor x = RmsNorm(h, final_norm_);
   std::vector<int64_t> out_shape = h.sizes().vec();
   out_shape.back() = config_.vocab_size;

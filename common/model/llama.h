@@ -306,6 +306,9 @@ class LlamaModel {
                                    const std::vector<RowSpan>& spans) const;
   // Whether ForwardBatch can take the row-wise path (see ForwardBatch).
   bool RowPathApplies() const;
+  // Final norm and LM head of [rows, hidden] states on the row-wise path:
+  // float32 [rows, vocab].
+  torch::Tensor RowLogits(const torch::Tensor& h) const;
   // Attention of q [T, heads, head_dim] (RoPE applied) over keys/values
   // [kv_heads, n, head_dim] holding positions [0, start_pos + T), causal,
   // with LibTorch ops; returns [T, heads * head_dim].

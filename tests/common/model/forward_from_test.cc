@@ -164,7 +164,8 @@ TEST(ForwardFromTest, LogitsOfAPartialPassAreTheHeadOfItsLastState) {
   seq.num_logits = -1;
   seq.output_states = &states;
   const torch::Tensor logits = model->ForwardBatch({seq})[0];
-  EXPECT_TRUE(torch::allclose(logits, model->Logits(states), 1e-5, 1e-5));
+  // Bit for bit: a few rows take the same row-wise head in Logits().
+  EXPECT_TRUE(torch::equal(logits, model->Logits(states)));
   // An empty range runs no layer: the same logits from the same states.
   BatchSequence none;
   none.input_states = states;
