@@ -236,7 +236,10 @@ struct ProfileOptions {
 // MLP sublayer latency in a real step (weights streaming from memory as in
 // decoding, not one layer's weights hot in cache) and the fixed cost (Embed +
 // Logits); then the full model's pass over 1..max_draft+1 tokens. Medians of
-// `repeats` runs after `warmup` runs. The K/V contents are random (latency
+// `repeats` runs after `warmup` runs, measured in two sweeps (up the
+// contexts, then down) keeping each figure's smaller median: interference
+// only slows runs down, and a disturbance of one context in one sweep misses
+// it in the other. The K/V contents are random (latency
 // does not depend on them), so no prefill is needed. A negative fitted
 // attention slope (timing noise) is replaced by a constant, the mean (r2 is
 // kept as measured). The key is filled from the model and the current torch

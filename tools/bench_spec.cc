@@ -586,7 +586,7 @@ absl::Status BenchSpec() {
   const int64_t max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   ASSIGN_OR_RETURN(GenerationRequest base, BaseRequest(max_new_tokens));
-  base.speculation.specbound.heads = engine.exit_heads;
+  ApplyExitHeads(engine, base.speculation);
   // Check the speculation flags up front, so a bad --skip fails before any
   // timing.
   {

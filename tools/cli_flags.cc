@@ -6,6 +6,7 @@
 #include <climits>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <thread>
 
@@ -207,9 +208,10 @@ ABSL_FLAG(double, exit_threshold, 0.7,
 ABSL_FLAG(double, specbound_lambda, knapserve::SpecBoundConfig().lambda,
           "specbound: a draft token exits at the first checked layer where the "
           "top-1 probability of softmax(z_l / T_l) reaches this; [0, 1].");
-ABSL_FLAG(double, specbound_t0, knapserve::SpecBoundConfig().t0,
+ABSL_FLAG(std::optional<double>, specbound_t0, std::nullopt,
           "specbound: the exit temperature after layer 0 (>= 1); it falls "
-          "linearly to 1 after the last layer.");
+          "linearly to 1 after the last layer. Default: 2.5 with the model's "
+          "own heads, 1 with trained heads.");
 ABSL_FLAG(int32_t, specbound_depth, knapserve::SpecBoundConfig().depth_bound,
           "specbound: the depth bound, layers a draft token may run without "
           "exiting before drafting ends (0 = all layers).");
@@ -217,11 +219,13 @@ ABSL_FLAG(int32_t, specbound_check_every,
           knapserve::SpecBoundConfig().check_every,
           "specbound: check the exit head every this many layers (and at the "
           "depth bound).");
-ABSL_FLAG(std::string, exit_heads, "model",
-          "specbound's exit heads: 'model' (the model's own final norm and LM "
-          "head at every layer, training-free), 'trained' (MODEL_DIR/"
-          "exit_heads.safetensors, see train-exit-heads) or a .safetensors "
-          "file of trained heads.");
+ABSL_FLAG(std::string, exit_heads, "auto",
+          "specbound's exit heads: 'auto' (the trained heads of MODEL_DIR/"
+          "exit_heads.safetensors when that file exists, else the model's "
+          "own), 'model' (the model's own final norm and LM head at every "
+          "layer, training-free), 'trained' (MODEL_DIR/exit_heads.safetensors, "
+          "see train-exit-heads; an error without it) or a .safetensors file "
+          "of trained heads.");
 ABSL_FLAG(int64_t, plan_interval, 64,
           "knapspec/clasp: at least this many decode steps between two "
           "snapshots a sequence "
@@ -395,9 +399,24 @@ absl::StatusOr<std::shared_ptr<const ExitHeads>> ExitHeadsFromFlags(
     const Engine& engine) {
   const std::string which = absl::GetFlag(FLAGS_exit_heads);
   if (which == "model") return std::shared_ptr<const ExitHeads>();
-  const std::string path =
-      which == "trained" ? DefaultExitHeadsPath(engine.model_dir) : which;
-  return ExitHeads::Load(path, *engine.model);
+  const std::string beside = DefaultExitHeadsPath(engine.model_dir);
+  if (which == "auto") {
+    if (!std::filesystem::exists(beside))
+      return std::shared_ptr<const ExitHeads>();
+    std::cerr << "knapserve: specbound: trained exit heads " << beside
+              << " (--exit-heads model for the model's own)" << std::endl;
+  }
+  return ExitHeads::Load(which == "trained" || which == "auto" ? beside : which,
+                         *engine.model);
+}
+
+void ApplyExitHeads(const Engine& engine, SpeculationConfig& speculation) {
+  SpecBoundConfig& specbound = speculation.specbound;
+  specbound.heads = engine.exit_heads;
+  specbound.trained_heads = engine.exit_heads != nullptr;
+  specbound.t0 = absl::GetFlag(FLAGS_specbound_t0)
+                     .value_or(specbound.trained_heads ? kTrainedExitHeadsT0
+                                                       : SpecBoundConfig().t0);
 }
 
 // The sampling flags (temperature, top-k/p, min-p, seed and the logits
@@ -493,13 +512,15 @@ absl::StatusOr<v1::GenerateRequest> WireRequestFromFlags() {
   spec->set_exit_threshold(absl::GetFlag(FLAGS_exit_threshold));
   if (DraftsByEarlyExit(mode)) {
     spec->set_specbound_lambda(absl::GetFlag(FLAGS_specbound_lambda));
-    spec->set_specbound_t0(absl::GetFlag(FLAGS_specbound_t0));
+    // Unset: the server's defaults, which follow its heads.
+    if (const std::optional<double> t0 = absl::GetFlag(FLAGS_specbound_t0))
+      spec->set_specbound_t0(*t0);
     spec->set_specbound_depth_bound(static_cast<uint32_t>(
         std::max(0, absl::GetFlag(FLAGS_specbound_depth))));
     spec->set_specbound_check_every(static_cast<uint32_t>(
         std::max(0, absl::GetFlag(FLAGS_specbound_check_every))));
-    spec->set_specbound_trained_heads(absl::GetFlag(FLAGS_exit_heads) !=
-                                      "model");
+    const std::string heads = absl::GetFlag(FLAGS_exit_heads);
+    if (heads != "auto") spec->set_specbound_trained_heads(heads != "model");
   }
   return request;
 }
@@ -524,10 +545,12 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
   request.speculation.exit_threshold = absl::GetFlag(FLAGS_exit_threshold);
   SpecBoundConfig& specbound = request.speculation.specbound;
   specbound.lambda = absl::GetFlag(FLAGS_specbound_lambda);
-  specbound.t0 = absl::GetFlag(FLAGS_specbound_t0);
+  specbound.t0 =
+      absl::GetFlag(FLAGS_specbound_t0).value_or(SpecBoundConfig().t0);
   specbound.depth_bound = absl::GetFlag(FLAGS_specbound_depth);
   specbound.check_every = absl::GetFlag(FLAGS_specbound_check_every);
-  specbound.trained_heads = absl::GetFlag(FLAGS_exit_heads) != "model";
+  // ApplyExitHeads settles the heads (and T_0) once the engine is loaded.
+  specbound.trained_heads = false;
   request.speculation.plan_interval = absl::GetFlag(FLAGS_plan_interval);
   request.speculation.reference_steps = absl::GetFlag(FLAGS_reference_steps);
   request.speculation.plan_bucket_tokens =

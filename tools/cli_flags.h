@@ -81,7 +81,7 @@ ABSL_DECLARE_FLAG(int32_t, profile_repeats);
 ABSL_DECLARE_FLAG(int32_t, profile_max_draft);
 ABSL_DECLARE_FLAG(double, exit_threshold);
 ABSL_DECLARE_FLAG(double, specbound_lambda);
-ABSL_DECLARE_FLAG(double, specbound_t0);
+ABSL_DECLARE_FLAG(std::optional<double>, specbound_t0);
 ABSL_DECLARE_FLAG(int32_t, specbound_depth);
 ABSL_DECLARE_FLAG(int32_t, specbound_check_every);
 ABSL_DECLARE_FLAG(std::string, exit_heads);
@@ -126,9 +126,10 @@ struct Engine {
   std::string model_dir;
   // --anchors, checked against the model; null without the flag.
   std::shared_ptr<const DomainRouter> router;
-  // SpecBound's trained exit heads (--exit-heads trained or FILE); nullptr
-  // with --exit-heads model. Requests get them in
-  // SpeculationConfig::specbound.heads.
+  // SpecBound's trained exit heads (--exit-heads auto when MODEL_DIR/
+  // exit_heads.safetensors exists, trained or FILE); nullptr with
+  // --exit-heads model, or auto without the file. Requests get them through
+  // ApplyExitHeads.
   std::shared_ptr<const ExitHeads> exit_heads;
 };
 
@@ -137,11 +138,23 @@ struct Engine {
 // domain anchors.
 absl::StatusOr<Engine> LoadEngineFromFlags();
 
-// --exit-heads for `engine`'s model: nullptr for 'model'; the trained heads
-// of MODEL_DIR/exit_heads.safetensors for 'trained', else of the named file
-// (ExitHeads::Load's errors, naming the file).
+// --exit-heads for `engine`'s model: nullptr for 'model', and for 'auto'
+// without MODEL_DIR/exit_heads.safetensors; the trained heads of that file
+// for 'auto' (with it) and 'trained', else of the named file (ExitHeads::
+// Load's errors name the file).
 absl::StatusOr<std::shared_ptr<const ExitHeads>> ExitHeadsFromFlags(
     const Engine& engine);
+
+// T_0 for trained exit heads: they are calibrated and need no extra
+// temperature (SpecBoundConfig::t0 suits the model's own heads;
+// executor/README.md, SpecBound).
+inline constexpr double kTrainedExitHeadsT0 = 1.0;
+
+// Puts `engine`'s exit heads into `speculation.specbound`: the heads, trained
+// whenever there are any (trained heads are used when present), and T_0 from
+// --specbound-t0, else the heads' default (kTrainedExitHeadsT0 for trained
+// heads, SpecBoundConfig().t0 for the model's own).
+void ApplyExitHeads(const Engine& engine, SpeculationConfig& speculation);
 
 // The sampling settings the flags describe: --temperature, --top-k,
 // --top-p, --min-p, --seed and the logits processors' --repetition-penalty,

@@ -177,7 +177,7 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
         "be >= 0");
   }
   options.default_speculation = defaults.speculation;
-  options.default_speculation.specbound.heads = engine.exit_heads;
+  ApplyExitHeads(engine, options.default_speculation);
 
   if (planner_where == "inproc") {
     // The latency profile: --profile, else the profile cache; on a miss it

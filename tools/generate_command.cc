@@ -186,7 +186,7 @@ absl::Status Generate() {
                                             /*add_special_tokens=*/true));
   ASSIGN_OR_RETURN(GenerationRequest request,
                    GenerationRequestFromFlags(prompt_ids));
-  request.speculation.specbound.heads = engine.exit_heads;
+  ApplyExitHeads(engine, request.speculation);
   request.return_logits = !dump_logits.empty();
   const bool json = absl::GetFlag(FLAGS_json);
   StreamCallback stream = nullptr;

@@ -160,6 +160,35 @@ TEST(KnapserveCliTest, TrainedExitHeadsThenSpecBoundGivesTheSameGreedyIds) {
     EXPECT_GT(out["speculation"]["drafts"].get<int64_t>(), 0) << which;
     EXPECT_GE(sb["mean_exit_depth"].get<double>(), 1.0);
   }
+  // Trained heads beside the model are used when present (--exit-heads
+  // auto, the default), with their own T_0; --exit-heads model still picks
+  // the model's own.
+  const std::string beside = dir.path() + "/model";
+  std::filesystem::create_directories(beside);
+  for (const auto& entry : std::filesystem::directory_iterator(
+           knapserve::testing::Stories260kDir())) {
+    std::filesystem::copy(
+        entry.path(), std::filesystem::path(beside) / entry.path().filename());
+  }
+  std::filesystem::copy(heads, beside + "/exit_heads.safetensors");
+  for (const std::string& which : {std::string("auto"), std::string("model")}) {
+    const std::vector<std::string> args = {"generate",  "--prompt",
+                                           "Zoo",       "--max-new-tokens",
+                                           "57",        "--temperature",
+                                           "0",         "--spec",
+                                           "specbound", "--exit-heads",
+                                           which,       "--specbound-lambda",
+                                           "0.5",       "--json",
+                                           "--model",   beside,
+                                           "--threads", "1"};
+    const nlohmann::json out = RunJson(args);
+    EXPECT_THAT(Ids(out["output_ids"]), ElementsAreArray(kZooGreedyIds))
+        << which;
+    const nlohmann::json& sb = out["speculation"]["specbound"];
+    EXPECT_EQ(sb["heads"], which == "auto" ? "trained" : "training-free");
+    EXPECT_DOUBLE_EQ(sb["t0"].get<double>(), which == "auto" ? 1.0 : 2.5);
+  }
+
   const std::vector<std::string> wrong =
       Tiny({"generate", "--prompt", "Zoo", "--spec", "specbound",
             "--exit-heads", heads});
