@@ -212,27 +212,34 @@ TEST(ForwardFromTest, AnExitInsideThePassEqualsAPassThatEndsThere) {
       model->ForwardBatch({lag});
     }
     const int depth = exit_after + 1;
+    // The lagging row from its depth, and the newest row from layer 0.
+    auto lagging = [&](std::vector<LayerKv>* store, torch::Tensor* out) {
+      BatchSequence seq;
+      seq.input_states = lag_states;
+      seq.first_layer = join;
+      seq.start_pos = 9;
+      seq.kv = store;
+      seq.num_logits = 0;
+      seq.output_states = out;
+      return seq;
+    };
+    auto fresh = [&](std::vector<LayerKv>* store, torch::Tensor* out) {
+      BatchSequence seq;
+      seq.tokens = absl::MakeConstSpan(&other[1], 1);
+      seq.start_pos = 10;
+      seq.kv = store;
+      seq.num_logits = 1;
+      seq.output_states = out;
+      return seq;
+    };
     torch::Tensor ref_lag = lag_states, ref_new;
     std::vector<BatchSequence> ref;
     if (join < depth) {
-      BatchSequence up;
-      up.input_states = lag_states;
-      up.first_layer = join;
-      up.last_layer = depth;
-      up.start_pos = 9;
-      up.kv = &kv_ref;
-      up.num_logits = 0;
-      up.output_states = &ref_lag;
-      ref.push_back(up);
+      ref.push_back(lagging(&kv_ref, &ref_lag));
+      ref.back().last_layer = depth;
     }
-    BatchSequence fresh;
-    fresh.tokens = absl::MakeConstSpan(&other[1], 1);
-    fresh.start_pos = 10;
-    fresh.kv = &kv_ref;
-    fresh.last_layer = depth;
-    fresh.num_logits = 1;
-    fresh.output_states = &ref_new;
-    ref.push_back(fresh);
+    ref.push_back(fresh(&kv_ref, &ref_new));
+    ref.back().last_layer = depth;
     const torch::Tensor ref_logits = model->ForwardBatch(ref).back();
 
     // The same as one pass to L with the exit found inside it, beside a
@@ -241,23 +248,12 @@ TEST(ForwardFromTest, AnExitInsideThePassEqualsAPassThatEndsThere) {
     int reached_lag = -1, reached_new = -1;
     std::vector<int> seen;
     torch::Tensor out_lag, out_new;
-    BatchSequence lag;
-    lag.input_states = lag_states;
-    lag.first_layer = join;
-    lag.start_pos = 9;
-    lag.kv = &kv;
-    lag.num_logits = 0;
+    BatchSequence lag = lagging(&kv, &out_lag);
     lag.stop = &stop;
     lag.reached_layer = &reached_lag;
-    lag.output_states = &out_lag;
-    BatchSequence newest;
-    newest.tokens = absl::MakeConstSpan(&other[1], 1);
-    newest.start_pos = 10;
-    newest.kv = &kv;
-    newest.num_logits = 1;
+    BatchSequence newest = fresh(&kv, &out_new);
     newest.stop = &stop;
     newest.reached_layer = &reached_new;
-    newest.output_states = &out_new;
     newest.after_layer = [&](int layer, const torch::Tensor& state) {
       seen.push_back(layer);
       EXPECT_EQ(state.size(0), 1);
