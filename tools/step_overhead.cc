@@ -9,16 +9,10 @@
 #include "absl/strings/str_join.h"
 #include "common/base/status.h"
 #include "executor/engine/generator.h"
+#include "tools/bench_util.h"
 
 namespace knapserve {
 namespace {
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid]
-                                : 0.5 * (values[mid - 1] + values[mid]);
-}
 
 // Decode time outside the model's passes and the planner.
 double OutsidePasses(const GenerationResult& result) {

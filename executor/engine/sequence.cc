@@ -1058,10 +1058,9 @@ struct BatchStepRunner {
           // The newest row up to its exit (checked inside the pass) or the
           // depth bound, with the rows that lag below it.
           Guarded(seq, "draft", [&] {
+            // exit_stop_, exit_scaled_ and exit_error_ are clear here:
+            // OnExitPass consumed the last pass's.
             mine = seq->exit_rows_.DraftPass(seq->depth_bound_);
-            seq->exit_stop_ = false;
-            seq->exit_scaled_ = torch::Tensor();
-            seq->exit_error_ = absl::OkStatus();
             // Every group binds the K/V grown to the newest row's end, so
             // no later growth moves the block table under an earlier one.
             const int64_t positions =

@@ -15,8 +15,8 @@ int NextCheckDepth(int depth, int check_every, int depth_bound) {
 }
 
 bool IsCheckDepth(int depth, int check_every, int depth_bound) {
-  return depth == depth_bound ||
-         (depth < depth_bound && depth > 0 && depth % check_every == 0);
+  return depth > 0 &&
+         NextCheckDepth(depth - 1, check_every, depth_bound) == depth;
 }
 
 void SpecBoundRows::Begin(int64_t first_position, int32_t last) {
