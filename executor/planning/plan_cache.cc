@@ -200,7 +200,7 @@ int64_t PlainRateTable::samples(const std::string& execution_id,
 void GuardVerdicts::Judge(const std::string& execution_id,
                           const std::string& setting, int64_t bucket_tokens,
                           int64_t bucket, bool loses, const Verdict& verdict,
-                          int64_t hold_steps) {
+                          int64_t hold_steps, int64_t max_hold_steps) {
   absl::MutexLock lock(&mu_);
   const Key key(execution_id, setting, bucket_tokens, bucket);
   auto held_it = losing_.find(key);
@@ -210,12 +210,20 @@ void GuardVerdicts::Judge(const std::string& execution_id,
   }
   if (!loses) {
     losing_.erase(key);
+    losses_in_a_row_.erase(key);
     return;
   }
+  const int64_t losses = ++losses_in_a_row_[key];
+  const int64_t first = std::max<int64_t>(1, hold_steps);
+  const int64_t most = std::max(first, max_hold_steps);
+  int64_t hold = first;
+  for (int64_t k = 1; k < losses && hold < most; ++k) hold *= 2;
   Verdict& held = losing_[key];
   held = verdict;
-  held.plain_steps_left = std::max<int64_t>(1, hold_steps);
+  held.hold_steps = std::min(hold, most);
+  held.plain_steps_left = held.hold_steps;
   held.plain_steps = 0;
+  held.losses_in_a_row = losses;
   ++given_;
 }
 

@@ -206,7 +206,10 @@ class PlainRateTable {
 // judged, and a newer plan is judged afresh. A losing verdict holds for
 // `hold_steps` plain steps, counted over every sequence that decodes under
 // it; then it expires and the next speculative steps measure again (the
-// re-probe). A winning judgement clears it.
+// re-probe). Each further loss in a row at the same key (setting and
+// bucket, whatever the plan version) doubles the hold, up to
+// `max_hold_steps`. A winning judgement clears the verdict and the run of
+// losses.
 class GuardVerdicts {
  public:
   struct Verdict {
@@ -216,6 +219,8 @@ class GuardVerdicts {
     uint64_t sequence_id = 0;      // the sequence that judged
     int64_t plain_steps_left = 0;  // before the re-probe
     int64_t plain_steps = 0;       // decoded under it so far
+    int64_t hold_steps = 0;        // plain steps it was given
+    int64_t losses_in_a_row = 0;   // losing judgements at its key, it included
   };
 
   GuardVerdicts() = default;
@@ -223,11 +228,13 @@ class GuardVerdicts {
   GuardVerdicts& operator=(const GuardVerdicts&) = delete;
 
   // A judgement: the setting lost (`loses`: a verdict of `hold_steps` plain
-  // steps) or won (any verdict for it is cleared).
+  // steps, times 2 for each earlier loss in a row at the key, at most
+  // max(hold_steps, max_hold_steps)) or won (any verdict for it and its run
+  // of losses are cleared).
   void Judge(const std::string& execution_id, const std::string& setting,
              int64_t bucket_tokens, int64_t bucket, bool loses,
-             const Verdict& verdict, int64_t hold_steps)
-      ABSL_LOCKS_EXCLUDED(mu_);
+             const Verdict& verdict, int64_t hold_steps,
+             int64_t max_hold_steps = 0) ABSL_LOCKS_EXCLUDED(mu_);
   // Before a step of `setting` at `bucket` under plan `plan_version` (0
   // unplanned): the verdict in force, if it loses, with one of its plain
   // steps spent by this call (at the last one it expires). nullopt: draft.
@@ -248,6 +255,8 @@ class GuardVerdicts {
   using Key = std::tuple<std::string, std::string, int64_t, int64_t>;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, Verdict> losing_ ABSL_GUARDED_BY(mu_);
+  // Losing judgements in a row per key; outlives the verdicts it doubled.
+  absl::flat_hash_map<Key, int64_t> losses_in_a_row_ ABSL_GUARDED_BY(mu_);
   int64_t given_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

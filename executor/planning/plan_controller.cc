@@ -73,7 +73,20 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
       ++window_steps_;
       window_tokens_ += step.tokens;
       window_seconds_ += step.seconds;
-      if (window_steps_ >= options_.min_steps) Judge(bucket, stats);
+      if (window_steps_ >= options_.min_steps) {
+        Judge(bucket, stats);
+      } else if (options_.early_steps > 0 &&
+                 window_steps_ >= options_.early_steps &&
+                 window_seconds_ > 0) {
+        // A clear loser: judged now rather than after min_steps.
+        const std::optional<double> plain = PlainStepSeconds(bucket);
+        const double speculative_tps =
+            static_cast<double>(window_tokens_) / window_seconds_;
+        if (plain.has_value() && *plain > 0 &&
+            speculative_tps < (1.0 - options_.early_loss) / *plain) {
+          Judge(bucket, stats);
+        }
+      }
       return;
     case State::kProbe:
       ++stats.guard_probe_steps;
@@ -85,11 +98,16 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
   }
 }
 
-void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats) {
+std::optional<double> SpeculationGuard::PlainStepSeconds(
+    int64_t bucket) const {
   const int min_samples =
       static_cast<int>(std::max<int64_t>(1, options_.probe_steps));
-  const std::optional<double> plain = plain_rates_->MeanStepSeconds(
-      execution_id_, bucket_tokens_, bucket, min_samples);
+  return plain_rates_->MeanStepSeconds(execution_id_, bucket_tokens_, bucket,
+                                       min_samples);
+}
+
+void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats) {
+  const std::optional<double> plain = PlainStepSeconds(bucket);
   if (!plain.has_value() || *plain <= 0) {
     if (state_ == State::kProbe) {
       // The probe's steps went to another bucket (the context crossed a
@@ -124,7 +142,7 @@ void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats) {
     verdict.plan_version = plan_version_;
     verdict.sequence_id = sequence_id_;
     verdicts_->Judge(execution_id_, setting_, bucket_tokens_, bucket, loses,
-                     verdict, options_.reprobe_steps);
+                     verdict, options_.reprobe_steps, options_.max_hold_steps);
   } else if (loses) {
     state_ = State::kFallback;
   }

@@ -68,8 +68,18 @@ struct GuardOptions {
   // when it has fewer, the guard decodes this many plain steps (a probe).
   int64_t probe_steps = 8;
   // Plain steps a losing verdict holds (GuardVerdicts) before the setting
-  // is measured again.
+  // is measured again. Each further loss in a row of the same setting at the
+  // same bucket doubles it (256, 512, 1024, ...) up to max_hold_steps (never
+  // below reprobe_steps); a win starts again from reprobe_steps. A setting
+  // that keeps losing is then re-measured ever more rarely.
   int64_t reprobe_steps = 256;
+  int64_t max_hold_steps = 4096;
+  // A clear loser is judged before min_steps: from early_steps speculative
+  // steps on, a window measuring below the plain rate x (1 - early_loss) is
+  // judged at once (and loses). Far below the margin, so a winning setting's
+  // unlucky few steps rarely trip it; 0 early_steps turns it off.
+  int64_t early_steps = 6;
+  double early_loss = 0.15;
 };
 
 struct PlanControllerOptions {
@@ -143,7 +153,9 @@ struct StepObservation {
 // GuardVerdicts (executor/planning/plan_cache.h) under (execution, setting,
 // bucket), and every sequence of that setting in that bucket, this one and
 // those that come later, decodes plainly for reprobe_steps plain steps in
-// all; then the setting is measured again. A win clears the verdict. A new
+// all (doubling with each loss in a row, up to max_hold_steps); then the
+// setting is measured again. A window that is already far below plain after
+// early_steps is judged then. A win clears the verdict. A new
 // plan (SetPlan) is a new setting version: an older verdict does not hold
 // it back. Without a verdict table the sequence falls back alone, until its
 // next plan.
@@ -176,6 +188,8 @@ class SpeculationGuard {
  private:
   enum class State { kSpeculate, kProbe, kFallback };
   void Judge(int64_t bucket, PlanningStats& stats);
+  // The bucket's plain step seconds, once it has probe_steps of them.
+  std::optional<double> PlainStepSeconds(int64_t bucket) const;
 
   const GuardOptions options_;
   const std::shared_ptr<PlainRateTable> plain_rates_;

@@ -490,6 +490,81 @@ TEST(SpeculationGuardTest, ALosingVerdictHoldsForEverySequenceUntilItsReprobe) {
   EXPECT_EQ(shared.verdicts->verdicts_given(), 1);
 }
 
+// A window far below the plain rate is judged after early_steps, not
+// min_steps; one only a little below waits for the full window.
+TEST(SpeculationGuardTest, AClearLoserIsJudgedAfterItsEarlySteps) {
+  for (double step_seconds : {0.02, 0.0105}) {  // 100 or 190 tokens/s
+    PlanningShared shared = PlanningShared::Create();
+    shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+    for (int i = 0; i < 3; ++i) {
+      shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+    }
+    PlanControllerOptions o = GuardOn();
+    o.guard.margin = 0.03;
+    o.guard.min_steps = 16;
+    o.guard.early_steps = 4;
+    o.guard.early_loss = 0.15;  // below 170 tokens/s is a clear loss
+    PlanController c(o, BaseKey(), 1, 0, shared);
+    int64_t step = 0;
+    while (c.stats().guard_checks == 0 && step < 40) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << step;
+      c.AfterStep(Spec(3, 3, 1, step_seconds));  // 2 tokens a step
+      ++step;
+    }
+    const bool clear = step_seconds > 0.015;
+    EXPECT_EQ(step, clear ? 4 : 16) << step_seconds;
+    EXPECT_EQ(c.stats().guard_fallbacks, 1) << step_seconds;
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "the verdict holds";
+  }
+  // early_steps 0: no early judgement.
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+  for (int i = 0; i < 3; ++i) {
+    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  }
+  PlanControllerOptions o = GuardOn();
+  o.guard.min_steps = 16;
+  o.guard.early_steps = 0;
+  PlanController c(o, BaseKey(), 1, 0, shared);
+  for (int64_t step = 0; step < 15; ++step) {
+    c.BeforeStep(step, 1);
+    c.AfterStep(Spec(3, 3, 1, 0.05));  // 40 tokens/s
+  }
+  EXPECT_EQ(c.stats().guard_checks, 0);
+}
+
+// Losses in a row at one key double the hold up to the cap; a win resets.
+TEST(GuardVerdictsTest, EachLossInARowDoublesTheHoldUpToTheCap) {
+  GuardVerdicts verdicts;
+  GuardVerdicts::Verdict v;
+  v.spec_tps = 90;
+  v.plain_tps = 100;
+  auto spend = [&](const std::string& setting) {
+    int64_t steps = 0;
+    while (verdicts.TakePlainStep("exec", setting, 256, 1, 0).has_value()) {
+      ++steps;
+    }
+    return steps;
+  };
+  for (int64_t expected : {3, 6, 10, 10}) {
+    verdicts.Judge("exec", "static a1 D3", 256, 1, true, v, 3, 10);
+    EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->hold_steps,
+              expected);
+    EXPECT_EQ(spend("static a1 D3"), expected);
+  }
+  verdicts.Judge("exec", "static a1 D3", 256, 1, true, v, 3, 10);
+  EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->losses_in_a_row, 5);
+  verdicts.Judge("exec", "static a1 D3", 256, 1, false, v, 3, 10);  // a win
+  verdicts.Judge("exec", "static a1 D3", 256, 1, true, v, 3, 10);
+  EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->hold_steps, 3);
+  // Another bucket has its own run; no cap below the first hold.
+  verdicts.Judge("exec", "static a1 D3", 256, 2, true, v, 3, 10);
+  EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 2)->hold_steps, 3);
+  verdicts.Judge("exec", "knn D4", 256, 1, true, v, 8, 2);
+  verdicts.Judge("exec", "knn D4", 256, 1, true, v, 8, 2);
+  EXPECT_EQ(verdicts.Find("exec", "knn D4", 256, 1)->hold_steps, 8);
+}
+
 TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
   GuardVerdicts verdicts;
   GuardVerdicts::Verdict v;
