@@ -66,8 +66,10 @@ struct InProcessPlannerOptions {
   int threads = 1;
   // Linux nice value of the planner's threads (0..19). On a CPU the solve
   // competes with decoding for the same cores; a higher value lets the decode
-  // threads win, so plans come later rather than decoding slower. Measured on
-  // 2 cores (README): 10 already starves the planner (plans 100+ steps old).
+  // threads win, so plans come later rather than decoding slower. The
+  // binaries default to 19 on a CPU (tools/cli_flags.h's PlannerNiceFromFlags;
+  // README.md has the measurement: a cold bucket's first solve at 1k tokens
+  // slowed decoding to 0.82-0.89x at 0, 0.93-1.00x at 19), 0 on a GPU.
   int nice = 0;
   // Fault injection for tests; empty (the default) in production. Runs on the
   // planner thread just before each solve, inside the solve's exception

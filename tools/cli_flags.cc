@@ -186,10 +186,11 @@ ABSL_FLAG(int32_t, clasp_layers, 0,
           "clasp: whole layers the draft skips (M); 0 = half.");
 ABSL_FLAG(int32_t, planner_threads, 1,
           "knapspec/clasp: CPU threads of the planner's solves.");
-ABSL_FLAG(int32_t, planner_nice, 0,
+ABSL_FLAG(int32_t, planner_nice, -1,
           "knapspec/clasp: Linux nice value (0..19) of the planner thread, so "
-          "decoding keeps "
-          "the cores and plans arrive later instead.");
+          "decoding keeps the cores and plans arrive later instead; -1 = "
+          "auto: 19 when the model runs on the CPU (the solve shares the "
+          "decode's cores), 0 on a GPU.");
 ABSL_FLAG(std::vector<std::string>, profile_contexts, {},
           "profile: context lengths to measure (default 128,512,1024,2048,4096 "
           "and the model's "
@@ -618,6 +619,12 @@ absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
   return obtained;
 }
 
+int PlannerNiceFromFlags(const LlamaModel& model) {
+  const int nice = absl::GetFlag(FLAGS_planner_nice);
+  if (nice != -1) return nice;  // InProcessPlanner::Create checks the range
+  return model.device().is_cpu() ? 19 : 0;
+}
+
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(
     const Engine& engine, SpeculationMode mode, const std::string& command,
     ProfileSource* source) {
@@ -630,7 +637,7 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(
   }
   InProcessPlannerOptions options;
   options.threads = absl::GetFlag(FLAGS_planner_threads);
-  options.nice = absl::GetFlag(FLAGS_planner_nice);
+  options.nice = PlannerNiceFromFlags(*engine.model);
   return InProcessPlanner::Create(*engine.model, std::move(obtained.profile),
                                   options);
 }

@@ -194,6 +194,13 @@ ObtainProfileOptions ObtainProfileOptionsFromFlags();
 absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
     const Engine& engine, const std::string& command);
 
+// --planner-nice for a planner beside `model`: the flag, or with -1 (the
+// default) 19 when the model runs on the CPU, where the solve shares the
+// decode's cores (measured in README.md: a cold 1k-token bucket's first
+// solve slowed decoding to 0.82-0.89x at nice 0, 0.93-1.00x at nice 19), and
+// 0 on a GPU, where it runs on its own stream.
+int PlannerNiceFromFlags(const LlamaModel& model);
+
 // The in-process planner for a planned --spec mode (IsPlanned) (the profile
 // from LatencyProfileFromFlags, --planner-threads, --planner-nice), or nullptr
 // for the other modes. The profile's load and match errors, and measurement

@@ -279,7 +279,7 @@ absl::StatusOr<PlannerHandle> ServerPlannerFromFlags(
   }
   InProcessPlannerOptions options;
   options.threads = absl::GetFlag(FLAGS_planner_threads);
-  options.nice = absl::GetFlag(FLAGS_planner_nice);
+  options.nice = PlannerNiceFromFlags(*engine.model);
   PlannerHandle handle;
   if (!found.has_value()) {
     handle.profile.origin = "pending";
