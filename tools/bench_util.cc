@@ -211,24 +211,51 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       }
     }
   }
+  // results[prompt][mode][repeat]
+  std::vector<std::vector<std::vector<GenerationResult>>> results(
+      inputs.size(), std::vector<std::vector<GenerationResult>>(num_modes));
+  auto run_one = [&](size_t p, size_t mode) -> absl::Status {
+    GenerationRequest request = requests[mode];
+    request.prompt_ids = inputs[p].ids;
+    ASSIGN_OR_RETURN(GenerationResult result,
+                     Generate(model, tokenizer, request, nullptr, nullptr,
+                              planner_of(mode), &planning[mode]));
+    results[p][mode].push_back(std::move(result));
+    return absl::OkStatus();
+  };
+  if (warm_plan_cache) {
+    // Steady state: the repeats of a prompt back to back.
+    for (size_t p = 0; p < inputs.size(); ++p) {
+      for (int r = 0; r < repeats; ++r) {
+        for (size_t k = 0; k < num_modes; ++k) {
+          RETURN_IF_ERROR(run_one(p, r % 2 == 0 ? k : num_modes - 1 - k));
+        }
+      }
+    }
+  } else {
+    // Cold: every repeat is a pass over all prompts from an empty plan cache
+    // (fresh PlanningShared per mode), so no repeat plans with another's
+    // solves.
+    for (int r = 0; r < repeats; ++r) {
+      if (r > 0) {
+        for (PlanningShared& shared : planning) {
+          shared = PlanningShared::Create();
+          shared.router = router;
+        }
+      }
+      for (size_t p = 0; p < inputs.size(); ++p) {
+        for (size_t k = 0; k < num_modes; ++k) {
+          RETURN_IF_ERROR(
+              run_one(p, (r + p) % 2 == 0 ? k : num_modes - 1 - k));
+        }
+      }
+    }
+  }
   std::vector<std::vector<PromptRun>> runs(
       num_modes, std::vector<PromptRun>(inputs.size()));
   for (size_t p = 0; p < inputs.size(); ++p) {
-    // results[mode][repeat]
-    std::vector<std::vector<GenerationResult>> results(num_modes);
-    for (int r = 0; r < repeats; ++r) {
-      for (size_t k = 0; k < num_modes; ++k) {
-        const size_t mode = r % 2 == 0 ? k : num_modes - 1 - k;
-        GenerationRequest request = requests[mode];
-        request.prompt_ids = inputs[p].ids;
-        ASSIGN_OR_RETURN(GenerationResult result,
-                         Generate(model, tokenizer, request, nullptr, nullptr,
-                                  planner_of(mode), &planning[mode]));
-        results[mode].push_back(std::move(result));
-      }
-    }
     for (size_t mode = 0; mode < num_modes; ++mode) {
-      std::vector<GenerationResult>& reps = results[mode];
+      std::vector<GenerationResult>& reps = results[p][mode];
       for (const GenerationResult& rep : reps) {
         if (requests[mode].sampling.greedy() &&
             rep.output_ids != reps[0].output_ids) {

@@ -120,16 +120,19 @@ void AccumulatePlanning(PlanningStats& a, const PlanningStats& b);
 ModeSummary Summarize(const std::vector<PromptRun>& runs);
 
 // Runs each of `requests` (several modes of the same prompts, e.g. off and
-// static) on every prompt, `repeats` times, interleaved as
-// prompt x repeat x mode so that drift in machine speed (another process,
-// frequency changes) hits all modes alike; the mode order alternates between
-// repeats. Each request's prompt_ids are replaced by each input's ids.
+// static) on every prompt, `repeats` times, interleaved by mode so that
+// drift in machine speed (another process, frequency changes) hits all modes
+// alike; the mode order alternates between runs. Each request's prompt_ids
+// are replaced by each input's ids. Each prompt's time is the median over
+// its repeats.
 // Returns runs[mode][prompt]. `warmup` runs one short generation per mode
 // first (kernel selection, page faults). `planners[k]` serves mode k's plans
 // (empty, or null entries, when the mode plans nothing). Each mode gets one
 // PlanningShared (plan cache, planner budget, plain rates) for all its runs,
 // as one server process would; the warm-up runs use a separate one, so the
-// measured runs start with an empty cache. With `warm_plan_cache`, each mode
+// measured runs start with an empty cache. Without `warm_plan_cache` every
+// repeat is such a cold pass (repeat x prompt x mode, a fresh PlanningShared
+// per mode and repeat). With `warm_plan_cache` (prompt x repeat x mode), each mode
 // first generates every input once, untimed, with the PlanningShared it is
 // then measured with: the measured runs see the steady state of a server
 // that has already planned for these context buckets (cached plans, plain

@@ -1,0 +1,76 @@
+// Tests of the benchmarks' runner (tools/bench_util.h's RunModes): a cold
+// run's every repeat plans from an empty plan cache, so a repeat never
+// reuses another repeat's solves; a warm run solves in its untimed pass and
+// its timed runs use the cache. Counted at the planner, on stories260k with
+// a hand-made latency profile (solved synchronously, so counts are exact).
+#include "tools/bench_util.h"
+
+#include <gtest/gtest.h>
+
+#include "planner/inprocess_planner.h"
+#include "tests/testing/test_models.h"
+
+namespace knapserve {
+namespace {
+
+// Solves each request at once on the calling thread and counts them.
+class CountingPlanner : public PlannerClient {
+ public:
+  explicit CountingPlanner(const InProcessPlanner* core) : core_(core) {}
+  void Submit(PlanRequest request, PlanCallback done) override {
+    ++solves_;
+    done(core_->Solve(request));
+  }
+  void Forget(uint64_t) override {}
+  int solves() const { return solves_; }
+
+ private:
+  const InProcessPlanner* core_;
+  int solves_ = 0;
+};
+
+TEST(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
+  const LlamaModel* model = testing::CachedModel("stories260k");
+  const Tokenizer* tokenizer = testing::StoriesTokenizer();
+  ASSERT_NE(model, nullptr);
+  ASSERT_NE(tokenizer, nullptr);
+  auto core = InProcessPlanner::Create(
+      *model, testing::HandLatencyProfile(*model), InProcessPlannerOptions());
+  ASSERT_TRUE(core.ok()) << core.status();
+
+  GenerationRequest request;
+  request.max_new_tokens = 8;
+  request.ignore_eos = true;
+  SpeculationConfig& s = request.speculation;
+  s.mode = SpeculationMode::kKnapSpec;
+  s.max_draft = 3;
+  s.reference_steps = 2;
+  s.plan_bucket_tokens = 256;  // both prompts in one bucket
+  s.planner_budget = 0;
+  s.drift_min_tokens = 1000;  // no drift re-plans in 8 tokens
+  s.guard = false;
+  std::vector<BenchInput> inputs(2);
+  inputs[0].prompt.question_id = 1;
+  inputs[0].ids = {1, 400, 401, 402};
+  inputs[1].prompt.question_id = 2;
+  inputs[1].ids = {1, 410, 411, 412};
+
+  for (bool warm : {false, true}) {
+    SCOPED_TRACE(warm ? "warm" : "cold");
+    CountingPlanner planner(core->get());
+    auto runs = RunModes(*model, *tokenizer, inputs, {request}, /*repeats=*/3,
+                         /*warmup=*/false, {&planner}, warm);
+    ASSERT_TRUE(runs.ok()) << runs.status();
+    ASSERT_EQ(runs->size(), 1u);
+    ASSERT_EQ((*runs)[0].size(), 2u);
+    // Cold: one solve per repeat (the second prompt finds the first's plan
+    // of the same bucket). Warm: one in the untimed pass, then cache hits.
+    EXPECT_EQ(planner.solves(), warm ? 1 : 3);
+    for (const PromptRun& run : (*runs)[0]) {
+      EXPECT_EQ(run.decoded_tokens, 7);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace knapserve
