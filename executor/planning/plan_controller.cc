@@ -40,10 +40,31 @@ SpeculationGuard::SpeculationGuard(GuardOptions options,
 
 void SpeculationGuard::Reset() {
   state_ = State::kSpeculate;
+  evidence_.clear();
   window_steps_ = 0;
-  window_tokens_ = 0;
-  window_seconds_ = 0;
   probe_left_ = 0;
+}
+
+SpeculationGuard::Rate SpeculationGuard::EvidenceRate() const {
+  Rate rate;
+  double tokens = 0;
+  double seconds = 0;
+  for (const StepEvidence& e : evidence_) {
+    tokens += e.tokens;
+    seconds += e.seconds;
+  }
+  if (seconds <= 0) return rate;
+  rate.tokens_per_second = tokens / seconds;
+  const double n = static_cast<double>(evidence_.size());
+  if (n < 2) return rate;
+  // A ratio of sums: Var(T / S) ~ sum (t_i - R s_i)^2 / S^2 * n / (n - 1).
+  double residuals = 0;
+  for (const StepEvidence& e : evidence_) {
+    const double r = e.tokens - rate.tokens_per_second * e.seconds;
+    residuals += r * r;
+  }
+  rate.standard_error = std::sqrt(residuals * n / (n - 1)) / seconds;
+  return rate;
 }
 
 bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
@@ -71,21 +92,16 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
     case State::kSpeculate:
       if (!speculating || step.gamma == 0) return;
       ++window_steps_;
-      window_tokens_ += step.tokens;
-      window_seconds_ += step.seconds;
+      evidence_.push_back({step.tokens, step.seconds});
+      while (static_cast<int64_t>(evidence_.size()) >
+             std::max(options_.evidence_steps, options_.min_steps)) {
+        evidence_.pop_front();
+      }
       if (window_steps_ >= options_.min_steps) {
         Judge(bucket, stats);
       } else if (options_.early_steps > 0 &&
-                 window_steps_ >= options_.early_steps &&
-                 window_seconds_ > 0) {
-        // A clear loser: judged now rather than after min_steps.
-        const std::optional<double> plain = PlainStepSeconds(bucket);
-        const double speculative_tps =
-            static_cast<double>(window_tokens_) / window_seconds_;
-        if (plain.has_value() && *plain > 0 &&
-            speculative_tps < (1.0 - options_.early_loss) / *plain) {
-          Judge(bucket, stats);
-        }
+                 window_steps_ >= options_.early_steps) {
+        Judge(bucket, stats, /*early=*/true);
       }
       return;
     case State::kProbe:
@@ -106,8 +122,20 @@ std::optional<double> SpeculationGuard::PlainStepSeconds(
                                        min_samples);
 }
 
-void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats) {
+void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
+                             bool early) {
   const std::optional<double> plain = PlainStepSeconds(bucket);
+  if (early) {
+    // Only a clear loss is judged before min_steps, and only against a
+    // measured plain rate (no probe for it).
+    if (!plain.has_value() || *plain <= 0) return;
+    const Rate rate = EvidenceRate();
+    if (rate.tokens_per_second <= 0 ||
+        rate.tokens_per_second + options_.confidence * rate.standard_error >=
+            (1.0 - options_.early_loss) / *plain) {
+      return;
+    }
+  }
   if (!plain.has_value() || *plain <= 0) {
     if (state_ == State::kProbe) {
       // The probe's steps went to another bucket (the context crossed a
@@ -119,21 +147,24 @@ void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats) {
     probe_left_ = options_.probe_steps;
     return;
   }
-  if (window_seconds_ <= 0 || window_tokens_ <= 0) {
+  const Rate rate = EvidenceRate();
+  if (rate.tokens_per_second <= 0) {
     Reset();
     return;
   }
   ++stats.guard_checks;
-  const double speculative_tps =
-      static_cast<double>(window_tokens_) / window_seconds_;
+  const double speculative_tps = rate.tokens_per_second;
   const double plain_tps = 1.0 / *plain;
   stats.guard_last_spec_tps = speculative_tps;
   stats.guard_last_plain_tps = plain_tps;
   window_steps_ = 0;
-  window_tokens_ = 0;
-  window_seconds_ = 0;
-  const bool loses = speculative_tps < plain_tps * (1.0 + options_.margin);
-  if (loses) ++stats.guard_fallbacks;
+  const bool loses =
+      speculative_tps + options_.confidence * rate.standard_error <
+      plain_tps * (1.0 + options_.margin);
+  if (loses) {
+    ++stats.guard_fallbacks;
+    evidence_.clear();  // the re-probe measures afresh
+  }
   state_ = State::kSpeculate;
   if (verdicts_ != nullptr) {
     GuardVerdicts::Verdict verdict;

@@ -47,6 +47,7 @@
 #define KNAPSERVE_EXECUTOR_PLANNING_PLAN_CONTROLLER_H_
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
@@ -62,8 +63,16 @@ struct GuardOptions {
   // Speculation stays only while its measured tokens/s is at least
   // (1 + margin) times the plain rate at the same context bucket.
   double margin = 0.03;
-  // Speculative steps per judgement (the minimum sample).
+  // Speculative steps between two judgements (the minimum sample).
   int64_t min_steps = 16;
+  // A judgement weighs the last evidence_steps speculative steps since the
+  // setting last lost (a win keeps its steps as evidence for the next), and
+  // the setting loses only when its rate plus `confidence` standard errors
+  // (of that rate, from the steps' spread) is below plain x (1 + margin):
+  // tokens per step vary with acceptance, so a winner's unlucky 16 steps
+  // must not pass for a loss. 0 judges the bare rate.
+  int64_t evidence_steps = 64;
+  double confidence = 1.0;
   // Plain steps the bucket needs in the PlainRateTable before a judgement;
   // when it has fewer, the guard decodes this many plain steps (a probe).
   int64_t probe_steps = 8;
@@ -75,9 +84,9 @@ struct GuardOptions {
   int64_t reprobe_steps = 256;
   int64_t max_hold_steps = 4096;
   // A clear loser is judged before min_steps: from early_steps speculative
-  // steps on, a window measuring below the plain rate x (1 - early_loss) is
-  // judged at once (and loses). Far below the margin, so a winning setting's
-  // unlucky few steps rarely trip it; 0 early_steps turns it off.
+  // steps on, when even its rate plus `confidence` standard errors is below
+  // the plain rate x (1 - early_loss), it loses at once. 0 early_steps turns
+  // it off.
   int64_t early_steps = 6;
   double early_loss = 0.15;
 };
@@ -147,9 +156,11 @@ struct StepObservation {
 // of the plain steps (gamma 0, one token) recorded in the process's
 // PlainRateTable for the bucket, fed by every sequence; when the bucket has
 // fewer than probe_steps of them the guard runs a probe of probe_steps plain
-// steps first. The speculative rate is tokens committed over summed step
-// seconds of the last min_steps speculative steps. When speculative < plain
-// * (1 + margin) the setting loses: the verdict goes to the process's
+// steps first. Every min_steps speculative steps it judges: the speculative
+// rate is tokens committed over summed step seconds of the last
+// evidence_steps speculative steps since the setting last lost, with its
+// standard error; when rate + confidence * error < plain * (1 + margin) the
+// setting loses: the verdict goes to the process's
 // GuardVerdicts (executor/planning/plan_cache.h) under (execution, setting,
 // bucket), and every sequence of that setting in that bucket, this one and
 // those that come later, decodes plainly for reprobe_steps plain steps in
@@ -187,9 +198,17 @@ class SpeculationGuard {
 
  private:
   enum class State { kSpeculate, kProbe, kFallback };
-  void Judge(int64_t bucket, PlanningStats& stats);
+  // The evidence's tokens/s and that rate's standard error (0 below two
+  // steps).
+  struct Rate {
+    double tokens_per_second = 0;
+    double standard_error = 0;
+  };
+  // `early`: only a clear loss is judged (the early_loss bound).
+  void Judge(int64_t bucket, PlanningStats& stats, bool early = false);
   // The bucket's plain step seconds, once it has probe_steps of them.
   std::optional<double> PlainStepSeconds(int64_t bucket) const;
+  Rate EvidenceRate() const;
 
   const GuardOptions options_;
   const std::shared_ptr<PlainRateTable> plain_rates_;
@@ -200,9 +219,13 @@ class SpeculationGuard {
   const int64_t bucket_tokens_;
   int64_t plan_version_ = 0;
   State state_ = State::kSpeculate;
-  int64_t window_steps_ = 0;
-  int64_t window_tokens_ = 0;
-  double window_seconds_ = 0;
+  struct StepEvidence {
+    int tokens = 0;
+    double seconds = 0;
+  };
+  // The last evidence_steps speculative steps since the last loss or Reset.
+  std::deque<StepEvidence> evidence_;
+  int64_t window_steps_ = 0;  // speculative steps since the last judgement
   int64_t probe_left_ = 0;
 };
 

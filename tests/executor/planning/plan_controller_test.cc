@@ -533,6 +533,45 @@ TEST(SpeculationGuardTest, AClearLoserIsJudgedAfterItsEarlySteps) {
   EXPECT_EQ(c.stats().guard_checks, 0);
 }
 
+// Tokens per step vary with acceptance: a window whose bare rate is just
+// below plain x (1 + margin) but whose steps spread widely is not judged a
+// loss (confidence 1), while the bare rate alone (confidence 0) would be.
+// A setting well below plain loses despite its spread.
+TEST(SpeculationGuardTest, AJudgementWeighsTheSpreadOfTheSteps) {
+  struct Case {
+    double confidence;
+    int high_tokens;  // the tokens of every 4th step (the others commit 1)
+    bool loses;
+  };
+  for (const Case& t : {Case{1.0, 5, false}, Case{0.0, 5, true},
+                        Case{1.0, 3, true}}) {
+    SCOPED_TRACE(::testing::Message() << "confidence " << t.confidence
+                                      << ", high steps " << t.high_tokens);
+    PlanningShared shared = PlanningShared::Create();
+    shared.cache->Insert(KeyAt(0), Plan(4, 0.5), 50, 10);
+    for (int i = 0; i < 3; ++i) {
+      shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+    }
+    PlanControllerOptions o = GuardOn();
+    o.guard.margin = 0.03;  // stay above 206 tokens/s
+    o.guard.min_steps = 16;
+    o.guard.confidence = t.confidence;
+    o.guard.early_steps = 0;  // the full window only
+    PlanController c(o, BaseKey(), 1, 0, shared);
+    for (int64_t step = 0; step < 16; ++step) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 4) << step;
+      const int tokens = step % 4 == 3 ? t.high_tokens : 1;
+      c.AfterStep(Spec(4, 4, tokens - 1, 0.01));
+    }
+    // 16 steps in 0.16 s: 32 tokens (200 tokens/s, standard error 45) or
+    // 24 (150 tokens/s, standard error 22).
+    EXPECT_EQ(c.stats().guard_checks, 1);
+    EXPECT_EQ(c.stats().guard_fallbacks, t.loses ? 1 : 0);
+    EXPECT_NEAR(c.stats().guard_last_spec_tps, t.high_tokens == 5 ? 200 : 150,
+                1e-6);
+  }
+}
+
 // Losses in a row at one key double the hold up to the cap; a win resets.
 TEST(GuardVerdictsTest, EachLossInARowDoublesTheHoldUpToTheCap) {
   GuardVerdicts verdicts;
