@@ -66,10 +66,11 @@ struct InProcessPlannerOptions {
   int threads = 1;
   // Linux nice value of the planner's threads (0..19). On a CPU the solve
   // competes with decoding for the same cores; a higher value lets the decode
-  // threads win, so plans come later rather than decoding slower. The
-  // binaries default to 19 on a CPU (tools/cli_flags.h's PlannerNiceFromFlags;
-  // README.md has the measurement: a cold bucket's first solve at 1k tokens
-  // slowed decoding to 0.82-0.89x at 0, 0.93-1.00x at 19), 0 on a GPU.
+  // threads win, so plans come later rather than decoding slower (and not
+  // at all while other work keeps every core busy). The binaries default to
+  // 19 when the decode's threads and the planner's outnumber the cores
+  // (tools/cli_flags.h's PlannerNiceFromFlags; README.md has the
+  // measurement), else 0.
   int nice = 0;
   // Fault injection for tests; empty (the default) in production. Runs on the
   // planner thread just before each solve, inside the solve's exception

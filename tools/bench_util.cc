@@ -245,8 +245,7 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       }
       for (size_t p = 0; p < inputs.size(); ++p) {
         for (size_t k = 0; k < num_modes; ++k) {
-          RETURN_IF_ERROR(
-              run_one(p, (r + p) % 2 == 0 ? k : num_modes - 1 - k));
+          RETURN_IF_ERROR(run_one(p, (r + p) % 2 == 0 ? k : num_modes - 1 - k));
         }
       }
     }

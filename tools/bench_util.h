@@ -132,8 +132,8 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 // as one server process would; the warm-up runs use a separate one, so the
 // measured runs start with an empty cache. Without `warm_plan_cache` every
 // repeat is such a cold pass (repeat x prompt x mode, a fresh PlanningShared
-// per mode and repeat). With `warm_plan_cache` (prompt x repeat x mode), each mode
-// first generates every input once, untimed, with the PlanningShared it is
+// per mode and repeat). With `warm_plan_cache` (prompt x repeat x mode), each
+// mode first generates every input once, untimed, with the PlanningShared it is
 // then measured with: the measured runs see the steady state of a server
 // that has already planned for these context buckets (cached plans, plain
 // rates), not its first requests. `router` (the --anchors of kKnn) goes into

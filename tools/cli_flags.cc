@@ -1,6 +1,7 @@
 #include "tools/cli_flags.h"
 
 #include <ATen/Parallel.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <climits>
@@ -189,8 +190,9 @@ ABSL_FLAG(int32_t, planner_threads, 1,
 ABSL_FLAG(int32_t, planner_nice, -1,
           "knapspec/clasp: Linux nice value (0..19) of the planner thread, so "
           "decoding keeps the cores and plans arrive later instead; -1 = "
-          "auto: 19 when the model runs on the CPU (the solve shares the "
-          "decode's cores), 0 on a GPU.");
+          "auto: 19 when the model runs on the CPU and the decode's threads "
+          "and the planner's together outnumber the cores (the solve would "
+          "share the decode's cores), else 0.");
 ABSL_FLAG(std::vector<std::string>, profile_contexts, {},
           "profile: context lengths to measure (default 128,512,1024,2048,4096 "
           "and the model's "
@@ -622,7 +624,18 @@ absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
 int PlannerNiceFromFlags(const LlamaModel& model) {
   const int nice = absl::GetFlag(FLAGS_planner_nice);
   if (nice != -1) return nice;  // InProcessPlanner::Create checks the range
-  return model.device().is_cpu() ? 19 : 0;
+  if (!model.device().is_cpu()) return 0;
+  // The cores this process may run on (a container's cpuset included).
+  int cores =
+      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    cores = std::max(1, CPU_COUNT(&set));
+  }
+  const int decode_threads = at::get_num_threads();
+  const int planner_threads = std::max(1, absl::GetFlag(FLAGS_planner_threads));
+  return decode_threads + planner_threads > cores ? 19 : 0;
 }
 
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(

@@ -195,10 +195,12 @@ absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
     const Engine& engine, const std::string& command);
 
 // --planner-nice for a planner beside `model`: the flag, or with -1 (the
-// default) 19 when the model runs on the CPU, where the solve shares the
-// decode's cores (measured in README.md: a cold 1k-token bucket's first
-// solve slowed decoding to 0.82-0.89x at nice 0, 0.93-1.00x at nice 19), and
-// 0 on a GPU, where it runs on its own stream.
+// default) 19 when the model runs on the CPU and the decode's threads
+// (at::get_num_threads: call after the model is loaded) plus
+// --planner-threads outnumber the cores this process may use, so that the
+// solve would share the decode's cores (measured in README.md: a cold
+// 1k-token bucket's first solve slowed decoding to 0.82-0.89x at nice 0);
+// else 0 (a free core, or a GPU, where the solve runs on its own stream).
 int PlannerNiceFromFlags(const LlamaModel& model);
 
 // The in-process planner for a planned --spec mode (IsPlanned) (the profile

@@ -114,7 +114,13 @@ std::optional<double> PlannerBudget::TryReserve(double fraction) {
                        committed <= fraction * decode_seconds_;
   if (!allowed) return std::nullopt;
   reserved_seconds_ += expected;
+  ++in_flight_;
   return expected;
+}
+
+int64_t PlannerBudget::solves_in_flight() const {
+  absl::MutexLock lock(&mu_);
+  return in_flight_;
 }
 
 void PlannerBudget::CountDeferral() {
@@ -130,6 +136,7 @@ double PlannerBudget::reserved_seconds() const {
 void PlannerBudget::Settle(double reserved, double solve_seconds) {
   absl::MutexLock lock(&mu_);
   reserved_seconds_ = std::max(0.0, reserved_seconds_ - reserved);
+  in_flight_ = std::max<int64_t>(0, in_flight_ - 1);
   if (solve_seconds > 0) {
     solve_seconds_ += solve_seconds;
     ++solves_;

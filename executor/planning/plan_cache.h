@@ -158,6 +158,12 @@ class PlannerBudget {
   int64_t deferrals() const ABSL_LOCKS_EXCLUDED(mu_);
   // Seconds reserved by solves in flight.
   double reserved_seconds() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Reservations not yet settled: solves in flight, from their snapshot's
+  // capture to the planner's answer (or the capture's abandonment). While
+  // one runs, an in-process planner shares the cores with decoding, so a
+  // plain step timed meanwhile is not plain decoding's rate: the callers of
+  // PlainRateTable::Record skip those steps (the guard then probes afresh).
+  int64_t solves_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   mutable absl::Mutex mu_;
@@ -166,12 +172,14 @@ class PlannerBudget {
   double decode_seconds_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t solves_ ABSL_GUARDED_BY(mu_) = 0;  // settled with solve_seconds > 0
   int64_t deferrals_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // reserved, not yet settled
 };
 
 // Plain-decoding (gamma 0, one token per step) step times by execution and
 // context bucket, the last kWindow per bucket. Any sequence's plain steps
 // count: those before its first plan, under a gamma-0 plan, and under the
-// guard (probes and fallbacks).
+// guard (probes and fallbacks), but none timed while a solve of the process
+// is in flight (PlannerBudget::solves_in_flight: the solve slows them).
 class PlainRateTable {
  public:
   static constexpr int kWindow = 32;

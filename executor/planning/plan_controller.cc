@@ -114,16 +114,14 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
   }
 }
 
-std::optional<double> SpeculationGuard::PlainStepSeconds(
-    int64_t bucket) const {
+std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
   const int min_samples =
       static_cast<int>(std::max<int64_t>(1, options_.probe_steps));
   return plain_rates_->MeanStepSeconds(execution_id_, bucket_tokens_, bucket,
                                        min_samples);
 }
 
-void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
-                             bool early) {
+void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats, bool early) {
   const std::optional<double> plain = PlainStepSeconds(bucket);
   if (early) {
     // Only a clear loss is judged before min_steps, and only against a
@@ -344,7 +342,9 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
 
 void PlanController::AfterStep(const StepObservation& step) {
   shared_.budget->AddDecodeSeconds(step.seconds);
-  if (step.gamma == 0 && step.tokens == 1) {
+  // A plain step timed beside a solve is not plain decoding's rate.
+  if (step.gamma == 0 && step.tokens == 1 &&
+      shared_.budget->solves_in_flight() == 0) {
     shared_.plain_rates->Record(key_.ExecutionId(), options_.bucket_tokens,
                                 bucket_, step.seconds);
   }

@@ -1,10 +1,12 @@
 // Tests of --planner-nice (tools/cli_flags.h's PlannerNiceFromFlags): by
-// default a planner beside a CPU model runs at nice 19, so its solves take
-// only what decoding leaves of the cores; an explicit value is kept. The
+// default a planner beside a CPU model whose decode uses every core runs at
+// nice 19, so its solves take only what decoding leaves; with a core left
+// over it runs at 0; an explicit value is kept. The
 // planner thread's nice is read back from /proc, where the kernel keeps it.
+#include <ATen/Parallel.h>
 #include <dirent.h>
-
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <chrono>
 #include <fstream>
@@ -52,12 +54,29 @@ int CountNice(int nice) {
   return count;
 }
 
-TEST(PlannerNiceTest, ThePlannerBesideACpuModelYieldsTheCoresByDefault) {
+TEST(PlannerNiceTest, ThePlannerYieldsTheCoresWhenDecodingUsesThemAll) {
   const LlamaModel* model = testing::CachedModel("stories260k");
   ASSERT_NE(model, nullptr);
   absl::FlagSaver saver;
+  const int saved_threads = at::get_num_threads();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set);
   ASSERT_EQ(absl::GetFlag(FLAGS_planner_nice), -1) << "the default is auto";
+  absl::SetFlag(&FLAGS_planner_threads, 1);
+  // Decoding on every core: the planner would share them, so it yields.
+  at::set_num_threads(cores);
   EXPECT_EQ(PlannerNiceFromFlags(*model), 19);
+  // A core left over for the planner: no need to yield.
+  if (cores >= 2) {
+    at::set_num_threads(cores - 1);
+    EXPECT_EQ(PlannerNiceFromFlags(*model), 0);
+    absl::SetFlag(&FLAGS_planner_threads, 2);
+    EXPECT_EQ(PlannerNiceFromFlags(*model), 19);
+    absl::SetFlag(&FLAGS_planner_threads, 1);
+  }
+  // An explicit value is kept.
   absl::SetFlag(&FLAGS_planner_nice, 0);
   EXPECT_EQ(PlannerNiceFromFlags(*model), 0);
   absl::SetFlag(&FLAGS_planner_nice, 7);
@@ -65,13 +84,15 @@ TEST(PlannerNiceTest, ThePlannerBesideACpuModelYieldsTheCoresByDefault) {
 
   // The planner thread really runs at the auto value.
   absl::SetFlag(&FLAGS_planner_nice, -1);
+  at::set_num_threads(cores);
   const int before = CountNice(19);
   InProcessPlannerOptions options;
   options.nice = PlannerNiceFromFlags(*model);
+  at::set_num_threads(saved_threads);
   auto planner = InProcessPlanner::CreateWithoutProfile(*model, options);
   ASSERT_TRUE(planner.ok()) << planner.status();
   int now = CountNice(19);
-  for (int i = 0; i < 200 && now <= before; ++i) {
+  for (int i = 0; i < 500 && now <= before; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     now = CountNice(19);
   }

@@ -440,6 +440,33 @@ TEST(SpeculationGuardTest,
   EXPECT_EQ(d.stats().guard_fallbacks + d.stats().guard_probe_steps, 0);
 }
 
+// Plain steps timed while a solve of the process is in flight (reserved,
+// not yet settled) are not plain decoding's rate: they are not recorded.
+TEST(SpeculationGuardTest, PlainStepsBesideASolveAreNotThePlainRate) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(0, 0.0), 50, 10);  // plain, no trigger
+  const std::optional<double> reserved = shared.budget->TryReserve(0);
+  ASSERT_TRUE(reserved.has_value());
+  EXPECT_EQ(shared.budget->solves_in_flight(), 1);
+  PlanController c(GuardOn(), BaseKey(), 1, 0, shared);
+  int64_t step = 0;
+  for (; step < 5; ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0);
+    c.AfterStep(Plain(0.02));  // slowed by the solve
+  }
+  EXPECT_EQ(shared.plain_rates->samples(BaseKey().ExecutionId(), 32, 0), 0);
+  shared.budget->Settle(*reserved, 0.1);
+  EXPECT_EQ(shared.budget->solves_in_flight(), 0);
+  for (; step < 10; ++step) {
+    c.BeforeStep(step, 1);
+    c.AfterStep(Plain(0.004));
+  }
+  EXPECT_EQ(shared.plain_rates->samples(BaseKey().ExecutionId(), 32, 0), 5);
+  EXPECT_NEAR(
+      *shared.plain_rates->MeanStepSeconds(BaseKey().ExecutionId(), 32, 0, 5),
+      0.004, 1e-12);
+}
+
 // A losing verdict is shared: another sequence of the same setting in the
 // same bucket decodes plainly from its first step, without measuring the
 // setting again, until the verdict's plain steps (over both) are spent; then
@@ -543,8 +570,8 @@ TEST(SpeculationGuardTest, AJudgementWeighsTheSpreadOfTheSteps) {
     int high_tokens;  // the tokens of every 4th step (the others commit 1)
     bool loses;
   };
-  for (const Case& t : {Case{1.0, 5, false}, Case{0.0, 5, true},
-                        Case{1.0, 3, true}}) {
+  for (const Case& t :
+       {Case{1.0, 5, false}, Case{0.0, 5, true}, Case{1.0, 3, true}}) {
     SCOPED_TRACE(::testing::Message() << "confidence " << t.confidence
                                       << ", high steps " << t.high_tokens);
     PlanningShared shared = PlanningShared::Create();
