@@ -173,25 +173,28 @@ int64_t PlannerBudget::deferrals() const {
 
 void PlainRateTable::Record(const std::string& execution_id,
                             int64_t bucket_tokens, int64_t bucket,
-                            double seconds) {
+                            double seconds, absl::Time at) {
   absl::MutexLock lock(&mu_);
-  std::deque<double>& window = steps_[Key(execution_id, bucket_tokens, bucket)];
-  window.push_back(seconds);
+  std::deque<Sample>& window = steps_[Key(execution_id, bucket_tokens, bucket)];
+  window.push_back({seconds, at});
   while (window.size() > static_cast<size_t>(kWindow)) window.pop_front();
 }
 
 std::optional<double> PlainRateTable::MeanStepSeconds(
     const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
-    int min_samples) const {
+    int min_samples, absl::Duration max_age, absl::Time now) const {
   absl::MutexLock lock(&mu_);
   auto it = steps_.find(Key(execution_id, bucket_tokens, bucket));
-  if (it == steps_.end() || it->second.empty() ||
-      static_cast<int64_t>(it->second.size()) < std::max(1, min_samples)) {
-    return std::nullopt;
-  }
+  if (it == steps_.end()) return std::nullopt;
   double sum = 0;
-  for (double s : it->second) sum += s;
-  return sum / static_cast<double>(it->second.size());
+  int64_t count = 0;
+  for (const Sample& sample : it->second) {
+    if (now - sample.at > max_age) continue;
+    sum += sample.seconds;
+    ++count;
+  }
+  if (count == 0 || count < std::max(1, min_samples)) return std::nullopt;
+  return sum / static_cast<double>(count);
 }
 
 int64_t PlainRateTable::samples(const std::string& execution_id,

@@ -37,6 +37,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/plan/planner_client.h"
 #include "executor/planning/domain_router.h"
 
@@ -188,21 +190,29 @@ class PlainRateTable {
   PlainRateTable(const PlainRateTable&) = delete;
   PlainRateTable& operator=(const PlainRateTable&) = delete;
 
+  // A plain step of `seconds`, timed at `at`.
   void Record(const std::string& execution_id, int64_t bucket_tokens,
-              int64_t bucket, double seconds) ABSL_LOCKS_EXCLUDED(mu_);
-  // Mean seconds of the recorded plain steps of the bucket (the last kWindow),
-  // nullopt with fewer than `min_samples`.
-  std::optional<double> MeanStepSeconds(const std::string& execution_id,
-                                        int64_t bucket_tokens, int64_t bucket,
-                                        int min_samples) const
+              int64_t bucket, double seconds, absl::Time at = absl::Now())
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Mean seconds of the recorded plain steps of the bucket (the last kWindow)
+  // no older than `max_age` at `now`, nullopt with fewer than `min_samples`
+  // of them. The machine's speed drifts (other processes, frequency), so a
+  // plain rate from long ago is no reference for speculation now.
+  std::optional<double> MeanStepSeconds(
+      const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
+      int min_samples, absl::Duration max_age = absl::InfiniteDuration(),
+      absl::Time now = absl::Now()) const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t samples(const std::string& execution_id, int64_t bucket_tokens,
                   int64_t bucket) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   using Key = std::tuple<std::string, int64_t, int64_t>;
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<Key, std::deque<double>> steps_ ABSL_GUARDED_BY(mu_);
+  struct Sample {
+    double seconds = 0;
+    absl::Time at;
+  };
+  absl::flat_hash_map<Key, std::deque<Sample>> steps_ ABSL_GUARDED_BY(mu_);
 };
 
 // The guard's shared verdicts (executor/planning/plan_controller.h's

@@ -117,8 +117,12 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
 std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
   const int min_samples =
       static_cast<int>(std::max<int64_t>(1, options_.probe_steps));
+  const absl::Duration max_age =
+      options_.plain_max_age_seconds > 0
+          ? absl::Seconds(options_.plain_max_age_seconds)
+          : absl::InfiniteDuration();
   return plain_rates_->MeanStepSeconds(execution_id_, bucket_tokens_, bucket,
-                                       min_samples);
+                                       min_samples, max_age);
 }
 
 void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats, bool early) {

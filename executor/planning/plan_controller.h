@@ -73,9 +73,13 @@ struct GuardOptions {
   // must not pass for a loss. 0 judges the bare rate.
   int64_t evidence_steps = 64;
   double confidence = 1.0;
-  // Plain steps the bucket needs in the PlainRateTable before a judgement;
-  // when it has fewer, the guard decodes this many plain steps (a probe).
+  // Plain steps the bucket needs in the PlainRateTable before a judgement,
+  // none older than plain_max_age_seconds (<= 0: any age); when it has
+  // fewer, the guard decodes this many plain steps (a probe). A winning
+  // setting decodes no plain steps, so without the age limit one early,
+  // unlucky probe would stay its reference for good.
   int64_t probe_steps = 8;
+  double plain_max_age_seconds = 10;
   // Plain steps a losing verdict holds (GuardVerdicts) before the setting
   // is measured again. Each further loss in a row of the same setting at the
   // same bucket doubles it (256, 512, 1024, ...) up to max_hold_steps (never

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/time/clock.h"
+
 namespace knapserve {
 namespace {
 
@@ -597,6 +599,55 @@ TEST(SpeculationGuardTest, AJudgementWeighsTheSpreadOfTheSteps) {
     EXPECT_NEAR(c.stats().guard_last_spec_tps, t.high_tokens == 5 ? 200 : 150,
                 1e-6);
   }
+}
+
+// Plain timings age out: a reference older than the limit does not count.
+TEST(PlainRateTableTest, OldPlainStepsAreNoReference) {
+  PlainRateTable table;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  for (int i = 0; i < 3; ++i) table.Record("exec", 32, 0, 0.002, t0);
+  for (int i = 0; i < 3; ++i) {
+    table.Record("exec", 32, 0, 0.004, t0 + absl::Seconds(20));
+  }
+  const absl::Time now = t0 + absl::Seconds(25);
+  EXPECT_NEAR(*table.MeanStepSeconds("exec", 32, 0, 6), 0.003, 1e-12);
+  EXPECT_NEAR(*table.MeanStepSeconds("exec", 32, 0, 3, absl::Seconds(10), now),
+              0.004, 1e-12);
+  EXPECT_FALSE(table.MeanStepSeconds("exec", 32, 0, 4, absl::Seconds(10), now))
+      << "only 3 fresh samples";
+  EXPECT_FALSE(table.MeanStepSeconds("exec", 32, 0, 1, absl::Seconds(1), now));
+}
+
+// A winning setting decodes no plain steps; once its plain reference is
+// older than plain_max_age_seconds, the next judgement probes afresh.
+TEST(SpeculationGuardTest, AStalePlainReferenceIsProbedAgain) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+  for (int i = 0; i < 3; ++i) {
+    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  }
+  PlanControllerOptions o = GuardOn();
+  o.guard.plain_max_age_seconds = 0.2;
+  PlanController c(o, BaseKey(), 1, 0, shared);
+  int64_t step = 0;
+  for (; step < 4; ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
+    c.AfterStep(Spec(3, 3, 2, 0.012));  // 250 tokens/s: a win
+  }
+  EXPECT_EQ(c.stats().guard_checks, 1);
+  EXPECT_EQ(c.stats().guard_probe_steps, 0);
+  absl::SleepFor(absl::Milliseconds(300));
+  for (; step < 8; ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
+    c.AfterStep(Spec(3, 3, 2, 0.012));
+  }
+  // The reference is stale: a probe of 3 plain steps, then the judgement.
+  for (int i = 0; i < 3; ++i, ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "probe " << i;
+    c.AfterStep(Plain(0.005));
+  }
+  EXPECT_EQ(c.stats().guard_probe_steps, 3);
+  EXPECT_EQ(c.stats().guard_checks, 2);
 }
 
 // Losses in a row at one key double the hold up to the cap; a win resets.
