@@ -8,26 +8,11 @@
 #include <gtest/gtest.h>
 
 #include "planner/inprocess_planner.h"
+#include "tests/testing/synchronous_planner.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
 namespace {
-
-// Solves each request at once on the calling thread and counts them.
-class CountingPlanner : public PlannerClient {
- public:
-  explicit CountingPlanner(const InProcessPlanner* core) : core_(core) {}
-  void Submit(PlanRequest request, PlanCallback done) override {
-    ++solves_;
-    done(core_->Solve(request));
-  }
-  void Forget(uint64_t) override {}
-  int solves() const { return solves_; }
-
- private:
-  const InProcessPlanner* core_;
-  int solves_ = 0;
-};
 
 TEST(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
   const LlamaModel* model = testing::CachedModel("stories260k");
@@ -57,7 +42,7 @@ TEST(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
 
   for (bool warm : {false, true}) {
     SCOPED_TRACE(warm ? "warm" : "cold");
-    CountingPlanner planner(core->get());
+    testing::SynchronousPlanner planner(core->get());
     auto runs = RunModes(*model, *tokenizer, inputs, {request}, /*repeats=*/3,
                          /*warmup=*/false, {&planner}, warm);
     ASSERT_TRUE(runs.ok()) << runs.status();

@@ -39,6 +39,7 @@
 #include "planner/inprocess_planner.h"
 #include "tests/testing/chi_square.h"
 #include "tests/testing/generate_many.h"
+#include "tests/testing/synchronous_planner.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -47,22 +48,7 @@ namespace {
 using testing::CachedModel;
 using testing::StoriesTokenizer;
 
-// Solves on the calling thread at once, so a run's plans are the same every
-// time (as in generator_planning_test.cc).
-class SynchronousPlanner : public PlannerClient {
- public:
-  explicit SynchronousPlanner(const InProcessPlanner* core) : core_(core) {}
-  void Submit(PlanRequest request, PlanCallback done) override {
-    ++solves_;
-    done(core_->Solve(request));
-  }
-  void Forget(uint64_t) override {}
-  int solves() const { return solves_; }
-
- private:
-  const InProcessPlanner* core_;
-  int solves_ = 0;
-};
+using testing::SynchronousPlanner;  // a run's plans are the same every time
 
 // Keeps every plan request unanswered: a planned sequence then drafts with
 // its pre-plan mask throughout, as while a slow solve is outstanding.
