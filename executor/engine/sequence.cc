@@ -913,12 +913,10 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   } else {
     const int64_t bucket_tokens = request_.speculation.plan_bucket_tokens;
     const int64_t bucket = ContextBucket(pos, bucket_tokens);
-    // Not beside a solve (PlannerBudget::solves_in_flight): that slows it.
     if (plain_rates_ != nullptr && observation.gamma == 0 &&
-        observation.tokens == 1 &&
-        (shared_.budget == nullptr ||
-         shared_.budget->solves_in_flight() == 0)) {
-      plain_rates_->Record(execution_id_, bucket_tokens, bucket, step_seconds);
+        observation.tokens == 1) {
+      RecordPlainStep(shared_, execution_id_, bucket_tokens, bucket,
+                      step_seconds);
     }
     if (guard_ != nullptr) {
       guard_->Observe(gamma_ > 0, bucket, observation, result_.planning);

@@ -273,6 +273,14 @@ int64_t GuardVerdicts::verdicts_given() const {
   return given_;
 }
 
+void RecordPlainStep(const PlanningShared& shared,
+                     const std::string& execution_id, int64_t bucket_tokens,
+                     int64_t bucket, double seconds) {
+  if (shared.plain_rates == nullptr) return;
+  if (shared.budget != nullptr && shared.budget->solves_in_flight() > 0) return;
+  shared.plain_rates->Record(execution_id, bucket_tokens, bucket, seconds);
+}
+
 PlanningShared PlanningShared::Create() {
   PlanningShared shared;
   shared.cache = std::make_shared<PlanCache>();

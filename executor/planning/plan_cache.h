@@ -293,6 +293,14 @@ struct PlanningShared {
   static PlanningShared Create();
 };
 
+// Records a plain step (gamma 0, one token) of `seconds` in
+// shared.plain_rates, unless a solve of the process is in flight
+// (PlannerBudget::solves_in_flight): a step timed beside a solve is not
+// plain decoding's rate. Nothing without a plain-rate table.
+void RecordPlainStep(const PlanningShared& shared,
+                     const std::string& execution_id, int64_t bucket_tokens,
+                     int64_t bucket, double seconds);
+
 }  // namespace knapserve
 
 #endif  // KNAPSERVE_EXECUTOR_PLANNING_PLAN_CACHE_H_

@@ -127,11 +127,11 @@ std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
 
 void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats, bool early) {
   const std::optional<double> plain = PlainStepSeconds(bucket);
+  const Rate rate = EvidenceRate();
   if (early) {
     // Only a clear loss is judged before min_steps, and only against a
     // measured plain rate (no probe for it).
     if (!plain.has_value() || *plain <= 0) return;
-    const Rate rate = EvidenceRate();
     if (rate.tokens_per_second <= 0 ||
         rate.tokens_per_second + options_.confidence * rate.standard_error >=
             (1.0 - options_.early_loss) / *plain) {
@@ -149,7 +149,6 @@ void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats, bool early) {
     probe_left_ = options_.probe_steps;
     return;
   }
-  const Rate rate = EvidenceRate();
   if (rate.tokens_per_second <= 0) {
     Reset();
     return;
@@ -346,11 +345,9 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
 
 void PlanController::AfterStep(const StepObservation& step) {
   shared_.budget->AddDecodeSeconds(step.seconds);
-  // A plain step timed beside a solve is not plain decoding's rate.
-  if (step.gamma == 0 && step.tokens == 1 &&
-      shared_.budget->solves_in_flight() == 0) {
-    shared_.plain_rates->Record(key_.ExecutionId(), options_.bucket_tokens,
-                                bucket_, step.seconds);
+  if (step.gamma == 0 && step.tokens == 1) {
+    RecordPlainStep(shared_, key_.ExecutionId(), options_.bucket_tokens,
+                    bucket_, step.seconds);
   }
   if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 &&
       step.drafted > 0) {
