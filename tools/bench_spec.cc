@@ -652,6 +652,9 @@ absl::Status BenchSpec() {
   // "knapspec@host:port" plans through a remote planner at that address.
   std::map<std::string, std::unique_ptr<RemotePlannerClient>> remotes;
   std::vector<std::string> remote_of_mode;
+  // A mode named again runs again, as "<name>#2", "<name>#3", ... (off twice
+  // shows the machine's own spread in the same run).
+  std::map<std::string, int> times_named;
   for (const std::string& name : mode_names) {
     const size_t at = name.find('@');
     remote_of_mode.push_back(at == std::string::npos ? ""
@@ -677,7 +680,9 @@ absl::Status BenchSpec() {
       RETURN_IF_ERROR(
           ValidateSpecBoundConfig(request.speculation.specbound, model));
     }
-    modes.push_back({name, std::move(request)});
+    const int times = ++times_named[name];
+    modes.push_back({times == 1 ? name : absl::StrCat(name, "#", times),
+                     std::move(request)});
   }
   if (modes.empty() || modes[0].name != "off") {
     return absl::InvalidArgumentError(

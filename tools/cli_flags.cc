@@ -163,7 +163,8 @@ ABSL_FLAG(std::vector<std::string>, modes, {},
           "--skip or "
           "--search-masks, clasp and knapspec if --profile). A planned mode "
           "may name a "
-          "remote planner: knapspec@host:port.");
+          "remote planner: knapspec@host:port. A mode named again runs "
+          "again, reported as off#2, ... (off twice: the machine's spread).");
 ABSL_FLAG(int64_t, long_context_tokens, 0,
           "bench spec: also run a long-context set whose prompts are repeated "
           "to this many "

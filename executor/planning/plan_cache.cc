@@ -223,7 +223,9 @@ void GuardVerdicts::Judge(const std::string& execution_id,
     losses_in_a_row_.erase(key);
     return;
   }
-  const int64_t losses = ++losses_in_a_row_[key];
+  LossRun& run = losses_in_a_row_[key];
+  const int64_t losses = ++run.losses;
+  run.plan_version = verdict.plan_version;
   const int64_t first = std::max<int64_t>(1, hold_steps);
   const int64_t most = std::max(first, max_hold_steps);
   int64_t hold = first;
@@ -261,6 +263,16 @@ std::optional<GuardVerdicts::Verdict> GuardVerdicts::Find(
   auto it = losing_.find(Key(execution_id, setting, bucket_tokens, bucket));
   if (it == losing_.end()) return std::nullopt;
   return it->second;
+}
+
+bool GuardVerdicts::LastLost(const std::string& execution_id,
+                             const std::string& setting, int64_t bucket_tokens,
+                             int64_t bucket, int64_t plan_version) const {
+  absl::MutexLock lock(&mu_);
+  auto it =
+      losses_in_a_row_.find(Key(execution_id, setting, bucket_tokens, bucket));
+  return it != losses_in_a_row_.end() && it->second.losses > 0 &&
+         it->second.plan_version == plan_version;
 }
 
 int64_t GuardVerdicts::losing() const {

@@ -227,7 +227,9 @@ class PlainRateTable {
 // re-probe). Each further loss in a row at the same key (setting and
 // bucket, whatever the plan version) doubles the hold, up to
 // `max_hold_steps`. A winning judgement clears the verdict and the run of
-// losses.
+// losses. The run also tells the re-probe that the setting lost here last
+// (LastLost): the guard then judges it by the full rule from its first few
+// steps on, not only a clear loss.
 class GuardVerdicts {
  public:
   struct Verdict {
@@ -265,6 +267,12 @@ class GuardVerdicts {
   std::optional<Verdict> Find(const std::string& execution_id,
                               const std::string& setting, int64_t bucket_tokens,
                               int64_t bucket) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the last judgement of `setting` at the bucket was a loss, on
+  // plan `plan_version` (0 unplanned): held or expired, until a win clears
+  // it. A loss on another plan does not count (a new plan is judged afresh).
+  bool LastLost(const std::string& execution_id, const std::string& setting,
+                int64_t bucket_tokens, int64_t bucket,
+                int64_t plan_version) const ABSL_LOCKS_EXCLUDED(mu_);
   // Losing verdicts in force (a gauge), and all ever given (a counter).
   int64_t losing() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t verdicts_given() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -273,8 +281,13 @@ class GuardVerdicts {
   using Key = std::tuple<std::string, std::string, int64_t, int64_t>;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, Verdict> losing_ ABSL_GUARDED_BY(mu_);
-  // Losing judgements in a row per key; outlives the verdicts it doubled.
-  absl::flat_hash_map<Key, int64_t> losses_in_a_row_ ABSL_GUARDED_BY(mu_);
+  // Losing judgements in a row per key, and the plan version of the last;
+  // outlives the verdicts it doubled.
+  struct LossRun {
+    int64_t losses = 0;
+    int64_t plan_version = 0;
+  };
+  absl::flat_hash_map<Key, LossRun> losses_in_a_row_ ABSL_GUARDED_BY(mu_);
   int64_t given_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -129,12 +129,19 @@ void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats, bool early) {
   const std::optional<double> plain = PlainStepSeconds(bucket);
   const Rate rate = EvidenceRate();
   if (early) {
-    // Only a clear loss is judged before min_steps, and only against a
-    // measured plain rate (no probe for it).
+    // Before min_steps only a loss is judged, and only against a measured
+    // plain rate (no probe for it): a clear loss, or, when the setting lost
+    // its last judgement here (a re-probe), any loss.
     if (!plain.has_value() || *plain <= 0) return;
+    const bool lost_here =
+        verdicts_ != nullptr &&
+        verdicts_->LastLost(execution_id_, setting_, bucket_tokens_, bucket,
+                            plan_version_);
+    const double bound =
+        lost_here ? 1.0 + options_.margin : 1.0 - options_.early_loss;
     if (rate.tokens_per_second <= 0 ||
         rate.tokens_per_second + options_.confidence * rate.standard_error >=
-            (1.0 - options_.early_loss) / *plain) {
+            bound / *plain) {
       return;
     }
   }

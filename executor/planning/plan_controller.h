@@ -89,8 +89,12 @@ struct GuardOptions {
   int64_t max_hold_steps = 4096;
   // A clear loser is judged before min_steps: from early_steps speculative
   // steps on, when even its rate plus `confidence` standard errors is below
-  // the plain rate x (1 - early_loss), it loses at once. 0 early_steps turns
-  // it off.
+  // the plain rate x (1 - early_loss), it loses at once. A setting whose
+  // last judgement at the bucket was a loss (GuardVerdicts::LastLost: its
+  // re-probe) is expected to lose again, so from early_steps on it is judged
+  // by the full rule (below plain x (1 + margin) loses); a winner's
+  // re-probe keeps its steps' spread in the standard error. 0 early_steps
+  // turns both off.
   int64_t early_steps = 6;
   double early_loss = 0.15;
 };
@@ -170,7 +174,8 @@ struct StepObservation {
 // those that come later, decodes plainly for reprobe_steps plain steps in
 // all (doubling with each loss in a row, up to max_hold_steps); then the
 // setting is measured again. A window that is already far below plain after
-// early_steps is judged then. A win clears the verdict. A new
+// early_steps is judged then, and so is a re-probe's window that is below
+// plain x (1 + margin). A win clears the verdict. A new
 // plan (SetPlan) is a new setting version: an older verdict does not hold
 // it back. Without a verdict table the sequence falls back alone, until its
 // next plan.

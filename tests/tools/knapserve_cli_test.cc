@@ -659,9 +659,9 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
   KNAPSERVE_SKIP_WITHOUT_SHARED(
       "bench/spec_bench/question.jsonl");  // the default --prompts
   // With --json the tables go to stderr and one JSON object to stdout.
-  const std::vector<std::string> args =
-      Stories({"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "8",
-               "--skip", "m0", "--max-draft", "3", "--json"});
+  const std::vector<std::string> args = Stories(
+      {"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "8", "--skip",
+       "m0", "--max-draft", "3", "--modes", "off,static,off", "--json"});
   const Outcome outcome = RunKnapserve(args);
   ASSERT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
   EXPECT_THAT(
@@ -675,8 +675,11 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
   EXPECT_EQ(out["skip"], "m0");
   const nlohmann::json& set = out["sets"]["spec_bench"];
   EXPECT_EQ(set["prompts"], 2);
-  for (const char* mode : {"off", "static"}) {
+  // off named twice runs twice: off#2 is timed against the first off.
+  EXPECT_EQ(set["modes"].size(), 3u);
+  for (const char* mode : {"off", "static", "off#2"}) {
     const nlohmann::json& m = set["modes"][mode];
+    ASSERT_TRUE(m.is_object()) << mode;
     EXPECT_GT(m["decode_tokens_per_s"].get<double>(), 0) << mode;
     EXPECT_EQ(m["decoded_tokens"], 2 * 7)
         << mode;  // the first token comes from prefill

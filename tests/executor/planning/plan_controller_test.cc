@@ -562,6 +562,62 @@ TEST(SpeculationGuardTest, AClearLoserIsJudgedAfterItsEarlySteps) {
   EXPECT_EQ(c.stats().guard_checks, 0);
 }
 
+// A setting that lost its last judgement at the bucket is re-probed with the
+// full rule from early_steps on: a small loss (190 tokens/s against 200 x
+// 1.03) that took min_steps the first time takes early_steps the second.
+// After a win, the same small loss waits for min_steps again.
+TEST(SpeculationGuardTest, AReprobeOfALoserIsJudgedAtItsEarlySteps) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+  for (int i = 0; i < 3; ++i) {
+    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  }
+  PlanControllerOptions o = GuardOn();
+  o.guard.margin = 0.03;
+  o.guard.min_steps = 16;
+  o.guard.early_steps = 4;
+  o.guard.early_loss = 0.15;
+  o.guard.reprobe_steps = 5;
+  PlanController c(o, BaseKey(), 1, 0, shared);
+  int64_t step = 0;
+  // Speculative steps of `step_seconds` (2 tokens each) until a judgement;
+  // returns how many.
+  auto speculate_until_judged = [&](double step_seconds) {
+    const int64_t checks = c.stats().guard_checks;
+    int64_t steps = 0;
+    while (c.stats().guard_checks == checks && steps < 40) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << step;
+      c.AfterStep(Spec(3, 3, 1, step_seconds));
+      ++step;
+      ++steps;
+    }
+    return steps;
+  };
+  // Plain steps at 200 tokens/s until the verdict expires.
+  auto decode_the_hold = [&] {
+    int64_t plain = 0;
+    while (plain < 40 && c.BeforeStep(step, 1).gamma == 0) {
+      c.AfterStep(Plain(0.005));
+      ++step;
+      ++plain;
+    }
+    return plain;
+  };
+  EXPECT_EQ(speculate_until_judged(0.0105), 16) << "not a clear loss";
+  EXPECT_EQ(c.stats().guard_fallbacks, 1);
+  EXPECT_EQ(decode_the_hold(), 5);
+  EXPECT_EQ(speculate_until_judged(0.0105), 4) << "the re-probe of a loser";
+  EXPECT_EQ(c.stats().guard_fallbacks, 2);
+  EXPECT_EQ(decode_the_hold(), 10);
+  // A win (300 tokens/s) clears the run of losses: small-loss steps are
+  // then not judged before min_steps (and with the winning steps still in
+  // the evidence, that judgement is a win).
+  EXPECT_EQ(speculate_until_judged(0.0066), 16);
+  EXPECT_EQ(c.stats().guard_fallbacks, 2) << "a win";
+  EXPECT_EQ(speculate_until_judged(0.0105), 16);
+  EXPECT_EQ(c.stats().guard_fallbacks, 2);
+}
+
 // Tokens per step vary with acceptance: a window whose bare rate is just
 // below plain x (1 + margin) but whose steps spread widely is not judged a
 // loss (confidence 1), while the bare rate alone (confidence 0) would be.
@@ -671,7 +727,14 @@ TEST(GuardVerdictsTest, EachLossInARowDoublesTheHoldUpToTheCap) {
   }
   verdicts.Judge("exec", "static a1 D3", 256, 1, true, v, 3, 10);
   EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->losses_in_a_row, 5);
+  spend("static a1 D3");
+  EXPECT_TRUE(verdicts.LastLost("exec", "static a1 D3", 256, 1, 0))
+      << "the run outlives the expired verdict";
+  EXPECT_FALSE(verdicts.LastLost("exec", "static a1 D3", 256, 1, 1))
+      << "another plan";
+  EXPECT_FALSE(verdicts.LastLost("exec", "static a1 D3", 256, 2, 0));
   verdicts.Judge("exec", "static a1 D3", 256, 1, false, v, 3, 10);  // a win
+  EXPECT_FALSE(verdicts.LastLost("exec", "static a1 D3", 256, 1, 0));
   verdicts.Judge("exec", "static a1 D3", 256, 1, true, v, 3, 10);
   EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->hold_steps, 3);
   // Another bucket has its own run; no cap below the first hold.
