@@ -472,7 +472,6 @@ absl::StatusOr<std::unique_ptr<Sequence>> Sequence::Create(
   if (IsRouted(seq->request_.speculation.mode)) seq->router_ = shared->router;
   if (shared != nullptr) {
     seq->shared_ = *shared;
-    seq->plain_rates_ = shared->plain_rates;
     seq->execution_id_ = ExecutionKey(model).ExecutionId();
   }
   // Static and SpecBound drafts are fixed from the start; knn's once routed.
@@ -867,10 +866,10 @@ absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
 
 void Sequence::StartGuard(const std::string& setting) {
   const SpeculationConfig& spec = request_.speculation;
-  if (!spec.guard || plain_rates_ == nullptr) return;
+  if (!spec.guard || shared_.plain_rates == nullptr) return;
   guard_ = std::make_unique<SpeculationGuard>(
-      GuardOptionsFrom(spec), plain_rates_, shared_.verdicts, execution_id_,
-      setting, NextSequenceId(), spec.plan_bucket_tokens);
+      GuardOptionsFrom(spec), shared_.plain_rates, shared_.verdicts,
+      execution_id_, setting, NextSequenceId(), spec.plan_bucket_tokens);
 }
 
 void Sequence::Route() {
@@ -913,8 +912,7 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   } else {
     const int64_t bucket_tokens = request_.speculation.plan_bucket_tokens;
     const int64_t bucket = ContextBucket(pos, bucket_tokens);
-    if (plain_rates_ != nullptr && observation.gamma == 0 &&
-        observation.tokens == 1) {
+    if (observation.gamma == 0 && observation.tokens == 1) {
       RecordPlainStep(shared_, execution_id_, bucket_tokens, bucket,
                       step_seconds);
     }

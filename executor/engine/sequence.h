@@ -210,12 +210,12 @@ class Sequence {
   ReferenceStateCollector collector_;
   ReferenceStateCollector planned_collector_;
   std::unique_ptr<PlanSession> plans_;
-  // Every sequence records its plain steps for the guards (PlainRateTable,
-  // under execution_id_), when the process shares a table.
-  std::shared_ptr<PlainRateTable> plain_rates_;
+  // The process's planning state, or empty. Every sequence records its
+  // plain steps for the guards in shared_.plain_rates (under execution_id_)
+  // when the process shares one.
+  PlanningShared shared_;
   std::string execution_id_;
   std::unique_ptr<SpeculationGuard> guard_;  // StartGuard
-  PlanningShared shared_;                    // the process's, or empty
   // kKnn: the process's domain anchors, and the prompt's routing vector
   // (built by the prefill's chunks; chunk_states_ is the pass's output).
   std::shared_ptr<const DomainRouter> router_;

@@ -17,6 +17,7 @@
 #include "common/text/tokenizer.h"
 #include "common/wire/plan_codec.h"
 #include "executor/engine/generator.h"
+#include "tests/testing/synchronous_planner.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
@@ -25,6 +26,7 @@ namespace {
 using testing::HandLatencyProfile;
 using testing::RandomModelDir;
 using testing::Stories260kDir;
+using testing::SynchronousPlanner;
 
 // Models by name ("stories260k", "tiny-llama", "stories260k/bf16"), loaded
 // once per process.
@@ -339,29 +341,6 @@ TEST(InProcessPlannerTest, ASolveThatThrowsIsInternalForThatRequestOnly) {
   EXPECT_EQ((*planner)->internal_errors(), 1);
   EXPECT_EQ((*planner)->solved(), 2);
 }
-
-// Solves in Submit, on the caller's thread: plans then arrive at the very next
-// step boundary, so a test can count on them. The solve is the real one.
-class SynchronousPlanner : public PlannerClient {
- public:
-  explicit SynchronousPlanner(InProcessPlanner* core, int fail_every = 0)
-      : core_(core), fail_every_(fail_every) {}
-  void Submit(PlanRequest request, PlanCallback done) override {
-    ++submitted_;
-    if (fail_every_ > 0 && submitted_ % fail_every_ == 0) {
-      done(absl::UnavailableError("injected planner failure"));
-      return;
-    }
-    done(core_->Solve(request));
-  }
-  void Forget(uint64_t) override {}
-  int submitted() const { return submitted_; }
-
- private:
-  InProcessPlanner* core_;
-  int fail_every_;
-  int submitted_ = 0;
-};
 
 GenerationRequest PlannedRequest(SpeculationMode mode, int64_t max_new_tokens) {
   GenerationRequest request;

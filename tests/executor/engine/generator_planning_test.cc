@@ -12,34 +12,13 @@
 #include "common/text/tokenizer.h"
 #include "executor/engine/generator.h"
 #include "planner/inprocess_planner.h"
+#include "tests/testing/synchronous_planner.h"
 #include "tests/testing/test_models.h"
 
 namespace knapserve {
 namespace {
 
-// Solves on the calling thread at once (InProcessPlanner::Solve), so the
-// plans of a run are the same every time; records what it was sent.
-class SynchronousPlanner : public PlannerClient {
- public:
-  explicit SynchronousPlanner(const InProcessPlanner* core) : core_(core) {}
-  void Submit(PlanRequest request, PlanCallback done) override {
-    requests_.push_back({request.policy, request.first_position,
-                         request.context_length, request.kv_length,
-                         static_cast<int64_t>(request.target_argmax.size())});
-    done(core_->Solve(request));
-  }
-  void Forget(uint64_t) override {}
-
-  struct Seen {
-    PlanPolicy policy;
-    int64_t first_position, context_length, kv_length, r;
-  };
-  const std::vector<Seen>& requests() const { return requests_; }
-
- private:
-  const InProcessPlanner* core_;
-  std::vector<Seen> requests_;
-};
+using testing::SynchronousPlanner;
 
 std::unique_ptr<InProcessPlanner> MakeCore(const LlamaModel& model) {
   auto planner = InProcessPlanner::Create(
