@@ -938,6 +938,22 @@ absl::Status BenchServe() {
   }
   const double first_mean =
       by_mode[order.front()].first / by_mode[order.front()].second;
+  // Each run against the first mode's runs just before and after it (with
+  // --modes off,static,off,knapspec,off each is bracketed): the machine's
+  // drift during the command hits those alike.
+  std::vector<std::string> run_names;
+  std::vector<double> run_rates;
+  for (const nlohmann::json& row : out["modes"]) {
+    run_names.push_back(row["spec"]);
+    run_rates.push_back(row["load"]["decode_tokens_per_s"].get<double>());
+  }
+  const std::vector<double> adjacent =
+      RatiosToAdjacentBaseline(run_names, run_rates, order.front());
+  std::map<std::string, std::vector<double>> adjacent_by_mode;
+  for (size_t k = 0; k < adjacent.size(); ++k) {
+    out["modes"][k]["load_decode_vs_adjacent_first_mode"] = adjacent[k];
+    if (adjacent[k] > 0) adjacent_by_mode[run_names[k]].push_back(adjacent[k]);
+  }
   nlohmann::json summary = nlohmann::json::array();
   for (const std::string& name : order) {
     const double mean = by_mode[name].first / by_mode[name].second;
@@ -945,7 +961,8 @@ absl::Status BenchServe() {
         {{"spec", name},
          {"runs", by_mode[name].second},
          {"load_decode_tokens_per_s", mean},
-         {"vs_first_mode", first_mean > 0 ? mean / first_mean : 0.0}});
+         {"vs_first_mode", first_mean > 0 ? mean / first_mean : 0.0},
+         {"vs_adjacent_first_mode", adjacent_by_mode[name]}});
   }
   out["mode_summary"] = summary;
 
@@ -960,6 +977,18 @@ absl::Status BenchServe() {
                     m["load_decode_tokens_per_s"].get<double>(),
                     m["vs_first_mode"].get<double>(), m["runs"].get<int>(),
                     m["runs"].get<int>() == 1 ? "" : "s");
+      }
+      std::printf("\n");
+      std::printf(
+          "load decode tok/s of each run against the %s runs around it:",
+          order.front().c_str());
+      for (const nlohmann::json& m : summary) {
+        std::printf(" %s", m["spec"].get<std::string>().c_str());
+        for (const nlohmann::json& r : m["vs_adjacent_first_mode"]) {
+          std::printf(" %.3fx", r.get<double>());
+        }
+        if (m["vs_adjacent_first_mode"].empty()) std::printf(" -");
+        std::printf(";");
       }
       std::printf("\n");
     }

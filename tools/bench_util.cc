@@ -20,6 +20,31 @@ double Median(std::vector<double> values) {
   return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
+std::vector<double> RatiosToAdjacentBaseline(
+    const std::vector<std::string>& names, const std::vector<double>& rates,
+    const std::string& baseline) {
+  const int n = static_cast<int>(std::min(names.size(), rates.size()));
+  std::vector<double> ratios(n, 0.0);
+  for (int k = 0; k < n; ++k) {
+    double sum = 0;
+    int count = 0;
+    for (int j = k - 1; j >= 0; --j) {
+      if (names[j] != baseline) continue;
+      sum += rates[j];
+      ++count;
+      break;
+    }
+    for (int j = k + 1; j < n; ++j) {
+      if (names[j] != baseline) continue;
+      sum += rates[j];
+      ++count;
+      break;
+    }
+    if (count > 0 && sum > 0) ratios[k] = rates[k] / (sum / count);
+  }
+  return ratios;
+}
+
 double MedianSeconds(const std::function<void()>& fn, int warmup, int repeats) {
   for (int i = 0; i < warmup; ++i) fn();
   std::vector<double> seconds;

@@ -34,6 +34,17 @@ namespace knapserve {
 // empty.
 double Median(std::vector<double> values);
 
+// Runs in order (run k: `names[k]`, measured `rates[k]`), each against the
+// `baseline` runs around it: rates[k] over the mean of the nearest baseline
+// run before k and the nearest after k (either alone at an end; a baseline
+// run is compared with its neighbouring baseline runs, not itself). 0 where
+// no other baseline run exists. On a machine whose speed drifts, a run
+// bracketed by baseline runs (off,static,off,knapspec,off) is compared with
+// what the baseline did at the same time.
+std::vector<double> RatiosToAdjacentBaseline(
+    const std::vector<std::string>& names, const std::vector<double>& rates,
+    const std::string& baseline);
+
 // Seconds `fn` takes: runs it `warmup` times untimed, then `repeats` times,
 // and returns the median.
 double MedianSeconds(const std::function<void()>& fn, int warmup, int repeats);

@@ -1,4 +1,5 @@
-// Tests of the benchmarks' runner (tools/bench_util.h's RunModes): a cold
+// Tests of the benchmarks' helpers (tools/bench_util.h): each run against
+// the baseline runs around it; and the runner, RunModes: a cold
 // run's every repeat plans from an empty plan cache, so a repeat never
 // reuses another repeat's solves; a warm run solves in its untimed pass and
 // its timed runs use the cache. Counted at the planner, on stories260k with
@@ -13,6 +14,27 @@
 
 namespace knapserve {
 namespace {
+
+// Each run against the baseline runs just before and after it: a drift
+// that slows the second half of a run slows its baseline alike.
+TEST(RatiosToAdjacentBaselineTest, EachRunIsComparedWithTheOffRunsAroundIt) {
+  const std::vector<std::string> names = {"off",    "static", "off",
+                                          "static", "knn",    "off"};
+  const std::vector<double> rates = {100, 102, 100, 82, 80, 80};
+  const std::vector<double> r = RatiosToAdjacentBaseline(names, rates, "off");
+  ASSERT_EQ(r.size(), 6u);
+  EXPECT_DOUBLE_EQ(r[0], 1.0);           // off against the next off
+  EXPECT_DOUBLE_EQ(r[1], 1.02);          // between two offs of 100
+  EXPECT_DOUBLE_EQ(r[2], 100.0 / 90.0);  // off against 100 and 80
+  EXPECT_DOUBLE_EQ(r[3], 82.0 / 90.0);   // between 100 and 80
+  EXPECT_DOUBLE_EQ(r[4], 80.0 / 90.0);   // the nearest offs, not all
+  EXPECT_DOUBLE_EQ(r[5], 0.8);           // the last off: its neighbour
+  // A baseline run alone has no other to compare with; no baseline: all 0.
+  EXPECT_EQ(RatiosToAdjacentBaseline({"off", "static"}, {100, 90}, "off"),
+            (std::vector<double>{0.0, 0.9}));
+  EXPECT_EQ(RatiosToAdjacentBaseline({"static"}, {90}, "off"),
+            (std::vector<double>{0.0}));
+}
 
 TEST(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
   const LlamaModel* model = testing::CachedModel("stories260k");

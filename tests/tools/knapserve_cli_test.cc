@@ -804,14 +804,41 @@ TEST(KnapserveCliTest, BenchServeStreamsConcurrentlyAndChecksOutputs) {
   // The 300-token prompt went in as chunks of the batched passes.
   EXPECT_GE(closed["modes"][0]["engine"]["prefill_chunks"].get<int64_t>(), 2);
 
-  const nlohmann::json poisson = RunJson(Stories(
-      {"bench",          "serve",      "--prompts",        prompts,
-       "--arrival",      "poisson",    "--request-rate",   "40",
-       "--num-requests", "4",          "--max-new-tokens", "16",
-       "--modes",        "off,static", "--skip",           "a1,m2",
-       "--max-draft",    "3",          "--profile",        StoriesProfile(),
-       "--json"}));
+  const nlohmann::json poisson = RunJson(Stories({"bench",
+                                                  "serve",
+                                                  "--prompts",
+                                                  prompts,
+                                                  "--arrival",
+                                                  "poisson",
+                                                  "--request-rate",
+                                                  "40",
+                                                  "--num-requests",
+                                                  "4",
+                                                  "--max-new-tokens",
+                                                  "16",
+                                                  "--modes",
+                                                  "off,static,off",
+                                                  "--skip",
+                                                  "a1,m2",
+                                                  "--max-draft",
+                                                  "3",
+                                                  "--profile",
+                                                  StoriesProfile(),
+                                                  "--json"}));
   EXPECT_EQ(poisson["arrival"], "poisson");
+  // Each run against the off runs around it: static against the mean of
+  // the two, each off against the other.
+  ASSERT_EQ(poisson["modes"].size(), 3u);
+  auto load_rate = [&](int k) {
+    return poisson["modes"][k]["load"]["decode_tokens_per_s"].get<double>();
+  };
+  EXPECT_NEAR(
+      poisson["modes"][1]["load_decode_vs_adjacent_first_mode"].get<double>(),
+      load_rate(1) / (0.5 * (load_rate(0) + load_rate(2))), 1e-9);
+  EXPECT_NEAR(
+      poisson["modes"][0]["load_decode_vs_adjacent_first_mode"].get<double>(),
+      load_rate(0) / load_rate(2), 1e-9);
+  EXPECT_EQ(poisson["mode_summary"][0]["vs_adjacent_first_mode"].size(), 2u);
 
   // The same load through the OpenAI front door, sampled with a seed: the
   // same outputs as off's single streams (checked by the command), with
@@ -836,7 +863,6 @@ TEST(KnapserveCliTest, BenchServeStreamsConcurrentlyAndChecksOutputs) {
   EXPECT_EQ(http["mismatches"], 0);
   EXPECT_GT(http["modes"][1]["single"]["tokens_per_step"].get<double>(), 1.0)
       << "static drafted and some drafts were accepted";
-  ASSERT_EQ(poisson["modes"].size(), 2u);
   EXPECT_EQ(poisson["modes"][1]["spec"], "static");
   for (const nlohmann::json& mode : poisson["modes"]) {
     EXPECT_EQ(mode["load"]["requests"], 4);
