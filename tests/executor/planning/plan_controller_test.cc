@@ -343,6 +343,17 @@ PlanControllerOptions GuardOn() {
   return o;
 }
 
+// The process's planning state with a plan of `gamma` cached at bucket 0
+// and plain timings from another sequence: 0.005 s a token (200 tokens/s).
+PlanningShared SharedWithPlanAndPlainRate(int gamma = 3) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(gamma, 0.5), 50, 10);
+  for (int i = 0; i < 3; ++i) {
+    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  }
+  return shared;
+}
+
 TEST(SpeculationGuardTest, ALosingPlanFallsBackToPlainUntilTheNextPlan) {
   PlanningShared shared = PlanningShared::Create();
   shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
@@ -383,11 +394,7 @@ TEST(SpeculationGuardTest, ALosingPlanFallsBackToPlainUntilTheNextPlan) {
 }
 
 TEST(SpeculationGuardTest, AWinningPlanKeepsSpeculatingAndIsJudgedAgain) {
-  PlanningShared shared = PlanningShared::Create();
-  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
-  // Plain timings from another sequence: 0.005 s per token (200 tokens/s).
-  for (int i = 0; i < 3; ++i)
-    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  PlanningShared shared = SharedWithPlanAndPlainRate();
   PlanController c(GuardOn(), BaseKey(), 1, 0, shared);
   for (int64_t step = 0; step < 12; ++step) {
     EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << step;
@@ -401,11 +408,7 @@ TEST(SpeculationGuardTest, AWinningPlanKeepsSpeculatingAndIsJudgedAgain) {
 
 TEST(SpeculationGuardTest, TheMarginDecidesCloseCalls) {
   for (double margin : {0.0, 0.5}) {
-    PlanningShared shared = PlanningShared::Create();
-    shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
-    for (int i = 0; i < 3; ++i) {
-      shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
-    }
+    PlanningShared shared = SharedWithPlanAndPlainRate();
     PlanControllerOptions o = GuardOn();
     o.guard.margin = margin;
     PlanController c(o, BaseKey(), 1, 0, shared);
@@ -474,11 +477,7 @@ TEST(SpeculationGuardTest, PlainStepsBesideASolveAreNotThePlainRate) {
 // setting again, until the verdict's plain steps (over both) are spent; then
 // the setting is measured again, and a win clears the verdict.
 TEST(SpeculationGuardTest, ALosingVerdictHoldsForEverySequenceUntilItsReprobe) {
-  PlanningShared shared = PlanningShared::Create();
-  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
-  for (int i = 0; i < 3; ++i) {
-    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
-  }
+  PlanningShared shared = SharedWithPlanAndPlainRate();
   PlanControllerOptions o = GuardOn();
   o.guard.reprobe_steps = 6;
   PlanController first(o, BaseKey(), 1, 0, shared);
@@ -523,11 +522,7 @@ TEST(SpeculationGuardTest, ALosingVerdictHoldsForEverySequenceUntilItsReprobe) {
 // min_steps; one only a little below waits for the full window.
 TEST(SpeculationGuardTest, AClearLoserIsJudgedAfterItsEarlySteps) {
   for (double step_seconds : {0.02, 0.0105}) {  // 100 or 190 tokens/s
-    PlanningShared shared = PlanningShared::Create();
-    shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
-    for (int i = 0; i < 3; ++i) {
-      shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
-    }
+    PlanningShared shared = SharedWithPlanAndPlainRate();
     PlanControllerOptions o = GuardOn();
     o.guard.margin = 0.03;
     o.guard.min_steps = 16;
@@ -546,11 +541,7 @@ TEST(SpeculationGuardTest, AClearLoserIsJudgedAfterItsEarlySteps) {
     EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "the verdict holds";
   }
   // early_steps 0: no early judgement.
-  PlanningShared shared = PlanningShared::Create();
-  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
-  for (int i = 0; i < 3; ++i) {
-    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
-  }
+  PlanningShared shared = SharedWithPlanAndPlainRate();
   PlanControllerOptions o = GuardOn();
   o.guard.min_steps = 16;
   o.guard.early_steps = 0;
@@ -567,11 +558,7 @@ TEST(SpeculationGuardTest, AClearLoserIsJudgedAfterItsEarlySteps) {
 // 1.03) that took min_steps the first time takes early_steps the second.
 // After a win, the same small loss waits for min_steps again.
 TEST(SpeculationGuardTest, AReprobeOfALoserIsJudgedAtItsEarlySteps) {
-  PlanningShared shared = PlanningShared::Create();
-  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
-  for (int i = 0; i < 3; ++i) {
-    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
-  }
+  PlanningShared shared = SharedWithPlanAndPlainRate();
   PlanControllerOptions o = GuardOn();
   o.guard.margin = 0.03;
   o.guard.min_steps = 16;
@@ -632,11 +619,7 @@ TEST(SpeculationGuardTest, AJudgementWeighsTheSpreadOfTheSteps) {
        {Case{1.0, 5, false}, Case{0.0, 5, true}, Case{1.0, 3, true}}) {
     SCOPED_TRACE(::testing::Message() << "confidence " << t.confidence
                                       << ", high steps " << t.high_tokens);
-    PlanningShared shared = PlanningShared::Create();
-    shared.cache->Insert(KeyAt(0), Plan(4, 0.5), 50, 10);
-    for (int i = 0; i < 3; ++i) {
-      shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
-    }
+    PlanningShared shared = SharedWithPlanAndPlainRate(4);
     PlanControllerOptions o = GuardOn();
     o.guard.margin = 0.03;  // stay above 206 tokens/s
     o.guard.min_steps = 16;
@@ -677,11 +660,7 @@ TEST(PlainRateTableTest, OldPlainStepsAreNoReference) {
 // A winning setting decodes no plain steps; once its plain reference is
 // older than plain_max_age_seconds, the next judgement probes afresh.
 TEST(SpeculationGuardTest, AStalePlainReferenceIsProbedAgain) {
-  PlanningShared shared = PlanningShared::Create();
-  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
-  for (int i = 0; i < 3; ++i) {
-    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
-  }
+  PlanningShared shared = SharedWithPlanAndPlainRate();
   PlanControllerOptions o = GuardOn();
   o.guard.plain_max_age_seconds = 0.2;
   PlanController c(o, BaseKey(), 1, 0, shared);
