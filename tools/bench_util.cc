@@ -7,6 +7,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/clock.h"
 #include "common/base/status.h"
 #include "tools/cli_flags.h"
@@ -233,6 +235,13 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
         RETURN_IF_ERROR(Generate(model, tokenizer, request, nullptr, nullptr,
                                  planner_of(k), &planning[k])
                             .status());
+      }
+      // The steady state: the solves this pass started have answered (else
+      // a timed run finds the bucket without a plan and solves again).
+      const absl::Time deadline = absl::Now() + absl::Minutes(1);
+      while (planning[k].budget->solves_in_flight() > 0 &&
+             absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(2));
       }
     }
   }

@@ -145,9 +145,11 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 // repeat is such a cold pass (repeat x prompt x mode, a fresh PlanningShared
 // per mode and repeat). With `warm_plan_cache` (prompt x repeat x mode), each
 // mode first generates every input once, untimed, with the PlanningShared it is
-// then measured with: the measured runs see the steady state of a server
-// that has already planned for these context buckets (cached plans, plain
-// rates), not its first requests. `router` (the --anchors of kKnn) goes into
+// then measured with, and the solves it started are awaited (at most a
+// minute: a planner that yields the cores may still be solving): the
+// measured runs see the steady state of a server that has already planned
+// for these context buckets (cached plans, plain rates), not its first
+// requests. `router` (the --anchors of kKnn) goes into
 // every mode's PlanningShared.
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer,

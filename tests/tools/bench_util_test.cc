@@ -8,6 +8,11 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "planner/inprocess_planner.h"
 #include "tests/testing/synchronous_planner.h"
 #include "tests/testing/test_models.h"
@@ -34,6 +39,66 @@ TEST(RatiosToAdjacentBaselineTest, EachRunIsComparedWithTheOffRunsAroundIt) {
             (std::vector<double>{0.0, 0.9}));
   EXPECT_EQ(RatiosToAdjacentBaseline({"static"}, {90}, "off"),
             (std::vector<double>{0.0}));
+}
+
+// A planner that answers each request from a thread of its own after
+// `delay`, as a planner that yields the cores may (the solve is the real
+// one).
+class SlowPlanner : public PlannerClient {
+ public:
+  SlowPlanner(const InProcessPlanner* core, absl::Duration delay)
+      : core_(core), delay_(delay) {}
+  ~SlowPlanner() override {
+    for (std::thread& t : threads_) t.join();
+  }
+  void Submit(PlanRequest request, PlanCallback done) override {
+    threads_.emplace_back(
+        [this, request = std::move(request), done = std::move(done)]() mutable {
+          absl::SleepFor(delay_);
+          done(core_->Solve(request));
+        });
+  }
+  void Forget(uint64_t) override {}
+
+ private:
+  const InProcessPlanner* core_;
+  absl::Duration delay_;
+  std::vector<std::thread> threads_;  // the test thread only
+};
+
+// A warm run's untimed pass awaits the solves it started: its last solve
+// answers after the pass has ended, and no timed run then finds its bucket
+// without a plan.
+TEST(RunModesTest, AWarmRunAwaitsTheSolvesOfItsUntimedPass) {
+  const LlamaModel* model = testing::CachedModel("stories260k");
+  const Tokenizer* tokenizer = testing::StoriesTokenizer();
+  ASSERT_NE(model, nullptr);
+  ASSERT_NE(tokenizer, nullptr);
+  auto core = InProcessPlanner::Create(
+      *model, testing::HandLatencyProfile(*model), InProcessPlannerOptions());
+  ASSERT_TRUE(core.ok()) << core.status();
+  GenerationRequest request;
+  request.max_new_tokens = 8;
+  request.ignore_eos = true;
+  SpeculationConfig& s = request.speculation;
+  s.mode = SpeculationMode::kKnapSpec;
+  s.max_draft = 3;
+  s.reference_steps = 2;
+  s.plan_bucket_tokens = 256;
+  s.planner_budget = 0;
+  s.drift_min_tokens = 1000;
+  s.guard = false;
+  std::vector<BenchInput> inputs(1);
+  inputs[0].prompt.question_id = 1;
+  inputs[0].ids = {1, 400, 401, 402};
+  SlowPlanner planner(core->get(), absl::Milliseconds(500));
+  auto runs = RunModes(*model, *tokenizer, inputs, {request}, /*repeats=*/2,
+                       /*warmup=*/false, {&planner}, /*warm_plan_cache=*/true);
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  const PromptRun& run = (*runs)[0][0];
+  EXPECT_EQ(run.planning.cache_misses, 0);
+  EXPECT_EQ(run.planning.cache_hits, 1);
+  EXPECT_EQ(run.plan_requests, 0);
 }
 
 TEST(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
