@@ -66,17 +66,9 @@ class SlowPlanner : public PlannerClient {
   std::vector<std::thread> threads_;  // the test thread only
 };
 
-// A warm run's untimed pass awaits the solves it started: its last solve
-// answers after the pass has ended, and no timed run then finds its bucket
-// without a plan.
-TEST(RunModesTest, AWarmRunAwaitsTheSolvesOfItsUntimedPass) {
-  const LlamaModel* model = testing::CachedModel("stories260k");
-  const Tokenizer* tokenizer = testing::StoriesTokenizer();
-  ASSERT_NE(model, nullptr);
-  ASSERT_NE(tokenizer, nullptr);
-  auto core = InProcessPlanner::Create(
-      *model, testing::HandLatencyProfile(*model), InProcessPlannerOptions());
-  ASSERT_TRUE(core.ok()) << core.status();
+// A knapspec request of 8 new tokens: one 256-token bucket (every prompt
+// here in it), no planner budget, no drift re-plans in 8 tokens, no guard.
+GenerationRequest KnapSpecRequest() {
   GenerationRequest request;
   request.max_new_tokens = 8;
   request.ignore_eos = true;
@@ -88,6 +80,21 @@ TEST(RunModesTest, AWarmRunAwaitsTheSolvesOfItsUntimedPass) {
   s.planner_budget = 0;
   s.drift_min_tokens = 1000;
   s.guard = false;
+  return request;
+}
+
+// A warm run's untimed pass awaits the solves it started: its last solve
+// answers after the pass has ended, and no timed run then finds its bucket
+// without a plan.
+TEST(RunModesTest, AWarmRunAwaitsTheSolvesOfItsUntimedPass) {
+  const LlamaModel* model = testing::CachedModel("stories260k");
+  const Tokenizer* tokenizer = testing::StoriesTokenizer();
+  ASSERT_NE(model, nullptr);
+  ASSERT_NE(tokenizer, nullptr);
+  auto core = InProcessPlanner::Create(
+      *model, testing::HandLatencyProfile(*model), InProcessPlannerOptions());
+  ASSERT_TRUE(core.ok()) << core.status();
+  const GenerationRequest request = KnapSpecRequest();
   std::vector<BenchInput> inputs(1);
   inputs[0].prompt.question_id = 1;
   inputs[0].ids = {1, 400, 401, 402};
@@ -109,18 +116,7 @@ TEST(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
   auto core = InProcessPlanner::Create(
       *model, testing::HandLatencyProfile(*model), InProcessPlannerOptions());
   ASSERT_TRUE(core.ok()) << core.status();
-
-  GenerationRequest request;
-  request.max_new_tokens = 8;
-  request.ignore_eos = true;
-  SpeculationConfig& s = request.speculation;
-  s.mode = SpeculationMode::kKnapSpec;
-  s.max_draft = 3;
-  s.reference_steps = 2;
-  s.plan_bucket_tokens = 256;  // both prompts in one bucket
-  s.planner_budget = 0;
-  s.drift_min_tokens = 1000;  // no drift re-plans in 8 tokens
-  s.guard = false;
+  const GenerationRequest request = KnapSpecRequest();
   std::vector<BenchInput> inputs(2);
   inputs[0].prompt.question_id = 1;
   inputs[0].ids = {1, 400, 401, 402};
