@@ -2,16 +2,15 @@
 
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <algorithm>
+#include <iostream>
 #include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/base/status.h"
 #include "common/model/exception_status.h"
 #include "common/model/llama.h"
 #include "common/model/parallel_for.h"
@@ -29,11 +28,9 @@ double SecondsBetween(Clock::time_point a, Clock::time_point b) {
 
 absl::StatusOr<std::unique_ptr<BackgroundProfile>> BackgroundProfile::Start(
     const LlamaModel& model, BackgroundProfileOptions options, DoneFn done) {
-  if (options.nice < 0 || options.nice > 19) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "background profile nice must be in [0, 19], got ", options.nice));
-  }
-  // The kernel pool's workers start on first use and inherit the nice value
+  RETURN_IF_ERROR(
+      ValidateThreadPriority(options.priority, "background profile"));
+  // The kernel pool's workers start on first use and inherit the priority
   // of the thread that starts them: start them here, at this thread's
   // priority, before the measuring thread could.
   ParallelFor(0, std::max(1, options.key.threads), 1, [](int64_t, int64_t) {});
@@ -102,11 +99,13 @@ absl::StatusOr<bool> BackgroundProfile::BeforeRun() {
 void BackgroundProfile::Run() {
   // The decode's thread count: the profile's key and timings are decoding's.
   at::set_num_threads(std::max(1, options_.key.threads));
-  if (options_.nice > 0) {
-    // This thread only (and the OpenMP threads LibTorch ops start from it);
-    // the kernel pool's workers were started by Start's caller.
-    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)),
-                options_.nice);
+  // This thread only (and the OpenMP threads LibTorch ops start from it);
+  // the kernel pool's workers were started by Start's caller. A refusal
+  // leaves it at normal priority; it still waits while the process serves.
+  const absl::Status priority = ApplyToThisThread(options_.priority);
+  if (!priority.ok()) {
+    std::cerr << "knapserve: background profile stays at normal priority: "
+              << priority << std::endl;
   }
   ProfileOptions profile_options = options_.profile;
   profile_options.before_run = [this] { return BeforeRun(); };

@@ -14,15 +14,18 @@
 //     call) and, while the answer is yes, waits until the process has been
 //     idle for `quiet`; a point whose runs were interrupted starts over with
 //     its warm-up, so waiting never distorts a timing;
-//   * its thread runs at nice `nice` (19: the lowest), set with
-//     setpriority on its thread id, so the one run in flight when a request
-//     arrives yields the CPU to the decode threads.
+//   * its thread runs at `priority` (nice 19 by default:
+//     common/base/thread_priority.h), so the one run in flight when a
+//     request arrives yields the CPU to the decode threads. Not idle
+//     (SCHED_IDLE), unlike the planner's solves: it measures only while the
+//     process is idle anyway, and at SCHED_IDLE any normal thread of the
+//     machine that wakes (a gRPC poller) would interrupt a timed run.
 // It measures with the decode's thread count (the profile's key and
 // timings are decoding's): a profile measured with fewer threads would be
 // stored under the wrong key or price every pass wrongly. Start therefore
 // starts the kernel pool's workers (common/model/parallel_for.h) from the
-// calling thread first, so they never inherit the measuring thread's nice
-// value.
+// calling thread first, so they never inherit the measuring thread's
+// priority.
 //
 // Ownership: borrows the model (must outlive it); owns its thread. The
 // destructor stops the measurement at its next run (`done` then gets
@@ -43,6 +46,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/thread_priority.h"
 #include "planner/latency_profile.h"
 #include "planner/profile_cache.h"
 
@@ -60,8 +64,8 @@ struct BackgroundProfileOptions {
   // What is measured (QuickProfileOptions); before_run is replaced by the
   // idle wait.
   ProfileOptions profile;
-  // Linux nice value of the measuring thread, 0..19.
-  int nice = 19;
+  // Scheduling of the measuring thread.
+  ThreadPriority priority = ThreadPriority::Nice(19);
   // Whether the process is serving now; nullptr = never busy. Called on the
   // measuring thread before every run and while it waits.
   std::function<bool()> busy;

@@ -3,10 +3,8 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <omp.h>
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
+#include <iostream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,10 +18,7 @@ namespace knapserve {
 namespace {
 
 absl::Status CheckOptions(const InProcessPlannerOptions& options) {
-  if (options.nice < 0 || options.nice > 19) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("planner nice must be in [0, 19], got ", options.nice));
-  }
+  RETURN_IF_ERROR(ValidateThreadPriority(options.priority, "planner"));
   if (options.threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("planner threads must be >= 1, got ", options.threads));
@@ -252,10 +247,13 @@ void InProcessPlanner::Run() {
   // process-wide default that new threads start from.)
   at::get_num_threads();  // ATen's lazy per-thread init first, then override it
   omp_set_num_threads(options_.threads);
-  if (options_.nice > 0) {
-    // Applies to this thread; the OpenMP workers it starts inherit it.
-    setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)),
-                options_.nice);
+  // Applies to this thread; the OpenMP workers it starts inherit it. A
+  // refusal (a seccomp filter) leaves the solve at normal priority: plans
+  // still come, decoding shares the cores with them.
+  const absl::Status priority = ApplyToThisThread(options_.priority);
+  if (!priority.ok()) {
+    std::cerr << "knapserve: planner thread stays at normal priority: "
+              << priority << std::endl;
   }
   c10::InferenceMode inference_mode;
   while (true) {

@@ -52,6 +52,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/model/llama.h"
 #include "common/plan/planner_client.h"
+#include "common/base/thread_priority.h"
 #include "planner/latency_profile.h"
 #include "planner/planner.h"
 
@@ -64,14 +65,15 @@ struct InProcessPlannerOptions {
   KnapSpecOptions knapspec;
   // CPU threads of the solve (OpenMP threads of the planner thread).
   int threads = 1;
-  // Linux nice value of the planner's threads (0..19). On a CPU the solve
-  // competes with decoding for the same cores; a higher value lets the decode
-  // threads win, so plans come later rather than decoding slower (and not
-  // at all while other work keeps every core busy). The binaries default to
-  // 19 when the decode's threads and the planner's outnumber the cores
-  // (tools/cli_flags.h's PlannerNiceFromFlags; README.md has the
-  // measurement), else 0.
-  int nice = 0;
+  // Scheduling of the planner's threads (common/base/thread_priority.h). On
+  // a CPU the solve competes with decoding for the same cores; idle
+  // (SCHED_IDLE) lets the decode threads win every time they want a core,
+  // so plans come later rather than decoding slower (and not at all while
+  // other work keeps every core busy). The binaries default to idle when the
+  // decode's threads and the planner's outnumber the cores
+  // (tools/cli_flags.h's PlannerPriorityFromFlags; README.md has the
+  // measurement), else nice 0.
+  ThreadPriority priority;
   // Fault injection for tests; empty (the default) in production. Runs on the
   // planner thread just before each solve, inside the solve's exception
   // boundary: what it throws fails that request as a LibTorch error in the

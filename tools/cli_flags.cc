@@ -188,12 +188,14 @@ ABSL_FLAG(int32_t, clasp_layers, 0,
           "clasp: whole layers the draft skips (M); 0 = half.");
 ABSL_FLAG(int32_t, planner_threads, 1,
           "knapspec/clasp: CPU threads of the planner's solves.");
-ABSL_FLAG(int32_t, planner_nice, -1,
-          "knapspec/clasp: Linux nice value (0..19) of the planner thread, so "
-          "decoding keeps the cores and plans arrive later instead; -1 = "
-          "auto: 19 when the model runs on the CPU and the decode's threads "
-          "and the planner's together outnumber the cores (the solve would "
-          "share the decode's cores), else 0.");
+ABSL_FLAG(std::string, planner_priority, "auto",
+          "knapspec/clasp: scheduling of the planner thread: idle "
+          "(SCHED_IDLE: it runs only on cores decoding leaves idle, so "
+          "decoding keeps the cores and plans arrive later instead), normal, "
+          "or a Linux nice value 0..19; auto = idle when the model runs on "
+          "the CPU and the decode's threads and the planner's together "
+          "outnumber the cores (the solve would share the decode's cores), "
+          "else normal.");
 ABSL_FLAG(std::vector<std::string>, profile_contexts, {},
           "profile: context lengths to measure (default 128,512,1024,2048,4096 "
           "and the model's "
@@ -622,10 +624,15 @@ absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
   return obtained;
 }
 
-int PlannerNiceFromFlags(const LlamaModel& model) {
-  const int nice = absl::GetFlag(FLAGS_planner_nice);
-  if (nice != -1) return nice;  // InProcessPlanner::Create checks the range
-  if (!model.device().is_cpu()) return 0;
+absl::StatusOr<ThreadPriority> PlannerPriorityFromFlags(
+    const LlamaModel& model) {
+  const std::string flag = absl::GetFlag(FLAGS_planner_priority);
+  if (flag != "auto") {
+    absl::StatusOr<ThreadPriority> parsed = ParseThreadPriority(flag);
+    if (!parsed.ok()) return Annotate(parsed.status(), "--planner-priority");
+    return parsed;
+  }
+  if (!model.device().is_cpu()) return ThreadPriority::Nice(0);
   // The cores this process may run on (a container's cpuset included).
   int cores =
       static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -636,7 +643,8 @@ int PlannerNiceFromFlags(const LlamaModel& model) {
   }
   const int decode_threads = at::get_num_threads();
   const int planner_threads = std::max(1, absl::GetFlag(FLAGS_planner_threads));
-  return decode_threads + planner_threads > cores ? 19 : 0;
+  return decode_threads + planner_threads > cores ? ThreadPriority::Idle()
+                                                  : ThreadPriority::Nice(0);
 }
 
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(
@@ -651,7 +659,7 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(
   }
   InProcessPlannerOptions options;
   options.threads = absl::GetFlag(FLAGS_planner_threads);
-  options.nice = PlannerNiceFromFlags(*engine.model);
+  ASSIGN_OR_RETURN(options.priority, PlannerPriorityFromFlags(*engine.model));
   return InProcessPlanner::Create(*engine.model, std::move(obtained.profile),
                                   options);
 }

@@ -75,7 +75,7 @@ ABSL_DECLARE_FLAG(int32_t, clasp_layers);
 ABSL_DECLARE_FLAG(std::vector<std::string>, modes);
 ABSL_DECLARE_FLAG(int64_t, long_context_tokens);
 ABSL_DECLARE_FLAG(int32_t, planner_threads);
-ABSL_DECLARE_FLAG(int32_t, planner_nice);
+ABSL_DECLARE_FLAG(std::string, planner_priority);
 ABSL_DECLARE_FLAG(std::vector<std::string>, profile_contexts);
 ABSL_DECLARE_FLAG(int32_t, profile_repeats);
 ABSL_DECLARE_FLAG(int32_t, profile_max_draft);
@@ -194,17 +194,20 @@ ObtainProfileOptions ObtainProfileOptionsFromFlags();
 absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
     const Engine& engine, const std::string& command);
 
-// --planner-nice for a planner beside `model`: the flag, or with -1 (the
-// default) 19 when the model runs on the CPU and the decode's threads
-// (at::get_num_threads: call after the model is loaded) plus
+// --planner-priority for a planner beside `model`: the flag (idle, normal or
+// a nice value; InvalidArgument for anything else), or with auto (the
+// default) idle (SCHED_IDLE) when the model runs on the CPU and the decode's
+// threads (at::get_num_threads: call after the model is loaded) plus
 // --planner-threads outnumber the cores this process may use, so that the
 // solve would share the decode's cores (measured in README.md: a cold
-// 1k-token bucket's first solve slowed decoding to 0.82-0.89x at nice 0);
-// else 0 (a free core, or a GPU, where the solve runs on its own stream).
-int PlannerNiceFromFlags(const LlamaModel& model);
+// 1k-token bucket's first solve slowed decoding to 0.82-0.89x at nice 0 and
+// still to 0.95x at nice 19); else normal (a free core, or a GPU, where the
+// solve runs on its own stream).
+absl::StatusOr<ThreadPriority> PlannerPriorityFromFlags(
+    const LlamaModel& model);
 
 // The in-process planner for a planned --spec mode (IsPlanned) (the profile
-// from LatencyProfileFromFlags, --planner-threads, --planner-nice), or nullptr
+// from LatencyProfileFromFlags, --planner-threads, --planner-priority), or nullptr
 // for the other modes. The profile's load and match errors, and measurement
 // errors. `source`, when given, receives where the profile came from.
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(

@@ -279,7 +279,7 @@ absl::StatusOr<PlannerHandle> ServerPlannerFromFlags(
   }
   InProcessPlannerOptions options;
   options.threads = absl::GetFlag(FLAGS_planner_threads);
-  options.nice = PlannerNiceFromFlags(*engine.model);
+  ASSIGN_OR_RETURN(options.priority, PlannerPriorityFromFlags(*engine.model));
   PlannerHandle handle;
   if (!found.has_value()) {
     handle.profile.origin = "pending";

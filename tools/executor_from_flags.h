@@ -78,7 +78,7 @@ struct RunningExecutor {
 // start, as PlannerFromFlags would; on a miss it starts without a profile
 // (InProcessPlanner::CreateWithoutProfile: planned requests decode plainly)
 // and `profile.origin` is "pending": the caller starts its server, then
-// MeasureProfileInBackground. --planner-threads, --planner-nice. Logs where
+// MeasureProfileInBackground. --planner-threads, --planner-priority. Logs where
 // the profile came from.
 absl::StatusOr<PlannerHandle> ServerPlannerFromFlags(
     const Engine& engine, const std::string& command);

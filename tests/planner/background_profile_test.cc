@@ -185,7 +185,7 @@ TEST(BackgroundProfileTest, RefusesABadNiceValue) {
   const LlamaModel* model = Stories();
   if (model == nullptr) GTEST_SKIP() << "no stories260k";
   BackgroundProfileOptions options = BackgroundOptions(*model, "");
-  options.nice = 20;
+  options.priority = ThreadPriority::Nice(20);
   Outcome outcome;
   auto background = BackgroundProfile::Start(*model, options, outcome.Fn());
   EXPECT_EQ(background.status().code(), absl::StatusCode::kInvalidArgument);

@@ -1,0 +1,91 @@
+// Tests of --planner-priority (tools/cli_flags.h's PlannerPriorityFromFlags):
+// by default a planner beside a CPU model whose decode uses every core runs
+// at SCHED_IDLE, so its solves take only what decoding leaves; with a core
+// left over it runs normally; an explicit value is kept and a bad one
+// refused. The planner thread's policy is read back from /proc, where the
+// kernel keeps it.
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "common/base/thread_priority.h"
+#include "tests/testing/test_models.h"
+#include "tests/testing/thread_sched.h"
+#include "tools/cli_flags.h"
+
+namespace knapserve {
+namespace {
+
+int CountIdle() {
+  return testing::CountThreads(
+      [](const testing::ThreadSched& s) { return s.policy == SCHED_IDLE; });
+}
+
+ThreadPriority PriorityOrDie(const LlamaModel& model) {
+  absl::StatusOr<ThreadPriority> priority = PlannerPriorityFromFlags(model);
+  EXPECT_TRUE(priority.ok()) << priority.status();
+  return priority.value_or(ThreadPriority::Nice(-1));
+}
+
+TEST(PlannerPriorityTest, ThePlannerYieldsTheCoresWhenDecodingUsesThemAll) {
+  const LlamaModel* model = testing::CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  absl::FlagSaver saver;
+  const int saved_threads = at::get_num_threads();
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set);
+  ASSERT_EQ(absl::GetFlag(FLAGS_planner_priority), "auto")
+      << "the default is auto";
+  absl::SetFlag(&FLAGS_planner_threads, 1);
+  // Decoding on every core: the planner would share them, so it yields.
+  at::set_num_threads(cores);
+  EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Idle());
+  // A core left over for the planner: no need to yield.
+  if (cores >= 2) {
+    at::set_num_threads(cores - 1);
+    EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Nice(0));
+    absl::SetFlag(&FLAGS_planner_threads, 2);
+    EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Idle());
+    absl::SetFlag(&FLAGS_planner_threads, 1);
+  }
+  // An explicit value is kept; a bad one is refused, naming the flag.
+  absl::SetFlag(&FLAGS_planner_priority, "normal");
+  EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Nice(0));
+  absl::SetFlag(&FLAGS_planner_priority, "7");
+  EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Nice(7));
+  absl::SetFlag(&FLAGS_planner_priority, "lowest");
+  const absl::StatusOr<ThreadPriority> bad = PlannerPriorityFromFlags(*model);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--planner-priority"),
+            std::string::npos)
+      << bad.status();
+
+  // The planner thread really runs at the auto value.
+  absl::SetFlag(&FLAGS_planner_priority, "auto");
+  at::set_num_threads(cores);
+  const int before = CountIdle();
+  InProcessPlannerOptions options;
+  options.priority = PriorityOrDie(*model);
+  at::set_num_threads(saved_threads);
+  auto planner = InProcessPlanner::CreateWithoutProfile(*model, options);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  int now = CountIdle();
+  for (int i = 0; i < 500 && now <= before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    now = CountIdle();
+  }
+  EXPECT_EQ(now, before + 1) << "one more thread at SCHED_IDLE: the planner's";
+  planner->reset();
+  EXPECT_EQ(CountIdle(), before) << "it ends with the planner";
+}
+
+}  // namespace
+}  // namespace knapserve
