@@ -66,13 +66,13 @@ struct InProcessPlannerOptions {
   // CPU threads of the solve (OpenMP threads of the planner thread).
   int threads = 1;
   // Scheduling of the planner's threads (common/base/thread_priority.h). On
-  // a CPU the solve competes with decoding for the same cores; idle
-  // (SCHED_IDLE) lets the decode threads win every time they want a core,
-  // so plans come later rather than decoding slower (and not at all while
-  // other work keeps every core busy). The binaries default to idle when the
-  // decode's threads and the planner's outnumber the cores
-  // (tools/cli_flags.h's PlannerPriorityFromFlags; README.md has the
-  // measurement), else nice 0.
+  // a CPU the solve competes with decoding for the same cores: nice 19 lets
+  // the decode threads win most of the time, so plans come later rather
+  // than decoding slower; idle (SCHED_IDLE) costs decoding less still, but
+  // while decoding keeps every core busy no plan comes at all. The binaries
+  // default to nice 19 when the decode's threads and the planner's
+  // outnumber the cores (tools/cli_flags.h's PlannerPriorityFromFlags;
+  // README.md has the measurements), else nice 0.
   ThreadPriority priority;
   // Fault injection for tests; empty (the default) in production. Runs on the
   // planner thread just before each solve, inside the solve's exception

@@ -189,13 +189,12 @@ ABSL_FLAG(int32_t, clasp_layers, 0,
 ABSL_FLAG(int32_t, planner_threads, 1,
           "knapspec/clasp: CPU threads of the planner's solves.");
 ABSL_FLAG(std::string, planner_priority, "auto",
-          "knapspec/clasp: scheduling of the planner thread: idle "
-          "(SCHED_IDLE: it runs only on cores decoding leaves idle, so "
-          "decoding keeps the cores and plans arrive later instead), normal, "
-          "or a Linux nice value 0..19; auto = idle when the model runs on "
-          "the CPU and the decode's threads and the planner's together "
-          "outnumber the cores (the solve would share the decode's cores), "
-          "else normal.");
+          "knapspec/clasp: scheduling of the planner thread: a Linux nice "
+          "value 0..19, normal (= 0), or idle (SCHED_IDLE: it runs only on "
+          "cores decoding leaves idle, so plans may never come while decoding "
+          "keeps every core busy); auto = 19 when the model runs on the CPU "
+          "and the decode's threads and the planner's together outnumber the "
+          "cores (the solve would share the decode's cores), else normal.");
 ABSL_FLAG(std::vector<std::string>, profile_contexts, {},
           "profile: context lengths to measure (default 128,512,1024,2048,4096 "
           "and the model's "
@@ -643,8 +642,8 @@ absl::StatusOr<ThreadPriority> PlannerPriorityFromFlags(
   }
   const int decode_threads = at::get_num_threads();
   const int planner_threads = std::max(1, absl::GetFlag(FLAGS_planner_threads));
-  return decode_threads + planner_threads > cores ? ThreadPriority::Idle()
-                                                  : ThreadPriority::Nice(0);
+  return ThreadPriority::Nice(decode_threads + planner_threads > cores ? 19
+                                                                       : 0);
 }
 
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(

@@ -194,15 +194,17 @@ ObtainProfileOptions ObtainProfileOptionsFromFlags();
 absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
     const Engine& engine, const std::string& command);
 
-// --planner-priority for a planner beside `model`: the flag (idle, normal or
-// a nice value; InvalidArgument for anything else), or with auto (the
-// default) idle (SCHED_IDLE) when the model runs on the CPU and the decode's
-// threads (at::get_num_threads: call after the model is loaded) plus
+// --planner-priority for a planner beside `model`: the flag (a nice value,
+// normal or idle; InvalidArgument for anything else), or with auto (the
+// default) nice 19 when the model runs on the CPU and the decode's threads
+// (at::get_num_threads: call after the model is loaded) plus
 // --planner-threads outnumber the cores this process may use, so that the
 // solve would share the decode's cores (measured in README.md: a cold
-// 1k-token bucket's first solve slowed decoding to 0.82-0.89x at nice 0 and
-// still to 0.95x at nice 19); else normal (a free core, or a GPU, where the
-// solve runs on its own stream).
+// 1k-token bucket's first solve slowed decoding to 0.82-0.89x at nice 0,
+// 0.95x at nice 19); else nice 0 (a free core, or a GPU, where the solve
+// runs on its own stream). Never idle by default: SCHED_IDLE starves the
+// solve while decoding keeps every core busy
+// (common/base/thread_priority.h).
 absl::StatusOr<ThreadPriority> PlannerPriorityFromFlags(
     const LlamaModel& model);
 

@@ -11,9 +11,15 @@
 //   idle            SCHED_IDLE (sched(7)): the thread runs only on a core
 //                   that no normal thread wants, and a normal thread that
 //                   wakes preempts it at once. The same busy thread at
-//                   SCHED_IDLE cost the decode 0-1%. Unprivileged threads
-//                   may enter SCHED_IDLE; leaving it needs CAP_SYS_NICE, so
-//                   use it only for threads that keep it for life.
+//                   SCHED_IDLE cost the decode 0-1%. But it may never run:
+//                   a decode that keeps every core busy (the kernel pool's
+//                   workers spin between a step's regions) starves it. In
+//                   `bench spec` on that VM, planners at idle answered 0-2
+//                   of the 5-6 plans nice 19 answered in a short-context
+//                   set, so knapspec fell from 1.17x to 0.98x. Unprivileged
+//                   threads may enter SCHED_IDLE; leaving it needs
+//                   CAP_SYS_NICE, so use it only for threads that keep it
+//                   for life.
 //
 // Threads that a thread starts afterwards (its OpenMP team) inherit both.
 // Thread safety: plain value type; ApplyToThisThread from any thread, for

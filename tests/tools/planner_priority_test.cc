@@ -1,9 +1,9 @@
 // Tests of --planner-priority (tools/cli_flags.h's PlannerPriorityFromFlags):
 // by default a planner beside a CPU model whose decode uses every core runs
-// at SCHED_IDLE, so its solves take only what decoding leaves; with a core
-// left over it runs normally; an explicit value is kept and a bad one
-// refused. The planner thread's policy is read back from /proc, where the
-// kernel keeps it.
+// at nice 19, so its solves take mostly what decoding leaves; with a core
+// left over it runs normally; an explicit value (idle too) is kept and a bad
+// one refused. The planner thread's nice value and policy are read back
+// from /proc, where the kernel keeps them.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -22,9 +22,36 @@
 namespace knapserve {
 namespace {
 
+int CountNice19() {
+  return testing::CountThreads([](const testing::ThreadSched& s) {
+    return s.policy == SCHED_OTHER && s.nice == 19;
+  });
+}
+
 int CountIdle() {
   return testing::CountThreads(
       [](const testing::ThreadSched& s) { return s.policy == SCHED_IDLE; });
+}
+
+// Starts a planner at `priority` and waits until one more thread than
+// before satisfies `count`; returns how many more there were.
+int PlannerThreadsAt(const LlamaModel& model, ThreadPriority priority,
+                     int (*count)()) {
+  const int before = count();
+  InProcessPlannerOptions options;
+  options.priority = priority;
+  auto planner = InProcessPlanner::CreateWithoutProfile(model, options);
+  EXPECT_TRUE(planner.ok()) << planner.status();
+  if (!planner.ok()) return 0;
+  int now = count();
+  for (int i = 0; i < 500 && now <= before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    now = count();
+  }
+  const int more = now - before;
+  planner->reset();
+  EXPECT_EQ(count(), before) << "it ends with the planner";
+  return more;
 }
 
 ThreadPriority PriorityOrDie(const LlamaModel& model) {
@@ -47,13 +74,13 @@ TEST(PlannerPriorityTest, ThePlannerYieldsTheCoresWhenDecodingUsesThemAll) {
   absl::SetFlag(&FLAGS_planner_threads, 1);
   // Decoding on every core: the planner would share them, so it yields.
   at::set_num_threads(cores);
-  EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Idle());
+  EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Nice(19));
   // A core left over for the planner: no need to yield.
   if (cores >= 2) {
     at::set_num_threads(cores - 1);
     EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Nice(0));
     absl::SetFlag(&FLAGS_planner_threads, 2);
-    EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Idle());
+    EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Nice(19));
     absl::SetFlag(&FLAGS_planner_threads, 1);
   }
   // An explicit value is kept; a bad one is refused, naming the flag.
@@ -61,6 +88,8 @@ TEST(PlannerPriorityTest, ThePlannerYieldsTheCoresWhenDecodingUsesThemAll) {
   EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Nice(0));
   absl::SetFlag(&FLAGS_planner_priority, "7");
   EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Nice(7));
+  absl::SetFlag(&FLAGS_planner_priority, "idle");
+  EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Idle());
   absl::SetFlag(&FLAGS_planner_priority, "lowest");
   const absl::StatusOr<ThreadPriority> bad = PlannerPriorityFromFlags(*model);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
@@ -68,23 +97,16 @@ TEST(PlannerPriorityTest, ThePlannerYieldsTheCoresWhenDecodingUsesThemAll) {
             std::string::npos)
       << bad.status();
 
-  // The planner thread really runs at the auto value.
+  // The planner thread really runs at the auto value, and at idle when
+  // asked.
   absl::SetFlag(&FLAGS_planner_priority, "auto");
   at::set_num_threads(cores);
-  const int before = CountIdle();
-  InProcessPlannerOptions options;
-  options.priority = PriorityOrDie(*model);
+  const ThreadPriority auto_priority = PriorityOrDie(*model);
   at::set_num_threads(saved_threads);
-  auto planner = InProcessPlanner::CreateWithoutProfile(*model, options);
-  ASSERT_TRUE(planner.ok()) << planner.status();
-  int now = CountIdle();
-  for (int i = 0; i < 500 && now <= before; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    now = CountIdle();
-  }
-  EXPECT_EQ(now, before + 1) << "one more thread at SCHED_IDLE: the planner's";
-  planner->reset();
-  EXPECT_EQ(CountIdle(), before) << "it ends with the planner";
+  EXPECT_EQ(PlannerThreadsAt(*model, auto_priority, &CountNice19), 1)
+      << "one more thread at nice 19: the planner's";
+  EXPECT_EQ(PlannerThreadsAt(*model, ThreadPriority::Idle(), &CountIdle), 1)
+      << "one more thread at SCHED_IDLE: the planner's";
 }
 
 }  // namespace
