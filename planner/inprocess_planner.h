@@ -50,9 +50,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/base/thread_priority.h"
 #include "common/model/llama.h"
 #include "common/plan/planner_client.h"
-#include "common/base/thread_priority.h"
 #include "planner/latency_profile.h"
 #include "planner/planner.h"
 

@@ -209,9 +209,10 @@ absl::StatusOr<ThreadPriority> PlannerPriorityFromFlags(
     const LlamaModel& model);
 
 // The in-process planner for a planned --spec mode (IsPlanned) (the profile
-// from LatencyProfileFromFlags, --planner-threads, --planner-priority), or nullptr
-// for the other modes. The profile's load and match errors, and measurement
-// errors. `source`, when given, receives where the profile came from.
+// from LatencyProfileFromFlags, --planner-threads, --planner-priority), or
+// nullptr for the other modes. The profile's load and match errors, and
+// measurement errors. `source`, when given, receives where the profile came
+// from.
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(
     const Engine& engine, SpeculationMode mode, const std::string& command,
     ProfileSource* source = nullptr);

@@ -16,8 +16,8 @@ namespace knapserve {
 absl::Status ValidateThreadPriority(const ThreadPriority& priority,
                                     absl::string_view what) {
   if (!priority.idle && (priority.nice < 0 || priority.nice > 19)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, " nice must be in [0, 19], got ", priority.nice));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " nice must be in [0, 19], got ", priority.nice));
   }
   return absl::OkStatus();
 }
@@ -55,9 +55,9 @@ absl::Status ApplyToThisThread(const ThreadPriority& priority) {
   if (priority.nice == 0) return absl::OkStatus();
   if (setpriority(PRIO_PROCESS, static_cast<id_t>(tid), priority.nice) != 0) {
     const int error = errno;
-    return absl::ErrnoToStatus(
-        error, absl::StrCat("setpriority(", priority.nice,
-                            "): ", std::strerror(error)));
+    return absl::ErrnoToStatus(error,
+                               absl::StrCat("setpriority(", priority.nice,
+                                            "): ", std::strerror(error)));
   }
   return absl::OkStatus();
 }

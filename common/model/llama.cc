@@ -953,9 +953,9 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index,
   torch::Tensor prefix_exp;  // [KV, B*G*r, P] float32
   if (prefix_len > 0) {
     torch::Tensor pk = prefix.k.narrow(1, 0, prefix_len);  // [KV, P, hd]
-    prefix_exp = torch::matmul(qg.reshape({nkv, b * group * r, hd}),
-                               pk.transpose(1, 2))
-                     .to(torch::kFloat32);
+    prefix_exp =
+        torch::matmul(qg.reshape({nkv, b * group * r, hd}), pk.transpose(1, 2))
+            .to(torch::kFloat32);
     max = torch::maximum(max, prefix_exp.amax(-1, /*keepdim=*/true));
   }
   // The softmax over [prefix, own tokens] in parts, without concatenating

@@ -843,9 +843,8 @@ TEST(SolveKnapSpecBenchmark, DISABLED_SolveTimeOnStories24lSkip) {
         "[ stories-24l-skip fp32 ] n=%lld r=%lld: solve %.3f s (median of 3), "
         "weights attn/mlp %d/%d, %lld branch rows in %lld calls; at width "
         "%lld: attention %.1f ms, MLP %.1f ms\n",
-        static_cast<long long>(context), static_cast<long long>(r),
-        seconds[1], w.attention, w.mlp,
-        static_cast<long long>(stats.branch_rows),
+        static_cast<long long>(context), static_cast<long long>(r), seconds[1],
+        w.attention, w.mlp, static_cast<long long>(stats.branch_rows),
         static_cast<long long>(stats.sublayer_calls),
         static_cast<long long>(width), sublayer_ms[0], sublayer_ms[1]);
   }
