@@ -155,8 +155,8 @@ absl::StatusOr<torch::Tensor> ModelSublayerRunner::Apply(
     if (sublayer % 2 == 1) return model_->Mlp(layer, x);
     static const LayerKv kEmpty;
     const LayerKv& kv = prefix_len_ > 0 ? (*prefix_)[layer] : kEmpty;
-    // Score tensors: [B, heads, r, prefix+r] float32, one live copy (and a
-    // model-dtype copy of the prefix part in bf16).
+    // Score tensors: [B, heads, r, prefix+r] float32, about one live copy
+    // (counted twice for the temporaries of the reductions).
     const int64_t per_branch =
         2 * 4 * model_->config().num_attention_heads * r * (prefix_len_ + r);
     const int64_t b = x.size(0);

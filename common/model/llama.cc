@@ -932,15 +932,20 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index,
   // and the r tokens of every branch as rows. The prefix K/V is the same for
   // every branch, so the prefix part is one [B*G*r, hd] x [hd, P] product per
   // KV head (a broadcast matmul over B would copy the prefix K and V for
-  // every branch and run B small products: 3x slower at P = 1k).
+  // every branch and run B small products: 3x slower at P = 1k). The
+  // attention itself runs in float32 for every model dtype: LibTorch's CPU
+  // bf16 products are slower than float32 ones, and the decode's kernels
+  // accumulate attention in float32 too.
+  const auto f32 = torch::kFloat32;
   torch::Tensor qg = q.view({b, r, nkv, group, hd})
                          .permute({2, 0, 3, 1, 4})
+                         .to(f32)
                          .reshape({nkv, b, group * r, hd});
-  torch::Tensor own_k = k.permute({2, 0, 3, 1});  // [KV, B, hd, r]
-  torch::Tensor own_v = v.permute({2, 0, 1, 3});  // [KV, B, r, hd]
+  torch::Tensor own_k = k.permute({2, 0, 3, 1}).to(f32);  // [KV, B, hd, r]
+  torch::Tensor own_v = v.permute({2, 0, 1, 3}).to(f32);  // [KV, B, r, hd]
   // The scale goes on the queries (small), not on the scores (large).
   qg = qg * (1.0 / std::sqrt(static_cast<double>(hd)));
-  torch::Tensor self_scores = torch::matmul(qg, own_k).to(torch::kFloat32);
+  torch::Tensor self_scores = torch::matmul(qg, own_k);
   auto opts =
       torch::TensorOptions().device(options_.device).dtype(torch::kInt64);
   torch::Tensor later =
@@ -950,12 +955,11 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index,
                     .masked_fill(later, -INFINITY)
                     .reshape({nkv, b * group * r, r});
   torch::Tensor max = self_scores.amax(-1, /*keepdim=*/true);
-  torch::Tensor prefix_exp;  // [KV, B*G*r, P] float32
+  torch::Tensor prefix_exp;  // [KV, B*G*r, P]
   if (prefix_len > 0) {
-    torch::Tensor pk = prefix.k.narrow(1, 0, prefix_len);  // [KV, P, hd]
+    torch::Tensor pk = prefix.k.narrow(1, 0, prefix_len).to(f32);  // [KV,P,hd]
     prefix_exp =
-        torch::matmul(qg.reshape({nkv, b * group * r, hd}), pk.transpose(1, 2))
-            .to(torch::kFloat32);
+        torch::matmul(qg.reshape({nkv, b * group * r, hd}), pk.transpose(1, 2));
     max = torch::maximum(max, prefix_exp.amax(-1, /*keepdim=*/true));
   }
   // The softmax over [prefix, own tokens] in parts, without concatenating
@@ -963,16 +967,15 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index,
   torch::Tensor self_exp = (self_scores - max).exp_();
   torch::Tensor denominator = self_exp.sum(-1, /*keepdim=*/true);
   torch::Tensor out =
-      torch::matmul(self_exp.to(options_.dtype).reshape({nkv, b, group * r, r}),
-                    own_v)
+      torch::matmul(self_exp.reshape({nkv, b, group * r, r}), own_v)
           .reshape({nkv, b * group * r, hd});
   if (prefix_len > 0) {
     prefix_exp.sub_(max).exp_();
     denominator = denominator + prefix_exp.sum(-1, /*keepdim=*/true);
-    out = out + torch::matmul(prefix_exp.to(options_.dtype),
-                              prefix.v.narrow(1, 0, prefix_len));
+    out = out +
+          torch::matmul(prefix_exp, prefix.v.narrow(1, 0, prefix_len).to(f32));
   }
-  out = (out.to(torch::kFloat32) / denominator).to(options_.dtype);
+  out = (out / denominator).to(options_.dtype);
   // [KV, B*G*r, hd] -> [B, r, H*hd]
   out = out.reshape({nkv, b, group, r, hd})
             .permute({1, 3, 0, 2, 4})

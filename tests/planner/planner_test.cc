@@ -780,10 +780,10 @@ TEST(SolveKnapSpecBenchmark, DISABLED_SolveTimeOnSmollm2Shape) {
   }
 }
 
-// The solve's cost where it competes with decoding: stories-24l-skip fp32 on
-// one thread, r = 16, a short and a 1k-token prefix; prints the solve time,
-// the DP's size and one attention and one MLP sublayer at the DP's mean
-// width. The profile is made by hand with the attention:MLP cost ratios a
+// The solve's cost where it competes with decoding: stories-24l-skip (fp32
+// and bf16) on one thread, r = 16, a short and a 1k-token prefix; prints the
+// solve time, the DP's size and one attention and one MLP sublayer at the DP's
+// mean width. The profile is made by hand with the attention:MLP cost ratios a
 // measured profile of this model gives (1:2 at 100 tokens, 4:3 at 1035), so
 // that the DP's width, and the time, do not follow a profile's noise.
 // `build/tests/planner_tests --gtest_also_run_disabled_tests
@@ -792,61 +792,65 @@ TEST(SolveKnapSpecBenchmark, DISABLED_SolveTimeOnStories24lSkip) {
   if (!testing::HaveSharedModel("stories-24l-skip")) {
     GTEST_SKIP() << "needs the shared stories-24l-skip";
   }
-  auto model = LoadModelOrFail(testing::SharedModelDir("stories-24l-skip"));
-  ASSERT_NE(model, nullptr);
   at::set_num_threads(1);
   const int64_t r = 16;
-  for (int64_t context : {100, 1035}) {
-    const double mlp_seconds = 60e-6;
-    const LatencyProfile profile = ProfileFor(
-        *model, mlp_seconds * (context < 500 ? 0.5 : 4.0 / 3.0), mlp_seconds);
-    std::unique_ptr<Snapshot> snap = MakeSnapshot(*model, context, r, 1);
-    c10::InferenceMode guard;
-    const KnapSpecOptions options;
-    std::vector<double> seconds;
-    for (int rep = 0; rep < 3; ++rep) {
-      auto plan = SolveKnapSpec(*model, profile, snap->inputs, options);
-      ASSERT_TRUE(plan.ok()) << plan.status();
-      seconds.push_back(plan->solve_seconds);
-    }
-    std::sort(seconds.begin(), seconds.end());
-    const SublayerWeights w = ComputeSublayerWeights(
-        profile.AttentionSeconds(context + r), profile.MlpSeconds(),
-        options.weight_cap, options.weight_tolerance);
-    auto runner =
-        ModelSublayerRunner::Create(*model, &snap->kv, context, context);
-    ASSERT_TRUE(runner.ok()) << runner.status();
-    SkipDpStats stats;
-    auto candidates = SolveKnapsack(*runner, snap->inputs.states, {}, w,
-                                    KnapsackOptions(), &stats);
-    ASSERT_TRUE(candidates.ok()) << candidates.status();
-    const int64_t width = std::max<int64_t>(
-        1, stats.branch_rows / std::max<int64_t>(1, stats.sublayer_calls));
-    torch::Tensor h = snap->inputs.states[5]
-                          .unsqueeze(0)
-                          .expand({width, r, model->config().hidden_size})
-                          .contiguous();
-    double sublayer_ms[2];
-    for (int kind = 0; kind < 2; ++kind) {
-      constexpr int kRepeats = 20;
-      const auto start = std::chrono::steady_clock::now();
-      for (int k = 0; k < kRepeats; ++k) {
-        ASSERT_TRUE(runner->Apply(4 + kind, h).ok());
+  for (const torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
+    auto model =
+        LoadModelOrFail(testing::SharedModelDir("stories-24l-skip"), dtype);
+    ASSERT_NE(model, nullptr);
+    for (int64_t context : {100, 1035}) {
+      const double mlp_seconds = 60e-6;
+      const LatencyProfile profile = ProfileFor(
+          *model, mlp_seconds * (context < 500 ? 0.5 : 4.0 / 3.0), mlp_seconds);
+      std::unique_ptr<Snapshot> snap = MakeSnapshot(*model, context, r, 1);
+      c10::InferenceMode guard;
+      const KnapSpecOptions options;
+      std::vector<double> seconds;
+      for (int rep = 0; rep < 3; ++rep) {
+        auto plan = SolveKnapSpec(*model, profile, snap->inputs, options);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        seconds.push_back(plan->solve_seconds);
       }
-      sublayer_ms[kind] = 1e3 *
-                          std::chrono::duration<double>(
-                              std::chrono::steady_clock::now() - start)
-                              .count() /
-                          kRepeats;
+      std::sort(seconds.begin(), seconds.end());
+      const SublayerWeights w = ComputeSublayerWeights(
+          profile.AttentionSeconds(context + r), profile.MlpSeconds(),
+          options.weight_cap, options.weight_tolerance);
+      auto runner =
+          ModelSublayerRunner::Create(*model, &snap->kv, context, context);
+      ASSERT_TRUE(runner.ok()) << runner.status();
+      SkipDpStats stats;
+      auto candidates = SolveKnapsack(*runner, snap->inputs.states, {}, w,
+                                      KnapsackOptions(), &stats);
+      ASSERT_TRUE(candidates.ok()) << candidates.status();
+      const int64_t width = std::max<int64_t>(
+          1, stats.branch_rows / std::max<int64_t>(1, stats.sublayer_calls));
+      torch::Tensor h = snap->inputs.states[5]
+                            .unsqueeze(0)
+                            .expand({width, r, model->config().hidden_size})
+                            .contiguous();
+      double sublayer_ms[2];
+      for (int kind = 0; kind < 2; ++kind) {
+        constexpr int kRepeats = 20;
+        const auto start = std::chrono::steady_clock::now();
+        for (int k = 0; k < kRepeats; ++k) {
+          ASSERT_TRUE(runner->Apply(4 + kind, h).ok());
+        }
+        sublayer_ms[kind] = 1e3 *
+                            std::chrono::duration<double>(
+                                std::chrono::steady_clock::now() - start)
+                                .count() /
+                            kRepeats;
+      }
+      std::printf(
+          "[ stories-24l-skip %s ] n=%lld r=%lld: solve %.3f s (median of 3), "
+          "weights attn/mlp %d/%d, %lld branch rows in %lld calls; at width "
+          "%lld: attention %.1f ms, MLP %.1f ms\n",
+          DtypeName(dtype).c_str(), static_cast<long long>(context),
+          static_cast<long long>(r), seconds[1], w.attention, w.mlp,
+          static_cast<long long>(stats.branch_rows),
+          static_cast<long long>(stats.sublayer_calls),
+          static_cast<long long>(width), sublayer_ms[0], sublayer_ms[1]);
     }
-    std::printf(
-        "[ stories-24l-skip fp32 ] n=%lld r=%lld: solve %.3f s (median of 3), "
-        "weights attn/mlp %d/%d, %lld branch rows in %lld calls; at width "
-        "%lld: attention %.1f ms, MLP %.1f ms\n",
-        static_cast<long long>(context), static_cast<long long>(r), seconds[1],
-        w.attention, w.mlp, static_cast<long long>(stats.branch_rows),
-        static_cast<long long>(stats.sublayer_calls),
-        static_cast<long long>(width), sublayer_ms[0], sublayer_ms[1]);
   }
 }
 
