@@ -104,8 +104,10 @@ void BackgroundProfile::Run() {
   // leaves it at normal priority; it still waits while the process serves.
   const absl::Status priority = ApplyToThisThread(options_.priority);
   if (!priority.ok()) {
-    std::cerr << "knapserve: background profile stays at normal priority: "
-              << priority << std::endl;
+    std::cerr
+        << "knapserve: background profile stays at normal priority instead of "
+        << ThreadPriorityName(options_.priority) << ": " << priority
+        << std::endl;
   }
   ProfileOptions profile_options = options_.profile;
   profile_options.before_run = [this] { return BeforeRun(); };

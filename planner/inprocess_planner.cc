@@ -252,8 +252,10 @@ void InProcessPlanner::Run() {
   // still come, decoding shares the cores with them.
   const absl::Status priority = ApplyToThisThread(options_.priority);
   if (!priority.ok()) {
-    std::cerr << "knapserve: planner thread stays at normal priority: "
-              << priority << std::endl;
+    std::cerr
+        << "knapserve: planner thread stays at normal priority instead of "
+        << ThreadPriorityName(options_.priority) << ": " << priority
+        << std::endl;
   }
   c10::InferenceMode inference_mode;
   while (true) {

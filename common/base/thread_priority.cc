@@ -42,8 +42,7 @@ absl::StatusOr<ThreadPriority> ParseThreadPriority(absl::string_view text) {
 absl::Status ApplyToThisThread(const ThreadPriority& priority) {
   const pid_t tid = static_cast<pid_t>(syscall(SYS_gettid));
   if (priority.idle) {
-    sched_param param{};
-    param.sched_priority = 0;
+    sched_param param{};  // sched_priority 0, as SCHED_IDLE requires
     if (sched_setscheduler(tid, SCHED_IDLE, &param) != 0) {
       const int error = errno;
       return absl::ErrnoToStatus(

@@ -52,7 +52,7 @@ struct ThreadPriority {
 absl::Status ValidateThreadPriority(const ThreadPriority& priority,
                                     absl::string_view what);
 
-// "idle", or "nice N".
+// "idle", or "nice N" (for logs).
 std::string ThreadPriorityName(const ThreadPriority& priority);
 
 // "idle", "normal" (nice 0), or a nice value "0".."19". InvalidArgument

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -83,24 +84,45 @@ GenerationRequest KnapSpecRequest() {
   return request;
 }
 
+// stories260k, its tokenizer and an in-process planner with a hand profile,
+// shared by the RunModes tests; Inputs(n) gives n distinct 4-token prompts.
+class RunModesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model_ = testing::CachedModel("stories260k");
+    tokenizer_ = testing::StoriesTokenizer();
+    ASSERT_NE(model_, nullptr);
+    ASSERT_NE(tokenizer_, nullptr);
+    auto core =
+        InProcessPlanner::Create(*model_, testing::HandLatencyProfile(*model_),
+                                 InProcessPlannerOptions());
+    ASSERT_TRUE(core.ok()) << core.status();
+    core_ = std::move(*core);
+  }
+
+  static std::vector<BenchInput> Inputs(int n) {
+    std::vector<BenchInput> inputs(n);
+    for (int i = 0; i < n; ++i) {
+      inputs[i].prompt.question_id = i + 1;
+      const int32_t first = 400 + 10 * i;
+      inputs[i].ids = {1, first, first + 1, first + 2};
+    }
+    return inputs;
+  }
+
+  const LlamaModel* model_ = nullptr;
+  const Tokenizer* tokenizer_ = nullptr;
+  std::unique_ptr<InProcessPlanner> core_;
+};
+
 // A warm run's untimed pass awaits the solves it started: its last solve
 // answers after the pass has ended, and no timed run then finds its bucket
 // without a plan.
-TEST(RunModesTest, AWarmRunAwaitsTheSolvesOfItsUntimedPass) {
-  const LlamaModel* model = testing::CachedModel("stories260k");
-  const Tokenizer* tokenizer = testing::StoriesTokenizer();
-  ASSERT_NE(model, nullptr);
-  ASSERT_NE(tokenizer, nullptr);
-  auto core = InProcessPlanner::Create(
-      *model, testing::HandLatencyProfile(*model), InProcessPlannerOptions());
-  ASSERT_TRUE(core.ok()) << core.status();
-  const GenerationRequest request = KnapSpecRequest();
-  std::vector<BenchInput> inputs(1);
-  inputs[0].prompt.question_id = 1;
-  inputs[0].ids = {1, 400, 401, 402};
-  SlowPlanner planner(core->get(), absl::Milliseconds(500));
-  auto runs = RunModes(*model, *tokenizer, inputs, {request}, /*repeats=*/2,
-                       /*warmup=*/false, {&planner}, /*warm_plan_cache=*/true);
+TEST_F(RunModesTest, AWarmRunAwaitsTheSolvesOfItsUntimedPass) {
+  SlowPlanner planner(core_.get(), absl::Milliseconds(500));
+  auto runs = RunModes(*model_, *tokenizer_, Inputs(1), {KnapSpecRequest()},
+                       /*repeats=*/2, /*warmup=*/false, {&planner},
+                       /*warm_plan_cache=*/true);
   ASSERT_TRUE(runs.ok()) << runs.status();
   const PromptRun& run = (*runs)[0][0];
   EXPECT_EQ(run.planning.cache_misses, 0);
@@ -108,26 +130,12 @@ TEST(RunModesTest, AWarmRunAwaitsTheSolvesOfItsUntimedPass) {
   EXPECT_EQ(run.plan_requests, 0);
 }
 
-TEST(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
-  const LlamaModel* model = testing::CachedModel("stories260k");
-  const Tokenizer* tokenizer = testing::StoriesTokenizer();
-  ASSERT_NE(model, nullptr);
-  ASSERT_NE(tokenizer, nullptr);
-  auto core = InProcessPlanner::Create(
-      *model, testing::HandLatencyProfile(*model), InProcessPlannerOptions());
-  ASSERT_TRUE(core.ok()) << core.status();
-  const GenerationRequest request = KnapSpecRequest();
-  std::vector<BenchInput> inputs(2);
-  inputs[0].prompt.question_id = 1;
-  inputs[0].ids = {1, 400, 401, 402};
-  inputs[1].prompt.question_id = 2;
-  inputs[1].ids = {1, 410, 411, 412};
-
+TEST_F(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
   for (bool warm : {false, true}) {
     SCOPED_TRACE(warm ? "warm" : "cold");
-    testing::SynchronousPlanner planner(core->get());
-    auto runs = RunModes(*model, *tokenizer, inputs, {request}, /*repeats=*/3,
-                         /*warmup=*/false, {&planner}, warm);
+    testing::SynchronousPlanner planner(core_.get());
+    auto runs = RunModes(*model_, *tokenizer_, Inputs(2), {KnapSpecRequest()},
+                         /*repeats=*/3, /*warmup=*/false, {&planner}, warm);
     ASSERT_TRUE(runs.ok()) << runs.status();
     ASSERT_EQ(runs->size(), 1u);
     ASSERT_EQ((*runs)[0].size(), 2u);
