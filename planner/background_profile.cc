@@ -4,7 +4,6 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
-#include <iostream>
 #include <optional>
 #include <utility>
 
@@ -102,13 +101,7 @@ void BackgroundProfile::Run() {
   // This thread only (and the OpenMP threads LibTorch ops start from it);
   // the kernel pool's workers were started by Start's caller. A refusal
   // leaves it at normal priority; it still waits while the process serves.
-  const absl::Status priority = ApplyToThisThread(options_.priority);
-  if (!priority.ok()) {
-    std::cerr
-        << "knapserve: background profile stays at normal priority instead of "
-        << ThreadPriorityName(options_.priority) << ": " << priority
-        << std::endl;
-  }
+  ApplyToThisThreadOrWarn(options_.priority, "background profile");
   ProfileOptions profile_options = options_.profile;
   profile_options.before_run = [this] { return BeforeRun(); };
   absl::StatusOr<ObtainedProfile> obtained;

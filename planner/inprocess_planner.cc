@@ -4,7 +4,6 @@
 #include <c10/core/InferenceMode.h>
 #include <omp.h>
 
-#include <iostream>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -250,13 +249,7 @@ void InProcessPlanner::Run() {
   // Applies to this thread; the OpenMP workers it starts inherit it. A
   // refusal (a seccomp filter) leaves the solve at normal priority: plans
   // still come, decoding shares the cores with them.
-  const absl::Status priority = ApplyToThisThread(options_.priority);
-  if (!priority.ok()) {
-    std::cerr
-        << "knapserve: planner thread stays at normal priority instead of "
-        << ThreadPriorityName(options_.priority) << ": " << priority
-        << std::endl;
-  }
+  ApplyToThisThreadOrWarn(options_.priority, "planner thread");
   c10::InferenceMode inference_mode;
   while (true) {
     Pending job;

@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -59,6 +60,16 @@ absl::Status ApplyToThisThread(const ThreadPriority& priority) {
                                             "): ", std::strerror(error)));
   }
   return absl::OkStatus();
+}
+
+void ApplyToThisThreadOrWarn(const ThreadPriority& priority,
+                             absl::string_view thread) {
+  const absl::Status status = ApplyToThisThread(priority);
+  if (!status.ok()) {
+    std::cerr << "knapserve: " << thread
+              << " stays at normal priority instead of "
+              << ThreadPriorityName(priority) << ": " << status << std::endl;
+  }
 }
 
 }  // namespace knapserve

@@ -64,6 +64,11 @@ absl::StatusOr<ThreadPriority> ParseThreadPriority(absl::string_view text);
 // sched_setscheduler) leave the thread at its previous priority.
 absl::Status ApplyToThisThread(const ThreadPriority& priority);
 
+// ApplyToThisThread for a thread that goes on either way: a refusal is
+// written to stderr once, naming `thread` and the priority it wanted.
+void ApplyToThisThreadOrWarn(const ThreadPriority& priority,
+                             absl::string_view thread);
+
 }  // namespace knapserve
 
 #endif  // KNAPSERVE_COMMON_BASE_THREAD_PRIORITY_H_
