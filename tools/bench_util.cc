@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/base/clock.h"
 #include "common/base/status.h"
+#include "planner/tpt.h"
 #include "tools/cli_flags.h"
 #include "tools/shared_data.h"
 
@@ -174,6 +175,52 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs) {
     AccumulatePlanning(sum.planning, run.planning);
   }
   return sum;
+}
+
+double PlanPrediction::error() const {
+  return predicted_tpt > 0 ? measured_tpt / predicted_tpt - 1 : 0.0;
+}
+
+PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
+  PlanPrediction out;
+  double seconds = 0, tokens = 0, weighted_rate = 0;
+  double predicted_tokens = 0, predicted_seconds = 0;
+  for (const AppliedPlan& p : plans) {
+    if (p.measured_steps <= 0 || p.measured_seconds <= 0 ||
+        p.predicted_tpt <= 0) {
+      continue;
+    }
+    ++out.plans;
+    out.steps += p.measured_steps;
+    seconds += p.measured_seconds;
+    tokens += static_cast<double>(p.measured_tokens);
+    weighted_rate += p.predicted_tpt * p.measured_seconds;
+    const double per_step = ExpectedTokensPerStep(p.alpha_hat, p.gamma);
+    const double steps = static_cast<double>(p.measured_steps);
+    predicted_tokens += per_step * steps;
+    predicted_seconds += per_step / p.predicted_tpt * steps;
+  }
+  if (out.steps == 0) return out;
+  const double steps = static_cast<double>(out.steps);
+  out.predicted_tpt = weighted_rate / seconds;
+  out.measured_tpt = tokens / seconds;
+  out.predicted_tokens_per_step = predicted_tokens / steps;
+  out.measured_tokens_per_step = tokens / steps;
+  out.predicted_step_seconds = predicted_seconds / steps;
+  out.measured_step_seconds = seconds / steps;
+  return out;
+}
+
+nlohmann::json PlanPredictionJson(const PlanPrediction& p) {
+  return {{"plans", p.plans},
+          {"steps", p.steps},
+          {"predicted_tpt", p.predicted_tpt},
+          {"measured_tpt", p.measured_tpt},
+          {"error", p.error()},
+          {"predicted_tokens_per_step", p.predicted_tokens_per_step},
+          {"measured_tokens_per_step", p.measured_tokens_per_step},
+          {"predicted_step_seconds", p.predicted_step_seconds},
+          {"measured_step_seconds", p.measured_step_seconds}};
 }
 
 void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {

@@ -130,6 +130,29 @@ void AccumulatePlanning(PlanningStats& a, const PlanningStats& b);
 // Sums `runs` (one per prompt) into a ModeSummary.
 ModeSummary Summarize(const std::vector<PromptRun>& runs);
 
+// The latency model's promise against what the plans did while they ran as
+// planned (AppliedPlan::measured_*), over every plan with a measured step.
+// The rates are time-weighted (each plan by its measured seconds), so
+// measured_tpt is simply tokens over seconds; the per-step figures are
+// step-weighted. The prediction splits into tokens per step (from alpha_hat
+// and gamma, planner/tpt.h) and seconds per step (tokens per step over the
+// predicted rate), so an error shows whether acceptance or time missed.
+struct PlanPrediction {
+  int64_t plans = 0;  // plans with a measured step
+  int64_t steps = 0;  // their measured steps
+  double predicted_tpt = 0;
+  double measured_tpt = 0;
+  double predicted_tokens_per_step = 0;
+  double measured_tokens_per_step = 0;
+  double predicted_step_seconds = 0;
+  double measured_step_seconds = 0;
+  // measured_tpt / predicted_tpt - 1 (0 without plans): -0.08 means the
+  // plans delivered 8% less than promised.
+  double error() const;
+};
+PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans);
+nlohmann::json PlanPredictionJson(const PlanPrediction& p);
+
 // Runs each of `requests` (several modes of the same prompts, e.g. off and
 // static) on every prompt, `repeats` times, interleaved by mode so that
 // drift in machine speed (another process, frequency changes) hits all modes

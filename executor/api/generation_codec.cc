@@ -298,6 +298,12 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
     wire->set_context_length(p.context_length);
     wire->set_baseline_tokens_per_second(p.baseline_tpt);
     wire->set_num_candidates(p.num_candidates);
+    wire->set_measured_steps(static_cast<uint64_t>(p.measured_steps));
+    wire->set_measured_tokens(static_cast<uint64_t>(p.measured_tokens));
+    wire->set_measured_seconds(p.measured_seconds);
+    wire->set_measured_draft_tokens(static_cast<uint64_t>(p.measured_drafted));
+    wire->set_measured_accepted_tokens(
+        static_cast<uint64_t>(p.measured_accepted));
     wire->set_queue_seconds(p.queue_seconds);
   }
   t->set_decode_seconds(r.stats.decode_seconds);
@@ -366,6 +372,11 @@ AppliedPlan DecodeAppliedPlan(const v1::AppliedPlan& w) {
   p.queue_seconds = w.queue_seconds();
   p.context_length = w.context_length();
   p.source = w.source();
+  p.measured_steps = static_cast<int64_t>(w.measured_steps());
+  p.measured_tokens = static_cast<int64_t>(w.measured_tokens());
+  p.measured_seconds = w.measured_seconds();
+  p.measured_drafted = static_cast<int64_t>(w.measured_draft_tokens());
+  p.measured_accepted = static_cast<int64_t>(w.measured_accepted_tokens());
   return p;
 }
 

@@ -41,7 +41,13 @@ nlohmann::json AppliedPlansJson(absl::Span<const AppliedPlan> plans) {
                    {"num_candidates", p.num_candidates},
                    {"solve_seconds", p.solve_seconds},
                    {"queue_seconds", p.queue_seconds},
-                   {"source", p.source}});
+                   {"source", p.source},
+                   {"measured_steps", p.measured_steps},
+                   {"measured_tokens", p.measured_tokens},
+                   {"measured_seconds", p.measured_seconds},
+                   {"measured_tpt", p.measured_tpt()},
+                   {"measured_drafted", p.measured_drafted},
+                   {"measured_accepted", p.measured_accepted}});
   }
   return out;
 }

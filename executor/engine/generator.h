@@ -240,6 +240,22 @@ struct AppliedPlan {
   // solve another sequence requested for the same bucket). For "cache" and
   // "shared", plan_step is the other sequence's step and age_steps is 0.
   std::string source;
+  // What the plan did while it was in force and ran as planned: the steps
+  // that drafted with it (for a gamma-0 plan, its plain steps; a step the
+  // guard made plain is not counted), the tokens they committed, their wall
+  // seconds, and their draft tokens proposed and accepted. predicted_tpt is
+  // the latency model's promise for exactly these steps.
+  int64_t measured_steps = 0;
+  int64_t measured_tokens = 0;
+  double measured_seconds = 0;
+  int64_t measured_drafted = 0;
+  int64_t measured_accepted = 0;
+  // measured_tokens / measured_seconds; 0 before a measured step.
+  double measured_tpt() const {
+    return measured_seconds > 0
+               ? static_cast<double>(measured_tokens) / measured_seconds
+               : 0.0;
+  }
 };
 
 struct GenerationResult {

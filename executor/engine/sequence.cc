@@ -193,8 +193,19 @@ class PlanSession {
     return directive;
   }
 
-  void AfterStep(const StepObservation& observation) {
+  void AfterStep(const StepObservation& observation, GenerationResult& result) {
     controller_.AfterStep(observation);
+    if (!result.plans.empty()) {
+      // The last plan applied is the one in force.
+      AppliedPlan& plan = result.plans.back();
+      if ((plan.gamma > 0) == (observation.gamma > 0)) {
+        ++plan.measured_steps;
+        plan.measured_tokens += observation.tokens;
+        plan.measured_seconds += observation.seconds;
+        plan.measured_drafted += observation.drafted;
+        plan.measured_accepted += observation.accepted;
+      }
+    }
     if (apply_span_.recording()) {
       ++apply_steps_;
       apply_tokens_ += observation.tokens;
@@ -908,7 +919,7 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   observation.tokens = static_cast<int>(out.tokens.size());
   observation.seconds = step_seconds;
   if (planned_) {
-    plans_->AfterStep(observation);  // records its plain steps itself
+    plans_->AfterStep(observation, result_);  // records its plain steps
   } else {
     const int64_t bucket_tokens = request_.speculation.plan_bucket_tokens;
     const int64_t bucket = ContextBucket(pos, bucket_tokens);

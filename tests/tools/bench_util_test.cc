@@ -1,5 +1,6 @@
 // Tests of the benchmarks' helpers (tools/bench_util.h): each run against
-// the baseline runs around it; and the runner, RunModes: a cold
+// the baseline runs around it; the plans' promise against what they
+// measured; and the runner, RunModes: a cold
 // run's every repeat plans from an empty plan cache, so a repeat never
 // reuses another repeat's solves; a warm run solves in its untimed pass and
 // its timed runs use the cache. Counted at the planner, on stories260k with
@@ -23,6 +24,43 @@ namespace {
 
 // Each run against the baseline runs just before and after it: a drift
 // that slows the second half of a run slows its baseline alike.
+// Two plans that promised 100 and 200 tokens/s: the rates weigh each plan
+// by its measured seconds, the per-step figures by its steps, and a plan
+// without a measured step (replaced at once) is left out.
+TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
+  AppliedPlan a;  // gamma 1, alpha 0.5: 1.5 tokens a step predicted
+  a.gamma = 1;
+  a.alpha_hat = 0.5;
+  a.predicted_tpt = 100;
+  a.measured_steps = 10;
+  a.measured_tokens = 12;
+  a.measured_seconds = 0.2;  // 60 tokens/s: 40% below its promise
+  AppliedPlan b;             // gamma 0: plain, 1 token a step
+  b.predicted_tpt = 200;
+  b.measured_steps = 30;
+  b.measured_tokens = 30;
+  b.measured_seconds = 0.2;  // 150 tokens/s
+  AppliedPlan unmeasured;
+  unmeasured.predicted_tpt = 1000;
+  const PlanPrediction p = SummarizePredictions({a, unmeasured, b});
+  EXPECT_EQ(p.plans, 2);
+  EXPECT_EQ(p.steps, 40);
+  EXPECT_DOUBLE_EQ(p.predicted_tpt, (100 * 0.2 + 200 * 0.2) / 0.4);
+  EXPECT_DOUBLE_EQ(p.measured_tpt, 42 / 0.4);
+  EXPECT_DOUBLE_EQ(p.error(), 105.0 / 150.0 - 1);
+  EXPECT_DOUBLE_EQ(p.predicted_tokens_per_step, (1.5 * 10 + 1 * 30) / 40.0);
+  EXPECT_DOUBLE_EQ(p.measured_tokens_per_step, 42 / 40.0);
+  EXPECT_DOUBLE_EQ(p.predicted_step_seconds,
+                   (1.5 / 100 * 10 + 1.0 / 200 * 30) / 40.0);
+  EXPECT_DOUBLE_EQ(p.measured_step_seconds, 0.4 / 40.0);
+  EXPECT_EQ(PlanPredictionJson(p)["steps"], 40);
+
+  const PlanPrediction none = SummarizePredictions({unmeasured});
+  EXPECT_EQ(none.steps, 0);
+  EXPECT_EQ(none.measured_tpt, 0);
+  EXPECT_EQ(none.error(), 0);
+}
+
 TEST(RatiosToAdjacentBaselineTest, EachRunIsComparedWithTheOffRunsAroundIt) {
   const std::vector<std::string> names = {"off",    "static", "off",
                                           "static", "knn",    "off"};

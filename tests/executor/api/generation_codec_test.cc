@@ -483,6 +483,11 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   plan.queue_seconds = 0.0625;
   plan.context_length = 40;
   plan.source = "solve";
+  plan.measured_steps = 15;
+  plan.measured_tokens = 33;
+  plan.measured_seconds = 0.1875;
+  plan.measured_drafted = 45;
+  plan.measured_accepted = 18;
   r.plans.push_back(plan);
   const v1::FinalResult f =
       EncodeFinal("req-3", r, SpeculationMode::kKnapSpec, ServiceTimings{})
@@ -502,6 +507,7 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   const AppliedPlan plan_back =
       DecodeAppliedPlan(f.speculation_stats().plans(0));
   EXPECT_EQ(AppliedPlansJson({plan_back}), AppliedPlansJson(r.plans));
+  EXPECT_EQ(AppliedPlansJson(r.plans)[0]["measured_tpt"], 176.0);
   EXPECT_EQ(PlanningJson(back, 2.0)["planner_cpu_share"], 0.25);
   EXPECT_EQ(PlanningJson(back, 2.0)["profile_pending_steps"], 11);
 }

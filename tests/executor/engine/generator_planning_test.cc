@@ -109,6 +109,27 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       if (mode == SpeculationMode::kKnapSpec) {
         EXPECT_TRUE(drafted);
       }
+      // Each plan measures the steps that ran as it planned: for a drafting
+      // plan its drafting steps, never the guard's plain ones.
+      int64_t measured = 0, measured_drafting = 0;
+      for (const AppliedPlan& p : first->plans) {
+        EXPECT_GE(p.measured_tokens, p.measured_steps);
+        EXPECT_LE(p.measured_tokens, p.measured_steps + p.measured_accepted);
+        EXPECT_LE(p.measured_accepted, p.measured_drafted);
+        EXPECT_EQ(p.measured_steps > 0, p.measured_seconds > 0);
+        if (p.gamma == 0) {
+          EXPECT_EQ(p.measured_drafted, 0);
+        } else {
+          EXPECT_GE(p.measured_drafted, p.measured_steps);
+        }
+        measured += p.measured_steps;
+        if (p.gamma > 0) measured_drafting += p.measured_steps;
+      }
+      EXPECT_LE(measured + p1.guard_plain_steps + p1.guard_probe_steps,
+                first->stats.steps);
+      if (drafted && margin == 0) {
+        EXPECT_GT(measured_drafting, 0);
+      }
       if (drafted) {
         EXPECT_GT(p1.guard_checks + p1.guard_probe_steps, 0);
         if (margin > 1) {
