@@ -184,7 +184,8 @@ double PlanPrediction::error() const {
 PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
   PlanPrediction out;
   double seconds = 0, tokens = 0, weighted_rate = 0;
-  double predicted_tokens = 0, predicted_seconds = 0;
+  double predicted_tokens = 0, predicted_seconds = 0, planned_drafts = 0,
+         drafted = 0;
   for (const AppliedPlan& p : plans) {
     if (p.measured_steps <= 0 || p.measured_seconds <= 0 ||
         p.predicted_tpt <= 0) {
@@ -195,10 +196,13 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
     seconds += p.measured_seconds;
     tokens += static_cast<double>(p.measured_tokens);
     weighted_rate += p.predicted_tpt * p.measured_seconds;
-    const double per_step = ExpectedTokensPerStep(p.alpha_hat, p.gamma);
+    // The TPT objective's own acceptance: the smoothed one.
+    const double per_step = ExpectedTokensPerStep(p.alpha_smoothed, p.gamma);
     const double steps = static_cast<double>(p.measured_steps);
     predicted_tokens += per_step * steps;
     predicted_seconds += per_step / p.predicted_tpt * steps;
+    planned_drafts += p.gamma * steps;
+    drafted += static_cast<double>(p.measured_drafted);
   }
   if (out.steps == 0) return out;
   const double steps = static_cast<double>(out.steps);
@@ -208,6 +212,8 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
   out.measured_tokens_per_step = tokens / steps;
   out.predicted_step_seconds = predicted_seconds / steps;
   out.measured_step_seconds = seconds / steps;
+  out.planned_drafts_per_step = planned_drafts / steps;
+  out.measured_drafts_per_step = drafted / steps;
   return out;
 }
 
@@ -220,7 +226,9 @@ nlohmann::json PlanPredictionJson(const PlanPrediction& p) {
           {"predicted_tokens_per_step", p.predicted_tokens_per_step},
           {"measured_tokens_per_step", p.measured_tokens_per_step},
           {"predicted_step_seconds", p.predicted_step_seconds},
-          {"measured_step_seconds", p.measured_step_seconds}};
+          {"measured_step_seconds", p.measured_step_seconds},
+          {"planned_drafts_per_step", p.planned_drafts_per_step},
+          {"measured_drafts_per_step", p.measured_drafts_per_step}};
 }
 
 void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {

@@ -36,6 +36,7 @@ nlohmann::json AppliedPlansJson(absl::Span<const AppliedPlan> plans) {
                    {"mask", p.mask},
                    {"gamma", p.gamma},
                    {"alpha_hat", p.alpha_hat},
+                   {"alpha_smoothed", p.alpha_smoothed},
                    {"predicted_tpt", p.predicted_tpt},
                    {"baseline_tpt", p.baseline_tpt},
                    {"num_candidates", p.num_candidates},

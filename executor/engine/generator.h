@@ -228,9 +228,10 @@ struct AppliedPlan {
   int64_t age_steps = 0;     // applied_step - plan_step: steps it was in flight
   std::string mask;          // "" = nothing skipped
   int gamma = 0;             // 0 = autoregressive until the next plan
-  double alpha_hat = 0;
-  double predicted_tpt = 0;  // tokens per second the latency model predicts
-  double baseline_tpt = 0;   // the same for autoregressive decoding
+  double alpha_hat = 0;      // raw share on the reference tokens
+  double alpha_smoothed = 0;  // the alpha the TPT objective used (0: gamma 0)
+  double predicted_tpt = 0;   // tokens per second the latency model predicts
+  double baseline_tpt = 0;    // the same for autoregressive decoding
   int num_candidates = 0;
   double solve_seconds = 0;
   double queue_seconds = 0;

@@ -177,6 +177,7 @@ class PlanSession {
       applied.mask = plan.mask.ToString();
       applied.gamma = plan.gamma;
       applied.alpha_hat = plan.alpha_hat;
+      applied.alpha_smoothed = plan.alpha_smoothed;
       applied.predicted_tpt = plan.predicted_tpt;
       applied.baseline_tpt = plan.baseline_tpt;
       applied.num_candidates = plan.num_candidates;

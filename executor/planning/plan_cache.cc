@@ -1,6 +1,8 @@
 #include "executor/planning/plan_cache.h"
 
 #include <algorithm>
+#include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -180,21 +182,37 @@ void PlainRateTable::Record(const std::string& execution_id,
   while (window.size() > static_cast<size_t>(kWindow)) window.pop_front();
 }
 
+double OutlierThresholdSeconds(std::vector<double> seconds, double factor) {
+  if (factor <= 0 || seconds.empty()) {
+    return std::numeric_limits<double>::infinity();
+  }
+  const size_t middle = seconds.size() / 2;
+  std::nth_element(seconds.begin(), seconds.begin() + middle, seconds.end());
+  return factor * seconds[middle];
+}
+
 std::optional<double> PlainRateTable::MeanStepSeconds(
     const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
-    int min_samples, absl::Duration max_age, absl::Time now) const {
+    int min_samples, absl::Duration max_age, absl::Time now,
+    double outlier_factor) const {
   absl::MutexLock lock(&mu_);
   auto it = steps_.find(Key(execution_id, bucket_tokens, bucket));
   if (it == steps_.end()) return std::nullopt;
-  double sum = 0;
-  int64_t count = 0;
+  std::vector<double> recent;
   for (const Sample& sample : it->second) {
-    if (now - sample.at > max_age) continue;
-    sum += sample.seconds;
-    ++count;
+    if (now - sample.at <= max_age) recent.push_back(sample.seconds);
   }
+  const int64_t count = static_cast<int64_t>(recent.size());
   if (count == 0 || count < std::max(1, min_samples)) return std::nullopt;
-  return sum / static_cast<double>(count);
+  const double threshold = OutlierThresholdSeconds(recent, outlier_factor);
+  double sum = 0;
+  int64_t kept = 0;
+  for (double seconds : recent) {
+    if (seconds > threshold) continue;
+    sum += seconds;
+    ++kept;
+  }
+  return sum / static_cast<double>(kept);  // the median step is always kept
 }
 
 int64_t PlainRateTable::samples(const std::string& execution_id,

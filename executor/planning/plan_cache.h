@@ -32,6 +32,7 @@
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -197,11 +198,14 @@ class PlainRateTable {
   // Mean seconds of the recorded plain steps of the bucket (the last kWindow)
   // no older than `max_age` at `now`, nullopt with fewer than `min_samples`
   // of them. The machine's speed drifts (other processes, frequency), so a
-  // plain rate from long ago is no reference for speculation now.
+  // plain rate from long ago is no reference for speculation now. Steps
+  // above OutlierThresholdSeconds(outlier_factor) of those samples are left
+  // out of the mean (they still count towards min_samples).
   std::optional<double> MeanStepSeconds(
       const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
       int min_samples, absl::Duration max_age = absl::InfiniteDuration(),
-      absl::Time now = absl::Now()) const ABSL_LOCKS_EXCLUDED(mu_);
+      absl::Time now = absl::Now(), double outlier_factor = 0) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   int64_t samples(const std::string& execution_id, int64_t bucket_tokens,
                   int64_t bucket) const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -310,6 +314,15 @@ struct PlanningShared {
 // shared.plain_rates, unless a solve of the process is in flight
 // (PlannerBudget::solves_in_flight): a step timed beside a solve is not
 // plain decoding's rate. Nothing without a plain-rate table.
+// The guard's outlier rule, for plain and speculative steps alike: a step
+// longer than `factor` times the median step of its sample is left out of a
+// rate. A step the scheduler preempted (another process, or a planner solve
+// sharing the cores) takes milliseconds longer; on a model that decodes a
+// token in 0.6 ms, one such step in an 8-step probe moves the plain rate by a
+// third. Returns the threshold in seconds: infinity when factor <= 0 or the
+// sample is empty.
+double OutlierThresholdSeconds(std::vector<double> seconds, double factor);
+
 void RecordPlainStep(const PlanningShared& shared,
                      const std::string& execution_id, int64_t bucket_tokens,
                      int64_t bucket, double seconds);

@@ -43,23 +43,31 @@ void SpeculationGuard::Reset() {
   evidence_.clear();
   window_steps_ = 0;
   probe_left_ = 0;
+  fresh_ = true;
 }
 
 SpeculationGuard::Rate SpeculationGuard::EvidenceRate() const {
   Rate rate;
+  std::vector<double> step_seconds;
+  for (const StepEvidence& e : evidence_) step_seconds.push_back(e.seconds);
+  const double threshold =
+      OutlierThresholdSeconds(step_seconds, options_.outlier_factor);
   double tokens = 0;
   double seconds = 0;
+  double n = 0;
   for (const StepEvidence& e : evidence_) {
+    if (e.seconds > threshold) continue;
     tokens += e.tokens;
     seconds += e.seconds;
+    ++n;
   }
   if (seconds <= 0) return rate;
   rate.tokens_per_second = tokens / seconds;
-  const double n = static_cast<double>(evidence_.size());
   if (n < 2) return rate;
   // A ratio of sums: Var(T / S) ~ sum (t_i - R s_i)^2 / S^2 * n / (n - 1).
   double residuals = 0;
   for (const StepEvidence& e : evidence_) {
+    if (e.seconds > threshold) continue;
     const double r = e.tokens - rate.tokens_per_second * e.seconds;
     residuals += r * r;
   }
@@ -70,18 +78,30 @@ SpeculationGuard::Rate SpeculationGuard::EvidenceRate() const {
 bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
   if (!options_.enabled) return false;
   if (state_ != State::kSpeculate) return true;  // probe, or lone fallback
-  if (verdicts_ == nullptr) return false;
-  const std::optional<GuardVerdicts::Verdict> verdict =
-      verdicts_->TakePlainStep(execution_id_, setting_, bucket_tokens_, bucket,
-                               plan_version_);
-  if (!verdict.has_value()) return false;
-  ++stats.guard_plain_steps;
-  if (verdict->sequence_id != sequence_id_) ++stats.guard_inherited_steps;
-  if (stats.guard_last_plain_tps == 0) {
-    stats.guard_last_spec_tps = verdict->spec_tps;
-    stats.guard_last_plain_tps = verdict->plain_tps;
+  if (verdicts_ != nullptr) {
+    const std::optional<GuardVerdicts::Verdict> verdict =
+        verdicts_->TakePlainStep(execution_id_, setting_, bucket_tokens_,
+                                 bucket, plan_version_);
+    if (verdict.has_value()) {
+      ++stats.guard_plain_steps;
+      if (verdict->sequence_id != sequence_id_) ++stats.guard_inherited_steps;
+      if (stats.guard_last_plain_tps == 0) {
+        stats.guard_last_spec_tps = verdict->spec_tps;
+        stats.guard_last_plain_tps = verdict->plain_tps;
+      }
+      return true;
+    }
   }
-  return true;
+  if (fresh_) {
+    fresh_ = false;
+    if (options_.probe_first && options_.probe_steps > 0 &&
+        !PlainStepSeconds(bucket).has_value()) {
+      state_ = State::kProbe;
+      probe_left_ = options_.probe_steps;
+      return true;
+    }
+  }
+  return false;
 }
 
 void SpeculationGuard::Observe(bool speculating, int64_t bucket,
@@ -106,7 +126,12 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
       return;
     case State::kProbe:
       ++stats.guard_probe_steps;
-      if (--probe_left_ <= 0) Judge(bucket, stats);
+      if (--probe_left_ > 0) return;
+      if (evidence_.empty()) {
+        state_ = State::kSpeculate;  // probed first: now measure speculation
+        return;
+      }
+      Judge(bucket, stats);
       return;
     case State::kFallback:
       ++stats.guard_plain_steps;
@@ -122,7 +147,8 @@ std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
           ? absl::Seconds(options_.plain_max_age_seconds)
           : absl::InfiniteDuration();
   return plain_rates_->MeanStepSeconds(execution_id_, bucket_tokens_, bucket,
-                                       min_samples, max_age);
+                                       min_samples, max_age, absl::Now(),
+                                       options_.outlier_factor);
 }
 
 void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats, bool early) {

@@ -97,6 +97,15 @@ struct GuardOptions {
   // turns both off.
   int64_t early_steps = 6;
   double early_loss = 0.15;
+  // Both rates leave out steps longer than outlier_factor times their
+  // sample's median step (OutlierThresholdSeconds, plan_cache.h): a
+  // preempted step says nothing about speculation. <= 0 keeps every step.
+  double outlier_factor = 3.0;
+  // A setting that takes effect at a bucket without a plain rate probes
+  // first (probe_steps plain steps), so that a clear loser is judged at its
+  // early_steps. Otherwise it would speculate min_steps steps and then
+  // probe: the same probe, after up to min_steps losing steps.
+  bool probe_first = true;
 };
 
 struct PlanControllerOptions {
@@ -162,23 +171,24 @@ struct StepObservation {
 // knn, specbound): judges the setting in force against plain decoding at the
 // same context bucket. The plain rate is measured online: the mean wall time
 // of the plain steps (gamma 0, one token) recorded in the process's
-// PlainRateTable for the bucket, fed by every sequence; when the bucket has
-// fewer than probe_steps of them the guard runs a probe of probe_steps plain
-// steps first. Every min_steps speculative steps it judges: the speculative
-// rate is tokens committed over summed step seconds of the last
-// evidence_steps speculative steps since the setting last lost, with its
-// standard error; when rate + confidence * error < plain * (1 + margin) the
-// setting loses: the verdict goes to the process's
-// GuardVerdicts (executor/planning/plan_cache.h) under (execution, setting,
-// bucket), and every sequence of that setting in that bucket, this one and
-// those that come later, decodes plainly for reprobe_steps plain steps in
-// all (doubling with each loss in a row, up to max_hold_steps); then the
-// setting is measured again. A window that is already far below plain after
-// early_steps is judged then, and so is a re-probe's window that is below
-// plain x (1 + margin). A win clears the verdict. A new
-// plan (SetPlan) is a new setting version: an older verdict does not hold
-// it back. Without a verdict table the sequence falls back alone, until its
-// next plan.
+// PlainRateTable for the bucket, fed by every sequence, preempted steps left
+// out (GuardOptions::outlier_factor, as for the speculative steps); when the
+// bucket has fewer than probe_steps of them the guard runs a probe of
+// probe_steps plain steps first (before the setting's first step, with
+// probe_first, else before its first judgement). Every min_steps speculative
+// steps it judges: the speculative rate is tokens committed over summed step
+// seconds of the last evidence_steps speculative steps since the setting last
+// lost, with its standard error; when rate + confidence * error < plain * (1 +
+// margin) the setting loses: the verdict goes to the process's GuardVerdicts
+// (executor/planning/plan_cache.h) under (execution, setting, bucket), and
+// every sequence of that setting in that bucket, this one and those that come
+// later, decodes plainly for reprobe_steps plain steps in all (doubling with
+// each loss in a row, up to max_hold_steps); then the setting is measured
+// again. A window that is already far below plain after early_steps is judged
+// then, and so is a re-probe's window that is below plain x (1 + margin). A win
+// clears the verdict. A new plan (SetPlan) is a new setting version: an older
+// verdict does not hold it back. Without a verdict table the sequence falls
+// back alone, until its next plan.
 class SpeculationGuard {
  public:
   // `setting`: the drafting mode and what fixes its drafts (the verdict's
@@ -189,7 +199,8 @@ class SpeculationGuard {
                    std::string execution_id, std::string setting,
                    uint64_t sequence_id, int64_t bucket_tokens);
 
-  // A new setting took effect: speculate and measure from scratch.
+  // A new setting took effect: measure from scratch (with probe_first, a
+  // probe comes first when the bucket has no plain rate).
   void Reset();
   // A plan took effect (planned modes): its version keys the verdicts.
   void SetPlan(int64_t plan_version) {
@@ -236,6 +247,7 @@ class SpeculationGuard {
   std::deque<StepEvidence> evidence_;
   int64_t window_steps_ = 0;  // speculative steps since the last judgement
   int64_t probe_left_ = 0;
+  bool fresh_ = true;  // no step of the setting has run yet (probe_first)
 };
 
 // What the decode loop does at one step.

@@ -30,11 +30,13 @@ namespace {
 TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   AppliedPlan a;  // gamma 1, alpha 0.5: 1.5 tokens a step predicted
   a.gamma = 1;
-  a.alpha_hat = 0.5;
+  a.alpha_hat = 0.75;  // raw; the objective used the smoothed 0.5
+  a.alpha_smoothed = 0.5;
   a.predicted_tpt = 100;
   a.measured_steps = 10;
   a.measured_tokens = 12;
   a.measured_seconds = 0.2;  // 60 tokens/s: 40% below its promise
+  a.measured_drafted = 8;    // the confidence stop cut two drafts
   AppliedPlan b;             // gamma 0: plain, 1 token a step
   b.predicted_tpt = 200;
   b.measured_steps = 30;
@@ -53,6 +55,8 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   EXPECT_DOUBLE_EQ(p.predicted_step_seconds,
                    (1.5 / 100 * 10 + 1.0 / 200 * 30) / 40.0);
   EXPECT_DOUBLE_EQ(p.measured_step_seconds, 0.4 / 40.0);
+  EXPECT_DOUBLE_EQ(p.planned_drafts_per_step, 10 / 40.0);
+  EXPECT_DOUBLE_EQ(p.measured_drafts_per_step, 8 / 40.0);
   EXPECT_EQ(PlanPredictionJson(p)["steps"], 40);
 
   const PlanPrediction none = SummarizePredictions({unmeasured});

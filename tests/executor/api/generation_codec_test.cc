@@ -476,6 +476,7 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   plan.mask = "a1,m2";
   plan.gamma = 3;
   plan.alpha_hat = 0.75;
+  plan.alpha_smoothed = 0.7;
   plan.predicted_tpt = 210;
   plan.baseline_tpt = 180;
   plan.num_candidates = 14;

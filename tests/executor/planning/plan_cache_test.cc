@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -200,6 +201,33 @@ TEST(PlainRateTableTest, MeanOfTheLastWindowPerBucketAndExecution) {
   EXPECT_EQ(table.samples("a", 256, 0), PlainRateTable::kWindow);
   EXPECT_NEAR(*table.MeanStepSeconds("a", 256, 0, 4), 0.02,
               1e-12);  // old ones dropped
+}
+
+// An 8-step probe of 0.6 ms steps in which the scheduler took the core for
+// 4 ms: with the outlier rule the plain rate is the steps' own, without it a
+// third slower. The preempted step still counts towards min_samples.
+TEST(PlainRateTableTest, APreemptedStepDoesNotMoveThePlainRate) {
+  PlainRateTable table;
+  const absl::Time now = absl::Now();
+  for (int i = 0; i < 7; ++i) table.Record("a", 256, 0, 0.0006, now);
+  table.Record("a", 256, 0, 0.0046, now);
+  EXPECT_NEAR(*table.MeanStepSeconds("a", 256, 0, 8, absl::Seconds(10), now),
+              0.0011, 1e-12);
+  EXPECT_NEAR(*table.MeanStepSeconds("a", 256, 0, 8, absl::Seconds(10), now,
+                                     /*outlier_factor=*/3),
+              0.0006, 1e-12);
+  EXPECT_FALSE(table
+                   .MeanStepSeconds("a", 256, 0, 9, absl::Seconds(10), now,
+                                    /*outlier_factor=*/3)
+                   .has_value());
+}
+
+TEST(OutlierThresholdTest, AFactorOfTheMedian) {
+  EXPECT_DOUBLE_EQ(OutlierThresholdSeconds({1, 5, 2, 100, 3}, 3), 9);
+  EXPECT_EQ(OutlierThresholdSeconds({1, 2}, 0),
+            std::numeric_limits<double>::infinity());
+  EXPECT_EQ(OutlierThresholdSeconds({}, 3),
+            std::numeric_limits<double>::infinity());
 }
 
 }  // namespace

@@ -354,43 +354,77 @@ PlanningShared SharedWithPlanAndPlainRate(int gamma = 3) {
   return shared;
 }
 
+// A bucket without plain timings: the probe of 3 plain steps comes first
+// (probe_first), before the plan's first speculative step, or (without
+// probe_first) after its first window, before the first judgement. Either
+// way the losing plan then decodes plainly until a newer plan arrives.
 TEST(SpeculationGuardTest, ALosingPlanFallsBackToPlainUntilTheNextPlan) {
+  for (bool probe_first : {true, false}) {
+    SCOPED_TRACE(probe_first ? "probe first" : "probe before the judgement");
+    PlanningShared shared = PlanningShared::Create();
+    shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+    PlanControllerOptions o = GuardOn();
+    o.guard.probe_first = probe_first;
+    PlanController c(o, BaseKey(), 1, 0, shared);
+    int64_t step = 0;
+    auto probe = [&] {
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "probe " << i;
+        c.AfterStep(Plain(0.005));  // 200 tokens/s
+        ++step;
+      }
+    };
+    if (probe_first) probe();
+    // 4 speculative steps of 2 tokens in 0.02 s: 100 tokens/s.
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << "speculative " << i;
+      c.AfterStep(Spec(3, 3, 1, 0.02));
+      ++step;
+    }
+    if (!probe_first) probe();
+    EXPECT_EQ(c.stats().guard_probe_steps, 3);
+    EXPECT_EQ(c.stats().guard_checks, 1);
+    EXPECT_EQ(c.stats().guard_fallbacks, 1);
+    EXPECT_NEAR(c.stats().guard_last_spec_tps, 100, 1e-9);
+    EXPECT_NEAR(c.stats().guard_last_plain_tps, 200, 1e-9);
+    for (int i = 0; i < 10; ++i) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "fallback " << i;
+      c.AfterStep(Plain(0.005));
+      ++step;
+    }
+    EXPECT_EQ(c.stats().guard_plain_steps, 10);
+    EXPECT_EQ(c.stats().triggers_drift, 0)
+        << "plain steps observe no acceptance";
+    // A newer plan for the bucket: speculation resumes and is measured
+    // afresh (the bucket has plain timings now: no probe).
+    shared.cache->Insert(KeyAt(0), Plan(5, 0.5), 60, 10);
+    StepDirective d = c.BeforeStep(step, 1);
+    ASSERT_TRUE(d.apply.has_value());
+    EXPECT_EQ(d.gamma, 5);
+  }
+}
+
+// Probing first lets a clear loser go at its early steps: 3 plain steps,
+// then 6 speculative steps at a third of the plain rate, and it loses,
+// where a plan that speculates first would run min_steps (16) losing steps
+// and then the probe.
+TEST(SpeculationGuardTest, AClearLoserInANewBucketLosesAtItsEarlySteps) {
   PlanningShared shared = PlanningShared::Create();
   shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
-  PlanController c(GuardOn(), BaseKey(), 1, 0, shared);
+  PlanControllerOptions o = GuardOn();
+  o.guard.min_steps = 16;
+  PlanController c(o, BaseKey(), 1, 0, shared);
   int64_t step = 0;
-  EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
-  // 4 speculative steps of 2 tokens in 0.02 s: 100 tokens/s.
-  for (int i = 0; i < 4; ++i) {
-    c.AfterStep(Spec(3, 3, 1, 0.02));
-    ++step;
-    if (i < 3) {
-      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
-    }
-  }
-  // No plain timing for the bucket yet: a probe of 3 plain steps.
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "probe " << i;
+  for (; step < 3; ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "probe " << step;
     c.AfterStep(Plain(0.005));  // 200 tokens/s
-    ++step;
   }
-  EXPECT_EQ(c.stats().guard_probe_steps, 3);
-  EXPECT_EQ(c.stats().guard_checks, 1);
+  for (int i = 0; i < 6; ++i, ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << "speculative " << i;
+    c.AfterStep(Spec(3, 3, 1, 0.03));  // 2 tokens in 30 ms: 67 tokens/s
+  }
   EXPECT_EQ(c.stats().guard_fallbacks, 1);
-  EXPECT_NEAR(c.stats().guard_last_spec_tps, 100, 1e-9);
-  EXPECT_NEAR(c.stats().guard_last_plain_tps, 200, 1e-9);
-  for (int i = 0; i < 10; ++i) {
-    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "fallback " << i;
-    c.AfterStep(Plain(0.005));
-    ++step;
-  }
-  EXPECT_EQ(c.stats().guard_plain_steps, 10);
-  EXPECT_EQ(c.stats().triggers_drift, 0) << "plain steps observe no acceptance";
-  // A newer plan for the bucket: speculation resumes and is measured afresh.
-  shared.cache->Insert(KeyAt(0), Plan(5, 0.5), 60, 10);
-  StepDirective d = c.BeforeStep(step, 1);
-  ASSERT_TRUE(d.apply.has_value());
-  EXPECT_EQ(d.gamma, 5);
+  EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0);
 }
 
 TEST(SpeculationGuardTest, AWinningPlanKeepsSpeculatingAndIsJudgedAgain) {
@@ -404,6 +438,28 @@ TEST(SpeculationGuardTest, AWinningPlanKeepsSpeculatingAndIsJudgedAgain) {
       << "the table already had plain timings";
   EXPECT_EQ(c.stats().guard_checks, 3);
   EXPECT_EQ(c.stats().guard_fallbacks, 0);
+}
+
+// One of the four steps was preempted for 50 ms (a solve, another process):
+// judged with it, the plan would lose (12 tokens in 98 ms, 122 tokens/s
+// against 200); without it, it wins at 250 tokens/s. outlier_factor 0 keeps
+// the step, as before the rule.
+TEST(SpeculationGuardTest, APreemptedStepIsNoEvidence) {
+  for (double factor : {3.0, 0.0}) {
+    PlanningShared shared = SharedWithPlanAndPlainRate();
+    PlanControllerOptions o = GuardOn();
+    o.guard.outlier_factor = factor;
+    PlanController c(o, BaseKey(), 1, 0, shared);
+    for (int64_t step = 0; step < 4; ++step) {
+      c.BeforeStep(step, 1);
+      c.AfterStep(Spec(3, 3, 2, step == 1 ? 0.062 : 0.012));
+    }
+    EXPECT_EQ(c.stats().guard_checks, 1) << factor;
+    EXPECT_EQ(c.stats().guard_fallbacks, factor > 0 ? 0 : 1) << factor;
+    EXPECT_NEAR(c.stats().guard_last_spec_tps, factor > 0 ? 250 : 12 / 0.098,
+                1e-9)
+        << factor;
+  }
 }
 
 TEST(SpeculationGuardTest, TheMarginDecidesCloseCalls) {
