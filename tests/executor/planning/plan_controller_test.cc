@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "absl/time/clock.h"
 
 namespace knapserve {
@@ -444,35 +446,41 @@ TEST(SpeculationGuardTest, AWinningPlanKeepsSpeculatingAndIsJudgedAgain) {
 // judged with it, the plan would lose (12 tokens in 98 ms, 122 tokens/s
 // against 200); without it, it wins at 250 tokens/s. outlier_factor 0 keeps
 // the step, as before the rule.
+// One judgement of GuardOn's 4 speculative steps of 3 tokens against the
+// plain 200 tokens/s of SharedWithPlanAndPlainRate; step i takes
+// step_seconds[i]. `edit` changes the guard's options first.
+PlanningStats JudgeFourSteps(const std::function<void(GuardOptions&)>& edit,
+                             const std::vector<double>& step_seconds) {
+  PlanningShared shared = SharedWithPlanAndPlainRate();
+  PlanControllerOptions o = GuardOn();
+  edit(o.guard);
+  PlanController c(o, BaseKey(), 1, 0, shared);
+  for (int64_t step = 0; step < 4; ++step) {
+    c.BeforeStep(step, 1);
+    c.AfterStep(Spec(3, 3, 2, step_seconds[step]));
+  }
+  return c.stats();
+}
+
 TEST(SpeculationGuardTest, APreemptedStepIsNoEvidence) {
   for (double factor : {3.0, 0.0}) {
-    PlanningShared shared = SharedWithPlanAndPlainRate();
-    PlanControllerOptions o = GuardOn();
-    o.guard.outlier_factor = factor;
-    PlanController c(o, BaseKey(), 1, 0, shared);
-    for (int64_t step = 0; step < 4; ++step) {
-      c.BeforeStep(step, 1);
-      c.AfterStep(Spec(3, 3, 2, step == 1 ? 0.062 : 0.012));
-    }
-    EXPECT_EQ(c.stats().guard_checks, 1) << factor;
-    EXPECT_EQ(c.stats().guard_fallbacks, factor > 0 ? 0 : 1) << factor;
-    EXPECT_NEAR(c.stats().guard_last_spec_tps, factor > 0 ? 250 : 12 / 0.098,
-                1e-9)
+    const PlanningStats stats =
+        JudgeFourSteps([&](GuardOptions& g) { g.outlier_factor = factor; },
+                       {0.012, 0.062, 0.012, 0.012});
+    EXPECT_EQ(stats.guard_checks, 1) << factor;
+    EXPECT_EQ(stats.guard_fallbacks, factor > 0 ? 0 : 1) << factor;
+    EXPECT_NEAR(stats.guard_last_spec_tps, factor > 0 ? 250 : 12 / 0.098, 1e-9)
         << factor;
   }
 }
 
 TEST(SpeculationGuardTest, TheMarginDecidesCloseCalls) {
   for (double margin : {0.0, 0.5}) {
-    PlanningShared shared = SharedWithPlanAndPlainRate();
-    PlanControllerOptions o = GuardOn();
-    o.guard.margin = margin;
-    PlanController c(o, BaseKey(), 1, 0, shared);
-    for (int64_t step = 0; step < 4; ++step) {
-      c.BeforeStep(step, 1);
-      c.AfterStep(Spec(3, 3, 2, 0.012));  // 250 tokens/s against 200
-    }
-    EXPECT_EQ(c.stats().guard_fallbacks, margin > 0.25 ? 1 : 0) << margin;
+    // 250 tokens/s against 200.
+    const PlanningStats stats =
+        JudgeFourSteps([&](GuardOptions& g) { g.margin = margin; },
+                       {0.012, 0.012, 0.012, 0.012});
+    EXPECT_EQ(stats.guard_fallbacks, margin > 0.25 ? 1 : 0) << margin;
   }
 }
 
