@@ -659,9 +659,10 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
   KNAPSERVE_SKIP_WITHOUT_SHARED(
       "bench/spec_bench/question.jsonl");  // the default --prompts
   // With --json the tables go to stderr and one JSON object to stdout.
-  const std::vector<std::string> args = Stories(
-      {"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "8", "--skip",
-       "m0", "--max-draft", "3", "--modes", "off,static,off", "--json"});
+  const std::vector<std::string> args =
+      Stories({"bench", "spec", "--num-prompts", "2", "--max-new-tokens", "24",
+               "--skip", "m0", "--max-draft", "3", "--modes", "off,static,off",
+               "--json"});
   const Outcome outcome = RunKnapserve(args);
   ASSERT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
   EXPECT_THAT(
@@ -681,7 +682,7 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
     const nlohmann::json& m = set["modes"][mode];
     ASSERT_TRUE(m.is_object()) << mode;
     EXPECT_GT(m["decode_tokens_per_s"].get<double>(), 0) << mode;
-    EXPECT_EQ(m["decoded_tokens"], 2 * 7)
+    EXPECT_EQ(m["decoded_tokens"], 2 * 23)
         << mode;  // the first token comes from prefill
     EXPECT_EQ(m["same_ids"], true) << mode;
     for (const char* key :
