@@ -52,22 +52,23 @@ SpeculationGuard::Rate SpeculationGuard::EvidenceRate() const {
   for (const StepEvidence& e : evidence_) step_seconds.push_back(e.seconds);
   const double threshold =
       OutlierThresholdSeconds(step_seconds, options_.outlier_factor);
+  std::vector<StepEvidence> kept;
+  for (const StepEvidence& e : evidence_) {
+    if (e.seconds <= threshold) kept.push_back(e);
+  }
   double tokens = 0;
   double seconds = 0;
-  double n = 0;
-  for (const StepEvidence& e : evidence_) {
-    if (e.seconds > threshold) continue;
+  for (const StepEvidence& e : kept) {
     tokens += e.tokens;
     seconds += e.seconds;
-    ++n;
   }
   if (seconds <= 0) return rate;
   rate.tokens_per_second = tokens / seconds;
+  const double n = static_cast<double>(kept.size());
   if (n < 2) return rate;
   // A ratio of sums: Var(T / S) ~ sum (t_i - R s_i)^2 / S^2 * n / (n - 1).
   double residuals = 0;
-  for (const StepEvidence& e : evidence_) {
-    if (e.seconds > threshold) continue;
+  for (const StepEvidence& e : kept) {
     const double r = e.tokens - rate.tokens_per_second * e.seconds;
     residuals += r * r;
   }
