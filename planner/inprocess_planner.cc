@@ -212,6 +212,7 @@ absl::StatusOr<DraftPlan> InProcessPlanner::Solve(
   inputs.context_length = request.context_length;
   inputs.plan_lifetime_tokens = request.plan_lifetime_tokens;
   inputs.step = request.step;
+  inputs.exit_threshold = request.exit_threshold;
   switch (request.policy) {
     case PlanPolicy::kKnapSpec: {
       KnapSpecOptions options = options_.knapspec;

@@ -60,6 +60,38 @@ absl::StatusOr<std::vector<double>> AlphaHats(
   return out;
 }
 
+absl::StatusOr<std::vector<DraftShares>> Shares(
+    const SublayerRunner& runner, const torch::Tensor& final_states,
+    absl::Span<const int32_t> target_argmax, double exit_threshold) {
+  const int64_t b = final_states.size(0);
+  std::vector<DraftShares> out(b);
+  if (!(exit_threshold > 0)) {
+    ASSIGN_OR_RETURN(std::vector<double> alphas,
+                     AlphaHats(runner, final_states, target_argmax));
+    for (int64_t k = 0; k < b; ++k)
+      out[k] = {alphas[k], 1.0, alphas[k]};
+    return out;
+  }
+  ASSIGN_OR_RETURN(SublayerRunner::Top top,
+                   runner.TopTokensWithProbability(final_states));
+  std::vector<int64_t> ids(target_argmax.begin(), target_argmax.end());
+  torch::Tensor target =
+      torch::tensor(ids, torch::kInt64).to(top.ids.device()).unsqueeze(0);
+  torch::Tensor accept = top.ids.to(torch::kInt64).eq(target);
+  torch::Tensor go_on =
+      top.probability.to(accept.device(), torch::kFloat64).ge(exit_threshold);
+  torch::Tensor shares =
+      torch::stack({accept, go_on, accept.logical_and(go_on)}, 1)
+          .to(torch::kFloat64)
+          .mean(-1)
+          .cpu()
+          .contiguous();  // [B, 3]
+  const double* p = shares.data_ptr<double>();
+  for (int64_t k = 0; k < b; ++k)
+    out[k] = {p[3 * k], p[3 * k + 1], p[3 * k + 2]};
+  return out;
+}
+
 absl::StatusOr<torch::Tensor> CheckedApply(const SublayerRunner& runner,
                                            int sublayer,
                                            const torch::Tensor& h) {
@@ -206,6 +238,44 @@ absl::StatusOr<torch::Tensor> ModelSublayerRunner::TopTokens(
   }
 }
 
+absl::StatusOr<SublayerRunner::Top>
+ModelSublayerRunner::TopTokensWithProbability(const torch::Tensor& h) const {
+  if (h.dim() != 3 || h.size(2) != model_->config().hidden_size) {
+    return absl::InvalidArgumentError("runner input must be [B, r, hidden]");
+  }
+  try {
+    c10::InferenceMode guard;
+    torch::Tensor rows =
+        h.to(model_->device(), model_->dtype()).reshape({-1, h.size(2)});
+    const int64_t n = rows.size(0);
+    const int64_t chunk = std::max<int64_t>(
+        1, options_.max_logits_bytes / (4 * model_->config().vocab_size));
+    std::vector<torch::Tensor> ids;
+    std::vector<torch::Tensor> probability;
+    for (int64_t begin = 0; begin < n; begin += chunk) {
+      torch::Tensor logits =
+          model_->Logits(rows.narrow(0, begin, std::min(chunk, n - begin)));
+      // The ids exactly as TopTokens picks them (ties included).
+      ids.push_back(logits.argmax(-1));
+      probability.push_back(std::get<0>(
+          torch::softmax(logits.to(torch::kFloat32), -1).max(-1))
+                                .to(torch::kFloat64));
+    }
+    return Top{torch::cat(ids, 0).view({h.size(0), h.size(1)}),
+               torch::cat(probability, 0).view({h.size(0), h.size(1)})};
+  } catch (const c10::Error& e) {
+    return absl::InternalError(
+        absl::StrCat("LM head: torch error: ", e.what_without_backtrace()));
+  }
+}
+
+absl::StatusOr<SublayerRunner::Top> SublayerRunner::TopTokensWithProbability(
+    const torch::Tensor& h) const {
+  ASSIGN_OR_RETURN(torch::Tensor ids, TopTokens(h));
+  c10::InferenceMode guard;
+  return Top{ids, torch::ones(ids.sizes(), torch::kFloat64)};
+}
+
 // ---- The DP ----
 
 absl::StatusOr<std::vector<double>> MeasureAlphaHats(
@@ -224,6 +294,24 @@ absl::StatusOr<std::vector<double>> MeasureAlphaHats(
     return std::vector<double>(final_states.size(0), 0.0);
   c10::InferenceMode guard;
   return AlphaHats(runner, final_states, target_argmax);
+}
+
+absl::StatusOr<std::vector<DraftShares>> MeasureDraftShares(
+    const SublayerRunner& runner, const torch::Tensor& final_states,
+    absl::Span<const int32_t> target_argmax, double exit_threshold) {
+  if (!final_states.defined() || final_states.dim() != 3) {
+    return absl::InvalidArgumentError(
+        "final states must be a [B, r, hidden] tensor");
+  }
+  if (target_argmax.empty() ||
+      static_cast<int64_t>(target_argmax.size()) != final_states.size(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_argmax has ", target_argmax.size(),
+                     " ids for r = ", final_states.size(1),
+                     " tokens (r >= 1 needed)"));
+  }
+  c10::InferenceMode guard;
+  return Shares(runner, final_states, target_argmax, exit_threshold);
 }
 
 std::vector<double> MeanCosines(const torch::Tensor& h,
@@ -514,7 +602,7 @@ absl::StatusOr<SkipCandidate> SolveLayerSkip(
 absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(
     const SublayerRunner& runner, const torch::Tensor& reference,
     absl::Span<const int32_t> target_argmax, absl::Span<const LayerMask> masks,
-    SublayerWeights weights) {
+    SublayerWeights weights, double exit_threshold) {
   RETURN_IF_ERROR(CheckReference(runner, reference, target_argmax));
   for (const LayerMask& mask : masks) {
     if (mask.num_sublayers() != runner.num_sublayers()) {
@@ -553,11 +641,20 @@ absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(
     cos = MeanCosines(h, reference[s + 1]);
     for (int64_t k = 0; k < b; ++k) out[k].path_cosines.push_back(cos[k]);
   }
-  ASSIGN_OR_RETURN(std::vector<double> alphas,
-                   AlphaHats(runner, h, target_argmax));
-  for (int64_t k = 0; k < b; ++k) {
+  for (int64_t k = 0; k < b; ++k)
     out[k].mean_cosine = out[k].path_cosines.back();
-    out[k].alpha_hat = alphas[k];
+  if (target_argmax.empty() || !(exit_threshold > 0)) {
+    ASSIGN_OR_RETURN(std::vector<double> alphas,
+                     AlphaHats(runner, h, target_argmax));
+    for (int64_t k = 0; k < b; ++k) out[k].alpha_hat = alphas[k];
+    return out;
+  }
+  ASSIGN_OR_RETURN(std::vector<DraftShares> shares,
+                   Shares(runner, h, target_argmax, exit_threshold));
+  for (int64_t k = 0; k < b; ++k) {
+    out[k].alpha_hat = shares[k].accept;
+    out[k].go_on_share = shares[k].go_on;
+    out[k].accept_and_go_on_share = shares[k].accept_and_go_on;
   }
   return out;
 }
@@ -565,10 +662,10 @@ absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(
 absl::StatusOr<SkipCandidate> EvaluateMask(
     const SublayerRunner& runner, const torch::Tensor& reference,
     absl::Span<const int32_t> target_argmax, const LayerMask& mask,
-    SublayerWeights weights) {
-  ASSIGN_OR_RETURN(
-      std::vector<SkipCandidate> one,
-      EvaluateMasks(runner, reference, target_argmax, {&mask, 1}, weights));
+    SublayerWeights weights, double exit_threshold) {
+  ASSIGN_OR_RETURN(std::vector<SkipCandidate> one,
+                   EvaluateMasks(runner, reference, target_argmax, {&mask, 1},
+                                 weights, exit_threshold));
   return std::move(one[0]);
 }
 

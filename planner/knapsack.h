@@ -58,6 +58,16 @@ class SublayerRunner {
   // as int64 [B, r].
   virtual absl::StatusOr<torch::Tensor> TopTokens(
       const torch::Tensor& h) const = 0;
+  // The argmax token ([B, r] int64) and its softmax probability ([B, r]
+  // float64) for final hidden states h [B, r, d]. The default runs TopTokens
+  // and reports probability 1 (a runner without an output distribution: its
+  // drafts are always confident).
+  struct Top {
+    torch::Tensor ids;
+    torch::Tensor probability;
+  };
+  virtual absl::StatusOr<Top> TopTokensWithProbability(
+      const torch::Tensor& h) const;
 };
 
 // The real runner: the first `num_layers` layers of a LlamaModel. Attention
@@ -99,6 +109,11 @@ class ModelSublayerRunner final : public SublayerRunner {
                                       const torch::Tensor& h) const override;
   absl::StatusOr<torch::Tensor> TopTokens(
       const torch::Tensor& h) const override;
+  // One LM-head pass for both (chunked like TopTokens); the probability is
+  // the float32 softmax's largest entry, as the engine's confidence stop
+  // computes it.
+  absl::StatusOr<Top> TopTokensWithProbability(
+      const torch::Tensor& h) const override;
 
  private:
   ModelSublayerRunner(const LlamaModel& model,
@@ -128,6 +143,11 @@ struct SkipCandidate {
   // Share of the r tokens whose argmax matches the target; -1 when no target
   // ids were given.
   double alpha_hat = -1;
+  // With an exit threshold (EvaluateMasks): the share of the r tokens whose
+  // top-1 probability reaches it (drafting would go on after them), and the
+  // share that also matches the target; -1 when not measured.
+  double go_on_share = -1;
+  double accept_and_go_on_share = -1;
   // Mean cosine at every DP boundary along this candidate's path: 2L+1
   // entries for the sublayer DP (entry 0 is the embeddings, 1.0), L+1 for the
   // whole-layer DP.
@@ -177,6 +197,22 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(
 absl::StatusOr<std::vector<double>> MeasureAlphaHats(
     const SublayerRunner& runner, const torch::Tensor& final_states,
     absl::Span<const int32_t> target_argmax);
+
+// What a draft does on the reference tokens, as raw shares of the r tokens.
+struct DraftShares {
+  double accept = 0;  // argmax equals the target's (alpha_hat)
+  // top-1 probability >= the exit threshold (1 with threshold <= 0)
+  double go_on = 1;
+  double accept_and_go_on = 0;  // both (accept with threshold <= 0)
+};
+
+// The shares of B candidates from their final hidden states [B, r, d] (one
+// LM-head pass). exit_threshold <= 0 stops no draft: go_on = 1 and
+// accept_and_go_on = accept without computing probabilities. target_argmax
+// must hold r >= 1 ids; errors as MeasureAlphaHats.
+absl::StatusOr<std::vector<DraftShares>> MeasureDraftShares(
+    const SublayerRunner& runner, const torch::Tensor& final_states,
+    absl::Span<const int32_t> target_argmax, double exit_threshold);
 
 // Integer knapsack weights of the two sublayer kinds.
 struct SublayerWeights {
@@ -246,17 +282,18 @@ absl::StatusOr<SkipCandidate> SolveLayerSkip(
 // Runs the sub-networks `masks` over the reference tokens and measures each
 // like a DP candidate (path_cosines has 2L+1 entries; skipped_weight sums
 // `weights` over the skipped sublayers). Batched: each sublayer runs once over
-// the masks that keep it. InvalidArgument when a mask's layer count or the
-// shapes do not match.
+// the masks that keep it. exit_threshold > 0 (with target ids) also measures
+// go_on_share and accept_and_go_on_share (MeasureDraftShares).
+// InvalidArgument when a mask's layer count or the shapes do not match.
 absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(
     const SublayerRunner& runner, const torch::Tensor& reference,
     absl::Span<const int32_t> target_argmax, absl::Span<const LayerMask> masks,
-    SublayerWeights weights = {});
+    SublayerWeights weights = {}, double exit_threshold = 0);
 // The same for one mask.
 absl::StatusOr<SkipCandidate> EvaluateMask(
     const SublayerRunner& runner, const torch::Tensor& reference,
     absl::Span<const int32_t> target_argmax, const LayerMask& mask,
-    SublayerWeights weights = {});
+    SublayerWeights weights = {}, double exit_threshold = 0);
 
 // Mean over the r tokens of the per-token cosine similarity between each of
 // B candidates h [B, r, d] and the reference x [r, d], as B doubles

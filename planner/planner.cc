@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -118,6 +119,10 @@ absl::StatusOr<Checked> CheckInputs(const LlamaModel& model,
     return absl::InvalidArgumentError(absl::StrCat(
         "context_length must be >= 0, got ", inputs.context_length));
   }
+  if (!(inputs.exit_threshold >= 0 && inputs.exit_threshold <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "exit_threshold must be in [0, 1], got ", inputs.exit_threshold));
+  }
   if (inputs.plan_lifetime_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("plan_lifetime_tokens must be >= 0, got ",
@@ -142,16 +147,50 @@ std::vector<double> VerifyTable(const LatencyProfile& profile, int64_t n,
   return table;
 }
 
+// A candidate's acceptance and confidence stop as the TPT grid takes them:
+// its raw shares on r tokens, each smoothed with the prior (monotone, so the
+// stop's accept_and_go_on stays below alpha and go_on). With exit_threshold 0
+// no draft stops.
+DraftOdds SmoothedOdds(const DraftShares& shares, int64_t r,
+                       const AlphaPrior& prior, double exit_threshold) {
+  DraftOdds odds;
+  odds.alpha = SmoothAlpha(shares.accept, r, prior);
+  if (exit_threshold > 0) {
+    odds.stop = ConfidenceStop{SmoothAlpha(shares.go_on, r, prior),
+                               SmoothAlpha(shares.accept_and_go_on, r, prior)};
+  }
+  return odds;
+}
+
+DraftShares SharesOf(const SkipCandidate& c) {
+  if (c.go_on_share < 0) return {c.alpha_hat, 1.0, c.alpha_hat};
+  return {c.alpha_hat, c.go_on_share, c.accept_and_go_on_share};
+}
+
+// The plan's promise per step: what ForecastStep expects of (candidate,
+// gamma), or one plain token per verification for gamma 0.
+void SetForecast(const TptCandidate& candidate, int gamma,
+                 absl::Span<const double> verify, DraftPlan& plan) {
+  const StepForecast f = ForecastStep(candidate, gamma, verify);
+  plan.predicted_tokens_per_step = f.tokens;
+  plan.predicted_drafts_per_step = f.drafts;
+  plan.alpha_smoothed = gamma > 0 ? candidate.alpha : 0.0;
+}
+
 // Fills plan.gamma / predicted_tpt / baseline_tpt for one fixed candidate
 // measured on r tokens. fixed_gamma > 0 forces gamma (the TPT is still
 // predicted for it).
 absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
                          const SkipCandidate& candidate, int64_t r,
-                         const AlphaPrior& prior, int max_draft,
-                         int fixed_gamma, DraftPlan& plan) {
-  const std::vector<double> verify = VerifyTable(profile, n, max_draft);
-  const TptCandidate tc{SmoothAlpha(candidate.alpha_hat, r, prior),
-                        profile.DraftTokenSeconds(candidate.mask, n)};
+                         const AlphaPrior& prior, double exit_threshold,
+                         int max_draft, int fixed_gamma, DraftPlan& plan) {
+  const std::vector<double> verify =
+      VerifyTable(profile, n, std::max(max_draft, fixed_gamma));
+  const DraftOdds odds =
+      SmoothedOdds(SharesOf(candidate), r, prior, exit_threshold);
+  const TptCandidate tc{odds.alpha,
+                        profile.DraftTokenSeconds(candidate.mask, n),
+                        odds.stop};
   plan.mask = candidate.mask;
   plan.alpha_hat = candidate.alpha_hat;
   plan.mean_cosine = candidate.mean_cosine;
@@ -159,18 +198,17 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
   plan.num_evaluated = 1;
   if (fixed_gamma > 0) {
     plan.gamma = fixed_gamma;
-    plan.alpha_smoothed = tc.alpha;
     plan.predicted_tpt =
-        TokensPerSecond(tc.alpha, fixed_gamma, tc.draft_seconds,
-                        profile.StepSeconds(n, fixed_gamma + 1));
+        ForecastStep(tc, fixed_gamma, verify).tokens_per_second();
     plan.baseline_tpt = TokensPerSecond(0, 0, 0, verify[0]);
+    SetForecast(tc, fixed_gamma, verify, plan);
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(TptChoice choice, MaximizeTpt({&tc, 1}, verify, max_draft));
   plan.gamma = choice.gamma;
-  plan.alpha_smoothed = choice.gamma > 0 ? tc.alpha : 0.0;
   plan.predicted_tpt = choice.tpt;
   plan.baseline_tpt = choice.baseline_tpt;
+  SetForecast(tc, choice.gamma, verify, plan);
   return absl::OkStatus();
 }
 
@@ -271,9 +309,8 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   SkipDpStats dp_stats;
   ASSIGN_OR_RETURN(
       std::vector<SkipCandidate> candidates,
-      SolveKnapsack(runner, states,
-                    options.lazy_alpha ? absl::Span<const int32_t>() : targets,
-                    weights, dp, &dp_stats, &final_states));
+      SolveKnapsack(runner, states, absl::Span<const int32_t>(), weights, dp,
+                    &dp_stats, &final_states));
   dp_stage.span().SetAttribute("knapserve.plan.candidates",
                                static_cast<int64_t>(candidates.size()));
   dp_stage.span().SetAttribute("knapserve.plan.dp_sublayer_calls",
@@ -292,30 +329,40 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   for (const SkipCandidate& c : candidates)
     draft_seconds.push_back(profile.DraftTokenSeconds(c.mask, n));
   const std::vector<double> verify = VerifyTable(profile, n, options.max_draft);
+  const double exit_threshold = inputs.exit_threshold;
+  std::vector<std::optional<DraftOdds>> odds(candidates.size());
   TptChoice choice;
   if (options.lazy_alpha) {
-    auto alpha_of = [&](int i) -> absl::StatusOr<double> {
+    auto odds_of = [&](int i) -> absl::StatusOr<DraftOdds> {
       torch::Tensor one;
       {
         c10::InferenceMode guard;
         one = final_states.narrow(0, i, 1);
       }
-      ASSIGN_OR_RETURN(std::vector<double> share,
-                       MeasureAlphaHats(runner, one, targets));
-      candidates[i].alpha_hat = share[0];
-      return SmoothAlpha(share[0], r_used, options.alpha_prior);
+      ASSIGN_OR_RETURN(std::vector<DraftShares> shares,
+                       MeasureDraftShares(runner, one, targets, exit_threshold));
+      candidates[i].alpha_hat = shares[0].accept;
+      odds[i] = SmoothedOdds(shares[0], r_used, options.alpha_prior,
+                             exit_threshold);
+      return *odds[i];
     };
     ASSIGN_OR_RETURN(
         choice, MaximizeTptLazily(draft_seconds,
                                   SmoothAlpha(1.0, r_used, options.alpha_prior),
-                                  verify, options.max_draft, alpha_of));
+                                  verify, options.max_draft,
+                                  /*confidence_stop=*/exit_threshold > 0,
+                                  odds_of));
   } else {
+    ASSIGN_OR_RETURN(
+        std::vector<DraftShares> shares,
+        MeasureDraftShares(runner, final_states, targets, exit_threshold));
     std::vector<TptCandidate> tpt;
     tpt.reserve(candidates.size());
     for (size_t i = 0; i < candidates.size(); ++i) {
-      tpt.push_back(
-          {SmoothAlpha(candidates[i].alpha_hat, r_used, options.alpha_prior),
-           draft_seconds[i]});
+      candidates[i].alpha_hat = shares[i].accept;
+      odds[i] = SmoothedOdds(shares[i], r_used, options.alpha_prior,
+                             exit_threshold);
+      tpt.push_back({odds[i]->alpha, draft_seconds[i], odds[i]->stop});
     }
     ASSIGN_OR_RETURN(choice, MaximizeTpt(tpt, verify, options.max_draft));
   }
@@ -337,13 +384,15 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     const SkipCandidate& best = candidates[choice.candidate];
     plan.mask = best.mask;
     plan.alpha_hat = best.alpha_hat;
-    plan.alpha_smoothed =
-        SmoothAlpha(best.alpha_hat, r_used, options.alpha_prior);
     plan.mean_cosine = best.mean_cosine;
+    const DraftOdds& chosen = *odds[choice.candidate];
+    SetForecast({chosen.alpha, draft_seconds[choice.candidate], chosen.stop},
+                choice.gamma, verify, plan);
   } else {
     // No speculation: the full model (candidate j = 0) accepts its own tokens.
     plan.alpha_hat = 1.0;
     plan.mean_cosine = candidates.front().mean_cosine;
+    SetForecast({}, 0, verify, plan);
   }
   plan.solve_seconds = SecondsSince(start);
   return plan;
@@ -390,17 +439,17 @@ absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model,
                        model, inputs.prefix_kv,
                        KvEntriesBefore(inputs, inputs.first_position),
                        inputs.first_position));
-  ASSIGN_OR_RETURN(
-      SkipCandidate measured,
-      EvaluateMask(runner, in.states, inputs.target_argmax, chosen.mask));
+  ASSIGN_OR_RETURN(SkipCandidate measured,
+                   EvaluateMask(runner, in.states, inputs.target_argmax,
+                                chosen.mask, {}, inputs.exit_threshold));
   eval_stage.span().SetAttribute("knapserve.plan.alpha_hat",
                                  measured.alpha_hat);
   eval_stage.End();
   trace::ScopedSpan grid_stage("plan.solve.tpt_grid");
   DraftPlan plan;
   RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, in.r,
-                              options.alpha_prior, options.max_draft,
-                              options.gamma, plan));
+                              options.alpha_prior, inputs.exit_threshold,
+                              options.max_draft, options.gamma, plan));
   grid_stage.span().SetAttribute("knapserve.plan.gamma", plan.gamma);
   grid_stage.End();
   plan.step = inputs.step;
@@ -432,15 +481,16 @@ absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model,
                        KvEntriesBefore(inputs, inputs.first_position),
                        inputs.first_position));
   ASSIGN_OR_RETURN(SkipCandidate measured,
-                   EvaluateMask(runner, in.states, inputs.target_argmax, mask));
+                   EvaluateMask(runner, in.states, inputs.target_argmax, mask,
+                                {}, inputs.exit_threshold));
   eval_stage.span().SetAttribute("knapserve.plan.alpha_hat",
                                  measured.alpha_hat);
   eval_stage.End();
   trace::ScopedSpan grid_stage("plan.solve.tpt_grid");
   DraftPlan plan;
   RETURN_IF_ERROR(ChooseGamma(profile, in.context_length, measured, in.r,
-                              options.alpha_prior, options.max_draft,
-                              /*fixed_gamma=*/0, plan));
+                              options.alpha_prior, inputs.exit_threshold,
+                              options.max_draft, /*fixed_gamma=*/0, plan));
   grid_stage.span().SetAttribute("knapserve.plan.gamma", plan.gamma);
   grid_stage.End();
   plan.step = inputs.step;

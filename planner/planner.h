@@ -86,6 +86,12 @@ struct PlanInputs {
   int64_t plan_lifetime_tokens = 0;
   // Decode step of the plan boundary, echoed in DraftPlan::step.
   int64_t step = 0;
+  // The request's draft confidence stop (SpeculationConfig::exit_threshold,
+  // in [0, 1]): a draft ends after a token whose top-1 probability is below
+  // it. > 0 makes every policy measure, besides alpha_hat, how often the
+  // draft is confident on the reference tokens and price the shorter drafts
+  // (planner/tpt.h ForecastStep); 0 prices drafts that always run to gamma.
+  double exit_threshold = 0;
 };
 
 // The number of leading K/V entries of `inputs` that hold positions before

@@ -53,12 +53,32 @@ double BaselineToBeat(const TptChoice& best) {
   return best.baseline_tpt * (1.0 + kMinSpeculationGain);
 }
 
-void Consider(int i, double alpha, double draft_seconds,
+absl::Status CheckStop(size_t candidate, double alpha,
+                       const std::optional<ConfidenceStop>& stop) {
+  if (!stop.has_value()) return absl::OkStatus();
+  const double c = stop->go_on;
+  const double b = stop->accept_and_go_on;
+  if (!(c >= 0 && c <= 1) || !(b >= 0 && b <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "candidate ", candidate, ": confidence stop shares go_on ", c,
+        ", accept_and_go_on ", b, " outside [0, 1]"));
+  }
+  // Smoothed shares of the same r tokens keep this order; the slack only
+  // absorbs rounding.
+  if (b > std::min(alpha, c) + 1e-12) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "candidate ", candidate, ": accept_and_go_on ", b,
+        " exceeds alpha ", alpha, " or go_on ", c));
+  }
+  return absl::OkStatus();
+}
+
+void Consider(int i, const TptCandidate& candidate,
               absl::Span<const double> verify_seconds, int max_draft,
               TptChoice& best) {
   for (int gamma = 1; gamma <= max_draft; ++gamma) {
     const double tpt =
-        TokensPerSecond(alpha, gamma, draft_seconds, verify_seconds[gamma]);
+        ForecastStep(candidate, gamma, verify_seconds).tokens_per_second();
     bool wins = false;
     if (best.candidate < 0) {
       wins = tpt > BaselineToBeat(best);
@@ -85,6 +105,37 @@ double TokensPerSecond(double alpha, int gamma, double draft_seconds,
                        double verify_seconds) {
   const double draft = gamma > 0 ? gamma * draft_seconds : 0.0;
   return ExpectedTokensPerStep(alpha, gamma) / (draft + verify_seconds);
+}
+
+StepForecast ForecastStep(const TptCandidate& candidate, int gamma,
+                          absl::Span<const double> verify_seconds) {
+  StepForecast f;
+  if (gamma <= 0) {
+    f.seconds = verify_seconds[0];
+    return f;
+  }
+  if (!candidate.stop.has_value()) {
+    // Exactly TokensPerSecond's terms.
+    f.tokens = ExpectedTokensPerStep(candidate.alpha, gamma);
+    f.drafts = gamma;
+    f.seconds = gamma * candidate.draft_seconds + verify_seconds[gamma];
+    return f;
+  }
+  const double c = candidate.stop->go_on;
+  const double b = candidate.stop->accept_and_go_on;
+  double reach = 1;     // P(draft k is made) = c^(k-1)
+  double carried = 1;   // P(drafts 1..k-1 accepted and confident) = b^(k-1)
+  double verify = 0;    // sum_k P(m = k) t_verify(n, k+1)
+  for (int k = 1; k <= gamma; ++k) {
+    f.drafts += reach;
+    f.tokens += candidate.alpha * carried;
+    const double ends_here = k < gamma ? reach * (1 - c) : reach;
+    verify += ends_here * verify_seconds[k];
+    reach *= c;
+    carried *= b;
+  }
+  f.seconds = f.drafts * candidate.draft_seconds + verify;
+  return f;
 }
 
 absl::Status ValidateAlphaPrior(const AlphaPrior& prior) {
@@ -116,13 +167,17 @@ absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
     if (absl::Status s = CheckDraftSeconds(i, candidates[i].draft_seconds);
         !s.ok())
       return s;
+    if (absl::Status s =
+            CheckStop(i, candidates[i].alpha, candidates[i].stop);
+        !s.ok())
+      return s;
   }
   TptChoice best;
   best.baseline_tpt = TokensPerSecond(0, 0, 0, verify_seconds[0]);
   best.tpt = best.baseline_tpt;
   for (size_t i = 0; i < candidates.size(); ++i) {
-    Consider(static_cast<int>(i), candidates[i].alpha,
-             candidates[i].draft_seconds, verify_seconds, max_draft, best);
+    Consider(static_cast<int>(i), candidates[i], verify_seconds, max_draft,
+             best);
   }
   best.num_evaluated = static_cast<int>(candidates.size());
   return best;
@@ -131,7 +186,7 @@ absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
 absl::StatusOr<TptChoice> MaximizeTptLazily(
     absl::Span<const double> draft_seconds, double alpha_upper,
     absl::Span<const double> verify_seconds, int max_draft,
-    const AlphaFunction& alpha_of) {
+    bool confidence_stop, const OddsFunction& odds_of) {
   if (absl::Status s = CheckGrid(verify_seconds, max_draft); !s.ok()) return s;
   if (!(alpha_upper >= 0 && alpha_upper <= 1)) {
     return absl::InvalidArgumentError(
@@ -142,10 +197,23 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
   for (size_t i = 0; i < count; ++i) {
     if (absl::Status s = CheckDraftSeconds(i, draft_seconds[i]); !s.ok())
       return s;
+    double cheapest_verify = verify_seconds[1];
     for (int gamma = 1; gamma <= max_draft; ++gamma) {
-      bound[i] = std::max(bound[i],
-                          TokensPerSecond(alpha_upper, gamma, draft_seconds[i],
-                                          verify_seconds[gamma]));
+      if (!confidence_stop) {
+        bound[i] = std::max(bound[i], TokensPerSecond(alpha_upper, gamma,
+                                                      draft_seconds[i],
+                                                      verify_seconds[gamma]));
+        continue;
+      }
+      // Any stop: E[m] drafts commit at most 1 + alpha_upper * E[m] tokens
+      // and cost at least E[m] * t_draft + the cheapest verification; the
+      // ratio is monotone in E[m], so one of E[m] = 1, gamma is the largest.
+      cheapest_verify = std::min(cheapest_verify, verify_seconds[gamma]);
+      for (const double drafts : {1.0, static_cast<double>(gamma)}) {
+        bound[i] = std::max(bound[i], (1 + alpha_upper * drafts) /
+                                          (drafts * draft_seconds[i] +
+                                           cheapest_verify));
+      }
     }
     // A relative margin far above rounding error: the closed form of
     // ExpectedTokensPerStep near alpha = 1 may round a hair above the value at
@@ -169,18 +237,38 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
       if (bound[i] < best.tpt) break;
       if (bound[i] == best.tpt && i > best.candidate) break;
     }
-    absl::StatusOr<double> alpha = alpha_of(i);
-    if (!alpha.ok()) return alpha.status();
+    absl::StatusOr<DraftOdds> odds = odds_of(i);
+    if (!odds.ok()) return odds.status();
     ++best.num_evaluated;
-    if (absl::Status s = CheckAlpha(i, *alpha); !s.ok()) return s;
-    if (*alpha > alpha_upper + 1e-12) {
+    const double alpha = odds->alpha;
+    if (absl::Status s = CheckAlpha(i, alpha); !s.ok()) return s;
+    if (alpha > alpha_upper + 1e-12) {
       return absl::InvalidArgumentError(
-          absl::StrCat("candidate ", i, ": alpha ", *alpha,
+          absl::StrCat("candidate ", i, ": alpha ", alpha,
                        " above alpha_upper ", alpha_upper));
     }
-    Consider(i, *alpha, draft_seconds[i], verify_seconds, max_draft, best);
+    if (odds->stop.has_value() && !confidence_stop) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "candidate ", i, ": a confidence stop in a search without one"));
+    }
+    if (absl::Status s = CheckStop(i, alpha, odds->stop); !s.ok()) return s;
+    Consider(i, TptCandidate{alpha, draft_seconds[i], odds->stop},
+             verify_seconds, max_draft, best);
   }
   return best;
+}
+
+absl::StatusOr<TptChoice> MaximizeTptLazily(
+    absl::Span<const double> draft_seconds, double alpha_upper,
+    absl::Span<const double> verify_seconds, int max_draft,
+    const AlphaFunction& alpha_of) {
+  return MaximizeTptLazily(
+      draft_seconds, alpha_upper, verify_seconds, max_draft,
+      /*confidence_stop=*/false, [&alpha_of](int i) -> absl::StatusOr<DraftOdds> {
+        absl::StatusOr<double> alpha = alpha_of(i);
+        if (!alpha.ok()) return alpha.status();
+        return DraftOdds{*alpha, std::nullopt};
+      });
 }
 
 }  // namespace knapserve

@@ -13,6 +13,20 @@
 // includes the engine's per-step work outside the pass (o_step) and t_draft
 // its per-draft-token work (o_draft), so the objective is tokens per second
 // of the step as the engine runs it, not of its passes alone.
+// The draft's confidence stop. The engine ends a draft after a token whose
+// top-1 probability is below the request's exit_threshold (the token itself
+// is still verified), so a step with budget gamma drafts m <= gamma tokens.
+// With, per position, c = P(the draft is confident: drafting goes on) and
+// b = P(confident and accepted), and positions independent,
+//
+//   P(m = k) = c^(k-1) (1 - c) for k < gamma,  P(m = gamma) = c^(gamma-1)
+//   E[committed] = 1 + alpha (1 + b + ... + b^(gamma-1))
+//   E[seconds]   = E[m] t_draft(S) + sum_k P(m = k) t_verify(n, k+1)
+//
+// (draft k is accepted only if drafts 1..k-1 were accepted and confident).
+// With no stop (c = 1, b = alpha) this is the formula above. ForecastStep
+// computes it; MaximizeTpt uses it for candidates that carry a stop.
+//
 // MaximizeTpt searches the grid candidates x gamma in 1..D and reports "no
 // speculation" when nothing beats autoregressive decoding; MaximizeTptLazily
 // finds the same maximizer while measuring alpha for as few candidates as it
@@ -39,6 +53,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -70,11 +85,45 @@ absl::Status ValidateAlphaPrior(const AlphaPrior& prior);
 // With r + hits + misses == 0 (nothing known) the share itself (clamped).
 double SmoothAlpha(double share, int64_t r, const AlphaPrior& prior);
 
+// The confidence stop's odds at one draft position (shares of the reference
+// tokens, smoothed like alpha).
+struct ConfidenceStop {
+  double go_on = 1;  // c: the draft is confident, drafting goes on; [0, 1]
+  // b: confident and accepted; in [0, min(alpha, go_on)].
+  double accept_and_go_on = 1;
+};
+
+// What one draft does per position: its acceptance and, when the request
+// stops drafts on low confidence, the stop's odds (nullopt: no stop, every
+// draft runs to gamma).
+struct DraftOdds {
+  double alpha = 0;
+  std::optional<ConfidenceStop> stop;
+};
+
 // One draft sub-network as the TPT search sees it.
 struct TptCandidate {
   double alpha = 0;          // acceptance (smoothed alpha_hat), in [0, 1]
   double draft_seconds = 0;  // t_draft(S) per draft token, > 0
+  std::optional<ConfidenceStop> stop;  // nullopt: drafts run to gamma
 };
+
+// The expected outcome of one step of (candidate, gamma).
+struct StepForecast {
+  double tokens = 1;   // committed tokens
+  double drafts = 0;   // draft tokens made (E[m])
+  double seconds = 0;  // drafting plus verifying m + 1 tokens
+  double tokens_per_second() const {
+    return seconds > 0 ? tokens / seconds : 0;
+  }
+};
+
+// The step of `candidate` with budget gamma (0: plain decoding, one
+// verification of one token) under the model above. verify_seconds[t - 1] =
+// t_verify(n, t) for t = 1..gamma+1. Inputs are not checked (MaximizeTpt
+// does): alpha and the stop's shares in [0, 1], gamma < verify_seconds.size().
+StepForecast ForecastStep(const TptCandidate& candidate, int gamma,
+                          absl::Span<const double> verify_seconds);
 
 // The maximizer of the grid.
 struct TptChoice {
@@ -97,8 +146,9 @@ inline constexpr double kMinSpeculationGain = 1e-9;
 // gamma increasing). A choice must beat the autoregressive baseline by more
 // than kMinSpeculationGain, else the result is {-1, 0, baseline, baseline}.
 // num_evaluated is the number of candidates. InvalidArgument for max_draft < 1,
-// a short or non-positive verify table, alpha outside [0, 1] or draft_seconds
-// <= 0.
+// a short or non-positive verify table, alpha outside [0, 1], draft_seconds
+// <= 0 or a stop whose shares are outside [0, 1] or whose accept_and_go_on
+// exceeds alpha or go_on.
 absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
                                       absl::Span<const double> verify_seconds,
                                       int max_draft);
@@ -121,6 +171,20 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
     absl::Span<const double> draft_seconds, double alpha_upper,
     absl::Span<const double> verify_seconds, int max_draft,
     const AlphaFunction& alpha_of);
+
+// The same search for drafts that may stop on low confidence: odds_of returns
+// candidate i's DraftOdds. With confidence_stop false no candidate may carry
+// a stop (InvalidArgument) and the search is the one above. With it true the
+// bound of a candidate allows any stop: a draft of m tokens commits at most 1
+// + alpha_upper * E[m] tokens in E[m] * t_draft plus at least the cheapest
+// verification of 2..gamma+1 tokens, whose ratio is largest at E[m] = 1 or
+// E[m] = gamma, so the search may measure more candidates but still returns
+// MaximizeTpt's choice over the same odds.
+using OddsFunction = std::function<absl::StatusOr<DraftOdds>(int candidate)>;
+absl::StatusOr<TptChoice> MaximizeTptLazily(
+    absl::Span<const double> draft_seconds, double alpha_upper,
+    absl::Span<const double> verify_seconds, int max_draft,
+    bool confidence_stop, const OddsFunction& odds_of);
 
 }  // namespace knapserve
 

@@ -11,7 +11,6 @@
 #include "absl/time/time.h"
 #include "common/base/clock.h"
 #include "common/base/status.h"
-#include "planner/tpt.h"
 #include "tools/cli_flags.h"
 #include "tools/shared_data.h"
 
@@ -196,12 +195,13 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
     seconds += p.measured_seconds;
     tokens += static_cast<double>(p.measured_tokens);
     weighted_rate += p.predicted_tpt * p.measured_seconds;
-    // The TPT objective's own acceptance: the smoothed one.
-    const double per_step = ExpectedTokensPerStep(p.alpha_smoothed, p.gamma);
+    // The TPT objective's own expectation of a step (with the draft's
+    // confidence stop, when the request has one).
+    const double per_step = p.predicted_tokens_per_step;
     const double steps = static_cast<double>(p.measured_steps);
     predicted_tokens += per_step * steps;
     predicted_seconds += per_step / p.predicted_tpt * steps;
-    planned_drafts += p.gamma * steps;
+    planned_drafts += p.predicted_drafts_per_step * steps;
     drafted += static_cast<double>(p.measured_drafted);
   }
   if (out.steps == 0) return out;

@@ -134,10 +134,10 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 // planned (AppliedPlan::measured_*), over every plan with a measured step.
 // The rates are time-weighted (each plan by its measured seconds), so
 // measured_tpt is simply tokens over seconds; the per-step figures are
-// step-weighted. The prediction splits into tokens per step (from
-// alpha_smoothed and gamma, planner/tpt.h) and seconds per step (tokens per
-// step over the predicted rate), so an error shows whether acceptance or time
-// missed.
+// step-weighted. The prediction splits into tokens per step (the plan's
+// predicted_tokens_per_step, planner/tpt.h ForecastStep) and seconds per step
+// (tokens per step over the predicted rate), so an error shows whether
+// acceptance or time missed.
 struct PlanPrediction {
   int64_t plans = 0;  // plans with a measured step
   int64_t steps = 0;  // their measured steps
@@ -147,9 +147,9 @@ struct PlanPrediction {
   double measured_tokens_per_step = 0;
   double predicted_step_seconds = 0;
   double measured_step_seconds = 0;
-  // Draft tokens a step: the plans' gamma against what the steps drafted
-  // (fewer when the draft's confidence stop, exit_threshold, ends a draft
-  // early; the TPT objective assumes gamma every step).
+  // Draft tokens a step: what the plans expected (below gamma when the
+  // draft's confidence stop, exit_threshold, ends drafts early) against what
+  // the steps drafted.
   double planned_drafts_per_step = 0;
   double measured_drafts_per_step = 0;
   // measured_tpt / predicted_tpt - 1 (0 without plans): -0.08 means the

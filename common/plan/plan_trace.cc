@@ -8,6 +8,7 @@ void SetPlanRequestAttributes(trace::Span& span, const PlanRequest& request) {
   span.SetAttribute("knapserve.plan.step", request.step);
   span.SetAttribute("knapserve.plan.context_length", request.context_length);
   span.SetAttribute("knapserve.plan.max_draft", request.max_draft);
+  span.SetAttribute("knapserve.plan.exit_threshold", request.exit_threshold);
   if (request.states.defined() && request.states.dim() == 3) {
     span.SetAttribute("knapserve.plan.reference_tokens",
                       static_cast<int64_t>(request.states.size(1)));
@@ -28,6 +29,10 @@ void SetPlanAttributes(trace::Span& span, const DraftPlan& plan) {
   span.SetAttribute("knapserve.plan.gamma", plan.gamma);
   span.SetAttribute("knapserve.plan.alpha_hat", plan.alpha_hat);
   span.SetAttribute("knapserve.plan.alpha_smoothed", plan.alpha_smoothed);
+  span.SetAttribute("knapserve.plan.predicted_tokens_per_step",
+                    plan.predicted_tokens_per_step);
+  span.SetAttribute("knapserve.plan.predicted_drafts_per_step",
+                    plan.predicted_drafts_per_step);
   span.SetAttribute("knapserve.plan.predicted_tokens_per_second",
                     plan.predicted_tpt);
   span.SetAttribute("knapserve.plan.baseline_tokens_per_second",

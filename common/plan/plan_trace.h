@@ -3,9 +3,10 @@
 // plan.snapshot / plan.send / plan.apply and the planner's plan.solve.
 //
 //   knapserve.plan.policy, .step, .context_length, .max_draft,
-//   .reference_tokens                     (a request)
+//   .exit_threshold, .reference_tokens    (a request)
 //   knapserve.plan.mask, .skipped_attention, .skipped_mlp, .gamma,
 //   .alpha_hat, .alpha_smoothed, .predicted_tokens_per_second,
+//   .predicted_tokens_per_step, .predicted_drafts_per_step,
 //   .baseline_tokens_per_second, .candidates, .evaluated_candidates,
 //   .solve_seconds, .queue_seconds        (a plan)
 //

@@ -55,6 +55,11 @@ struct DraftPlan {
   // The acceptance predicted_tpt assumes: alpha_hat smoothed by the planner's
   // Beta prior (planner/tpt.h SmoothAlpha); 0 with gamma 0.
   double alpha_smoothed = 0;
+  // What predicted_tpt expects of one step (planner/tpt.h ForecastStep):
+  // committed tokens and draft tokens made, fewer than gamma when drafts stop
+  // on low confidence (PlanRequest::exit_threshold). 1 and 0 with gamma 0.
+  double predicted_tokens_per_step = 1;
+  double predicted_drafts_per_step = 0;
   int num_candidates = 0;  // candidates the policy weighed
   // Candidates whose alpha_hat was measured (KnapSpec measures lazily, in
   // order of their best possible TPT); <= num_candidates.
@@ -101,6 +106,10 @@ struct PlanRequest {
   std::string static_mask;  // kStatic: the mask ("a3,m7")
   int clasp_layers = 0;     // kClasp: M, the layers to skip (>= 1)
   int max_draft = 10;       // D: gamma in 1..D
+  // The request's draft confidence stop (SpeculationConfig::exit_threshold,
+  // [0, 1]); the planner prices drafts that end early (planner/planner.h
+  // PlanInputs::exit_threshold). 0: drafts always run to gamma.
+  double exit_threshold = 0;
   std::string
       model_fingerprint;  // ModelConfig::Fingerprint() of the executor's model
 

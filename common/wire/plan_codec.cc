@@ -130,6 +130,7 @@ absl::Status EncodePlanRequest(const PlanRequest& request,
   out->set_step(static_cast<uint64_t>(std::max<int64_t>(0, request.step)));
   out->set_context_length(request.context_length);
   out->set_plan_lifetime_tokens(request.plan_lifetime_tokens);
+  out->set_exit_threshold(request.exit_threshold);
   out->set_traceparent(request.traceparent);
   out->set_model_fingerprint(request.model_fingerprint);
   out->set_policy(WirePolicy(request.policy));
@@ -216,6 +217,11 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto,
   request.clasp_layers =
       proto.has_clasp_skip_layers() ? proto.clasp_skip_layers() : 0;
   request.static_mask = proto.static_mask();
+  if (!(proto.exit_threshold() >= 0 && proto.exit_threshold() <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "exit_threshold: must be in [0, 1], got ", proto.exit_threshold()));
+  }
+  request.exit_threshold = proto.exit_threshold();
   request.max_draft = proto.max_draft_tokens() > 0
                           ? static_cast<int>(proto.max_draft_tokens())
                           : default_max_draft;
@@ -345,6 +351,8 @@ v1::PlanResponse EncodePlanResponse(uint64_t sequence_id, int64_t step,
   out.set_num_candidates(plan->num_candidates);
   out.set_alpha_smoothed(plan->alpha_smoothed);
   out.set_num_evaluated_candidates(plan->num_evaluated);
+  out.set_predicted_tokens_per_step(plan->predicted_tokens_per_step);
+  out.set_predicted_draft_tokens_per_step(plan->predicted_drafts_per_step);
   out.set_solve_seconds(plan->solve_seconds);
   out.set_queue_seconds(plan->queue_seconds);
   return out;
@@ -369,6 +377,8 @@ absl::StatusOr<DraftPlan> DecodePlanResponse(const v1::PlanResponse& proto,
   plan.num_candidates = proto.num_candidates();
   plan.alpha_smoothed = proto.alpha_smoothed();
   plan.num_evaluated = proto.num_evaluated_candidates();
+  plan.predicted_tokens_per_step = proto.predicted_tokens_per_step();
+  plan.predicted_drafts_per_step = proto.predicted_draft_tokens_per_step();
   plan.solve_seconds = proto.solve_seconds();
   plan.queue_seconds = proto.queue_seconds();
   plan.step = static_cast<int64_t>(proto.step());

@@ -38,6 +38,8 @@ nlohmann::json AppliedPlansJson(absl::Span<const AppliedPlan> plans) {
                    {"alpha_hat", p.alpha_hat},
                    {"alpha_smoothed", p.alpha_smoothed},
                    {"predicted_tpt", p.predicted_tpt},
+                   {"predicted_tokens_per_step", p.predicted_tokens_per_step},
+                   {"predicted_drafts_per_step", p.predicted_drafts_per_step},
                    {"baseline_tpt", p.baseline_tpt},
                    {"num_candidates", p.num_candidates},
                    {"solve_seconds", p.solve_seconds},

@@ -230,6 +230,10 @@ struct AppliedPlan {
   int gamma = 0;             // 0 = autoregressive until the next plan
   double alpha_hat = 0;      // raw share on the reference tokens
   double alpha_smoothed = 0;  // the alpha the TPT objective used (0: gamma 0)
+  // What predicted_tpt expects of one step: tokens committed and draft
+  // tokens made (below gamma when drafts stop on low confidence).
+  double predicted_tokens_per_step = 1;
+  double predicted_drafts_per_step = 0;
   double predicted_tpt = 0;   // tokens per second the latency model predicts
   double baseline_tpt = 0;    // the same for autoregressive decoding
   int num_candidates = 0;

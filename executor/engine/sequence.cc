@@ -178,6 +178,8 @@ class PlanSession {
       applied.gamma = plan.gamma;
       applied.alpha_hat = plan.alpha_hat;
       applied.alpha_smoothed = plan.alpha_smoothed;
+      applied.predicted_tokens_per_step = plan.predicted_tokens_per_step;
+      applied.predicted_drafts_per_step = plan.predicted_drafts_per_step;
       applied.predicted_tpt = plan.predicted_tpt;
       applied.baseline_tpt = plan.baseline_tpt;
       applied.num_candidates = plan.num_candidates;
@@ -227,6 +229,7 @@ class PlanSession {
     request.policy = ticket.key.policy;
     request.clasp_layers = ClaspLayers(model_, spec_);
     request.max_draft = spec_.max_draft;
+    request.exit_threshold = spec_.exit_threshold;
     request.model_fingerprint = model_.config().Fingerprint();
     request.states = snapshot.states;
     request.first_position = snapshot.positions.front();
@@ -430,6 +433,7 @@ class PlanSession {
       key.policy_detail = absl::StrCat("layers=", ClaspLayers(model, spec));
     }
     key.max_draft = spec.max_draft;
+    key.exit_threshold = spec.exit_threshold;
     key.bucket_tokens = spec.plan_bucket_tokens;
     return key;
   }

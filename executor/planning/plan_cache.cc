@@ -20,15 +20,15 @@ std::string PlanCacheKey::ExecutionId() const {
 
 std::string PlanCacheKey::ToString() const {
   return absl::StrCat(ExecutionId(), "|", PlanPolicyName(policy), "|",
-                      policy_detail, "|D=", max_draft, "|bucket=", bucket, "x",
-                      bucket_tokens);
+                      policy_detail, "|D=", max_draft, "|exit=", exit_threshold,
+                      "|bucket=", bucket, "x", bucket_tokens);
 }
 
 bool PlanCacheKey::operator==(const PlanCacheKey& o) const {
   return model_fingerprint == o.model_fingerprint && device == o.device &&
          dtype == o.dtype && threads == o.threads && policy == o.policy &&
          policy_detail == o.policy_detail && max_draft == o.max_draft &&
-         bucket_tokens == o.bucket_tokens && bucket == o.bucket;
+         exit_threshold == o.exit_threshold && bucket_tokens == o.bucket_tokens && bucket == o.bucket;
 }
 
 // ---------------------------------------------------------------------------

@@ -59,6 +59,9 @@ struct PlanCacheKey {
   PlanPolicy policy = PlanPolicy::kKnapSpec;
   std::string policy_detail;  // kStatic: the mask; kClasp: "layers=M"; else ""
   int max_draft = 0;          // D: plans choose gamma in 0..D
+  // The draft confidence stop the plan was priced for (drafts end earlier
+  // with a higher one, so the best gamma and mask differ).
+  double exit_threshold = 0;
   int64_t bucket_tokens = 256;  // bucket width the key was made with
   int64_t bucket = 0;           // ContextBucket(context, bucket_tokens)
 
@@ -72,7 +75,8 @@ struct PlanCacheKey {
   friend H AbslHashValue(H h, const PlanCacheKey& k) {
     return H::combine(std::move(h), k.model_fingerprint, k.device, k.dtype,
                       k.threads, static_cast<int>(k.policy), k.policy_detail,
-                      k.max_draft, k.bucket_tokens, k.bucket);
+                      k.max_draft, k.exit_threshold, k.bucket_tokens,
+                      k.bucket);
   }
 };
 

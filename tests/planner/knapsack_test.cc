@@ -401,6 +401,105 @@ Snapshot MakeSnapshot(const LlamaModel& model, int64_t prefix, int64_t r,
   return snap;
 }
 
+// The shares behind the confidence stop: the runner's probability is the
+// softmax of the LM head's logits at its argmax (the ids exactly TopTokens'),
+// the shares count tokens over the threshold, and EvaluateMasks reports the
+// same shares as measuring the final states.
+TEST(KnapsackModelTest, MeasuresHowOftenTheDraftIsConfident) {
+  std::vector<std::string> dirs = {RandomModelDir("tiny-llama")};
+  if (std::filesystem::exists(Stories260kDir() + "/model.safetensors"))
+    dirs.push_back(Stories260kDir());
+  for (const std::string& dir : dirs) {
+    SCOPED_TRACE(dir);
+    auto model = testing::LoadModelOrFail(dir);
+    ASSERT_NE(model, nullptr);
+    Snapshot snap = MakeSnapshot(*model, /*prefix=*/40, /*r=*/12, /*seed=*/9);
+    auto runner = ModelSublayerRunner::Create(
+        *model, &snap.kv, snap.first_position, snap.first_position);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    auto mask = LayerMask::Parse("a1,m1", model->num_layers());
+    ASSERT_TRUE(mask.ok());
+    const std::vector<LayerMask> masks = {LayerMask(model->num_layers()),
+                                          *mask};
+    // The final states of both masks, by hand.
+    torch::Tensor h;
+    {
+      c10::InferenceMode guard;
+      std::vector<torch::Tensor> finals;
+      for (const LayerMask& m : masks) {
+        torch::Tensor x = snap.states[0].unsqueeze(0);
+        for (int sub = 0; sub < 2 * model->num_layers(); ++sub) {
+          if (!m.skipped(sub)) x = *runner->Apply(sub, x);
+        }
+        finals.push_back(x);
+      }
+      h = torch::cat(finals, 0);
+    }
+    auto top = runner->TopTokensWithProbability(h);
+    ASSERT_TRUE(top.ok()) << top.status();
+    auto ids = runner->TopTokens(h);
+    ASSERT_TRUE(ids.ok());
+    EXPECT_TRUE(torch::equal(top->ids.to(torch::kInt64),
+                             ids->to(torch::kInt64)));
+    torch::Tensor probs;
+    {
+      c10::InferenceMode guard;
+      probs = std::get<0>(
+          torch::softmax(model->Logits(h.reshape({-1, h.size(2)}))
+                             .to(torch::kFloat32),
+                         -1)
+              .max(-1))
+          .to(torch::kFloat64)
+          .view({h.size(0), h.size(1)});
+    }
+    EXPECT_TRUE(torch::allclose(top->probability, probs, 1e-6, 1e-7));
+
+    // A threshold between the probabilities: the shares by hand.
+    const double threshold = top->probability.median().item<double>();
+    auto shares = MeasureDraftShares(*runner, h, snap.target, threshold);
+    ASSERT_TRUE(shares.ok()) << shares.status();
+    auto evaluated = EvaluateMasks(*runner, snap.states, snap.target, masks,
+                                   {}, threshold);
+    ASSERT_TRUE(evaluated.ok()) << evaluated.status();
+    for (size_t k = 0; k < masks.size(); ++k) {
+      SCOPED_TRACE(masks[k].ToString());
+      int accept = 0, go_on = 0, both = 0;
+      for (int t = 0; t < 12; ++t) {
+        const bool a = top->ids[k][t].item<int64_t>() == snap.target[t];
+        const bool c = top->probability[k][t].item<double>() >= threshold;
+        accept += a;
+        go_on += c;
+        both += a && c;
+      }
+      EXPECT_DOUBLE_EQ((*shares)[k].accept, accept / 12.0);
+      EXPECT_DOUBLE_EQ((*shares)[k].go_on, go_on / 12.0);
+      EXPECT_DOUBLE_EQ((*shares)[k].accept_and_go_on, both / 12.0);
+      EXPECT_NEAR((*evaluated)[k].alpha_hat, accept / 12.0, 1e-12);
+      EXPECT_NEAR((*evaluated)[k].go_on_share, go_on / 12.0, 1e-12);
+      EXPECT_NEAR((*evaluated)[k].accept_and_go_on_share, both / 12.0, 1e-12);
+    }
+    // The full model (mask 0) accepts every reference token.
+    EXPECT_DOUBLE_EQ((*shares)[0].accept, 1.0);
+    // No threshold: no stop; nothing is confident above probability 1.
+    auto none = MeasureDraftShares(*runner, h, snap.target, 0.0);
+    ASSERT_TRUE(none.ok());
+    auto all_unsure = MeasureDraftShares(*runner, h, snap.target, 1.0);
+    ASSERT_TRUE(all_unsure.ok());
+    for (size_t k = 0; k < masks.size(); ++k) {
+      EXPECT_EQ((*none)[k].go_on, 1.0);
+      EXPECT_EQ((*none)[k].accept_and_go_on, (*none)[k].accept);
+      EXPECT_EQ((*none)[k].accept, (*shares)[k].accept);
+      EXPECT_LE((*all_unsure)[k].go_on, (*shares)[k].go_on);
+    }
+    auto evaluated_none =
+        EvaluateMasks(*runner, snap.states, snap.target, masks);
+    ASSERT_TRUE(evaluated_none.ok());
+    EXPECT_EQ((*evaluated_none)[1].go_on_share, -1);
+    EXPECT_EQ(MeasureDraftShares(*runner, h, {}, 0.5).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(KnapsackModelTest, NoSkipCandidateReproducesTheFullModel) {
   std::vector<std::pair<std::string, std::string>> models = {
       {"tiny-llama", RandomModelDir("tiny-llama")},

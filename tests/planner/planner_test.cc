@@ -394,9 +394,12 @@ TEST(SolveKnapSpecTest, LazyAlphaGivesTheSamePlanAsMeasuringEveryCandidate) {
               row[t] = row[0] * (1 + growth * t);
           }
           for (double tau : {-1.0, 0.5}) {
+            // Drafts that run to gamma, and drafts that stop when unsure.
+            snap->inputs.exit_threshold = tau < 0 ? 0.0 : 0.3;
             SCOPED_TRACE(absl::StrCat(dir, " seed ", seed, " attention ",
                                       attention, " growth ", growth, " tau ",
-                                      tau));
+                                      tau, " exit ",
+                                      snap->inputs.exit_threshold));
             KnapSpecOptions options;
             options.tau = tau;
             options.keep_first_and_last = model->num_layers() > 2;
@@ -411,6 +414,10 @@ TEST(SolveKnapSpecTest, LazyAlphaGivesTheSamePlanAsMeasuringEveryCandidate) {
             EXPECT_DOUBLE_EQ(lazy->predicted_tpt, eager->predicted_tpt);
             EXPECT_DOUBLE_EQ(lazy->alpha_hat, eager->alpha_hat);
             EXPECT_DOUBLE_EQ(lazy->alpha_smoothed, eager->alpha_smoothed);
+            EXPECT_DOUBLE_EQ(lazy->predicted_tokens_per_step,
+                             eager->predicted_tokens_per_step);
+            EXPECT_DOUBLE_EQ(lazy->predicted_drafts_per_step,
+                             eager->predicted_drafts_per_step);
             EXPECT_EQ(lazy->num_candidates, eager->num_candidates);
             EXPECT_EQ(eager->num_evaluated, eager->num_candidates);
             EXPECT_LE(lazy->num_evaluated, lazy->num_candidates);
@@ -675,6 +682,84 @@ TEST(SolveStaticTest, MeasuresTheGivenMaskAndPicksGamma) {
           .status()
           .code(),
       absl::StatusCode::kInvalidArgument);
+}
+
+// A request whose drafts stop on low confidence (exit_threshold): every
+// policy measures how often the draft is confident on the reference tokens
+// and the plan's promise is ForecastStep's with those shares, smoothed; at
+// threshold 0 it is the plain formula with gamma drafts a step.
+TEST(SolveStaticTest, PricesDraftsThatStopOnLowConfidence) {
+  if (!testing::HaveStories260k())
+    GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
+  auto model = LoadModelOrFail(Stories260kDir());
+  ASSERT_NE(model, nullptr);
+  auto snap = MakeSnapshot(*model, /*prefix=*/40, /*r=*/10, /*seed=*/5);
+  // MLP-heavy layers: the draft costs less than half a verification.
+  const LatencyProfile profile = ProfileFor(*model, 1e-4, 1e-3, 0);
+  auto mask = LayerMask::Parse("m1,m2,m3", 5);
+  ASSERT_TRUE(mask.ok());
+  auto runner = ModelSublayerRunner::Create(*model, &snap->kv, 40, 40);
+  ASSERT_TRUE(runner.ok());
+  std::vector<double> verify;
+  for (int t = 1; t <= 11; ++t) verify.push_back(profile.StepSeconds(50, t));
+  const double draft = profile.DraftTokenSeconds(*mask, 50);
+  int stopped = 0;
+  for (double threshold : {0.0, 0.3, 0.6, 0.9, 1.0}) {
+    SCOPED_TRACE(absl::StrCat("exit_threshold ", threshold));
+    snap->inputs.exit_threshold = threshold;
+    auto plan =
+        SolveStatic(*model, profile, snap->inputs, *mask, StaticOptions());
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    auto eval = EvaluateMask(*runner, snap->inputs.states,
+                             snap->inputs.target_argmax, *mask, {}, threshold);
+    ASSERT_TRUE(eval.ok());
+    TptCandidate expected{SmoothAlpha(eval->alpha_hat, 10, AlphaPrior()),
+                          draft};
+    if (threshold > 0) {
+      expected.stop = ConfidenceStop{
+          SmoothAlpha(eval->go_on_share, 10, AlphaPrior()),
+          SmoothAlpha(eval->accept_and_go_on_share, 10, AlphaPrior())};
+    }
+    auto choice = MaximizeTpt({&expected, 1}, verify, 10);
+    ASSERT_TRUE(choice.ok());
+    EXPECT_EQ(plan->gamma, choice->gamma);
+    EXPECT_DOUBLE_EQ(plan->predicted_tpt, choice->tpt);
+    const StepForecast f = ForecastStep(expected, plan->gamma, verify);
+    EXPECT_DOUBLE_EQ(plan->predicted_tokens_per_step, f.tokens);
+    EXPECT_DOUBLE_EQ(plan->predicted_drafts_per_step, f.drafts);
+    EXPECT_DOUBLE_EQ(plan->alpha_smoothed,
+                     plan->gamma > 0 ? expected.alpha : 0.0);
+    if (threshold == 0) {
+      EXPECT_EQ(plan->predicted_drafts_per_step, plan->gamma);
+      EXPECT_DOUBLE_EQ(plan->predicted_tokens_per_step,
+                       ExpectedTokensPerStep(expected.alpha, plan->gamma));
+    } else if (plan->gamma > 1) {
+      // The smoothed go_on share is below 1, so some drafts end early.
+      EXPECT_LT(plan->predicted_drafts_per_step, plan->gamma);
+    }
+    // CLaSp prices the same way; with a forced gamma of 4 the stop shows.
+    ClaspOptions clasp;
+    clasp.num_skipped_layers = 1;
+    clasp.gamma = 4;
+    auto clasp_plan = SolveClasp(*model, profile, snap->inputs, clasp);
+    ASSERT_TRUE(clasp_plan.ok()) << clasp_plan.status();
+    ASSERT_EQ(clasp_plan->gamma, 4);
+    EXPECT_LE(clasp_plan->predicted_tokens_per_step,
+              ExpectedTokensPerStep(clasp_plan->alpha_smoothed, 4) + 1e-12);
+    if (threshold == 0) {
+      EXPECT_EQ(clasp_plan->predicted_drafts_per_step, 4);
+    } else {
+      EXPECT_LT(clasp_plan->predicted_drafts_per_step, 4);
+      EXPECT_GE(clasp_plan->predicted_drafts_per_step, 1);
+      ++stopped;
+    }
+  }
+  EXPECT_EQ(stopped, 4);
+  snap->inputs.exit_threshold = 1.5;
+  EXPECT_EQ(SolveStatic(*model, profile, snap->inputs, *mask, StaticOptions())
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // Solve time on the smollm2-135m shape (bf16). Not a unit test: run with

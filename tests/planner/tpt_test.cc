@@ -131,6 +131,181 @@ TEST(TptTest, RejectsBadInputs) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The engine's rule, enumerated: every position independently is one of
+// (accepted, confident), (accepted, unsure), (rejected, confident),
+// (rejected, unsure) with probabilities b, a - b, c - b, 1 - a - c + b. A
+// step drafts until an unsure token or gamma, keeps the leading accepted
+// drafts and one more token, and costs m drafts plus a verification of m + 1
+// tokens. ForecastStep must give the exact expectation.
+StepForecast Enumerated(double a, double c, double b, int gamma,
+                        double draft_seconds,
+                        const std::vector<double>& verify) {
+  const double p[4] = {b, a - b, c - b, 1 - a - c + b};
+  StepForecast out;
+  out.tokens = 0;
+  int outcomes = 1;
+  for (int k = 0; k < gamma; ++k) outcomes *= 4;
+  for (int code = 0; code < outcomes; ++code) {
+    double prob = 1;
+    int m = 0, accepted = 0;
+    bool drafting = true, matching = true;
+    for (int k = 0, rest = code; k < gamma; ++k, rest /= 4) {
+      const int o = rest % 4;
+      prob *= p[o];
+      if (!drafting) continue;
+      ++m;
+      const bool accept = o <= 1, confident = o == 0 || o == 2;
+      matching = matching && accept;
+      if (matching) ++accepted;
+      drafting = confident;
+    }
+    out.tokens += prob * (accepted + 1);
+    out.drafts += prob * m;
+    out.seconds += prob * (m * draft_seconds + verify[m]);
+  }
+  return out;
+}
+
+TEST(TptTest, ForecastsDraftsThatStopOnLowConfidence) {
+  const std::vector<double> verify = {0.010, 0.011, 0.013, 0.016, 0.020};
+  for (double a : {0.0, 0.4, 0.9, 1.0}) {
+    for (double c : {0.0, 0.3, 0.8, 1.0}) {
+      for (double share : {0.0, 0.5, 1.0}) {
+        const double b = share * std::min(a, c);
+        // b >= a + c - 1: the four probabilities are a distribution.
+        if (b < a + c - 1 - 1e-12) continue;
+        for (int gamma = 1; gamma <= 4; ++gamma) {
+          SCOPED_TRACE(::testing::Message() << "a " << a << " c " << c
+                                            << " b " << b << " gamma "
+                                            << gamma);
+          const TptCandidate candidate{a, 0.002, ConfidenceStop{c, b}};
+          const StepForecast f = ForecastStep(candidate, gamma, verify);
+          const StepForecast e = Enumerated(a, c, b, gamma, 0.002, verify);
+          EXPECT_NEAR(f.tokens, e.tokens, 1e-12);
+          EXPECT_NEAR(f.drafts, e.drafts, 1e-12);
+          EXPECT_NEAR(f.seconds, e.seconds, 1e-12);
+          EXPECT_LE(f.drafts, gamma + 1e-12);
+          EXPECT_GE(f.drafts, 1.0 - 1e-12);  // the first draft is always made
+        }
+      }
+    }
+  }
+  // A stop that never fires is the plain formula, to the last bit of the
+  // rate the grid compares.
+  for (int gamma = 1; gamma <= 4; ++gamma) {
+    const StepForecast never =
+        ForecastStep({0.7, 0.002, ConfidenceStop{1.0, 0.7}}, gamma, verify);
+    const StepForecast none = ForecastStep({0.7, 0.002}, gamma, verify);
+    EXPECT_NEAR(never.tokens, ExpectedTokensPerStep(0.7, gamma), 1e-12);
+    EXPECT_DOUBLE_EQ(none.tokens, ExpectedTokensPerStep(0.7, gamma));
+    EXPECT_DOUBLE_EQ(none.drafts, gamma);
+    EXPECT_DOUBLE_EQ(none.tokens_per_second(),
+                     TokensPerSecond(0.7, gamma, 0.002, verify[gamma]));
+    EXPECT_NEAR(never.seconds, none.seconds, 1e-15);
+  }
+  // gamma 0: one plain token.
+  const StepForecast plain =
+      ForecastStep({0.7, 0.002, ConfidenceStop{0.5, 0.3}}, 0, verify);
+  EXPECT_EQ(plain.tokens, 1.0);
+  EXPECT_EQ(plain.drafts, 0.0);
+  EXPECT_EQ(plain.seconds, verify[0]);
+}
+
+// A draft that is often unsure ends early: each extra token of budget costs
+// less than a full draft, so the grid may pick a larger gamma than without
+// the stop, and it predicts fewer tokens for the same gamma.
+TEST(TptTest, TheGridPricesTheStop) {
+  const std::vector<double> verify = {0.010, 0.0105, 0.011, 0.0115, 0.012,
+                                      0.0125, 0.013};
+  const TptCandidate always{0.6, 0.003};
+  const TptCandidate stops{0.6, 0.003, ConfidenceStop{0.5, 0.45}};
+  auto without = MaximizeTpt({&always, 1}, verify, 6);
+  auto with = MaximizeTpt({&stops, 1}, verify, 6);
+  ASSERT_TRUE(without.ok());
+  ASSERT_TRUE(with.ok());
+  EXPECT_GT(without->gamma, 0);
+  EXPECT_GT(with->gamma, without->gamma);
+  EXPECT_LT(ForecastStep(stops, with->gamma, verify).tokens,
+            ForecastStep(always, with->gamma, verify).tokens);
+  EXPECT_LT(ForecastStep(stops, with->gamma, verify).drafts, with->gamma);
+  EXPECT_DOUBLE_EQ(with->tpt,
+                   ForecastStep(stops, with->gamma, verify).tokens_per_second());
+}
+
+TEST(TptTest, RejectsStopSharesThatCannotBe) {
+  const std::vector<double> verify = {0.01, 0.011, 0.012};
+  auto code = [&](TptCandidate c) {
+    return MaximizeTpt({&c, 1}, verify, 2).status().code();
+  };
+  EXPECT_EQ(code({0.5, 0.001, ConfidenceStop{0.8, 0.4}}),
+            absl::StatusCode::kOk);
+  // Accepted-and-confident above either share.
+  EXPECT_EQ(code({0.5, 0.001, ConfidenceStop{0.8, 0.6}}),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({0.5, 0.001, ConfidenceStop{0.3, 0.4}}),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({0.5, 0.001, ConfidenceStop{1.2, 0.4}}),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(code({0.5, 0.001, ConfidenceStop{NAN, 0.4}}),
+            absl::StatusCode::kInvalidArgument);
+  // The lazy search: a stop it was not told about.
+  auto lazy = MaximizeTptLazily(
+      std::vector<double>{0.001}, 1.0, verify, 2, /*confidence_stop=*/false,
+      [](int) -> absl::StatusOr<DraftOdds> {
+        return DraftOdds{0.5, ConfidenceStop{0.8, 0.4}};
+      });
+  EXPECT_EQ(lazy.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// With stops, the lazy search's bound allows any stop; it still returns the
+// eager grid's choice, and whatever it did not measure could not have won.
+TEST(TptTest, LazySearchWithStopsMatchesTheFullGrid) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  int skipped_somewhere = 0;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int d = 1 + trial % 8;
+    std::vector<double> verify;
+    for (int t = 0; t <= d; ++t)
+      verify.push_back(0.01 * (1 + 0.02 * t + 0.3 * u(rng) * (t > 0)));
+    const int count = 1 + trial % 13;
+    const double upper = 0.95;
+    std::vector<double> draft;
+    std::vector<TptCandidate> all;
+    for (int c = 0; c < count; ++c) {
+      draft.push_back(0.0005 + 0.012 * u(rng));
+      const double a = upper * u(rng);
+      const double go_on = u(rng);
+      const double b = std::max(0.0, a + go_on - 1) +
+                       u(rng) * (std::min(a, go_on) -
+                                 std::max(0.0, a + go_on - 1));
+      all.push_back({a, draft.back(), ConfidenceStop{go_on, b}});
+    }
+    auto eager = MaximizeTpt(all, verify, d);
+    ASSERT_TRUE(eager.ok()) << eager.status();
+    std::set<int> asked;
+    auto lazy = MaximizeTptLazily(
+        draft, upper, verify, d, /*confidence_stop=*/true,
+        [&](int i) -> absl::StatusOr<DraftOdds> {
+          asked.insert(i);
+          return DraftOdds{all[i].alpha, all[i].stop};
+        });
+    ASSERT_TRUE(lazy.ok()) << lazy.status();
+    EXPECT_EQ(lazy->candidate, eager->candidate) << "trial " << trial;
+    EXPECT_EQ(lazy->gamma, eager->gamma) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(lazy->tpt, eager->tpt);
+    for (int c = 0; c < count; ++c) {
+      if (asked.count(c) > 0) continue;
+      for (int g = 1; g <= d; ++g) {
+        EXPECT_LE(ForecastStep(all[c], g, verify).tokens_per_second(),
+                  lazy->tpt);
+      }
+    }
+    if (lazy->num_evaluated < count) ++skipped_somewhere;
+  }
+  EXPECT_GT(skipped_somewhere, 10);
+}
+
 TEST(TptTest, SmoothsAlphaWithABetaPrior) {
   // Laplace's rule of succession for the default Beta(1, 1).
   EXPECT_DOUBLE_EQ(SmoothAlpha(1.0, 5, AlphaPrior()), 6.0 / 7.0);

@@ -28,10 +28,12 @@ namespace {
 // by its measured seconds, the per-step figures by its steps, and a plan
 // without a measured step (replaced at once) is left out.
 TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
-  AppliedPlan a;  // gamma 1, alpha 0.5: 1.5 tokens a step predicted
-  a.gamma = 1;
+  AppliedPlan a;  // gamma 2, of which 0.9 drafts and 1.5 tokens predicted
+  a.gamma = 2;
   a.alpha_hat = 0.75;  // raw; the objective used the smoothed 0.5
   a.alpha_smoothed = 0.5;
+  a.predicted_tokens_per_step = 1.5;  // the planner's, not recomputed
+  a.predicted_drafts_per_step = 0.9;
   a.predicted_tpt = 100;
   a.measured_steps = 10;
   a.measured_tokens = 12;
@@ -55,7 +57,7 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   EXPECT_DOUBLE_EQ(p.predicted_step_seconds,
                    (1.5 / 100 * 10 + 1.0 / 200 * 30) / 40.0);
   EXPECT_DOUBLE_EQ(p.measured_step_seconds, 0.4 / 40.0);
-  EXPECT_DOUBLE_EQ(p.planned_drafts_per_step, 10 / 40.0);
+  EXPECT_DOUBLE_EQ(p.planned_drafts_per_step, 0.9 * 10 / 40.0);
   EXPECT_DOUBLE_EQ(p.measured_drafts_per_step, 8 / 40.0);
   EXPECT_EQ(PlanPredictionJson(p)["steps"], 40);
 

@@ -24,6 +24,7 @@ PlanRequest MakeRequest(int64_t first_position, int64_t r) {
   request.step = 128;
   request.context_length = first_position + r;
   request.plan_lifetime_tokens = 64;
+  request.exit_threshold = 0.625;
   request.policy = PlanPolicy::kClasp;
   request.clasp_layers = 1;
   request.max_draft = 6;
@@ -59,6 +60,7 @@ TEST(PlanCodecTest, RequestRoundTripsWithAWindowOfThePrefix) {
   EXPECT_EQ(back->step, 128);
   EXPECT_EQ(back->context_length, 56);
   EXPECT_EQ(back->plan_lifetime_tokens, 64);
+  EXPECT_EQ(back->exit_threshold, 0.625);
   EXPECT_EQ(back->policy, PlanPolicy::kClasp);
   EXPECT_EQ(back->clasp_layers, 1);
   EXPECT_EQ(back->max_draft, 6);
@@ -108,6 +110,8 @@ TEST(PlanCodecTest, ResponsesRoundTripAndErrorsKeepTheirKind) {
   plan.num_candidates = 9;
   plan.num_evaluated = 4;
   plan.alpha_smoothed = 0.7;
+  plan.predicted_tokens_per_step = 2.5;
+  plan.predicted_drafts_per_step = 2.25;
   plan.solve_seconds = 0.25;
   plan.queue_seconds = 0.01;
   const v1::PlanResponse wire = EncodePlanResponse(42, 128, plan);
@@ -119,6 +123,8 @@ TEST(PlanCodecTest, ResponsesRoundTripAndErrorsKeepTheirKind) {
   EXPECT_DOUBLE_EQ(back->predicted_tpt, 123.5);
   EXPECT_DOUBLE_EQ(back->alpha_hat, 0.75);
   EXPECT_DOUBLE_EQ(back->alpha_smoothed, 0.7);
+  EXPECT_DOUBLE_EQ(back->predicted_tokens_per_step, 2.5);
+  EXPECT_DOUBLE_EQ(back->predicted_drafts_per_step, 2.25);
   EXPECT_EQ(back->num_candidates, 9);
   EXPECT_EQ(back->num_evaluated, 4);
   for (const absl::Status& error :
@@ -148,6 +154,9 @@ TEST(PlanCodecTest, RefusesMalformedRequestsNamingTheField) {
       {"context_length", [](v1::PlanRequest& r) { r.set_context_length(0); }},
       {"plan_lifetime_tokens",
        [](v1::PlanRequest& r) { r.set_plan_lifetime_tokens(-5); }},
+      {"exit_threshold",
+       [](v1::PlanRequest& r) { r.set_exit_threshold(1.5); }},
+      {"exit_threshold", [](v1::PlanRequest& r) { r.set_exit_threshold(NAN); }},
       {"model_fingerprint",
        [](v1::PlanRequest& r) { r.clear_model_fingerprint(); }},
       {"reference_states: required",

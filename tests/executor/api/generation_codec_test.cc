@@ -477,6 +477,8 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   plan.gamma = 3;
   plan.alpha_hat = 0.75;
   plan.alpha_smoothed = 0.7;
+  plan.predicted_tokens_per_step = 2.25;
+  plan.predicted_drafts_per_step = 1.75;
   plan.predicted_tpt = 210;
   plan.baseline_tpt = 180;
   plan.num_candidates = 14;
@@ -509,6 +511,8 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
       DecodeAppliedPlan(f.speculation_stats().plans(0));
   EXPECT_EQ(AppliedPlansJson({plan_back}), AppliedPlansJson(r.plans));
   EXPECT_EQ(AppliedPlansJson(r.plans)[0]["measured_tpt"], 176.0);
+  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["predicted_drafts_per_step"],
+            1.75);
   EXPECT_EQ(PlanningJson(back, 2.0)["planner_cpu_share"], 0.25);
   EXPECT_EQ(PlanningJson(back, 2.0)["profile_pending_steps"], 11);
 }

@@ -456,6 +456,8 @@ TEST(BatchEngineTest, PlanSnapshotsHoldTheirBlocksInsideThePool) {
     r.speculation.plan_interval = 8;
     r.speculation.planner_budget = 0;
     r.speculation.guard = false;
+    // The planner prices the drafts' confidence stop of the request.
+    r.speculation.exit_threshold = 0.625;
     requests.push_back(std::move(r));
   }
   for (const auto& result : RunConcurrently(engine, requests)) {
@@ -466,6 +468,7 @@ TEST(BatchEngineTest, PlanSnapshotsHoldTheirBlocksInsideThePool) {
   int64_t snapshot_blocks = 0;
   for (const PlanRequest& request : kept) {
     EXPECT_TRUE(request.kv.empty()) << "no copy on the step thread";
+    EXPECT_EQ(request.exit_threshold, 0.625);
     ASSERT_NE(request.kv_snapshot, nullptr);
     EXPECT_GT(request.kv_length, 180);
     snapshot_blocks =

@@ -51,7 +51,7 @@ TEST(PlanCacheTest, EveryKeyFieldSeparatesPlans) {
   cache.Insert(Key(1), Plan(3, 0.8), 1, 300);
   ASSERT_TRUE(cache.Lookup(Key(1)).has_value());
   std::vector<PlanCacheKey> others;
-  for (int field = 0; field < 9; ++field) {
+  for (int field = 0; field < 10; ++field) {
     PlanCacheKey k = Key(1);
     switch (field) {
       case 0:
@@ -81,12 +81,15 @@ TEST(PlanCacheTest, EveryKeyFieldSeparatesPlans) {
       case 8:
         k.bucket = 2;
         break;
+      case 9:
+        k.exit_threshold = 0.5;
+        break;
     }
     SCOPED_TRACE(field);
     EXPECT_FALSE(cache.Lookup(k).has_value()) << k.ToString();
   }
   EXPECT_EQ(cache.hits(), 1);
-  EXPECT_EQ(cache.misses(), 9);
+  EXPECT_EQ(cache.misses(), 10);
   EXPECT_EQ(cache.size(), 1);
 }
 
