@@ -68,8 +68,7 @@ absl::StatusOr<std::vector<DraftShares>> Shares(
   if (!(exit_threshold > 0)) {
     ASSIGN_OR_RETURN(std::vector<double> alphas,
                      AlphaHats(runner, final_states, target_argmax));
-    for (int64_t k = 0; k < b; ++k)
-      out[k] = {alphas[k], 1.0, alphas[k]};
+    for (int64_t k = 0; k < b; ++k) out[k] = {alphas[k], 1.0, alphas[k]};
     return out;
   }
   ASSIGN_OR_RETURN(SublayerRunner::Top top,
@@ -257,9 +256,9 @@ ModelSublayerRunner::TopTokensWithProbability(const torch::Tensor& h) const {
           model_->Logits(rows.narrow(0, begin, std::min(chunk, n - begin)));
       // The ids exactly as TopTokens picks them (ties included).
       ids.push_back(logits.argmax(-1));
-      probability.push_back(std::get<0>(
-          torch::softmax(logits.to(torch::kFloat32), -1).max(-1))
-                                .to(torch::kFloat64));
+      probability.push_back(
+          std::get<0>(torch::softmax(logits.to(torch::kFloat32), -1).max(-1))
+              .to(torch::kFloat64));
     }
     return Top{torch::cat(ids, 0).view({h.size(0), h.size(1)}),
                torch::cat(probability, 0).view({h.size(0), h.size(1)})};
@@ -305,10 +304,9 @@ absl::StatusOr<std::vector<DraftShares>> MeasureDraftShares(
   }
   if (target_argmax.empty() ||
       static_cast<int64_t>(target_argmax.size()) != final_states.size(1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("target_argmax has ", target_argmax.size(),
-                     " ids for r = ", final_states.size(1),
-                     " tokens (r >= 1 needed)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "target_argmax has ", target_argmax.size(),
+        " ids for r = ", final_states.size(1), " tokens (r >= 1 needed)"));
   }
   c10::InferenceMode guard;
   return Shares(runner, final_states, target_argmax, exit_threshold);

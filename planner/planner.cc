@@ -188,9 +188,8 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
       VerifyTable(profile, n, std::max(max_draft, fixed_gamma));
   const DraftOdds odds =
       SmoothedOdds(SharesOf(candidate), r, prior, exit_threshold);
-  const TptCandidate tc{odds.alpha,
-                        profile.DraftTokenSeconds(candidate.mask, n),
-                        odds.stop};
+  const TptCandidate tc{
+      odds.alpha, profile.DraftTokenSeconds(candidate.mask, n), odds.stop};
   plan.mask = candidate.mask;
   plan.alpha_hat = candidate.alpha_hat;
   plan.mean_cosine = candidate.mean_cosine;
@@ -307,10 +306,9 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   dp.keep_first_and_last = options.keep_first_and_last;
   torch::Tensor final_states;
   SkipDpStats dp_stats;
-  ASSIGN_OR_RETURN(
-      std::vector<SkipCandidate> candidates,
-      SolveKnapsack(runner, states, absl::Span<const int32_t>(), weights, dp,
-                    &dp_stats, &final_states));
+  ASSIGN_OR_RETURN(std::vector<SkipCandidate> candidates,
+                   SolveKnapsack(runner, states, absl::Span<const int32_t>(),
+                                 weights, dp, &dp_stats, &final_states));
   dp_stage.span().SetAttribute("knapserve.plan.candidates",
                                static_cast<int64_t>(candidates.size()));
   dp_stage.span().SetAttribute("knapserve.plan.dp_sublayer_calls",
@@ -339,19 +337,20 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
         c10::InferenceMode guard;
         one = final_states.narrow(0, i, 1);
       }
-      ASSIGN_OR_RETURN(std::vector<DraftShares> shares,
-                       MeasureDraftShares(runner, one, targets, exit_threshold));
+      ASSIGN_OR_RETURN(
+          std::vector<DraftShares> shares,
+          MeasureDraftShares(runner, one, targets, exit_threshold));
       candidates[i].alpha_hat = shares[0].accept;
-      odds[i] = SmoothedOdds(shares[0], r_used, options.alpha_prior,
-                             exit_threshold);
+      odds[i] =
+          SmoothedOdds(shares[0], r_used, options.alpha_prior, exit_threshold);
       return *odds[i];
     };
     ASSIGN_OR_RETURN(
-        choice, MaximizeTptLazily(draft_seconds,
-                                  SmoothAlpha(1.0, r_used, options.alpha_prior),
-                                  verify, options.max_draft,
-                                  /*confidence_stop=*/exit_threshold > 0,
-                                  odds_of));
+        choice,
+        MaximizeTptLazily(draft_seconds,
+                          SmoothAlpha(1.0, r_used, options.alpha_prior), verify,
+                          options.max_draft,
+                          /*confidence_stop=*/exit_threshold > 0, odds_of));
   } else {
     ASSIGN_OR_RETURN(
         std::vector<DraftShares> shares,
@@ -360,8 +359,8 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     tpt.reserve(candidates.size());
     for (size_t i = 0; i < candidates.size(); ++i) {
       candidates[i].alpha_hat = shares[i].accept;
-      odds[i] = SmoothedOdds(shares[i], r_used, options.alpha_prior,
-                             exit_threshold);
+      odds[i] =
+          SmoothedOdds(shares[i], r_used, options.alpha_prior, exit_threshold);
       tpt.push_back({odds[i]->alpha, draft_seconds[i], odds[i]->stop});
     }
     ASSIGN_OR_RETURN(choice, MaximizeTpt(tpt, verify, options.max_draft));

@@ -59,16 +59,16 @@ absl::Status CheckStop(size_t candidate, double alpha,
   const double c = stop->go_on;
   const double b = stop->accept_and_go_on;
   if (!(c >= 0 && c <= 1) || !(b >= 0 && b <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "candidate ", candidate, ": confidence stop shares go_on ", c,
-        ", accept_and_go_on ", b, " outside [0, 1]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("candidate ", candidate, ": confidence stop shares go_on ",
+                     c, ", accept_and_go_on ", b, " outside [0, 1]"));
   }
   // Smoothed shares of the same r tokens keep this order; the slack only
   // absorbs rounding.
   if (b > std::min(alpha, c) + 1e-12) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "candidate ", candidate, ": accept_and_go_on ", b,
-        " exceeds alpha ", alpha, " or go_on ", c));
+    return absl::InvalidArgumentError(
+        absl::StrCat("candidate ", candidate, ": accept_and_go_on ", b,
+                     " exceeds alpha ", alpha, " or go_on ", c));
   }
   return absl::OkStatus();
 }
@@ -123,9 +123,9 @@ StepForecast ForecastStep(const TptCandidate& candidate, int gamma,
   }
   const double c = candidate.stop->go_on;
   const double b = candidate.stop->accept_and_go_on;
-  double reach = 1;     // P(draft k is made) = c^(k-1)
-  double carried = 1;   // P(drafts 1..k-1 accepted and confident) = b^(k-1)
-  double verify = 0;    // sum_k P(m = k) t_verify(n, k+1)
+  double reach = 1;    // P(draft k is made) = c^(k-1)
+  double carried = 1;  // P(drafts 1..k-1 accepted and confident) = b^(k-1)
+  double verify = 0;   // sum_k P(m = k) t_verify(n, k+1)
   for (int k = 1; k <= gamma; ++k) {
     f.drafts += reach;
     f.tokens += candidate.alpha * carried;
@@ -167,8 +167,7 @@ absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
     if (absl::Status s = CheckDraftSeconds(i, candidates[i].draft_seconds);
         !s.ok())
       return s;
-    if (absl::Status s =
-            CheckStop(i, candidates[i].alpha, candidates[i].stop);
+    if (absl::Status s = CheckStop(i, candidates[i].alpha, candidates[i].stop);
         !s.ok())
       return s;
   }
@@ -200,9 +199,9 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
     double cheapest_verify = verify_seconds[1];
     for (int gamma = 1; gamma <= max_draft; ++gamma) {
       if (!confidence_stop) {
-        bound[i] = std::max(bound[i], TokensPerSecond(alpha_upper, gamma,
-                                                      draft_seconds[i],
-                                                      verify_seconds[gamma]));
+        bound[i] = std::max(
+            bound[i], TokensPerSecond(alpha_upper, gamma, draft_seconds[i],
+                                      verify_seconds[gamma]));
         continue;
       }
       // Any stop: E[m] drafts commit at most 1 + alpha_upper * E[m] tokens
@@ -210,9 +209,9 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
       // ratio is monotone in E[m], so one of E[m] = 1, gamma is the largest.
       cheapest_verify = std::min(cheapest_verify, verify_seconds[gamma]);
       for (const double drafts : {1.0, static_cast<double>(gamma)}) {
-        bound[i] = std::max(bound[i], (1 + alpha_upper * drafts) /
-                                          (drafts * draft_seconds[i] +
-                                           cheapest_verify));
+        bound[i] = std::max(bound[i],
+                            (1 + alpha_upper * drafts) /
+                                (drafts * draft_seconds[i] + cheapest_verify));
       }
     }
     // A relative margin far above rounding error: the closed form of
@@ -262,13 +261,14 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
     absl::Span<const double> draft_seconds, double alpha_upper,
     absl::Span<const double> verify_seconds, int max_draft,
     const AlphaFunction& alpha_of) {
-  return MaximizeTptLazily(
-      draft_seconds, alpha_upper, verify_seconds, max_draft,
-      /*confidence_stop=*/false, [&alpha_of](int i) -> absl::StatusOr<DraftOdds> {
-        absl::StatusOr<double> alpha = alpha_of(i);
-        if (!alpha.ok()) return alpha.status();
-        return DraftOdds{*alpha, std::nullopt};
-      });
+  return MaximizeTptLazily(draft_seconds, alpha_upper, verify_seconds,
+                           max_draft,
+                           /*confidence_stop=*/false,
+                           [&alpha_of](int i) -> absl::StatusOr<DraftOdds> {
+                             absl::StatusOr<double> alpha = alpha_of(i);
+                             if (!alpha.ok()) return alpha.status();
+                             return DraftOdds{*alpha, std::nullopt};
+                           });
 }
 
 }  // namespace knapserve

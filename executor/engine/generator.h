@@ -234,8 +234,8 @@ struct AppliedPlan {
   // tokens made (below gamma when drafts stop on low confidence).
   double predicted_tokens_per_step = 1;
   double predicted_drafts_per_step = 0;
-  double predicted_tpt = 0;   // tokens per second the latency model predicts
-  double baseline_tpt = 0;    // the same for autoregressive decoding
+  double predicted_tpt = 0;  // tokens per second the latency model predicts
+  double baseline_tpt = 0;   // the same for autoregressive decoding
   int num_candidates = 0;
   double solve_seconds = 0;
   double queue_seconds = 0;

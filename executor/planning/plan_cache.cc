@@ -28,7 +28,8 @@ bool PlanCacheKey::operator==(const PlanCacheKey& o) const {
   return model_fingerprint == o.model_fingerprint && device == o.device &&
          dtype == o.dtype && threads == o.threads && policy == o.policy &&
          policy_detail == o.policy_detail && max_draft == o.max_draft &&
-         exit_threshold == o.exit_threshold && bucket_tokens == o.bucket_tokens && bucket == o.bucket;
+         exit_threshold == o.exit_threshold &&
+         bucket_tokens == o.bucket_tokens && bucket == o.bucket;
 }
 
 // ---------------------------------------------------------------------------

@@ -75,8 +75,7 @@ struct PlanCacheKey {
   friend H AbslHashValue(H h, const PlanCacheKey& k) {
     return H::combine(std::move(h), k.model_fingerprint, k.device, k.dtype,
                       k.threads, static_cast<int>(k.policy), k.policy_detail,
-                      k.max_draft, k.exit_threshold, k.bucket_tokens,
-                      k.bucket);
+                      k.max_draft, k.exit_threshold, k.bucket_tokens, k.bucket);
   }
 };
 

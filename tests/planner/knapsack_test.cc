@@ -439,18 +439,19 @@ TEST(KnapsackModelTest, MeasuresHowOftenTheDraftIsConfident) {
     ASSERT_TRUE(top.ok()) << top.status();
     auto ids = runner->TopTokens(h);
     ASSERT_TRUE(ids.ok());
-    EXPECT_TRUE(torch::equal(top->ids.to(torch::kInt64),
-                             ids->to(torch::kInt64)));
+    EXPECT_TRUE(
+        torch::equal(top->ids.to(torch::kInt64), ids->to(torch::kInt64)));
     torch::Tensor probs;
     {
       c10::InferenceMode guard;
-      probs = std::get<0>(
-          torch::softmax(model->Logits(h.reshape({-1, h.size(2)}))
-                             .to(torch::kFloat32),
-                         -1)
-              .max(-1))
-          .to(torch::kFloat64)
-          .view({h.size(0), h.size(1)});
+      probs =
+          std::get<0>(
+              torch::softmax(
+                  model->Logits(h.reshape({-1, h.size(2)})).to(torch::kFloat32),
+                  -1)
+                  .max(-1))
+              .to(torch::kFloat64)
+              .view({h.size(0), h.size(1)});
     }
     EXPECT_TRUE(torch::allclose(top->probability, probs, 1e-6, 1e-7));
 
@@ -458,8 +459,8 @@ TEST(KnapsackModelTest, MeasuresHowOftenTheDraftIsConfident) {
     const double threshold = top->probability.median().item<double>();
     auto shares = MeasureDraftShares(*runner, h, snap.target, threshold);
     ASSERT_TRUE(shares.ok()) << shares.status();
-    auto evaluated = EvaluateMasks(*runner, snap.states, snap.target, masks,
-                                   {}, threshold);
+    auto evaluated =
+        EvaluateMasks(*runner, snap.states, snap.target, masks, {}, threshold);
     ASSERT_TRUE(evaluated.ok()) << evaluated.status();
     for (size_t k = 0; k < masks.size(); ++k) {
       SCOPED_TRACE(masks[k].ToString());

@@ -396,10 +396,9 @@ TEST(SolveKnapSpecTest, LazyAlphaGivesTheSamePlanAsMeasuringEveryCandidate) {
           for (double tau : {-1.0, 0.5}) {
             // Drafts that run to gamma, and drafts that stop when unsure.
             snap->inputs.exit_threshold = tau < 0 ? 0.0 : 0.3;
-            SCOPED_TRACE(absl::StrCat(dir, " seed ", seed, " attention ",
-                                      attention, " growth ", growth, " tau ",
-                                      tau, " exit ",
-                                      snap->inputs.exit_threshold));
+            SCOPED_TRACE(absl::StrCat(
+                dir, " seed ", seed, " attention ", attention, " growth ",
+                growth, " tau ", tau, " exit ", snap->inputs.exit_threshold));
             KnapSpecOptions options;
             options.tau = tau;
             options.keep_first_and_last = model->num_layers() > 2;

@@ -175,9 +175,8 @@ TEST(TptTest, ForecastsDraftsThatStopOnLowConfidence) {
         // b >= a + c - 1: the four probabilities are a distribution.
         if (b < a + c - 1 - 1e-12) continue;
         for (int gamma = 1; gamma <= 4; ++gamma) {
-          SCOPED_TRACE(::testing::Message() << "a " << a << " c " << c
-                                            << " b " << b << " gamma "
-                                            << gamma);
+          SCOPED_TRACE(::testing::Message() << "a " << a << " c " << c << " b "
+                                            << b << " gamma " << gamma);
           const TptCandidate candidate{a, 0.002, ConfidenceStop{c, b}};
           const StepForecast f = ForecastStep(candidate, gamma, verify);
           const StepForecast e = Enumerated(a, c, b, gamma, 0.002, verify);
@@ -215,8 +214,8 @@ TEST(TptTest, ForecastsDraftsThatStopOnLowConfidence) {
 // less than a full draft, so the grid may pick a larger gamma than without
 // the stop, and it predicts fewer tokens for the same gamma.
 TEST(TptTest, TheGridPricesTheStop) {
-  const std::vector<double> verify = {0.010, 0.0105, 0.011, 0.0115, 0.012,
-                                      0.0125, 0.013};
+  const std::vector<double> verify = {0.010, 0.0105, 0.011, 0.0115,
+                                      0.012, 0.0125, 0.013};
   const TptCandidate always{0.6, 0.003};
   const TptCandidate stops{0.6, 0.003, ConfidenceStop{0.5, 0.45}};
   auto without = MaximizeTpt({&always, 1}, verify, 6);
@@ -228,8 +227,8 @@ TEST(TptTest, TheGridPricesTheStop) {
   EXPECT_LT(ForecastStep(stops, with->gamma, verify).tokens,
             ForecastStep(always, with->gamma, verify).tokens);
   EXPECT_LT(ForecastStep(stops, with->gamma, verify).drafts, with->gamma);
-  EXPECT_DOUBLE_EQ(with->tpt,
-                   ForecastStep(stops, with->gamma, verify).tokens_per_second());
+  EXPECT_DOUBLE_EQ(
+      with->tpt, ForecastStep(stops, with->gamma, verify).tokens_per_second());
 }
 
 TEST(TptTest, RejectsStopSharesThatCannotBe) {
@@ -276,20 +275,20 @@ TEST(TptTest, LazySearchWithStopsMatchesTheFullGrid) {
       draft.push_back(0.0005 + 0.012 * u(rng));
       const double a = upper * u(rng);
       const double go_on = u(rng);
-      const double b = std::max(0.0, a + go_on - 1) +
-                       u(rng) * (std::min(a, go_on) -
-                                 std::max(0.0, a + go_on - 1));
+      const double b =
+          std::max(0.0, a + go_on - 1) +
+          u(rng) * (std::min(a, go_on) - std::max(0.0, a + go_on - 1));
       all.push_back({a, draft.back(), ConfidenceStop{go_on, b}});
     }
     auto eager = MaximizeTpt(all, verify, d);
     ASSERT_TRUE(eager.ok()) << eager.status();
     std::set<int> asked;
-    auto lazy = MaximizeTptLazily(
-        draft, upper, verify, d, /*confidence_stop=*/true,
-        [&](int i) -> absl::StatusOr<DraftOdds> {
-          asked.insert(i);
-          return DraftOdds{all[i].alpha, all[i].stop};
-        });
+    auto lazy =
+        MaximizeTptLazily(draft, upper, verify, d, /*confidence_stop=*/true,
+                          [&](int i) -> absl::StatusOr<DraftOdds> {
+                            asked.insert(i);
+                            return DraftOdds{all[i].alpha, all[i].stop};
+                          });
     ASSERT_TRUE(lazy.ok()) << lazy.status();
     EXPECT_EQ(lazy->candidate, eager->candidate) << "trial " << trial;
     EXPECT_EQ(lazy->gamma, eager->gamma) << "trial " << trial;
