@@ -121,10 +121,25 @@ absl::StatusOr<ModelSublayerRunner> ModelSublayerRunner::Create(
         absl::StrCat("first_position ", first_position, " outside [0, ",
                      model.max_context(), ")"));
   }
-  if (prefix_len < 0 || prefix_len > first_position) {
+  const std::vector<int64_t>& limits = options.row_prefix_limits;
+  const int64_t most_entries =
+      limits.empty() ? first_position
+                     : first_position + static_cast<int64_t>(limits.size()) - 1;
+  if (prefix_len < 0 || prefix_len > most_entries) {
     return absl::InvalidArgumentError(
-        absl::StrCat("prefix_len ", prefix_len,
-                     " outside [0, first_position = ", first_position, "]"));
+        absl::StrCat("prefix_len ", prefix_len, " outside [0, ", most_entries,
+                     "] (first_position ", first_position, ", ",
+                     limits.size(), " row prefix limits)"));
+  }
+  for (size_t i = 0; i < limits.size(); ++i) {
+    if (limits[i] < 0 || limits[i] > prefix_len ||
+        limits[i] > first_position + static_cast<int64_t>(i) ||
+        (i > 0 && limits[i] < limits[i - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "row_prefix_limits[", i, "] = ", limits[i],
+          ": limits must be non-decreasing, at most prefix_len ", prefix_len,
+          " and at most the token's position ", first_position + i));
+    }
   }
   if (prefix_len > 0) {
     if (prefix == nullptr) {
@@ -196,14 +211,20 @@ absl::StatusOr<torch::Tensor> ModelSublayerRunner::Apply(
                           : model_->device().is_cuda() ? int64_t{1} << 30
                                                        : int64_t{16} << 20;
     const int64_t chunk = std::max<int64_t>(1, limit / per_branch);
+    const std::vector<int64_t>& limits = options_.row_prefix_limits;
+    if (!limits.empty() && static_cast<int64_t>(limits.size()) != r) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("runner input has ", r, " tokens, the runner ",
+                       limits.size(), " row prefix limits"));
+    }
     if (chunk >= b)
       return model_->BranchAttention(layer, x, first_position_, kv,
-                                     prefix_len_);
+                                     prefix_len_, limits);
     std::vector<torch::Tensor> parts;
     for (int64_t begin = 0; begin < b; begin += chunk) {
       parts.push_back(model_->BranchAttention(
           layer, x.narrow(0, begin, std::min(chunk, b - begin)),
-          first_position_, kv, prefix_len_));
+          first_position_, kv, prefix_len_, limits));
     }
     return torch::cat(parts, 0);
   } catch (const c10::Error& e) {

@@ -73,7 +73,9 @@ class SublayerRunner {
 // The real runner: the first `num_layers` layers of a LlamaModel. Attention
 // sublayers run BranchAttention (each branch's tokens attend to the prefix
 // K/V [0, prefix_len) and causally to their own branch, at positions
-// first_position..), MLP sublayers run Mlp, TopTokens runs Logits + argmax.
+// first_position..; or, with Options::row_prefix_limits, each token to the
+// full model's K/V before it and itself), MLP sublayers run Mlp, TopTokens
+// runs Logits + argmax.
 // Does not own the model or the prefix K/V; both must outlive it.
 class ModelSublayerRunner final : public SublayerRunner {
  public:
@@ -90,11 +92,20 @@ class ModelSublayerRunner final : public SublayerRunner {
     int64_t max_attention_bytes = 0;
     // LM-head calls are chunked to at most this many bytes of logits.
     int64_t max_logits_bytes = int64_t{64} << 20;
+    // Empty: every token attends to the prefix [0, prefix_len) and causally
+    // to its own branch's tokens (the draft runs on its own K/V). Else one
+    // entry per reference token (inputs must have exactly that many): token
+    // i attends to prefix entries [0, row_prefix_limits[i]) and to itself,
+    // as the first draft token of a step does (LlamaModel::BranchAttention).
+    // Non-decreasing, limit i at most prefix_len and first_position + i (no
+    // entry of the token's own position or later).
+    std::vector<int64_t> row_prefix_limits;
   };
 
   // InvalidArgument for a prefix that does not fit: prefix_len < 0,
-  // prefix_len > first_position, a prefix with the wrong layer count or too
-  // little capacity, or num_layers above the model's.
+  // prefix_len > first_position (without row_prefix_limits; with them, the
+  // limits' bounds above), a prefix with the wrong layer count or too little
+  // capacity, or num_layers above the model's.
   static absl::StatusOr<ModelSublayerRunner> Create(
       const LlamaModel& model, const std::vector<LayerKv>* prefix,
       int64_t prefix_len, int64_t first_position, const Options& options);

@@ -65,10 +65,11 @@ struct PlanInputs {
   // prefix from a remote executor: K is already rotated, so attention needs
   // the entries, not their positions). The entries may extend past
   // first_position (the executor's cache also holds the reference tokens'
-  // own K/V): KnapSpec and static attend to the entries before
-  // first_position, CLaSp's DP on the last reference token to those before
-  // it (KvEntriesBefore). Fewer entries make the DP attend to fewer
-  // positions. Null iff prefix_len == 0.
+  // own K/V): every policy measures a draft on reference token i as the
+  // first draft token of a step, attending to the entries before its
+  // position (KvEntriesBefore) and to itself; CLaSp's DP on the last
+  // reference token attends to the entries before it. Fewer entries make
+  // the drafts attend to fewer positions. Null iff prefix_len == 0.
   const std::vector<LayerKv>* prefix_kv = nullptr;
   int64_t prefix_len = 0;
   // Ascending positions of the prefix_len entries; empty: 0 .. prefix_len-1.
@@ -112,8 +113,8 @@ struct KnapSpecOptions {
   double weight_tolerance = kDefaultWeightTolerance;
   int max_draft = 10;               // D: gamma in 1..D
   bool keep_first_and_last = true;  // never skip layer 0 or layer L-1
-  // The DP uses at most this many reference tokens (the first ones, so the
-  // prefix K/V they attend to is exactly the one given); 0 = all r. The solve
+  // The DP uses at most this many reference tokens (the first ones); 0 = all
+  // r. The solve
   // is linear in r, while the binomial standard error of alpha_hat,
   // sqrt(a (1 - a) / r), shrinks only as 1/sqrt(r): at a = 0.7 it is 0.11 at
   // r = 16 and 0.08 at r = 30, for 1.9x the solve time (README: 0.52 s at

@@ -204,14 +204,21 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
                                       verify_seconds[gamma]));
         continue;
       }
-      // Any stop: E[m] drafts commit at most 1 + alpha_upper * E[m] tokens
-      // and cost at least E[m] * t_draft + the cheapest verification; the
-      // ratio is monotone in E[m], so one of E[m] = 1, gamma is the largest.
+      // Any stop: E[m] drafts (1 <= E[m] <= gamma) commit at most
+      // min(1 + alpha_upper * E[m], tokens without a stop at alpha_upper)
+      // and cost at least E[m] * t_draft + the cheapest verification. Each
+      // ratio is monotone in E[m], so the largest of their minimum is at
+      // E[m] = 1, gamma, or where the two token bounds cross.
       cheapest_verify = std::min(cheapest_verify, verify_seconds[gamma]);
-      for (const double drafts : {1.0, static_cast<double>(gamma)}) {
-        bound[i] = std::max(bound[i],
-                            (1 + alpha_upper * drafts) /
-                                (drafts * draft_seconds[i] + cheapest_verify));
+      const double unstopped = ExpectedTokensPerStep(alpha_upper, gamma);
+      const double crossing =
+          alpha_upper > 0 ? (unstopped - 1) / alpha_upper : 1.0;
+      for (const double drafts :
+           {1.0, static_cast<double>(gamma), std::clamp(crossing, 1.0,
+                                                        1.0 * gamma)}) {
+        bound[i] = std::max(
+            bound[i], std::min(1 + alpha_upper * drafts, unstopped) /
+                          (drafts * draft_seconds[i] + cheapest_verify));
       }
     }
     // A relative margin far above rounding error: the closed form of

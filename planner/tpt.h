@@ -175,11 +175,11 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
 // The same search for drafts that may stop on low confidence: odds_of returns
 // candidate i's DraftOdds. With confidence_stop false no candidate may carry
 // a stop (InvalidArgument) and the search is the one above. With it true the
-// bound of a candidate allows any stop: a draft of m tokens commits at most 1
-// + alpha_upper * E[m] tokens in E[m] * t_draft plus at least the cheapest
-// verification of 2..gamma+1 tokens, whose ratio is largest at E[m] = 1 or
-// E[m] = gamma, so the search may measure more candidates but still returns
-// MaximizeTpt's choice over the same odds.
+// bound of a candidate allows any stop: E[m] drafts commit at most
+// min(1 + alpha_upper * E[m], ExpectedTokensPerStep(alpha_upper, gamma))
+// tokens in E[m] * t_draft plus at least the cheapest verification of
+// 2..gamma+1 tokens. The search may measure more candidates but still
+// returns MaximizeTpt's choice over the same odds.
 using OddsFunction = std::function<absl::StatusOr<DraftOdds>(int candidate)>;
 absl::StatusOr<TptChoice> MaximizeTptLazily(
     absl::Span<const double> draft_seconds, double alpha_upper,

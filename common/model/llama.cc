@@ -901,7 +901,9 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index,
                                           const torch::Tensor& h,
                                           int64_t first_position,
                                           const LayerKv& prefix,
-                                          int64_t prefix_len) const {
+                                          int64_t prefix_len,
+                                          absl::Span<const int64_t>
+                                              row_prefix_limits) const {
   c10::InferenceMode guard;
   const Layer& layer = layers_[layer_index];
   TORCH_CHECK(h.dim() == 3, "BranchAttention wants [B, r, hidden]");
@@ -913,6 +915,18 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index,
   const int64_t group = nh / nkv;
   TORCH_CHECK(first_position + r <= max_context_,
               "BranchAttention past the context");
+  const bool per_row = !row_prefix_limits.empty();
+  if (per_row) {
+    TORCH_CHECK(static_cast<int64_t>(row_prefix_limits.size()) == r,
+                "BranchAttention: one prefix limit per token");
+    for (int64_t i = 0; i < r; ++i) {
+      TORCH_CHECK(row_prefix_limits[i] >= 0 &&
+                      row_prefix_limits[i] <= prefix_len &&
+                      (i == 0 || row_prefix_limits[i] >= row_prefix_limits[i - 1]),
+                  "BranchAttention: prefix limits must be non-decreasing and "
+                  "within prefix_len");
+    }
+  }
 
   torch::Tensor x =
       RmsNorm(h, layer.input_norm).reshape({b * r, config_.hidden_size});
@@ -948,11 +962,14 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index,
   torch::Tensor self_scores = torch::matmul(qg, own_k);
   auto opts =
       torch::TensorOptions().device(options_.device).dtype(torch::kInt64);
-  torch::Tensor later =
-      torch::arange(r, opts).unsqueeze(0) > torch::arange(r, opts).unsqueeze(1);
+  // Branch tokens a row may not see: later ones (causal), or with per-row
+  // prefix limits every other one.
+  torch::Tensor column = torch::arange(r, opts).unsqueeze(0);
+  torch::Tensor row = torch::arange(r, opts).unsqueeze(1);
+  torch::Tensor hidden = per_row ? column != row : column > row;
   // [KV, B*G*r, r]; every row keeps its own token, so its max is finite.
   self_scores = self_scores.reshape({nkv, b, group, r, r})
-                    .masked_fill(later, -INFINITY)
+                    .masked_fill(hidden, -INFINITY)
                     .reshape({nkv, b * group * r, r});
   torch::Tensor max = self_scores.amax(-1, /*keepdim=*/true);
   torch::Tensor prefix_exp;  // [KV, B*G*r, P]
@@ -960,6 +977,19 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index,
     torch::Tensor pk = prefix.k.narrow(1, 0, prefix_len).to(f32);  // [KV,P,hd]
     prefix_exp =
         torch::matmul(qg.reshape({nkv, b * group * r, hd}), pk.transpose(1, 2));
+    if (per_row) {
+      // Row i sees entries [0, limit_i): exp(-inf - max) = 0 below.
+      torch::Tensor limits =
+          torch::tensor(std::vector<int64_t>(row_prefix_limits.begin(),
+                                             row_prefix_limits.end()),
+                        opts)
+              .unsqueeze(1);  // [r, 1]
+      torch::Tensor beyond =
+          torch::arange(prefix_len, opts).unsqueeze(0) >= limits;  // [r, P]
+      prefix_exp = prefix_exp.reshape({nkv, b * group, r, prefix_len})
+                       .masked_fill(beyond, -INFINITY)
+                       .reshape({nkv, b * group * r, prefix_len});
+    }
     max = torch::maximum(max, prefix_exp.amax(-1, /*keepdim=*/true));
   }
   // The softmax over [prefix, own tokens] in parts, without concatenating

@@ -216,9 +216,16 @@ class LlamaModel {
   // positions [0, prefix_len) (the full model's K/V, shared by all branches)
   // and causally to its own branch's tokens; nothing is written to any cache.
   // prefix_len may be < first_position when only a window of K/V is known.
-  torch::Tensor BranchAttention(int layer, const torch::Tensor& h,
-                                int64_t first_position, const LayerKv& prefix,
-                                int64_t prefix_len) const;
+  //
+  // With `row_prefix_limits` (r entries, non-decreasing, each <= prefix_len)
+  // token i instead attends to prefix entries [0, row_prefix_limits[i]) and
+  // to itself only: the first token of a draft, which sees the full model's
+  // K/V of every earlier position (the prefix then holds the r tokens' own
+  // entries too, written by the full model) and its own.
+  torch::Tensor BranchAttention(
+      int layer, const torch::Tensor& h, int64_t first_position,
+      const LayerKv& prefix, int64_t prefix_len,
+      absl::Span<const int64_t> row_prefix_limits = {}) const;
   // Final RMSNorm and LM head: [..., hidden] -> float32 [..., vocab].
   torch::Tensor Logits(const torch::Tensor& h) const;
   // The LM head alone (no norm): [..., hidden] in the model dtype -> float32

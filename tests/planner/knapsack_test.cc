@@ -501,6 +501,43 @@ TEST(KnapsackModelTest, MeasuresHowOftenTheDraftIsConfident) {
   }
 }
 
+// Row prefix limits (the first-draft view of every reference token) must
+// fit the reference tokens' positions and the prefix.
+TEST(KnapsackModelTest, RowPrefixLimitsMustFit) {
+  auto model = testing::LoadModelOrFail(RandomModelDir("tiny-llama"));
+  ASSERT_NE(model, nullptr);
+  Snapshot snap = MakeSnapshot(*model, /*prefix=*/20, /*r=*/4, /*seed=*/2);
+  auto create = [&](int64_t prefix_len, std::vector<int64_t> limits) {
+    ModelSublayerRunner::Options options;
+    options.row_prefix_limits = std::move(limits);
+    return ModelSublayerRunner::Create(*model, &snap.kv, prefix_len, 20,
+                                       options);
+  };
+  auto runner = create(23, {20, 21, 22, 23});
+  ASSERT_TRUE(runner.ok()) << runner.status();
+  EXPECT_TRUE(runner->Apply(0, snap.states[0].unsqueeze(0)).ok());
+  // Three tokens for four limits.
+  EXPECT_EQ(runner->Apply(0, snap.states[0].narrow(0, 0, 3).unsqueeze(0))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // An entry at the token's own position, a decreasing limit, a limit past
+  // prefix_len, a prefix past the last token.
+  for (const auto& [prefix_len, limits] :
+       std::vector<std::pair<int64_t, std::vector<int64_t>>>{
+           {23, {21, 21, 22, 23}},
+           {23, {20, 22, 21, 23}},
+           {22, {20, 21, 22, 23}},
+           {24, {20, 21, 22, 23}}}) {
+    EXPECT_EQ(create(prefix_len, limits).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << prefix_len;
+  }
+  // Without limits the prefix ends at first_position.
+  EXPECT_EQ(create(21, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(KnapsackModelTest, NoSkipCandidateReproducesTheFullModel) {
   std::vector<std::pair<std::string, std::string>> models = {
       {"tiny-llama", RandomModelDir("tiny-llama")},

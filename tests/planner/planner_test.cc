@@ -62,10 +62,28 @@ std::unique_ptr<Snapshot> MakeSnapshot(const LlamaModel& model, int64_t prefix,
   for (int64_t i = 0; i < r; ++i)
     in.target_argmax.push_back(top[i].item<int64_t>());
   in.prefix_kv = &snap->kv;
-  in.prefix_len = prefix;
+  // The executor hands the planner every committed position's K/V, the
+  // reference tokens' own included.
+  in.prefix_len = prefix + r;
   in.context_length = prefix + r;
   in.step = 64;
   return snap;
+}
+
+// The runner the policies measure drafts with (planner.cc): reference token
+// i sees the full model's K/V before its position and itself, as a step's
+// first draft token does.
+absl::StatusOr<ModelSublayerRunner> FirstDraftRunner(const LlamaModel& model,
+                                                     const Snapshot& snap) {
+  ModelSublayerRunner::Options options;
+  const int64_t r = snap.inputs.states.size(1);
+  for (int64_t i = 0; i < r; ++i) {
+    options.row_prefix_limits.push_back(
+        KvEntriesBefore(snap.inputs, snap.inputs.first_position + i));
+  }
+  return ModelSublayerRunner::Create(model, snap.inputs.prefix_kv,
+                                     options.row_prefix_limits.back(),
+                                     snap.inputs.first_position, options);
 }
 
 TEST(SolveKnapSpecTest, PlansOnStories260k) {
@@ -97,7 +115,7 @@ TEST(SolveKnapSpecTest, PlansOnStories260k) {
       plan->num_candidates, 1e3 * plan->solve_seconds);
 
   // The same pieces by hand give the same plan.
-  auto runner = ModelSublayerRunner::Create(*model, &snap->kv, 48, 48);
+  auto runner = FirstDraftRunner(*model, *snap);
   ASSERT_TRUE(runner.ok());
   const SublayerWeights w =
       ComputeSublayerWeights(1e-4, 2e-4, options.weight_cap);
@@ -161,7 +179,7 @@ TEST(SolveKnapSpecTest,
   }
   // A draft accepted on every reference token speculates: make the targets
   // the argmax of the DP's candidate that skips the most.
-  auto runner = ModelSublayerRunner::Create(*model, &snap->kv, 20, 20);
+  auto runner = FirstDraftRunner(*model, *snap);
   ASSERT_TRUE(runner.ok());
   PlanInputs agreeing = snap->inputs;
   {
@@ -265,7 +283,7 @@ TEST(SolveStaticTest, APerfectShareFromFiveTokensDoesNotPickTheLargestGamma) {
   auto mask = LayerMask::Parse("m0", model->num_layers());
   ASSERT_TRUE(mask.ok());
   // Make the targets the mask's own argmax: alpha_hat = 5/5 exactly.
-  auto runner = ModelSublayerRunner::Create(*model, &snap->kv, 20, 20);
+  auto runner = FirstDraftRunner(*model, *snap);
   ASSERT_TRUE(runner.ok());
   {
     c10::InferenceMode guard;
@@ -616,7 +634,7 @@ TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
     std::printf("[ CLaSp M=%d ] mask '%s' alpha_hat %.3f gamma %d\n", m,
                 plan->mask.ToString().c_str(), plan->alpha_hat, plan->gamma);
     // alpha_hat is measured on all r tokens: it agrees with EvaluateMask.
-    auto runner = ModelSublayerRunner::Create(*model, &snap->kv, 40, 40);
+    auto runner = FirstDraftRunner(*model, *snap);
     ASSERT_TRUE(runner.ok());
     auto eval = EvaluateMask(*runner, snap->inputs.states,
                              snap->inputs.target_argmax, plan->mask);
@@ -656,7 +674,7 @@ TEST(SolveStaticTest, MeasuresTheGivenMaskAndPicksGamma) {
       SolveStatic(*model, profile, snap->inputs, *mask, StaticOptions());
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->mask, *mask);
-  auto runner = ModelSublayerRunner::Create(*model, &snap->kv, 40, 40);
+  auto runner = FirstDraftRunner(*model, *snap);
   ASSERT_TRUE(runner.ok());
   auto eval = EvaluateMask(*runner, snap->inputs.states,
                            snap->inputs.target_argmax, *mask);
@@ -697,7 +715,7 @@ TEST(SolveStaticTest, PricesDraftsThatStopOnLowConfidence) {
   const LatencyProfile profile = ProfileFor(*model, 1e-4, 1e-3, 0);
   auto mask = LayerMask::Parse("m1,m2,m3", 5);
   ASSERT_TRUE(mask.ok());
-  auto runner = ModelSublayerRunner::Create(*model, &snap->kv, 40, 40);
+  auto runner = FirstDraftRunner(*model, *snap);
   ASSERT_TRUE(runner.ok());
   std::vector<double> verify;
   for (int t = 1; t <= 11; ++t) verify.push_back(profile.StepSeconds(50, t));

@@ -293,6 +293,78 @@ TEST_P(ArchitectureTest, BranchAttentionMatchesCachedAttentionPerBranch) {
   EXPECT_TRUE(torch::allclose(mlp[1], model->Mlp(0, h1), 1e-5, 1e-6));
 }
 
+// With per-row prefix limits each branch token is the first token of a
+// draft: it attends to the full model's K/V before its position (the prefix
+// now holds the r tokens' own entries too) and to itself only. Token i must
+// equal one cached attention step at its position over exactly those
+// entries.
+TEST_P(ArchitectureTest, BranchAttentionWithRowLimitsIsAFirstDraftPerToken) {
+  const std::string dir = GetParam() == "stories260k"
+                              ? Stories260kDir()
+                              : RandomModelDir(GetParam());
+  ASSERT_FALSE(dir.empty());
+  auto model = LoadModelOrFail(dir);
+  ASSERT_NE(model, nullptr);
+  c10::InferenceMode guard;
+  const int64_t first = 9, r = 5;
+  const std::vector<int64_t> ids =
+      SomeIds(model->config().vocab_size, first + r, 6);
+  auto kv = model->AllocateKv(first + r);
+  model->Forward(Ids(ids), 0, kv);  // the full model's K/V of every position
+  torch::Tensor h0 =
+      model->Embed(Ids(std::vector<int64_t>(ids.begin() + first, ids.end())));
+  torch::Tensor branches = torch::stack({h0, h0 * 0.5 - 0.02});
+  // Contiguous entries (limit i = first + i), and a window that lacks the
+  // last two reference tokens' entries.
+  const std::vector<std::vector<int64_t>> all_limits = {
+      {9, 10, 11, 12, 13}, {9, 10, 11, 11, 11}};
+  for (const std::vector<int64_t>& limits : all_limits) {
+    const int64_t prefix_len = limits.back();
+    for (int layer = 0; layer < model->num_layers(); ++layer) {
+      torch::Tensor got = model->BranchAttention(layer, branches, first,
+                                                 kv[layer], prefix_len, limits);
+      for (int64_t b = 0; b < 2; ++b) {
+        for (int64_t i = 0; i < r; ++i) {
+          // One token at position first + i over `limits[i]` entries: the
+          // entries copied to [0, limits[i]), the token written after them
+          // at its own position's rotation.
+          auto scratch = model->AllocateKv(first + r);
+          scratch[layer]
+              .k.narrow(1, 0, limits[i])
+              .copy_(kv[layer].k.narrow(1, 0, limits[i]));
+          scratch[layer]
+              .v.narrow(1, 0, limits[i])
+              .copy_(kv[layer].v.narrow(1, 0, limits[i]));
+          if (limits[i] != first + i) continue;  // a window: checked below
+          torch::Tensor want = model->Attention(
+              layer, branches[b].narrow(0, i, 1), first + i, scratch[layer]);
+          EXPECT_TRUE(torch::allclose(got[b].narrow(0, i, 1), want, 1e-4, 1e-5))
+              << "layer " << layer << " branch " << b << " token " << i;
+        }
+      }
+      if (limits[4] == 11) {
+        // The windowed rows see fewer entries than the contiguous ones.
+        torch::Tensor full = model->BranchAttention(
+            layer, branches, first, kv[layer], 13, all_limits[0]);
+        EXPECT_TRUE(torch::allclose(got.narrow(1, 0, 3), full.narrow(1, 0, 3),
+                                    1e-5, 1e-6));
+        EXPECT_FALSE(torch::allclose(got.narrow(1, 3, 2),
+                                     full.narrow(1, 3, 2), 1e-5, 1e-6));
+      }
+    }
+  }
+  // Limits must fit: one per token, non-decreasing, within prefix_len.
+  EXPECT_THROW(model->BranchAttention(0, branches, first, kv[0], 13,
+                                      std::vector<int64_t>{9, 10}),
+               c10::Error);
+  EXPECT_THROW(model->BranchAttention(0, branches, first, kv[0], 12,
+                                      all_limits[0]),
+               c10::Error);
+  EXPECT_THROW(model->BranchAttention(0, branches, first, kv[0], 13,
+                                      std::vector<int64_t>{9, 10, 9, 12, 13}),
+               c10::Error);
+}
+
 // The goldens of the deep trained models: their SOURCE.md gives prompt ids
 // and the first 64 greedy ids of an independent plain PyTorch forward
 // (float32). Read from the file, so the test follows the data.
