@@ -235,7 +235,7 @@ ABSL_FLAG(int64_t, plan_interval, 64,
           "knapspec/clasp: at least this many decode steps between two "
           "snapshots a sequence "
           "sends to the planner (T).");
-ABSL_FLAG(int64_t, reference_steps, 5,
+ABSL_FLAG(int64_t, reference_steps, 16,
           "knapspec/clasp: verification steps whose hidden states make one "
           "snapshot (m).");
 ABSL_FLAG(int64_t, plan_bucket_tokens, 256,

@@ -114,7 +114,7 @@ struct PlanControllerOptions {
       0.2;  // |observed acceptance - alpha_hat| that triggers
   int64_t drift_min_tokens = 40;  // trials before drift is judged
   double planner_budget = 0.05;   // PlannerBudget fraction; <= 0: no limit
-  int64_t reference_steps = 5;    // m: steps captured per snapshot, >= 1
+  int64_t reference_steps = 16;   // m: steps captured per snapshot, >= 1
   int64_t min_request_gap = 64;   // T: steps between two snapshot starts, >= 1
   GuardOptions guard;
   // The request's own skip mask, drafted with before the first plan ("" =
