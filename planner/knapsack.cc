@@ -128,8 +128,8 @@ absl::StatusOr<ModelSublayerRunner> ModelSublayerRunner::Create(
   if (prefix_len < 0 || prefix_len > most_entries) {
     return absl::InvalidArgumentError(
         absl::StrCat("prefix_len ", prefix_len, " outside [0, ", most_entries,
-                     "] (first_position ", first_position, ", ",
-                     limits.size(), " row prefix limits)"));
+                     "] (first_position ", first_position, ", ", limits.size(),
+                     " row prefix limits)"));
   }
   for (size_t i = 0; i < limits.size(); ++i) {
     if (limits[i] < 0 || limits[i] > prefix_len ||
@@ -218,8 +218,8 @@ absl::StatusOr<torch::Tensor> ModelSublayerRunner::Apply(
                        limits.size(), " row prefix limits"));
     }
     if (chunk >= b)
-      return model_->BranchAttention(layer, x, first_position_, kv,
-                                     prefix_len_, limits);
+      return model_->BranchAttention(layer, x, first_position_, kv, prefix_len_,
+                                     limits);
     std::vector<torch::Tensor> parts;
     for (int64_t begin = 0; begin < b; begin += chunk) {
       parts.push_back(model_->BranchAttention(

@@ -213,12 +213,11 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
       const double unstopped = ExpectedTokensPerStep(alpha_upper, gamma);
       const double crossing =
           alpha_upper > 0 ? (unstopped - 1) / alpha_upper : 1.0;
-      for (const double drafts :
-           {1.0, static_cast<double>(gamma), std::clamp(crossing, 1.0,
-                                                        1.0 * gamma)}) {
-        bound[i] = std::max(
-            bound[i], std::min(1 + alpha_upper * drafts, unstopped) /
-                          (drafts * draft_seconds[i] + cheapest_verify));
+      for (const double drafts : {1.0, static_cast<double>(gamma),
+                                  std::clamp(crossing, 1.0, 1.0 * gamma)}) {
+        bound[i] = std::max(bound[i],
+                            std::min(1 + alpha_upper * drafts, unstopped) /
+                                (drafts * draft_seconds[i] + cheapest_verify));
       }
     }
     // A relative margin far above rounding error: the closed form of

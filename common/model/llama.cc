@@ -897,13 +897,10 @@ torch::Tensor LlamaModel::Mlp(int layer_index, const torch::Tensor& h) const {
   return h + Linear(act.contiguous(), layer.down_proj).view(h.sizes());
 }
 
-torch::Tensor LlamaModel::BranchAttention(int layer_index,
-                                          const torch::Tensor& h,
-                                          int64_t first_position,
-                                          const LayerKv& prefix,
-                                          int64_t prefix_len,
-                                          absl::Span<const int64_t>
-                                              row_prefix_limits) const {
+torch::Tensor LlamaModel::BranchAttention(
+    int layer_index, const torch::Tensor& h, int64_t first_position,
+    const LayerKv& prefix, int64_t prefix_len,
+    absl::Span<const int64_t> row_prefix_limits) const {
   c10::InferenceMode guard;
   const Layer& layer = layers_[layer_index];
   TORCH_CHECK(h.dim() == 3, "BranchAttention wants [B, r, hidden]");
@@ -920,11 +917,11 @@ torch::Tensor LlamaModel::BranchAttention(int layer_index,
     TORCH_CHECK(static_cast<int64_t>(row_prefix_limits.size()) == r,
                 "BranchAttention: one prefix limit per token");
     for (int64_t i = 0; i < r; ++i) {
-      TORCH_CHECK(row_prefix_limits[i] >= 0 &&
-                      row_prefix_limits[i] <= prefix_len &&
-                      (i == 0 || row_prefix_limits[i] >= row_prefix_limits[i - 1]),
-                  "BranchAttention: prefix limits must be non-decreasing and "
-                  "within prefix_len");
+      TORCH_CHECK(
+          row_prefix_limits[i] >= 0 && row_prefix_limits[i] <= prefix_len &&
+              (i == 0 || row_prefix_limits[i] >= row_prefix_limits[i - 1]),
+          "BranchAttention: prefix limits must be non-decreasing and "
+          "within prefix_len");
     }
   }
 

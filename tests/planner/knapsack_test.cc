@@ -534,8 +534,7 @@ TEST(KnapsackModelTest, RowPrefixLimitsMustFit) {
         << prefix_len;
   }
   // Without limits the prefix ends at first_position.
-  EXPECT_EQ(create(21, {}).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(create(21, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(KnapsackModelTest, NoSkipCandidateReproducesTheFullModel) {

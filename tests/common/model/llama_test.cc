@@ -316,8 +316,8 @@ TEST_P(ArchitectureTest, BranchAttentionWithRowLimitsIsAFirstDraftPerToken) {
   torch::Tensor branches = torch::stack({h0, h0 * 0.5 - 0.02});
   // Contiguous entries (limit i = first + i), and a window that lacks the
   // last two reference tokens' entries.
-  const std::vector<std::vector<int64_t>> all_limits = {
-      {9, 10, 11, 12, 13}, {9, 10, 11, 11, 11}};
+  const std::vector<std::vector<int64_t>> all_limits = {{9, 10, 11, 12, 13},
+                                                        {9, 10, 11, 11, 11}};
   for (const std::vector<int64_t>& limits : all_limits) {
     const int64_t prefix_len = limits.back();
     for (int layer = 0; layer < model->num_layers(); ++layer) {
@@ -348,8 +348,8 @@ TEST_P(ArchitectureTest, BranchAttentionWithRowLimitsIsAFirstDraftPerToken) {
             layer, branches, first, kv[layer], 13, all_limits[0]);
         EXPECT_TRUE(torch::allclose(got.narrow(1, 0, 3), full.narrow(1, 0, 3),
                                     1e-5, 1e-6));
-        EXPECT_FALSE(torch::allclose(got.narrow(1, 3, 2),
-                                     full.narrow(1, 3, 2), 1e-5, 1e-6));
+        EXPECT_FALSE(torch::allclose(got.narrow(1, 3, 2), full.narrow(1, 3, 2),
+                                     1e-5, 1e-6));
       }
     }
   }
@@ -357,9 +357,9 @@ TEST_P(ArchitectureTest, BranchAttentionWithRowLimitsIsAFirstDraftPerToken) {
   EXPECT_THROW(model->BranchAttention(0, branches, first, kv[0], 13,
                                       std::vector<int64_t>{9, 10}),
                c10::Error);
-  EXPECT_THROW(model->BranchAttention(0, branches, first, kv[0], 12,
-                                      all_limits[0]),
-               c10::Error);
+  EXPECT_THROW(
+      model->BranchAttention(0, branches, first, kv[0], 12, all_limits[0]),
+      c10::Error);
   EXPECT_THROW(model->BranchAttention(0, branches, first, kv[0], 13,
                                       std::vector<int64_t>{9, 10, 9, 12, 13}),
                c10::Error);
