@@ -233,33 +233,8 @@ absl::StatusOr<torch::Tensor> ModelSublayerRunner::Apply(
   }
 }
 
-absl::StatusOr<torch::Tensor> ModelSublayerRunner::TopTokens(
-    const torch::Tensor& h) const {
-  if (h.dim() != 3 || h.size(2) != model_->config().hidden_size) {
-    return absl::InvalidArgumentError("runner input must be [B, r, hidden]");
-  }
-  try {
-    c10::InferenceMode guard;
-    torch::Tensor rows =
-        h.to(model_->device(), model_->dtype()).reshape({-1, h.size(2)});
-    const int64_t n = rows.size(0);
-    const int64_t chunk = std::max<int64_t>(
-        1, options_.max_logits_bytes / (4 * model_->config().vocab_size));
-    std::vector<torch::Tensor> parts;
-    for (int64_t begin = 0; begin < n; begin += chunk) {
-      parts.push_back(
-          model_->Logits(rows.narrow(0, begin, std::min(chunk, n - begin)))
-              .argmax(-1));
-    }
-    return torch::cat(parts, 0).view({h.size(0), h.size(1)});
-  } catch (const c10::Error& e) {
-    return absl::InternalError(
-        absl::StrCat("LM head: torch error: ", e.what_without_backtrace()));
-  }
-}
-
-absl::StatusOr<SublayerRunner::Top>
-ModelSublayerRunner::TopTokensWithProbability(const torch::Tensor& h) const {
+absl::StatusOr<SublayerRunner::Top> ModelSublayerRunner::Head(
+    const torch::Tensor& h, bool with_probability) const {
   if (h.dim() != 3 || h.size(2) != model_->config().hidden_size) {
     return absl::InvalidArgumentError("runner input must be [B, r, hidden]");
   }
@@ -275,18 +250,34 @@ ModelSublayerRunner::TopTokensWithProbability(const torch::Tensor& h) const {
     for (int64_t begin = 0; begin < n; begin += chunk) {
       torch::Tensor logits =
           model_->Logits(rows.narrow(0, begin, std::min(chunk, n - begin)));
-      // The ids exactly as TopTokens picks them (ties included).
       ids.push_back(logits.argmax(-1));
-      probability.push_back(
-          std::get<0>(torch::softmax(logits.to(torch::kFloat32), -1).max(-1))
-              .to(torch::kFloat64));
+      if (with_probability) {
+        probability.push_back(
+            std::get<0>(torch::softmax(logits.to(torch::kFloat32), -1).max(-1))
+                .to(torch::kFloat64));
+      }
     }
-    return Top{torch::cat(ids, 0).view({h.size(0), h.size(1)}),
-               torch::cat(probability, 0).view({h.size(0), h.size(1)})};
+    Top top;
+    top.ids = torch::cat(ids, 0).view({h.size(0), h.size(1)});
+    if (with_probability) {
+      top.probability = torch::cat(probability, 0).view({h.size(0), h.size(1)});
+    }
+    return top;
   } catch (const c10::Error& e) {
     return absl::InternalError(
         absl::StrCat("LM head: torch error: ", e.what_without_backtrace()));
   }
+}
+
+absl::StatusOr<torch::Tensor> ModelSublayerRunner::TopTokens(
+    const torch::Tensor& h) const {
+  ASSIGN_OR_RETURN(Top top, Head(h, /*with_probability=*/false));
+  return top.ids;
+}
+
+absl::StatusOr<SublayerRunner::Top>
+ModelSublayerRunner::TopTokensWithProbability(const torch::Tensor& h) const {
+  return Head(h, /*with_probability=*/true);
 }
 
 absl::StatusOr<SublayerRunner::Top> SublayerRunner::TopTokensWithProbability(

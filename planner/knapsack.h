@@ -127,6 +127,10 @@ class ModelSublayerRunner final : public SublayerRunner {
       const torch::Tensor& h) const override;
 
  private:
+  // The LM head over h's rows in chunks: the argmax ids and, when asked, the
+  // softmax probability of each.
+  absl::StatusOr<Top> Head(const torch::Tensor& h, bool with_probability) const;
+
   ModelSublayerRunner(const LlamaModel& model,
                       const std::vector<LayerKv>* prefix, int64_t prefix_len,
                       int64_t first_position, int num_layers,

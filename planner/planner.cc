@@ -147,27 +147,6 @@ std::vector<double> VerifyTable(const LatencyProfile& profile, int64_t n,
   return table;
 }
 
-// The runner every policy measures drafts with, on the first r reference
-// tokens: token i attends to the full model's K/V entries before its own
-// position (the reference tokens' own entries included, where the inputs hold
-// them) and to itself, as the first draft token of a step does. A draft run
-// on its own K/V over r tokens in a row (the other choice) grows less sure
-// with every token: on stories-24l it was confident (top-1 probability >=
-// 0.7) at 17% of the reference tokens where the engine's first drafts were
-// at 78%, so plans expected drafts to stop far sooner than they did.
-absl::StatusOr<ModelSublayerRunner> ReferenceRunner(const LlamaModel& model,
-                                                    const PlanInputs& inputs,
-                                                    int64_t r) {
-  ModelSublayerRunner::Options options;
-  for (int64_t i = 0; i < r; ++i) {
-    options.row_prefix_limits.push_back(
-        KvEntriesBefore(inputs, inputs.first_position + i));
-  }
-  return ModelSublayerRunner::Create(model, inputs.prefix_kv,
-                                     options.row_prefix_limits.back(),
-                                     inputs.first_position, options);
-}
-
 // A candidate's acceptance and confidence stop as the TPT grid takes them:
 // its raw shares on r tokens, each smoothed with the prior (monotone, so the
 // stop's accept_and_go_on stays below alpha and go_on). With exit_threshold 0
@@ -252,6 +231,23 @@ int64_t PricingContextLength(const PlanInputs& inputs) {
   const int64_t n = inputs.context_length > 0 ? inputs.context_length
                                               : inputs.first_position + r;
   return n + std::max<int64_t>(0, inputs.plan_lifetime_tokens) / 2;
+}
+
+absl::StatusOr<ModelSublayerRunner> ReferenceRunner(const LlamaModel& model,
+                                                    const PlanInputs& inputs,
+                                                    int64_t r) {
+  if (r < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a reference runner needs r >= 1 tokens, got ", r));
+  }
+  ModelSublayerRunner::Options options;
+  for (int64_t i = 0; i < r; ++i) {
+    options.row_prefix_limits.push_back(
+        KvEntriesBefore(inputs, inputs.first_position + i));
+  }
+  return ModelSublayerRunner::Create(model, inputs.prefix_kv,
+                                     options.row_prefix_limits.back(),
+                                     inputs.first_position, options);
 }
 
 absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,

@@ -103,6 +103,19 @@ int64_t KvEntriesBefore(const PlanInputs& inputs, int64_t position);
 // first_position + r when it is 0) + plan_lifetime_tokens / 2.
 int64_t PricingContextLength(const PlanInputs& inputs);
 
+// The runner every policy measures drafts with, on the first r (>= 1)
+// reference tokens of `inputs`: token i attends to the full model's K/V
+// entries before its own position (KvEntriesBefore; the reference tokens'
+// own entries included where the inputs hold them) and to itself, as the
+// first draft token of a step does. A draft run on its own K/V over r tokens
+// in a row (the other choice) grows less sure with every token, so plans
+// expected drafts to stop sooner than the engine's did. The runner reads
+// inputs.prefix_kv, which must outlive it. Errors as
+// ModelSublayerRunner::Create.
+absl::StatusOr<ModelSublayerRunner> ReferenceRunner(const LlamaModel& model,
+                                                    const PlanInputs& inputs,
+                                                    int64_t r);
+
 struct KnapSpecOptions {
   double tau = 0.5;  // DP cells below this mean cosine are dropped
   // Integer sublayer weights: the largest weight, and the largest relative

@@ -70,22 +70,6 @@ std::unique_ptr<Snapshot> MakeSnapshot(const LlamaModel& model, int64_t prefix,
   return snap;
 }
 
-// The runner the policies measure drafts with (planner.cc): reference token
-// i sees the full model's K/V before its position and itself, as a step's
-// first draft token does.
-absl::StatusOr<ModelSublayerRunner> FirstDraftRunner(const LlamaModel& model,
-                                                     const Snapshot& snap) {
-  ModelSublayerRunner::Options options;
-  const int64_t r = snap.inputs.states.size(1);
-  for (int64_t i = 0; i < r; ++i) {
-    options.row_prefix_limits.push_back(
-        KvEntriesBefore(snap.inputs, snap.inputs.first_position + i));
-  }
-  return ModelSublayerRunner::Create(model, snap.inputs.prefix_kv,
-                                     options.row_prefix_limits.back(),
-                                     snap.inputs.first_position, options);
-}
-
 TEST(SolveKnapSpecTest, PlansOnStories260k) {
   if (!testing::HaveStories260k())
     GTEST_SKIP() << "stories260k not found under " << Stories260kDir();
@@ -115,7 +99,8 @@ TEST(SolveKnapSpecTest, PlansOnStories260k) {
       plan->num_candidates, 1e3 * plan->solve_seconds);
 
   // The same pieces by hand give the same plan.
-  auto runner = FirstDraftRunner(*model, *snap);
+  auto runner =
+      ReferenceRunner(*model, snap->inputs, snap->inputs.states.size(1));
   ASSERT_TRUE(runner.ok());
   const SublayerWeights w =
       ComputeSublayerWeights(1e-4, 2e-4, options.weight_cap);
@@ -179,7 +164,8 @@ TEST(SolveKnapSpecTest,
   }
   // A draft accepted on every reference token speculates: make the targets
   // the argmax of the DP's candidate that skips the most.
-  auto runner = FirstDraftRunner(*model, *snap);
+  auto runner =
+      ReferenceRunner(*model, snap->inputs, snap->inputs.states.size(1));
   ASSERT_TRUE(runner.ok());
   PlanInputs agreeing = snap->inputs;
   {
@@ -283,7 +269,8 @@ TEST(SolveStaticTest, APerfectShareFromFiveTokensDoesNotPickTheLargestGamma) {
   auto mask = LayerMask::Parse("m0", model->num_layers());
   ASSERT_TRUE(mask.ok());
   // Make the targets the mask's own argmax: alpha_hat = 5/5 exactly.
-  auto runner = FirstDraftRunner(*model, *snap);
+  auto runner =
+      ReferenceRunner(*model, snap->inputs, snap->inputs.states.size(1));
   ASSERT_TRUE(runner.ok());
   {
     c10::InferenceMode guard;
@@ -634,7 +621,8 @@ TEST(SolveClaspTest, SkipsExactlyMWholeLayers) {
     std::printf("[ CLaSp M=%d ] mask '%s' alpha_hat %.3f gamma %d\n", m,
                 plan->mask.ToString().c_str(), plan->alpha_hat, plan->gamma);
     // alpha_hat is measured on all r tokens: it agrees with EvaluateMask.
-    auto runner = FirstDraftRunner(*model, *snap);
+    auto runner =
+        ReferenceRunner(*model, snap->inputs, snap->inputs.states.size(1));
     ASSERT_TRUE(runner.ok());
     auto eval = EvaluateMask(*runner, snap->inputs.states,
                              snap->inputs.target_argmax, plan->mask);
@@ -674,7 +662,8 @@ TEST(SolveStaticTest, MeasuresTheGivenMaskAndPicksGamma) {
       SolveStatic(*model, profile, snap->inputs, *mask, StaticOptions());
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->mask, *mask);
-  auto runner = FirstDraftRunner(*model, *snap);
+  auto runner =
+      ReferenceRunner(*model, snap->inputs, snap->inputs.states.size(1));
   ASSERT_TRUE(runner.ok());
   auto eval = EvaluateMask(*runner, snap->inputs.states,
                            snap->inputs.target_argmax, *mask);
@@ -715,7 +704,8 @@ TEST(SolveStaticTest, PricesDraftsThatStopOnLowConfidence) {
   const LatencyProfile profile = ProfileFor(*model, 1e-4, 1e-3, 0);
   auto mask = LayerMask::Parse("m1,m2,m3", 5);
   ASSERT_TRUE(mask.ok());
-  auto runner = FirstDraftRunner(*model, *snap);
+  auto runner =
+      ReferenceRunner(*model, snap->inputs, snap->inputs.states.size(1));
   ASSERT_TRUE(runner.ok());
   std::vector<double> verify;
   for (int t = 1; t <= 11; ++t) verify.push_back(profile.StepSeconds(50, t));
