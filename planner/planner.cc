@@ -168,13 +168,14 @@ DraftShares SharesOf(const SkipCandidate& c) {
 }
 
 // The plan's promise per step: what ForecastStep expects of (candidate,
-// gamma), or one plain token per verification for gamma 0.
-void SetForecast(const TptCandidate& candidate, int gamma,
-                 absl::Span<const double> verify, DraftPlan& plan) {
+// gamma), or one plain token per verification for gamma 0. Returns it.
+StepForecast SetForecast(const TptCandidate& candidate, int gamma,
+                         absl::Span<const double> verify, DraftPlan& plan) {
   const StepForecast f = ForecastStep(candidate, gamma, verify);
   plan.predicted_tokens_per_step = f.tokens;
   plan.predicted_drafts_per_step = f.drafts;
   plan.alpha_smoothed = gamma > 0 ? candidate.alpha : 0.0;
+  return f;
 }
 
 // Fills plan.gamma / predicted_tpt / baseline_tpt for one fixed candidate
@@ -198,9 +199,8 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
   if (fixed_gamma > 0) {
     plan.gamma = fixed_gamma;
     plan.predicted_tpt =
-        ForecastStep(tc, fixed_gamma, verify).tokens_per_second();
+        SetForecast(tc, fixed_gamma, verify, plan).tokens_per_second();
     plan.baseline_tpt = TokensPerSecond(0, 0, 0, verify[0]);
-    SetForecast(tc, fixed_gamma, verify, plan);
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(TptChoice choice, MaximizeTpt({&tc, 1}, verify, max_draft));

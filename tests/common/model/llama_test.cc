@@ -147,10 +147,24 @@ std::vector<int64_t> SomeIds(int64_t vocab, int n, int64_t seed) {
 
 class ArchitectureTest : public ::testing::TestWithParam<std::string> {};
 
+// The checkpoint folder of an ArchitectureTest parameter.
+std::string ParamModelDir(const std::string& param) {
+  return param == "stories260k" ? Stories260kDir() : RandomModelDir(param);
+}
+
+// A fresh K/V store of `capacity` positions whose layer `layer` holds the
+// first `entries` entries of `from` (the rest zero).
+std::vector<LayerKv> ScratchKv(const LlamaModel& model, int64_t capacity,
+                               int layer, const LayerKv& from,
+                               int64_t entries) {
+  std::vector<LayerKv> scratch = model.AllocateKv(capacity);
+  scratch[layer].k.narrow(1, 0, entries).copy_(from.k.narrow(1, 0, entries));
+  scratch[layer].v.narrow(1, 0, entries).copy_(from.v.narrow(1, 0, entries));
+  return scratch;
+}
+
 TEST_P(ArchitectureTest, MatchesPlainReferenceForward) {
-  const std::string dir = GetParam() == "stories260k"
-                              ? Stories260kDir()
-                              : RandomModelDir(GetParam());
+  const std::string dir = ParamModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
@@ -166,9 +180,7 @@ TEST_P(ArchitectureTest, MatchesPlainReferenceForward) {
 }
 
 TEST_P(ArchitectureTest, IncrementalDecodeMatchesFullForward) {
-  const std::string dir = GetParam() == "stories260k"
-                              ? Stories260kDir()
-                              : RandomModelDir(GetParam());
+  const std::string dir = ParamModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
@@ -191,9 +203,7 @@ TEST_P(ArchitectureTest, IncrementalDecodeMatchesFullForward) {
 }
 
 TEST_P(ArchitectureTest, ChunkedPrefillMatchesOneShot) {
-  const std::string dir = GetParam() == "stories260k"
-                              ? Stories260kDir()
-                              : RandomModelDir(GetParam());
+  const std::string dir = ParamModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
@@ -213,9 +223,7 @@ TEST_P(ArchitectureTest, ChunkedPrefillMatchesOneShot) {
 }
 
 TEST_P(ArchitectureTest, Bf16StaysCloseToFp32) {
-  const std::string dir = GetParam() == "stories260k"
-                              ? Stories260kDir()
-                              : RandomModelDir(GetParam());
+  const std::string dir = ParamModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto fp32 = LoadModelOrFail(dir);
   auto bf16 = LoadModelOrFail(dir, torch::kBFloat16);
@@ -247,9 +255,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, ArchitectureTest,
                          });
 
 TEST_P(ArchitectureTest, BranchAttentionMatchesCachedAttentionPerBranch) {
-  const std::string dir = GetParam() == "stories260k"
-                              ? Stories260kDir()
-                              : RandomModelDir(GetParam());
+  const std::string dir = ParamModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
@@ -269,13 +275,8 @@ TEST_P(ArchitectureTest, BranchAttentionMatchesCachedAttentionPerBranch) {
     torch::Tensor got = model->BranchAttention(layer, branches, prefix_len,
                                                kv[layer], prefix_len);
     for (int64_t b = 0; b < 2; ++b) {
-      auto scratch = model->AllocateKv(prefix_len + r);
-      scratch[layer]
-          .k.narrow(1, 0, prefix_len)
-          .copy_(kv[layer].k.narrow(1, 0, prefix_len));
-      scratch[layer]
-          .v.narrow(1, 0, prefix_len)
-          .copy_(kv[layer].v.narrow(1, 0, prefix_len));
+      auto scratch =
+          ScratchKv(*model, prefix_len + r, layer, kv[layer], prefix_len);
       torch::Tensor want =
           model->Attention(layer, branches[b], prefix_len, scratch[layer]);
       EXPECT_TRUE(torch::allclose(got[b], want, 1e-4, 1e-5))
@@ -299,9 +300,7 @@ TEST_P(ArchitectureTest, BranchAttentionMatchesCachedAttentionPerBranch) {
 // equal one cached attention step at its position over exactly those
 // entries.
 TEST_P(ArchitectureTest, BranchAttentionWithRowLimitsIsAFirstDraftPerToken) {
-  const std::string dir = GetParam() == "stories260k"
-                              ? Stories260kDir()
-                              : RandomModelDir(GetParam());
+  const std::string dir = ParamModelDir(GetParam());
   ASSERT_FALSE(dir.empty());
   auto model = LoadModelOrFail(dir);
   ASSERT_NE(model, nullptr);
@@ -328,14 +327,9 @@ TEST_P(ArchitectureTest, BranchAttentionWithRowLimitsIsAFirstDraftPerToken) {
           // One token at position first + i over `limits[i]` entries: the
           // entries copied to [0, limits[i]), the token written after them
           // at its own position's rotation.
-          auto scratch = model->AllocateKv(first + r);
-          scratch[layer]
-              .k.narrow(1, 0, limits[i])
-              .copy_(kv[layer].k.narrow(1, 0, limits[i]));
-          scratch[layer]
-              .v.narrow(1, 0, limits[i])
-              .copy_(kv[layer].v.narrow(1, 0, limits[i]));
           if (limits[i] != first + i) continue;  // a window: checked below
+          auto scratch =
+              ScratchKv(*model, first + r, layer, kv[layer], limits[i]);
           torch::Tensor want = model->Attention(
               layer, branches[b].narrow(0, i, 1), first + i, scratch[layer]);
           EXPECT_TRUE(torch::allclose(got[b].narrow(0, i, 1), want, 1e-4, 1e-5))
