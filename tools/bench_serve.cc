@@ -28,7 +28,10 @@
 // lossless); a mismatch or a failed stream makes the command exit 1. Modes run
 // one after another on one server, so their ratios come from one run.
 //
-// An in-process server also reports its start: seconds from the command's
+// An in-process server also reports, per load phase, its engine's steps and
+// the peaks of its memory: K/V pool blocks used (plan snapshots hold theirs
+// inside the pool) and reserved, and the process's resident bytes, sampled
+// every 2 ms. It also reports its start: seconds from the command's
 // start (model load included) to serving, and to the first token of the
 // first request (the first mode's warm-up). A planned mode waits for the
 // server's latency profile when it is still measured in the background, so
@@ -787,11 +790,25 @@ absl::Status BenchServe() {
         RunPhase(stream, singles, LoadShape{false, 1, 0}, std::nullopt);
     const int64_t solves_single = solves();
     BatchEngineStats before;
-    if (running != nullptr)
+    std::optional<PeakSampler> memory;  // an in-process server's
+    if (running != nullptr) {
       before = running->server->service().engine().stats();
+      // Used blocks include what plan snapshots hold (kv_pool.h).
+      KvPool* pool = running->kv_pool.get();
+      memory.emplace(
+          [pool]() -> PeakSampler::Sample {
+            return {pool->used_blocks(), pool->reserved_blocks(),
+                    ResidentSetBytes()};
+          },
+          absl::Milliseconds(2));
+    }
     const PhaseResult load_phase = RunPhase(stream, load, shape, burst);
     BatchEngineStats after;
-    if (running != nullptr) after = running->server->service().engine().stats();
+    PeakSampler::Sample peaks;
+    if (running != nullptr) {
+      after = running->server->service().engine().stats();
+      peaks = memory->Stop();
+    }
     const int64_t solves_load = solves();
 
     const PhaseSummary single = Summarize(single_phase);
@@ -858,7 +875,12 @@ absl::Status BenchServe() {
           {"budgeted_prefill_steps",
            after.budgeted_prefill_steps - before.budgeted_prefill_steps},
           {"plan_solves_single", solves_single - solves_start},
-          {"plan_solves_load", solves_load - solves_single}};
+          {"plan_solves_load", solves_load - solves_single},
+          {"kv_blocks_total", running->kv_pool->total_blocks()},
+          {"kv_bytes_per_block", running->kv_pool->bytes_per_block()},
+          {"peak_kv_blocks_used", peaks.at(0)},
+          {"peak_kv_blocks_reserved", peaks.at(1)},
+          {"peak_resident_bytes", peaks.at(2)}};
     }
     if (load_phase.burst.has_value()) {
       const StreamRecord& b = *load_phase.burst;
@@ -910,6 +932,14 @@ absl::Status BenchServe() {
             e["plain_steps"].get<long long>(),
             e["plan_solves_single"].get<long long>(),
             e["plan_solves_load"].get<long long>());
+        std::printf(
+            "  memory (load): K/V blocks used at most %lld of %lld (plan "
+            "snapshots' included), reserved at most %lld; resident at most "
+            "%.1f MiB\n",
+            e["peak_kv_blocks_used"].get<long long>(),
+            e["kv_blocks_total"].get<long long>(),
+            e["peak_kv_blocks_reserved"].get<long long>(),
+            e["peak_resident_bytes"].get<double>() / (1 << 20));
       }
       if (row.contains("burst")) {
         const auto& b = row["burst"];

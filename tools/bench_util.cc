@@ -1,9 +1,11 @@
 #include "tools/bench_util.h"
 
 #include <c10/core/InferenceMode.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -383,6 +385,47 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     }
   }
   return runs;
+}
+
+PeakSampler::PeakSampler(std::function<Sample()> sample,
+                         absl::Duration interval)
+    : sample_(std::move(sample)) {
+  Take();  // the first sample before the constructor returns
+  thread_ = std::thread([this, interval] {
+    while (!stop_.WaitForNotificationWithTimeout(interval)) Take();
+  });
+}
+
+PeakSampler::~PeakSampler() {
+  if (thread_.joinable()) Stop();
+}
+
+PeakSampler::Sample PeakSampler::Stop() {
+  stop_.Notify();
+  thread_.join();
+  Take();
+  absl::MutexLock lock(&mu_);
+  return peaks_;
+}
+
+void PeakSampler::Take() {
+  const Sample now = sample_();
+  absl::MutexLock lock(&mu_);
+  if (peaks_.empty()) {
+    peaks_ = now;
+    return;
+  }
+  if (now.size() != peaks_.size()) return;
+  for (size_t k = 0; k < now.size(); ++k) {
+    peaks_[k] = std::max(peaks_[k], now[k]);
+  }
+}
+
+int64_t ResidentSetBytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size_pages = 0, resident_pages = 0;
+  if (!(statm >> size_pages >> resident_pages)) return 0;
+  return resident_pages * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace knapserve

@@ -19,9 +19,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "common/model/llama.h"
 #include "common/text/tokenizer.h"
 #include "executor/api/planning_json.h"
@@ -187,6 +191,41 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const std::vector<PlannerClient*>& planners = {},
     bool warm_plan_cache = false,
     std::shared_ptr<const DomainRouter> router = nullptr);
+
+// The largest values a few gauges reach while something runs (`bench serve`:
+// the K/V pool's used blocks and the process's resident memory during a
+// load phase). The constructor calls `sample` once, then a thread of its
+// own every `interval`, keeping each field's maximum; Stop() takes one last
+// sample, joins the thread and returns the peaks (element k the largest k-th
+// field seen; samples of another length than the first are ignored).
+//
+// Thread safety: `sample` runs on the sampler's thread and must be safe to
+// call there (KvPool's gauges are). Construct, Stop and destroy on one
+// thread. The destructor stops a sampler that was not stopped.
+class PeakSampler {
+ public:
+  using Sample = std::vector<int64_t>;
+  PeakSampler(std::function<Sample()> sample, absl::Duration interval);
+  ~PeakSampler();
+  PeakSampler(const PeakSampler&) = delete;
+  PeakSampler& operator=(const PeakSampler&) = delete;
+
+  // The peaks so far, including a sample taken now. Call once.
+  Sample Stop();
+
+ private:
+  void Take() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::function<Sample()> sample_;
+  absl::Notification stop_;
+  absl::Mutex mu_;
+  Sample peaks_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;  // started by the constructor after the first sample
+};
+
+// This process's resident memory in bytes (/proc/self/statm), 0 where it
+// cannot be read.
+int64_t ResidentSetBytes();
 
 }  // namespace knapserve
 

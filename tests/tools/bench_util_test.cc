@@ -1,7 +1,7 @@
 // Tests of the benchmarks' helpers (tools/bench_util.h): each run against
 // the baseline runs around it; the plans' promise against what they
-// measured; and the runner, RunModes: a cold
-// run's every repeat plans from an empty plan cache, so a repeat never
+// measured; the peaks of gauges while a phase runs; and the runner, RunModes: a
+// cold run's every repeat plans from an empty plan cache, so a repeat never
 // reuses another repeat's solves; a warm run solves in its untimed pass and
 // its timed runs use the cache. Counted at the planner, on stories260k with
 // a hand-made latency profile (solved synchronously, so counts are exact).
@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -190,6 +191,48 @@ TEST_F(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
       EXPECT_EQ(run.decoded_tokens, 7);
     }
   }
+}
+
+// A gauge that rises to 7 and falls back, and another that only falls: the
+// sampler keeps each one's largest value, the first sample included, and a
+// sample taken at Stop() (the 9 written just before it).
+TEST(PeakSamplerTest, KeepsEachGaugesLargestValue) {
+  std::atomic<int64_t> rising{0};
+  std::atomic<int> samples{0};
+  PeakSampler sampler(
+      [&]() -> PeakSampler::Sample {
+        ++samples;
+        return {rising.load(), 100 - rising.load()};
+      },
+      absl::Milliseconds(1));
+  for (int64_t v : {3, 7, 2}) {
+    rising = v;
+    const int seen = samples.load();
+    while (samples.load() < seen + 2) absl::SleepFor(absl::Milliseconds(1));
+  }
+  rising = 9;
+  EXPECT_EQ(sampler.Stop(), (PeakSampler::Sample{9, 100}));
+}
+
+// A sample of another shape than the first is ignored, not mixed in.
+TEST(PeakSamplerTest, IgnoresSamplesOfAnotherLength) {
+  std::atomic<int> calls{0};
+  PeakSampler sampler(
+      [&]() -> PeakSampler::Sample {
+        if (calls++ == 0) return {5};
+        return {50, 60};
+      },
+      absl::Milliseconds(1));
+  while (calls.load() < 3) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(sampler.Stop(), (PeakSampler::Sample{5}));
+}
+
+TEST(ResidentSetBytesTest, GrowsWithTouchedMemory) {
+  const int64_t before = ResidentSetBytes();
+  ASSERT_GT(before, 0);
+  std::vector<char> block(64 << 20, 1);  // 64 MiB, every page written
+  EXPECT_GE(ResidentSetBytes(), before + (48 << 20));
+  EXPECT_EQ(block[12345], 1);
 }
 
 }  // namespace
