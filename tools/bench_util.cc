@@ -182,8 +182,15 @@ double PlanPrediction::error() const {
   return predicted_tpt > 0 ? measured_tpt / predicted_tpt - 1 : 0.0;
 }
 
+double PlanPrediction::calibrated_error() const {
+  return calibrated_tpt > 0 ? calibrated_measured_tpt / calibrated_tpt - 1
+                            : 0.0;
+}
+
 PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
   PlanPrediction out;
+  double calibrated_tokens = 0, calibrated_rate = 0, profile_plain = 0,
+         measured_plain = 0;
   double seconds = 0, tokens = 0, weighted_rate = 0;
   double predicted_tokens = 0, predicted_seconds = 0, planned_drafts = 0,
          drafted = 0;
@@ -205,6 +212,13 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
     predicted_seconds += per_step / p.predicted_tpt * steps;
     planned_drafts += p.predicted_drafts_per_step * steps;
     drafted += static_cast<double>(p.measured_drafted);
+    if (p.calibrated_tpt() > 0) {
+      out.calibrated_seconds += p.measured_seconds;
+      calibrated_tokens += static_cast<double>(p.measured_tokens);
+      calibrated_rate += p.calibrated_tpt() * p.measured_seconds;
+      profile_plain += p.baseline_tpt * p.measured_seconds;
+      measured_plain += p.measured_plain_tpt * p.measured_seconds;
+    }
   }
   if (out.steps == 0) return out;
   const double steps = static_cast<double>(out.steps);
@@ -216,6 +230,13 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
   out.measured_step_seconds = seconds / steps;
   out.planned_drafts_per_step = planned_drafts / steps;
   out.measured_drafts_per_step = drafted / steps;
+  if (out.calibrated_seconds > 0) {
+    const double s = out.calibrated_seconds;
+    out.calibrated_tpt = calibrated_rate / s;
+    out.calibrated_measured_tpt = calibrated_tokens / s;
+    out.profile_plain_tpt = profile_plain / s;
+    out.measured_plain_tpt = measured_plain / s;
+  }
   return out;
 }
 
@@ -230,7 +251,13 @@ nlohmann::json PlanPredictionJson(const PlanPrediction& p) {
           {"predicted_step_seconds", p.predicted_step_seconds},
           {"measured_step_seconds", p.measured_step_seconds},
           {"planned_drafts_per_step", p.planned_drafts_per_step},
-          {"measured_drafts_per_step", p.measured_drafts_per_step}};
+          {"measured_drafts_per_step", p.measured_drafts_per_step},
+          {"calibrated_seconds", p.calibrated_seconds},
+          {"calibrated_tpt", p.calibrated_tpt},
+          {"calibrated_measured_tpt", p.calibrated_measured_tpt},
+          {"calibrated_error", p.calibrated_error()},
+          {"profile_plain_tpt", p.profile_plain_tpt},
+          {"measured_plain_tpt", p.measured_plain_tpt}};
 }
 
 void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {

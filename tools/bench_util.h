@@ -159,6 +159,20 @@ struct PlanPrediction {
   // measured_tpt / predicted_tpt - 1 (0 without plans): -0.08 means the
   // plans delivered 8% less than promised.
   double error() const;
+  // The same on the machine's speed now (AppliedPlan::calibrated_tpt), over
+  // the plans that have a measured plain rate (calibrated_seconds of the
+  // measured seconds): their calibrated promise and what they measured,
+  // time-weighted, and plain decoding's rate as the profile priced it
+  // (baseline_tpt) against as the engine measured it at the plans' buckets.
+  // A profile_plain_tpt above measured_plain_tpt means the machine ran
+  // slower than when it was profiled.
+  double calibrated_seconds = 0;
+  double calibrated_tpt = 0;
+  double calibrated_measured_tpt = 0;
+  double profile_plain_tpt = 0;
+  double measured_plain_tpt = 0;
+  // calibrated_measured_tpt / calibrated_tpt - 1 (0 without such plans).
+  double calibrated_error() const;
 };
 PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans);
 nlohmann::json PlanPredictionJson(const PlanPrediction& p);

@@ -308,6 +308,7 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
     wire->set_measured_accepted_tokens(
         static_cast<uint64_t>(p.measured_accepted));
     wire->set_queue_seconds(p.queue_seconds);
+    wire->set_measured_plain_tokens_per_second(p.measured_plain_tpt);
   }
   t->set_decode_seconds(r.stats.decode_seconds);
   const PlanningStats& planning = r.planning;
@@ -383,6 +384,7 @@ AppliedPlan DecodeAppliedPlan(const v1::AppliedPlan& w) {
   p.measured_seconds = w.measured_seconds();
   p.measured_drafted = static_cast<int64_t>(w.measured_draft_tokens());
   p.measured_accepted = static_cast<int64_t>(w.measured_accepted_tokens());
+  p.measured_plain_tpt = w.measured_plain_tokens_per_second();
   return p;
 }
 

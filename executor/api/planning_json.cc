@@ -50,7 +50,9 @@ nlohmann::json AppliedPlansJson(absl::Span<const AppliedPlan> plans) {
                    {"measured_seconds", p.measured_seconds},
                    {"measured_tpt", p.measured_tpt()},
                    {"measured_drafted", p.measured_drafted},
-                   {"measured_accepted", p.measured_accepted}});
+                   {"measured_accepted", p.measured_accepted},
+                   {"measured_plain_tpt", p.measured_plain_tpt},
+                   {"calibrated_tpt", p.calibrated_tpt()}});
   }
   return out;
 }

@@ -265,6 +265,26 @@ struct AppliedPlan {
                ? static_cast<double>(measured_tokens) / measured_seconds
                : 0.0;
   }
+  // Plain decoding's tokens/s that the engine measured at the plan's context
+  // bucket (the guard's plain-rate table, every sequence of the execution,
+  // preempted steps left out), read when the plan left force (a newer plan,
+  // or the sequence's end); 0 when the bucket had too few plain steps
+  // (GuardOptions::probe_steps).
+  double measured_plain_tpt = 0;
+  // The prediction on the machine's speed now: predicted_tpt x
+  // measured_plain_tpt / baseline_tpt. The latency profile was measured
+  // earlier, perhaps minutes or days; the plan's promise relative to plain
+  // decoding (predicted_tpt / baseline_tpt, the speed-up the TPT objective
+  // chose it for) times plain decoding's rate as measured now. A gap
+  // between predicted_tpt and calibrated_tpt() is the machine's change
+  // since the profile; one between calibrated_tpt() and measured_tpt() is
+  // the model's (acceptance, or the relative cost of drafting). 0 without
+  // a measured plain rate.
+  double calibrated_tpt() const {
+    return baseline_tpt > 0 && measured_plain_tpt > 0
+               ? predicted_tpt * measured_plain_tpt / baseline_tpt
+               : 0.0;
+  }
 };
 
 struct GenerationResult {

@@ -166,6 +166,7 @@ class PlanSession {
       StartSnapshotSpan(step, context_length, controller_.pending_trigger());
     }
     if (directive.apply.has_value()) {
+      ClosePlan(result);
       const CachedPlan& cached = *directive.apply;
       const DraftPlan& plan = cached.plan;
       mask = plan.mask;
@@ -214,6 +215,16 @@ class PlanSession {
       apply_tokens_ += observation.tokens;
       apply_seconds_ += observation.seconds;
     }
+  }
+
+  // The plan in force (the last applied) leaves force: it keeps the plain
+  // rate measured at its bucket now, for its calibrated prediction.
+  void ClosePlan(GenerationResult& result) const {
+    if (result.plans.empty()) return;
+    AppliedPlan& plan = result.plans.back();
+    const std::optional<double> plain =
+        controller_.PlainStepSeconds(plan.context_length);
+    plan.measured_plain_tpt = plain.has_value() && *plain > 0 ? 1 / *plain : 0;
   }
 
   // Sends one completed snapshot; returns at once.
@@ -313,6 +324,7 @@ class PlanSession {
 
   void Finish(GenerationResult& result) {
     finished_ = true;
+    ClosePlan(result);
     EndApplySpan("finished");
     if (snapshot_span_.recording()) {
       snapshot_span_.SetError("the generation ended before the snapshot");

@@ -401,6 +401,17 @@ void PlanController::AfterStep(const StepObservation& step) {
   guard_.Observe(gamma_ > 0, bucket_, step, stats_);
 }
 
+std::optional<double> PlanController::PlainStepSeconds(
+    int64_t context_length) const {
+  if (shared_.plain_rates == nullptr) return std::nullopt;
+  const int min_samples =
+      static_cast<int>(std::max<int64_t>(1, options_.guard.probe_steps));
+  return shared_.plain_rates->MeanStepSeconds(
+      key_.ExecutionId(), options_.bucket_tokens,
+      ContextBucket(context_length, options_.bucket_tokens), min_samples,
+      absl::InfiniteDuration(), absl::Now(), options_.guard.outlier_factor);
+}
+
 SubmitTicket PlanController::TakeTicket() {
   capturing_ = false;
   trigger_ = PlanTrigger::kNone;

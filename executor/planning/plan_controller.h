@@ -312,6 +312,11 @@ class PlanController {
   bool capturing() const { return capturing_; }
   int gamma_in_force() const { return gamma_; }
   const std::optional<CachedPlan>& plan_in_force() const { return in_force_; }
+  // Plain decoding's mean step seconds at `context_length`'s bucket in the
+  // process's PlainRateTable (every sequence of this execution, the guard's
+  // outlier rule, any age), nullopt with fewer than the guard's probe_steps
+  // samples. Reads the shared table (thread-safe).
+  std::optional<double> PlainStepSeconds(int64_t context_length) const;
 
  private:
   void Apply(const CachedPlan& plan, const std::string& source,

@@ -38,9 +38,11 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   a.predicted_tpt = 100;
   a.measured_steps = 10;
   a.measured_tokens = 12;
-  a.measured_seconds = 0.2;  // 60 tokens/s: 40% below its promise
-  a.measured_drafted = 8;    // the confidence stop cut two drafts
-  AppliedPlan b;             // gamma 0: plain, 1 token a step
+  a.measured_seconds = 0.2;   // 60 tokens/s: 40% below its promise
+  a.measured_drafted = 8;     // the confidence stop cut two drafts
+  a.baseline_tpt = 80;        // the profile's plain rate: 1.25x promised
+  a.measured_plain_tpt = 48;  // plain measured 40% slower: 60 calibrated
+  AppliedPlan b;              // gamma 0: plain, 1 token a step
   b.predicted_tpt = 200;
   b.measured_steps = 30;
   b.measured_tokens = 30;
@@ -61,11 +63,20 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   EXPECT_DOUBLE_EQ(p.planned_drafts_per_step, 0.9 * 10 / 40.0);
   EXPECT_DOUBLE_EQ(p.measured_drafts_per_step, 8 / 40.0);
   EXPECT_EQ(PlanPredictionJson(p)["steps"], 40);
+  // Only plan a has a measured plain rate: the calibrated figures are its.
+  EXPECT_DOUBLE_EQ(p.calibrated_seconds, 0.2);
+  EXPECT_DOUBLE_EQ(p.calibrated_tpt, 60);
+  EXPECT_DOUBLE_EQ(p.calibrated_measured_tpt, 60);
+  EXPECT_DOUBLE_EQ(p.calibrated_error(), 0);
+  EXPECT_DOUBLE_EQ(p.profile_plain_tpt, 80);
+  EXPECT_DOUBLE_EQ(p.measured_plain_tpt, 48);
 
   const PlanPrediction none = SummarizePredictions({unmeasured});
   EXPECT_EQ(none.steps, 0);
   EXPECT_EQ(none.measured_tpt, 0);
   EXPECT_EQ(none.error(), 0);
+  EXPECT_EQ(none.calibrated_tpt, 0);
+  EXPECT_EQ(none.calibrated_error(), 0);
 }
 
 TEST(RatiosToAdjacentBaselineTest, EachRunIsComparedWithTheOffRunsAroundIt) {

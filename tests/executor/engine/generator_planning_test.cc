@@ -127,6 +127,20 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       }
       EXPECT_LE(measured + p1.guard_plain_steps + p1.guard_probe_steps,
                 first->stats.steps);
+      // Each plan that left force keeps the plain rate its bucket measured
+      // then, and its calibrated prediction is its speed-up over the
+      // profile's plain rate times that. The first bucket decodes plainly
+      // before its first plan, so that plan has one.
+      for (const AppliedPlan& p : first->plans) {
+        if (p.measured_plain_tpt > 0) {
+          EXPECT_NEAR(p.calibrated_tpt() / p.predicted_tpt,
+                      p.measured_plain_tpt / p.baseline_tpt, 1e-9);
+        } else {
+          EXPECT_EQ(p.calibrated_tpt(), 0);
+        }
+      }
+      EXPECT_GT(first->plans.front().measured_plain_tpt, 0)
+          << "the first bucket decodes plainly before its first plan";
       if (drafted && margin == 0) {
         EXPECT_GT(measured_drafting, 0);
       }

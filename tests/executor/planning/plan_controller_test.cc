@@ -536,6 +536,33 @@ TEST(SpeculationGuardTest, PlainStepsBesideASolveAreNotThePlainRate) {
       0.004, 1e-12);
 }
 
+// The plain rate a plan's calibrated prediction uses: the bucket's plain
+// steps from every sequence of the execution, once there are probe_steps of
+// them, with a preempted step left out; another bucket's are not its.
+TEST(PlanControllerTest, PlainStepSecondsAreTheBucketsMeasuredPlainSteps) {
+  PlanningShared shared = PlanningShared::Create();
+  // A cached plain plan: no trigger, so no solve keeps the steps out.
+  shared.cache->Insert(KeyAt(1), Plan(0, 0.0), 50, 40);
+  PlanControllerOptions o = Options();
+  o.guard.probe_steps = 4;
+  o.guard.outlier_factor = 3;
+  PlanController a(o, BaseKey(), 1, 0, shared);
+  PlanController b(o, BaseKey(), 2, 0, shared);
+  for (int64_t step = 0; step < 3; ++step) {
+    a.BeforeStep(step, 40);  // bucket 1
+    a.AfterStep(Plain(0.004));
+  }
+  EXPECT_FALSE(a.PlainStepSeconds(40).has_value()) << "3 of 4 samples";
+  b.BeforeStep(0, 50);
+  b.AfterStep(Plain(0.006));
+  b.BeforeStep(1, 50);
+  b.AfterStep(Plain(0.5));  // preempted: over 3x the median
+  ASSERT_TRUE(a.PlainStepSeconds(63).has_value());
+  EXPECT_NEAR(*a.PlainStepSeconds(63), (3 * 0.004 + 0.006) / 4, 1e-12);
+  EXPECT_EQ(b.PlainStepSeconds(63), a.PlainStepSeconds(40));
+  EXPECT_FALSE(a.PlainStepSeconds(64).has_value()) << "bucket 2: none";
+}
+
 // A losing verdict is shared: another sequence of the same setting in the
 // same bucket decodes plainly from its first step, without measuring the
 // setting again, until the verdict's plain steps (over both) are spent; then
