@@ -106,18 +106,6 @@ double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// The q-quantile (0..1) of `values` by linear interpolation between order
-// statistics; 0 when empty.
-double Quantile(std::vector<double> values, double q) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const double rank = q * static_cast<double>(values.size() - 1);
-  const size_t lo = static_cast<size_t>(std::floor(rank));
-  const size_t hi = std::min(values.size() - 1, lo + 1);
-  return values[lo] +
-         (rank - static_cast<double>(lo)) * (values[hi] - values[lo]);
-}
-
 // One request to send: its prompt's index (-1 for the burst) and the wire
 // request.
 struct PlannedRequest {

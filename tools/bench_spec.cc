@@ -145,16 +145,11 @@ struct SearchResult {
 };
 
 // How much faster `runs` decode than `base` (the same prompts, measured in
-// one interleaved RunModes call): the median over prompts of the ratio of
-// decode times. Per-prompt pairs cancel drift that an aggregate would not.
+// one interleaved RunModes call): the median over the prompt x repeat pairs
+// (PairedSpeedupOf), which cancel drift that an aggregate would not.
 double PairedGain(const std::vector<PromptRun>& base,
                   const std::vector<PromptRun>& runs) {
-  std::vector<double> ratios;
-  for (size_t p = 0; p < base.size() && p < runs.size(); ++p) {
-    if (runs[p].decode_seconds > 0)
-      ratios.push_back(base[p].decode_seconds / runs[p].decode_seconds);
-  }
-  return Median(std::move(ratios));
+  return PairedSpeedupOf(base, runs).median;
 }
 
 std::string SublayerName(int sublayer) {
@@ -466,6 +461,11 @@ absl::StatusOr<nlohmann::json> RunSet(
     const auto [skipped_attention, skipped_mlp] =
         MeanSkipped(m.plans, model.num_layers());
     nlohmann::json mode_json = ModeJson(m, off_rate);
+    const PairedSpeedup paired = PairedSpeedupOf(runs[0], runs[k]);
+    mode_json["paired_speedup"] = {{"median", paired.median},
+                                   {"q25", paired.q25},
+                                   {"q75", paired.q75},
+                                   {"pairs", paired.pairs}};
     mode_json["plans_applied"] = n_plans;
     mode_json["plan_requests"] = m.plan_requests;
     mode_json["predicted_tpt"] = predicted;
@@ -505,6 +505,16 @@ absl::StatusOr<nlohmann::json> RunSet(
         : differing == 0 ? "yes"
                          : "NO");
   }
+  // Each mode against off pair by pair (PairedSpeedupOf): robust to the
+  // machine's drift during the set, where the aggregate speed-up above is
+  // not.
+  std::fprintf(out, "paired with off (median of prompt x repeat, IQR):");
+  for (size_t k = 1; k < modes.size(); ++k) {
+    const PairedSpeedup paired = PairedSpeedupOf(runs[0], runs[k]);
+    std::fprintf(out, " %s %.3fx [%.3f-%.3f]", modes[k].name.c_str(),
+                 paired.median, paired.q25, paired.q75);
+  }
+  std::fprintf(out, "\n");
   // Routed modes (knn): how often the prompt went to its own domain (the
   // prompt's category), and what routing cost against decoding.
   for (size_t k = 0; k < modes.size(); ++k) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
 
 #include "absl/flags/flag.h"
@@ -282,6 +283,19 @@ void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {
   a.profile_pending_steps += b.profile_pending_steps;
 }
 
+namespace {
+
+// Waits (at most a minute: a planner that yields the cores may take long)
+// until no solve of `shared` is in flight.
+void AwaitSolves(const PlanningShared& shared) {
+  const absl::Time deadline = absl::Now() + absl::Minutes(1);
+  while (shared.budget->solves_in_flight() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer,
     const std::vector<BenchInput>& inputs,
@@ -322,11 +336,7 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       }
       // The steady state: the solves this pass started have answered (else
       // a timed run finds the bucket without a plan and solves again).
-      const absl::Time deadline = absl::Now() + absl::Minutes(1);
-      while (planning[k].budget->solves_in_flight() > 0 &&
-             absl::Now() < deadline) {
-        absl::SleepFor(absl::Milliseconds(2));
-      }
+      AwaitSolves(planning[k]);
     }
   }
   // results[prompt][mode][repeat]
@@ -339,6 +349,10 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
                      Generate(model, tokenizer, request, nullptr, nullptr,
                               planner_of(mode), &planning[mode]));
     results[p][mode].push_back(std::move(result));
+    // A solve this run started and that outlives it finishes before the
+    // next run starts (untimed): a mode's solves then slow its own runs,
+    // never the next mode's (nor that mode's guard's plain reference).
+    AwaitSolves(planning[mode]);
     return absl::OkStatus();
   };
   if (warm_plan_cache) {
@@ -390,11 +404,14 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       });
       const GenerationResult& median = reps[order[order.size() / 2]];
       std::vector<double> prefill, decode;
+      PromptRun& run = runs[mode][p];
       for (const GenerationResult& rep : reps) {
         prefill.push_back(rep.stats.prefill_seconds);
         decode.push_back(rep.stats.decode_seconds);
+        run.repeat_decode_seconds.push_back(rep.stats.decode_seconds);
+        run.repeat_decoded_tokens.push_back(
+            std::max<int64_t>(0, rep.stats.completion_tokens - 1));
       }
-      PromptRun& run = runs[mode][p];
       run.output_ids = median.output_ids;
       run.decoded_tokens =
           std::max<int64_t>(0, median.stats.completion_tokens - 1);
@@ -412,6 +429,44 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     }
   }
   return runs;
+}
+
+double Quantile(std::vector<double> values, double q) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const double rank = q * static_cast<double>(values.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(values.size() - 1, lo + 1);
+  return values[lo] +
+         (rank - static_cast<double>(lo)) * (values[hi] - values[lo]);
+}
+
+PairedSpeedup PairedSpeedupOf(const std::vector<PromptRun>& base,
+                              const std::vector<PromptRun>& runs) {
+  std::vector<double> ratios;
+  for (size_t p = 0; p < base.size() && p < runs.size(); ++p) {
+    const PromptRun& b = base[p];
+    const PromptRun& r = runs[p];
+    const size_t n = std::min(b.repeat_decode_seconds.size(),
+                              r.repeat_decode_seconds.size());
+    for (size_t k = 0; k < n; ++k) {
+      const double base_rate =
+          b.repeat_decode_seconds[k] > 0
+              ? b.repeat_decoded_tokens[k] / b.repeat_decode_seconds[k]
+              : 0.0;
+      const double rate =
+          r.repeat_decode_seconds[k] > 0
+              ? r.repeat_decoded_tokens[k] / r.repeat_decode_seconds[k]
+              : 0.0;
+      if (base_rate > 0 && rate > 0) ratios.push_back(rate / base_rate);
+    }
+  }
+  PairedSpeedup out;
+  out.pairs = static_cast<int>(ratios.size());
+  out.median = Quantile(ratios, 0.5);
+  out.q25 = Quantile(ratios, 0.25);
+  out.q75 = Quantile(ratios, 0.75);
+  return out;
 }
 
 PeakSampler::PeakSampler(std::function<Sample()> sample,

@@ -37,6 +37,9 @@ namespace knapserve {
 // The median of `values` (mean of the middle two for an even count); 0 if
 // empty.
 double Median(std::vector<double> values);
+// The q-quantile (0..1) of `values` by linear interpolation between order
+// statistics; 0 when empty.
+double Quantile(std::vector<double> values, double q);
 
 // Runs in order (run k: `names[k]`, measured `rates[k]`), each against the
 // `baseline` runs around it: rates[k] over the mean of the nearest baseline
@@ -107,7 +110,28 @@ struct PromptRun {
   // repeat).
   std::string routed_domain;
   double routing_seconds = 0;
+  // Every repeat's decode seconds and decoded tokens, in the order the
+  // repeats ran; repeat k of every mode ran back to back with the others'
+  // (PairedSpeedupOf).
+  std::vector<double> repeat_decode_seconds;
+  std::vector<int64_t> repeat_decoded_tokens;
 };
+
+// How much faster `runs` decode than `base` (the same prompts, measured in
+// one interleaved RunModes call), pair by pair: for every prompt and repeat,
+// runs' tokens per second over base's in the same repeat. The two ran back to
+// back (seconds apart), so a drift of the machine's speed that an aggregate
+// over the whole set would carry hits both alike, and a run that another
+// process slowed moves one ratio, not the median. Quantiles of those ratios
+// (the spread of the pairs); all 0 without pairs.
+struct PairedSpeedup {
+  int pairs = 0;
+  double median = 0;
+  double q25 = 0;
+  double q75 = 0;
+};
+PairedSpeedup PairedSpeedupOf(const std::vector<PromptRun>& base,
+                              const std::vector<PromptRun>& runs);
 
 // Aggregates of one mode over a prompt set.
 struct ModeSummary {
@@ -180,8 +204,12 @@ nlohmann::json PlanPredictionJson(const PlanPrediction& p);
 // Runs each of `requests` (several modes of the same prompts, e.g. off and
 // static) on every prompt, `repeats` times, interleaved by mode so that
 // drift in machine speed (another process, frequency changes) hits all modes
-// alike; the mode order alternates between runs. Each request's prompt_ids
-// are replaced by each input's ids. Each prompt's time is the median over
+// alike; the mode order alternates between runs. A solve a run started that
+// outlives the run finishes before the next run starts (untimed), so a
+// mode's solves slow its own runs and never another mode's (as in a server
+// whose requests come with gaps; under continuous load the solve would
+// overlap the next request). Each request's prompt_ids are replaced by each
+// input's ids. Each prompt's time is the median over
 // its repeats.
 // Returns runs[mode][prompt]. `warmup` runs one short generation per mode
 // first (kernel selection, page faults). `planners[k]` serves mode k's plans

@@ -247,8 +247,9 @@ ABSL_FLAG(int64_t, plan_bucket_tokens, 256,
 ABSL_FLAG(
     double, drift_tolerance, 0.2,
     "knapspec/clasp: replan when the observed per-token acceptance of the plan "
-    "in force "
-    "differs from its alpha_hat by more than this (after --drift-min-tokens).");
+    "in force differs from its alpha_hat by more than this, or its steps' "
+    "draft tokens from the plan's expected drafts per step by more than this "
+    "share of them (after --drift-min-tokens).");
 ABSL_FLAG(int64_t, drift_min_tokens, 40,
           "knapspec/clasp: acceptance trials (accepted draft tokens + "
           "rejections) under a plan "

@@ -100,8 +100,10 @@ struct SpeculationConfig {
   // Planned modes (IsPlanned: kKnapSpec, kClasp)
   // (executor/planning/plan_controller.h).
   int64_t plan_bucket_tokens = 256;  // plan cache context bucket width, >= 1
-  double drift_tolerance =
-      0.2;  // |observed acceptance - alpha_hat| that replans; > 0
+  // |observed acceptance - alpha_hat| that replans, and the share of the
+  // plan's predicted drafts per step by which the steps' drafts may differ;
+  // > 0.
+  double drift_tolerance = 0.2;
   int64_t drift_min_tokens =
       40;  // acceptance trials before drift is judged, >= 1
   double planner_budget =

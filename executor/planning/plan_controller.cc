@@ -286,6 +286,8 @@ void PlanController::Apply(const CachedPlan& plan, const std::string& source,
   applied_version_ = plan.version;
   drift_trials_ = 0;
   drift_accepted_ = 0;
+  drift_steps_ = 0;
+  drift_drafted_ = 0;
   drift_fired_ = false;
   guard_.SetPlan(plan.version);
   directive.apply = plan;
@@ -387,12 +389,23 @@ void PlanController::AfterStep(const StepObservation& step) {
       step.drafted > 0) {
     drift_accepted_ += step.accepted;
     drift_trials_ += step.accepted + (step.accepted < step.drafted ? 1 : 0);
+    ++drift_steps_;
+    drift_drafted_ += step.drafted;
     if (!drift_fired_ && trigger_ == PlanTrigger::kNone &&
         drift_trials_ >= options_.drift_min_tokens && drift_trials_ > 0) {
       const double observed = static_cast<double>(drift_accepted_) /
                               static_cast<double>(drift_trials_);
+      // A plan from a planner that does not predict drafts (0) is judged on
+      // acceptance alone.
+      const double expected_drafts = in_force_->plan.predicted_drafts_per_step;
+      const double drafts = static_cast<double>(drift_drafted_) /
+                            static_cast<double>(drift_steps_);
+      const bool drafts_drift =
+          expected_drafts > 0 && std::abs(drafts - expected_drafts) >
+                                     options_.drift_tolerance * expected_drafts;
       if (std::abs(observed - in_force_->plan.alpha_hat) >
-          options_.drift_tolerance) {
+              options_.drift_tolerance ||
+          drafts_drift) {
         drift_fired_ = true;
         SetTrigger(PlanTrigger::kDrift);
       }

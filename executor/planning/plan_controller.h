@@ -20,9 +20,14 @@
 // where a rejection is a step that stopped at a rejected draft token (the
 // maximum-likelihood per-token acceptance when each draft token is accepted
 // with the same probability; alpha_hat is that probability on the reference
-// tokens). After at least drift_min_tokens trials (accepted + rejections)
-// since the plan took effect, |observed - alpha_hat| > drift_tolerance is a
-// kDrift trigger (once per plan).
+// tokens). It also compares the draft tokens its steps made with the plan's
+// predicted_drafts_per_step (fewer than gamma when drafts stop on low
+// confidence: a plan's reference tokens may be less, or more, confident
+// than the text that follows). After at least drift_min_tokens trials
+// (accepted + rejections) since the plan took effect,
+// |observed - alpha_hat| > drift_tolerance, or drafts per step off the
+// prediction by more than drift_tolerance of it, is a kDrift trigger (once
+// per plan).
 //
 // A pending trigger turns into a snapshot only when (1) the sequence's last
 // snapshot began at least min_request_gap steps ago, (2) no other sequence is
@@ -110,8 +115,9 @@ struct GuardOptions {
 
 struct PlanControllerOptions {
   int64_t bucket_tokens = 256;  // context bucket width, >= 1
-  double drift_tolerance =
-      0.2;  // |observed acceptance - alpha_hat| that triggers
+  // |observed acceptance - alpha_hat| that triggers, and the share of
+  // predicted_drafts_per_step by which the drafts a step made may differ.
+  double drift_tolerance = 0.2;
   int64_t drift_min_tokens = 40;  // trials before drift is judged
   double planner_budget = 0.05;   // PlannerBudget fraction; <= 0: no limit
   int64_t reference_steps = 16;   // m: steps captured per snapshot, >= 1
@@ -347,6 +353,8 @@ class PlanController {
 
   int64_t drift_trials_ = 0;
   int64_t drift_accepted_ = 0;
+  int64_t drift_steps_ = 0;    // speculative steps under the plan in force
+  int64_t drift_drafted_ = 0;  // their draft tokens
   bool drift_fired_ = false;
 };
 

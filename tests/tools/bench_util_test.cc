@@ -1,6 +1,7 @@
 // Tests of the benchmarks' helpers (tools/bench_util.h): each run against
 // the baseline runs around it; the plans' promise against what they
-// measured; the peaks of gauges while a phase runs; and the runner, RunModes: a
+// measured; each mode against off pair by pair; the peaks of gauges while
+// a phase runs; and the runner, RunModes: a
 // cold run's every repeat plans from an empty plan cache, so a repeat never
 // reuses another repeat's solves; a warm run solves in its untimed pass and
 // its timed runs use the cache. Counted at the planner, on stories260k with
@@ -11,9 +12,11 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "planner/inprocess_planner.h"
@@ -98,20 +101,35 @@ TEST(RatiosToAdjacentBaselineTest, EachRunIsComparedWithTheOffRunsAroundIt) {
             (std::vector<double>{0.0}));
 }
 
+// What several planners did, in order: "a+" planner a got a request, "a-"
+// it answered one.
+struct EventLog {
+  absl::Mutex mu;
+  std::vector<std::string> events ABSL_GUARDED_BY(mu);
+  void Add(std::string event) {
+    absl::MutexLock lock(&mu);
+    events.push_back(std::move(event));
+  }
+};
+
 // A planner that answers each request from a thread of its own after
 // `delay`, as a planner that yields the cores may (the solve is the real
-// one).
+// one). With a `log`, it logs its requests and answers under `name`.
 class SlowPlanner : public PlannerClient {
  public:
-  SlowPlanner(const InProcessPlanner* core, absl::Duration delay)
-      : core_(core), delay_(delay) {}
+  SlowPlanner(const InProcessPlanner* core, absl::Duration delay,
+              EventLog* log = nullptr, std::string name = "")
+      : core_(core), delay_(delay), log_(log), name_(std::move(name)) {}
   ~SlowPlanner() override {
     for (std::thread& t : threads_) t.join();
   }
   void Submit(PlanRequest request, PlanCallback done) override {
+    if (log_ != nullptr) log_->Add(name_ + "+");
     threads_.emplace_back(
         [this, request = std::move(request), done = std::move(done)]() mutable {
           absl::SleepFor(delay_);
+          // Logged first: the answer lets the bench go on.
+          if (log_ != nullptr) log_->Add(name_ + "-");
           done(core_->Solve(request));
         });
   }
@@ -120,6 +138,8 @@ class SlowPlanner : public PlannerClient {
  private:
   const InProcessPlanner* core_;
   absl::Duration delay_;
+  EventLog* log_;
+  std::string name_;
   std::vector<std::thread> threads_;  // the test thread only
 };
 
@@ -186,6 +206,24 @@ TEST_F(RunModesTest, AWarmRunAwaitsTheSolvesOfItsUntimedPass) {
   EXPECT_EQ(run.plan_requests, 0);
 }
 
+// A solve that outlives its run (8 tokens decode long before a planner that
+// answers 300 ms late) ends before the next mode's run begins, so it never
+// slows that run: each planner's answer comes before the other's next
+// request.
+TEST_F(RunModesTest, ARunsSolveEndsBeforeTheNextModeRuns) {
+  EventLog log;
+  SlowPlanner a(core_.get(), absl::Milliseconds(300), &log, "a");
+  SlowPlanner b(core_.get(), absl::Milliseconds(300), &log, "b");
+  auto runs = RunModes(*model_, *tokenizer_, Inputs(2),
+                       {KnapSpecRequest(), KnapSpecRequest()},
+                       /*repeats=*/2, /*warmup=*/false, {&a, &b});
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  absl::MutexLock lock(&log.mu);
+  // One solve per mode and repeat (the second prompt finds the plan).
+  EXPECT_EQ(log.events, (std::vector<std::string>{"a+", "a-", "b+", "b-", "b+",
+                                                  "b-", "a+", "a-"}));
+}
+
 TEST_F(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
   for (bool warm : {false, true}) {
     SCOPED_TRACE(warm ? "warm" : "cold");
@@ -202,6 +240,49 @@ TEST_F(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
       EXPECT_EQ(run.decoded_tokens, 7);
     }
   }
+}
+
+PromptRun Repeats(std::vector<double> seconds, int64_t tokens = 100) {
+  PromptRun run;
+  run.repeat_decode_seconds = seconds;
+  run.repeat_decoded_tokens.assign(seconds.size(), tokens);
+  return run;
+}
+
+// The machine slows to half speed after the first prompt: a mode 1.25x
+// faster than off in every pair is 1.25x paired, whatever the drift; runs
+// that another process stalled move their ratios, not the median.
+TEST(PairedSpeedupTest, EachRunAgainstOffInTheSameRepeat) {
+  const std::vector<PromptRun> off = {Repeats({1.0, 1.0, 1.0}),
+                                      Repeats({2.0, 2.0, 2.0})};
+  std::vector<PromptRun> mode = {Repeats({0.8, 0.8, 0.8}),
+                                 Repeats({1.6, 1.6, 1.6})};
+  PairedSpeedup p = PairedSpeedupOf(off, mode);
+  EXPECT_EQ(p.pairs, 6);
+  EXPECT_DOUBLE_EQ(p.median, 1.25);
+  EXPECT_DOUBLE_EQ(p.q25, 1.25);
+  EXPECT_DOUBLE_EQ(p.q75, 1.25);
+
+  mode[1].repeat_decode_seconds[2] = 16;  // stalled: 0.125x
+  mode[0].repeat_decode_seconds[1] = 8;   // 0.125x
+  p = PairedSpeedupOf(off, mode);
+  EXPECT_DOUBLE_EQ(p.median, 1.25);
+  EXPECT_DOUBLE_EQ(p.q25, 0.125 + 0.25 * (1.25 - 0.125));
+
+  // Ratios of rates: a run with fewer tokens in the same time is slower.
+  const std::vector<PromptRun> shorter = {Repeats({1.0}, 50)};
+  EXPECT_DOUBLE_EQ(PairedSpeedupOf({Repeats({1.0})}, shorter).median, 0.5);
+  // No repeats, no pairs.
+  EXPECT_EQ(PairedSpeedupOf({PromptRun()}, {PromptRun()}).pairs, 0);
+  EXPECT_EQ(PairedSpeedupOf({PromptRun()}, {PromptRun()}).median, 0);
+}
+
+TEST(QuantileTest, InterpolatesBetweenOrderStatistics) {
+  EXPECT_EQ(Quantile({}, 0.5), 0);
+  EXPECT_DOUBLE_EQ(Quantile({3, 1, 2}, 0.5), 2);
+  EXPECT_DOUBLE_EQ(Quantile({1, 2, 3, 4}, 0.5), 2.5);
+  EXPECT_DOUBLE_EQ(Quantile({1, 2, 3, 5}, 1), 5);
+  EXPECT_DOUBLE_EQ(Quantile({0, 10}, 0.25), 2.5);
 }
 
 // A gauge that rises to 7 and falls back, and another that only falls: the

@@ -293,6 +293,42 @@ TEST(PlanControllerTest, AcceptanceWithinToleranceNeverTriggers) {
   EXPECT_EQ(c.stats().triggers_drift, 0);
 }
 
+// Acceptance as planned (every draft token accepted against alpha_hat 0.9),
+// but the steps draft 2 tokens where the plan expected 1.4 (its reference
+// tokens were less confident than the text that follows): drift, once the
+// trials are in. Steps that draft 1 or 2 (1.5 a step) are within 20% of 1.4,
+// and a plan that predicts no drafts count (0) is judged on acceptance only.
+TEST(PlanControllerTest, DraftsPerStepOffThePredictionTriggerDrift) {
+  for (const double predicted : {1.4, 0.0}) {
+    SCOPED_TRACE(predicted);
+    PlanningShared shared = PlanningShared::Create();
+    DraftPlan plan = Plan(4, 0.9);
+    plan.predicted_drafts_per_step = predicted;
+    shared.cache->Insert(KeyAt(0), plan, 50, 10);
+    PlanController c(Options(), BaseKey(), 1, 0, shared);
+    c.BeforeStep(0, 1);
+    int64_t step = 1;
+    for (; step <= 4; ++step) {  // 2 trials a step; drift_min_tokens = 10
+      c.AfterStep(Spec(4, 2, 2, 0.01));
+      c.BeforeStep(step, 1);
+    }
+    EXPECT_EQ(c.pending_trigger(), PlanTrigger::kNone);
+    c.AfterStep(Spec(4, 2, 2, 0.01));
+    EXPECT_EQ(c.stats().triggers_drift, predicted > 0 ? 1 : 0);
+  }
+  PlanningShared shared = PlanningShared::Create();
+  DraftPlan plan = Plan(4, 0.9);
+  plan.predicted_drafts_per_step = 1.4;
+  shared.cache->Insert(KeyAt(0), plan, 50, 10);
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  c.BeforeStep(0, 1);
+  for (int64_t step = 1; step < 200; ++step) {
+    c.AfterStep(step % 2 == 0 ? Spec(4, 2, 2, 0.01) : Spec(4, 1, 1, 0.01));
+    c.BeforeStep(step, 1);
+  }
+  EXPECT_EQ(c.stats().triggers_drift, 0);
+}
+
 TEST(PlanControllerTest, TheBudgetDefersATriggerUntilDecodingCatchesUp) {
   PlanningShared shared = PlanningShared::Create();
   shared.budget->Settle(0, 1.0);  // 1 s of solving already spent
