@@ -31,11 +31,11 @@
 // An in-process server also reports, per load phase, its engine's steps and
 // the peaks of its memory: K/V pool blocks used (plan snapshots hold theirs
 // inside the pool) and reserved, and the process's resident bytes, sampled
-// every 2 ms. It also reports its start: seconds from the command's
-// start (model load included) to serving, and to the first token of the
-// first request (the first mode's warm-up). A planned mode waits for the
-// server's latency profile when it is still measured in the background, so
-// that its phases time planning.
+// every 10 ms (a pool lock and a /proc read each). It also reports its start:
+// seconds from the command's start (model load included) to serving, and to the
+// first token of the first request (the first mode's warm-up). A planned mode
+// waits for the server's latency profile when it is still measured in the
+// background, so that its phases time planning.
 #include <ATen/Parallel.h>
 #include <grpcpp/grpcpp.h>
 #include <httplib.h>
@@ -788,7 +788,7 @@ absl::Status BenchServe() {
             return {pool->used_blocks(), pool->reserved_blocks(),
                     ResidentSetBytes()};
           },
-          absl::Milliseconds(2));
+          absl::Milliseconds(10));
     }
     const PhaseResult load_phase = RunPhase(stream, load, shape, burst);
     BatchEngineStats after;

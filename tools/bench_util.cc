@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 
 #include "absl/flags/flag.h"
@@ -213,7 +214,7 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
     predicted_seconds += per_step / p.predicted_tpt * steps;
     planned_drafts += p.predicted_drafts_per_step * steps;
     drafted += static_cast<double>(p.measured_drafted);
-    if (p.calibrated_tpt() > 0) {
+    if (p.gamma > 0 && p.calibrated_tpt() > 0) {
       out.calibrated_seconds += p.measured_seconds;
       calibrated_tokens += static_cast<double>(p.measured_tokens);
       calibrated_rate += p.calibrated_tpt() * p.measured_seconds;
@@ -286,10 +287,17 @@ void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {
 namespace {
 
 // Waits (at most a minute: a planner that yields the cores may take long)
-// until no solve of `shared` is in flight.
+// until no solve of `shared` is in flight; says so on stderr when it gives
+// up (the next runs then share the cores with that solve).
 void AwaitSolves(const PlanningShared& shared) {
   const absl::Time deadline = absl::Now() + absl::Minutes(1);
-  while (shared.budget->solves_in_flight() > 0 && absl::Now() < deadline) {
+  while (shared.budget->solves_in_flight() > 0) {
+    if (absl::Now() >= deadline) {
+      std::fprintf(stderr,
+                   "bench: a plan solve is still running after a minute; the "
+                   "next runs share the cores with it\n");
+      return;
+    }
     absl::SleepFor(absl::Milliseconds(2));
   }
 }
@@ -323,6 +331,7 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
       RETURN_IF_ERROR(Generate(model, tokenizer, short_request, nullptr,
                                nullptr, planner_of(k), &warmup_planning)
                           .status());
+      AwaitSolves(warmup_planning);  // not into the first timed run
     }
   }
   if (warm_plan_cache) {
@@ -447,8 +456,9 @@ PairedSpeedup PairedSpeedupOf(const std::vector<PromptRun>& base,
   for (size_t p = 0; p < base.size() && p < runs.size(); ++p) {
     const PromptRun& b = base[p];
     const PromptRun& r = runs[p];
-    const size_t n = std::min(b.repeat_decode_seconds.size(),
-                              r.repeat_decode_seconds.size());
+    const size_t n = std::min(
+        {b.repeat_decode_seconds.size(), b.repeat_decoded_tokens.size(),
+         r.repeat_decode_seconds.size(), r.repeat_decoded_tokens.size()});
     for (size_t k = 0; k < n; ++k) {
       const double base_rate =
           b.repeat_decode_seconds[k] > 0

@@ -1,6 +1,9 @@
 // Measurement helpers shared by the `knapserve bench` modes (ar, spec,
-// step-cost): medians, the benchmark prompt set as token ids, the machine's
-// memory bandwidth, and one timed pass of Generate() over a prompt set.
+// step-cost, serve): medians and quantiles, the benchmark prompt set as token
+// ids, the machine's memory bandwidth, one timed pass of Generate() over a
+// prompt set (RunModes), each mode against a baseline pair by pair, the
+// plans' promise against what they measured, and the peaks of gauges while
+// a phase runs (PeakSampler).
 //
 // Timing conventions: every figure is a median over
 // repeats after a warm-up run, and comparisons are ratios taken within one
@@ -8,8 +11,9 @@
 // (total tokens decoded / total decode seconds), so long and short prompts
 // weigh by their tokens, not one vote each.
 //
-// Nothing here keeps state between calls; functions are thread-compatible
-// (they use the model's intra-op threads, so run one at a time).
+// Apart from PeakSampler (its own comment), nothing here keeps state between
+// calls; functions are thread-compatible (they use the model's intra-op
+// threads, so run one at a time).
 #ifndef KNAPSERVE_TOOLS_BENCH_UTIL_H_
 #define KNAPSERVE_TOOLS_BENCH_UTIL_H_
 
@@ -120,10 +124,11 @@ struct PromptRun {
 // How much faster `runs` decode than `base` (the same prompts, measured in
 // one interleaved RunModes call), pair by pair: for every prompt and repeat,
 // runs' tokens per second over base's in the same repeat. The two ran back to
-// back (seconds apart), so a drift of the machine's speed that an aggregate
-// over the whole set would carry hits both alike, and a run that another
-// process slowed moves one ratio, not the median. Quantiles of those ratios
-// (the spread of the pairs); all 0 without pairs.
+// back (the other modes of that prompt between them), so a drift of the
+// machine's speed over the set, which an aggregate carries, hits both alike,
+// and a run that another process slowed moves one ratio, not the median
+// (a drift within a run, at the scale of milliseconds, is not cancelled).
+// Quantiles of those ratios (the spread of the pairs); all 0 without pairs.
 struct PairedSpeedup {
   int pairs = 0;
   double median = 0;
@@ -183,11 +188,13 @@ struct PlanPrediction {
   // measured_tpt / predicted_tpt - 1 (0 without plans): -0.08 means the
   // plans delivered 8% less than promised.
   double error() const;
-  // The same on the machine's speed now (AppliedPlan::calibrated_tpt), over
-  // the plans that have a measured plain rate (calibrated_seconds of the
+  // The same on the machine's speed as measured (AppliedPlan::calibrated_tpt),
+  // over the drafting plans (gamma > 0; a plain plan's own steps are its
+  // plain rate) that have a measured plain rate (calibrated_seconds of the
   // measured seconds): their calibrated promise and what they measured,
   // time-weighted, and plain decoding's rate as the profile priced it
-  // (baseline_tpt) against as the engine measured it at the plans' buckets.
+  // (baseline_tpt, at the plan's context) against as the engine measured it
+  // at the plans' buckets (the mean of their plain steps).
   // A profile_plain_tpt above measured_plain_tpt means the machine ran
   // slower than when it was profiled.
   double calibrated_seconds = 0;
@@ -242,8 +249,10 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
 // field seen; samples of another length than the first are ignored).
 //
 // Thread safety: `sample` runs on the sampler's thread and must be safe to
-// call there (KvPool's gauges are). Construct, Stop and destroy on one
-// thread. The destructor stops a sampler that was not stopped.
+// call there (KvPool's gauges are); what it reads must outlive Stop() (or the
+// destructor, which stops a sampler that was not stopped). Construct, Stop
+// and destroy on one thread. Each sample costs what `sample` does: pick an
+// interval that leaves the measured work alone.
 class PeakSampler {
  public:
   using Sample = std::vector<int64_t>;
@@ -253,7 +262,7 @@ class PeakSampler {
   PeakSampler& operator=(const PeakSampler&) = delete;
 
   // The peaks so far, including a sample taken now. Call once.
-  Sample Stop();
+  Sample Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Take() ABSL_LOCKS_EXCLUDED(mu_);

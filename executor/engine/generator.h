@@ -267,13 +267,15 @@ struct AppliedPlan {
                ? static_cast<double>(measured_tokens) / measured_seconds
                : 0.0;
   }
-  // Plain decoding's tokens/s that the engine measured at the plan's context
-  // bucket (the guard's plain-rate table, every sequence of the execution,
+  // Plain decoding's tokens/s that the engine measured at the context bucket
+  // where the plan took effect (the guard's plain-rate table: the bucket's
+  // last 32 plain steps of any sequence of the execution, of any age,
   // preempted steps left out), read when the plan left force (a newer plan,
   // or the sequence's end); 0 when the bucket had too few plain steps
-  // (GuardOptions::probe_steps).
+  // (GuardOptions::probe_steps). A plan that drafts adds no plain steps, so
+  // the samples may be from before it took effect.
   double measured_plain_tpt = 0;
-  // The prediction on the machine's speed now: predicted_tpt x
+  // The prediction on the machine's speed as measured: predicted_tpt x
   // measured_plain_tpt / baseline_tpt. The latency profile was measured
   // earlier, perhaps minutes or days; the plan's promise relative to plain
   // decoding (predicted_tpt / baseline_tpt, the speed-up the TPT objective

@@ -167,6 +167,7 @@ class PlanSession {
     }
     if (directive.apply.has_value()) {
       ClosePlan(result);
+      applied_context_length_ = context_length;
       const CachedPlan& cached = *directive.apply;
       const DraftPlan& plan = cached.plan;
       mask = plan.mask;
@@ -218,12 +219,14 @@ class PlanSession {
   }
 
   // The plan in force (the last applied) leaves force: it keeps the plain
-  // rate measured at its bucket now, for its calibrated prediction.
+  // rate measured at the bucket where it took effect, for its calibrated
+  // prediction. (Not its snapshot's length: a snapshot that ends just past
+  // a bucket boundary is still the plan of the bucket it began in.)
   void ClosePlan(GenerationResult& result) const {
     if (result.plans.empty()) return;
     AppliedPlan& plan = result.plans.back();
     const std::optional<double> plain =
-        controller_.PlainStepSeconds(plan.context_length);
+        controller_.PlainStepSeconds(applied_context_length_);
     plan.measured_plain_tpt = plain.has_value() && *plain > 0 ? 1 / *plain : 0;
   }
 
@@ -458,6 +461,8 @@ class PlanSession {
   std::shared_ptr<Mailbox> mailbox_;
   PlanController controller_;
   bool finished_ = false;  // Finish ran (it already told the planner)
+  // The committed length when the plan in force took effect (ClosePlan).
+  int64_t applied_context_length_ = 0;
   // Tracing (common/trace): the request's decode span, the snapshot being
   // captured, and the plan in force with what it realized so far.
   const trace::SpanContext trace_parent_;

@@ -47,6 +47,8 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   a.measured_plain_tpt = 48;  // plain measured 40% slower: 60 calibrated
   AppliedPlan b;              // gamma 0: plain, 1 token a step
   b.predicted_tpt = 200;
+  b.baseline_tpt = 200;        // a plain plan: its promise is the baseline,
+  b.measured_plain_tpt = 150;  // and its own steps are the plain rate
   b.measured_steps = 30;
   b.measured_tokens = 30;
   b.measured_seconds = 0.2;  // 150 tokens/s
@@ -66,7 +68,8 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   EXPECT_DOUBLE_EQ(p.planned_drafts_per_step, 0.9 * 10 / 40.0);
   EXPECT_DOUBLE_EQ(p.measured_drafts_per_step, 8 / 40.0);
   EXPECT_EQ(PlanPredictionJson(p)["steps"], 40);
-  // Only plan a has a measured plain rate: the calibrated figures are its.
+  // Only drafting plans count (b's calibrated promise would be its own
+  // measured rate): the calibrated figures are a's.
   EXPECT_DOUBLE_EQ(p.calibrated_seconds, 0.2);
   EXPECT_DOUBLE_EQ(p.calibrated_tpt, 60);
   EXPECT_DOUBLE_EQ(p.calibrated_measured_tpt, 60);
