@@ -419,6 +419,10 @@ absl::StatusOr<nlohmann::json> RunSet(
                "pred TPT", "plan TPT", "solve%", "wait%", "age", "same");
   const ModeSummary off = Summarize(runs[0]);
   const double off_rate = off.decode_tokens_per_second();
+  std::vector<PairedSpeedup> paired_with_off;
+  for (const std::vector<PromptRun>& mode_runs : runs) {
+    paired_with_off.push_back(PairedSpeedupOf(runs[0], mode_runs));
+  }
   nlohmann::json set = {{"prompts", inputs.size()},
                         {"modes", nlohmann::json::object()}};
   // Greedy and coupled sampling (the default with a seed) are compared id
@@ -461,7 +465,7 @@ absl::StatusOr<nlohmann::json> RunSet(
     const auto [skipped_attention, skipped_mlp] =
         MeanSkipped(m.plans, model.num_layers());
     nlohmann::json mode_json = ModeJson(m, off_rate);
-    const PairedSpeedup paired = PairedSpeedupOf(runs[0], runs[k]);
+    const PairedSpeedup& paired = paired_with_off[k];
     mode_json["paired_speedup"] = {{"median", paired.median},
                                    {"q25", paired.q25},
                                    {"q75", paired.q75},
@@ -510,7 +514,7 @@ absl::StatusOr<nlohmann::json> RunSet(
   // not.
   std::fprintf(out, "paired with off (median of prompt x repeat, IQR):");
   for (size_t k = 1; k < modes.size(); ++k) {
-    const PairedSpeedup paired = PairedSpeedupOf(runs[0], runs[k]);
+    const PairedSpeedup& paired = paired_with_off[k];
     std::fprintf(out, " %s %.3fx [%.3f-%.3f]", modes[k].name.c_str(),
                  paired.median, paired.q25, paired.q75);
   }

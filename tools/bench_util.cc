@@ -459,16 +459,16 @@ PairedSpeedup PairedSpeedupOf(const std::vector<PromptRun>& base,
     const size_t n = std::min(
         {b.repeat_decode_seconds.size(), b.repeat_decoded_tokens.size(),
          r.repeat_decode_seconds.size(), r.repeat_decoded_tokens.size()});
+    auto rate = [](const PromptRun& run, size_t k) {
+      return run.repeat_decode_seconds[k] > 0
+                 ? run.repeat_decoded_tokens[k] / run.repeat_decode_seconds[k]
+                 : 0.0;
+    };
     for (size_t k = 0; k < n; ++k) {
-      const double base_rate =
-          b.repeat_decode_seconds[k] > 0
-              ? b.repeat_decoded_tokens[k] / b.repeat_decode_seconds[k]
-              : 0.0;
-      const double rate =
-          r.repeat_decode_seconds[k] > 0
-              ? r.repeat_decoded_tokens[k] / r.repeat_decode_seconds[k]
-              : 0.0;
-      if (base_rate > 0 && rate > 0) ratios.push_back(rate / base_rate);
+      const double base_rate = rate(b, k);
+      const double mode_rate = rate(r, k);
+      if (base_rate > 0 && mode_rate > 0)
+        ratios.push_back(mode_rate / base_rate);
     }
   }
   PairedSpeedup out;

@@ -140,16 +140,31 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
   }
 }
 
-std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
+namespace {
+
+// The bucket's mean plain step by the guard's rules (probe_steps samples,
+// outlier_factor), no older than `max_age`.
+std::optional<double> GuardPlainStepSeconds(const PlainRateTable& table,
+                                            const GuardOptions& options,
+                                            const std::string& execution_id,
+                                            int64_t bucket_tokens,
+                                            int64_t bucket,
+                                            absl::Duration max_age) {
   const int min_samples =
-      static_cast<int>(std::max<int64_t>(1, options_.probe_steps));
+      static_cast<int>(std::max<int64_t>(1, options.probe_steps));
+  return table.MeanStepSeconds(execution_id, bucket_tokens, bucket, min_samples,
+                               max_age, absl::Now(), options.outlier_factor);
+}
+
+}  // namespace
+
+std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
   const absl::Duration max_age =
       options_.plain_max_age_seconds > 0
           ? absl::Seconds(options_.plain_max_age_seconds)
           : absl::InfiniteDuration();
-  return plain_rates_->MeanStepSeconds(execution_id_, bucket_tokens_, bucket,
-                                       min_samples, max_age, absl::Now(),
-                                       options_.outlier_factor);
+  return GuardPlainStepSeconds(*plain_rates_, options_, execution_id_,
+                               bucket_tokens_, bucket, max_age);
 }
 
 void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats, bool early) {
@@ -417,12 +432,11 @@ void PlanController::AfterStep(const StepObservation& step) {
 std::optional<double> PlanController::PlainStepSeconds(
     int64_t context_length) const {
   if (shared_.plain_rates == nullptr) return std::nullopt;
-  const int min_samples =
-      static_cast<int>(std::max<int64_t>(1, options_.guard.probe_steps));
-  return shared_.plain_rates->MeanStepSeconds(
-      key_.ExecutionId(), options_.bucket_tokens,
-      ContextBucket(context_length, options_.bucket_tokens), min_samples,
-      absl::InfiniteDuration(), absl::Now(), options_.guard.outlier_factor);
+  return GuardPlainStepSeconds(
+      *shared_.plain_rates, options_.guard, key_.ExecutionId(),
+      options_.bucket_tokens,
+      ContextBucket(context_length, options_.bucket_tokens),
+      absl::InfiniteDuration());
 }
 
 SubmitTicket PlanController::TakeTicket() {
