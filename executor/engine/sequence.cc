@@ -765,7 +765,6 @@ void Sequence::BeginStep(bool allow_drafts) {
   drafts_.clear();
   draft_dists_.clear();
   drafting_ = budget_ > 0;
-  step_seconds_ = 0;
 }
 
 void Sequence::OnDraftLogits(const torch::Tensor& logits) {
@@ -892,6 +891,7 @@ absl::Status Sequence::OnPrefillDone(const torch::Tensor& logits) {
       sampler_.Sample(processors_.Apply(logits, {}), prompt_len_);
   result_.stats.prefill_seconds = SecondsSince(start_);
   decode_start_ = std::chrono::steady_clock::now();
+  step_mark_ = decode_start_;
   result_.stats.first_token_unix_nanos = trace::NowUnixNanos();
   if (router_ != nullptr) Route();
   return Commit({first}, logits.unsqueeze(0));
@@ -922,8 +922,7 @@ void Sequence::Route() {
 }
 
 absl::Status Sequence::OnVerified(const torch::Tensor& logits,
-                                  const torch::Tensor& states,
-                                  double step_seconds) {
+                                  const torch::Tensor& states) {
   const int64_t pos = length_;
   // Row j is processed with the drafts before it as pending history; the
   // raw rows still give the logprobs (Commit).
@@ -934,6 +933,10 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   length_ = pos + out.accepted + 1;
   ++result_.stats.steps;
   if (early_exit_) UpdateExitCostMask();
+  const auto step_end = std::chrono::steady_clock::now();
+  const double step_seconds =
+      std::chrono::duration<double>(step_end - step_mark_).count();
+  step_mark_ = step_end;
   StepObservation observation;
   observation.gamma = step_gamma_;
   observation.drafted = out.drafted;
@@ -945,7 +948,10 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   } else {
     const int64_t bucket_tokens = request_.speculation.plan_bucket_tokens;
     const int64_t bucket = ContextBucket(pos, bucket_tokens);
-    if (observation.gamma == 0 && observation.tokens == 1) {
+    // The first steps after the prefill are no plain reference (the
+    // guard's settle_steps).
+    if (observation.gamma == 0 && observation.tokens == 1 &&
+        step_ >= GuardOptionsFrom(request_.speculation).settle_steps) {
       RecordPlainStep(shared_, execution_id_, bucket_tokens, bucket,
                       step_seconds);
     }
@@ -1036,7 +1042,6 @@ struct BatchStepRunner {
     for (size_t i = 0; i < ready.size() && !logits.empty(); ++i) {
       Sequence* seq = ready[i];
       seq->spec_stats_.draft_seconds += seconds;
-      seq->step_seconds_ += seconds;
       const size_t a = first_input.empty() ? i : first_input[i];
       const size_t b = first_input.empty() ? i + 1 : first_input[i + 1];
       Guarded(seq, what, [&] {
@@ -1288,10 +1293,8 @@ struct BatchStepRunner {
           continue;
         }
         seq->spec_stats_.verify_seconds += seconds;
-        seq->step_seconds_ += seconds;
-        Guarded(seq, "verify", [&] {
-          return seq->OnVerified(logits[i], states[i], seq->step_seconds_);
-        });
+        Guarded(seq, "verify",
+                [&] { return seq->OnVerified(logits[i], states[i]); });
       }
     }
     stats.seconds = SecondsSince(step_start);

@@ -169,9 +169,10 @@ class Sequence {
   // they predict.
   void OnPromptLogits(const torch::Tensor& logits, int64_t start);
   // The main pass's logits ([m+1, vocab]) and boundary states of a decode
-  // step.
+  // step; the step's seconds run from the end of the previous one
+  // (step_mark_) to its acceptance.
   absl::Status OnVerified(const torch::Tensor& logits,
-                          const torch::Tensor& states, double step_seconds);
+                          const torch::Tensor& states);
   // Commits `tokens` one by one, streaming them; sets done_ at a stop.
   // `logits` holds each token's raw full-model logits in its rows (row j
   // for tokens[j]), read only when the request asked for logprobs or
@@ -258,7 +259,12 @@ class Sequence {
   std::shared_ptr<const ExitHeads> exit_heads_;
   int depth_bound_ = 0;
   LayerMask exit_cost_mask_;
-  double step_seconds_ = 0;  // passes this step took part in
+  // When this sequence's previous decode step ended (its OnVerified; the
+  // first step: decode_start_). A step's seconds are the wall time from
+  // there to the end of its acceptance: everything the sequence waited for
+  // since its last tokens, passes and the engine's own work alike, as the
+  // planner's latency profile prices a step (o_step, o_draft).
+  std::chrono::steady_clock::time_point step_mark_;
 };
 
 struct BatchStepOptions {

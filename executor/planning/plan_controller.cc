@@ -43,17 +43,20 @@ void SpeculationGuard::Reset() {
   evidence_.clear();
   window_steps_ = 0;
   probe_left_ = 0;
+  probe_setting_.clear();
+  probe_plain_.clear();
   fresh_ = true;
 }
 
-SpeculationGuard::Rate SpeculationGuard::EvidenceRate() const {
+SpeculationGuard::Rate SpeculationGuard::RateOf(
+    const std::deque<StepEvidence>& steps) const {
   Rate rate;
   std::vector<double> step_seconds;
-  for (const StepEvidence& e : evidence_) step_seconds.push_back(e.seconds);
+  for (const StepEvidence& e : steps) step_seconds.push_back(e.seconds);
   const double threshold =
       OutlierThresholdSeconds(step_seconds, options_.outlier_factor);
   std::vector<StepEvidence> kept;
-  for (const StepEvidence& e : evidence_) {
+  for (const StepEvidence& e : steps) {
     if (e.seconds <= threshold) kept.push_back(e);
   }
   double tokens = 0;
@@ -78,7 +81,8 @@ SpeculationGuard::Rate SpeculationGuard::EvidenceRate() const {
 
 bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
   if (!options_.enabled) return false;
-  if (state_ != State::kSpeculate) return true;  // probe, or lone fallback
+  if (state_ == State::kFallback) return true;  // lone fallback
+  if (state_ == State::kProbe) return NextProbeStepIsPlain();
   if (verdicts_ != nullptr) {
     const std::optional<GuardVerdicts::Verdict> verdict =
         verdicts_->TakePlainStep(execution_id_, setting_, bucket_tokens_,
@@ -93,46 +97,91 @@ bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
       return true;
     }
   }
-  if (fresh_) {
+  if (fresh_ && settled()) {
     fresh_ = false;
     if (options_.probe_first && options_.probe_steps > 0 &&
         !PlainStepSeconds(bucket).has_value()) {
-      state_ = State::kProbe;
-      probe_left_ = options_.probe_steps;
-      return true;
+      StartProbe();
+      return NextProbeStepIsPlain();
     }
   }
   return false;
+}
+
+void SpeculationGuard::StartProbe() {
+  state_ = State::kProbe;
+  probe_left_ = options_.probe_steps;
+  probe_setting_.clear();
+  probe_plain_.clear();
+  // The setting's step first: a slow start (the steps right after a
+  // prefill) then weighs on the setting, not on its reference.
+  probe_plain_next_ = false;
+}
+
+bool SpeculationGuard::NextProbeStepIsPlain() {
+  const bool plain = probe_plain_next_;
+  probe_plain_next_ = !plain;
+  return plain;
+}
+
+void SpeculationGuard::AddEvidence(int64_t bucket, const StepObservation& step,
+                                   PlanningStats& stats) {
+  ++window_steps_;
+  evidence_.push_back({step.tokens, step.seconds});
+  while (static_cast<int64_t>(evidence_.size()) >
+         std::max(options_.evidence_steps, options_.min_steps)) {
+    evidence_.pop_front();
+  }
+  if (state_ == State::kProbe) return;  // judged when the probe ends
+  JudgeIfDue(bucket, stats);
+}
+
+void SpeculationGuard::JudgeIfDue(int64_t bucket, PlanningStats& stats) {
+  if (window_steps_ >= options_.min_steps) {
+    Judge(bucket, stats);
+  } else if (options_.early_steps > 0 &&
+             window_steps_ >= options_.early_steps) {
+    Judge(bucket, stats, JudgeKind::kEarly);
+  }
 }
 
 void SpeculationGuard::Observe(bool speculating, int64_t bucket,
                                const StepObservation& step,
                                PlanningStats& stats) {
   if (!options_.enabled) return;
+  if (!settled()) {
+    ++steps_seen_;
+    return;
+  }
   switch (state_) {
     case State::kSpeculate:
       if (!speculating || step.gamma == 0) return;
-      ++window_steps_;
-      evidence_.push_back({step.tokens, step.seconds});
-      while (static_cast<int64_t>(evidence_.size()) >
-             std::max(options_.evidence_steps, options_.min_steps)) {
-        evidence_.pop_front();
-      }
-      if (window_steps_ >= options_.min_steps) {
-        Judge(bucket, stats);
-      } else if (options_.early_steps > 0 &&
-                 window_steps_ >= options_.early_steps) {
-        Judge(bucket, stats, /*early=*/true);
-      }
+      AddEvidence(bucket, step, stats);
       return;
     case State::kProbe:
-      ++stats.guard_probe_steps;
-      if (--probe_left_ > 0) return;
-      if (evidence_.empty()) {
-        state_ = State::kSpeculate;  // probed first: now measure speculation
+      if (speculating && step.gamma > 0) {
+        // The setting's step of a pair.
+        probe_setting_.push_back({step.tokens, step.seconds});
+        AddEvidence(bucket, step, stats);
         return;
       }
-      Judge(bucket, stats);
+      ++stats.guard_probe_steps;
+      if (step.tokens == 1) probe_plain_.push_back({1, step.seconds});
+      if (--probe_left_ > 0) return;
+      state_ = State::kSpeculate;
+      if (probe_setting_.size() >= 2 && !probe_plain_.empty()) {
+        Judge(bucket, stats, JudgeKind::kPaired);
+      } else if (PlainStepSeconds(bucket).has_value()) {
+        // Too few of the setting's steps ran in the probe (the batch
+        // dropped its drafts): the bucket's plain rate, when due.
+        JudgeIfDue(bucket, stats);
+      } else {
+        // No plain rate for the bucket (the context crossed a boundary
+        // meanwhile, or the probe's steps aged out): measure speculation
+        // again, then probe again.
+        Reset();
+        fresh_ = false;
+      }
       return;
     case State::kFallback:
       ++stats.guard_plain_steps;
@@ -167,10 +216,25 @@ std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
                                bucket_tokens_, bucket, max_age);
 }
 
-void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats, bool early) {
-  const std::optional<double> plain = PlainStepSeconds(bucket);
-  const Rate rate = EvidenceRate();
-  if (early) {
+void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
+                             JudgeKind kind) {
+  std::optional<double> plain;
+  Rate rate;
+  if (kind == JudgeKind::kPaired) {
+    // The probe's own pairs: its plain steps against the setting's steps
+    // between them (outliers left out alike).
+    const Rate plain_rate = RateOf(probe_plain_);
+    if (plain_rate.tokens_per_second > 0) {
+      plain = 1.0 / plain_rate.tokens_per_second;
+    }
+    rate = RateOf(probe_setting_);
+    probe_setting_.clear();
+    probe_plain_.clear();
+  } else {
+    plain = PlainStepSeconds(bucket);
+    rate = RateOf(evidence_);
+  }
+  if (kind == JudgeKind::kEarly) {
     // Before min_steps only a loss is judged, and only against a measured
     // plain rate (no probe for it): a clear loss, or, when the setting lost
     // its last judgement here (a re-probe), any loss.
@@ -188,14 +252,7 @@ void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats, bool early) {
     }
   }
   if (!plain.has_value() || *plain <= 0) {
-    if (state_ == State::kProbe) {
-      // The probe's steps went to another bucket (the context crossed a
-      // boundary meanwhile): measure speculation again, then probe again.
-      Reset();
-      return;
-    }
-    state_ = State::kProbe;
-    probe_left_ = options_.probe_steps;
+    StartProbe();
     return;
   }
   if (rate.tokens_per_second <= 0) {
@@ -396,7 +453,8 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
 
 void PlanController::AfterStep(const StepObservation& step) {
   shared_.budget->AddDecodeSeconds(step.seconds);
-  if (step.gamma == 0 && step.tokens == 1) {
+  const bool settled = steps_observed_++ >= options_.guard.settle_steps;
+  if (settled && step.gamma == 0 && step.tokens == 1) {
     RecordPlainStep(shared_, key_.ExecutionId(), options_.bucket_tokens,
                     bucket_, step.seconds);
   }

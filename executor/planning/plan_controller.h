@@ -80,9 +80,12 @@ struct GuardOptions {
   double confidence = 1.0;
   // Plain steps the bucket needs in the PlainRateTable before a judgement,
   // none older than plain_max_age_seconds (<= 0: any age); when it has
-  // fewer, the guard decodes this many plain steps (a probe). A winning
-  // setting decodes no plain steps, so without the age limit one early,
-  // unlucky probe would stay its reference for good.
+  // fewer, the guard decodes this many plain steps (a probe), each right
+  // after one of the setting's steps: the two rates are measured over the
+  // same stretch of time, so a slow spell of the machine (or the slow steps
+  // right after a prefill) weighs on both, not on the reference alone. A
+  // winning setting decodes no plain steps, so without the age limit one
+  // early, unlucky probe would stay its reference for good.
   int64_t probe_steps = 8;
   double plain_max_age_seconds = 10;
   // Plain steps a losing verdict holds (GuardVerdicts) before the setting
@@ -107,10 +110,20 @@ struct GuardOptions {
   // preempted step says nothing about speculation. <= 0 keeps every step.
   double outlier_factor = 3.0;
   // A setting that takes effect at a bucket without a plain rate probes
-  // first (probe_steps plain steps), so that a clear loser is judged at its
-  // early_steps. Otherwise it would speculate min_steps steps and then
-  // probe: the same probe, after up to min_steps losing steps.
+  // first (its first 2 x probe_steps steps alternate with plain ones), so
+  // that a clear loser is judged when the probe ends. Otherwise it would
+  // speculate min_steps steps and then probe: the same probe, after up to
+  // min_steps losing steps.
   bool probe_first = true;
+  // A sequence's first settle_steps decode steps are no evidence: neither
+  // its plain steps (the PlainRateTable) nor its setting's steps count, and
+  // a first probe waits for them to pass (a verdict holds from the first
+  // step). Right after a prefill the machine runs every step slower for a
+  // while, plain and speculative alike (on a 2-core Zen 4 VM the first step
+  // after a prefill took about 1.5x the steady step, the first eight 1.2x
+  // on average); a probe of those steps would make plain decoding look
+  // slower than it is for as long as the reference stands.
+  int64_t settle_steps = 8;
 };
 
 struct PlanControllerOptions {
@@ -166,11 +179,16 @@ struct PlanningStats {
 
 // One step's outcome as the decode loop measured it.
 struct StepObservation {
-  int gamma = 0;       // gamma the step ran with (0: plain)
-  int drafted = 0;     // draft tokens proposed
-  int accepted = 0;    // of which accepted
-  int tokens = 0;      // tokens committed
-  double seconds = 0;  // wall time of the step (draft + verify)
+  int gamma = 0;     // gamma the step ran with (0: plain)
+  int drafted = 0;   // draft tokens proposed
+  int accepted = 0;  // of which accepted
+  int tokens = 0;    // tokens committed
+  // Wall time of the step: from the end of the sequence's previous step
+  // (or of its prefill) to the end of this one's acceptance, so the
+  // passes and the engine's work around them (sampling, acceptance,
+  // bookkeeping, streaming the last step's tokens, the other sequences of
+  // the batch), as the latency profile prices a step.
+  double seconds = 0;
 };
 
 // The guard of one sequence in any drafting mode (static, knapspec, clasp,
@@ -179,22 +197,23 @@ struct StepObservation {
 // of the plain steps (gamma 0, one token) recorded in the process's
 // PlainRateTable for the bucket, fed by every sequence, preempted steps left
 // out (GuardOptions::outlier_factor, as for the speculative steps); when the
-// bucket has fewer than probe_steps of them the guard runs a probe of
-// probe_steps plain steps first (before the setting's first step, with
-// probe_first, else before its first judgement). Every min_steps speculative
-// steps it judges: the speculative rate is tokens committed over summed step
-// seconds of the last evidence_steps speculative steps since the setting last
-// lost, with its standard error; when rate + confidence * error < plain * (1 +
-// margin) the setting loses: the verdict goes to the process's GuardVerdicts
-// (executor/planning/plan_cache.h) under (execution, setting, bucket), and
-// every sequence of that setting in that bucket, this one and those that come
-// later, decodes plainly for reprobe_steps plain steps in all (doubling with
-// each loss in a row, up to max_hold_steps); then the setting is measured
-// again. A window that is already far below plain after early_steps is judged
-// then, and so is a re-probe's window that is below plain x (1 + margin). A win
-// clears the verdict. A new plan (SetPlan) is a new setting version: an older
-// verdict does not hold it back. Without a verdict table the sequence falls
-// back alone, until its next plan.
+// bucket has fewer than probe_steps of them the guard runs a probe: the
+// setting's steps and plain steps alternate until probe_steps plain steps
+// ran (from the setting's first step, with probe_first, else before its
+// first judgement, which then comes at the probe's end). Every min_steps
+// speculative steps it judges: the speculative rate is tokens committed over
+// summed step seconds of the last evidence_steps speculative steps since the
+// setting last lost, with its standard error; when rate + confidence * error
+// < plain * (1 + margin) the setting loses: the verdict goes to the process's
+// GuardVerdicts (executor/planning/plan_cache.h) under (execution, setting,
+// bucket), and every sequence of that setting in that bucket, this one and
+// those that come later, decodes plainly for reprobe_steps plain steps in all
+// (doubling with each loss in a row, up to max_hold_steps); then the setting is
+// measured again. A window that is already far below plain after early_steps is
+// judged then, and so is a re-probe's window that is below plain x (1 +
+// margin). A win clears the verdict. A new plan (SetPlan) is a new setting
+// version: an older verdict does not hold it back. Without a verdict table the
+// sequence falls back alone, until its next plan.
 class SpeculationGuard {
  public:
   // `setting`: the drafting mode and what fixes its drafts (the verdict's
@@ -216,6 +235,9 @@ class SpeculationGuard {
   // Before a step that would draft, at context bucket `bucket`: whether it
   // must be plain (a probe, or a losing verdict, whose step it counts).
   bool BeforeStep(int64_t bucket, PlanningStats& stats);
+  // Whether the sequence's steps so far passed GuardOptions::settle_steps
+  // (its steps are evidence now).
+  bool settled() const { return steps_seen_ >= options_.settle_steps; }
   bool in_fallback() const { return state_ == State::kFallback; }
   // After every step (its plain step already recorded in the table).
   // `speculating`: the setting in force drafts (gamma > 0).
@@ -230,11 +252,26 @@ class SpeculationGuard {
     double tokens_per_second = 0;
     double standard_error = 0;
   };
-  // `early`: only a clear loss is judged (the early_loss bound).
-  void Judge(int64_t bucket, PlanningStats& stats, bool early = false);
+  // Probes: probe_steps plain steps, each after one of the setting's steps.
+  void StartProbe();
+  // In a probe: whether this step is its plain one (they alternate).
+  bool NextProbeStepIsPlain();
+  // One of the setting's steps; judges it when due (JudgeIfDue) unless a
+  // probe is under way.
+  void AddEvidence(int64_t bucket, const StepObservation& step,
+                   PlanningStats& stats);
+  // A judgement at min_steps steps since the last, an early one from
+  // early_steps.
+  void JudgeIfDue(int64_t bucket, PlanningStats& stats);
+  // kFull: the evidence against the bucket's plain rate (a probe when it
+  // has none); kEarly: the same, but only a clear loss is judged (the
+  // early_loss bound); kPaired: at a probe's end, the setting's steps of
+  // the probe against its plain steps.
+  enum class JudgeKind { kFull, kEarly, kPaired };
+  void Judge(int64_t bucket, PlanningStats& stats,
+             JudgeKind kind = JudgeKind::kFull);
   // The bucket's plain step seconds, once it has probe_steps of them.
   std::optional<double> PlainStepSeconds(int64_t bucket) const;
-  Rate EvidenceRate() const;
 
   const GuardOptions options_;
   const std::shared_ptr<PlainRateTable> plain_rates_;
@@ -249,11 +286,18 @@ class SpeculationGuard {
     int tokens = 0;
     double seconds = 0;
   };
+  // Tokens/s of `steps` (outliers left out) and that rate's standard error.
+  Rate RateOf(const std::deque<StepEvidence>& steps) const;
   // The last evidence_steps speculative steps since the last loss or Reset.
   std::deque<StepEvidence> evidence_;
   int64_t window_steps_ = 0;  // speculative steps since the last judgement
-  int64_t probe_left_ = 0;
-  bool fresh_ = true;  // no step of the setting has run yet (probe_first)
+  int64_t probe_left_ = 0;    // plain steps the probe still runs
+  // The probe's pairs so far: the setting's steps and the plain steps.
+  std::deque<StepEvidence> probe_setting_;
+  std::deque<StepEvidence> probe_plain_;
+  bool probe_plain_next_ = false;  // the probe's next step is its plain one
+  bool fresh_ = true;       // no step of the setting has run yet (probe_first)
+  int64_t steps_seen_ = 0;  // steps observed (any setting; for settled())
 };
 
 // What the decode loop does at one step.
@@ -351,6 +395,7 @@ class PlanController {
   std::optional<int64_t> last_capture_start_;
   SubmitTicket capture_ticket_;
 
+  int64_t steps_observed_ = 0;  // AfterStep calls (settle_steps)
   int64_t drift_trials_ = 0;
   int64_t drift_accepted_ = 0;
   int64_t drift_steps_ = 0;    // speculative steps under the plan in force

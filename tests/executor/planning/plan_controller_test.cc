@@ -47,6 +47,8 @@ PlanControllerOptions Options() {
   o.reference_steps = 2;
   o.min_request_gap = 4;
   o.guard.enabled = false;
+  // Every step is evidence (the settle tests set their own).
+  o.guard.settle_steps = 0;
   return o;
 }
 
@@ -392,10 +394,22 @@ PlanningShared SharedWithPlanAndPlainRate(int gamma = 3) {
   return shared;
 }
 
-// A bucket without plain timings: the probe of 3 plain steps comes first
-// (probe_first), before the plan's first speculative step, or (without
-// probe_first) after its first window, before the first judgement. Either
-// way the losing plan then decodes plainly until a newer plan arrives.
+// Runs one probe pair: the setting's step (`setting`, drafting with
+// `gamma`), then a plain step of `plain_seconds`.
+void ProbePair(PlanController& c, int64_t& step, int gamma,
+               const StepObservation& setting, double plain_seconds) {
+  EXPECT_EQ(c.BeforeStep(step, 1).gamma, gamma) << "the setting's step";
+  c.AfterStep(setting);
+  ++step;
+  EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "the probe's plain step";
+  c.AfterStep(Plain(plain_seconds));
+  ++step;
+}
+
+// A bucket without plain timings: a probe of 3 plain steps, each after one
+// of the plan's steps, from the plan's first step (probe_first) or after
+// its first window (without). The probe's pairs judge the plan: it loses,
+// and then decodes plainly until a newer plan arrives.
 TEST(SpeculationGuardTest, ALosingPlanFallsBackToPlainUntilTheNextPlan) {
   for (bool probe_first : {true, false}) {
     SCOPED_TRACE(probe_first ? "probe first" : "probe before the judgement");
@@ -405,21 +419,20 @@ TEST(SpeculationGuardTest, ALosingPlanFallsBackToPlainUntilTheNextPlan) {
     o.guard.probe_first = probe_first;
     PlanController c(o, BaseKey(), 1, 0, shared);
     int64_t step = 0;
-    auto probe = [&] {
-      for (int i = 0; i < 3; ++i) {
-        EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "probe " << i;
-        c.AfterStep(Plain(0.005));  // 200 tokens/s
+    // Speculative steps of 2 tokens in 0.02 s: 100 tokens/s; plain steps
+    // of 5 ms: 200 tokens/s.
+    if (!probe_first) {
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << "speculative " << i;
+        c.AfterStep(Spec(3, 3, 1, 0.02));
         ++step;
       }
-    };
-    if (probe_first) probe();
-    // 4 speculative steps of 2 tokens in 0.02 s: 100 tokens/s.
-    for (int i = 0; i < 4; ++i) {
-      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << "speculative " << i;
-      c.AfterStep(Spec(3, 3, 1, 0.02));
-      ++step;
+      EXPECT_EQ(c.stats().guard_checks, 0) << "no plain rate yet: a probe";
     }
-    if (!probe_first) probe();
+    for (int i = 0; i < 3; ++i) {
+      SCOPED_TRACE(i);
+      ProbePair(c, step, 3, Spec(3, 3, 1, 0.02), 0.005);
+    }
     EXPECT_EQ(c.stats().guard_probe_steps, 3);
     EXPECT_EQ(c.stats().guard_checks, 1);
     EXPECT_EQ(c.stats().guard_fallbacks, 1);
@@ -442,27 +455,76 @@ TEST(SpeculationGuardTest, ALosingPlanFallsBackToPlainUntilTheNextPlan) {
   }
 }
 
-// Probing first lets a clear loser go at its early steps: 3 plain steps,
-// then 6 speculative steps at a third of the plain rate, and it loses,
-// where a plan that speculates first would run min_steps (16) losing steps
-// and then the probe.
-TEST(SpeculationGuardTest, AClearLoserInANewBucketLosesAtItsEarlySteps) {
+// The machine slows down to half speed while the probe runs. The plan runs
+// at 0.9x plain decoding's rate throughout: its normal steps (2 tokens in
+// 11.1 ms, 180 tokens/s) would beat the slowed plain steps (10 ms, 100
+// tokens/s), but the probe judges its own pairs, slowed alike (90 against
+// 100 tokens/s), and the plan loses. Plain steps measured back to back in
+// the slow spell would have been its reference.
+TEST(SpeculationGuardTest, AProbeSharesASlowSpellWithTheSettingItJudges) {
+  for (bool probe_first : {true, false}) {
+    SCOPED_TRACE(probe_first ? "probe first" : "probe before the judgement");
+    PlanningShared shared = PlanningShared::Create();
+    shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+    PlanControllerOptions o = GuardOn();
+    o.guard.probe_first = probe_first;
+    PlanController c(o, BaseKey(), 1, 0, shared);
+    int64_t step = 0;
+    if (!probe_first) {
+      for (int i = 0; i < 4; ++i, ++step) {
+        EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
+        c.AfterStep(Spec(3, 3, 1, 0.02 / 1.8));  // 180 tokens/s
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      SCOPED_TRACE(i);
+      ProbePair(c, step, 3, Spec(3, 3, 1, 0.02 / 0.9), 0.01);
+    }
+    EXPECT_EQ(c.stats().guard_checks, 1);
+    EXPECT_EQ(c.stats().guard_fallbacks, 1);
+    EXPECT_NEAR(c.stats().guard_last_spec_tps, 90, 1e-9);
+    EXPECT_NEAR(c.stats().guard_last_plain_tps, 100, 1e-9);
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0);
+  }
+}
+
+// The first settle_steps steps after the prefill are no evidence: no probe
+// runs during them, their plain steps are no reference and their
+// speculative steps are not judged, however slow; the probe starts after
+// them.
+TEST(SpeculationGuardTest, TheStepsRightAfterThePrefillAreNoEvidence) {
   PlanningShared shared = PlanningShared::Create();
   shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
   PlanControllerOptions o = GuardOn();
-  o.guard.min_steps = 16;
+  o.guard.settle_steps = 7;
   PlanController c(o, BaseKey(), 1, 0, shared);
   int64_t step = 0;
-  for (; step < 3; ++step) {
-    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "probe " << step;
-    c.AfterStep(Plain(0.005));  // 200 tokens/s
+  for (; step < 7; ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << "settling " << step;
+    c.AfterStep(Spec(3, 3, 1, 0.2));  // 10 tokens/s: a clear loser
   }
-  for (int i = 0; i < 6; ++i, ++step) {
-    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << "speculative " << i;
-    c.AfterStep(Spec(3, 3, 1, 0.03));  // 2 tokens in 30 ms: 67 tokens/s
+  EXPECT_EQ(c.stats().guard_probe_steps, 0);
+  EXPECT_EQ(c.stats().guard_checks, 0);
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    ProbePair(c, step, 3, Spec(3, 3, 2, 0.012), 0.005);  // 250 against 200
   }
-  EXPECT_EQ(c.stats().guard_fallbacks, 1);
-  EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0);
+  EXPECT_EQ(c.stats().guard_probe_steps, 3);
+  EXPECT_EQ(c.stats().guard_checks, 1);
+  EXPECT_EQ(c.stats().guard_fallbacks, 0);
+  EXPECT_NEAR(c.stats().guard_last_spec_tps, 250, 1e-9);
+
+  // Plain decoding (a plain plan cached: no solve in flight): the first
+  // settle_steps plain steps are not recorded as the bucket's plain rate,
+  // the later ones are.
+  PlanningShared plain_only = PlanningShared::Create();
+  plain_only.cache->Insert(KeyAt(0), Plan(0, 0.5), 50, 10);
+  PlanController p(o, BaseKey(), 2, 0, plain_only);
+  for (int64_t k = 0; k < 10; ++k) {
+    EXPECT_EQ(p.BeforeStep(k, 1).gamma, 0);
+    p.AfterStep(Plain(k < 7 ? 0.05 : 0.005));
+  }
+  EXPECT_EQ(plain_only.plain_rates->samples(BaseKey().ExecutionId(), 32, 0), 3);
 }
 
 TEST(SpeculationGuardTest, AWinningPlanKeepsSpeculatingAndIsJudgedAgain) {
@@ -803,10 +865,10 @@ TEST(SpeculationGuardTest, AStalePlainReferenceIsProbedAgain) {
     EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
     c.AfterStep(Spec(3, 3, 2, 0.012));
   }
-  // The reference is stale: a probe of 3 plain steps, then the judgement.
-  for (int i = 0; i < 3; ++i, ++step) {
-    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "probe " << i;
-    c.AfterStep(Plain(0.005));
+  // The reference is stale: a probe of 3 pairs, which judges.
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    ProbePair(c, step, 3, Spec(3, 3, 2, 0.012), 0.005);
   }
   EXPECT_EQ(c.stats().guard_probe_steps, 3);
   EXPECT_EQ(c.stats().guard_checks, 2);
