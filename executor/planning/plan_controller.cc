@@ -169,11 +169,16 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
       if (step.tokens == 1) probe_plain_.push_back({1, step.seconds});
       if (--probe_left_ > 0) return;
       state_ = State::kSpeculate;
-      if (probe_setting_.size() >= 2 && !probe_plain_.empty()) {
-        Judge(bucket, stats, JudgeKind::kPaired);
-      } else if (PlainStepSeconds(bucket).has_value()) {
-        // Too few of the setting's steps ran in the probe (the batch
-        // dropped its drafts): the bucket's plain rate, when due.
+      // The pairs condemn a clear loser at once; otherwise the setting is
+      // judged as before, against the bucket's plain rate (the probe's
+      // plain steps, now), when due.
+      if (probe_setting_.size() >= 2 && !probe_plain_.empty() &&
+          Judge(bucket, stats, JudgeKind::kPaired)) {
+        return;
+      }
+      probe_setting_.clear();
+      probe_plain_.clear();
+      if (PlainStepSeconds(bucket).has_value()) {
         JudgeIfDue(bucket, stats);
       } else {
         // No plain rate for the bucket (the context crossed a boundary
@@ -216,7 +221,7 @@ std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
                                bucket_tokens_, bucket, max_age);
 }
 
-void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
+bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
                              JudgeKind kind) {
   std::optional<double> plain;
   Rate rate;
@@ -234,11 +239,13 @@ void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     plain = PlainStepSeconds(bucket);
     rate = RateOf(evidence_);
   }
-  if (kind == JudgeKind::kEarly) {
-    // Before min_steps only a loss is judged, and only against a measured
-    // plain rate (no probe for it): a clear loss, or, when the setting lost
-    // its last judgement here (a re-probe), any loss.
-    if (!plain.has_value() || *plain <= 0) return;
+  if (kind != JudgeKind::kFull) {
+    // Before min_steps, and on a probe's pairs, only a loss is judged, and
+    // only against a measured plain rate (no probe for it): a clear loss,
+    // or, when the setting lost its last judgement here (a re-probe), any
+    // loss. Eight of a winner's steps early in its text may draft less
+    // than the rest, and a loss holds every request of the setting plain.
+    if (!plain.has_value() || *plain <= 0) return false;
     const bool lost_here =
         verdicts_ != nullptr &&
         verdicts_->LastLost(execution_id_, setting_, bucket_tokens_, bucket,
@@ -248,16 +255,16 @@ void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     if (rate.tokens_per_second <= 0 ||
         rate.tokens_per_second + options_.confidence * rate.standard_error >=
             bound / *plain) {
-      return;
+      return false;
     }
   }
   if (!plain.has_value() || *plain <= 0) {
     StartProbe();
-    return;
+    return false;
   }
   if (rate.tokens_per_second <= 0) {
     Reset();
-    return;
+    return false;
   }
   ++stats.guard_checks;
   const double speculative_tps = rate.tokens_per_second;
@@ -284,6 +291,7 @@ void SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
   } else if (loses) {
     state_ = State::kFallback;
   }
+  return true;
 }
 
 // ---------------------------------------------------------------------------

@@ -200,7 +200,9 @@ struct StepObservation {
 // bucket has fewer than probe_steps of them the guard runs a probe: the
 // setting's steps and plain steps alternate until probe_steps plain steps
 // ran (from the setting's first step, with probe_first, else before its
-// first judgement, which then comes at the probe's end). Every min_steps
+// first judgement). At the probe's end its pairs (the setting's steps
+// against the plain ones) condemn a clear loser at once (the early rule
+// below); the plain steps are then the bucket's reference. Every min_steps
 // speculative steps it judges: the speculative rate is tokens committed over
 // summed step seconds of the last evidence_steps speculative steps since the
 // setting last lost, with its standard error; when rate + confidence * error
@@ -265,10 +267,11 @@ class SpeculationGuard {
   void JudgeIfDue(int64_t bucket, PlanningStats& stats);
   // kFull: the evidence against the bucket's plain rate (a probe when it
   // has none); kEarly: the same, but only a clear loss is judged (the
-  // early_loss bound); kPaired: at a probe's end, the setting's steps of
-  // the probe against its plain steps.
+  // early_loss bound; any loss for a re-probe of a loser); kPaired: as
+  // kEarly, with the setting's steps of a probe against its plain steps.
+  // Whether it judged (a verdict, win or loss, was given).
   enum class JudgeKind { kFull, kEarly, kPaired };
-  void Judge(int64_t bucket, PlanningStats& stats,
+  bool Judge(int64_t bucket, PlanningStats& stats,
              JudgeKind kind = JudgeKind::kFull);
   // The bucket's plain step seconds, once it has probe_steps of them.
   std::optional<double> PlainStepSeconds(int64_t bucket) const;
