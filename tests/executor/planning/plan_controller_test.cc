@@ -7,6 +7,7 @@
 
 #include <functional>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace knapserve {
@@ -406,85 +407,89 @@ void ProbePair(PlanController& c, int64_t& step, int gamma,
   ++step;
 }
 
+PlanControllerOptions GuardOnProbing(bool probe_first) {
+  PlanControllerOptions o = GuardOn();
+  o.guard.probe_first = probe_first;
+  return o;
+}
+
+// A plan of gamma 3 in a bucket without plain timings: without
+// probe_first, 4 of its steps (`before`) first; then the probe's 3 pairs
+// (`in_probe`, and plain steps of `plain_seconds`).
+void RunFirstProbe(PlanController& c, bool probe_first, int64_t& step,
+                   const StepObservation& before,
+                   const StepObservation& in_probe, double plain_seconds) {
+  if (!probe_first) {
+    for (int i = 0; i < 4; ++i, ++step) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << "speculative " << i;
+      c.AfterStep(before);
+    }
+    EXPECT_EQ(c.stats().guard_checks, 0) << "no plain rate yet: a probe";
+  }
+  for (int i = 0; i < 3; ++i) {
+    SCOPED_TRACE(i);
+    ProbePair(c, step, 3, in_probe, plain_seconds);
+  }
+}
+
 // A bucket without plain timings: a probe of 3 plain steps, each after one
 // of the plan's steps, from the plan's first step (probe_first) or after
 // its first window (without). The probe's pairs judge the plan: it loses,
 // and then decodes plainly until a newer plan arrives.
+//
+// "slow spell": the machine slows down to half speed while the probe runs,
+// and the plan runs at 0.8x plain decoding's rate throughout. Its normal
+// steps (2 tokens in 12.5 ms, 160 tokens/s) would beat the slowed plain
+// steps (10 ms, 100 tokens/s), but the probe judges its own pairs, slowed
+// alike (80 against 100 tokens/s: a clear loss). Plain steps measured back
+// to back in the slow spell would have been its reference.
 TEST(SpeculationGuardTest, ALosingPlanFallsBackToPlainUntilTheNextPlan) {
-  for (bool probe_first : {true, false}) {
-    SCOPED_TRACE(probe_first ? "probe first" : "probe before the judgement");
-    PlanningShared shared = PlanningShared::Create();
-    shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
-    PlanControllerOptions o = GuardOn();
-    o.guard.probe_first = probe_first;
-    PlanController c(o, BaseKey(), 1, 0, shared);
-    int64_t step = 0;
-    // Speculative steps of 2 tokens in 0.02 s: 100 tokens/s; plain steps
-    // of 5 ms: 200 tokens/s.
-    if (!probe_first) {
-      for (int i = 0; i < 4; ++i) {
-        EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << "speculative " << i;
-        c.AfterStep(Spec(3, 3, 1, 0.02));
+  struct Case {
+    const char* name;
+    StepObservation before;    // the plan's steps before the probe
+    StepObservation in_probe;  // its steps in the probe
+    double plain_seconds;      // the probe's plain steps
+    double spec_tps;           // the judgement's rates
+    double plain_tps;
+  };
+  // Speculative steps of 2 tokens in 0.02 s: 100 tokens/s; plain steps of
+  // 5 ms: 200 tokens/s.
+  const Case cases[] = {
+      {"steady", Spec(3, 3, 1, 0.02), Spec(3, 3, 1, 0.02), 0.005, 100, 200},
+      {"slow spell", Spec(3, 3, 1, 0.0125), Spec(3, 3, 1, 0.025), 0.01, 80,
+       100},
+  };
+  for (const Case& test : cases) {
+    for (bool probe_first : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(
+          test.name,
+          probe_first ? ", probe first" : ", probe before the judgement"));
+      PlanningShared shared = PlanningShared::Create();
+      shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+      PlanController c(GuardOnProbing(probe_first), BaseKey(), 1, 0, shared);
+      int64_t step = 0;
+      RunFirstProbe(c, probe_first, step, test.before, test.in_probe,
+                    test.plain_seconds);
+      EXPECT_EQ(c.stats().guard_probe_steps, 3);
+      EXPECT_EQ(c.stats().guard_checks, 1);
+      EXPECT_EQ(c.stats().guard_fallbacks, 1);
+      EXPECT_NEAR(c.stats().guard_last_spec_tps, test.spec_tps, 1e-9);
+      EXPECT_NEAR(c.stats().guard_last_plain_tps, test.plain_tps, 1e-9);
+      for (int i = 0; i < 10; ++i) {
+        EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "fallback " << i;
+        c.AfterStep(Plain(test.plain_seconds));
         ++step;
       }
-      EXPECT_EQ(c.stats().guard_checks, 0) << "no plain rate yet: a probe";
+      EXPECT_EQ(c.stats().guard_plain_steps, 10);
+      EXPECT_EQ(c.stats().triggers_drift, 0)
+          << "plain steps observe no acceptance";
+      // A newer plan for the bucket: speculation resumes and is measured
+      // afresh (the bucket has plain timings now: no probe).
+      shared.cache->Insert(KeyAt(0), Plan(5, 0.5), 60, 10);
+      StepDirective d = c.BeforeStep(step, 1);
+      ASSERT_TRUE(d.apply.has_value());
+      EXPECT_EQ(d.gamma, 5);
     }
-    for (int i = 0; i < 3; ++i) {
-      SCOPED_TRACE(i);
-      ProbePair(c, step, 3, Spec(3, 3, 1, 0.02), 0.005);
-    }
-    EXPECT_EQ(c.stats().guard_probe_steps, 3);
-    EXPECT_EQ(c.stats().guard_checks, 1);
-    EXPECT_EQ(c.stats().guard_fallbacks, 1);
-    EXPECT_NEAR(c.stats().guard_last_spec_tps, 100, 1e-9);
-    EXPECT_NEAR(c.stats().guard_last_plain_tps, 200, 1e-9);
-    for (int i = 0; i < 10; ++i) {
-      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0) << "fallback " << i;
-      c.AfterStep(Plain(0.005));
-      ++step;
-    }
-    EXPECT_EQ(c.stats().guard_plain_steps, 10);
-    EXPECT_EQ(c.stats().triggers_drift, 0)
-        << "plain steps observe no acceptance";
-    // A newer plan for the bucket: speculation resumes and is measured
-    // afresh (the bucket has plain timings now: no probe).
-    shared.cache->Insert(KeyAt(0), Plan(5, 0.5), 60, 10);
-    StepDirective d = c.BeforeStep(step, 1);
-    ASSERT_TRUE(d.apply.has_value());
-    EXPECT_EQ(d.gamma, 5);
-  }
-}
-
-// The machine slows down to half speed while the probe runs. The plan runs
-// at 0.8x plain decoding's rate throughout: its normal steps (2 tokens in
-// 12.5 ms, 160 tokens/s) would beat the slowed plain steps (10 ms, 100
-// tokens/s), but the probe judges its own pairs, slowed alike (80 against
-// 100 tokens/s: a clear loss), and the plan loses. Plain steps measured
-// back to back in the slow spell would have been its reference.
-TEST(SpeculationGuardTest, AProbeSharesASlowSpellWithTheSettingItJudges) {
-  for (bool probe_first : {true, false}) {
-    SCOPED_TRACE(probe_first ? "probe first" : "probe before the judgement");
-    PlanningShared shared = PlanningShared::Create();
-    shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
-    PlanControllerOptions o = GuardOn();
-    o.guard.probe_first = probe_first;
-    PlanController c(o, BaseKey(), 1, 0, shared);
-    int64_t step = 0;
-    if (!probe_first) {
-      for (int i = 0; i < 4; ++i, ++step) {
-        EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
-        c.AfterStep(Spec(3, 3, 1, 0.0125));  // 160 tokens/s
-      }
-    }
-    for (int i = 0; i < 3; ++i) {
-      SCOPED_TRACE(i);
-      ProbePair(c, step, 3, Spec(3, 3, 1, 0.025), 0.01);
-    }
-    EXPECT_EQ(c.stats().guard_checks, 1);
-    EXPECT_EQ(c.stats().guard_fallbacks, 1);
-    EXPECT_NEAR(c.stats().guard_last_spec_tps, 80, 1e-9);
-    EXPECT_NEAR(c.stats().guard_last_plain_tps, 100, 1e-9);
-    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 0);
   }
 }
 
