@@ -148,11 +148,11 @@ void SpeculationGuard::JudgeIfDue(int64_t bucket, PlanningStats& stats) {
 void SpeculationGuard::Observe(bool speculating, int64_t bucket,
                                const StepObservation& step,
                                PlanningStats& stats) {
-  if (!options_.enabled) return;
   if (!settled()) {
     ++steps_seen_;
     return;
   }
+  if (!options_.enabled) return;
   switch (state_) {
     case State::kSpeculate:
       if (!speculating || step.gamma == 0) return;
@@ -176,8 +176,6 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
           Judge(bucket, stats, JudgeKind::kPaired)) {
         return;
       }
-      probe_setting_.clear();
-      probe_plain_.clear();
       if (PlainStepSeconds(bucket).has_value()) {
         JudgeIfDue(bucket, stats);
       } else {
@@ -233,8 +231,6 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
       plain = 1.0 / plain_rate.tokens_per_second;
     }
     rate = RateOf(probe_setting_);
-    probe_setting_.clear();
-    probe_plain_.clear();
   } else {
     plain = PlainStepSeconds(bucket);
     rate = RateOf(evidence_);
@@ -461,8 +457,7 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
 
 void PlanController::AfterStep(const StepObservation& step) {
   shared_.budget->AddDecodeSeconds(step.seconds);
-  const bool settled = steps_observed_++ >= options_.guard.settle_steps;
-  if (settled && step.gamma == 0 && step.tokens == 1) {
+  if (guard_.settled() && step.gamma == 0 && step.tokens == 1) {
     RecordPlainStep(shared_, key_.ExecutionId(), options_.bucket_tokens,
                     bucket_, step.seconds);
   }

@@ -300,7 +300,7 @@ class SpeculationGuard {
   std::deque<StepEvidence> probe_plain_;
   bool probe_plain_next_ = false;  // the probe's next step is its plain one
   bool fresh_ = true;       // no step of the setting has run yet (probe_first)
-  int64_t steps_seen_ = 0;  // steps observed (any setting; for settled())
+  int64_t steps_seen_ = 0;  // steps observed (any setting, guard on or off)
 };
 
 // What the decode loop does at one step.
@@ -398,7 +398,6 @@ class PlanController {
   std::optional<int64_t> last_capture_start_;
   SubmitTicket capture_ticket_;
 
-  int64_t steps_observed_ = 0;  // AfterStep calls (settle_steps)
   int64_t drift_trials_ = 0;
   int64_t drift_accepted_ = 0;
   int64_t drift_steps_ = 0;    // speculative steps under the plan in force
