@@ -8,6 +8,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
@@ -30,11 +31,30 @@ void CheckRefusal(const absl::Status& status) {
   FUZZ_CHECK_MSG(!status.message().empty(), status.ToString());
 }
 
+namespace {
+
+// The scratch files this process named; removed when it exits normally
+// (libFuzzer's -runs=N and the replay driver end with exit()). A crash leaves
+// them, beside the crash's own artifact.
+std::vector<std::string>& ScratchFiles() {
+  static auto* files = new std::vector<std::string>();
+  return *files;
+}
+
+void RemoveScratchFiles() {
+  for (const std::string& path : ScratchFiles()) std::remove(path.c_str());
+}
+
+}  // namespace
+
 std::string ScratchPath(std::string_view name) {
   const char* tmp = std::getenv("TMPDIR");
-  return absl::StrCat(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp",
-                      "/knapserve-fuzz-", static_cast<int64_t>(getpid()), "-",
-                      std::string(name));
+  std::string path = absl::StrCat(
+      tmp != nullptr && *tmp != '\0' ? tmp : "/tmp", "/knapserve-fuzz-",
+      static_cast<int64_t>(getpid()), "-", std::string(name));
+  if (ScratchFiles().empty()) std::atexit(RemoveScratchFiles);
+  ScratchFiles().push_back(path);
+  return path;
 }
 
 void WriteScratchFile(const std::string& path, const uint8_t* data,

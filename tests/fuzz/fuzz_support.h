@@ -62,7 +62,9 @@ inline std::string_view AsText(const uint8_t* data, size_t size) {
 void CheckRefusal(const absl::Status& status);
 
 // A path for a scratch file of this process (under $TMPDIR, or /tmp), named
-// with the process id and `name`, so parallel fuzzers do not share one.
+// with the process id and `name`, so parallel fuzzers do not share one. The
+// file is removed when the process exits normally. Call from the fuzzing
+// thread only.
 std::string ScratchPath(std::string_view name);
 
 // Writes `size` bytes to `path`, replacing it; aborts if it cannot.
