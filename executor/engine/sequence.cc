@@ -937,8 +937,6 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   const double step_seconds =
       std::chrono::duration<double>(step_end - step_mark_).count();
   step_mark_ = step_end;
-  fprintf(stderr, "STEPDBG %lld %d %zu %.6f\n", (long long)pos, step_gamma_,
-          out.tokens.size(), step_seconds);
   StepObservation observation;
   observation.gamma = step_gamma_;
   observation.drafted = out.drafted;

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -126,6 +127,24 @@ TEST(KnapserveCliTest, StaticSpeculationGivesTheSameGreedyIds) {
             spec["draft_tokens"].get<int64_t>());
   EXPECT_LE(spec["accepted_per_position"].size(), 4u);
   EXPECT_GE(spec["mean_acceptance_length"].get<double>(), 1.0);
+}
+
+// The log does not grow with the generation: nothing is written per step or
+// per token (a stray debug print once wrote a line per speculative step).
+TEST(KnapserveCliTest, TheLogDoesNotGrowWithTheNumberOfTokens) {
+  for (const char* spec : {"off", "static"}) {
+    std::vector<size_t> lines;
+    for (const char* tokens : {"4", "57"}) {
+      const std::vector<std::string> args =
+          Stories({"generate", "--prompt", "Zoo", "--max-new-tokens", tokens,
+                   "--temperature", "0", "--spec", spec, "--skip", "a1,m3",
+                   "--max-draft", "4", "--json"});
+      const Outcome outcome = RunKnapserve(args);
+      ASSERT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
+      lines.push_back(std::count(outcome.err.begin(), outcome.err.end(), '\n'));
+    }
+    EXPECT_EQ(lines[0], lines[1]) << spec;
+  }
 }
 
 // `knapserve train-exit-heads` writes trained heads into a temporary folder
