@@ -242,6 +242,7 @@ void GuardVerdicts::Judge(const std::string& execution_id,
     losses_in_a_row_.erase(key);
     return;
   }
+  pools_.erase(key);  // the re-probe measures afresh
   LossRun& run = losses_in_a_row_[key];
   const int64_t losses = ++run.losses;
   run.plan_version = verdict.plan_version;
@@ -282,6 +283,36 @@ std::optional<GuardVerdicts::Verdict> GuardVerdicts::Find(
   auto it = losing_.find(Key(execution_id, setting, bucket_tokens, bucket));
   if (it == losing_.end()) return std::nullopt;
   return it->second;
+}
+
+void GuardVerdicts::AddStep(const std::string& execution_id,
+                            const std::string& setting, int64_t bucket_tokens,
+                            int64_t bucket, int64_t plan_version, Step step,
+                            int64_t keep) {
+  absl::MutexLock lock(&mu_);
+  const Key key(execution_id, setting, bucket_tokens, bucket);
+  if (pools_.size() >= kMaxPools && !pools_.contains(key)) {
+    pools_.erase(pools_.begin());  // any: a bound, not a policy
+  }
+  Pool& pool = pools_[key];
+  if (plan_version < pool.plan_version) return;  // an older plan's step
+  if (plan_version > pool.plan_version) {
+    pool.plan_version = plan_version;
+    pool.steps.clear();
+  }
+  pool.steps.push_back(step);
+  while (static_cast<int64_t>(pool.steps.size()) > std::max<int64_t>(1, keep)) {
+    pool.steps.pop_front();
+  }
+}
+
+std::deque<GuardVerdicts::Step> GuardVerdicts::Steps(
+    const std::string& execution_id, const std::string& setting,
+    int64_t bucket_tokens, int64_t bucket, int64_t plan_version) const {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(Key(execution_id, setting, bucket_tokens, bucket));
+  if (it == pools_.end() || it->second.plan_version != plan_version) return {};
+  return it->second.steps;
 }
 
 bool GuardVerdicts::LastLost(const std::string& execution_id,

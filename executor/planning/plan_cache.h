@@ -239,6 +239,11 @@ class PlainRateTable {
 // steps on, not only a clear loss.
 class GuardVerdicts {
  public:
+  // One speculative step as the guard weighs it.
+  struct Step {
+    int tokens = 0;      // tokens committed
+    double seconds = 0;  // its wall time (StepObservation::seconds)
+  };
   struct Verdict {
     double spec_tps = 0;           // measured at the judgement
     double plain_tps = 0;          // the plain rate it lost to
@@ -280,6 +285,21 @@ class GuardVerdicts {
   bool LastLost(const std::string& execution_id, const std::string& setting,
                 int64_t bucket_tokens, int64_t bucket,
                 int64_t plan_version) const ABSL_LOCKS_EXCLUDED(mu_);
+  // The setting's speculative steps at the key, pooled from every sequence
+  // that drafts with it: a verdict holds every request of the setting, so it
+  // weighs their steps, not one sequence's (whose text may draft less than
+  // the others': one unlucky request must not condemn the setting for all).
+  // AddStep keeps the last `keep` steps of plan `plan_version` (a newer plan
+  // starts the pool afresh; a step of an older plan is dropped); a loss
+  // empties the pool (the re-probe measures afresh). Steps returns the pool
+  // for `plan_version` (empty for another plan).
+  void AddStep(const std::string& execution_id, const std::string& setting,
+               int64_t bucket_tokens, int64_t bucket, int64_t plan_version,
+               Step step, int64_t keep) ABSL_LOCKS_EXCLUDED(mu_);
+  std::deque<Step> Steps(const std::string& execution_id,
+                         const std::string& setting, int64_t bucket_tokens,
+                         int64_t bucket, int64_t plan_version) const
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Losing verdicts in force (a gauge), and all ever given (a counter).
   int64_t losing() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t verdicts_given() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -295,6 +315,14 @@ class GuardVerdicts {
     int64_t plan_version = 0;
   };
   absl::flat_hash_map<Key, LossRun> losses_in_a_row_ ABSL_GUARDED_BY(mu_);
+  // Pools kept at most (clients choose static masks freely): beyond it an
+  // arbitrary pool is dropped, which only makes its setting measure afresh.
+  static constexpr size_t kMaxPools = 4096;
+  struct Pool {
+    int64_t plan_version = 0;
+    std::deque<Step> steps;
+  };
+  absl::flat_hash_map<Key, Pool> pools_ ABSL_GUARDED_BY(mu_);
   int64_t given_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -127,10 +127,13 @@ bool SpeculationGuard::NextProbeStepIsPlain() {
 void SpeculationGuard::AddEvidence(int64_t bucket, const StepObservation& step,
                                    PlanningStats& stats) {
   ++window_steps_;
-  evidence_.push_back({step.tokens, step.seconds});
-  while (static_cast<int64_t>(evidence_.size()) >
-         std::max(options_.evidence_steps, options_.min_steps)) {
-    evidence_.pop_front();
+  const int64_t keep = std::max(options_.evidence_steps, options_.min_steps);
+  if (verdicts_ != nullptr) {
+    verdicts_->AddStep(execution_id_, setting_, bucket_tokens_, bucket,
+                       plan_version_, {step.tokens, step.seconds}, keep);
+  } else {
+    evidence_.push_back({step.tokens, step.seconds});
+    while (static_cast<int64_t>(evidence_.size()) > keep) evidence_.pop_front();
   }
   if (state_ == State::kProbe) return;  // judged when the probe ends
   JudgeIfDue(bucket, stats);
@@ -219,6 +222,13 @@ std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
                                bucket_tokens_, bucket, max_age);
 }
 
+std::deque<SpeculationGuard::StepEvidence> SpeculationGuard::Evidence(
+    int64_t bucket) const {
+  if (verdicts_ == nullptr) return evidence_;
+  return verdicts_->Steps(execution_id_, setting_, bucket_tokens_, bucket,
+                          plan_version_);
+}
+
 bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
                              JudgeKind kind) {
   std::optional<double> plain;
@@ -233,7 +243,7 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     rate = RateOf(probe_setting_);
   } else {
     plain = PlainStepSeconds(bucket);
-    rate = RateOf(evidence_);
+    rate = RateOf(Evidence(bucket));
   }
   if (kind != JudgeKind::kFull) {
     // Before min_steps, and on a probe's pairs, only a loss is judged, and

@@ -70,8 +70,9 @@ struct GuardOptions {
   double margin = 0.03;
   // Speculative steps between two judgements (the minimum sample).
   int64_t min_steps = 16;
-  // A judgement weighs the last evidence_steps speculative steps since the
-  // setting last lost (a win keeps its steps as evidence for the next), and
+  // A judgement weighs the setting's last evidence_steps speculative steps
+  // at the bucket since it last lost, from every sequence that drafts with
+  // it (a win keeps its steps as evidence for the next), and
   // the setting loses only when its rate plus `confidence` standard errors
   // (of that rate, from the steps' spread) is below plain x (1 + margin):
   // tokens per step vary with acceptance, so a winner's unlucky 16 steps
@@ -204,8 +205,10 @@ struct StepObservation {
 // against the plain ones) condemn a clear loser at once (the early rule
 // below); the plain steps are then the bucket's reference. Every min_steps
 // speculative steps it judges: the speculative rate is tokens committed over
-// summed step seconds of the last evidence_steps speculative steps since the
-// setting last lost, with its standard error; when rate + confidence * error
+// summed step seconds of the setting's last evidence_steps speculative steps
+// at the bucket since it last lost, from every sequence drafting with it
+// (pooled in GuardVerdicts: the verdict holds them all), with its standard
+// error; when rate + confidence * error
 // < plain * (1 + margin) the setting loses: the verdict goes to the process's
 // GuardVerdicts (executor/planning/plan_cache.h) under (execution, setting,
 // bucket), and every sequence of that setting in that bucket, this one and
@@ -285,14 +288,16 @@ class SpeculationGuard {
   const int64_t bucket_tokens_;
   int64_t plan_version_ = 0;
   State state_ = State::kSpeculate;
-  struct StepEvidence {
-    int tokens = 0;
-    double seconds = 0;
-  };
+  using StepEvidence = GuardVerdicts::Step;
   // Tokens/s of `steps` (outliers left out) and that rate's standard error.
   Rate RateOf(const std::deque<StepEvidence>& steps) const;
-  // The last evidence_steps speculative steps since the last loss or Reset.
+  // The last evidence_steps speculative steps since the last loss or Reset:
+  // this sequence's own, weighed only without a verdict table (with one,
+  // the setting's pool there is the evidence: GuardVerdicts::AddStep).
   std::deque<StepEvidence> evidence_;
+  // The steps a judgement weighs: the verdict table's pool for the setting
+  // at `bucket`, else evidence_.
+  std::deque<StepEvidence> Evidence(int64_t bucket) const;
   int64_t window_steps_ = 0;  // speculative steps since the last judgement
   int64_t probe_left_ = 0;    // plain steps the probe still runs
   // The probe's pairs so far: the setting's steps and the plain steps.

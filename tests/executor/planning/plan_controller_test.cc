@@ -3,15 +3,20 @@
 // the planner budget, shared solves between sequences, and the online guard.
 #include "executor/planning/plan_controller.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 namespace knapserve {
 namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
 
 PlanCacheKey BaseKey() {
   PlanCacheKey key;
@@ -719,6 +724,42 @@ TEST(SpeculationGuardTest, ALosingVerdictHoldsForEverySequenceUntilItsReprobe) {
   EXPECT_EQ(shared.verdicts->verdicts_given(), 1);
 }
 
+// A verdict holds every request of the setting, so a judgement weighs the
+// setting's recent steps from every sequence: one request whose text drafts
+// poorly (alone it would lose) does not condemn a setting that wins over
+// the requests before it. A setting that loses over all of them still does.
+TEST(SpeculationGuardTest, OneUnluckyRequestDoesNotCondemnAWinningSetting) {
+  for (const bool winner : {true, false}) {
+    SCOPED_TRACE(winner ? "winner" : "loser");
+    PlanningShared shared = SharedWithPlanAndPlainRate();  // 200 tokens/s
+    const PlanControllerOptions o = GuardOn();             // judged every 4
+    // Three requests of 4 steps: 3 tokens in 10 ms (300 tokens/s), or 2 in
+    // 12 ms (167 tokens/s) for the loser.
+    for (uint64_t id = 1; id <= 3; ++id) {
+      PlanController c(o, BaseKey(), id, 0, shared);
+      for (int64_t step = 0; step < 4; ++step) {
+        ASSERT_EQ(c.BeforeStep(step, 1).gamma, 3) << id << " " << step;
+        c.AfterStep(winner ? Spec(3, 3, 2, 0.01) : Spec(3, 3, 1, 0.012));
+      }
+      EXPECT_EQ(c.stats().guard_checks, 1);
+      EXPECT_EQ(c.stats().guard_fallbacks, winner ? 0 : 1) << id;
+      if (!winner) break;  // held plain from here on
+    }
+    if (!winner) continue;
+    // The unlucky request: 2 tokens in 12 ms (167 tokens/s), below plain x
+    // (1 + margin) alone; with the others' 12 steps, 262 tokens/s.
+    PlanController unlucky(o, BaseKey(), 4, 0, shared);
+    for (int64_t step = 0; step < 4; ++step) {
+      ASSERT_EQ(unlucky.BeforeStep(step, 1).gamma, 3) << step;
+      unlucky.AfterStep(Spec(3, 3, 1, 0.012));
+    }
+    EXPECT_EQ(unlucky.stats().guard_checks, 1);
+    EXPECT_EQ(unlucky.stats().guard_fallbacks, 0);
+    EXPECT_NEAR(unlucky.stats().guard_last_spec_tps, 44 / 0.168, 1);
+    EXPECT_EQ(shared.verdicts->losing(), 0);
+  }
+}
+
 // A window far below the plain rate is judged after early_steps, not
 // min_steps; one only a little below waits for the full window.
 TEST(SpeculationGuardTest, AClearLoserIsJudgedAfterItsEarlySteps) {
@@ -923,6 +964,37 @@ TEST(GuardVerdictsTest, EachLossInARowDoublesTheHoldUpToTheCap) {
   verdicts.Judge("exec", "knn D4", 256, 1, true, v, 8, 2);
   verdicts.Judge("exec", "knn D4", 256, 1, true, v, 8, 2);
   EXPECT_EQ(verdicts.Find("exec", "knn D4", 256, 1)->hold_steps, 8);
+}
+
+// The pool of a setting's steps: the last `keep`, of the newest plan only;
+// a loss empties it.
+TEST(GuardVerdictsTest, TheStepPoolKeepsTheNewestPlansLastSteps) {
+  GuardVerdicts verdicts;
+  const auto add = [&](int64_t plan, int tokens) {
+    verdicts.AddStep("exec", "knapspec D4", 32, 0, plan, {tokens, 0.01}, 3);
+  };
+  const auto tokens = [&](int64_t plan) {
+    std::vector<int> out;
+    for (const GuardVerdicts::Step& step :
+         verdicts.Steps("exec", "knapspec D4", 32, 0, plan)) {
+      out.push_back(step.tokens);
+    }
+    return out;
+  };
+  for (int t = 1; t <= 4; ++t) add(1, t);
+  EXPECT_THAT(tokens(1), ElementsAre(2, 3, 4));
+  EXPECT_THAT(tokens(2), IsEmpty()) << "another plan's pool";
+  EXPECT_THAT(verdicts.Steps("exec", "knapspec D4", 32, 1, 1), IsEmpty());
+  add(2, 7);  // a newer plan starts afresh
+  add(1, 5);  // a late step of the older plan is dropped
+  EXPECT_THAT(tokens(2), ElementsAre(7));
+  EXPECT_THAT(tokens(1), IsEmpty());
+  GuardVerdicts::Verdict verdict;
+  verdict.plan_version = 2;
+  verdicts.Judge("exec", "knapspec D4", 32, 0, /*loses=*/false, verdict, 8);
+  EXPECT_THAT(tokens(2), ElementsAre(7)) << "a win keeps the pool";
+  verdicts.Judge("exec", "knapspec D4", 32, 0, /*loses=*/true, verdict, 8);
+  EXPECT_THAT(tokens(2), IsEmpty()) << "a loss empties it";
 }
 
 TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
