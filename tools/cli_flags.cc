@@ -267,20 +267,20 @@ ABSL_FLAG(double, planner_budget, 0.05,
           "process; a replanning trigger waits while the share is above it. 0 "
           "= no limit.");
 ABSL_FLAG(bool, guard, true,
-          "knapspec/clasp: the online guard: decode plainly (gamma 0) while "
-          "the plan in force "
-          "measures slower than plain decoding at the same context, until the "
-          "next plan.");
+          "Every drafting mode (static, knapspec, clasp, knn, specbound): the "
+          "online guard: decode plainly (gamma 0) while the setting in force "
+          "measures slower than plain decoding at the same context bucket, "
+          "over every request drafting with it, until it is measured again "
+          "(--guard_reprobe_steps) or a new plan takes effect.");
 ABSL_FLAG(double, guard_margin, 0.03,
-          "knapspec/clasp: speculation must measure at least (1 + this) times "
-          "the plain rate "
-          "to stay on.");
+          "The guard: speculation must measure at least (1 + this) times the "
+          "plain rate to stay on.");
 ABSL_FLAG(int64_t, guard_min_steps, 16,
-          "knapspec/clasp: speculative steps per guard judgement.");
+          "The guard: speculative steps of a request between two of its "
+          "judgements.");
 ABSL_FLAG(int64_t, guard_probe_steps, 8,
-          "knapspec/clasp: plain steps the guard measures when the context "
-          "bucket has no plain "
-          "timings yet.");
+          "The guard: plain steps it measures, alternating with the setting's "
+          "steps, when the context bucket has no recent plain timings.");
 ABSL_FLAG(int64_t, guard_reprobe_steps, 256,
           "Plain steps a losing guard verdict holds, over every request of the "
           "same setting and context bucket, before the setting is measured "
