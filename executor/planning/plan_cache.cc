@@ -238,6 +238,11 @@ void GuardVerdicts::Judge(const std::string& execution_id,
     return;  // a late judgement of an older plan: the newer verdict stands
   }
   if (!loses) {
+    auto pool = pools_.find(key);
+    if (pool != pools_.end() &&
+        pool->second.plan_version == verdict.plan_version) {
+      pool->second.since_judged = 0;  // its steps stay evidence for the next
+    }
     losing_.erase(key);
     losses_in_a_row_.erase(key);
     return;
@@ -285,25 +290,27 @@ std::optional<GuardVerdicts::Verdict> GuardVerdicts::Find(
   return it->second;
 }
 
-void GuardVerdicts::AddStep(const std::string& execution_id,
-                            const std::string& setting, int64_t bucket_tokens,
-                            int64_t bucket, int64_t plan_version, Step step,
-                            int64_t keep) {
+int64_t GuardVerdicts::AddStep(const std::string& execution_id,
+                               const std::string& setting,
+                               int64_t bucket_tokens, int64_t bucket,
+                               int64_t plan_version, Step step, int64_t keep) {
   absl::MutexLock lock(&mu_);
   const Key key(execution_id, setting, bucket_tokens, bucket);
   if (pools_.size() >= kMaxPools && !pools_.contains(key)) {
     pools_.erase(pools_.begin());  // any: a bound, not a policy
   }
   Pool& pool = pools_[key];
-  if (plan_version < pool.plan_version) return;  // an older plan's step
+  if (plan_version < pool.plan_version) return 0;  // an older plan's step
   if (plan_version > pool.plan_version) {
     pool.plan_version = plan_version;
     pool.steps.clear();
+    pool.since_judged = 0;
   }
   pool.steps.push_back(step);
   while (static_cast<int64_t>(pool.steps.size()) > std::max<int64_t>(1, keep)) {
     pool.steps.pop_front();
   }
+  return ++pool.since_judged;
 }
 
 std::deque<GuardVerdicts::Step> GuardVerdicts::Steps(

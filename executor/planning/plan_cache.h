@@ -292,10 +292,14 @@ class GuardVerdicts {
   // AddStep keeps the last `keep` steps of plan `plan_version` (a newer plan
   // starts the pool afresh; a step of an older plan is dropped); a loss
   // empties the pool (the re-probe measures afresh). Steps returns the pool
-  // for `plan_version` (empty for another plan).
-  void AddStep(const std::string& execution_id, const std::string& setting,
-               int64_t bucket_tokens, int64_t bucket, int64_t plan_version,
-               Step step, int64_t keep) ABSL_LOCKS_EXCLUDED(mu_);
+  // for `plan_version` (empty for another plan). AddStep returns the steps
+  // added at the key since its last judgement (Judge), this one included:
+  // a judgement is due when they reach the guard's min_steps, whichever
+  // sequence drafted them (a bucket that every request only passes through,
+  // such as the last few positions below a bucket boundary, is judged too).
+  int64_t AddStep(const std::string& execution_id, const std::string& setting,
+                  int64_t bucket_tokens, int64_t bucket, int64_t plan_version,
+                  Step step, int64_t keep) ABSL_LOCKS_EXCLUDED(mu_);
   std::deque<Step> Steps(const std::string& execution_id,
                          const std::string& setting, int64_t bucket_tokens,
                          int64_t bucket, int64_t plan_version) const
@@ -321,6 +325,7 @@ class GuardVerdicts {
   struct Pool {
     int64_t plan_version = 0;
     std::deque<Step> steps;
+    int64_t since_judged = 0;  // steps added since the last judgement
   };
   absl::flat_hash_map<Key, Pool> pools_ ABSL_GUARDED_BY(mu_);
   int64_t given_ ABSL_GUARDED_BY(mu_) = 0;

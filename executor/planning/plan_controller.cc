@@ -129,8 +129,11 @@ void SpeculationGuard::AddEvidence(int64_t bucket, const StepObservation& step,
   ++window_steps_;
   const int64_t keep = std::max(options_.evidence_steps, options_.min_steps);
   if (verdicts_ != nullptr) {
-    verdicts_->AddStep(execution_id_, setting_, bucket_tokens_, bucket,
-                       plan_version_, {step.tokens, step.seconds}, keep);
+    // The setting's steps since its last judgement at the bucket, from
+    // every sequence, make the window.
+    window_steps_ =
+        verdicts_->AddStep(execution_id_, setting_, bucket_tokens_, bucket,
+                           plan_version_, {step.tokens, step.seconds}, keep);
   } else {
     evidence_.push_back({step.tokens, step.seconds});
     while (static_cast<int64_t>(evidence_.size()) > keep) evidence_.pop_front();

@@ -68,7 +68,9 @@ struct GuardOptions {
   // Speculation stays only while its measured tokens/s is at least
   // (1 + margin) times the plain rate at the same context bucket.
   double margin = 0.03;
-  // Speculative steps between two judgements (the minimum sample).
+  // Speculative steps between two judgements (the minimum sample), counted
+  // over every sequence of the setting at the bucket when verdicts are
+  // shared.
   int64_t min_steps = 16;
   // A judgement weighs the setting's last evidence_steps speculative steps
   // at the bucket since it last lost, from every sequence that drafts with
@@ -207,8 +209,9 @@ struct StepObservation {
 // speculative steps it judges: the speculative rate is tokens committed over
 // summed step seconds of the setting's last evidence_steps speculative steps
 // at the bucket since it last lost, from every sequence drafting with it
-// (pooled in GuardVerdicts: the verdict holds them all), with its standard
-// error; when rate + confidence * error
+// (pooled in GuardVerdicts: the verdict holds them all; the min_steps count
+// too, so a bucket that every request only passes through is judged), with
+// its standard error; when rate + confidence * error
 // < plain * (1 + margin) the setting loses: the verdict goes to the process's
 // GuardVerdicts (executor/planning/plan_cache.h) under (execution, setting,
 // bucket), and every sequence of that setting in that bucket, this one and
@@ -298,8 +301,10 @@ class SpeculationGuard {
   // The steps a judgement weighs: the verdict table's pool for the setting
   // at `bucket`, else evidence_.
   std::deque<StepEvidence> Evidence(int64_t bucket) const;
-  int64_t window_steps_ = 0;  // speculative steps since the last judgement
-  int64_t probe_left_ = 0;    // plain steps the probe still runs
+  // Speculative steps since the last judgement: with a verdict table, the
+  // setting's at the bucket from every sequence (GuardVerdicts::AddStep).
+  int64_t window_steps_ = 0;
+  int64_t probe_left_ = 0;  // plain steps the probe still runs
   // The probe's pairs so far: the setting's steps and the plain steps.
   std::deque<StepEvidence> probe_setting_;
   std::deque<StepEvidence> probe_plain_;

@@ -760,6 +760,27 @@ TEST(SpeculationGuardTest, OneUnluckyRequestDoesNotCondemnAWinningSetting) {
   }
 }
 
+// Every request passes through a bucket in fewer steps than a judgement
+// needs (a 1000-token prompt spends its first 24 positions below the bucket
+// boundary at 1024): the setting's steps there from every request make the
+// window, so the bucket is judged, and the next requests decode plainly
+// there from their first step.
+TEST(SpeculationGuardTest, ABucketEveryRequestOnlyPassesThroughIsJudgedToo) {
+  PlanningShared shared = SharedWithPlanAndPlainRate();  // 200 tokens/s
+  const PlanControllerOptions o = GuardOn();             // judged every 4
+  for (uint64_t id = 1; id <= 2; ++id) {
+    PlanController c(o, BaseKey(), id, 0, shared);
+    for (int64_t step = 0; step < 2; ++step) {
+      ASSERT_EQ(c.BeforeStep(step, 1).gamma, 3) << id << " " << step;
+      c.AfterStep(Spec(3, 3, 1, 0.02));  // 100 tokens/s
+    }
+    EXPECT_EQ(c.stats().guard_checks, id == 1 ? 0 : 1) << id;
+    EXPECT_EQ(c.stats().guard_fallbacks, id == 1 ? 0 : 1) << id;
+  }
+  PlanController third(o, BaseKey(), 3, 0, shared);
+  EXPECT_EQ(third.BeforeStep(0, 1).gamma, 0) << "held from its first step";
+}
+
 // A window far below the plain rate is judged after early_steps, not
 // min_steps; one only a little below waits for the full window.
 TEST(SpeculationGuardTest, AClearLoserIsJudgedAfterItsEarlySteps) {
@@ -971,7 +992,8 @@ TEST(GuardVerdictsTest, EachLossInARowDoublesTheHoldUpToTheCap) {
 TEST(GuardVerdictsTest, TheStepPoolKeepsTheNewestPlansLastSteps) {
   GuardVerdicts verdicts;
   const auto add = [&](int64_t plan, int tokens) {
-    verdicts.AddStep("exec", "knapspec D4", 32, 0, plan, {tokens, 0.01}, 3);
+    return verdicts.AddStep("exec", "knapspec D4", 32, 0, plan, {tokens, 0.01},
+                            3);
   };
   const auto tokens = [&](int64_t plan) {
     std::vector<int> out;
@@ -981,18 +1003,21 @@ TEST(GuardVerdictsTest, TheStepPoolKeepsTheNewestPlansLastSteps) {
     }
     return out;
   };
-  for (int t = 1; t <= 4; ++t) add(1, t);
+  for (int t = 1; t <= 3; ++t) add(1, t);
+  EXPECT_EQ(add(1, 4), 4) << "steps since the last judgement";
   EXPECT_THAT(tokens(1), ElementsAre(2, 3, 4));
   EXPECT_THAT(tokens(2), IsEmpty()) << "another plan's pool";
   EXPECT_THAT(verdicts.Steps("exec", "knapspec D4", 32, 1, 1), IsEmpty());
-  add(2, 7);  // a newer plan starts afresh
-  add(1, 5);  // a late step of the older plan is dropped
+  EXPECT_EQ(add(2, 7), 1) << "a newer plan starts afresh";
+  EXPECT_EQ(add(1, 5), 0) << "a late step of the older plan is dropped";
   EXPECT_THAT(tokens(2), ElementsAre(7));
   EXPECT_THAT(tokens(1), IsEmpty());
   GuardVerdicts::Verdict verdict;
   verdict.plan_version = 2;
   verdicts.Judge("exec", "knapspec D4", 32, 0, /*loses=*/false, verdict, 8);
   EXPECT_THAT(tokens(2), ElementsAre(7)) << "a win keeps the pool";
+  EXPECT_EQ(add(2, 8), 1) << "and starts the next window";
+  EXPECT_THAT(tokens(2), ElementsAre(7, 8));
   verdicts.Judge("exec", "knapspec D4", 32, 0, /*loses=*/true, verdict, 8);
   EXPECT_THAT(tokens(2), IsEmpty()) << "a loss empties it";
 }
