@@ -724,6 +724,18 @@ TEST(SpeculationGuardTest, ALosingVerdictHoldsForEverySequenceUntilItsReprobe) {
   EXPECT_EQ(shared.verdicts->verdicts_given(), 1);
 }
 
+// A new request (sequence `id`) of the cached gamma-3 plan drafts `steps`
+// steps of `observed`; its planning stats.
+PlanningStats RequestDrafts(const PlanningShared& shared, uint64_t id,
+                            int64_t steps, const StepObservation& observed) {
+  PlanController c(GuardOn(), BaseKey(), id, 0, shared);
+  for (int64_t step = 0; step < steps; ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << id << " " << step;
+    c.AfterStep(observed);
+  }
+  return c.stats();
+}
+
 // A verdict holds every request of the setting, so a judgement weighs the
 // setting's recent steps from every sequence: one request whose text drafts
 // poorly (alone it would lose) does not condemn a setting that wins over
@@ -732,30 +744,23 @@ TEST(SpeculationGuardTest, OneUnluckyRequestDoesNotCondemnAWinningSetting) {
   for (const bool winner : {true, false}) {
     SCOPED_TRACE(winner ? "winner" : "loser");
     PlanningShared shared = SharedWithPlanAndPlainRate();  // 200 tokens/s
-    const PlanControllerOptions o = GuardOn();             // judged every 4
-    // Three requests of 4 steps: 3 tokens in 10 ms (300 tokens/s), or 2 in
-    // 12 ms (167 tokens/s) for the loser.
+    // Three requests of 4 steps (GuardOn: judged every 4): 3 tokens in 10
+    // ms (300 tokens/s), or 2 in 12 ms (167 tokens/s) for the loser.
     for (uint64_t id = 1; id <= 3; ++id) {
-      PlanController c(o, BaseKey(), id, 0, shared);
-      for (int64_t step = 0; step < 4; ++step) {
-        ASSERT_EQ(c.BeforeStep(step, 1).gamma, 3) << id << " " << step;
-        c.AfterStep(winner ? Spec(3, 3, 2, 0.01) : Spec(3, 3, 1, 0.012));
-      }
-      EXPECT_EQ(c.stats().guard_checks, 1);
-      EXPECT_EQ(c.stats().guard_fallbacks, winner ? 0 : 1) << id;
+      const PlanningStats stats = RequestDrafts(
+          shared, id, 4, winner ? Spec(3, 3, 2, 0.01) : Spec(3, 3, 1, 0.012));
+      EXPECT_EQ(stats.guard_checks, 1);
+      EXPECT_EQ(stats.guard_fallbacks, winner ? 0 : 1) << id;
       if (!winner) break;  // held plain from here on
     }
     if (!winner) continue;
     // The unlucky request: 2 tokens in 12 ms (167 tokens/s), below plain x
     // (1 + margin) alone; with the others' 12 steps, 262 tokens/s.
-    PlanController unlucky(o, BaseKey(), 4, 0, shared);
-    for (int64_t step = 0; step < 4; ++step) {
-      ASSERT_EQ(unlucky.BeforeStep(step, 1).gamma, 3) << step;
-      unlucky.AfterStep(Spec(3, 3, 1, 0.012));
-    }
-    EXPECT_EQ(unlucky.stats().guard_checks, 1);
-    EXPECT_EQ(unlucky.stats().guard_fallbacks, 0);
-    EXPECT_NEAR(unlucky.stats().guard_last_spec_tps, 44 / 0.168, 1);
+    const PlanningStats unlucky =
+        RequestDrafts(shared, 4, 4, Spec(3, 3, 1, 0.012));
+    EXPECT_EQ(unlucky.guard_checks, 1);
+    EXPECT_EQ(unlucky.guard_fallbacks, 0);
+    EXPECT_NEAR(unlucky.guard_last_spec_tps, 44 / 0.168, 1);
     EXPECT_EQ(shared.verdicts->losing(), 0);
   }
 }
@@ -767,16 +772,14 @@ TEST(SpeculationGuardTest, OneUnluckyRequestDoesNotCondemnAWinningSetting) {
 // there from their first step.
 TEST(SpeculationGuardTest, ABucketEveryRequestOnlyPassesThroughIsJudgedToo) {
   PlanningShared shared = SharedWithPlanAndPlainRate();  // 200 tokens/s
-  const PlanControllerOptions o = GuardOn();             // judged every 4
+  // Two requests of 2 steps at 100 tokens/s (GuardOn: judged every 4).
   for (uint64_t id = 1; id <= 2; ++id) {
-    PlanController c(o, BaseKey(), id, 0, shared);
-    for (int64_t step = 0; step < 2; ++step) {
-      ASSERT_EQ(c.BeforeStep(step, 1).gamma, 3) << id << " " << step;
-      c.AfterStep(Spec(3, 3, 1, 0.02));  // 100 tokens/s
-    }
-    EXPECT_EQ(c.stats().guard_checks, id == 1 ? 0 : 1) << id;
-    EXPECT_EQ(c.stats().guard_fallbacks, id == 1 ? 0 : 1) << id;
+    const PlanningStats stats =
+        RequestDrafts(shared, id, 2, Spec(3, 3, 1, 0.02));
+    EXPECT_EQ(stats.guard_checks, id == 1 ? 0 : 1) << id;
+    EXPECT_EQ(stats.guard_fallbacks, id == 1 ? 0 : 1) << id;
   }
+  const PlanControllerOptions o = GuardOn();
   PlanController third(o, BaseKey(), 3, 0, shared);
   EXPECT_EQ(third.BeforeStep(0, 1).gamma, 0) << "held from its first step";
 }
