@@ -276,8 +276,8 @@ ABSL_FLAG(double, guard_margin, 0.03,
           "The guard: speculation must measure at least (1 + this) times the "
           "plain rate to stay on.");
 ABSL_FLAG(int64_t, guard_min_steps, 16,
-          "The guard: speculative steps of a request between two of its "
-          "judgements.");
+          "The guard: a setting's speculative steps at a context bucket, "
+          "from every request drafting with it, between two judgements.");
 ABSL_FLAG(int64_t, guard_probe_steps, 8,
           "The guard: plain steps it measures, alternating with the setting's "
           "steps, when the context bucket has no recent plain timings.");

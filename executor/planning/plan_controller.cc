@@ -126,7 +126,6 @@ bool SpeculationGuard::NextProbeStepIsPlain() {
 
 void SpeculationGuard::AddEvidence(int64_t bucket, const StepObservation& step,
                                    PlanningStats& stats) {
-  ++window_steps_;
   const int64_t keep = std::max(options_.evidence_steps, options_.min_steps);
   if (verdicts_ != nullptr) {
     // The setting's steps since its last judgement at the bucket, from
@@ -135,6 +134,7 @@ void SpeculationGuard::AddEvidence(int64_t bucket, const StepObservation& step,
         verdicts_->AddStep(execution_id_, setting_, bucket_tokens_, bucket,
                            plan_version_, {step.tokens, step.seconds}, keep);
   } else {
+    ++window_steps_;
     evidence_.push_back({step.tokens, step.seconds});
     while (static_cast<int64_t>(evidence_.size()) > keep) evidence_.pop_front();
   }
