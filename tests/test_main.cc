@@ -1,8 +1,8 @@
 // Shared main() for the knapserve test binaries: one torch thread per test
 // process (ctest runs one process per core; several OpenMP teams spinning on
 // the same cores slowed the suite down by 50x), the test environment
-// (../shared beside the checkout, a temporary profile cache:
-// tests/testing/test_models.h), the SIMD target (KNAPSERVE_SIMD, or
+// (../shared beside the checkout; a temporary profile cache once the tests
+// start: tests/testing/test_models.h), the SIMD target (KNAPSERVE_SIMD, or
 // KNAPSERVE_SIMD_TEST in tests/CMakeLists.txt's per-target runs, which are
 // skipped where this CPU cannot run their target or it is the CPU's best), then
 // GoogleTest, with the environment that removes the MakeTempDir folders after
@@ -24,6 +24,8 @@
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   knapserve::testing::SetUpTestEnvironment();
+  ::testing::AddGlobalTestEnvironment(
+      new knapserve::testing::ProfileCacheEnvironment());
   ::testing::AddGlobalTestEnvironment(
       new knapserve::testing::TempDirEnvironment());
   // A per-target run (tests/CMakeLists.txt) names its target in

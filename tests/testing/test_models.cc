@@ -104,6 +104,9 @@ void SetUpTestEnvironment() {
       setenv("KNAPSERVE_SHARED", beside.c_str(), /*overwrite=*/0);
     }
   }
+}
+
+void ProfileCacheEnvironment::SetUp() {
   setenv("KNAPSERVE_PROFILE_CACHE", MakeTempDir("profile_cache").c_str(),
          /*overwrite=*/1);
 }

@@ -64,11 +64,20 @@ std::string NeedsSharedMessage(const std::string& relative);
     }                                                           \
   } while (0)
 
-// Called by main() before the tests run: sets KNAPSERVE_SHARED to the
-// folder beside the source checkout when it is unset and that folder exists,
-// and KNAPSERVE_PROFILE_CACHE to a fresh temporary folder (removed at exit) so
-// that no test, nor any binary it starts, writes to the user's profile cache.
+// Called by main() before anything else: sets KNAPSERVE_SHARED to the
+// folder beside the source checkout when it is unset and that folder exists.
 void SetUpTestEnvironment();
+
+// The GoogleTest environment that main() registers: before the first test
+// it sets KNAPSERVE_PROFILE_CACHE to a fresh temporary folder (MakeTempDir,
+// removed after the last test by TempDirEnvironment) so that no test, nor
+// any binary it starts, writes to the user's profile cache. An environment,
+// not a step of main(), so that a run that starts no test (--gtest_list_tests,
+// which ctest runs to find the suites, or a skipped SIMD run) makes no folder.
+class ProfileCacheEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override;
+};
 
 // Models by name, loaded once per process and kept: the bundled
 // "stories260k", a checkpoint in <shared>/models ("stories-24l"), a
