@@ -175,6 +175,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
         "config.json: head_dim ", config.head_dim, " must be even for RoPE"));
   }
   if (options.threads > 0) at::set_num_threads(options.threads);
+  SingleThreadedBlas();  // common/model/parallel_for.h says why
   c10::InferenceMode inference_mode;
 
   std::unique_ptr<LlamaModel> model(new LlamaModel(config, options));

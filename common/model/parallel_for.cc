@@ -1,6 +1,7 @@
 #include "common/model/parallel_for.h"
 
 #include <ATen/Parallel.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <atomic>
@@ -212,5 +213,26 @@ void ParallelFor(int64_t begin, int64_t end, int64_t grain, Fn fn,
 }
 
 ParallelForCounters GetParallelForCounters() { return Pool::Get().counters(); }
+
+void SingleThreadedBlas() {
+  // Looked up at run time: the BLAS is whichever library Debian's
+  // alternatives put behind libblas.so.3.
+  using SetThreads = void (*)(int);
+  static const bool done = [] {
+    if (auto set = reinterpret_cast<SetThreads>(
+            dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+      set(1);
+    }
+    return true;
+  }();
+  (void)done;
+}
+
+int BlasThreads() {
+  using GetThreads = int (*)();
+  auto get = reinterpret_cast<GetThreads>(
+      dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
+  return get != nullptr ? get() : -1;
+}
 
 }  // namespace knapserve

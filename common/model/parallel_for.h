@@ -55,6 +55,25 @@ void SetPassThreads(int decode, int prefill);
 // at::get_num_threads()).
 int PassThreads(int64_t rows);
 
+// BLAS on the calling thread. LibTorch hands the few products the kernels
+// here do not cover (the prefill's attention scores, the planner's branch
+// attention and its LM-head checks) to the system BLAS. Debian's OpenBLAS
+// (the pthreads build) keeps a pool of its own: workers started at load, at
+// normal priority, that spin on sched_yield after every call. A nice-19
+// planner's solve woke them and they took a core from decoding: in `bench
+// serve` (16 streams), the load phase beside knapspec's first solve decoded
+// at 0.84-0.97x of the plain runs around it in 8 of 8 runs, and the solve
+// took 1.8x as long (the spinning worker shared its core).
+// SingleThreadedBlas() sets OpenBLAS to one thread, so each BLAS call runs on
+// the thread that makes it, at that thread's priority (a 2,000-token prefill
+// was 2% slower). Loading a model (LlamaModel::FromCheckpoint) calls it;
+// idempotent, any thread. A BLAS other than OpenBLAS (found by its symbols at
+// run time) is left as it is.
+void SingleThreadedBlas();
+// The OpenBLAS thread count (1 after SingleThreadedBlas), or -1 where the
+// BLAS is not OpenBLAS.
+int BlasThreads();
+
 // Calls handled by the pool (more than one chunk) and calls run inline
 // because the pool was busy, since the process started; for tests and
 // diagnostics.

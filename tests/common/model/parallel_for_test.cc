@@ -1,11 +1,15 @@
 // ParallelFor (common/model/parallel_for.h): every index exactly once in the
 // chunks at::parallel_for would make, exceptions reach the caller, busy and
 // nested calls run inline, and concurrent callers from many threads all
-// finish with correct results.
+// finish with correct results; after a model loads, a BLAS product runs on
+// the calling thread alone.
 #include "common/model/parallel_for.h"
 
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "tests/testing/test_models.h"
 #include "tests/testing/test_util.h"
 
 namespace knapserve {
@@ -186,6 +191,48 @@ TEST(ParallelForTest, ConcurrentCallersAllGetCorrectResults) {
   }
   for (std::thread& t : threads) t.join();
   EXPECT_EQ(wrong.load(), 0);
+}
+
+double ProcessCpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(usage.ru_utime.tv_usec +
+                                    usage.ru_stime.tv_usec);
+}
+
+double ThreadCpuSeconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// OpenBLAS's own workers (normal priority, spinning after each call) took a
+// core from decoding whenever the nice-19 planner called BLAS; loading a
+// model sets BLAS to the calling thread (SingleThreadedBlas).
+TEST(SingleThreadedBlasTest, AfterAModelLoadsABlasProductUsesOnlyItsThread) {
+  ASSERT_NE(testing::CachedModel("stories260k"), nullptr);
+  if (BlasThreads() == -1) GTEST_SKIP() << "the BLAS is not OpenBLAS";
+  EXPECT_EQ(BlasThreads(), 1);
+  // Products big enough for OpenBLAS to split them, for about 0.2 s of this
+  // thread's time; every other thread of the process idle meanwhile (the
+  // kernel pool's workers sleep 0.5 ms after their last job).
+  const torch::Tensor a = torch::rand({384, 384});
+  const torch::Tensor b = torch::rand({384, 384});
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double process_start = ProcessCpuSeconds();
+  const double thread_start = ThreadCpuSeconds();
+  double checksum = 0;
+  while (ThreadCpuSeconds() - thread_start < 0.2) {
+    checksum += torch::mm(a, b).sum().item<double>();
+  }
+  const double thread = ThreadCpuSeconds() - thread_start;
+  const double process = ProcessCpuSeconds() - process_start;
+  EXPECT_GT(checksum, 0);
+  // Multi-threaded OpenBLAS on two cores: the workers' share (half the
+  // product plus their spinning) about doubles the process's time.
+  EXPECT_LT(process, 1.3 * thread) << "process CPU " << process << " s for "
+                                   << thread << " s on the calling thread";
 }
 
 }  // namespace
