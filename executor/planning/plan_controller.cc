@@ -368,9 +368,11 @@ void PlanController::AbandonCapture() {
   shared_.budget->Settle(capture_ticket_.reserved_seconds, 0);
 }
 
-void PlanController::Apply(const CachedPlan& plan, const std::string& source,
+void PlanController::Apply(const CachedPlan& plan, int64_t bucket,
+                           const std::string& source,
                            StepDirective& directive) {
   in_force_ = plan;
+  in_force_bucket_ = bucket;
   gamma_ = plan.plan.gamma;
   applied_version_ = plan.version;
   drift_trials_ = 0;
@@ -399,7 +401,7 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
     std::optional<CachedPlan> hit = shared_.cache->Lookup(key_);
     if (hit.has_value()) {
       ++stats_.cache_hits;
-      Apply(*hit, "cache", directive);
+      Apply(*hit, bucket_, "cache", directive);
     } else {
       ++stats_.cache_misses;
       SetTrigger(first ? PlanTrigger::kNoPlan : PlanTrigger::kNewBucket);
@@ -409,7 +411,8 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
     if (version != 0 && version != applied_version_) {
       std::optional<CachedPlan> newer = shared_.cache->Peek(key_);
       if (newer.has_value()) {
-        Apply(*newer, newer->sequence_id == sequence_id_ ? "solve" : "shared",
+        Apply(*newer, bucket_,
+              newer->sequence_id == sequence_id_ ? "solve" : "shared",
               directive);
         // The newer plan answers whatever this sequence was waiting for.
         AbandonCapture();
@@ -417,6 +420,8 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
       }
     }
   }
+
+  ApplyAwaitedPlan(directive);
 
   if (trigger_ == PlanTrigger::kNone && !capturing_ &&
       last_trigger_ != PlanTrigger::kDrift &&
@@ -513,9 +518,54 @@ std::optional<double> PlanController::PlainStepSeconds(
       absl::InfiniteDuration());
 }
 
+void PlanController::ApplyAwaitedPlan(StepDirective& directive) {
+  if (awaited_keys_.empty()) return;
+  if (in_force_bucket_ == bucket_) {
+    awaited_keys_.clear();  // the current bucket's own plan is in force
+    return;
+  }
+  // The newest answered solve; answered, failed and current-bucket keys
+  // leave the list (the current bucket's plan comes the usual way).
+  std::optional<PlanCacheKey> newest;
+  int64_t newest_version = 0;
+  for (auto it = awaited_keys_.begin(); it != awaited_keys_.end();) {
+    const int64_t version = shared_.cache->Version(*it);
+    if (it->bucket == bucket_) {
+      if (version != 0) {
+        it = awaited_keys_.erase(it);
+      } else {
+        ++it;
+      }
+      continue;
+    }
+    if (version == 0) {
+      // Not answered yet; or the solve failed (no claim left): nothing comes.
+      if (shared_.cache->Claimed(*it)) {
+        ++it;
+      } else {
+        it = awaited_keys_.erase(it);
+      }
+      continue;
+    }
+    if (version > newest_version) {
+      newest_version = version;
+      newest = *it;
+    }
+    it = awaited_keys_.erase(it);
+  }
+  if (!newest.has_value()) return;
+  if (in_force_.has_value() && in_force_->version >= newest_version) return;
+  std::optional<CachedPlan> plan = shared_.cache->Peek(*newest);
+  if (!plan.has_value()) return;
+  Apply(*plan, newest->bucket,
+        plan->sequence_id == sequence_id_ ? "solve" : "shared", directive);
+}
+
 SubmitTicket PlanController::TakeTicket() {
   capturing_ = false;
   trigger_ = PlanTrigger::kNone;
+  awaited_keys_.push_back(capture_ticket_.key);
+  if (awaited_keys_.size() > kMaxAwaited) awaited_keys_.pop_front();
   return capture_ticket_;
 }
 

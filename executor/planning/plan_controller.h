@@ -40,6 +40,14 @@
 // back (counted once). Without a trigger nothing is captured and nothing is
 // sent.
 //
+// A solve that answers after the sequence has left the snapshot's bucket is
+// not wasted: while no plan of the current bucket is in force, the plan of
+// the sequence's own newest answered solve takes effect when it arrives
+// (source "solve"), unless the plan in force is newer; the current bucket's
+// own plan replaces it when it comes. On a small CPU a solve can take longer
+// than decoding a bucket (256 tokens): a single long generation then got no
+// plan at all.
+//
 // The online guard (SpeculationGuard, below) may force plain steps.
 //
 // While the planner's latency profile is pending (BeforeStep's
@@ -382,8 +390,12 @@ class PlanController {
   std::optional<double> PlainStepSeconds(int64_t context_length) const;
 
  private:
-  void Apply(const CachedPlan& plan, const std::string& source,
+  // Puts `plan`, cached under `key`'s `bucket`, in force.
+  void Apply(const CachedPlan& plan, int64_t bucket, const std::string& source,
              StepDirective& directive);
+  // The newest plan of awaited_keys_ that arrived after the sequence left
+  // its bucket, when it is newer than the plan in force.
+  void ApplyAwaitedPlan(StepDirective& directive);
   void SetTrigger(PlanTrigger trigger);
   void AbandonCapture();
 
@@ -397,8 +409,14 @@ class PlanController {
   bool started_ = false;
   int64_t bucket_ = 0;
   std::optional<CachedPlan> in_force_;
-  int gamma_ = 0;  // of the setting in force
+  int64_t in_force_bucket_ = -1;  // the bucket whose key in_force_ came from
+  int gamma_ = 0;                 // of the setting in force
   int64_t applied_version_ = 0;
+  // The keys of this sequence's submitted solves that may still answer for
+  // a bucket the sequence has left (see the class comment), oldest first;
+  // at most kMaxAwaited (older ones are dropped).
+  static constexpr size_t kMaxAwaited = 8;
+  std::deque<PlanCacheKey> awaited_keys_;
 
   PlanTrigger trigger_ = PlanTrigger::kNone;
   PlanTrigger last_trigger_ = PlanTrigger::kNone;  // of the current bucket

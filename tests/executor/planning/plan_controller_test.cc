@@ -217,6 +217,85 @@ TEST(PlanControllerTest, CrossingIntoABucketUsesItsPlanOrTriggers) {
   EXPECT_EQ(c.stats().triggers_new_bucket, 2);
 }
 
+// A solve that answers after the sequence left the snapshot's bucket (on a
+// small CPU a solve can outlast a bucket) takes effect while nothing of the
+// current bucket is in force, and the current bucket's own plan replaces it.
+TEST(PlanControllerTest, ALateSolveTakesEffectUntilTheBucketsOwnPlanComes) {
+  PlanningShared shared = PlanningShared::Create();
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  EXPECT_TRUE(c.BeforeStep(0, 5).capture);
+  c.AfterStep(Plain(0.01));
+  EXPECT_TRUE(c.BeforeStep(1, 6).capture);
+  c.AfterStep(Plain(0.01));
+  const SubmitTicket first = c.TakeTicket();
+  ASSERT_EQ(first.key, KeyAt(0));
+  for (int64_t step = 2; step < 4; ++step) {
+    EXPECT_FALSE(c.BeforeStep(step, 5 + step).capture);
+    c.AfterStep(Plain(0.01));
+  }
+  // Bucket 1 before the answer: no plan, a snapshot of its own starts.
+  StepDirective d = c.BeforeStep(4, 33);
+  EXPECT_FALSE(d.apply.has_value());
+  EXPECT_EQ(d.gamma, 0);
+  EXPECT_TRUE(d.capture);
+  c.AfterStep(Plain(0.01));
+  CompleteTicket(shared, first, 1, 6, Plan(3, 0.7));
+  d = c.BeforeStep(5, 34);
+  ASSERT_TRUE(d.apply.has_value()) << "the bucket-0 plan, the best there is";
+  EXPECT_EQ(d.apply_source, "solve");
+  EXPECT_EQ(d.gamma, 3);
+  EXPECT_TRUE(d.capture) << "bucket 1's own snapshot goes on";
+  c.AfterStep(Spec(3, 3, 2, 0.01));
+  const SubmitTicket second = c.TakeTicket();
+  ASSERT_EQ(second.key, KeyAt(1));
+  d = c.BeforeStep(6, 37);
+  EXPECT_FALSE(d.apply.has_value());
+  EXPECT_EQ(d.gamma, 3);
+  c.AfterStep(Spec(3, 3, 2, 0.01));
+  CompleteTicket(shared, second, 1, 37, Plan(5, 0.8));
+  d = c.BeforeStep(7, 40);
+  ASSERT_TRUE(d.apply.has_value());
+  EXPECT_EQ(d.gamma, 5);
+  c.AfterStep(Spec(5, 5, 4, 0.01));
+  EXPECT_FALSE(c.BeforeStep(8, 45).apply.has_value());
+}
+
+TEST(PlanControllerTest, ALateSolveNeverReplacesTheCurrentBucketsPlan) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(1), Plan(5, 0.8), /*sequence_id=*/50, 40);
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  EXPECT_TRUE(c.BeforeStep(0, 5).capture);
+  c.AfterStep(Plain(0.01));
+  EXPECT_TRUE(c.BeforeStep(1, 6).capture);
+  c.AfterStep(Plain(0.01));
+  const SubmitTicket first = c.TakeTicket();
+  StepDirective d = c.BeforeStep(2, 33);  // bucket 1: cached
+  ASSERT_TRUE(d.apply.has_value());
+  EXPECT_EQ(d.gamma, 5);
+  c.AfterStep(Spec(5, 5, 4, 0.01));
+  CompleteTicket(shared, first, 1, 6, Plan(2, 0.6));
+  for (int64_t step = 3; step < 8; ++step) {
+    d = c.BeforeStep(step, 31 + step);
+    EXPECT_FALSE(d.apply.has_value()) << step;
+    EXPECT_EQ(d.gamma, 5) << step;
+    c.AfterStep(Spec(5, 5, 4, 0.01));
+  }
+  // A failed late solve leaves the plan in force as it is, too.
+  PlanController e(Options(), BaseKey(), 2, 0, shared);
+  EXPECT_TRUE(e.BeforeStep(0, 64).capture);  // bucket 2: nothing cached
+  e.AfterStep(Plain(0.01));
+  EXPECT_TRUE(e.BeforeStep(1, 65).capture);
+  e.AfterStep(Plain(0.01));
+  const SubmitTicket failing = e.TakeTicket();
+  EXPECT_FALSE(e.BeforeStep(2, 96).apply.has_value());  // bucket 3
+  e.AfterStep(Plain(0.01));
+  CompleteTicket(shared, failing, 2, 65,
+                 absl::StatusOr<DraftPlan>(absl::InternalError("solve")));
+  d = e.BeforeStep(3, 97);
+  EXPECT_FALSE(d.apply.has_value());
+  EXPECT_EQ(d.gamma, 0);
+}
+
 TEST(PlanControllerTest, ConcurrentSequencesShareOneSolvePerBucket) {
   PlanningShared shared = PlanningShared::Create();
   PlanController a(Options(), BaseKey(), 1, 0, shared);
