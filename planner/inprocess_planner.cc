@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "common/model/exception_status.h"
+#include "common/model/parallel_for.h"
 #include "common/plan/plan_trace.h"
 #include "common/trace/tracer.h"
 
@@ -21,6 +22,10 @@ absl::Status CheckOptions(const InProcessPlannerOptions& options) {
   if (options.threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("planner threads must be >= 1, got ", options.threads));
+  }
+  if (options.reserve_cores < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "planner reserve_cores must be >= 0, got ", options.reserve_cores));
   }
   return absl::OkStatus();
 }
@@ -283,6 +288,7 @@ void InProcessPlanner::Run() {
     absl::StatusOr<DraftPlan> plan;
     // The exception boundary of a solve: it fails this request only.
     try {
+      const ScopedSolveCores own_cores(options_.reserve_cores);
       trace::ScopedContext in_solve(solve_span.context());
       if (options_.before_solve_for_tests)
         options_.before_solve_for_tests(job.request);

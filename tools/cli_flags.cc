@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/base/status.h"
+#include "common/model/parallel_for.h"
 #include "common/model/simd_target.h"
 #include "executor/api/generation_codec.h"
 #include "planner/thread_choice.h"
@@ -195,6 +196,12 @@ ABSL_FLAG(std::string, planner_priority, "auto",
           "keeps every core busy); auto = 19 when the model runs on the CPU "
           "and the decode's threads and the planner's together outnumber the "
           "cores (the solve would share the decode's cores), else normal.");
+ABSL_FLAG(std::string, planner_cores, "auto",
+          "knapspec/clasp: cores the decode's passes leave to the planner "
+          "while a solve runs (a number), so the solve ends in its CPU time; "
+          "auto = --planner-threads when the model runs on the CPU and the "
+          "decode's threads and the planner's together outnumber the cores, "
+          "else 0.");
 ABSL_FLAG(std::vector<std::string>, profile_contexts, {},
           "profile: context lengths to measure (default 128,512,1024,2048,4096 "
           "and the model's "
@@ -632,19 +639,38 @@ absl::StatusOr<ThreadPriority> PlannerPriorityFromFlags(
     if (!parsed.ok()) return Annotate(parsed.status(), "--planner-priority");
     return parsed;
   }
-  if (!model.device().is_cpu()) return ThreadPriority::Nice(0);
-  // The cores this process may run on (a container's cpuset included).
-  int cores =
-      static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    cores = std::max(1, CPU_COUNT(&set));
-  }
+  return ThreadPriority::Nice(PlannerSharesTheDecodesCores(model) ? 19 : 0);
+}
+
+bool PlannerSharesTheDecodesCores(const LlamaModel& model) {
+  if (!model.device().is_cpu()) return false;
   const int decode_threads = at::get_num_threads();
   const int planner_threads = std::max(1, absl::GetFlag(FLAGS_planner_threads));
-  return ThreadPriority::Nice(decode_threads + planner_threads > cores ? 19
-                                                                       : 0);
+  return decode_threads + planner_threads > UsableCores();
+}
+
+absl::StatusOr<int> PlannerCoresFromFlags(const LlamaModel& model) {
+  const std::string flag = absl::GetFlag(FLAGS_planner_cores);
+  if (flag == "auto") {
+    return PlannerSharesTheDecodesCores(model)
+               ? std::max(1, absl::GetFlag(FLAGS_planner_threads))
+               : 0;
+  }
+  int cores = 0;
+  if (!absl::SimpleAtoi(flag, &cores) || cores < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--planner-cores: want auto or a number >= 0, got '", flag, "'"));
+  }
+  return cores;
+}
+
+absl::StatusOr<InProcessPlannerOptions> PlannerOptionsFromFlags(
+    const LlamaModel& model) {
+  InProcessPlannerOptions options;
+  options.threads = absl::GetFlag(FLAGS_planner_threads);
+  ASSIGN_OR_RETURN(options.priority, PlannerPriorityFromFlags(model));
+  ASSIGN_OR_RETURN(options.reserve_cores, PlannerCoresFromFlags(model));
+  return options;
 }
 
 absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(
@@ -657,9 +683,8 @@ absl::StatusOr<std::unique_ptr<InProcessPlanner>> PlannerFromFlags(
     source->origin = std::string(ProfileOriginName(obtained.origin));
     source->path = obtained.path;
   }
-  InProcessPlannerOptions options;
-  options.threads = absl::GetFlag(FLAGS_planner_threads);
-  ASSIGN_OR_RETURN(options.priority, PlannerPriorityFromFlags(*engine.model));
+  ASSIGN_OR_RETURN(InProcessPlannerOptions options,
+                   PlannerOptionsFromFlags(*engine.model));
   return InProcessPlanner::Create(*engine.model, std::move(obtained.profile),
                                   options);
 }

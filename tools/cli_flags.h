@@ -76,6 +76,7 @@ ABSL_DECLARE_FLAG(std::vector<std::string>, modes);
 ABSL_DECLARE_FLAG(int64_t, long_context_tokens);
 ABSL_DECLARE_FLAG(int32_t, planner_threads);
 ABSL_DECLARE_FLAG(std::string, planner_priority);
+ABSL_DECLARE_FLAG(std::string, planner_cores);
 ABSL_DECLARE_FLAG(std::vector<std::string>, profile_contexts);
 ABSL_DECLARE_FLAG(int32_t, profile_repeats);
 ABSL_DECLARE_FLAG(int32_t, profile_max_draft);
@@ -206,6 +207,18 @@ absl::StatusOr<ObtainedProfile> LatencyProfileFromFlags(
 // solve while decoding keeps every core busy
 // (common/base/thread_priority.h).
 absl::StatusOr<ThreadPriority> PlannerPriorityFromFlags(
+    const LlamaModel& model);
+// Whether the model runs on the CPU and the decode's threads
+// (at::get_num_threads) plus --planner-threads outnumber UsableCores().
+bool PlannerSharesTheDecodesCores(const LlamaModel& model);
+// --planner-cores: the cores each solve gets to itself while it runs
+// (InProcessPlannerOptions::reserve_cores); auto = --planner-threads when
+// PlannerSharesTheDecodesCores, else 0. InvalidArgument, naming the flag,
+// for anything but auto or a number >= 0.
+absl::StatusOr<int> PlannerCoresFromFlags(const LlamaModel& model);
+// The in-process planner's options from --planner-threads,
+// --planner-priority and --planner-cores.
+absl::StatusOr<InProcessPlannerOptions> PlannerOptionsFromFlags(
     const LlamaModel& model);
 
 // The in-process planner for a planned --spec mode (IsPlanned) (the profile

@@ -277,9 +277,8 @@ absl::StatusOr<PlannerHandle> ServerPlannerFromFlags(
        found.has_value() ? found->warnings : warnings) {
     std::cerr << prefix << "warning: " << warning << std::endl;
   }
-  InProcessPlannerOptions options;
-  options.threads = absl::GetFlag(FLAGS_planner_threads);
-  ASSIGN_OR_RETURN(options.priority, PlannerPriorityFromFlags(*engine.model));
+  ASSIGN_OR_RETURN(InProcessPlannerOptions options,
+                   PlannerOptionsFromFlags(*engine.model));
   PlannerHandle handle;
   if (!found.has_value()) {
     handle.profile.origin = "pending";

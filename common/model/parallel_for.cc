@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <atomic>
@@ -181,6 +182,7 @@ class Pool {
 
 std::atomic<int> decode_pass_threads{0};
 std::atomic<int> prefill_pass_threads{0};
+std::atomic<int> solve_cores{0};  // reserved by live ScopedSolveCores
 
 }  // namespace
 
@@ -190,8 +192,34 @@ void SetPassThreads(int decode, int prefill) {
 }
 
 int PassThreads(int64_t rows) {
-  return rows <= kDecodePassRows ? decode_pass_threads.load()
-                                 : prefill_pass_threads.load();
+  int pass = rows <= kDecodePassRows ? decode_pass_threads.load()
+                                     : prefill_pass_threads.load();
+  const int reserved = solve_cores.load(std::memory_order_relaxed);
+  if (reserved > 0) {
+    const int cores = UsableCores();
+    const int wanted = pass > 0 ? pass : std::max(1, at::get_num_threads());
+    if (wanted + reserved > cores) pass = std::max(1, cores - reserved);
+  }
+  return pass;
+}
+
+ScopedSolveCores::ScopedSolveCores(int cores) : cores_(std::max(0, cores)) {
+  solve_cores.fetch_add(cores_);
+}
+
+ScopedSolveCores::~ScopedSolveCores() { solve_cores.fetch_sub(cores_); }
+
+int UsableCores() {
+  static const int cores = [] {
+    int n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+      n = std::max(1, CPU_COUNT(&set));
+    }
+    return n;
+  }();
+  return cores;
 }
 
 void ParallelFor(int64_t begin, int64_t end, int64_t grain, Fn fn,

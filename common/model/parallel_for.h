@@ -52,8 +52,34 @@ void ParallelFor(int64_t begin, int64_t end, int64_t grain,
 inline constexpr int64_t kDecodePassRows = 16;
 void SetPassThreads(int decode, int prefill);
 // The threads the kernels use for a pass of `rows` rows (0 = the caller's
-// at::get_num_threads()).
+// at::get_num_threads()), capped while a ScopedSolveCores lives (below).
 int PassThreads(int64_t rows);
+
+// Cores for the planner's solve. On a CPU where the decode's threads and
+// the planner's outnumber the cores, a solve at low priority (nice 19) got
+// almost no CPU while decoding kept every core busy, yet still cost the
+// decode: a 0.4 s knapspec solve took 3.2 s beside a 2-thread decode of
+// stories-24l on 2 cores, which ran at 0.90x of plain meanwhile (two
+// lockstep threads wait for the one the solve delays). While a
+// ScopedSolveCores(n) lives (InProcessPlanner holds one around each solve
+// when InProcessPlannerOptions::reserve_cores is n > 0), every pass of the
+// kernels here is capped at UsableCores() - n threads (at least 1), so the
+// solve has n cores of its own and ends in its CPU time; passes are
+// bit-identical for any thread count. Any thread; nestable (the counts
+// add).
+class ScopedSolveCores {
+ public:
+  explicit ScopedSolveCores(int cores);
+  ~ScopedSolveCores();
+  ScopedSolveCores(const ScopedSolveCores&) = delete;
+  ScopedSolveCores& operator=(const ScopedSolveCores&) = delete;
+
+ private:
+  const int cores_;
+};
+// The cores this process may run on (its CPU affinity: a container's cpuset
+// included), at least 1. Measured once.
+int UsableCores();
 
 // BLAS on the calling thread. LibTorch hands the few products the kernels
 // here do not cover (the prefill's attention scores, the planner's branch

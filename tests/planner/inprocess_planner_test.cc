@@ -8,12 +8,14 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <future>
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/parallel_for.h"
 #include "common/text/tokenizer.h"
 #include "common/wire/plan_codec.h"
 #include "executor/engine/generator.h"
@@ -340,6 +342,40 @@ TEST(InProcessPlannerTest, ASolveThatThrowsIsInternalForThatRequestOnly) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ((*planner)->internal_errors(), 1);
   EXPECT_EQ((*planner)->solved(), 2);
+}
+
+// With reserve_cores, every pass of the kernels leaves the solve its cores
+// while it runs (ScopedSolveCores), and only then.
+TEST(InProcessPlannerTest, ASolveHasItsReservedCoresWhileItRuns) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  const int cores = UsableCores();
+  if (cores < 2) GTEST_SKIP() << "one core: nothing to leave";
+  SetPassThreads(cores, cores);  // the decode wants every core
+  std::atomic<int> during{-1};
+  InProcessPlannerOptions options;
+  options.reserve_cores = 1;
+  options.before_solve_for_tests = [&](const PlanRequest&) {
+    during = PassThreads(1);
+  };
+  auto planner =
+      InProcessPlanner::Create(*model, HandLatencyProfile(*model), options);
+  ASSERT_TRUE(planner.ok()) << planner.status();
+  std::promise<absl::StatusOr<DraftPlan>> solved;
+  auto solved_f = solved.get_future();
+  (*planner)->Submit(MakeRequest(*model, 31, 20, 4),
+                     [&](absl::StatusOr<DraftPlan> p) { solved.set_value(p); });
+  auto plan = Await(solved_f);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(during.load(), cores - 1);
+  EXPECT_EQ(PassThreads(1), cores);
+  EXPECT_EQ(PassThreads(1000), cores);
+  SetPassThreads(0, 0);
+  InProcessPlannerOptions bad;
+  bad.reserve_cores = -1;
+  EXPECT_EQ(InProcessPlanner::CreateWithoutProfile(*model, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 GenerationRequest PlannedRequest(SpeculationMode mode, int64_t max_new_tokens) {

@@ -193,6 +193,37 @@ TEST(ParallelForTest, ConcurrentCallersAllGetCorrectResults) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
+// While a ScopedSolveCores lives, every pass leaves its cores when the
+// pass would otherwise use them; the counts add and end with the scopes.
+TEST(ParallelForTest, ASolveReservationCapsThePassesWhileItLives) {
+  const int cores = UsableCores();
+  ASSERT_GE(cores, 1);
+  SetPassThreads(cores, 0);
+  ScopedThreads threads(cores);  // the prefill's pass: at::get_num_threads()
+  EXPECT_EQ(PassThreads(1), cores);
+  EXPECT_EQ(PassThreads(kDecodePassRows + 1), 0);
+  {
+    const ScopedSolveCores solve(1);
+    EXPECT_EQ(PassThreads(1), std::max(1, cores - 1));
+    EXPECT_EQ(PassThreads(kDecodePassRows + 1), std::max(1, cores - 1));
+    {
+      const ScopedSolveCores another(1);
+      EXPECT_EQ(PassThreads(1), std::max(1, cores - 2));
+    }
+    EXPECT_EQ(PassThreads(1), std::max(1, cores - 1));
+    // A pass that leaves a core anyway is not capped.
+    SetPassThreads(std::max(1, cores - 1), 0);
+    EXPECT_EQ(PassThreads(1), std::max(1, cores - 1));
+  }
+  SetPassThreads(cores, 0);
+  EXPECT_EQ(PassThreads(1), cores);
+  {
+    const ScopedSolveCores none(0);
+    EXPECT_EQ(PassThreads(1), cores);
+  }
+  SetPassThreads(0, 0);
+}
+
 double ProcessCpuSeconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
