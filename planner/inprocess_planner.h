@@ -75,11 +75,11 @@ struct InProcessPlannerOptions {
   // README.md has the measurements), else nice 0.
   ThreadPriority priority;
   // Cores the decode's passes leave to each solve while it runs
-  // (common/model/parallel_for.h, ScopedSolveCores); 0 = none. The binaries
-  // set `threads` when the decode's threads and the planner's outnumber the
-  // cores (tools/cli_flags.h's PlannerReserveCoresFromFlags), else 0: at
-  // nice 19 alone a solve got almost no CPU beside decoding and still cost
-  // it about 10% while it ran.
+  // (common/model/parallel_for.h, ScopedSolveCores); 0 = none, the
+  // binaries' default (--planner-cores, tools/cli_flags.h's
+  // PlannerCoresFromFlags). With it a solve ends in its CPU time instead of
+  // starving at nice 19, but the decode runs on fewer cores meanwhile:
+  // planner/README.md has both sides measured.
   int reserve_cores = 0;
   // Fault injection for tests; empty (the default) in production. Runs on the
   // planner thread just before each solve, inside the solve's exception

@@ -196,12 +196,12 @@ ABSL_FLAG(std::string, planner_priority, "auto",
           "keeps every core busy); auto = 19 when the model runs on the CPU "
           "and the decode's threads and the planner's together outnumber the "
           "cores (the solve would share the decode's cores), else normal.");
-ABSL_FLAG(std::string, planner_cores, "auto",
+ABSL_FLAG(std::string, planner_cores, "0",
           "knapspec/clasp: cores the decode's passes leave to the planner "
-          "while a solve runs (a number), so the solve ends in its CPU time; "
-          "auto = --planner-threads when the model runs on the CPU and the "
-          "decode's threads and the planner's together outnumber the cores, "
-          "else 0.");
+          "while a solve runs (a number), so the solve ends in its CPU time "
+          "and the decode runs on fewer cores meanwhile; auto = "
+          "--planner-threads when the model runs on the CPU and the decode's "
+          "threads and the planner's together outnumber the cores, else 0.");
 ABSL_FLAG(std::vector<std::string>, profile_contexts, {},
           "profile: context lengths to measure (default 128,512,1024,2048,4096 "
           "and the model's "

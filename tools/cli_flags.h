@@ -212,9 +212,9 @@ absl::StatusOr<ThreadPriority> PlannerPriorityFromFlags(
 // (at::get_num_threads) plus --planner-threads outnumber UsableCores().
 bool PlannerSharesTheDecodesCores(const LlamaModel& model);
 // --planner-cores: the cores each solve gets to itself while it runs
-// (InProcessPlannerOptions::reserve_cores); auto = --planner-threads when
-// PlannerSharesTheDecodesCores, else 0. InvalidArgument, naming the flag,
-// for anything but auto or a number >= 0.
+// (InProcessPlannerOptions::reserve_cores); default 0; auto =
+// --planner-threads when PlannerSharesTheDecodesCores, else 0.
+// InvalidArgument, naming the flag, for anything but auto or a number >= 0.
 absl::StatusOr<int> PlannerCoresFromFlags(const LlamaModel& model);
 // The in-process planner's options from --planner-threads,
 // --planner-priority and --planner-cores.

@@ -64,9 +64,10 @@ int PassThreads(int64_t rows);
 // ScopedSolveCores(n) lives (InProcessPlanner holds one around each solve
 // when InProcessPlannerOptions::reserve_cores is n > 0), every pass of the
 // kernels here is capped at UsableCores() - n threads (at least 1), so the
-// solve has n cores of its own and ends in its CPU time; passes are
-// bit-identical for any thread count. Any thread; nestable (the counts
-// add).
+// solve has n cores of its own and ends in its CPU time, and the decode
+// runs on the others meanwhile (off by default: planner/README.md weighs
+// the two); passes are bit-identical for any thread count. Any thread;
+// nestable (the counts add).
 class ScopedSolveCores {
  public:
   explicit ScopedSolveCores(int cores);

@@ -83,9 +83,12 @@ TEST(PlannerPriorityTest, ThePlannerYieldsTheCoresWhenDecodingUsesThemAll) {
     EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Nice(19));
     absl::SetFlag(&FLAGS_planner_threads, 1);
   }
-  // --planner-cores follows the same rule: the planner's threads' cores
-  // while it solves where it would share them, else none; a number is kept.
+  // --planner-cores: none by default; auto follows the same rule (the
+  // planner's threads' cores while it solves where it would share them,
+  // else none); a number is kept.
   at::set_num_threads(cores);
+  EXPECT_EQ(PlannerCoresFromFlags(*model).value_or(-1), 0);
+  absl::SetFlag(&FLAGS_planner_cores, "auto");
   EXPECT_EQ(PlannerCoresFromFlags(*model).value_or(-1), 1);
   if (cores >= 2) {
     at::set_num_threads(cores - 1);
@@ -102,7 +105,7 @@ TEST(PlannerPriorityTest, ThePlannerYieldsTheCoresWhenDecodingUsesThemAll) {
   EXPECT_NE(bad_cores.status().message().find("--planner-cores"),
             std::string::npos)
       << bad_cores.status();
-  absl::SetFlag(&FLAGS_planner_cores, "auto");
+  absl::SetFlag(&FLAGS_planner_cores, "0");
   // An explicit value is kept; a bad one is refused, naming the flag.
   absl::SetFlag(&FLAGS_planner_priority, "normal");
   EXPECT_EQ(PriorityOrDie(*model), ThreadPriority::Nice(0));
