@@ -217,17 +217,23 @@ TEST(PlanControllerTest, CrossingIntoABucketUsesItsPlanOrTriggers) {
   EXPECT_EQ(c.stats().triggers_new_bucket, 2);
 }
 
+// Steps 0 and 1, at contexts `context` and `context` + 1, capture the
+// snapshot of the first step's trigger; returns its ticket.
+SubmitTicket CaptureFirstSnapshot(PlanController& c, int64_t context) {
+  EXPECT_TRUE(c.BeforeStep(0, context).capture);
+  c.AfterStep(Plain(0.01));
+  EXPECT_TRUE(c.BeforeStep(1, context + 1).capture);
+  c.AfterStep(Plain(0.01));
+  return c.TakeTicket();
+}
+
 // A solve that answers after the sequence left the snapshot's bucket (on a
 // small CPU a solve can outlast a bucket) takes effect while nothing of the
 // current bucket is in force, and the current bucket's own plan replaces it.
 TEST(PlanControllerTest, ALateSolveTakesEffectUntilTheBucketsOwnPlanComes) {
   PlanningShared shared = PlanningShared::Create();
   PlanController c(Options(), BaseKey(), 1, 0, shared);
-  EXPECT_TRUE(c.BeforeStep(0, 5).capture);
-  c.AfterStep(Plain(0.01));
-  EXPECT_TRUE(c.BeforeStep(1, 6).capture);
-  c.AfterStep(Plain(0.01));
-  const SubmitTicket first = c.TakeTicket();
+  const SubmitTicket first = CaptureFirstSnapshot(c, 5);
   ASSERT_EQ(first.key, KeyAt(0));
   for (int64_t step = 2; step < 4; ++step) {
     EXPECT_FALSE(c.BeforeStep(step, 5 + step).capture);
@@ -264,11 +270,7 @@ TEST(PlanControllerTest, ALateSolveNeverReplacesTheCurrentBucketsPlan) {
   PlanningShared shared = PlanningShared::Create();
   shared.cache->Insert(KeyAt(1), Plan(5, 0.8), /*sequence_id=*/50, 40);
   PlanController c(Options(), BaseKey(), 1, 0, shared);
-  EXPECT_TRUE(c.BeforeStep(0, 5).capture);
-  c.AfterStep(Plain(0.01));
-  EXPECT_TRUE(c.BeforeStep(1, 6).capture);
-  c.AfterStep(Plain(0.01));
-  const SubmitTicket first = c.TakeTicket();
+  const SubmitTicket first = CaptureFirstSnapshot(c, 5);
   StepDirective d = c.BeforeStep(2, 33);  // bucket 1: cached
   ASSERT_TRUE(d.apply.has_value());
   EXPECT_EQ(d.gamma, 5);
@@ -282,12 +284,8 @@ TEST(PlanControllerTest, ALateSolveNeverReplacesTheCurrentBucketsPlan) {
   }
   // A failed late solve leaves the plan in force as it is, too.
   PlanController e(Options(), BaseKey(), 2, 0, shared);
-  EXPECT_TRUE(e.BeforeStep(0, 64).capture);  // bucket 2: nothing cached
-  e.AfterStep(Plain(0.01));
-  EXPECT_TRUE(e.BeforeStep(1, 65).capture);
-  e.AfterStep(Plain(0.01));
-  const SubmitTicket failing = e.TakeTicket();
-  EXPECT_FALSE(e.BeforeStep(2, 96).apply.has_value());  // bucket 3
+  const SubmitTicket failing = CaptureFirstSnapshot(e, 64);  // bucket 2
+  EXPECT_FALSE(e.BeforeStep(2, 96).apply.has_value());       // bucket 3
   e.AfterStep(Plain(0.01));
   CompleteTicket(shared, failing, 2, 65,
                  absl::StatusOr<DraftPlan>(absl::InternalError("solve")));
