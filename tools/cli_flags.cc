@@ -1,7 +1,6 @@
 #include "tools/cli_flags.h"
 
 #include <ATen/Parallel.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <climits>
