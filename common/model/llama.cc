@@ -14,6 +14,7 @@
 #include "common/base/status.h"
 #include "common/checkpoint/safetensors.h"
 #include "common/model/decode_attention.h"
+#include "common/model/heap_reuse.h"
 #include "common/model/linear.h"
 #include "common/model/parallel_for.h"
 #include "common/model/row_ops.h"
@@ -175,7 +176,8 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::FromCheckpoint(
         "config.json: head_dim ", config.head_dim, " must be even for RoPE"));
   }
   if (options.threads > 0) at::set_num_threads(options.threads);
-  SingleThreadedBlas();  // common/model/parallel_for.h says why
+  SingleThreadedBlas();     // common/model/parallel_for.h says why
+  KeepFreedTensorMemory();  // common/model/heap_reuse.h says why
   c10::InferenceMode inference_mode;
 
   std::unique_ptr<LlamaModel> model(new LlamaModel(config, options));
