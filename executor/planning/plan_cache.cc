@@ -113,8 +113,11 @@ std::optional<double> PlannerBudget::TryReserve(double fraction) {
   const double expected =
       solves_ > 0 ? solve_seconds_ / static_cast<double>(solves_) : 0.0;
   const double committed = solve_seconds_ + reserved_seconds_;
-  const bool allowed = fraction <= 0 || committed <= 0 ||
-                       committed <= fraction * decode_seconds_;
+  // The first solve is free; until one has settled its cost is unknown, so
+  // no second starts beside it.
+  const bool first = solves_ == 0 && in_flight_ == 0;
+  const bool allowed = fraction <= 0 || first ||
+                       (solves_ > 0 && committed <= fraction * decode_seconds_);
   if (!allowed) return std::nullopt;
   reserved_seconds_ += expected;
   ++in_flight_;

@@ -134,10 +134,12 @@ class PlanCache {
 // sequence of the process (running sequences take turns, so steps do not
 // overlap: this is the time the process spent decoding), and solve seconds is
 // the planners' reported solve time (DraftPlan::solve_seconds). A solve in
-// flight reserves the mean solve time seen so far (0 before the first), so
-// many sequences cannot all start one at once. Nothing spent and nothing
-// reserved always allows a solve, so the first plan of a process is never
-// deferred. fraction <= 0 means no limit.
+// flight reserves the mean solve time seen so far, so many sequences cannot
+// all start one at once. The first solve of a process is never deferred;
+// until a solve has settled with its time, no second one starts (its cost
+// is unknown: a first 1k-context solve on 2 cores took 1.1 s beside
+// decoding, and the sequence crossed three buckets meanwhile, each of which
+// queued a solve of its own). fraction <= 0 means no limit.
 class PlannerBudget {
  public:
   PlannerBudget() = default;

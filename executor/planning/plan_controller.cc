@@ -182,6 +182,15 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
           Judge(bucket, stats, JudgeKind::kPaired)) {
         return;
       }
+      if (!PlainStepSeconds(bucket).has_value() && !probe_plain_.empty()) {
+        // The table did not take the probe's plain steps (a solve ran
+        // beside them): they are this guard's reference for the bucket.
+        const Rate plain_rate = RateOf(probe_plain_);
+        if (plain_rate.tokens_per_second > 0) {
+          probe_reference_ = ProbeReference{
+              bucket, 1.0 / plain_rate.tokens_per_second, absl::Now()};
+        }
+      }
       if (PlainStepSeconds(bucket).has_value()) {
         JudgeIfDue(bucket, stats);
       } else {
@@ -221,8 +230,14 @@ std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
       options_.plain_max_age_seconds > 0
           ? absl::Seconds(options_.plain_max_age_seconds)
           : absl::InfiniteDuration();
-  return GuardPlainStepSeconds(*plain_rates_, options_, execution_id_,
-                               bucket_tokens_, bucket, max_age);
+  const std::optional<double> table = GuardPlainStepSeconds(
+      *plain_rates_, options_, execution_id_, bucket_tokens_, bucket, max_age);
+  if (table.has_value()) return table;
+  if (probe_reference_.has_value() && probe_reference_->bucket == bucket &&
+      absl::Now() - probe_reference_->at <= max_age) {
+    return probe_reference_->step_seconds;
+  }
+  return std::nullopt;
 }
 
 std::deque<SpeculationGuard::StepEvidence> SpeculationGuard::Evidence(

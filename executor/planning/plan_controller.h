@@ -66,6 +66,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/plan/planner_client.h"
 #include "executor/planning/plan_cache.h"
 
@@ -317,6 +318,20 @@ class SpeculationGuard {
   std::deque<StepEvidence> probe_setting_;
   std::deque<StepEvidence> probe_plain_;
   bool probe_plain_next_ = false;  // the probe's next step is its plain one
+  // The last probe's plain steps, kept as this guard's own reference for
+  // their bucket when the process's table did not take them (they ran
+  // beside a solve: RecordPlainStep). The setting's steps ran beside the
+  // same solves, so judging them against the probe is fair; without it, a
+  // guard whose every probe ran beside a solve never judged (a 1k-context
+  // knapspec plan at 0.89x of plain drafted 181 steps, with 133 probe
+  // steps and no judgement). The PlainRateTable's rate, when there is one,
+  // comes first; this one ages out as the table's does.
+  struct ProbeReference {
+    int64_t bucket = -1;
+    double step_seconds = 0;
+    absl::Time at;
+  };
+  std::optional<ProbeReference> probe_reference_;
   bool fresh_ = true;       // no step of the setting has run yet (probe_first)
   int64_t steps_seen_ = 0;  // steps observed (any setting, guard on or off)
 };

@@ -157,6 +157,23 @@ TEST(PlannerBudgetTest, FirstSolveIsFreeThenTheShareGates) {
   std::optional<double> first = budget.TryReserve(0.05);
   ASSERT_TRUE(first.has_value());
   EXPECT_EQ(*first, 0.0);  // no solve seen yet: nothing to expect
+  // Its cost unknown until it settles: no second solve beside it.
+  EXPECT_FALSE(budget.TryReserve(0.05).has_value());
+  budget.AddDecodeSeconds(100.0);
+  EXPECT_FALSE(budget.TryReserve(0.05).has_value());
+  budget.Settle(*first, 0.5);
+  EXPECT_TRUE(budget.TryReserve(0.05).has_value());  // 0.5 s of 5 s allowed
+  budget.Settle(0.5, 0.0);  // (that one failed: frees it, adds nothing)
+  PlannerBudget fresh;
+  first = fresh.TryReserve(0.05);
+  fresh.Settle(*first, 0.0);  // a failed first solve: the next is free too
+  EXPECT_TRUE(fresh.TryReserve(0.05).has_value());
+}
+
+TEST(PlannerBudgetTest, TheShareGatesOnceASolveSettled) {
+  PlannerBudget budget;
+  std::optional<double> first = budget.TryReserve(0.05);
+  ASSERT_TRUE(first.has_value());
   budget.Settle(*first, 0.5);
   EXPECT_EQ(budget.solve_seconds(), 0.5);
   EXPECT_EQ(budget.solves(), 1);

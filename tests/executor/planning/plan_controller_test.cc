@@ -728,6 +728,46 @@ TEST(SpeculationGuardTest, PlainStepsBesideASolveAreNotThePlainRate) {
       0.004, 1e-12);
 }
 
+// A probe whose plain steps ran beside a solve (not recorded in the table)
+// still judges the setting: its plain steps are the guard's own reference
+// for the bucket. Before, every such probe ended without a reference, and a
+// plan at 0.89x of plain (not a clear loss by the early rule) drafted on
+// unjudged while probes repeated. A winner keeps speculating.
+TEST(SpeculationGuardTest, AProbeBesideASolveJudgesByItsOwnPlainSteps) {
+  struct Case {
+    double spec_seconds;  // 2 tokens a step
+    bool loses;
+  };
+  for (const Case& test : {Case{0.0112, true}, Case{0.008, false}}) {
+    SCOPED_TRACE(test.spec_seconds);
+    PlanningShared shared = PlanningShared::Create();
+    shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+    const std::optional<double> reserved = shared.budget->TryReserve(0);
+    ASSERT_TRUE(reserved.has_value());  // a solve in flight throughout
+    PlanController c(GuardOn(), BaseKey(), 1, 0, shared);
+    int64_t step = 0;
+    for (int i = 0; i < 3; ++i) {
+      SCOPED_TRACE(i);
+      ProbePair(c, step, 3, Spec(3, 3, 1, test.spec_seconds), 0.005);
+    }
+    EXPECT_EQ(shared.plain_rates->samples(BaseKey().ExecutionId(), 32, 0), 0)
+        << "the table never takes plain steps beside a solve";
+    EXPECT_EQ(c.stats().guard_checks, 0) << "3 of min_steps 4";
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3);
+    c.AfterStep(Spec(3, 3, 1, test.spec_seconds));
+    ++step;
+    EXPECT_EQ(c.stats().guard_checks, 1);
+    EXPECT_EQ(c.stats().guard_fallbacks, test.loses ? 1 : 0);
+    EXPECT_NEAR(c.stats().guard_last_plain_tps, 200, 1e-9);
+    for (int i = 0; i < 4; ++i, ++step) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, test.loses ? 0 : 3) << i;
+      c.AfterStep(test.loses ? Plain(0.005) : Spec(3, 3, 1, test.spec_seconds));
+    }
+    EXPECT_EQ(c.stats().guard_probe_steps, 3) << "no probe again";
+    shared.budget->Settle(*reserved, 0.1);
+  }
+}
+
 // The plain rate a plan's calibrated prediction uses: the bucket's plain
 // steps from every sequence of the execution, once there are probe_steps of
 // them, with a preempted step left out; another bucket's are not its.
