@@ -27,6 +27,11 @@ absl::Status CheckOptions(const InProcessPlannerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "planner reserve_cores must be >= 0, got ", options.reserve_cores));
   }
+  const double share = options.knapspec.max_skipped_share;
+  if (!(share > 0 && share <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "knapspec max_skipped_share must be in (0, 1], got ", share));
+  }
   return absl::OkStatus();
 }
 

@@ -561,8 +561,17 @@ absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(
                        (layer == 0 || layer == num_layers - 1));
     units.push_back(unit);
   }
+  if (!(options.max_skipped_share > 0 && options.max_skipped_share <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_skipped_share must be in (0, 1], got ",
+                     options.max_skipped_share));
+  }
   SkipDpOptions dp;
-  dp.max_weight = num_layers * (weights.attention + weights.mlp) / 2;
+  // floor(share * K); the epsilon keeps share * K = 15.999... at 16.
+  dp.max_weight =
+      static_cast<int>(std::floor(options.max_skipped_share * num_layers *
+                                      (weights.attention + weights.mlp) +
+                                  1e-9));
   dp.tau = options.tau;
   return RunSkipDp(runner, reference, target_argmax, units, dp, stats,
                    final_states);

@@ -272,12 +272,17 @@ struct KnapsackOptions {
   double tau = 0.5;
   // Never skip layer 0 or the last layer (as the KnapSpec reference code).
   bool keep_first_and_last = true;
+  // The largest share of the model's weight K = L * (w_attn + w_mlp) a mask
+  // may skip, in (0, 1]: the DP's cells are j = 0..floor(share * K), so its
+  // work grows with it. 0.5 is the KnapSpec reference's bound.
+  double max_skipped_share = 0.5;
 };
 
 // The KnapSpec DP: one unit per sublayer weighing weights.attention or
-// weights.mlp, budget K = L * (w_attn + w_mlp), skipped weight <= K / 2.
-// InvalidArgument when nothing is skippable (L <= 2 with keep_first_and_last)
-// or weights < 1; otherwise as RunSkipDp (final_states too).
+// weights.mlp, budget K = L * (w_attn + w_mlp), skipped weight <= floor(
+// max_skipped_share * K). InvalidArgument when nothing is skippable (L <= 2
+// with keep_first_and_last), weights < 1 or a share outside (0, 1];
+// otherwise as RunSkipDp (final_states too).
 absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(
     const SublayerRunner& runner, const torch::Tensor& reference,
     absl::Span<const int32_t> target_argmax, SublayerWeights weights,

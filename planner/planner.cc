@@ -269,6 +269,11 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     return absl::InvalidArgumentError(
         absl::StrCat("tau must be in [-1, 1], got ", options.tau));
   }
+  if (!(options.max_skipped_share > 0 && options.max_skipped_share <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_skipped_share must be in (0, 1], got ",
+                     options.max_skipped_share));
+  }
   if (options.max_reference_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_reference_tokens must be >= 0 (0 = all), got ",
@@ -318,6 +323,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   KnapsackOptions dp;
   dp.tau = options.tau;
   dp.keep_first_and_last = options.keep_first_and_last;
+  dp.max_skipped_share = options.max_skipped_share;
   torch::Tensor final_states;
   SkipDpStats dp_stats;
   ASSIGN_OR_RETURN(std::vector<SkipCandidate> candidates,

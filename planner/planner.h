@@ -126,6 +126,16 @@ struct KnapSpecOptions {
   double weight_tolerance = kDefaultWeightTolerance;
   int max_draft = 10;               // D: gamma in 1..D
   bool keep_first_and_last = true;  // never skip layer 0 or layer L-1
+  // The largest share of the model's sublayer weight a draft may skip
+  // (KnapsackOptions::max_skipped_share, planner/knapsack.h), in (0, 1]. The
+  // plans of stories-24l and stories-24l-skip sit at the reference's 0.5:
+  // on stories-24l-skip (trained with sublayer dropout) 2/3 drafted at
+  // 1.37-1.42x of plain decoding against 1.24-1.31x (short prompts, warm
+  // plan cache, two runs each), but on stories-24l it was no better (1.17-
+  // 1.30x against 1.27-1.32x), and 1.0 was worse on both (1.17x on
+  // stories-24l-skip: alpha_hat on 16 reference tokens is too optimistic
+  // for the deepest masks). knapserve's --knapspec-max-skip sets it.
+  double max_skipped_share = 0.5;
   // The DP uses at most this many reference tokens (the first ones); 0 = all
   // r. The solve
   // is linear in r, while the binomial standard error of alpha_hat,

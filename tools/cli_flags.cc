@@ -195,6 +195,10 @@ ABSL_FLAG(std::string, planner_priority, "auto",
           "keeps every core busy); auto = 19 when the model runs on the CPU "
           "and the decode's threads and the planner's together outnumber the "
           "cores (the solve would share the decode's cores), else normal.");
+ABSL_FLAG(double, knapspec_max_skip, 0.5,
+          "knapspec: the largest share of the model's sublayer cost a draft "
+          "may skip, in (0, 1] (the DP's work grows with it; planner/planner.h "
+          "KnapSpecOptions::max_skipped_share has measurements).");
 ABSL_FLAG(std::string, planner_cores, "0",
           "knapspec/clasp: cores the decode's passes leave to the planner "
           "while a solve runs (a number), so the solve ends in its CPU time "
@@ -669,6 +673,12 @@ absl::StatusOr<InProcessPlannerOptions> PlannerOptionsFromFlags(
   options.threads = absl::GetFlag(FLAGS_planner_threads);
   ASSIGN_OR_RETURN(options.priority, PlannerPriorityFromFlags(model));
   ASSIGN_OR_RETURN(options.reserve_cores, PlannerCoresFromFlags(model));
+  options.knapspec.max_skipped_share = absl::GetFlag(FLAGS_knapspec_max_skip);
+  const double share = options.knapspec.max_skipped_share;
+  if (!(share > 0 && share <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--knapspec-max-skip must be in (0, 1], got ", share));
+  }
   return options;
 }
 

@@ -77,6 +77,7 @@ ABSL_DECLARE_FLAG(int64_t, long_context_tokens);
 ABSL_DECLARE_FLAG(int32_t, planner_threads);
 ABSL_DECLARE_FLAG(std::string, planner_priority);
 ABSL_DECLARE_FLAG(std::string, planner_cores);
+ABSL_DECLARE_FLAG(double, knapspec_max_skip);
 ABSL_DECLARE_FLAG(std::vector<std::string>, profile_contexts);
 ABSL_DECLARE_FLAG(int32_t, profile_repeats);
 ABSL_DECLARE_FLAG(int32_t, profile_max_draft);

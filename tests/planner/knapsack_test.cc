@@ -109,68 +109,77 @@ bool Skippable(int sublayer, int num_layers, bool keep_first_and_last) {
   return !(keep_first_and_last && (layer == 0 || layer == num_layers - 1));
 }
 
+// For every skipped weight up to max_skipped_share of the model's (the
+// reference's half, more, and all of it) the DP's cell is the best mask of
+// exactly that weight.
 TEST(KnapsackTest, FindsTheExactOptimumForEveryBudgetOnAnAdditiveStack) {
   const int num_layers = 6;
   for (bool keep : {false, true}) {
     for (SublayerWeights w : {SublayerWeights{1, 1}, SublayerWeights{1, 3},
                               SublayerWeights{2, 1}, SublayerWeights{1, 5}}) {
       for (uint64_t seed : {1, 2, 3}) {
-        SCOPED_TRACE(absl::StrCat("keep=", keep, " w=", w.attention, "/", w.mlp,
-                                  " seed=", seed));
-        std::vector<double> m;
-        AdditiveRunner runner(num_layers, /*r=*/3, seed, &m);
-        const torch::Tensor x = runner.Reference();
-        KnapsackOptions options;
-        options.tau = -1;  // no pruning: every reachable weight must come back
-        options.keep_first_and_last = keep;
-        auto candidates = SolveKnapsack(runner, x, {}, w, options);
-        ASSERT_TRUE(candidates.ok()) << candidates.status();
+        for (double share : {0.5, 0.7, 1.0}) {
+          SCOPED_TRACE(absl::StrCat("keep=", keep, " w=", w.attention, "/",
+                                    w.mlp, " seed=", seed, " share=", share));
+          std::vector<double> m;
+          AdditiveRunner runner(num_layers, /*r=*/3, seed, &m);
+          const torch::Tensor x = runner.Reference();
+          KnapsackOptions options;
+          options.tau =
+              -1;  // no pruning: every reachable weight must come back
+          options.keep_first_and_last = keep;
+          options.max_skipped_share = share;
+          auto candidates = SolveKnapsack(runner, x, {}, w, options);
+          ASSERT_TRUE(candidates.ok()) << candidates.status();
 
-        // Brute force over every subset: least lost energy per exact weight.
-        const int max_weight = num_layers * (w.attention + w.mlp) / 2;
-        double total_energy = 9.0;  // c^2
-        for (double v : m) total_energy += v * v;
-        std::map<int, double> best_loss;
-        const int subsets = 1 << (2 * num_layers);
-        for (int bits = 0; bits < subsets; ++bits) {
-          int weight = 0;
-          double loss = 0;
-          bool ok = true;
-          for (int s = 0; s < 2 * num_layers && ok; ++s) {
-            if (!(bits & (1 << s))) continue;
-            if (!Skippable(s, num_layers, keep)) ok = false;
-            weight += s % 2 == 0 ? w.attention : w.mlp;
-            loss += m[s] * m[s];
-          }
-          if (!ok || weight > max_weight) continue;
-          auto it = best_loss.find(weight);
-          if (it == best_loss.end() || loss < it->second)
-            best_loss[weight] = loss;
-        }
-
-        ASSERT_EQ(candidates->size(), best_loss.size());
-        for (const SkipCandidate& c : *candidates) {
-          ASSERT_TRUE(best_loss.count(c.skipped_weight)) << c.skipped_weight;
-          const double optimum =
-              std::sqrt(total_energy - best_loss[c.skipped_weight]) /
-              std::sqrt(total_energy);
-          EXPECT_NEAR(c.mean_cosine, optimum, 1e-9)
-              << "weight " << c.skipped_weight;
-          // The backtracked mask has that weight, respects the keep flags, and
-          // reproduces the cosine when run on its own.
-          EXPECT_EQ(MaskWeight(c.mask, w), c.skipped_weight);
-          for (int s = 0; s < 2 * num_layers; ++s) {
-            if (c.mask.skipped(s)) {
-              EXPECT_TRUE(Skippable(s, num_layers, keep)) << s;
+          // Brute force over every subset: least lost energy per exact weight.
+          const int max_weight = static_cast<int>(
+              std::floor(share * num_layers * (w.attention + w.mlp) + 1e-9));
+          double total_energy = 9.0;  // c^2
+          for (double v : m) total_energy += v * v;
+          std::map<int, double> best_loss;
+          const int subsets = 1 << (2 * num_layers);
+          for (int bits = 0; bits < subsets; ++bits) {
+            int weight = 0;
+            double loss = 0;
+            bool ok = true;
+            for (int s = 0; s < 2 * num_layers && ok; ++s) {
+              if (!(bits & (1 << s))) continue;
+              if (!Skippable(s, num_layers, keep)) ok = false;
+              weight += s % 2 == 0 ? w.attention : w.mlp;
+              loss += m[s] * m[s];
             }
+            if (!ok || weight > max_weight) continue;
+            auto it = best_loss.find(weight);
+            if (it == best_loss.end() || loss < it->second)
+              best_loss[weight] = loss;
           }
-          auto replay = EvaluateMask(runner, x, {}, c.mask, w);
-          ASSERT_TRUE(replay.ok()) << replay.status();
-          EXPECT_NEAR(replay->mean_cosine, c.mean_cosine, 1e-12);
-          EXPECT_EQ(replay->skipped_weight, c.skipped_weight);
-          ASSERT_EQ(replay->path_cosines.size(), c.path_cosines.size());
-          for (size_t i = 0; i < c.path_cosines.size(); ++i) {
-            EXPECT_NEAR(replay->path_cosines[i], c.path_cosines[i], 1e-12) << i;
+
+          ASSERT_EQ(candidates->size(), best_loss.size());
+          for (const SkipCandidate& c : *candidates) {
+            ASSERT_TRUE(best_loss.count(c.skipped_weight)) << c.skipped_weight;
+            const double optimum =
+                std::sqrt(total_energy - best_loss[c.skipped_weight]) /
+                std::sqrt(total_energy);
+            EXPECT_NEAR(c.mean_cosine, optimum, 1e-9)
+                << "weight " << c.skipped_weight;
+            // The backtracked mask has that weight, respects the keep flags,
+            // and reproduces the cosine when run on its own.
+            EXPECT_EQ(MaskWeight(c.mask, w), c.skipped_weight);
+            for (int s = 0; s < 2 * num_layers; ++s) {
+              if (c.mask.skipped(s)) {
+                EXPECT_TRUE(Skippable(s, num_layers, keep)) << s;
+              }
+            }
+            auto replay = EvaluateMask(runner, x, {}, c.mask, w);
+            ASSERT_TRUE(replay.ok()) << replay.status();
+            EXPECT_NEAR(replay->mean_cosine, c.mean_cosine, 1e-12);
+            EXPECT_EQ(replay->skipped_weight, c.skipped_weight);
+            ASSERT_EQ(replay->path_cosines.size(), c.path_cosines.size());
+            for (size_t i = 0; i < c.path_cosines.size(); ++i) {
+              EXPECT_NEAR(replay->path_cosines[i], c.path_cosines[i], 1e-12)
+                  << i;
+            }
           }
         }
       }
@@ -324,6 +333,16 @@ TEST(KnapsackTest, RejectsBadInputs) {
   // Zero weights.
   bad = SolveKnapsack(runner, x, {}, {0, 1}, options);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  // A skipped share outside (0, 1].
+  for (double share : {0.0, -0.5, 1.5, std::nan("")}) {
+    KnapsackOptions odd = options;
+    odd.max_skipped_share = share;
+    bad = SolveKnapsack(runner, x, {}, {1, 1}, odd);
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << share;
+    EXPECT_NE(bad.status().message().find("max_skipped_share"),
+              std::string::npos)
+        << bad.status();
+  }
   // Two layers with the first and last kept: nothing to skip.
   AdditiveRunner two(/*num_layers=*/2, /*r=*/2, /*seed=*/1, &m);
   bad = SolveKnapsack(two, two.Reference(), {}, {1, 1}, options);

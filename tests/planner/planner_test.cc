@@ -559,6 +559,12 @@ TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
   EXPECT_NE(plan.status().message().find("weight_tolerance"),
             std::string::npos);
   bad = free;
+  bad.max_skipped_share = 1.5;
+  plan = SolveKnapSpec(*model, profile, snap->inputs, bad);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(plan.status().message().find("max_skipped_share"),
+            std::string::npos);
+  bad = free;
   bad.alpha_prior.misses = -1;
   plan = SolveKnapSpec(*model, profile, snap->inputs, bad);
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);

@@ -3,7 +3,8 @@
 // at nice 19, so its solves take mostly what decoding leaves; with a core
 // left over it runs normally; an explicit value (idle too) is kept and a bad
 // one refused. The planner thread's nice value and policy are read back
-// from /proc, where the kernel keeps them.
+// from /proc, where the kernel keeps them. Also --knapspec-max-skip, the
+// other planner option that PlannerOptionsFromFlags reads.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <sched.h>
@@ -130,6 +131,35 @@ TEST(PlannerPriorityTest, ThePlannerYieldsTheCoresWhenDecodingUsesThemAll) {
       << "one more thread at nice 19: the planner's";
   EXPECT_EQ(PlannerThreadsAt(*model, ThreadPriority::Idle(), &CountIdle), 1)
       << "one more thread at SCHED_IDLE: the planner's";
+}
+
+// --knapspec-max-skip: the reference's 0.5 by default, a value in (0, 1]
+// kept, others refused naming the flag (and a planner refuses them too).
+TEST(PlannerOptionsTest, TheKnapSpecSkipShareComesFromItsFlag) {
+  const LlamaModel* model = testing::CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  absl::StatusOr<InProcessPlannerOptions> options =
+      PlannerOptionsFromFlags(*model);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->knapspec.max_skipped_share, 0.5);
+  absl::SetFlag(&FLAGS_knapspec_max_skip, 0.67);
+  options = PlannerOptionsFromFlags(*model);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->knapspec.max_skipped_share, 0.67);
+  for (double bad : {0.0, 1.2}) {
+    absl::SetFlag(&FLAGS_knapspec_max_skip, bad);
+    options = PlannerOptionsFromFlags(*model);
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(options.status().message().find("--knapspec-max-skip"),
+              std::string::npos)
+        << options.status();
+  }
+  absl::SetFlag(&FLAGS_knapspec_max_skip, 0.5);
+  InProcessPlannerOptions direct;
+  direct.knapspec.max_skipped_share = 0;
+  EXPECT_EQ(
+      InProcessPlanner::CreateWithoutProfile(*model, direct).status().code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
