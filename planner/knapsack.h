@@ -256,7 +256,8 @@ inline constexpr int kDefaultWeightCap = 16;
 // capping 8 at 5, as the old cap-5 rounding did) merges sets whose real costs
 // differ by 30%.
 //
-// Why cheap: the DP has L * (w_attn + w_mlp) / 2 + 1 cells, so its width grows
+// Why cheap: the DP has L * (w_attn + w_mlp) * share + 1 cells (share =
+// KnapsackOptions::max_skipped_share, 0.5 by default), so its width grows
 // with the weight sum. Since |p/q - x| <= 1/(2q), q <= ceil(1/(2 tolerance))
 // suffices, and with the defaults (tolerance 0.1, cap 16) w_attn + w_mlp <= cap
 // + 1 = 17 for every ratio, and <= 11 for ratios up to 5 (the old rounding with
