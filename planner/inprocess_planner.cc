@@ -12,6 +12,7 @@
 #include "common/model/parallel_for.h"
 #include "common/plan/plan_trace.h"
 #include "common/trace/tracer.h"
+#include "planner/knapsack.h"
 
 namespace knapserve {
 
@@ -27,12 +28,8 @@ absl::Status CheckOptions(const InProcessPlannerOptions& options) {
     return absl::InvalidArgumentError(absl::StrCat(
         "planner reserve_cores must be >= 0, got ", options.reserve_cores));
   }
-  const double share = options.knapspec.max_skipped_share;
-  if (!(share > 0 && share <= 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "knapspec max_skipped_share must be in (0, 1], got ", share));
-  }
-  return absl::OkStatus();
+  return Annotate(CheckSkippedShare(options.knapspec.max_skipped_share),
+                  "knapspec");
 }
 
 // A profile of another model, device or dtype is refused (thread counts may

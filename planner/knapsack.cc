@@ -530,6 +530,12 @@ SublayerWeights ComputeSublayerWeights(double attention_seconds,
   return w;
 }
 
+absl::Status CheckSkippedShare(double share) {
+  if (share > 0 && share <= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("max_skipped_share must be in (0, 1], got ", share));
+}
+
 absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(
     const SublayerRunner& runner, const torch::Tensor& reference,
     absl::Span<const int32_t> target_argmax, SublayerWeights weights,
@@ -561,11 +567,7 @@ absl::StatusOr<std::vector<SkipCandidate>> SolveKnapsack(
                        (layer == 0 || layer == num_layers - 1));
     units.push_back(unit);
   }
-  if (!(options.max_skipped_share > 0 && options.max_skipped_share <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_skipped_share must be in (0, 1], got ",
-                     options.max_skipped_share));
-  }
+  RETURN_IF_ERROR(CheckSkippedShare(options.max_skipped_share));
   SkipDpOptions dp;
   // floor(share * K); the epsilon keeps share * K = 15.999... at 16.
   dp.max_weight =

@@ -33,6 +33,7 @@
 #include <limits>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/model/layer_mask.h"
@@ -278,6 +279,9 @@ struct KnapsackOptions {
   // work grows with it. 0.5 is the KnapSpec reference's bound.
   double max_skipped_share = 0.5;
 };
+
+// InvalidArgument, naming max_skipped_share, for a share outside (0, 1].
+absl::Status CheckSkippedShare(double share);
 
 // The KnapSpec DP: one unit per sublayer weighing weights.attention or
 // weights.mlp, budget K = L * (w_attn + w_mlp), skipped weight <= floor(

@@ -269,11 +269,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     return absl::InvalidArgumentError(
         absl::StrCat("tau must be in [-1, 1], got ", options.tau));
   }
-  if (!(options.max_skipped_share > 0 && options.max_skipped_share <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_skipped_share must be in (0, 1], got ",
-                     options.max_skipped_share));
-  }
+  RETURN_IF_ERROR(CheckSkippedShare(options.max_skipped_share));
   if (options.max_reference_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_reference_tokens must be >= 0 (0 = all), got ",

@@ -20,6 +20,7 @@
 #include "common/model/parallel_for.h"
 #include "common/model/simd_target.h"
 #include "executor/api/generation_codec.h"
+#include "planner/knapsack.h"
 #include "planner/thread_choice.h"
 #include "tools/default_model.h"
 #include "tools/step_overhead.h"
@@ -674,11 +675,9 @@ absl::StatusOr<InProcessPlannerOptions> PlannerOptionsFromFlags(
   ASSIGN_OR_RETURN(options.priority, PlannerPriorityFromFlags(model));
   ASSIGN_OR_RETURN(options.reserve_cores, PlannerCoresFromFlags(model));
   options.knapspec.max_skipped_share = absl::GetFlag(FLAGS_knapspec_max_skip);
-  const double share = options.knapspec.max_skipped_share;
-  if (!(share > 0 && share <= 1)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--knapspec-max-skip must be in (0, 1], got ", share));
-  }
+  RETURN_IF_ERROR(
+      Annotate(CheckSkippedShare(options.knapspec.max_skipped_share),
+               "--knapspec-max-skip"));
   return options;
 }
 

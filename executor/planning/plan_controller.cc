@@ -164,7 +164,7 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
       if (!speculating || step.gamma == 0) return;
       AddEvidence(bucket, step, stats);
       return;
-    case State::kProbe:
+    case State::kProbe: {
       if (speculating && step.gamma > 0) {
         // The setting's step of a pair.
         probe_setting_.push_back({step.tokens, step.seconds});
@@ -182,16 +182,18 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
           Judge(bucket, stats, JudgeKind::kPaired)) {
         return;
       }
-      if (!PlainStepSeconds(bucket).has_value() && !probe_plain_.empty()) {
+      bool has_plain = PlainStepSeconds(bucket).has_value();
+      if (!has_plain && !probe_plain_.empty()) {
         // The table did not take the probe's plain steps (a solve ran
         // beside them): they are this guard's reference for the bucket.
         const Rate plain_rate = RateOf(probe_plain_);
         if (plain_rate.tokens_per_second > 0) {
           probe_reference_ = ProbeReference{
               bucket, 1.0 / plain_rate.tokens_per_second, absl::Now()};
+          has_plain = true;
         }
       }
-      if (PlainStepSeconds(bucket).has_value()) {
+      if (has_plain) {
         JudgeIfDue(bucket, stats);
       } else {
         // No plain rate for the bucket (the context crossed a boundary
@@ -201,6 +203,7 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
         fresh_ = false;
       }
       return;
+    }
     case State::kFallback:
       ++stats.guard_plain_steps;
       return;
