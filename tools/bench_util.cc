@@ -197,6 +197,8 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
   double predicted_tokens = 0, predicted_seconds = 0, planned_drafts = 0,
          drafted = 0;
   for (const AppliedPlan& p : plans) {
+    out.beside_solve_steps += p.beside_solve_steps;
+    out.beside_solve_seconds += p.beside_solve_seconds;
     if (p.measured_steps <= 0 || p.measured_seconds <= 0 ||
         p.predicted_tpt <= 0) {
       continue;
@@ -245,6 +247,8 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
 nlohmann::json PlanPredictionJson(const PlanPrediction& p) {
   return {{"plans", p.plans},
           {"steps", p.steps},
+          {"beside_solve_steps", p.beside_solve_steps},
+          {"beside_solve_seconds", p.beside_solve_seconds},
           {"predicted_tpt", p.predicted_tpt},
           {"measured_tpt", p.measured_tpt},
           {"error", p.error()},

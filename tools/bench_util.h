@@ -174,6 +174,10 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 struct PlanPrediction {
   int64_t plans = 0;  // plans with a measured step
   int64_t steps = 0;  // their measured steps
+  // The plans' steps left out of the measurement because a solve was in
+  // flight beside them (AppliedPlan::beside_solve_*), over every plan.
+  int64_t beside_solve_steps = 0;
+  double beside_solve_seconds = 0;
   double predicted_tpt = 0;
   double measured_tpt = 0;
   double predicted_tokens_per_step = 0;

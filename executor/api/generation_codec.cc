@@ -309,6 +309,10 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
         static_cast<uint64_t>(p.measured_accepted));
     wire->set_queue_seconds(p.queue_seconds);
     wire->set_measured_plain_tokens_per_second(p.measured_plain_tpt);
+    wire->set_beside_solve_steps(static_cast<uint64_t>(p.beside_solve_steps));
+    wire->set_beside_solve_tokens(
+        static_cast<uint64_t>(p.beside_solve_tokens));
+    wire->set_beside_solve_seconds(p.beside_solve_seconds);
   }
   t->set_decode_seconds(r.stats.decode_seconds);
   const PlanningStats& planning = r.planning;
@@ -385,6 +389,9 @@ AppliedPlan DecodeAppliedPlan(const v1::AppliedPlan& w) {
   p.measured_drafted = static_cast<int64_t>(w.measured_draft_tokens());
   p.measured_accepted = static_cast<int64_t>(w.measured_accepted_tokens());
   p.measured_plain_tpt = w.measured_plain_tokens_per_second();
+  p.beside_solve_steps = static_cast<int64_t>(w.beside_solve_steps());
+  p.beside_solve_tokens = static_cast<int64_t>(w.beside_solve_tokens());
+  p.beside_solve_seconds = w.beside_solve_seconds();
   return p;
 }
 

@@ -51,6 +51,9 @@ nlohmann::json AppliedPlansJson(absl::Span<const AppliedPlan> plans) {
                    {"measured_tpt", p.measured_tpt()},
                    {"measured_drafted", p.measured_drafted},
                    {"measured_accepted", p.measured_accepted},
+                   {"beside_solve_steps", p.beside_solve_steps},
+                   {"beside_solve_tokens", p.beside_solve_tokens},
+                   {"beside_solve_seconds", p.beside_solve_seconds},
                    {"measured_plain_tpt", p.measured_plain_tpt},
                    {"calibrated_tpt", p.calibrated_tpt()}});
   }

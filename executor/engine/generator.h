@@ -255,12 +255,20 @@ struct AppliedPlan {
   // that drafted with it (for a gamma-0 plan, its plain steps; a step the
   // guard made plain is not counted), the tokens they committed, their wall
   // seconds, and their draft tokens proposed and accepted. predicted_tpt is
-  // the latency model's promise for exactly these steps.
+  // the latency model's promise for exactly these steps. A step that ran
+  // while a solve of the process was in flight (PlanController::
+  // last_step_beside_solve) is not among them: the solve shared the cores,
+  // which the latency model does not price (the planner's share of the
+  // cores is PlanningStats' planner budget); such steps are counted in
+  // beside_solve_* instead.
   int64_t measured_steps = 0;
   int64_t measured_tokens = 0;
   double measured_seconds = 0;
   int64_t measured_drafted = 0;
   int64_t measured_accepted = 0;
+  int64_t beside_solve_steps = 0;
+  int64_t beside_solve_tokens = 0;
+  double beside_solve_seconds = 0;
   // measured_tokens / measured_seconds; 0 before a measured step.
   double measured_tpt() const {
     return measured_seconds > 0

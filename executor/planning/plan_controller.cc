@@ -407,6 +407,7 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
                                          bool may_start_capture,
                                          bool profile_pending) {
   StepDirective directive;
+  step_began_beside_solve_ = SolvesInFlight();
   const int64_t bucket = ContextBucket(context_length, options_.bucket_tokens);
   if (!started_ || bucket != bucket_) {
     const bool first = !started_;
@@ -491,9 +492,15 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
   return directive;
 }
 
+bool PlanController::SolvesInFlight() const {
+  return shared_.budget != nullptr && shared_.budget->solves_in_flight() > 0;
+}
+
 void PlanController::AfterStep(const StepObservation& step) {
+  last_step_beside_solve_ = step_began_beside_solve_ || SolvesInFlight();
   shared_.budget->AddDecodeSeconds(step.seconds);
-  if (guard_.settled() && step.gamma == 0 && step.tokens == 1) {
+  if (guard_.settled() && !last_step_beside_solve_ && step.gamma == 0 &&
+      step.tokens == 1) {
     RecordPlainStep(shared_, key_.ExecutionId(), options_.bucket_tokens,
                     bucket_, step.seconds);
   }

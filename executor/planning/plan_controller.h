@@ -403,8 +403,14 @@ class PlanController {
   // outlier rule, any age), nullopt with fewer than the guard's probe_steps
   // samples. Reads the shared table (thread-safe).
   std::optional<double> PlainStepSeconds(int64_t context_length) const;
+  // Whether a solve of the process (PlannerBudget::solves_in_flight) was in
+  // flight at the start or at the end of the last step AfterStep saw: the
+  // solve shared the cores with it, so its time is not what the latency
+  // model priced (AppliedPlan::beside_solve_*).
+  bool last_step_beside_solve() const { return last_step_beside_solve_; }
 
  private:
+  bool SolvesInFlight() const;
   // Puts `plan`, cached under `key`'s `bucket`, in force.
   void Apply(const CachedPlan& plan, int64_t bucket, const std::string& source,
              StepDirective& directive);
@@ -446,6 +452,9 @@ class PlanController {
   int64_t drift_steps_ = 0;    // speculative steps under the plan in force
   int64_t drift_drafted_ = 0;  // their draft tokens
   bool drift_fired_ = false;
+
+  bool step_began_beside_solve_ = false;  // BeforeStep's SolvesInFlight()
+  bool last_step_beside_solve_ = false;
 };
 
 }  // namespace knapserve

@@ -52,8 +52,14 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   b.measured_steps = 30;
   b.measured_tokens = 30;
   b.measured_seconds = 0.2;  // 150 tokens/s
-  AppliedPlan unmeasured;
+  AppliedPlan unmeasured;  // its only steps ran beside a solve
   unmeasured.predicted_tpt = 1000;
+  unmeasured.beside_solve_steps = 3;
+  unmeasured.beside_solve_tokens = 5;
+  unmeasured.beside_solve_seconds = 0.25;
+  a.beside_solve_steps = 1;  // counted, never in a's rate
+  a.beside_solve_tokens = 1;
+  a.beside_solve_seconds = 0.5;
   const PlanPrediction p = SummarizePredictions({a, unmeasured, b});
   EXPECT_EQ(p.plans, 2);
   EXPECT_EQ(p.steps, 40);
@@ -68,6 +74,8 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   EXPECT_DOUBLE_EQ(p.planned_drafts_per_step, 0.9 * 10 / 40.0);
   EXPECT_DOUBLE_EQ(p.measured_drafts_per_step, 8 / 40.0);
   EXPECT_EQ(PlanPredictionJson(p)["steps"], 40);
+  EXPECT_EQ(p.beside_solve_steps, 4);
+  EXPECT_DOUBLE_EQ(p.beside_solve_seconds, 0.75);
   // Only drafting plans count (b's calibrated promise would be its own
   // measured rate): the calibrated figures are a's.
   EXPECT_DOUBLE_EQ(p.calibrated_seconds, 0.2);

@@ -492,6 +492,9 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   plan.measured_drafted = 45;
   plan.measured_accepted = 18;
   plan.measured_plain_tpt = 150;
+  plan.beside_solve_steps = 4;
+  plan.beside_solve_tokens = 7;
+  plan.beside_solve_seconds = 0.0625;
   r.plans.push_back(plan);
   const v1::FinalResult f =
       EncodeFinal("req-3", r, SpeculationMode::kKnapSpec, ServiceTimings{})
@@ -515,6 +518,7 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   // 210 promised against a profile's plain 180; plain measured 150 now.
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["measured_plain_tpt"], 150.0);
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["calibrated_tpt"], 175.0);
+  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["beside_solve_tokens"], 7);
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["predicted_drafts_per_step"],
             1.75);
   EXPECT_EQ(PlanningJson(back, 2.0)["planner_cpu_share"], 0.25);

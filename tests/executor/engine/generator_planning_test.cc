@@ -122,7 +122,9 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
         } else {
           EXPECT_GE(p.measured_drafted, p.measured_steps);
         }
-        measured += p.measured_steps;
+        EXPECT_EQ(p.beside_solve_steps > 0, p.beside_solve_seconds > 0);
+        EXPECT_GE(p.beside_solve_tokens, p.beside_solve_steps);
+        measured += p.measured_steps + p.beside_solve_steps;
         if (p.gamma > 0) measured_drafting += p.measured_steps;
       }
       EXPECT_LE(measured + p1.guard_plain_steps + p1.guard_probe_steps,

@@ -728,6 +728,35 @@ TEST(SpeculationGuardTest, PlainStepsBesideASolveAreNotThePlainRate) {
       0.004, 1e-12);
 }
 
+// A step is beside a solve when one was in flight at its start or at its
+// end (one that began or settled during the step shared the cores with part
+// of it); the generator leaves such steps out of a plan's measured rate.
+TEST(PlanControllerTest, AStepBesideASolveIsOneWithASolveAtEitherEnd) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(0, 0.0), 50, 10);  // plain, no trigger
+  PlanController c(Options(), BaseKey(), 1, 0, shared);
+  c.BeforeStep(0, 1);
+  c.AfterStep(Plain(0.004));
+  EXPECT_FALSE(c.last_step_beside_solve());
+  c.BeforeStep(1, 1);
+  const std::optional<double> reserved = shared.budget->TryReserve(0);
+  ASSERT_TRUE(reserved.has_value());
+  c.AfterStep(Plain(0.02));  // the solve began during the step
+  EXPECT_TRUE(c.last_step_beside_solve());
+  c.BeforeStep(2, 1);
+  c.AfterStep(Plain(0.02));  // in flight all along
+  EXPECT_TRUE(c.last_step_beside_solve());
+  c.BeforeStep(3, 1);
+  shared.budget->Settle(*reserved, 0.1);
+  c.AfterStep(Plain(0.01));  // it settled during the step
+  EXPECT_TRUE(c.last_step_beside_solve());
+  c.BeforeStep(4, 1);
+  c.AfterStep(Plain(0.004));
+  EXPECT_FALSE(c.last_step_beside_solve());
+  // Only the two steps with no solve at either end are plain-rate samples.
+  EXPECT_EQ(shared.plain_rates->samples(BaseKey().ExecutionId(), 32, 0), 2);
+}
+
 // A probe whose plain steps ran beside a solve (not recorded in the table)
 // still judges the setting: its plain steps are the guard's own reference
 // for the bucket. Before, every such probe ended without a reference, and a
