@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -305,6 +306,49 @@ absl::StatusOr<std::vector<double>> MeasureAlphaHats(
     return std::vector<double>(final_states.size(0), 0.0);
   c10::InferenceMode guard;
   return AlphaHats(runner, final_states, target_argmax);
+}
+
+absl::StatusOr<std::vector<DraftShares>> PoolSharesByCosine(
+    absl::Span<const DraftShares> shares, absl::Span<const double> cosines) {
+  if (shares.size() != cosines.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PoolSharesByCosine: ", shares.size(), " shares but ",
+                     cosines.size(), " cosines"));
+  }
+  std::vector<size_t> order(shares.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return cosines[a] > cosines[b]; });
+  // Blocks of consecutive positions in `order`, each with its sums; a block
+  // whose mean accept exceeds its predecessor's merges into it.
+  struct Block {
+    size_t begin = 0, count = 0;
+    DraftShares sum;
+    double mean() const { return sum.accept / static_cast<double>(count); }
+  };
+  std::vector<Block> blocks;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const DraftShares& s = shares[order[k]];
+    blocks.push_back({k, 1, s});
+    while (blocks.size() >= 2 &&
+           blocks[blocks.size() - 2].mean() < blocks.back().mean()) {
+      Block& prev = blocks[blocks.size() - 2];
+      prev.count += blocks.back().count;
+      prev.sum.accept += blocks.back().sum.accept;
+      prev.sum.go_on += blocks.back().sum.go_on;
+      prev.sum.accept_and_go_on += blocks.back().sum.accept_and_go_on;
+      blocks.pop_back();
+    }
+  }
+  std::vector<DraftShares> pooled(shares.size());
+  for (const Block& b : blocks) {
+    const double n = static_cast<double>(b.count);
+    const DraftShares mean{b.sum.accept / n, b.sum.go_on / n,
+                           b.sum.accept_and_go_on / n};
+    for (size_t k = b.begin; k < b.begin + b.count; ++k)
+      pooled[order[k]] = mean;
+  }
+  return pooled;
 }
 
 absl::StatusOr<std::vector<DraftShares>> MeasureDraftShares(

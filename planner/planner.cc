@@ -345,8 +345,11 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   const std::vector<double> verify = VerifyTable(profile, n, options.max_draft);
   const double exit_threshold = inputs.exit_threshold;
   std::vector<std::optional<DraftOdds>> odds(candidates.size());
+  // The share each candidate's odds came from: its alpha_hat, or with
+  // pool_alpha its block's pooled share.
+  std::vector<double> pooled_alpha(candidates.size(), 0.0);
   TptChoice choice;
-  if (options.lazy_alpha) {
+  if (options.lazy_alpha && !options.pool_alpha) {
     auto odds_of = [&](int i) -> absl::StatusOr<DraftOdds> {
       torch::Tensor one;
       {
@@ -357,6 +360,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
           std::vector<DraftShares> shares,
           MeasureDraftShares(runner, one, targets, exit_threshold));
       candidates[i].alpha_hat = shares[0].accept;
+      pooled_alpha[i] = shares[0].accept;
       odds[i] =
           SmoothedOdds(shares[0], r_used, options.alpha_prior, exit_threshold);
       return *odds[i];
@@ -371,10 +375,19 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     ASSIGN_OR_RETURN(
         std::vector<DraftShares> shares,
         MeasureDraftShares(runner, final_states, targets, exit_threshold));
+    for (size_t i = 0; i < candidates.size(); ++i)
+      candidates[i].alpha_hat = shares[i].accept;  // raw
+    if (options.pool_alpha) {
+      std::vector<double> cosines;
+      cosines.reserve(candidates.size());
+      for (const SkipCandidate& c : candidates)
+        cosines.push_back(c.mean_cosine);
+      ASSIGN_OR_RETURN(shares, PoolSharesByCosine(shares, cosines));
+    }
     std::vector<TptCandidate> tpt;
     tpt.reserve(candidates.size());
     for (size_t i = 0; i < candidates.size(); ++i) {
-      candidates[i].alpha_hat = shares[i].accept;
+      pooled_alpha[i] = shares[i].accept;
       odds[i] =
           SmoothedOdds(shares[i], r_used, options.alpha_prior, exit_threshold);
       tpt.push_back({odds[i]->alpha, draft_seconds[i], odds[i]->stop});
@@ -384,7 +397,9 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   grid_stage.span().SetAttribute("knapserve.plan.evaluated_candidates",
                                  choice.num_evaluated);
   grid_stage.span().SetAttribute("knapserve.plan.lazy_alpha",
-                                 options.lazy_alpha);
+                                 options.lazy_alpha && !options.pool_alpha);
+  grid_stage.span().SetAttribute("knapserve.plan.pool_alpha",
+                                 options.pool_alpha);
   grid_stage.span().SetAttribute("knapserve.plan.gamma", choice.gamma);
   grid_stage.End();
   DraftPlan plan;
@@ -398,7 +413,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   if (choice.candidate >= 0) {
     const SkipCandidate& best = candidates[choice.candidate];
     plan.mask = best.mask;
-    plan.alpha_hat = best.alpha_hat;
+    plan.alpha_hat = pooled_alpha[choice.candidate];
     plan.mean_cosine = best.mean_cosine;
     const DraftOdds& chosen = *odds[choice.candidate];
     SetForecast({chosen.alpha, draft_seconds[choice.candidate], chosen.stop},

@@ -146,10 +146,21 @@ struct KnapSpecOptions {
   int max_reference_tokens = 16;
   // Smoothing of alpha_hat before the TPT grid (planner/tpt.h).
   AlphaPrior alpha_prior;
-  // Measure alpha_hat lazily, in decreasing order of each candidate's best
-  // possible TPT, stopping once that bound cannot beat the best found
-  // (MaximizeTptLazily); false measures every candidate in one batch. Both
-  // give the same plan; lazy runs the LM head for fewer candidates.
+  // Pool the candidates' measured shares along their cosine order
+  // (PoolSharesByCosine, planner/knapsack.h) before the TPT grid: the grid
+  // then weighs each candidate by its block's share, not by its own 16-token
+  // share, the best of dozens of which is the luckiest (the winner's curse:
+  // the plan drafts worse than it promised, its drift trigger fires and the
+  // sequence pays another solve). Pooling needs every candidate's share, so
+  // it measures them all in one batch (lazy_alpha does not apply): one more
+  // LM-head row per candidate and reference token, small beside the DP's
+  // sublayer rows (every live cell runs every sublayer).
+  bool pool_alpha = true;
+  // Without pool_alpha: measure alpha_hat lazily, in decreasing order of
+  // each candidate's best possible TPT, stopping once that bound cannot beat
+  // the best found (MaximizeTptLazily); false measures every candidate in
+  // one batch. Both give the same plan; lazy runs the LM head for fewer
+  // candidates.
   bool lazy_alpha = true;
 };
 
@@ -158,9 +169,10 @@ struct KnapSpecOptions {
 // alpha_hat of the candidates that can still win (lazy) or of all of them,
 // and the TPT grid over candidates x gamma in 1..D. num_candidates counts the
 // surviving DP cells (including j = 0), num_evaluated those whose alpha_hat
-// was measured. alpha_hat is the raw share of the chosen mask; with gamma 0
-// it is 1 (the full model accepts its own tokens) and mean_cosine is the
-// no-skip cell's.
+// was measured. alpha_hat is the share of the chosen mask that the grid
+// used: its raw share, or with pool_alpha its block's pooled share; with
+// gamma 0 it is 1 (the full model accepts its own tokens) and mean_cosine is
+// the no-skip cell's.
 absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
                                         const LatencyProfile& profile,
                                         const PlanInputs& inputs,

@@ -200,6 +200,11 @@ ABSL_FLAG(double, knapspec_max_skip, 0.5,
           "knapspec: the largest share of the model's sublayer cost a draft "
           "may skip, in (0, 1] (the DP's work grows with it; planner/planner.h "
           "KnapSpecOptions::max_skipped_share has measurements).");
+ABSL_FLAG(bool, knapspec_pool_alpha, true,
+          "knapspec: pool the candidates' measured acceptance along their "
+          "cosine order before choosing (planner/planner.h "
+          "KnapSpecOptions::pool_alpha); false takes each candidate's own "
+          "share, the best of which is the luckiest.");
 ABSL_FLAG(std::string, planner_cores, "0",
           "knapspec/clasp: cores the decode's passes leave to the planner "
           "while a solve runs (a number), so the solve ends in its CPU time "
@@ -675,6 +680,7 @@ absl::StatusOr<InProcessPlannerOptions> PlannerOptionsFromFlags(
   ASSIGN_OR_RETURN(options.priority, PlannerPriorityFromFlags(model));
   ASSIGN_OR_RETURN(options.reserve_cores, PlannerCoresFromFlags(model));
   options.knapspec.max_skipped_share = absl::GetFlag(FLAGS_knapspec_max_skip);
+  options.knapspec.pool_alpha = absl::GetFlag(FLAGS_knapspec_pool_alpha);
   RETURN_IF_ERROR(
       Annotate(CheckSkippedShare(options.knapspec.max_skipped_share),
                "--knapspec-max-skip"));

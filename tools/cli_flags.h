@@ -78,6 +78,7 @@ ABSL_DECLARE_FLAG(int32_t, planner_threads);
 ABSL_DECLARE_FLAG(std::string, planner_priority);
 ABSL_DECLARE_FLAG(std::string, planner_cores);
 ABSL_DECLARE_FLAG(double, knapspec_max_skip);
+ABSL_DECLARE_FLAG(bool, knapspec_pool_alpha);
 ABSL_DECLARE_FLAG(std::vector<std::string>, profile_contexts);
 ABSL_DECLARE_FLAG(int32_t, profile_repeats);
 ABSL_DECLARE_FLAG(int32_t, profile_max_draft);

@@ -50,8 +50,10 @@ struct DraftPlan {
   int gamma = 0;
   double predicted_tpt =
       0;  // tokens per second of (mask, gamma) by the latency model
-  double alpha_hat =
-      0;  // of the chosen mask on the reference tokens (raw share)
+  // Of the chosen mask on the reference tokens: its share (KnapSpec with
+  // pooling: the share pooled with its neighbours', planner/planner.h
+  // KnapSpecOptions::pool_alpha).
+  double alpha_hat = 0;
   // The acceptance predicted_tpt assumes: alpha_hat smoothed by the planner's
   // Beta prior (planner/tpt.h SmoothAlpha); 0 with gamma 0.
   double alpha_smoothed = 0;

@@ -310,8 +310,7 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
     wire->set_queue_seconds(p.queue_seconds);
     wire->set_measured_plain_tokens_per_second(p.measured_plain_tpt);
     wire->set_beside_solve_steps(static_cast<uint64_t>(p.beside_solve_steps));
-    wire->set_beside_solve_tokens(
-        static_cast<uint64_t>(p.beside_solve_tokens));
+    wire->set_beside_solve_tokens(static_cast<uint64_t>(p.beside_solve_tokens));
     wire->set_beside_solve_seconds(p.beside_solve_seconds);
   }
   t->set_decode_seconds(r.stats.decode_seconds);

@@ -252,6 +252,42 @@ TEST(KnapsackTest, PruningNeverDropsTheNoSkipCandidate) {
   EXPECT_EQ(pruned->front().skipped_weight, 0);
 }
 
+// The pool-adjacent-violators fit along the cosine order, whatever the
+// candidates' index order: a share above a closer candidate's pools with it.
+TEST(KnapsackTest, PoolsSharesThatRiseAsTheCosineFalls) {
+  // In cosine order the accept shares are 0.6, 0.9, 0.5, 0.875, 0.7: the
+  // fit is 0.75, 0.75, then (0.5 + 0.875 + 0.7) / 3 for the rest.
+  const std::vector<double> cosines = {0.97, 0.99, 0.95, 0.98, 0.96};
+  const std::vector<DraftShares> shares = {{0.5, 0.6, 0.4},
+                                           {0.6, 1.0, 0.6},
+                                           {0.7, 0.8, 0.5},
+                                           {0.9, 0.9, 0.8},
+                                           {0.875, 0.7, 0.6}};
+  auto pooled = PoolSharesByCosine(shares, cosines);
+  ASSERT_TRUE(pooled.ok()) << pooled.status();
+  ASSERT_EQ(pooled->size(), 5u);
+  const double low = (0.5 + 0.875 + 0.7) / 3;
+  const std::vector<double> accept = {low, 0.75, low, 0.75, low};
+  for (size_t i = 0; i < 5; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_DOUBLE_EQ((*pooled)[i].accept, accept[i]);
+  }
+  // go_on and accept_and_go_on take the same blocks' means.
+  EXPECT_DOUBLE_EQ((*pooled)[1].go_on, (1.0 + 0.9) / 2);
+  EXPECT_DOUBLE_EQ((*pooled)[0].go_on, (0.6 + 0.7 + 0.8) / 3);
+  EXPECT_DOUBLE_EQ((*pooled)[3].accept_and_go_on, (0.6 + 0.8) / 2);
+  EXPECT_DOUBLE_EQ((*pooled)[4].accept_and_go_on, (0.4 + 0.6 + 0.5) / 3);
+  // Shares already in order are kept; ties in cosine keep index order.
+  auto kept = PoolSharesByCosine({{0.9, 1, 0.9}, {0.8, 1, 0.8}, {0.8, 1, 0.8}},
+                                 {0.99, 0.98, 0.98});
+  ASSERT_TRUE(kept.ok());
+  EXPECT_DOUBLE_EQ((*kept)[0].accept, 0.9);
+  EXPECT_DOUBLE_EQ((*kept)[2].accept, 0.8);
+  EXPECT_TRUE(PoolSharesByCosine({}, {}).ok());
+  EXPECT_EQ(PoolSharesByCosine(shares, {0.9}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(KnapsackTest, ComputesIntegerWeightsFromLatencies) {
   auto eq = [](SublayerWeights a, int attention, int mlp) {
     return a.attention == attention && a.mlp == mlp;

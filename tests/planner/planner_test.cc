@@ -141,6 +141,9 @@ TEST(SolveKnapSpecTest,
   KnapSpecOptions options;
   options.keep_first_and_last = false;
   options.tau = -1;  // keep every candidate: random weights give low cosines
+  // The grid's decisions on each candidate's own share (and its laziness);
+  // pooling has its own test below.
+  options.pool_alpha = false;
 
   // Sublayers dominate the step and verification is flat in the token
   // count: a draft that skips sublayers and is accepted speculates. The
@@ -189,6 +192,23 @@ TEST(SolveKnapSpecTest,
   EXPECT_GT(plan->gamma, 0);
   EXPECT_FALSE(plan->mask.empty());
   EXPECT_GT(plan->predicted_tpt, 1.3 * plan->baseline_tpt);
+  EXPECT_DOUBLE_EQ(plan->alpha_hat, 1.0);
+
+  // With pooling, that one perfect share among candidates whose hidden
+  // states stay closer to the full model's and that agree less is not
+  // taken at its word: the plan promises its block's mean share, below 1,
+  // and less speed.
+  KnapSpecOptions pooling = options;
+  pooling.pool_alpha = true;
+  auto pooled = SolveKnapSpec(*model, cheap, agreeing, pooling);
+  ASSERT_TRUE(pooled.ok()) << pooled.status();
+  EXPECT_EQ(pooled->num_evaluated, pooled->num_candidates);
+  EXPECT_LT(pooled->alpha_hat, 1.0);
+  EXPECT_LT(pooled->predicted_tpt, plan->predicted_tpt);
+  if (pooled->gamma > 0) {
+    EXPECT_DOUBLE_EQ(pooled->alpha_smoothed,
+                     SmoothAlpha(pooled->alpha_hat, 12, AlphaPrior()));
+  }
 
   // Verifying t tokens costs t single steps: nothing beats autoregressive
   // decoding, whatever the drafts cost.
@@ -407,6 +427,7 @@ TEST(SolveKnapSpecTest, LazyAlphaGivesTheSamePlanAsMeasuringEveryCandidate) {
             KnapSpecOptions options;
             options.tau = tau;
             options.keep_first_and_last = model->num_layers() > 2;
+            options.pool_alpha = false;  // lazy applies without pooling
             options.lazy_alpha = true;
             auto lazy = SolveKnapSpec(*model, profile, snap->inputs, options);
             options.lazy_alpha = false;

@@ -52,7 +52,7 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   b.measured_steps = 30;
   b.measured_tokens = 30;
   b.measured_seconds = 0.2;  // 150 tokens/s
-  AppliedPlan unmeasured;  // its only steps ran beside a solve
+  AppliedPlan unmeasured;    // its only steps ran beside a solve
   unmeasured.predicted_tpt = 1000;
   unmeasured.beside_solve_steps = 3;
   unmeasured.beside_solve_tokens = 5;

@@ -155,6 +155,15 @@ TEST(PlannerOptionsTest, TheKnapSpecSkipShareComesFromItsFlag) {
         << options.status();
   }
   absl::SetFlag(&FLAGS_knapspec_max_skip, 0.5);
+  // --knapspec-pool-alpha: on by default.
+  options = PlannerOptionsFromFlags(*model);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_TRUE(options->knapspec.pool_alpha);
+  absl::SetFlag(&FLAGS_knapspec_pool_alpha, false);
+  options = PlannerOptionsFromFlags(*model);
+  absl::SetFlag(&FLAGS_knapspec_pool_alpha, true);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_FALSE(options->knapspec.pool_alpha);
   InProcessPlannerOptions direct;
   direct.knapspec.max_skipped_share = 0;
   EXPECT_EQ(
