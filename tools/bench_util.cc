@@ -272,6 +272,7 @@ void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {
   a.triggers_no_plan += b.triggers_no_plan;
   a.triggers_new_bucket += b.triggers_new_bucket;
   a.triggers_drift += b.triggers_drift;
+  a.triggers_recheck += b.triggers_recheck;
   a.budget_deferrals += b.budget_deferrals;
   a.solve_seconds += b.solve_seconds;
   a.guard_checks += b.guard_checks;

@@ -270,6 +270,11 @@ ABSL_FLAG(int64_t, drift_min_tokens, 40,
           "knapspec/clasp: acceptance trials (accepted draft tokens + "
           "rejections) under a plan "
           "before drift is judged.");
+ABSL_FLAG(int64_t, plain_recheck_steps, 1024,
+          "knapspec/clasp: solve a context bucket's plain plan (no "
+          "speculation) again after the process has decoded this many plain "
+          "steps under it, twice as many after each recheck that stays "
+          "plain; 0 = never.");
 ABSL_FLAG(bool, warm_plan_cache, false,
           "bench spec: before the timed runs, generate every prompt once per "
           "mode with the "
@@ -579,6 +584,8 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
       absl::GetFlag(FLAGS_plan_bucket_tokens);
   request.speculation.drift_tolerance = absl::GetFlag(FLAGS_drift_tolerance);
   request.speculation.drift_min_tokens = absl::GetFlag(FLAGS_drift_min_tokens);
+  request.speculation.plain_recheck_steps =
+      absl::GetFlag(FLAGS_plain_recheck_steps);
   request.speculation.planner_budget = absl::GetFlag(FLAGS_planner_budget);
   request.speculation.guard = absl::GetFlag(FLAGS_guard);
   request.speculation.guard_margin = absl::GetFlag(FLAGS_guard_margin);

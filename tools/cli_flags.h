@@ -102,6 +102,7 @@ ABSL_DECLARE_FLAG(int32_t, step_repeats);
 ABSL_DECLARE_FLAG(int64_t, plan_bucket_tokens);
 ABSL_DECLARE_FLAG(double, drift_tolerance);
 ABSL_DECLARE_FLAG(int64_t, drift_min_tokens);
+ABSL_DECLARE_FLAG(int64_t, plain_recheck_steps);
 ABSL_DECLARE_FLAG(double, planner_budget);
 ABSL_DECLARE_FLAG(bool, warm_plan_cache);
 ABSL_DECLARE_FLAG(bool, guard);

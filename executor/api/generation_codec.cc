@@ -321,6 +321,7 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
   w->set_triggers_no_plan(planning.triggers_no_plan);
   w->set_triggers_new_bucket(planning.triggers_new_bucket);
   w->set_triggers_drift(planning.triggers_drift);
+  w->set_triggers_recheck(planning.triggers_recheck);
   w->set_budget_deferrals(planning.budget_deferrals);
   w->set_solve_seconds(planning.solve_seconds);
   w->set_planner_cpu_share(r.stats.decode_seconds > 0
@@ -349,6 +350,7 @@ PlanningStats DecodePlanningStats(const v1::PlanningStats& w) {
   s.triggers_no_plan = w.triggers_no_plan();
   s.triggers_new_bucket = w.triggers_new_bucket();
   s.triggers_drift = w.triggers_drift();
+  s.triggers_recheck = w.triggers_recheck();
   s.budget_deferrals = w.budget_deferrals();
   s.solve_seconds = w.solve_seconds();
   s.process_planner_cpu_share = w.process_planner_cpu_share();

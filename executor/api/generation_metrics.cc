@@ -81,7 +81,7 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
           "KNN-SSD: time to route a request to its domain (1-NN over the "
           "anchors, after the prefill).",
           {0.00001, 0.00003, 0.0001, 0.0003, 0.001, 0.003, 0.01})) {
-  for (const char* kind : {"no_plan", "new_bucket", "drift"}) {
+  for (const char* kind : {"no_plan", "new_bucket", "drift", "recheck"}) {
     triggers_.push_back(&r.AddCounter("knapserve_plan_triggers_total",
                                       "Replanning triggers by kind.",
                                       {{"kind", kind}}));
@@ -234,6 +234,7 @@ void GenerationMetrics::AddResult(const GenerationResult& r,
   triggers_[0]->Add(static_cast<double>(planning.triggers_no_plan));
   triggers_[1]->Add(static_cast<double>(planning.triggers_new_bucket));
   triggers_[2]->Add(static_cast<double>(planning.triggers_drift));
+  triggers_[3]->Add(static_cast<double>(planning.triggers_recheck));
   budget_deferrals_.Add(static_cast<double>(planning.budget_deferrals));
   guard_fallbacks_.Add(static_cast<double>(planning.guard_fallbacks));
   guard_probe_steps_.Add(static_cast<double>(planning.guard_probe_steps));

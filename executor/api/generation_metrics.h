@@ -77,7 +77,7 @@ class GenerationMetrics {
   Counter& guard_plain_steps_;
   Counter& guard_inherited_steps_;
   Histogram& routing_;
-  std::vector<Counter*> triggers_;  // no_plan, new_bucket, drift
+  std::vector<Counter*> triggers_;  // no_plan, new_bucket, drift, recheck
 
   // knapserve_routed_requests_total{domain=...}.
   Counter& RoutedCounter(const std::string& domain);

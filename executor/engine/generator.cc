@@ -155,6 +155,11 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request,
       return absl::InvalidArgumentError(absl::StrCat(
           "drift_min_tokens: must be >= 1, got ", spec.drift_min_tokens));
     }
+    if (spec.plain_recheck_steps < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("plain_recheck_steps: must be >= 0 (0 = never), got ",
+                       spec.plain_recheck_steps));
+    }
     if (!(spec.planner_budget >= 0.0)) {
       return absl::InvalidArgumentError(
           absl::StrCat("planner_budget: must be >= 0 (0 = no limit), got ",

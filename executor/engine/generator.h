@@ -106,6 +106,9 @@ struct SpeculationConfig {
   double drift_tolerance = 0.2;
   int64_t drift_min_tokens =
       40;  // acceptance trials before drift is judged, >= 1
+  // Plain steps the process decodes under a bucket's plain plan before it is
+  // solved again (doubling each time it stays plain); 0 = never, >= 0.
+  int64_t plain_recheck_steps = 1024;
   double planner_budget =
       0.05;  // solve seconds / decode seconds, process-wide; 0 = no limit
   bool guard = true;  // the online guard (plain decoding while a plan loses)

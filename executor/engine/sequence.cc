@@ -437,6 +437,7 @@ class PlanSession {
     options.bucket_tokens = spec.plan_bucket_tokens;
     options.drift_tolerance = spec.drift_tolerance;
     options.drift_min_tokens = spec.drift_min_tokens;
+    options.plain_recheck_steps = spec.plain_recheck_steps;
     options.planner_budget = spec.planner_budget;
     options.reference_steps = spec.reference_steps;
     options.min_request_gap = spec.plan_interval;

@@ -63,11 +63,32 @@ int64_t PlanCache::Insert(const PlanCacheKey& key, DraftPlan plan,
                           uint64_t sequence_id, int64_t context_length) {
   absl::MutexLock lock(&mu_);
   CachedPlan& entry = plans_[key];
+  const bool plain = plan.gamma == 0;
   entry.plan = std::move(plan);
   entry.version = next_version_++;
   entry.sequence_id = sequence_id;
   entry.context_length = context_length;
+  if (plain) {
+    PlainRecheck& recheck = rechecks_[key];
+    recheck.version = entry.version;
+    recheck.steps = 0;
+    ++recheck.consecutive_plain;
+  } else {
+    rechecks_.erase(key);
+  }
   return entry.version;
+}
+
+bool PlanCache::CountPlainStep(const PlanCacheKey& key, int64_t version,
+                               int64_t base_steps) {
+  if (base_steps <= 0) return false;
+  absl::MutexLock lock(&mu_);
+  auto it = rechecks_.find(key);
+  if (it == rechecks_.end() || it->second.version != version) return false;
+  PlainRecheck& recheck = it->second;
+  const int doublings =
+      std::min(recheck.consecutive_plain - 1, kMaxRecheckDoublings);
+  return ++recheck.steps == base_steps << doublings;
 }
 
 bool PlanCache::TryClaim(const PlanCacheKey& key) {

@@ -107,6 +107,21 @@ class PlanCache {
   int64_t Insert(const PlanCacheKey& key, DraftPlan plan, uint64_t sequence_id,
                  int64_t context_length) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A plain plan (gamma 0) is one snapshot's judgement, 16 reference tokens
+  // that may have been unusually hard; cached, it would hold for the
+  // process's life. So the cache counts the plain steps every sequence
+  // decodes under it: CountPlainStep returns true once, at the step that
+  // brings the count of `key`'s plan `version` to
+  //   base_steps * 2^min(k - 1, kMaxRecheckDoublings),
+  // where k counts the key's consecutive plain answers up to this one (a
+  // drafting answer resets it): the caller then asks for a new plan (a
+  // recheck, under the planner budget like any solve). A bucket that stays
+  // plain is rechecked ever less often. False for any other step, a
+  // drafting plan, another version, or base_steps <= 0.
+  static constexpr int kMaxRecheckDoublings = 6;
+  bool CountPlainStep(const PlanCacheKey& key, int64_t version,
+                      int64_t base_steps) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Marks a solve for `key` as in flight. False when one already is, so
   // concurrent sequences in one bucket share a single solve.
   bool TryClaim(const PlanCacheKey& key) ABSL_LOCKS_EXCLUDED(mu_);
@@ -122,6 +137,14 @@ class PlanCache {
   mutable absl::Mutex mu_;
   absl::flat_hash_map<PlanCacheKey, CachedPlan> plans_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<PlanCacheKey> claimed_ ABSL_GUARDED_BY(mu_);
+  // Of the keys whose plan is plain: CountPlainStep's count.
+  struct PlainRecheck {
+    int64_t version = 0;        // the plain plan's
+    int64_t steps = 0;          // plain steps counted under it
+    int consecutive_plain = 0;  // plain answers in a row, this one included
+  };
+  absl::flat_hash_map<PlanCacheKey, PlainRecheck> rechecks_
+      ABSL_GUARDED_BY(mu_);
   int64_t next_version_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t misses_ ABSL_GUARDED_BY(mu_) = 0;

@@ -17,6 +17,8 @@ std::string PlanTriggerName(PlanTrigger trigger) {
       return "new_bucket";
     case PlanTrigger::kDrift:
       return "drift";
+    case PlanTrigger::kRecheck:
+      return "recheck";
   }
   return "unknown";
 }
@@ -374,6 +376,9 @@ void PlanController::SetTrigger(PlanTrigger trigger) {
     case PlanTrigger::kDrift:
       ++stats_.triggers_drift;
       break;
+    case PlanTrigger::kRecheck:
+      ++stats_.triggers_recheck;
+      break;
     case PlanTrigger::kNone:
       break;
   }
@@ -503,6 +508,12 @@ void PlanController::AfterStep(const StepObservation& step) {
       step.tokens == 1) {
     RecordPlainStep(shared_, key_.ExecutionId(), options_.bucket_tokens,
                     bucket_, step.seconds);
+  }
+  if (in_force_.has_value() && gamma_ == 0 && in_force_bucket_ == bucket_ &&
+      step.gamma == 0 && trigger_ == PlanTrigger::kNone && !capturing_ &&
+      shared_.cache->CountPlainStep(key_, applied_version_,
+                                    options_.plain_recheck_steps)) {
+    SetTrigger(PlanTrigger::kRecheck);
   }
   if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 &&
       step.drafted > 0) {

@@ -147,6 +147,11 @@ struct PlanControllerOptions {
   double planner_budget = 0.05;   // PlannerBudget fraction; <= 0: no limit
   int64_t reference_steps = 16;   // m: steps captured per snapshot, >= 1
   int64_t min_request_gap = 64;   // T: steps between two snapshot starts, >= 1
+  // A plain plan (gamma 0) of the current bucket is rechecked (a kRecheck
+  // trigger) once the process's sequences have decoded this many plain steps
+  // under it, twice as many after each recheck that answers plain again
+  // (PlanCache::CountPlainStep); 0 = never.
+  int64_t plain_recheck_steps = 1024;
   GuardOptions guard;
   // The request's own skip mask, drafted with before the first plan ("" =
   // none): part of the guard's setting, so that requests with other masks
@@ -154,8 +159,10 @@ struct PlanControllerOptions {
   std::string initial_mask;
 };
 
-enum class PlanTrigger { kNone, kNoPlan, kNewBucket, kDrift };
-// "none", "no_plan", "new_bucket", "drift".
+// kRecheck: the bucket's plain plan has served its share of plain steps
+// (PlanControllerOptions::plain_recheck_steps).
+enum class PlanTrigger { kNone, kNoPlan, kNewBucket, kDrift, kRecheck };
+// "none", "no_plan", "new_bucket", "drift", "recheck".
 std::string PlanTriggerName(PlanTrigger trigger);
 
 // What one sequence's planning did (GenerationResult::planning).
@@ -165,6 +172,7 @@ struct PlanningStats {
   int64_t triggers_no_plan = 0;  // first step without a cached plan
   int64_t triggers_new_bucket = 0;
   int64_t triggers_drift = 0;
+  int64_t triggers_recheck = 0;  // a plain plan's recheck (kRecheck)
   int64_t budget_deferrals =
       0;                     // triggers that had to wait for the planner budget
   double solve_seconds = 0;  // planner solve time of this sequence's requests

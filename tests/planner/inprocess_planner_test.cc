@@ -512,6 +512,14 @@ TEST(PlannedGenerationFaultTest, BadPlannedRequestsAreClearErrors) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("clasp_layers"), std::string::npos)
       << bad.status();
+  request = PlannedRequest(SpeculationMode::kKnapSpec, 10);
+  request.speculation.plain_recheck_steps = -1;
+  bad = Generate(*model, *GetTokenizer(), request, nullptr, nullptr,
+                 planner.get());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("plain_recheck_steps"),
+            std::string::npos)
+      << bad.status();
   EXPECT_EQ(ParseSpeculationMode("knapsack").status().code(),
             absl::StatusCode::kInvalidArgument);
 }

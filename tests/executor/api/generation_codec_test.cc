@@ -458,6 +458,7 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   p.triggers_no_plan = 1;
   p.triggers_new_bucket = 4;
   p.triggers_drift = 5;
+  p.triggers_recheck = 2;
   p.budget_deferrals = 6;
   p.solve_seconds = 0.5;
   p.process_planner_cpu_share = 0.04;

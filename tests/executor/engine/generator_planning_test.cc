@@ -101,9 +101,9 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       EXPECT_LE(p1.cache_hits + p1.cache_misses, (4 + param.tokens) / 32 + 1);
       EXPECT_EQ(first->stats.plan_requests,
                 static_cast<int64_t>(planner.requests().size()));
-      EXPECT_LE(
-          first->stats.plan_requests,
-          p1.triggers_no_plan + p1.triggers_new_bucket + p1.triggers_drift)
+      EXPECT_LE(first->stats.plan_requests,
+                p1.triggers_no_plan + p1.triggers_new_bucket +
+                    p1.triggers_drift + p1.triggers_recheck)
           << "no snapshot without a trigger";
       EXPECT_GT(first->plans.size(), 0u);
       bool drafted = false;
@@ -211,6 +211,47 @@ TEST(PlannedRequestTest, SnapshotsCarryTheCommittedKvLength) {
       EXPECT_GT(seen.kv_length, seen.first_position);
     }
   }
+}
+
+// A plain plan (verifying t tokens costs t steps here, so no draft pays) is
+// solved again after plain_recheck_steps plain steps under it, then after
+// twice as many, and the output stays the model's own.
+TEST(PlannedRequestTest, APlainPlanIsSolvedAgainAfterItsRecheckSteps) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = testing::CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  LatencyProfile dear = testing::HandLatencyProfile(*model);
+  for (auto& row : dear.verify_seconds) {
+    for (size_t t = 1; t < row.size(); ++t)
+      row[t] = row[0] * static_cast<double>(t + 1);
+  }
+  auto core = InProcessPlanner::Create(*model, dear, InProcessPlannerOptions());
+  ASSERT_TRUE(core.ok()) << core.status();
+  SynchronousPlanner planner(core->get());
+  const std::vector<int32_t> prompt = {1, 410, 469, 347};
+  auto off = Generate(*model, *testing::StoriesTokenizer(),
+                      Request(SpeculationMode::kOff, prompt, 100));
+  ASSERT_TRUE(off.ok()) << off.status();
+  GenerationRequest request = Request(SpeculationMode::kKnapSpec, prompt, 100);
+  request.speculation.plan_bucket_tokens = 1024;  // one bucket
+  request.speculation.plain_recheck_steps = 20;
+  const PlanningShared shared = PlanningShared::Create();
+  auto result = Generate(*model, *testing::StoriesTokenizer(), request, nullptr,
+                         nullptr, &planner, &shared);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->output_ids, off->output_ids);
+  // The first plan after 3 captured steps, a recheck 20 plain steps later
+  // and another 40 after that one's plan: two rechecks in 100 tokens.
+  const PlanningStats& p = result->planning;
+  EXPECT_EQ(p.triggers_no_plan, 1);
+  EXPECT_EQ(p.triggers_recheck, 2);
+  EXPECT_EQ(result->stats.plan_requests, 3);
+  ASSERT_EQ(result->plans.size(), 3u);
+  for (const AppliedPlan& plan : result->plans) EXPECT_EQ(plan.gamma, 0);
+  EXPECT_EQ(result->plans[1].applied_step - result->plans[0].applied_step,
+            20 + 3);
+  EXPECT_EQ(result->plans[2].applied_step - result->plans[1].applied_step,
+            40 + 3);
 }
 
 }  // namespace

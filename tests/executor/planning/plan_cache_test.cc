@@ -111,6 +111,36 @@ TEST(PlanCacheTest, InsertReplacesAndBumpsTheVersion) {
       << "Peek and Version do not count";
 }
 
+// A plain plan's plain steps are counted per version: the step that reaches
+// the threshold is the one recheck; each plain answer in a row doubles the
+// threshold, a drafting answer resets it.
+TEST(PlanCacheTest, APlainPlanIsRecheckedAfterItsStepsAndThenLessOften) {
+  PlanCache cache;
+  auto steps_to_recheck = [&](int64_t version, int64_t limit) {
+    for (int64_t n = 1; n <= limit; ++n) {
+      if (cache.CountPlainStep(Key(0), version, 4)) return n;
+    }
+    return int64_t{-1};
+  };
+  EXPECT_FALSE(cache.CountPlainStep(Key(0), 1, 4)) << "no plan";
+  int64_t v = cache.Insert(Key(0), Plan(0, 1.0), 7, 40);
+  EXPECT_FALSE(cache.CountPlainStep(Key(0), v, 0)) << "0 = never";
+  EXPECT_FALSE(cache.CountPlainStep(Key(0), v + 1, 4)) << "another version";
+  EXPECT_EQ(steps_to_recheck(v, 100), 4);
+  EXPECT_EQ(steps_to_recheck(v, 100), -1) << "once per version";
+  v = cache.Insert(Key(0), Plan(0, 1.0), 7, 40);  // plain again
+  EXPECT_EQ(steps_to_recheck(v, 100), 8);
+  v = cache.Insert(Key(0), Plan(0, 1.0), 7, 40);
+  EXPECT_EQ(steps_to_recheck(v, 100), 16);
+  for (int k = 0; k < 10; ++k) v = cache.Insert(Key(0), Plan(0, 1.0), 7, 40);
+  EXPECT_EQ(steps_to_recheck(v, 1000), 4 << PlanCache::kMaxRecheckDoublings);
+  v = cache.Insert(Key(0), Plan(3, 0.8), 7, 40);  // a drafting answer
+  EXPECT_EQ(steps_to_recheck(v, 100), -1) << "a drafting plan is not counted";
+  v = cache.Insert(Key(0), Plan(0, 1.0), 7, 40);
+  EXPECT_EQ(steps_to_recheck(v, 100), 4) << "the doubling starts over";
+  EXPECT_FALSE(cache.CountPlainStep(Key(1), v, 4)) << "keys are separate";
+}
+
 TEST(PlanCacheTest, OneClaimPerKey) {
   PlanCache cache;
   EXPECT_TRUE(cache.TryClaim(Key(0)));

@@ -88,6 +88,45 @@ TEST(PlanControllerTest, CachedPlanTakesEffectAtTheFirstStepWithoutASnapshot) {
             0);
 }
 
+// A bucket's plain plan is one snapshot's verdict: once the process's
+// sequences have decoded plain_recheck_steps plain steps under it (counted
+// across sequences), the sequence at that step asks for a new plan (a
+// recheck, one snapshot), and a drafting answer takes effect.
+TEST(PlanControllerTest, APlainPlanIsRecheckedAfterTheProcessDecodedUnderIt) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(0, 1.0), /*sequence_id=*/99, 5);
+  PlanControllerOptions options = Options();
+  options.plain_recheck_steps = 6;
+  PlanController a(options, BaseKey(), 1, 0, shared);
+  PlanController b(options, BaseKey(), 2, 0, shared);
+  for (int64_t step = 0; step < 3; ++step) {
+    EXPECT_FALSE(a.BeforeStep(step, 5 + step).capture);
+    a.AfterStep(Plain(0.01));
+    EXPECT_FALSE(b.BeforeStep(step, 5 + step).capture);
+    b.AfterStep(Plain(0.01));
+  }
+  // Six plain steps between them: b's last one reached the count.
+  EXPECT_EQ(a.pending_trigger(), PlanTrigger::kNone);
+  EXPECT_EQ(b.pending_trigger(), PlanTrigger::kRecheck);
+  EXPECT_EQ(b.stats().triggers_recheck, 1);
+  EXPECT_EQ(a.stats().triggers_recheck, 0);
+  StepDirective d = b.BeforeStep(3, 8);
+  EXPECT_TRUE(d.capture);
+  EXPECT_EQ(d.capture_offset, 0);
+  b.AfterStep(Plain(0.01));
+  d = b.BeforeStep(4, 9);
+  EXPECT_TRUE(d.capture);
+  b.AfterStep(Plain(0.01));
+  SubmitTicket ticket = b.TakeTicket();
+  EXPECT_EQ(ticket.trigger, PlanTrigger::kRecheck);
+  CompleteTicket(shared, ticket, 2, 9, Plan(3, 0.8));
+  d = a.BeforeStep(3, 8);
+  ASSERT_TRUE(d.apply.has_value());
+  EXPECT_EQ(d.apply_source, "shared");
+  EXPECT_EQ(d.gamma, 3);
+  EXPECT_EQ(a.stats().triggers_recheck, 0);
+}
+
 TEST(PlanControllerTest, NoPlanTriggersOneSnapshotAndTheSolveTakesEffect) {
   PlanningShared shared = PlanningShared::Create();
   PlanController c(Options(), BaseKey(), 1, 0, shared);
