@@ -134,7 +134,10 @@ struct KnapSpecOptions {
   // plan cache, two runs each), but on stories-24l it was no better (1.17-
   // 1.30x against 1.27-1.32x), and 1.0 was worse on both (1.17x on
   // stories-24l-skip: alpha_hat on 16 reference tokens is too optimistic
-  // for the deepest masks). knapserve's --knapspec-max-skip sets it.
+  // for the deepest masks). Those runs predate pool_alpha; with it, 2/3 did
+  // not pay in an A/B run (1.15x against 1.26x on stories-24l-skip short:
+  // the pooled shares of the deeper masks promise less).
+  // knapserve's --knapspec-max-skip sets it.
   double max_skipped_share = 0.5;
   // The DP uses at most this many reference tokens (the first ones); 0 = all
   // r. The solve
