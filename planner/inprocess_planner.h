@@ -59,7 +59,8 @@
 namespace knapserve {
 
 struct InProcessPlannerOptions {
-  // tau, weights, reference-token cap, lazy alpha_hat, keep_first_and_last
+  // tau, weights, reference-token cap, pooled (or lazy) alpha_hat,
+  // keep_first_and_last
   // (max_draft comes with each request). CLaSp and static plans use its
   // keep_first_and_last and alpha_prior too.
   KnapSpecOptions knapspec;

@@ -317,8 +317,13 @@ absl::StatusOr<std::vector<DraftShares>> PoolSharesByCosine(
   }
   std::vector<size_t> order(shares.size());
   std::iota(order.begin(), order.end(), size_t{0});
+  // A NaN cosine sorts last (a comparator must order every pair).
+  auto key = [&](size_t i) {
+    return std::isnan(cosines[i]) ? -std::numeric_limits<double>::infinity()
+                                  : cosines[i];
+  };
   std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return cosines[a] > cosines[b]; });
+                   [&](size_t a, size_t b) { return key(a) > key(b); });
   // Blocks of consecutive positions in `order`, each with its sums; a block
   // whose mean accept exceeds its predecessor's merges into it.
   struct Block {

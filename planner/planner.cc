@@ -148,9 +148,9 @@ std::vector<double> VerifyTable(const LatencyProfile& profile, int64_t n,
 }
 
 // A candidate's acceptance and confidence stop as the TPT grid takes them:
-// its raw shares on r tokens, each smoothed with the prior (monotone, so the
-// stop's accept_and_go_on stays below alpha and go_on). With exit_threshold 0
-// no draft stops.
+// its shares on r tokens (raw, or pooled by PoolSharesByCosine), each smoothed
+// with the prior (monotone, so the stop's accept_and_go_on stays below alpha
+// and go_on). With exit_threshold 0 no draft stops.
 DraftOdds SmoothedOdds(const DraftShares& shares, int64_t r,
                        const AlphaPrior& prior, double exit_threshold) {
   DraftOdds odds;

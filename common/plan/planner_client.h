@@ -63,8 +63,9 @@ struct DraftPlan {
   double predicted_tokens_per_step = 1;
   double predicted_drafts_per_step = 0;
   int num_candidates = 0;  // candidates the policy weighed
-  // Candidates whose alpha_hat was measured (KnapSpec measures lazily, in
-  // order of their best possible TPT); <= num_candidates.
+  // Candidates whose alpha_hat was measured (KnapSpec without pooling
+  // measures lazily, in order of their best possible TPT); <=
+  // num_candidates.
   int num_evaluated = 0;
   double solve_seconds = 0;  // wall time of the solve
   double queue_seconds = 0;  // time the request waited before its solve began

@@ -18,7 +18,7 @@
 namespace knapserve {
 
 // `s` as the `planning` object: plan_cache_hits, plan_cache_misses,
-// triggers.{no_plan,new_bucket,drift}, budget_deferrals, solve_seconds,
+// triggers.{no_plan,new_bucket,drift,recheck}, budget_deferrals, solve_seconds,
 // planner_cpu_share (s.solve_seconds / decode_seconds, 0 without decoding),
 // process_planner_cpu_share, guard.{checks,fallbacks,probe_steps,
 // plain_steps,last_spec_tps,last_plain_tps}, profile_pending and

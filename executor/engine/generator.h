@@ -8,20 +8,20 @@
 // (kKnapSpec, kClasp) from the process's plan cache
 // (executor/planning/plan_cache.h) and, on a trigger only, from a planner:
 // executor/planning/plan_controller.h decides when (no cached plan for the
-// context bucket, a new bucket, acceptance drifting from the plan's alpha_hat;
-// subject to the planner CPU budget), and then the reference states of
-// reference_steps verification steps go to the PlannerClient without waiting;
-// its plan lands in the cache and is applied at the next step boundary. Before
-// the first plan it decodes with the `skip` mask if one is given, else
-// autoregressively; a failed plan leaves the last plan in force. The online
-// guard decodes plainly while a plan measures slower than plain decoding.
-// kSpecBound drafts by early exit (executor/engine/specbound.h) and verifies
-// from the deepest exit layer up. Every mode gives the same greedy output.
-// Several tokens committed in one step are checked for stop conditions one by
-// one, so a step never emits past EOS or a stop. The stop-string logic lives in
-// TextStream so every decoding mode shares it: text that could still turn out
-// to be the beginning of a stop string is held back until it is known not to
-// be, and text after a stop string is never emitted.
+// context bucket, a new bucket, acceptance drifting from the plan's alpha_hat,
+// a plain plan's recheck; subject to the planner CPU budget), and then the
+// reference states of reference_steps verification steps go to the
+// PlannerClient without waiting; its plan lands in the cache and is applied at
+// the next step boundary. Before the first plan it decodes with the `skip` mask
+// if one is given, else autoregressively; a failed plan leaves the last plan in
+// force. The online guard decodes plainly while a plan measures slower than
+// plain decoding. kSpecBound drafts by early exit (executor/engine/specbound.h)
+// and verifies from the deepest exit layer up. Every mode gives the same greedy
+// output. Several tokens committed in one step are checked for stop conditions
+// one by one, so a step never emits past EOS or a stop. The stop-string logic
+// lives in TextStream so every decoding mode shares it: text that could still
+// turn out to be the beginning of a stop string is held back until it is known
+// not to be, and text after a stop string is never emitted.
 //
 // Thread safety: Generate() touches only its arguments; several threads may
 // generate concurrently with the same model and tokenizer.
@@ -237,7 +237,7 @@ struct AppliedPlan {
   int64_t age_steps = 0;     // applied_step - plan_step: steps it was in flight
   std::string mask;          // "" = nothing skipped
   int gamma = 0;             // 0 = autoregressive until the next plan
-  double alpha_hat = 0;      // raw share on the reference tokens
+  double alpha_hat = 0;      // share on the reference tokens (DraftPlan's)
   double alpha_smoothed = 0;  // the alpha the TPT objective used (0: gamma 0)
   // What predicted_tpt expects of one step: tokens committed and draft
   // tokens made (below gamma when drafts stop on low confidence).

@@ -88,7 +88,13 @@ bool PlanCache::CountPlainStep(const PlanCacheKey& key, int64_t version,
   PlainRecheck& recheck = it->second;
   const int doublings =
       std::min(recheck.consecutive_plain - 1, kMaxRecheckDoublings);
-  return ++recheck.steps == base_steps << doublings;
+  const int64_t target =
+      base_steps > (std::numeric_limits<int64_t>::max() >> doublings)
+          ? std::numeric_limits<int64_t>::max()
+          : base_steps << doublings;
+  if (++recheck.steps < target) return false;
+  recheck.steps = 0;  // a recheck that came to nothing comes back
+  return true;
 }
 
 bool PlanCache::TryClaim(const PlanCacheKey& key) {

@@ -110,14 +110,16 @@ class PlanCache {
   // A plain plan (gamma 0) is one snapshot's judgement, 16 reference tokens
   // that may have been unusually hard; cached, it would hold for the
   // process's life. So the cache counts the plain steps every sequence
-  // decodes under it: CountPlainStep returns true once, at the step that
-  // brings the count of `key`'s plan `version` to
+  // decodes under it: CountPlainStep returns true at the step that brings
+  // the count of `key`'s plan `version` to
   //   base_steps * 2^min(k - 1, kMaxRecheckDoublings),
   // where k counts the key's consecutive plain answers up to this one (a
-  // drafting answer resets it): the caller then asks for a new plan (a
-  // recheck, under the planner budget like any solve). A bucket that stays
-  // plain is rechecked ever less often. False for any other step, a
-  // drafting plan, another version, or base_steps <= 0.
+  // drafting answer resets it), and starts the count again: the caller
+  // then asks for a new plan (a recheck, under the planner budget like any
+  // solve). A recheck that comes to nothing (its sequence ended, or its
+  // solve failed, so no new version came) fires again a period later; a
+  // bucket that stays plain is rechecked ever less often. False for any
+  // other step, a drafting plan, another version, or base_steps <= 0.
   static constexpr int kMaxRecheckDoublings = 6;
   bool CountPlainStep(const PlanCacheKey& key, int64_t version,
                       int64_t base_steps) ABSL_LOCKS_EXCLUDED(mu_);

@@ -13,7 +13,11 @@
 //     kNewBucket later (a cache miss); meanwhile the plan in force (or the
 //     request's `skip` mask, or plain decoding) stays;
 //   * a newer plan for the current bucket appeared in the cache (this
-//     sequence's solve arrived, or another sequence's): it takes effect.
+//     sequence's solve arrived, or another sequence's): it takes effect;
+//   * the bucket's plan in force is plain (gamma 0) and the process has
+//     decoded plain_recheck_steps plain steps under it: a kRecheck trigger
+//     (PlanCache::CountPlainStep; a recheck that comes to nothing fires
+//     again a period later).
 // After every speculative step under a plan it compares the observed
 // per-token acceptance with the plan's alpha_hat:
 //   observed = accepted / (accepted + rejections),
@@ -36,8 +40,9 @@
 // retried every step). Then the next reference_steps steps capture reference
 // states, and TakeTicket() hands the claim and the budget reservation to the
 // submission; CompleteTicket() stores the answer in the cache and settles
-// both. When a bucket's solve fails (no plan, no claim) its trigger comes
-// back (counted once). Without a trigger nothing is captured and nothing is
+// both. When a bucket's first solve fails (no plan, no claim) its trigger
+// comes back (counted once); a failed drift or recheck solve leaves the
+// plan in force. Without a trigger nothing is captured and nothing is
 // sent.
 //
 // A solve that answers after the sequence has left the snapshot's bucket is

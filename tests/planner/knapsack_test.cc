@@ -277,12 +277,19 @@ TEST(KnapsackTest, PoolsSharesThatRiseAsTheCosineFalls) {
   EXPECT_DOUBLE_EQ((*pooled)[0].go_on, (0.6 + 0.7 + 0.8) / 3);
   EXPECT_DOUBLE_EQ((*pooled)[3].accept_and_go_on, (0.6 + 0.8) / 2);
   EXPECT_DOUBLE_EQ((*pooled)[4].accept_and_go_on, (0.4 + 0.6 + 0.5) / 3);
-  // Shares already in order are kept; ties in cosine keep index order.
-  auto kept = PoolSharesByCosine({{0.9, 1, 0.9}, {0.8, 1, 0.8}, {0.8, 1, 0.8}},
-                                 {0.99, 0.98, 0.98});
+  // Shares already in order are kept.
+  auto kept = PoolSharesByCosine({{0.9, 1, 0.9}, {0.8, 1, 0.8}, {0.7, 1, 0.7}},
+                                 {0.99, 0.98, 0.97});
   ASSERT_TRUE(kept.ok());
   EXPECT_DOUBLE_EQ((*kept)[0].accept, 0.9);
-  EXPECT_DOUBLE_EQ((*kept)[2].accept, 0.8);
+  EXPECT_DOUBLE_EQ((*kept)[1].accept, 0.8);
+  EXPECT_DOUBLE_EQ((*kept)[2].accept, 0.7);
+  // Ties in cosine keep index order: 0.7 then 0.9 violates and pools (in
+  // the other order the two would stand).
+  auto tied = PoolSharesByCosine({{0.7, 1, 0.7}, {0.9, 1, 0.9}}, {0.9, 0.9});
+  ASSERT_TRUE(tied.ok());
+  EXPECT_DOUBLE_EQ((*tied)[0].accept, 0.8);
+  EXPECT_DOUBLE_EQ((*tied)[1].accept, 0.8);
   EXPECT_TRUE(PoolSharesByCosine({}, {}).ok());
   EXPECT_EQ(PoolSharesByCosine(shares, {0.9}).status().code(),
             absl::StatusCode::kInvalidArgument);

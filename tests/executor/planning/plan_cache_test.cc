@@ -127,7 +127,8 @@ TEST(PlanCacheTest, APlainPlanIsRecheckedAfterItsStepsAndThenLessOften) {
   EXPECT_FALSE(cache.CountPlainStep(Key(0), v, 0)) << "0 = never";
   EXPECT_FALSE(cache.CountPlainStep(Key(0), v + 1, 4)) << "another version";
   EXPECT_EQ(steps_to_recheck(v, 100), 4);
-  EXPECT_EQ(steps_to_recheck(v, 100), -1) << "once per version";
+  EXPECT_EQ(steps_to_recheck(v, 100), 4)
+      << "no new version came (the recheck came to nothing): again";
   v = cache.Insert(Key(0), Plan(0, 1.0), 7, 40);  // plain again
   EXPECT_EQ(steps_to_recheck(v, 100), 8);
   v = cache.Insert(Key(0), Plan(0, 1.0), 7, 40);
@@ -139,6 +140,10 @@ TEST(PlanCacheTest, APlainPlanIsRecheckedAfterItsStepsAndThenLessOften) {
   v = cache.Insert(Key(0), Plan(0, 1.0), 7, 40);
   EXPECT_EQ(steps_to_recheck(v, 100), 4) << "the doubling starts over";
   EXPECT_FALSE(cache.CountPlainStep(Key(1), v, 4)) << "keys are separate";
+  // A base too large to double stays at the largest count.
+  constexpr int64_t kHuge = std::numeric_limits<int64_t>::max() / 2;
+  for (int k = 0; k < 3; ++k) v = cache.Insert(Key(0), Plan(0, 1.0), 7, 40);
+  EXPECT_FALSE(cache.CountPlainStep(Key(0), v, kHuge));
 }
 
 TEST(PlanCacheTest, OneClaimPerKey) {
