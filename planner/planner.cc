@@ -347,9 +347,10 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   std::vector<std::optional<DraftOdds>> odds(candidates.size());
   // The share each candidate's odds came from: its alpha_hat, or with
   // pool_alpha its block's pooled share.
-  std::vector<double> pooled_alpha(candidates.size(), 0.0);
+  std::vector<double> grid_share(candidates.size(), 0.0);
+  const bool lazy = options.lazy_alpha && !options.pool_alpha;
   TptChoice choice;
-  if (options.lazy_alpha && !options.pool_alpha) {
+  if (lazy) {
     auto odds_of = [&](int i) -> absl::StatusOr<DraftOdds> {
       torch::Tensor one;
       {
@@ -360,7 +361,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
           std::vector<DraftShares> shares,
           MeasureDraftShares(runner, one, targets, exit_threshold));
       candidates[i].alpha_hat = shares[0].accept;
-      pooled_alpha[i] = shares[0].accept;
+      grid_share[i] = shares[0].accept;
       odds[i] =
           SmoothedOdds(shares[0], r_used, options.alpha_prior, exit_threshold);
       return *odds[i];
@@ -387,7 +388,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     std::vector<TptCandidate> tpt;
     tpt.reserve(candidates.size());
     for (size_t i = 0; i < candidates.size(); ++i) {
-      pooled_alpha[i] = shares[i].accept;
+      grid_share[i] = shares[i].accept;
       odds[i] =
           SmoothedOdds(shares[i], r_used, options.alpha_prior, exit_threshold);
       tpt.push_back({odds[i]->alpha, draft_seconds[i], odds[i]->stop});
@@ -396,8 +397,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   }
   grid_stage.span().SetAttribute("knapserve.plan.evaluated_candidates",
                                  choice.num_evaluated);
-  grid_stage.span().SetAttribute("knapserve.plan.lazy_alpha",
-                                 options.lazy_alpha && !options.pool_alpha);
+  grid_stage.span().SetAttribute("knapserve.plan.lazy_alpha", lazy);
   grid_stage.span().SetAttribute("knapserve.plan.pool_alpha",
                                  options.pool_alpha);
   grid_stage.span().SetAttribute("knapserve.plan.gamma", choice.gamma);
@@ -413,7 +413,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   if (choice.candidate >= 0) {
     const SkipCandidate& best = candidates[choice.candidate];
     plan.mask = best.mask;
-    plan.alpha_hat = pooled_alpha[choice.candidate];
+    plan.alpha_hat = grid_share[choice.candidate];
     plan.mean_cosine = best.mean_cosine;
     const DraftOdds& chosen = *odds[choice.candidate];
     SetForecast({chosen.alpha, draft_seconds[choice.candidate], chosen.stop},

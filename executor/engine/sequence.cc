@@ -203,12 +203,12 @@ class PlanSession {
     if (!result.plans.empty()) {
       // The last plan applied is the one in force.
       AppliedPlan& plan = result.plans.back();
-      if ((plan.gamma > 0) == (observation.gamma > 0) &&
-          controller_.last_step_beside_solve()) {
+      const bool as_planned = (plan.gamma > 0) == (observation.gamma > 0);
+      if (as_planned && controller_.last_step_beside_solve()) {
         ++plan.beside_solve_steps;
         plan.beside_solve_tokens += observation.tokens;
         plan.beside_solve_seconds += observation.seconds;
-      } else if ((plan.gamma > 0) == (observation.gamma > 0)) {
+      } else if (as_planned) {
         ++plan.measured_steps;
         plan.measured_tokens += observation.tokens;
         plan.measured_seconds += observation.seconds;
