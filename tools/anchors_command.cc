@@ -51,6 +51,7 @@ absl::Status Anchors() {
   options.reference_tokens = absl::GetFlag(FLAGS_reference_tokens);
   options.max_prompt_tokens = absl::GetFlag(FLAGS_max_sample_tokens);
   options.max_draft = absl::GetFlag(FLAGS_max_draft).value_or(10);
+  ASSIGN_OR_RETURN(options.knapspec, KnapSpecOptionsFromFlags());
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
   ASSIGN_OR_RETURN(std::vector<DomainSamples> domains,
                    LoadDomainSamples(sources, split,

@@ -680,17 +680,22 @@ absl::StatusOr<int> PlannerCoresFromFlags(const LlamaModel& model) {
   return cores;
 }
 
+absl::StatusOr<KnapSpecOptions> KnapSpecOptionsFromFlags() {
+  KnapSpecOptions options;
+  options.max_skipped_share = absl::GetFlag(FLAGS_knapspec_max_skip);
+  options.pool_alpha = absl::GetFlag(FLAGS_knapspec_pool_alpha);
+  RETURN_IF_ERROR(Annotate(CheckSkippedShare(options.max_skipped_share),
+                           "--knapspec-max-skip"));
+  return options;
+}
+
 absl::StatusOr<InProcessPlannerOptions> PlannerOptionsFromFlags(
     const LlamaModel& model) {
   InProcessPlannerOptions options;
   options.threads = absl::GetFlag(FLAGS_planner_threads);
   ASSIGN_OR_RETURN(options.priority, PlannerPriorityFromFlags(model));
   ASSIGN_OR_RETURN(options.reserve_cores, PlannerCoresFromFlags(model));
-  options.knapspec.max_skipped_share = absl::GetFlag(FLAGS_knapspec_max_skip);
-  options.knapspec.pool_alpha = absl::GetFlag(FLAGS_knapspec_pool_alpha);
-  RETURN_IF_ERROR(
-      Annotate(CheckSkippedShare(options.knapspec.max_skipped_share),
-               "--knapspec-max-skip"));
+  ASSIGN_OR_RETURN(options.knapspec, KnapSpecOptionsFromFlags());
   return options;
 }
 

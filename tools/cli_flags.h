@@ -219,8 +219,13 @@ bool PlannerSharesTheDecodesCores(const LlamaModel& model);
 // --planner-threads when PlannerSharesTheDecodesCores, else 0.
 // InvalidArgument, naming the flag, for anything but auto or a number >= 0.
 absl::StatusOr<int> PlannerCoresFromFlags(const LlamaModel& model);
+// The knapsack DP's options from --knapspec-max-skip (checked:
+// InvalidArgument naming the flag) and --knapspec-pool-alpha: for the
+// in-process planner and for `knapserve anchors`, whose per-domain masks
+// come from the same DP.
+absl::StatusOr<KnapSpecOptions> KnapSpecOptionsFromFlags();
 // The in-process planner's options from --planner-threads,
-// --planner-priority and --planner-cores.
+// --planner-priority, --planner-cores and KnapSpecOptionsFromFlags.
 absl::StatusOr<InProcessPlannerOptions> PlannerOptionsFromFlags(
     const LlamaModel& model);
 

@@ -746,8 +746,12 @@ void Sequence::BeginStep(bool allow_drafts) {
         step_, length_, mask_, gamma_, result_, allow_drafts);
     capture_ = directive.capture;
     capture_offset_ = directive.capture_offset;
-  } else if (!early_exit_) {
-    capture_ = on_reference_ != nullptr && collector_.Wants(step_);
+  } else {
+    step_began_beside_solve_ =
+        shared_.budget != nullptr && shared_.budget->solves_in_flight() > 0;
+    if (!early_exit_) {
+      capture_ = on_reference_ != nullptr && collector_.Wants(step_);
+    }
   }
   // SpecBound's verification is a partial pass, which captures no boundary
   // states (it has no reference snapshots).
@@ -959,7 +963,7 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
     if (observation.gamma == 0 && observation.tokens == 1 &&
         step_ >= GuardOptionsFrom(request_.speculation).settle_steps) {
       RecordPlainStep(shared_, execution_id_, bucket_tokens, bucket,
-                      step_seconds);
+                      step_seconds, step_began_beside_solve_);
     }
     if (guard_ != nullptr) {
       guard_->Observe(gamma_ > 0, bucket, observation, result_.planning);

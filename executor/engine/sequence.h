@@ -243,6 +243,9 @@ class Sequence {
   int64_t capture_offset_ = 0;
   int64_t budget_ = 0;  // drafts allowed this step
   int step_gamma_ = 0;  // the gamma this step runs with (0: plain)
+  // Unplanned modes: a solve of the process was in flight when this step
+  // began (its plain time is then no plain rate; RecordPlainStep).
+  bool step_began_beside_solve_ = false;
   bool drafting_ = false;
   std::vector<int32_t> drafts_;
   std::vector<torch::Tensor> draft_dists_;

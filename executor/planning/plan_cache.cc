@@ -374,8 +374,8 @@ int64_t GuardVerdicts::verdicts_given() const {
 
 void RecordPlainStep(const PlanningShared& shared,
                      const std::string& execution_id, int64_t bucket_tokens,
-                     int64_t bucket, double seconds) {
-  if (shared.plain_rates == nullptr) return;
+                     int64_t bucket, double seconds, bool began_beside_solve) {
+  if (shared.plain_rates == nullptr || began_beside_solve) return;
   if (shared.budget != nullptr && shared.budget->solves_in_flight() > 0) return;
   shared.plain_rates->Record(execution_id, bucket_tokens, bucket, seconds);
 }

@@ -373,10 +373,6 @@ struct PlanningShared {
   static PlanningShared Create();
 };
 
-// Records a plain step (gamma 0, one token) of `seconds` in
-// shared.plain_rates, unless a solve of the process is in flight
-// (PlannerBudget::solves_in_flight): a step timed beside a solve is not
-// plain decoding's rate. Nothing without a plain-rate table.
 // The guard's outlier rule, for plain and speculative steps alike: a step
 // longer than `factor` times the median step of its sample is left out of a
 // rate. A step the scheduler preempted (another process, or a planner solve
@@ -386,9 +382,15 @@ struct PlanningShared {
 // sample is empty.
 double OutlierThresholdSeconds(std::vector<double> seconds, double factor);
 
+// Records a plain step (gamma 0, one token) of `seconds` in
+// shared.plain_rates, unless a solve of the process was in flight at either
+// end of it: at its start (`began_beside_solve`, the caller's
+// PlannerBudget::solves_in_flight() > 0 when the step began) or now, at its
+// end. A step timed beside a solve is not plain decoding's rate. Nothing
+// without a plain-rate table.
 void RecordPlainStep(const PlanningShared& shared,
                      const std::string& execution_id, int64_t bucket_tokens,
-                     int64_t bucket, double seconds);
+                     int64_t bucket, double seconds, bool began_beside_solve);
 
 }  // namespace knapserve
 

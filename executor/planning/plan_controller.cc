@@ -504,10 +504,9 @@ bool PlanController::SolvesInFlight() const {
 void PlanController::AfterStep(const StepObservation& step) {
   last_step_beside_solve_ = step_began_beside_solve_ || SolvesInFlight();
   shared_.budget->AddDecodeSeconds(step.seconds);
-  if (guard_.settled() && !last_step_beside_solve_ && step.gamma == 0 &&
-      step.tokens == 1) {
+  if (guard_.settled() && step.gamma == 0 && step.tokens == 1) {
     RecordPlainStep(shared_, key_.ExecutionId(), options_.bucket_tokens,
-                    bucket_, step.seconds);
+                    bucket_, step.seconds, step_began_beside_solve_);
   }
   if (in_force_.has_value() && gamma_ == 0 && in_force_bucket_ == bucket_ &&
       step.gamma == 0 && trigger_ == PlanTrigger::kNone && !capturing_ &&

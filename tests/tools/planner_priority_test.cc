@@ -171,5 +171,24 @@ TEST(PlannerOptionsTest, TheKnapSpecSkipShareComesFromItsFlag) {
       absl::StatusCode::kInvalidArgument);
 }
 
+// `knapserve anchors` chooses each domain's mask with the same DP, so it takes
+// the same two flags (KnapSpecOptionsFromFlags), not the defaults.
+TEST(PlannerOptionsTest, TheAnchorsDpTakesTheKnapSpecFlags) {
+  absl::SetFlag(&FLAGS_knapspec_max_skip, 0.6);
+  absl::SetFlag(&FLAGS_knapspec_pool_alpha, false);
+  absl::StatusOr<KnapSpecOptions> options = KnapSpecOptionsFromFlags();
+  absl::SetFlag(&FLAGS_knapspec_pool_alpha, true);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->max_skipped_share, 0.6);
+  EXPECT_FALSE(options->pool_alpha);
+  absl::SetFlag(&FLAGS_knapspec_max_skip, 1.5);
+  options = KnapSpecOptionsFromFlags();
+  absl::SetFlag(&FLAGS_knapspec_max_skip, 0.5);
+  EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(options.status().message().find("--knapspec-max-skip"),
+            std::string::npos)
+      << options.status();
+}
+
 }  // namespace
 }  // namespace knapserve

@@ -277,6 +277,25 @@ TEST(PlainRateTableTest, APreemptedStepDoesNotMoveThePlainRate) {
                    .has_value());
 }
 
+// A plain step with a solve of the process in flight at either end is no
+// plain rate: the solve shared the cores.
+TEST(PlainRateTableTest, AStepBesideASolveAtEitherEndIsNotRecorded) {
+  PlanningShared shared = PlanningShared::Create();
+  RecordPlainStep(shared, "a", 256, 0, 0.001, /*began_beside_solve=*/false);
+  EXPECT_EQ(shared.plain_rates->samples("a", 256, 0), 1);
+  // A solve was in flight when the step began and settled before its end.
+  RecordPlainStep(shared, "a", 256, 0, 0.001, /*began_beside_solve=*/true);
+  EXPECT_EQ(shared.plain_rates->samples("a", 256, 0), 1);
+  // A solve is in flight at the step's end.
+  const std::optional<double> reserved = shared.budget->TryReserve(0.05);
+  ASSERT_TRUE(reserved.has_value());
+  RecordPlainStep(shared, "a", 256, 0, 0.001, /*began_beside_solve=*/false);
+  EXPECT_EQ(shared.plain_rates->samples("a", 256, 0), 1);
+  shared.budget->Settle(*reserved, 0.1);
+  RecordPlainStep(shared, "a", 256, 0, 0.001, /*began_beside_solve=*/false);
+  EXPECT_EQ(shared.plain_rates->samples("a", 256, 0), 2);
+}
+
 TEST(OutlierThresholdTest, AFactorOfTheMedian) {
   EXPECT_DOUBLE_EQ(OutlierThresholdSeconds({1, 5, 2, 100, 3}, 3), 9);
   EXPECT_EQ(OutlierThresholdSeconds({1, 2}, 0),
