@@ -216,7 +216,7 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
     predicted_seconds += per_step / p.predicted_tpt * steps;
     planned_drafts += p.predicted_drafts_per_step * steps;
     drafted += static_cast<double>(p.measured_drafted);
-    if (p.gamma > 0 && p.calibrated_tpt() > 0) {
+    if (p.calibrated_tpt() > 0) {
       out.calibrated_seconds += p.measured_seconds;
       calibrated_tokens += static_cast<double>(p.measured_tokens);
       calibrated_rate += p.calibrated_tpt() * p.measured_seconds;

@@ -192,13 +192,12 @@ struct PlanPrediction {
   // measured_tpt / predicted_tpt - 1 (0 without plans): -0.08 means the
   // plans delivered 8% less than promised.
   double error() const;
-  // The same on the machine's speed as measured (AppliedPlan::calibrated_tpt),
-  // over the drafting plans (gamma > 0; a plain plan's own steps are its
-  // plain rate) that have a measured plain rate (calibrated_seconds of the
-  // measured seconds): their calibrated promise and what they measured,
-  // time-weighted, and plain decoding's rate as the profile priced it
-  // (baseline_tpt, at the plan's context) against as the engine measured it
-  // at the plans' buckets (the mean of their plain steps).
+  // The same on the machine's speed as it was when each plan took effect
+  // (AppliedPlan::calibrated_tpt), over the plans that had a measured plain
+  // rate then (calibrated_seconds of the measured seconds): their calibrated
+  // promise and what they measured, time-weighted, and plain decoding's rate
+  // as the profile priced it (baseline_tpt, at the plan's context) against
+  // as the engine had measured it at the plans' buckets just before.
   // A profile_plain_tpt above measured_plain_tpt means the machine ran
   // slower than when it was profiled.
   double calibrated_seconds = 0;

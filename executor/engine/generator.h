@@ -279,22 +279,23 @@ struct AppliedPlan {
                : 0.0;
   }
   // Plain decoding's tokens/s that the engine measured at the context bucket
-  // where the plan took effect (the guard's plain-rate table: the bucket's
-  // last 32 plain steps of any sequence of the execution, of any age,
-  // preempted steps left out), read when the plan left force (a newer plan,
-  // or the sequence's end); 0 when the bucket had too few plain steps
-  // (GuardOptions::probe_steps). A plan that drafts adds no plain steps, so
-  // the samples may be from before it took effect.
+  // where the plan took effect, read as it took effect, before its first
+  // step (the guard's plain-rate table: the bucket's last 32 plain steps of
+  // any sequence of the execution, none older than the guard's
+  // plain_max_age_seconds, preempted steps and steps beside a solve left
+  // out); 0 when the bucket had too few (GuardOptions::probe_steps).
   double measured_plain_tpt = 0;
-  // The prediction on the machine's speed as measured: predicted_tpt x
-  // measured_plain_tpt / baseline_tpt. The latency profile was measured
-  // earlier, perhaps minutes or days; the plan's promise relative to plain
-  // decoding (predicted_tpt / baseline_tpt, the speed-up the TPT objective
-  // chose it for) times plain decoding's rate as measured now. A gap
-  // between predicted_tpt and calibrated_tpt() is the machine's change
-  // since the profile; one between calibrated_tpt() and measured_tpt() is
-  // the model's (acceptance, or the relative cost of drafting). 0 without
-  // a measured plain rate.
+  // The prediction on the machine's speed as it was when the plan took
+  // effect: predicted_tpt x measured_plain_tpt / baseline_tpt, the plan's
+  // promise relative to plain decoding (the speed-up the TPT objective chose
+  // it for) times plain decoding's rate just before. The latency profile was
+  // measured earlier, minutes or days, and a shared machine's speed moves by
+  // a quarter within minutes; a gap between predicted_tpt and
+  // calibrated_tpt() is that move, one between calibrated_tpt() and
+  // measured_tpt() is the planner's (acceptance, or the relative cost of
+  // drafting). Every input precedes the plan's steps, so for a plain plan
+  // too it is a prediction, not its own measurement. 0 without a measured
+  // plain rate.
   double calibrated_tpt() const {
     return baseline_tpt > 0 && measured_plain_tpt > 0
                ? predicted_tpt * measured_plain_tpt / baseline_tpt

@@ -166,8 +166,6 @@ class PlanSession {
       StartSnapshotSpan(step, context_length, controller_.pending_trigger());
     }
     if (directive.apply.has_value()) {
-      ClosePlan(result);
-      applied_context_length_ = context_length;
       const CachedPlan& cached = *directive.apply;
       const DraftPlan& plan = cached.plan;
       mask = plan.mask;
@@ -189,6 +187,12 @@ class PlanSession {
       applied.queue_seconds = plan.queue_seconds;
       applied.context_length = cached.context_length;
       applied.source = directive.apply_source;
+      // Plain decoding's rate at this bucket now, before the plan's first
+      // step: the machine's speed its prediction is calibrated by.
+      const std::optional<double> plain =
+          controller_.PlainStepSeconds(context_length);
+      applied.measured_plain_tpt =
+          plain.has_value() && *plain > 0 ? 1 / *plain : 0;
       if (tracing_) StartApplySpan(cached, applied);
       result.plans.push_back(std::move(applied));
       result.mask = plan.mask.ToString();
@@ -221,18 +225,6 @@ class PlanSession {
       apply_tokens_ += observation.tokens;
       apply_seconds_ += observation.seconds;
     }
-  }
-
-  // The plan in force (the last applied) leaves force: it keeps the plain
-  // rate measured at the bucket where it took effect, for its calibrated
-  // prediction. (Not its snapshot's length: a snapshot that ends just past
-  // a bucket boundary is still the plan of the bucket it began in.)
-  void ClosePlan(GenerationResult& result) const {
-    if (result.plans.empty()) return;
-    AppliedPlan& plan = result.plans.back();
-    const std::optional<double> plain =
-        controller_.PlainStepSeconds(applied_context_length_);
-    plan.measured_plain_tpt = plain.has_value() && *plain > 0 ? 1 / *plain : 0;
   }
 
   // Sends one completed snapshot; returns at once.
@@ -332,7 +324,6 @@ class PlanSession {
 
   void Finish(GenerationResult& result) {
     finished_ = true;
-    ClosePlan(result);
     EndApplySpan("finished");
     if (snapshot_span_.recording()) {
       snapshot_span_.SetError("the generation ended before the snapshot");
@@ -467,8 +458,6 @@ class PlanSession {
   std::shared_ptr<Mailbox> mailbox_;
   PlanController controller_;
   bool finished_ = false;  // Finish ran (it already told the planner)
-  // The committed length when the plan in force took effect (ClosePlan).
-  int64_t applied_context_length_ = 0;
   // Tracing (common/trace): the request's decode span, the snapshot being
   // captured, and the plan in force with what it realized so far.
   const trace::SpanContext trace_parent_;

@@ -48,7 +48,7 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   AppliedPlan b;              // gamma 0: plain, 1 token a step
   b.predicted_tpt = 200;
   b.baseline_tpt = 200;        // a plain plan: its promise is the baseline,
-  b.measured_plain_tpt = 150;  // and its own steps are the plain rate
+  b.measured_plain_tpt = 160;  // plain measured before it: 160 calibrated
   b.measured_steps = 30;
   b.measured_tokens = 30;
   b.measured_seconds = 0.2;  // 150 tokens/s
@@ -76,14 +76,21 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   EXPECT_EQ(PlanPredictionJson(p)["steps"], 40);
   EXPECT_EQ(p.beside_solve_steps, 4);
   EXPECT_DOUBLE_EQ(p.beside_solve_seconds, 0.75);
-  // Only drafting plans count (b's calibrated promise would be its own
-  // measured rate): the calibrated figures are a's.
-  EXPECT_DOUBLE_EQ(p.calibrated_seconds, 0.2);
-  EXPECT_DOUBLE_EQ(p.calibrated_tpt, 60);
-  EXPECT_DOUBLE_EQ(p.calibrated_measured_tpt, 60);
-  EXPECT_DOUBLE_EQ(p.calibrated_error(), 0);
-  EXPECT_DOUBLE_EQ(p.profile_plain_tpt, 80);
-  EXPECT_DOUBLE_EQ(p.measured_plain_tpt, 48);
+  // Both plans had a plain rate when they took effect, the plain plan too
+  // (it was read before its steps): time-weighted, 0.2 s each.
+  EXPECT_DOUBLE_EQ(p.calibrated_seconds, 0.4);
+  EXPECT_DOUBLE_EQ(p.calibrated_tpt, (60 + 160) / 2.0);
+  EXPECT_DOUBLE_EQ(p.calibrated_measured_tpt, 42 / 0.4);
+  EXPECT_DOUBLE_EQ(p.calibrated_error(), 105.0 / 110.0 - 1);
+  EXPECT_DOUBLE_EQ(p.profile_plain_tpt, (80 + 200) / 2.0);
+  EXPECT_DOUBLE_EQ(p.measured_plain_tpt, (48 + 160) / 2.0);
+  // A plan without a plain rate when it took effect has no calibrated
+  // promise and stays out of those figures.
+  AppliedPlan c = b;
+  c.measured_plain_tpt = 0;
+  const PlanPrediction q = SummarizePredictions({a, c});
+  EXPECT_DOUBLE_EQ(q.calibrated_seconds, 0.2);
+  EXPECT_DOUBLE_EQ(q.calibrated_tpt, 60);
 
   const PlanPrediction none = SummarizePredictions({unmeasured});
   EXPECT_EQ(none.steps, 0);
