@@ -213,11 +213,12 @@ struct ProfileOptions {
   int max_draft = 10;  // verify table covers 1..max_draft+1 tokens
   uint64_t seed = 0;   // for the random K/V contents and hidden states
   // Called on the measuring thread before every run (warm-up or timed) of
-  // every point; empty = never. An error stops the measurement and is
-  // returned (a server shutting down answers Cancelled). `true` says it
-  // waited (a server's background profile pauses while requests decode,
-  // planner/background_profile.h): the caches are then cold, so the point
-  // starts over with its warm-up and its timings so far are dropped.
+  // every point (a verify run is one pass per token count); empty = never. An
+  // error stops the measurement and is returned (a server shutting down answers
+  // Cancelled). `true` says it waited (a server's background profile pauses
+  // while requests decode, planner/background_profile.h): the caches are then
+  // cold, so the point starts over with its warm-up and its timings so far are
+  // dropped.
   std::function<absl::StatusOr<bool>()> before_run;
   // Measures the engine's per-step work outside the passes, called once on
   // the measuring thread after the passes are timed, with `before_run` to
@@ -235,7 +236,9 @@ struct ProfileOptions {
 // own (Attention with a K/V cache at n, Mlp), giving the mean attention and
 // MLP sublayer latency in a real step (weights streaming from memory as in
 // decoding, not one layer's weights hot in cache) and the fixed cost (Embed +
-// Logits); then the full model's pass over 1..max_draft+1 tokens. Medians of
+// Logits); then the full model's pass over 1..max_draft+1 tokens as the
+// engine runs it (LlamaModel::ForwardBatch), every token count once per run,
+// in turns, so that drift in the machine's speed hits them alike. Medians of
 // `repeats` runs after `warmup` runs, measured in two sweeps (up the
 // contexts, then down) keeping each figure's smaller median: interference
 // only slows runs down, and a disturbance of one context in one sweep misses

@@ -1,7 +1,7 @@
 // `knapserve bench step-cost`: what the speculation steps cost on this
-// machine, measured directly with LlamaModel::Forward on a KV cache holding
-// --context-length positions (median of --step-repeats runs after 3 warm-up
-// runs each).
+// machine, measured directly with the engine's pass (LlamaModel::ForwardBatch,
+// one sequence) on a KV cache holding --context-length positions (median of
+// --step-repeats runs after 3 warm-up runs each, the cases taking turns).
 //
 // 1. Draft step: one token through the model with k of 2L sublayers kept
 //    (whole layers skipped, spread evenly; and all attention or all MLP
@@ -202,31 +202,38 @@ absl::Status BenchStepCost() {
   torch::Tensor prefix =
       torch::arange(context, torch::kInt64).mul_(7919).remainder_(vocab);
   model.Prefill(prefix, 0, kv);
-  torch::Tensor one = torch::tensor({int64_t{1} % vocab}, torch::kInt64);
 
   // Every measurement is a case; the cases are timed round-robin (case 0,
   // 1, ..., then again) so that drift in machine speed hits them alike.
   std::vector<std::function<void()>> cases;
-  auto add_step_case = [&](const LayerMask* skip) {
-    cases.push_back([&model, &kv, one, context, skip] {
-      ForwardOptions options;
-      options.skip = skip;
-      options.num_logits = 1;
-      torch::Tensor logits = model.Forward(one, context, kv, options);
-      volatile int64_t sink = logits.argmax(-1)[0].item<int64_t>();
-      (void)sink;
-    });
+  // Each case is one pass as the engine runs it (ForwardBatch with one
+  // sequence): on the CPU its row-wise path has kernels of its own for
+  // few-token passes.
+  auto add_pass_case = [&](std::vector<int32_t> ids, const LayerMask* skip,
+                           int64_t num_logits) {
+    cases.push_back(
+        [&model, &kv, ids = std::move(ids), context, skip, num_logits] {
+          BatchSequence pass;
+          pass.tokens = absl::MakeConstSpan(ids);
+          pass.start_pos = context;
+          pass.kv = &kv;
+          pass.skip = skip;
+          pass.num_logits = num_logits;
+          torch::Tensor logits =
+              model.ForwardBatch(absl::MakeConstSpan(&pass, 1))[0];
+          volatile int64_t sink = logits.argmax(-1)[0].item<int64_t>();
+          (void)sink;
+        });
     return cases.size() - 1;
   };
+  auto add_step_case = [&](const LayerMask* skip) {
+    return add_pass_case({static_cast<int32_t>(1 % vocab)}, skip, 1);
+  };
   auto add_verify_case = [&](int64_t tokens) {
-    torch::Tensor ids =
-        torch::arange(tokens, torch::kInt64).add_(3).remainder_(vocab);
-    cases.push_back([&model, &kv, ids, context] {
-      torch::Tensor logits = model.Forward(ids, context, kv, -1);
-      volatile int64_t sink = logits.argmax(-1)[0].item<int64_t>();
-      (void)sink;
-    });
-    return cases.size() - 1;
+    std::vector<int32_t> ids(static_cast<size_t>(tokens));
+    for (int64_t i = 0; i < tokens; ++i)
+      ids[static_cast<size_t>(i)] = static_cast<int32_t>((i + 3) % vocab);
+    return add_pass_case(std::move(ids), nullptr, -1);
   };
 
   struct Row {
