@@ -320,11 +320,19 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
   };
   repeats = std::max(1, repeats);
   const size_t num_modes = requests.size();
+  // Each mode plans on its own (cache, budget, verdicts), but plain
+  // decoding's rate is the process's, fed by every mode's plain steps (off's
+  // above all), as in one server that serves them all.
   std::vector<PlanningShared> planning(num_modes);
-  for (PlanningShared& shared : planning) {
-    shared = PlanningShared::Create();
-    shared.router = router;
-  }
+  auto fresh_planning = [&] {
+    const auto plain_rates = std::make_shared<PlainRateTable>();
+    for (PlanningShared& shared : planning) {
+      shared = PlanningShared::Create();
+      shared.plain_rates = plain_rates;
+      shared.router = router;
+    }
+  };
+  fresh_planning();
   if (warmup && !inputs.empty()) {
     PlanningShared warmup_planning = PlanningShared::Create();
     warmup_planning.router = router;
@@ -365,7 +373,8 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     results[p][mode].push_back(std::move(result));
     // A solve this run started and that outlives it finishes before the
     // next run starts (untimed): a mode's solves then slow its own runs,
-    // never the next mode's (nor that mode's guard's plain reference).
+    // never the next mode's (nor the plain steps it adds to the plain
+    // rates).
     AwaitSolves(planning[mode]);
     return absl::OkStatus();
   };
@@ -383,12 +392,7 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     // (fresh PlanningShared per mode), so no repeat plans with another's
     // solves.
     for (int r = 0; r < repeats; ++r) {
-      if (r > 0) {
-        for (PlanningShared& shared : planning) {
-          shared = PlanningShared::Create();
-          shared.router = router;
-        }
-      }
+      if (r > 0) fresh_planning();
       for (size_t p = 0; p < inputs.size(); ++p) {
         for (size_t k = 0; k < num_modes; ++k) {
           RETURN_IF_ERROR(run_one(p, (r + p) % 2 == 0 ? k : num_modes - 1 - k));

@@ -224,18 +224,21 @@ nlohmann::json PlanPredictionJson(const PlanPrediction& p);
 // Returns runs[mode][prompt]. `warmup` runs one short generation per mode
 // first (kernel selection, page faults). `planners[k]` serves mode k's plans
 // (empty, or null entries, when the mode plans nothing). Each mode gets one
-// PlanningShared (plan cache, planner budget, plain rates) for all its runs,
-// as one server process would; the warm-up runs use a separate one, so the
-// measured runs start with an empty cache. Without `warm_plan_cache` every
-// repeat is such a cold pass (repeat x prompt x mode, a fresh PlanningShared
-// per mode and repeat). With `warm_plan_cache` (prompt x repeat x mode), each
-// mode first generates every input once, untimed, with the PlanningShared it is
-// then measured with, and the solves it started are awaited (at most a
-// minute: a planner that yields the cores may still be solving): the
-// measured runs see the steady state of a server that has already planned
-// for these context buckets (cached plans, plain rates), not its first
-// requests. `router` (the --anchors of kKnn) goes into
-// every mode's PlanningShared.
+// PlanningShared (plan cache, planner budget, guard verdicts) for all its
+// runs, as one server process would, and the modes share one plain-rate
+// table (PlainRateTable: every mode's plain steps, off's above all, are
+// plain decoding's rate for the guards and the plans' calibrated
+// predictions, as in one server that serves every mode); the warm-up runs
+// use a separate one, so the measured runs start with an empty cache.
+// Without `warm_plan_cache` every repeat is such a cold pass (repeat x prompt
+// x mode, fresh PlanningShareds and plain rates per repeat). With
+// `warm_plan_cache` (prompt x repeat x mode), each mode first generates every
+// input once, untimed, with the PlanningShared it is then measured with, and
+// the solves it started are awaited (at most a minute: a planner that yields
+// the cores may still be solving): the measured runs see the steady state of a
+// server that has already planned for these context buckets (cached plans,
+// plain rates), not its first requests. `router` (the --anchors of kKnn) goes
+// into every mode's PlanningShared.
 absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
     const LlamaModel& model, const Tokenizer& tokenizer,
     const std::vector<BenchInput>& inputs,

@@ -546,11 +546,12 @@ void PlanController::AfterStep(const StepObservation& step) {
 std::optional<double> PlanController::PlainStepSeconds(
     int64_t context_length) const {
   if (shared_.plain_rates == nullptr) return std::nullopt;
+  const double max_age = options_.guard.plain_max_age_seconds;
   return GuardPlainStepSeconds(
       *shared_.plain_rates, options_.guard, key_.ExecutionId(),
       options_.bucket_tokens,
       ContextBucket(context_length, options_.bucket_tokens),
-      absl::InfiniteDuration());
+      max_age > 0 ? absl::Seconds(max_age) : absl::InfiniteDuration());
 }
 
 void PlanController::ApplyAwaitedPlan(StepDirective& directive) {

@@ -413,7 +413,8 @@ class PlanController {
   const std::optional<CachedPlan>& plan_in_force() const { return in_force_; }
   // Plain decoding's mean step seconds at `context_length`'s bucket in the
   // process's PlainRateTable (every sequence of this execution, the guard's
-  // outlier rule, any age), nullopt with fewer than the guard's probe_steps
+  // outlier rule, none older than the guard's plain_max_age_seconds: the
+  // machine's speed drifts), nullopt with fewer than the guard's probe_steps
   // samples. Reads the shared table (thread-safe).
   std::optional<double> PlainStepSeconds(int64_t context_length) const;
   // Whether a solve of the process (PlannerBudget::solves_in_flight) was in

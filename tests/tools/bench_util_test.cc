@@ -260,6 +260,27 @@ TEST_F(RunModesTest, EveryColdRepeatPlansFromAnEmptyCache) {
   }
 }
 
+// The modes share plain decoding's rate as one server's would: off's plain
+// steps calibrate the knapspec plan that takes effect after them (its own
+// sequence timed no plain step before its plan: the steps that captured the
+// snapshot ran beside its solve).
+TEST_F(RunModesTest, OffsPlainStepsCalibrateTheOtherModesPlans) {
+  GenerationRequest off = KnapSpecRequest();
+  off.speculation.mode = SpeculationMode::kOff;
+  off.max_new_tokens = 40;
+  GenerationRequest knapspec = KnapSpecRequest();
+  knapspec.max_new_tokens = 40;
+  testing::SynchronousPlanner planner(core_.get());
+  auto runs = RunModes(*model_, *tokenizer_, Inputs(1), {off, knapspec},
+                       /*repeats=*/1, /*warmup=*/false, {nullptr, &planner});
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  const std::vector<AppliedPlan>& plans = (*runs)[1][0].plans;
+  ASSERT_FALSE(plans.empty());
+  EXPECT_GT(plans.front().measured_plain_tpt, 0)
+      << "off ran first, in the same repeat";
+  EXPECT_GT(plans.front().calibrated_tpt(), 0);
+}
+
 PromptRun Repeats(std::vector<double> seconds, int64_t tokens = 100) {
   PromptRun run;
   run.repeat_decode_seconds = seconds;
