@@ -219,8 +219,7 @@ absl::Status BenchStepCost() {
           pass.kv = &kv;
           pass.skip = skip;
           pass.num_logits = num_logits;
-          torch::Tensor logits =
-              model.ForwardBatch(absl::MakeConstSpan(&pass, 1))[0];
+          torch::Tensor logits = model.ForwardBatch({pass})[0];
           volatile int64_t sink = logits.argmax(-1)[0].item<int64_t>();
           (void)sink;
         });

@@ -214,32 +214,36 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
 
 namespace {
 
+// How old a plain step may be to count as plain decoding's rate now
+// (GuardOptions::plain_max_age_seconds; <= 0: any age).
+absl::Duration PlainMaxAge(const GuardOptions& options) {
+  return options.plain_max_age_seconds > 0
+             ? absl::Seconds(options.plain_max_age_seconds)
+             : absl::InfiniteDuration();
+}
+
 // The bucket's mean plain step by the guard's rules (probe_steps samples,
-// outlier_factor), no older than `max_age`.
+// outlier_factor, PlainMaxAge).
 std::optional<double> GuardPlainStepSeconds(const PlainRateTable& table,
                                             const GuardOptions& options,
                                             const std::string& execution_id,
                                             int64_t bucket_tokens,
-                                            int64_t bucket,
-                                            absl::Duration max_age) {
+                                            int64_t bucket) {
   const int min_samples =
       static_cast<int>(std::max<int64_t>(1, options.probe_steps));
   return table.MeanStepSeconds(execution_id, bucket_tokens, bucket, min_samples,
-                               max_age, absl::Now(), options.outlier_factor);
+                               PlainMaxAge(options), absl::Now(),
+                               options.outlier_factor);
 }
 
 }  // namespace
 
 std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
-  const absl::Duration max_age =
-      options_.plain_max_age_seconds > 0
-          ? absl::Seconds(options_.plain_max_age_seconds)
-          : absl::InfiniteDuration();
   const std::optional<double> table = GuardPlainStepSeconds(
-      *plain_rates_, options_, execution_id_, bucket_tokens_, bucket, max_age);
+      *plain_rates_, options_, execution_id_, bucket_tokens_, bucket);
   if (table.has_value()) return table;
   if (probe_reference_.has_value() && probe_reference_->bucket == bucket &&
-      absl::Now() - probe_reference_->at <= max_age) {
+      absl::Now() - probe_reference_->at <= PlainMaxAge(options_)) {
     return probe_reference_->step_seconds;
   }
   return std::nullopt;
@@ -546,12 +550,10 @@ void PlanController::AfterStep(const StepObservation& step) {
 std::optional<double> PlanController::PlainStepSeconds(
     int64_t context_length) const {
   if (shared_.plain_rates == nullptr) return std::nullopt;
-  const double max_age = options_.guard.plain_max_age_seconds;
   return GuardPlainStepSeconds(
       *shared_.plain_rates, options_.guard, key_.ExecutionId(),
       options_.bucket_tokens,
-      ContextBucket(context_length, options_.bucket_tokens),
-      max_age > 0 ? absl::Seconds(max_age) : absl::InfiniteDuration());
+      ContextBucket(context_length, options_.bucket_tokens));
 }
 
 void PlanController::ApplyAwaitedPlan(StepDirective& directive) {
