@@ -117,20 +117,26 @@ double Median(std::vector<double> values) {
 // Runs one point of the profile: `run(timed)` `warmup` times untimed, then
 // `repeats` times timed. Before every run asks options.before_run: an error
 // stops it; a wait means the caches went cold, so `restart` drops what the
-// point measured and the warm-up starts over.
-absl::Status RunPoint(const ProfileOptions& options, int warmup, int repeats,
-                      const std::function<void()>& restart,
-                      const std::function<void(bool timed)>& run) {
+// point measured and the warm-up starts over. `run` may ask before_run
+// itself between its passes: it returns true when that waited (the run is
+// cut short, and the point starts over the same way) and its errors stop
+// the point.
+absl::Status RunPoint(
+    const ProfileOptions& options, int warmup, int repeats,
+    const std::function<void()>& restart,
+    const std::function<absl::StatusOr<bool>(bool timed)>& run) {
   for (int i = 0; i < warmup + repeats; ++i) {
+    bool waited = false;
     if (options.before_run) {
-      ASSIGN_OR_RETURN(const bool waited, options.before_run());
-      if (waited && i > 0) {
-        restart();
-        i = -1;  // the loop's ++i starts the warm-up again
-        continue;
-      }
+      ASSIGN_OR_RETURN(waited, options.before_run());
     }
-    run(i >= warmup);
+    if (!waited || i == 0) {
+      ASSIGN_OR_RETURN(waited, run(i >= warmup));
+    }
+    if (waited) {
+      restart();
+      i = -1;  // the loop's ++i starts the warm-up again
+    }
   }
   return absl::OkStatus();
 }
@@ -477,7 +483,7 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
             mlp.clear();
             fixed.clear();
           },
-          [&](bool timed) {
+          [&](bool timed) -> absl::StatusOr<bool> {
             sync();
             auto t0 = now();
             torch::Tensor h = model.Embed(one_id);
@@ -499,10 +505,12 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
             sink = model.Logits(h);
             sync();
             const double logits = seconds(l0, now());
-            if (!timed) return;
-            attention.push_back(attention_sum / num_layers);
-            mlp.push_back(mlp_sum / num_layers);
-            fixed.push_back(embed + logits);
+            if (timed) {
+              attention.push_back(attention_sum / num_layers);
+              mlp.push_back(mlp_sum / num_layers);
+              fixed.push_back(embed + logits);
+            }
+            return false;  // one pass: RunPoint's own check before it
           }));
       Point point{Median(attention), Median(mlp), Median(fixed), {}};
       // The verify row: the full model's pass over t = 1..max_tokens tokens
@@ -526,8 +534,14 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
           [&] {
             for (std::vector<double>& t : times) t.clear();
           },
-          [&](bool timed) {
+          [&](bool timed) -> absl::StatusOr<bool> {
             for (int64_t k = 0; k < max_tokens; ++k) {
+              // A request may be waiting between two passes (RunPoint asked
+              // before the first).
+              if (k > 0 && options.before_run) {
+                ASSIGN_OR_RETURN(const bool waited, options.before_run());
+                if (waited) return true;
+              }
               const size_t t =
                   static_cast<size_t>(round % 2 == 0 ? k : max_tokens - 1 - k);
               BatchSequence pass;
@@ -542,6 +556,7 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
               if (timed) times[t].push_back(seconds(start, now()));
             }
             ++round;
+            return false;
           }));
       for (std::vector<double>& t : times) {
         point.verify.push_back(Median(std::move(t)));

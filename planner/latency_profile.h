@@ -213,12 +213,14 @@ struct ProfileOptions {
   int max_draft = 10;  // verify table covers 1..max_draft+1 tokens
   uint64_t seed = 0;   // for the random K/V contents and hidden states
   // Called on the measuring thread before every run (warm-up or timed) of
-  // every point (a verify run is one pass per token count); empty = never. An
-  // error stops the measurement and is returned (a server shutting down answers
-  // Cancelled). `true` says it waited (a server's background profile pauses
-  // while requests decode, planner/background_profile.h): the caches are then
-  // cold, so the point starts over with its warm-up and its timings so far are
-  // dropped.
+  // every point, and inside a verify run before each of its passes (one per
+  // token count: on a large model a run is max_draft+1 full passes, too long
+  // for a waiting request to sit behind); empty = never. An error stops the
+  // measurement and is returned (a server shutting down answers Cancelled).
+  // `true` says it waited (a server's background profile pauses while
+  // requests decode, planner/background_profile.h): the caches are then
+  // cold, so the point starts over with its warm-up and its timings so far
+  // are dropped.
   std::function<absl::StatusOr<bool>()> before_run;
   // Measures the engine's per-step work outside the passes, called once on
   // the measuring thread after the passes are timed, with `before_run` to

@@ -51,10 +51,13 @@ bool WaitFor(const std::function<bool()>& condition, double seconds = 120) {
   return true;
 }
 
-// Per context and sweep (two, latency_profile.h): the sublayer point and the
-// verify point (every token count in each run), each warmup + repeats runs.
-int RunsOf(const ProfileOptions& o) {
-  return 2 * static_cast<int>(o.contexts.size()) * 2 * (o.warmup + o.repeats);
+// before_run's calls in a profile without waits. Per context and sweep (two,
+// latency_profile.h): the sublayer point's warmup + repeats runs, one call
+// each, and the verify point's as many runs, one call before each of their
+// max_draft + 1 passes (one per token count).
+int CallsOf(const ProfileOptions& o) {
+  return 2 * static_cast<int>(o.contexts.size()) * (o.warmup + o.repeats) *
+         (1 + o.max_draft + 1);
 }
 
 TEST(ProfileModelBeforeRunTest, AWaitRestartsThePointAndAnErrorStops) {
@@ -70,8 +73,23 @@ TEST(ProfileModelBeforeRunTest, AWaitRestartsThePointAndAnErrorStops) {
   ASSERT_TRUE(profile.ok()) << profile.status();
   EXPECT_TRUE(profile->Validate().ok());
   // The first point's first run was done before the wait, so it ran again:
-  // two calls more than there are runs.
-  EXPECT_EQ(calls, RunsOf(options) + 2);
+  // two calls more than without the wait.
+  EXPECT_EQ(calls, CallsOf(options) + 2);
+
+  // A wait between two passes of a verify run cuts the run short and starts
+  // its point over: the first context's sublayer point makes warmup +
+  // repeats calls, then the verify point's first run asks before its first
+  // pass and, waiting, before its third (max_draft 2: three passes); that
+  // run's first two calls are spent and it runs again in full.
+  const int sublayer_calls = options.warmup + options.repeats;
+  calls = 0;
+  options.before_run = [&]() -> absl::StatusOr<bool> {
+    return ++calls == sublayer_calls + 3;
+  };
+  auto cut = ProfileModel(*model, options);
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_TRUE(cut->Validate().ok());
+  EXPECT_EQ(calls, CallsOf(options) + 3);
 
   calls = 0;
   options.before_run = [&]() -> absl::StatusOr<bool> {
