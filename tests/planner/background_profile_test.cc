@@ -79,8 +79,8 @@ TEST(ProfileModelBeforeRunTest, AWaitRestartsThePointAndAnErrorStops) {
   // A wait between two passes of a verify run cuts the run short and starts
   // its point over: the first context's sublayer point makes warmup +
   // repeats calls, then the verify point's first run asks before its first
-  // pass and, waiting, before its third (max_draft 2: three passes); that
-  // run's first two calls are spent and it runs again in full.
+  // pass, again before its second and, waiting, before its third (max_draft
+  // 2: three passes); those three calls are spent and the run starts over.
   const int sublayer_calls = options.warmup + options.repeats;
   calls = 0;
   options.before_run = [&]() -> absl::StatusOr<bool> {
