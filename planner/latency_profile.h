@@ -224,10 +224,10 @@ struct ProfileOptions {
   std::function<absl::StatusOr<bool>()> before_run;
   // Measures the engine's per-step work outside the passes, called once on
   // the measuring thread after the passes are timed, with `before_run` to
-  // call before each of its runs; empty leaves both overheads 0 (the
-  // planner's layer has no engine: the caller that owns one supplies it,
-  // tools/step_overhead.h). Negative or non-finite results are
-  // InvalidArgument; its errors are returned.
+  // call before each of its runs and between their decode steps; empty
+  // leaves both overheads 0 (the planner's layer has no engine: the caller
+  // that owns one supplies it, tools/step_overhead.h). Negative or
+  // non-finite results are InvalidArgument; its errors are returned.
   std::function<absl::StatusOr<StepOverhead>(
       const std::function<absl::StatusOr<bool>()>& before_run)>
       measure_overhead;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -21,21 +22,43 @@ double OutsidePasses(const GenerationResult& result) {
          s.waiting_seconds;
 }
 
-// Runs `request` until before_run lets it through without waiting.
+// Runs `request` until a run goes through with no wait in it. before_run is
+// asked before the run and between its steps (the stream callback), so a
+// request that reaches a serving process waits for one decode step of this
+// measurement, not a whole run. A wait between steps cuts the run short (its
+// timings now hold the wait); a run right after a wait starts with cold
+// caches, so it only warms them and the next one is timed.
 absl::StatusOr<GenerationResult> RunOnce(const LlamaModel& model,
                                          const Tokenizer& tokenizer,
                                          const GenerationRequest& request,
                                          const StepOverheadOptions& options) {
+  bool cold = false;
   for (;;) {
-    bool waited = false;
+    bool waited = cold;
     if (options.before_run) {
-      ASSIGN_OR_RETURN(waited, options.before_run());
+      ASSIGN_OR_RETURN(const bool waited_now, options.before_run());
+      waited = waited || waited_now;
     }
-    // A run right after a wait starts with cold caches: it warms them and
-    // the next one is timed.
+    absl::Status gate;
+    bool cut = false;
+    StreamCallback between_steps;
+    if (options.before_run) {
+      between_steps = [&](absl::Span<const int32_t>, std::string_view,
+                          const StepLogprobs&) {
+        absl::StatusOr<bool> waited_now = options.before_run();
+        if (!waited_now.ok()) {
+          gate = waited_now.status();
+          return false;
+        }
+        cut = *waited_now;
+        return !cut;
+      };
+    }
     ASSIGN_OR_RETURN(GenerationResult result,
-                     Generate(model, tokenizer, request));
-    if (!waited) return result;
+                     Generate(model, tokenizer, request, between_steps));
+    RETURN_IF_ERROR(gate);
+    cold = cut;
+    if (!waited && !cut) return result;
   }
 }
 

@@ -37,8 +37,10 @@ struct StepOverheadOptions {
   int new_tokens = 64;     // per run, >= 8
   int repeats = 3;         // runs per figure (the median is kept), >= 1
   int max_draft = 4;       // draft tokens per step of the static run, >= 1
-  // As ProfileOptions::before_run: called before every run; `true` (it
-  // waited, the caches are cold) repeats the run.
+  // As ProfileOptions::before_run: called before every run and between its
+  // decode steps; `true` (it waited, the caches are cold) cuts the run short
+  // if it was under way, and the run is repeated after one untimed run that
+  // warms the caches again. An error stops the measurement.
   std::function<absl::StatusOr<bool>()> before_run;
 };
 
