@@ -18,19 +18,35 @@ namespace {
 
 using ::testing::HasSubstr;
 
-TEST(StepOverheadTest, MeasuresTheEnginesWorkOutsideThePasses) {
-  const LlamaModel* model = testing::CachedModel("stories260k");
-  const Tokenizer* tokenizer = testing::StoriesTokenizer();
-  ASSERT_NE(model, nullptr);
-  ASSERT_NE(tokenizer, nullptr);
+// Short runs (24 new tokens, one repeat) whose gate counts its calls in
+// `calls` and never waits.
+StepOverheadOptions CountingOptions(int& calls) {
   StepOverheadOptions options;
   options.new_tokens = 24;
   options.repeats = 1;
-  int calls = 0;
-  options.before_run = [&]() -> absl::StatusOr<bool> {
+  options.before_run = [&calls]() -> absl::StatusOr<bool> {
     ++calls;
     return false;
   };
+  return options;
+}
+
+// stories260k and its tokenizer, loaded once per test.
+class StepOverheadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    model = testing::CachedModel("stories260k");
+    tokenizer = testing::StoriesTokenizer();
+    ASSERT_NE(model, nullptr);
+    ASSERT_NE(tokenizer, nullptr);
+  }
+  const LlamaModel* model = nullptr;
+  const Tokenizer* tokenizer = nullptr;
+};
+
+TEST_F(StepOverheadTest, MeasuresTheEnginesWorkOutsideThePasses) {
+  int calls = 0;
+  StepOverheadOptions options = CountingOptions(calls);
   auto overhead = MeasureStepOverhead(*model, *tokenizer, options);
   ASSERT_TRUE(overhead.ok()) << overhead.status();
   // Choosing a token and keeping the books take time, but far less than a
@@ -61,19 +77,9 @@ TEST(StepOverheadTest, MeasuresTheEnginesWorkOutsideThePasses) {
 // holds the wait, so it is dropped; the next run only warms the caches again
 // and the one after it is timed. A request arriving at a serving process
 // thus waits for one decode step of this measurement, not a whole run.
-TEST(StepOverheadTest, AWaitBetweenStepsCutsTheRunAndRunsItAgainWarm) {
-  const LlamaModel* model = testing::CachedModel("stories260k");
-  const Tokenizer* tokenizer = testing::StoriesTokenizer();
-  ASSERT_NE(model, nullptr);
-  ASSERT_NE(tokenizer, nullptr);
-  StepOverheadOptions options;
-  options.new_tokens = 24;
-  options.repeats = 1;
+TEST_F(StepOverheadTest, AWaitBetweenStepsCutsTheRunAndRunsItAgainWarm) {
   int calls = 0;
-  options.before_run = [&]() -> absl::StatusOr<bool> {
-    ++calls;
-    return false;
-  };
+  StepOverheadOptions options = CountingOptions(calls);
   ASSERT_TRUE(MeasureStepOverhead(*model, *tokenizer, options).ok());
   const int undisturbed = calls;
   // One plain run: asked before it and after each of its 24 steps.
@@ -98,11 +104,7 @@ TEST(StepOverheadTest, AWaitBetweenStepsCutsTheRunAndRunsItAgainWarm) {
   EXPECT_EQ(calls, undisturbed + plain_run);
 }
 
-TEST(StepOverheadTest, RefusesBadOptionsAndModelsTooShort) {
-  const LlamaModel* model = testing::CachedModel("stories260k");
-  const Tokenizer* tokenizer = testing::StoriesTokenizer();
-  ASSERT_NE(model, nullptr);
-  ASSERT_NE(tokenizer, nullptr);
+TEST_F(StepOverheadTest, RefusesBadOptionsAndModelsTooShort) {
   for (auto bad : {+[](StepOverheadOptions& o) { o.prompt_tokens = 0; },
                    +[](StepOverheadOptions& o) { o.new_tokens = 7; },
                    +[](StepOverheadOptions& o) { o.repeats = 0; },
