@@ -178,6 +178,25 @@ StepForecast SetForecast(const TptCandidate& candidate, int gamma,
   return f;
 }
 
+// Records what the plan's gamma rests on (DraftPlan::basis): the step prices
+// and the shares its odds were smoothed from. Only a drafting plan has one.
+void SetBasis(const std::vector<double>& verify, double draft_seconds,
+              const DraftShares& shares, int64_t r, const AlphaPrior& prior,
+              double exit_threshold, bool gamma_fixed, DraftPlan& plan) {
+  if (plan.gamma <= 0) return;
+  PlanBasis& basis = plan.basis;
+  basis.verify_seconds = verify;
+  basis.draft_seconds = draft_seconds;
+  basis.reference_tokens = r;
+  basis.accept_share = shares.accept;
+  basis.prior = prior;
+  basis.confidence_stop = exit_threshold > 0;
+  basis.go_on_share = basis.confidence_stop ? shares.go_on : 1.0;
+  basis.accept_and_go_on_share =
+      basis.confidence_stop ? shares.accept_and_go_on : shares.accept;
+  basis.gamma_fixed = gamma_fixed;
+}
+
 // Fills plan.gamma / predicted_tpt / baseline_tpt for one fixed candidate
 // measured on r tokens. fixed_gamma > 0 forces gamma (the TPT is still
 // predicted for it).
@@ -201,6 +220,8 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
     plan.predicted_tpt =
         SetForecast(tc, fixed_gamma, verify, plan).tokens_per_second();
     plan.baseline_tpt = TokensPerSecond(0, 0, 0, verify[0]);
+    SetBasis(verify, tc.draft_seconds, SharesOf(candidate), r, prior,
+             exit_threshold, /*gamma_fixed=*/true, plan);
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(TptChoice choice, MaximizeTpt({&tc, 1}, verify, max_draft));
@@ -208,6 +229,8 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
   plan.predicted_tpt = choice.tpt;
   plan.baseline_tpt = choice.baseline_tpt;
   SetForecast(tc, choice.gamma, verify, plan);
+  SetBasis(verify, tc.draft_seconds, SharesOf(candidate), r, prior,
+           exit_threshold, /*gamma_fixed=*/false, plan);
   return absl::OkStatus();
 }
 
@@ -348,6 +371,8 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
   // The share each candidate's odds came from: its alpha_hat, or with
   // pool_alpha its block's pooled share.
   std::vector<double> grid_share(candidates.size(), 0.0);
+  // And its shares as the grid took them (pooled with pool_alpha).
+  std::vector<DraftShares> grid_shares(candidates.size());
   const bool lazy = options.lazy_alpha && !options.pool_alpha;
   TptChoice choice;
   if (lazy) {
@@ -362,6 +387,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
           MeasureDraftShares(runner, one, targets, exit_threshold));
       candidates[i].alpha_hat = shares[0].accept;
       grid_share[i] = shares[0].accept;
+      grid_shares[i] = shares[0];
       odds[i] =
           SmoothedOdds(shares[0], r_used, options.alpha_prior, exit_threshold);
       return *odds[i];
@@ -389,6 +415,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     tpt.reserve(candidates.size());
     for (size_t i = 0; i < candidates.size(); ++i) {
       grid_share[i] = shares[i].accept;
+      grid_shares[i] = shares[i];
       odds[i] =
           SmoothedOdds(shares[i], r_used, options.alpha_prior, exit_threshold);
       tpt.push_back({odds[i]->alpha, draft_seconds[i], odds[i]->stop});
@@ -418,6 +445,9 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     const DraftOdds& chosen = *odds[choice.candidate];
     SetForecast({chosen.alpha, draft_seconds[choice.candidate], chosen.stop},
                 choice.gamma, verify, plan);
+    SetBasis(verify, draft_seconds[choice.candidate],
+             grid_shares[choice.candidate], r_used, options.alpha_prior,
+             exit_threshold, /*gamma_fixed=*/false, plan);
   } else {
     // No speculation: the full model (candidate j = 0) accepts its own tokens.
     plan.alpha_hat = 1.0;

@@ -95,67 +95,10 @@ void Consider(int i, const TptCandidate& candidate,
 
 }  // namespace
 
-double ExpectedTokensPerStep(double alpha, int gamma) {
-  if (gamma <= 0) return 1.0;
-  if (1.0 - alpha < 1e-9) return gamma + 1.0;
-  return (1.0 - std::pow(alpha, gamma + 1)) / (1.0 - alpha);
-}
-
 double TokensPerSecond(double alpha, int gamma, double draft_seconds,
                        double verify_seconds) {
   const double draft = gamma > 0 ? gamma * draft_seconds : 0.0;
   return ExpectedTokensPerStep(alpha, gamma) / (draft + verify_seconds);
-}
-
-StepForecast ForecastStep(const TptCandidate& candidate, int gamma,
-                          absl::Span<const double> verify_seconds) {
-  StepForecast f;
-  if (gamma <= 0) {
-    f.seconds = verify_seconds[0];
-    return f;
-  }
-  if (!candidate.stop.has_value()) {
-    // Exactly TokensPerSecond's terms.
-    f.tokens = ExpectedTokensPerStep(candidate.alpha, gamma);
-    f.drafts = gamma;
-    f.seconds = gamma * candidate.draft_seconds + verify_seconds[gamma];
-    return f;
-  }
-  const double c = candidate.stop->go_on;
-  const double b = candidate.stop->accept_and_go_on;
-  double reach = 1;    // P(draft k is made) = c^(k-1)
-  double carried = 1;  // P(drafts 1..k-1 accepted and confident) = b^(k-1)
-  double verify = 0;   // sum_k P(m = k) t_verify(n, k+1)
-  for (int k = 1; k <= gamma; ++k) {
-    f.drafts += reach;
-    f.tokens += candidate.alpha * carried;
-    const double ends_here = k < gamma ? reach * (1 - c) : reach;
-    verify += ends_here * verify_seconds[k];
-    reach *= c;
-    carried *= b;
-  }
-  f.seconds = f.drafts * candidate.draft_seconds + verify;
-  return f;
-}
-
-absl::Status ValidateAlphaPrior(const AlphaPrior& prior) {
-  if (!(prior.hits >= 0) || !std::isfinite(prior.hits)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "alpha_prior.hits must be finite and >= 0, got ", prior.hits));
-  }
-  if (!(prior.misses >= 0) || !std::isfinite(prior.misses)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "alpha_prior.misses must be finite and >= 0, got ", prior.misses));
-  }
-  return absl::OkStatus();
-}
-
-double SmoothAlpha(double share, int64_t r, const AlphaPrior& prior) {
-  const double s = std::clamp(share, 0.0, 1.0);
-  const double tokens = static_cast<double>(std::max<int64_t>(0, r));
-  const double total = tokens + prior.hits + prior.misses;
-  if (!(total > 0)) return s;
-  return (s * tokens + prior.hits) / total;
 }
 
 absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,

@@ -13,39 +13,17 @@
 // includes the engine's per-step work outside the pass (o_step) and t_draft
 // its per-draft-token work (o_draft), so the objective is tokens per second
 // of the step as the engine runs it, not of its passes alone.
-// The draft's confidence stop. The engine ends a draft after a token whose
-// top-1 probability is below the request's exit_threshold (the token itself
-// is still verified), so a step with budget gamma drafts m <= gamma tokens.
-// With, per position, c = P(the draft is confident: drafting goes on) and
-// b = P(confident and accepted), and positions independent,
-//
-//   P(m = k) = c^(k-1) (1 - c) for k < gamma,  P(m = gamma) = c^(gamma-1)
-//   E[committed] = 1 + alpha (1 + b + ... + b^(gamma-1))
-//   E[seconds]   = E[m] t_draft(S) + sum_k P(m = k) t_verify(n, k+1)
-//
-// (draft k is accepted only if drafts 1..k-1 were accepted and confident).
-// With no stop (c = 1, b = alpha) this is the formula above. ForecastStep
-// computes it; MaximizeTpt uses it for candidates that carry a stop.
 //
 // MaximizeTpt searches the grid candidates x gamma in 1..D and reports "no
 // speculation" when nothing beats autoregressive decoding; MaximizeTptLazily
 // finds the same maximizer while measuring alpha for as few candidates as it
 // can (see there).
 //
-// Acceptance estimates. alpha is measured as the share of r reference tokens
-// on which the draft's argmax equals the full model's. With r = 5 that share
-// can only be 0, 0.2, ..., 1, and 1.0 makes every extra draft token look free
-// of rejections, so the grid drives gamma to D. SmoothAlpha replaces the raw
-// share by the posterior mean under a Beta(hits, misses) prior,
-//
-//   alpha = (share * r + hits) / (r + hits + misses),
-//
-// Laplace's rule of succession for the default Beta(1, 1) (uniform) prior:
-// 5 of 5 becomes 6/7 = 0.857, 16 of 16 becomes 17/18 = 0.944, and the
-// estimate approaches the raw share as r grows. We smooth rather than demand
-// more tokens because every reference token costs solve time (the DP is linear
-// in r) and the uniform prior is the least informative one that keeps alpha
-// strictly inside (0, 1) for any finite r.
+// The step model behind it (a draft's confidence stop, ForecastStep) and the
+// smoothing of acceptance estimates (SmoothAlpha) live in
+// common/plan/step_forecast.h, which the executor shares to re-choose a cached
+// plan's gamma from its drafting evidence (executor/planning/
+// plan_refinement.h).
 //
 // Pure functions of their arguments; thread-safe.
 #ifndef KNAPSERVE_PLANNER_TPT_H_
@@ -58,40 +36,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/plan/step_forecast.h"
 
 namespace knapserve {
-
-// (1 - a^(gamma+1)) / (1 - a): tokens one step commits in expectation, with
-// its limit gamma + 1 at a = 1 (used when 1 - a < 1e-9). gamma >= 0, a in [0,
-// 1].
-double ExpectedTokensPerStep(double alpha, int gamma);
 
 // TPT(S, gamma) in tokens per second. gamma = 0 ignores draft_seconds.
 double TokensPerSecond(double alpha, int gamma, double draft_seconds,
                        double verify_seconds);
-
-// The Beta(hits, misses) prior of SmoothAlpha. {0, 0} turns smoothing off
-// (the raw share is used).
-struct AlphaPrior {
-  double hits = 1;    // pseudo-tokens accepted
-  double misses = 1;  // pseudo-tokens rejected
-};
-
-// InvalidArgument naming alpha_prior.hits / alpha_prior.misses when one is
-// negative or not finite.
-absl::Status ValidateAlphaPrior(const AlphaPrior& prior);
-
-// (share * r + hits) / (r + hits + misses), share clamped to [0, 1], r >= 0.
-// With r + hits + misses == 0 (nothing known) the share itself (clamped).
-double SmoothAlpha(double share, int64_t r, const AlphaPrior& prior);
-
-// The confidence stop's odds at one draft position (shares of the reference
-// tokens, smoothed like alpha).
-struct ConfidenceStop {
-  double go_on = 1;  // c: the draft is confident, drafting goes on; [0, 1]
-  // b: confident and accepted; in [0, min(alpha, go_on)].
-  double accept_and_go_on = 1;
-};
 
 // What one draft does per position: its acceptance and, when the request
 // stops drafts on low confidence, the stop's odds (nullopt: no stop, every
@@ -100,30 +51,6 @@ struct DraftOdds {
   double alpha = 0;
   std::optional<ConfidenceStop> stop;
 };
-
-// One draft sub-network as the TPT search sees it.
-struct TptCandidate {
-  double alpha = 0;          // acceptance (smoothed alpha_hat), in [0, 1]
-  double draft_seconds = 0;  // t_draft(S) per draft token, > 0
-  std::optional<ConfidenceStop> stop;  // nullopt: drafts run to gamma
-};
-
-// The expected outcome of one step of (candidate, gamma).
-struct StepForecast {
-  double tokens = 1;   // committed tokens
-  double drafts = 0;   // draft tokens made (E[m])
-  double seconds = 0;  // drafting plus verifying m + 1 tokens
-  double tokens_per_second() const {
-    return seconds > 0 ? tokens / seconds : 0;
-  }
-};
-
-// The step of `candidate` with budget gamma (0: plain decoding, one
-// verification of one token) under the model above. verify_seconds[t - 1] =
-// t_verify(n, t) for t = 1..gamma+1. Inputs are not checked (MaximizeTpt
-// does): alpha and the stop's shares in [0, 1], gamma < verify_seconds.size().
-StepForecast ForecastStep(const TptCandidate& candidate, int gamma,
-                          absl::Span<const double> verify_seconds);
 
 // The maximizer of the grid.
 struct TptChoice {

@@ -327,14 +327,15 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
   auto fresh_planning = [&] {
     const auto plain_rates = std::make_shared<PlainRateTable>();
     for (PlanningShared& shared : planning) {
-      shared = PlanningShared::Create();
+      shared = PlanningShared::Create(absl::GetFlag(FLAGS_plan_refine_trials));
       shared.plain_rates = plain_rates;
       shared.router = router;
     }
   };
   fresh_planning();
   if (warmup && !inputs.empty()) {
-    PlanningShared warmup_planning = PlanningShared::Create();
+    PlanningShared warmup_planning =
+        PlanningShared::Create(absl::GetFlag(FLAGS_plan_refine_trials));
     warmup_planning.router = router;
     for (size_t k = 0; k < requests.size(); ++k) {
       GenerationRequest short_request = requests[k];

@@ -275,6 +275,12 @@ ABSL_FLAG(int64_t, plain_recheck_steps, 1024,
           "speculation) again after the process has decoded this many plain "
           "steps under it, twice as many after each recheck that stays "
           "plain; 0 = never.");
+ABSL_FLAG(int64_t, plan_refine_trials, 32,
+          "knapspec/clasp/static: refine a cached plan each time the draft "
+          "tokens decoded under it (accept trials) grow by this many: pool "
+          "their acceptance and confidence with the plan's reference tokens "
+          "and choose its gamma and predictions again with the planner's "
+          "prices. 0 = never.");
 ABSL_FLAG(bool, warm_plan_cache, false,
           "bench spec: before the timed runs, generate every prompt once per "
           "mode with the "

@@ -59,6 +59,7 @@ ABSL_DECLARE_FLAG(std::string, prompts);
 ABSL_DECLARE_FLAG(int32_t, num_prompts);
 ABSL_DECLARE_FLAG(int64_t, min_prompt_tokens);
 ABSL_DECLARE_FLAG(int32_t, repeats);
+ABSL_DECLARE_FLAG(int64_t, plan_refine_trials);
 ABSL_DECLARE_FLAG(std::string, spec);
 ABSL_DECLARE_FLAG(std::string, skip);
 ABSL_DECLARE_FLAG(std::string, anchors);

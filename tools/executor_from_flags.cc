@@ -206,7 +206,8 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
   options.planner = running->planner.get();
   // One plan cache, planner budget and plain-rate table for every request of
   // this process; they outlive the planner's callbacks (shared ownership).
-  options.planning = PlanningShared::Create();
+  options.planning =
+      PlanningShared::Create(absl::GetFlag(FLAGS_plan_refine_trials));
   options.planning.router = engine.router;
   running->metrics = std::make_unique<MetricsRegistry>();
   options.metrics = running->metrics.get();

@@ -200,7 +200,8 @@ absl::Status Generate() {
   ASSIGN_OR_RETURN(
       PlannerHandle planner,
       PlannerClientFromFlags(engine, request.speculation.mode, "generate"));
-  PlanningShared shared = PlanningShared::Create();
+  PlanningShared shared =
+      PlanningShared::Create(absl::GetFlag(FLAGS_plan_refine_trials));
   shared.router = engine.router;
   ASSIGN_OR_RETURN(
       GenerationResult result,

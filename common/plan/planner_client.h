@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/layer_mask.h"
 #include "common/model/llama.h"
+#include "common/plan/step_forecast.h"
 
 namespace knapserve {
 
@@ -42,6 +43,31 @@ enum class PlanPolicy {
 std::string PlanPolicyName(PlanPolicy policy);
 absl::StatusOr<PlanPolicy> ParsePlanPolicy(const std::string& name);
 
+// What a plan's choice of gamma rests on, so that the executor can choose it
+// again as the drafting evidence of the requests under it accumulates
+// (executor/planning/plan_refinement.h): the latency model's whole-step
+// prices at the plan's context and the shares the planner measured on its
+// reference tokens. Empty
+// verify_seconds: the plan cannot be refined (gamma 0, or a planner that
+// did not send it).
+struct PlanBasis {
+  // t_verify(n, t) for t = 1..D+1: seconds of a step that verifies t tokens.
+  std::vector<double> verify_seconds;
+  double draft_seconds = 0;      // t_draft(S) per draft token of the mask
+  int64_t reference_tokens = 0;  // r: tokens the shares were measured on
+  // The acceptance share on them (the solve's DraftPlan::alpha_hat).
+  double accept_share = 0;
+  AlphaPrior prior;  // the planner's smoothing of the shares
+  // The draft confidence stop's raw shares on the reference tokens
+  // (ConfidenceStop before smoothing); false: drafts run to gamma.
+  bool confidence_stop = false;
+  double go_on_share = 1;
+  double accept_and_go_on_share = 0;
+  // The request fixed gamma (kStatic with a gamma of its own): a refinement
+  // updates the predictions but keeps it.
+  bool gamma_fixed = false;
+};
+
 // What a policy decided. gamma == 0 means "no speculation" (autoregressive
 // decoding is predicted to be faster than any draft); the mask then carries no
 // meaning.
@@ -55,11 +81,12 @@ struct DraftPlan {
   // KnapSpecOptions::pool_alpha).
   double alpha_hat = 0;
   // The acceptance predicted_tpt assumes: alpha_hat smoothed by the planner's
-  // Beta prior (planner/tpt.h SmoothAlpha); 0 with gamma 0.
+  // Beta prior (common/plan/step_forecast.h SmoothAlpha); 0 with gamma 0.
   double alpha_smoothed = 0;
-  // What predicted_tpt expects of one step (planner/tpt.h ForecastStep):
-  // committed tokens and draft tokens made, fewer than gamma when drafts stop
-  // on low confidence (PlanRequest::exit_threshold). 1 and 0 with gamma 0.
+  // What predicted_tpt expects of one step (common/plan/step_forecast.h
+  // ForecastStep): committed tokens and draft tokens made, fewer than gamma
+  // when drafts stop on low confidence (PlanRequest::exit_threshold). 1 and 0
+  // with gamma 0.
   double predicted_tokens_per_step = 1;
   double predicted_drafts_per_step = 0;
   int num_candidates = 0;  // candidates the policy weighed
@@ -74,6 +101,12 @@ struct DraftPlan {
   double baseline_tpt =
       0;  // 1 / t_verify(n, 1): autoregressive tokens per second
   double mean_cosine = 0;  // of the chosen mask, at the last boundary
+  // What gamma and the predictions rest on (empty with gamma 0).
+  PlanBasis basis;
+  // Draft tokens of executor-side evidence behind the odds the predictions
+  // use (accept trials, executor/planning/plan_refinement.h); 0: the
+  // planner's reference tokens alone.
+  int64_t evidence_trials = 0;
   // The W3C traceparent of the span that delivered this plan to the
   // executor (common/trace): the remote client's plan.send, then the
   // executor's plan.receive, whose plan.apply spans hang from it; "" when

@@ -3,6 +3,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -332,6 +333,61 @@ absl::StatusOr<PlanRequest> DecodePlanRequest(const v1::PlanRequest& proto,
   return request;
 }
 
+namespace {
+
+// A share on the wire: in [0, 1].
+absl::Status CheckShare(const char* name, double share) {
+  if (!(share >= 0 && share <= 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("basis.", name, " must be in [0, 1], got ", share));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PlanBasis> DecodePlanBasis(const v1::PlanBasis& proto, int gamma,
+                                          int max_gamma) {
+  PlanBasis basis;
+  const int size = proto.verify_seconds_size();
+  if (size < gamma + 1 || size > std::max(0, max_gamma) + 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "basis.verify_seconds: ", size, " entries, want ", gamma + 1,
+        " .. max_draft_tokens + 1 = ", std::max(0, max_gamma) + 1));
+  }
+  for (double seconds : proto.verify_seconds()) {
+    if (!(seconds > 0) || !std::isfinite(seconds)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "basis.verify_seconds must be finite and > 0, got ", seconds));
+    }
+  }
+  basis.verify_seconds.assign(proto.verify_seconds().begin(),
+                              proto.verify_seconds().end());
+  if (!(proto.draft_seconds() > 0) || !std::isfinite(proto.draft_seconds())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("basis.draft_seconds must be finite and > 0, got ",
+                     proto.draft_seconds()));
+  }
+  basis.draft_seconds = proto.draft_seconds();
+  if (proto.reference_tokens() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "basis.reference_tokens must be >= 0, got ", proto.reference_tokens()));
+  }
+  basis.reference_tokens = proto.reference_tokens();
+  basis.prior = AlphaPrior{proto.prior_hits(), proto.prior_misses()};
+  RETURN_IF_ERROR(ValidateAlphaPrior(basis.prior));
+  RETURN_IF_ERROR(CheckShare("accept_share", proto.accept_share()));
+  RETURN_IF_ERROR(CheckShare("go_on_share", proto.go_on_share()));
+  RETURN_IF_ERROR(
+      CheckShare("accept_and_go_on_share", proto.accept_and_go_on_share()));
+  basis.confidence_stop = proto.confidence_stop();
+  basis.go_on_share = proto.go_on_share();
+  basis.accept_and_go_on_share = proto.accept_and_go_on_share();
+  basis.gamma_fixed = proto.gamma_fixed();
+  basis.accept_share = proto.accept_share();
+  return basis;
+}
+
+}  // namespace
+
 v1::PlanResponse EncodePlanResponse(uint64_t sequence_id, int64_t step,
                                     const absl::StatusOr<DraftPlan>& plan) {
   v1::PlanResponse out;
@@ -355,6 +411,21 @@ v1::PlanResponse EncodePlanResponse(uint64_t sequence_id, int64_t step,
   out.set_predicted_draft_tokens_per_step(plan->predicted_drafts_per_step);
   out.set_solve_seconds(plan->solve_seconds);
   out.set_queue_seconds(plan->queue_seconds);
+  const PlanBasis& basis = plan->basis;
+  if (plan->gamma > 0 && !basis.verify_seconds.empty()) {
+    v1::PlanBasis& b = *out.mutable_basis();
+    b.mutable_verify_seconds()->Add(basis.verify_seconds.begin(),
+                                    basis.verify_seconds.end());
+    b.set_draft_seconds(basis.draft_seconds);
+    b.set_reference_tokens(basis.reference_tokens);
+    b.set_prior_hits(basis.prior.hits);
+    b.set_prior_misses(basis.prior.misses);
+    b.set_confidence_stop(basis.confidence_stop);
+    b.set_go_on_share(basis.go_on_share);
+    b.set_accept_and_go_on_share(basis.accept_and_go_on_share);
+    b.set_gamma_fixed(basis.gamma_fixed);
+    b.set_accept_share(basis.accept_share);
+  }
   return out;
 }
 
@@ -382,6 +453,10 @@ absl::StatusOr<DraftPlan> DecodePlanResponse(const v1::PlanResponse& proto,
   plan.solve_seconds = proto.solve_seconds();
   plan.queue_seconds = proto.queue_seconds();
   plan.step = static_cast<int64_t>(proto.step());
+  if (proto.has_basis() && plan.gamma > 0) {
+    ASSIGN_OR_RETURN(plan.basis,
+                     DecodePlanBasis(proto.basis(), plan.gamma, max_gamma));
+  }
   return plan;
 }
 

@@ -290,6 +290,8 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
     wire->set_gamma(static_cast<uint32_t>(p.gamma));
     wire->set_alpha_hat(p.alpha_hat);
     wire->set_alpha_smoothed(p.alpha_smoothed);
+    wire->set_evidence_trials(
+        static_cast<uint64_t>(std::max<int64_t>(0, p.evidence_trials)));
     wire->set_predicted_tokens_per_step(p.predicted_tokens_per_step);
     wire->set_predicted_draft_tokens_per_step(p.predicted_drafts_per_step);
     wire->set_predicted_tokens_per_second(p.predicted_tpt);
@@ -375,6 +377,7 @@ AppliedPlan DecodeAppliedPlan(const v1::AppliedPlan& w) {
   p.gamma = static_cast<int>(w.gamma());
   p.alpha_hat = w.alpha_hat();
   p.alpha_smoothed = w.alpha_smoothed();
+  p.evidence_trials = static_cast<int64_t>(w.evidence_trials());
   p.predicted_tokens_per_step = w.predicted_tokens_per_step();
   p.predicted_drafts_per_step = w.predicted_draft_tokens_per_step();
   p.predicted_tpt = w.predicted_tokens_per_second();

@@ -102,6 +102,17 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
   r.AddGauge("knapserve_plan_cache_entries",
              "Plans in the executor's plan cache.",
              [cache] { return static_cast<double>(cache->size()); });
+  r.AddGauge(
+      "knapserve_plan_gamma_refinements",
+      "Cached plans whose gamma the drafting evidence of the requests "
+      "under them changed (--plan-refine-trials; a new plan version; "
+      "a counter read as a gauge).",
+      [cache] { return static_cast<double>(cache->gamma_refinements()); });
+  r.AddGauge(
+      "knapserve_plan_prediction_refinements",
+      "Cached plans whose predictions alone the drafting evidence of "
+      "the requests under them changed (a counter read as a gauge).",
+      [cache] { return static_cast<double>(cache->prediction_refinements()); });
   if (std::shared_ptr<GuardVerdicts> verdicts = planning.verdicts) {
     r.AddGauge("knapserve_guard_losing_settings",
                "Drafting settings (mode and draft, per context bucket) the "

@@ -38,6 +38,7 @@ nlohmann::json AppliedPlansJson(absl::Span<const AppliedPlan> plans) {
                    {"gamma", p.gamma},
                    {"alpha_hat", p.alpha_hat},
                    {"alpha_smoothed", p.alpha_smoothed},
+                   {"evidence_trials", p.evidence_trials},
                    {"predicted_tpt", p.predicted_tpt},
                    {"predicted_tokens_per_step", p.predicted_tokens_per_step},
                    {"predicted_drafts_per_step", p.predicted_drafts_per_step},

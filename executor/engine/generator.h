@@ -239,6 +239,10 @@ struct AppliedPlan {
   int gamma = 0;             // 0 = autoregressive until the next plan
   double alpha_hat = 0;      // share on the reference tokens (DraftPlan's)
   double alpha_smoothed = 0;  // the alpha the TPT objective used (0: gamma 0)
+  // Draft tokens of drafting evidence behind alpha_hat and the predictions
+  // (the cache refined the plan: executor/planning/plan_refinement.h); 0:
+  // the planner's reference tokens alone.
+  int64_t evidence_trials = 0;
   // What predicted_tpt expects of one step: tokens committed and draft
   // tokens made (below gamma when drafts stop on low confidence).
   double predicted_tokens_per_step = 1;

@@ -178,6 +178,7 @@ class PlanSession {
       applied.gamma = plan.gamma;
       applied.alpha_hat = plan.alpha_hat;
       applied.alpha_smoothed = plan.alpha_smoothed;
+      applied.evidence_trials = plan.evidence_trials;
       applied.predicted_tokens_per_step = plan.predicted_tokens_per_step;
       applied.predicted_drafts_per_step = plan.predicted_drafts_per_step;
       applied.predicted_tpt = plan.predicted_tpt;
@@ -938,6 +939,7 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   step_mark_ = step_end;
   StepObservation observation;
   observation.gamma = step_gamma_;
+  observation.budget = static_cast<int>(budget_);
   observation.drafted = out.drafted;
   observation.accepted = out.accepted;
   observation.tokens = static_cast<int>(out.tokens.size());

@@ -76,7 +76,53 @@ int64_t PlanCache::Insert(const PlanCacheKey& key, DraftPlan plan,
   } else {
     rechecks_.erase(key);
   }
+  refinements_[key] = Refinement{entry.version, DraftEvidence{}, 0};
   return entry.version;
+}
+
+int64_t PlanCache::RecordDraftStep(const PlanCacheKey& key, int64_t version,
+                                   int gamma, int drafted, int accepted) {
+  absl::MutexLock lock(&mu_);
+  auto plan_it = plans_.find(key);
+  if (plan_it == plans_.end()) return 0;
+  CachedPlan& entry = plan_it->second;
+  auto it = refinements_.find(key);
+  if (refine_every_trials_ <= 0 || it == refinements_.end() ||
+      version < it->second.solve_version || version > entry.version) {
+    return entry.version;
+  }
+  Refinement& refinement = it->second;
+  refinement.evidence.AddStep(gamma, drafted, accepted);
+  if (refinement.evidence.accept_trials - refinement.refined_at_trials <
+      refine_every_trials_) {
+    return entry.version;
+  }
+  refinement.refined_at_trials = refinement.evidence.accept_trials;
+  std::optional<DraftPlan> refined =
+      RefinePlan(entry.plan, refinement.evidence);
+  if (!refined.has_value()) return entry.version;
+  const bool new_gamma = refined->gamma != entry.plan.gamma;
+  entry.plan = *std::move(refined);
+  if (!new_gamma) {
+    ++prediction_refinements_;
+    return entry.version;
+  }
+  ++gamma_refinements_;
+  entry.version = next_version_++;
+  if (entry.plan.gamma == 0) {
+    rechecks_[key] = PlainRecheck{entry.version, 0, 1};
+  }
+  return entry.version;
+}
+
+int64_t PlanCache::gamma_refinements() const {
+  absl::MutexLock lock(&mu_);
+  return gamma_refinements_;
+}
+
+int64_t PlanCache::prediction_refinements() const {
+  absl::MutexLock lock(&mu_);
+  return prediction_refinements_;
 }
 
 bool PlanCache::CountPlainStep(const PlanCacheKey& key, int64_t version,
@@ -380,9 +426,9 @@ void RecordPlainStep(const PlanningShared& shared,
   shared.plain_rates->Record(execution_id, bucket_tokens, bucket, seconds);
 }
 
-PlanningShared PlanningShared::Create() {
+PlanningShared PlanningShared::Create(int64_t refine_every_trials) {
   PlanningShared shared;
-  shared.cache = std::make_shared<PlanCache>();
+  shared.cache = std::make_shared<PlanCache>(refine_every_trials);
   shared.budget = std::make_shared<PlannerBudget>();
   shared.plain_rates = std::make_shared<PlainRateTable>();
   shared.verdicts = std::make_shared<GuardVerdicts>();

@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "common/plan/planner_client.h"
 #include "executor/planning/domain_router.h"
+#include "executor/planning/plan_refinement.h"
 
 namespace knapserve {
 
@@ -90,7 +91,11 @@ struct CachedPlan {
 
 class PlanCache {
  public:
-  PlanCache() = default;
+  // refine_every_trials: RecordDraftStep refines a plan each time its
+  // evidence grows by this many accept trials; <= 0 never refines.
+  static constexpr int64_t kDefaultRefineTrials = 32;
+  explicit PlanCache(int64_t refine_every_trials = kDefaultRefineTrials)
+      : refine_every_trials_(refine_every_trials) {}
   PlanCache(const PlanCache&) = delete;
   PlanCache& operator=(const PlanCache&) = delete;
 
@@ -124,6 +129,24 @@ class PlanCache {
   bool CountPlainStep(const PlanCacheKey& key, int64_t version,
                       int64_t base_steps) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Drafting evidence (executor/planning/plan_refinement.h). A step that
+  // drafted with `key`'s plan `version` (the version a solve inserted, or a
+  // refinement of it: the same mask) adds to that solve's DraftEvidence;
+  // a step of an older solve's plan, or of a plan this key no longer holds,
+  // adds nothing. Each time the evidence has grown by refine_every_trials
+  // accept trials the plan is refined (RefinePlan, from the solve's basis
+  // and all of the evidence): a new gamma is stored as a new version, which
+  // sequences take up like any newer plan (their guard then judges it
+  // afresh); new predictions under the same gamma replace the plan's in
+  // place, same version, for the sequences that apply it next. A refinement
+  // to gamma 0 is a plain plan like a solve's (CountPlainStep rechecks it).
+  // Returns the version now cached for `key` (0: none).
+  int64_t RecordDraftStep(const PlanCacheKey& key, int64_t version, int gamma,
+                          int drafted, int accepted) ABSL_LOCKS_EXCLUDED(mu_);
+  // Refinements so far that changed a plan's gamma / only its predictions.
+  int64_t gamma_refinements() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t prediction_refinements() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Marks a solve for `key` as in flight. False when one already is, so
   // concurrent sequences in one bucket share a single solve.
   bool TryClaim(const PlanCacheKey& key) ABSL_LOCKS_EXCLUDED(mu_);
@@ -147,6 +170,17 @@ class PlanCache {
   };
   absl::flat_hash_map<PlanCacheKey, PlainRecheck> rechecks_
       ABSL_GUARDED_BY(mu_);
+  // Of the keys whose plan a solve inserted: RecordDraftStep's evidence.
+  struct Refinement {
+    int64_t solve_version = 0;  // the version Insert gave the solve's plan
+    DraftEvidence evidence;
+    int64_t refined_at_trials = 0;  // evidence.accept_trials at the last one
+  };
+  absl::flat_hash_map<PlanCacheKey, Refinement> refinements_
+      ABSL_GUARDED_BY(mu_);
+  const int64_t refine_every_trials_;
+  int64_t gamma_refinements_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t prediction_refinements_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t next_version_ ABSL_GUARDED_BY(mu_) = 1;
   int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t misses_ ABSL_GUARDED_BY(mu_) = 0;
@@ -370,7 +404,10 @@ struct PlanningShared {
   // Create() leaves it null: the binaries load it from --anchors.
   std::shared_ptr<const DomainRouter> router;
 
-  static PlanningShared Create();
+  // refine_every_trials: the cache's PlanCache::RecordDraftStep period
+  // (--plan-refine-trials; <= 0: plans are never refined).
+  static PlanningShared Create(
+      int64_t refine_every_trials = PlanCache::kDefaultRefineTrials);
 };
 
 // The guard's outlier rule, for plain and speculative steps alike: a step

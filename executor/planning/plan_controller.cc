@@ -520,6 +520,11 @@ void PlanController::AfterStep(const StepObservation& step) {
   }
   if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 &&
       step.drafted > 0) {
+    PlanCacheKey plan_key = key_;
+    plan_key.bucket = in_force_bucket_;
+    shared_.cache->RecordDraftStep(plan_key, applied_version_,
+                                   step.budget > 0 ? step.budget : step.gamma,
+                                   step.drafted, step.accepted);
     drift_accepted_ += step.accepted;
     drift_trials_ += step.accepted + (step.accepted < step.drafted ? 1 : 0);
     ++drift_steps_;

@@ -18,7 +18,10 @@
 //     decoded plain_recheck_steps plain steps under it: a kRecheck trigger
 //     (PlanCache::CountPlainStep; a recheck that comes to nothing fires
 //     again a period later).
-// After every speculative step under a plan it compares the observed
+// After every speculative step under a plan it adds the step's drafting to
+// the cache's evidence for the plan (PlanCache::RecordDraftStep), which
+// refines the plan's odds, gamma and predictions for every sequence (a new
+// gamma comes back as a newer plan, above). It also compares the observed
 // per-token acceptance with the plan's alpha_hat:
 //   observed = accepted / (accepted + rejections),
 // where a rejection is a step that stopped at a rejected draft token (the
@@ -214,6 +217,10 @@ struct StepObservation {
   // bookkeeping, streaming the last step's tokens, the other sequences of
   // the batch), as the latency profile prices a step.
   double seconds = 0;
+  // Draft tokens the step could make: gamma, fewer near the end of the
+  // generation. A draft that stopped below it stopped on low confidence.
+  // 0: gamma (or a plain step).
+  int budget = 0;
 };
 
 // The guard of one sequence in any drafting mode (static, knapspec, clasp,

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/llama.h"
+#include "executor/planning/plan_refinement.h"
 #include "planner/knapsack.h"
 #include "planner/tpt.h"
 #include "tests/testing/test_models.h"
@@ -208,6 +209,38 @@ TEST(SolveKnapSpecTest,
   if (pooled->gamma > 0) {
     EXPECT_DOUBLE_EQ(pooled->alpha_smoothed,
                      SmoothAlpha(pooled->alpha_hat, 12, AlphaPrior()));
+  }
+
+  // Each plan's basis holds what its choice rests on: the executor's
+  // refinement without evidence (executor/planning/plan_refinement.h)
+  // chooses the same gamma and predicts the same, with or without a
+  // confidence stop. (Else the first refinement of every cached plan would
+  // move it for no reason.)
+  PlanInputs stopping = agreeing;
+  stopping.exit_threshold = 0.3;
+  auto with_stop = SolveKnapSpec(*model, cheap, stopping, options);
+  ASSERT_TRUE(with_stop.ok()) << with_stop.status();
+  EXPECT_TRUE(with_stop->basis.confidence_stop || with_stop->gamma == 0);
+  for (const DraftPlan* p : {&*plan, &*pooled, &*with_stop}) {
+    if (p->gamma == 0) {
+      EXPECT_TRUE(p->basis.verify_seconds.empty());
+      continue;
+    }
+    EXPECT_EQ(p->basis.reference_tokens, 12);
+    EXPECT_EQ(p->basis.verify_seconds.size(),
+              static_cast<size_t>(options.max_draft + 1));
+    EXPECT_DOUBLE_EQ(p->basis.accept_share, p->alpha_hat);
+    auto again = RefinePlan(*p, DraftEvidence());
+    ASSERT_TRUE(again.has_value());
+    EXPECT_EQ(again->gamma, p->gamma);
+    EXPECT_NEAR(again->predicted_tpt, p->predicted_tpt,
+                1e-9 * p->predicted_tpt);
+    EXPECT_NEAR(again->predicted_tokens_per_step, p->predicted_tokens_per_step,
+                1e-12);
+    EXPECT_NEAR(again->predicted_drafts_per_step, p->predicted_drafts_per_step,
+                1e-12);
+    EXPECT_NEAR(again->alpha_smoothed, p->alpha_smoothed, 1e-12);
+    EXPECT_NEAR(again->baseline_tpt, p->baseline_tpt, 1e-9 * p->baseline_tpt);
   }
 
   // Verifying t tokens costs t single steps: nothing beats autoregressive

@@ -7,6 +7,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <limits>
 #include <string>
 
@@ -267,6 +268,80 @@ TEST(PlanCodecTest, AGammaAboveTheRequestedMaxDraftIsRefused) {
               ::testing::HasSubstr("gamma: 4 exceeds"));
   wire.set_gamma(4227330007u);
   EXPECT_FALSE(DecodePlanResponse(wire, kLayers, 10).ok());
+}
+
+// The basis the executor refines a plan from (executor/planning/
+// plan_refinement.h) crosses the wire whole, and a broken one is refused by
+// field: the remote planner's plans refine like the in-process planner's.
+TEST(PlanCodecTest, ThePlansBasisRoundTripsAndABadOneIsRefused) {
+  DraftPlan plan;
+  plan.mask = *LayerMask::Parse("a1,m1", kLayers);
+  plan.gamma = 3;
+  plan.alpha_hat = 0.6;
+  PlanBasis& basis = plan.basis;
+  basis.verify_seconds = {1e-3, 1.1e-3, 1.2e-3, 1.3e-3, 1.4e-3};
+  basis.draft_seconds = 2e-4;
+  basis.reference_tokens = 16;
+  basis.accept_share = 0.6;
+  basis.prior = AlphaPrior{1, 2};
+  basis.confidence_stop = true;
+  basis.go_on_share = 0.75;
+  basis.accept_and_go_on_share = 0.5;
+  basis.gamma_fixed = true;
+  const v1::PlanResponse wire = EncodePlanResponse(1, 2, plan);
+  ASSERT_TRUE(wire.has_basis());
+  auto back = DecodePlanResponse(wire, kLayers, /*max_gamma=*/4);
+  ASSERT_TRUE(back.ok()) << back.status();
+  const PlanBasis& got = back->basis;
+  EXPECT_EQ(got.verify_seconds, basis.verify_seconds);
+  EXPECT_DOUBLE_EQ(got.draft_seconds, 2e-4);
+  EXPECT_EQ(got.reference_tokens, 16);
+  EXPECT_DOUBLE_EQ(got.accept_share, 0.6);
+  EXPECT_DOUBLE_EQ(got.prior.hits, 1);
+  EXPECT_DOUBLE_EQ(got.prior.misses, 2);
+  EXPECT_TRUE(got.confidence_stop);
+  EXPECT_DOUBLE_EQ(got.go_on_share, 0.75);
+  EXPECT_DOUBLE_EQ(got.accept_and_go_on_share, 0.5);
+  EXPECT_TRUE(got.gamma_fixed);
+
+  // A plain plan carries none.
+  DraftPlan plain = plan;
+  plain.gamma = 0;
+  EXPECT_FALSE(EncodePlanResponse(1, 2, plain).has_basis());
+
+  auto refused = [&](auto&& edit, const std::string& field) {
+    v1::PlanResponse bad = wire;
+    edit(*bad.mutable_basis());
+    auto decoded = DecodePlanResponse(bad, kLayers, 4);
+    ASSERT_FALSE(decoded.ok()) << field;
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(decoded.status().message()),
+                ::testing::HasSubstr(field));
+  };
+  // More prices than max_draft_tokens + 1, fewer than gamma + 1.
+  refused([](v1::PlanBasis& b) { b.add_verify_seconds(1.5e-3); },
+          "basis.verify_seconds: 6 entries");
+  refused([](v1::PlanBasis& b) { b.mutable_verify_seconds()->Truncate(3); },
+          "basis.verify_seconds: 3 entries");
+  refused([](v1::PlanBasis& b) { b.set_verify_seconds(2, -1); },
+          "basis.verify_seconds must be finite");
+  refused(
+      [](v1::PlanBasis& b) {
+        b.set_verify_seconds(0, std::numeric_limits<double>::infinity());
+      },
+      "basis.verify_seconds must be finite");
+  refused([](v1::PlanBasis& b) { b.set_draft_seconds(0); },
+          "basis.draft_seconds");
+  refused([](v1::PlanBasis& b) { b.set_reference_tokens(-1); },
+          "basis.reference_tokens");
+  refused([](v1::PlanBasis& b) { b.set_prior_misses(-1); },
+          "alpha_prior.misses");
+  refused([](v1::PlanBasis& b) { b.set_accept_share(1.5); },
+          "basis.accept_share");
+  refused([](v1::PlanBasis& b) { b.set_go_on_share(-0.1); },
+          "basis.go_on_share");
+  refused([](v1::PlanBasis& b) { b.set_accept_and_go_on_share(std::nan("")); },
+          "basis.accept_and_go_on_share");
 }
 
 // A plan error without a message still says what happened (found by

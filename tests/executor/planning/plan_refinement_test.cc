@@ -1,0 +1,272 @@
+// Tests of executor/planning/plan_refinement.h (DraftEvidence, RefinePlan)
+// and of the PlanCache's use of them (PlanCache::RecordDraftStep).
+#include "executor/planning/plan_refinement.h"
+
+#include <gtest/gtest.h>
+
+#include "common/plan/step_forecast.h"
+#include "executor/planning/plan_cache.h"
+
+namespace knapserve {
+namespace {
+
+// A drafting plan whose gamma rests on 16 reference tokens with a 0.5 share:
+// with these prices gamma 1 is best (1.15 tokens/ms against 1.0 plain).
+DraftPlan HalfAcceptedPlan(bool confidence_stop = false) {
+  DraftPlan plan;
+  plan.mask = *LayerMask::Parse("a1", 2);
+  plan.gamma = 1;
+  plan.alpha_hat = 0.5;
+  plan.solve_seconds = 0.4;
+  PlanBasis& basis = plan.basis;
+  basis.verify_seconds = {1.0e-3, 1.1e-3, 1.2e-3, 1.3e-3, 1.4e-3};
+  basis.draft_seconds = 0.2e-3;
+  basis.reference_tokens = 16;
+  basis.accept_share = 0.5;
+  basis.confidence_stop = confidence_stop;
+  basis.go_on_share = confidence_stop ? 0.75 : 1.0;
+  basis.accept_and_go_on_share = confidence_stop ? 0.375 : 0.5;
+  return plan;
+}
+
+TEST(DraftEvidenceTest, CountsWhatEachStepShowed) {
+  DraftEvidence e;
+  // Budget 4, all 4 drafted and accepted: 4 acceptances; confidence of
+  // drafts 1..3 (the 4th ends the draft anyway), all confident.
+  e.AddStep(4, 4, 4);
+  EXPECT_EQ(e.accept_trials, 4);
+  EXPECT_EQ(e.accepted, 4);
+  EXPECT_EQ(e.go_on_trials, 3);
+  EXPECT_EQ(e.went_on, 3);
+  EXPECT_EQ(e.both_trials, 3);
+  EXPECT_EQ(e.both, 3);
+  // Budget 4, the draft stopped after 2 and the first was rejected: one
+  // rejection; draft 1 went on, draft 2 stopped; only draft 1's acceptance
+  // and confidence were both seen (rejected).
+  e = DraftEvidence();
+  e.AddStep(4, 2, 0);
+  EXPECT_EQ(e.accept_trials, 1);
+  EXPECT_EQ(e.accepted, 0);
+  EXPECT_EQ(e.go_on_trials, 2);
+  EXPECT_EQ(e.went_on, 1);
+  EXPECT_EQ(e.both_trials, 1);
+  EXPECT_EQ(e.both, 0);
+  // Budget 4, stopped after 3, all accepted: the 3rd was accepted but not
+  // confident.
+  e = DraftEvidence();
+  e.AddStep(4, 3, 3);
+  EXPECT_EQ(e.accept_trials, 3);
+  EXPECT_EQ(e.accepted, 3);
+  EXPECT_EQ(e.go_on_trials, 3);
+  EXPECT_EQ(e.went_on, 2);
+  EXPECT_EQ(e.both_trials, 3);
+  EXPECT_EQ(e.both, 2);
+  // Nothing drafted, or counts out of range: no evidence.
+  const DraftEvidence before = e;
+  e.AddStep(4, 0, 0);
+  e.AddStep(0, 1, 1);
+  e.AddStep(2, 3, 1);
+  e.AddStep(4, 2, 3);
+  e.AddStep(4, 2, -1);
+  EXPECT_EQ(e.accept_trials, before.accept_trials);
+  EXPECT_EQ(e.go_on_trials, before.go_on_trials);
+  EXPECT_EQ(e.both_trials, before.both_trials);
+}
+
+TEST(RefinePlanTest, WithoutEvidenceItIsTheSolvesOwnChoice) {
+  for (bool stop : {false, true}) {
+    const DraftPlan plan = HalfAcceptedPlan(stop);
+    auto refined = RefinePlan(plan, DraftEvidence());
+    ASSERT_TRUE(refined.has_value());
+    // Recomputed from the basis alone: the smoothed share, ForecastStep.
+    TptCandidate c;
+    c.alpha = SmoothAlpha(0.5, 16, AlphaPrior());
+    c.draft_seconds = 0.2e-3;
+    if (stop) {
+      c.stop = ConfidenceStop{SmoothAlpha(0.75, 16, AlphaPrior()),
+                              SmoothAlpha(0.375, 16, AlphaPrior())};
+    }
+    int best_gamma = 0;
+    double best = 1 / 1.0e-3;
+    for (int g = 1; g <= 4; ++g) {
+      const double tps =
+          ForecastStep(c, g, plan.basis.verify_seconds).tokens_per_second();
+      if (tps > best) {
+        best = tps;
+        best_gamma = g;
+      }
+    }
+    EXPECT_EQ(refined->gamma, best_gamma) << stop;
+    EXPECT_DOUBLE_EQ(refined->predicted_tpt, best);
+    EXPECT_DOUBLE_EQ(refined->baseline_tpt, 1 / 1.0e-3);
+    EXPECT_DOUBLE_EQ(refined->alpha_hat, 0.5);
+    EXPECT_DOUBLE_EQ(refined->alpha_smoothed, c.alpha);
+    EXPECT_EQ(refined->evidence_trials, 0);
+    EXPECT_EQ(refined->mask, plan.mask);
+    EXPECT_DOUBLE_EQ(refined->solve_seconds, 0.4);
+  }
+}
+
+TEST(RefinePlanTest, EvidenceMovesGammaEitherWay) {
+  const DraftPlan plan = HalfAcceptedPlan();
+  // 100 steps of 4 drafts, all accepted: acceptance (8 + 400 + 1) / 418.
+  DraftEvidence good;
+  for (int i = 0; i < 100; ++i) good.AddStep(4, 4, 4);
+  auto up = RefinePlan(plan, good);
+  ASSERT_TRUE(up.has_value());
+  EXPECT_EQ(up->gamma, 4);
+  EXPECT_NEAR(up->alpha_hat, 408.0 / 416.0, 1e-12);
+  EXPECT_NEAR(up->alpha_smoothed, 409.0 / 418.0, 1e-12);
+  EXPECT_EQ(up->evidence_trials, 400);
+  const StepForecast f = ForecastStep({409.0 / 418.0, 0.2e-3, std::nullopt}, 4,
+                                      plan.basis.verify_seconds);
+  EXPECT_NEAR(up->predicted_tokens_per_step, f.tokens, 1e-12);
+  EXPECT_NEAR(up->predicted_drafts_per_step, 4, 1e-12);
+  EXPECT_NEAR(up->predicted_tpt, f.tokens_per_second(), 1e-9);
+  // 100 rejections at the first draft: plain decoding is predicted faster.
+  DraftEvidence bad;
+  for (int i = 0; i < 100; ++i) bad.AddStep(1, 1, 0);
+  auto down = RefinePlan(plan, bad);
+  ASSERT_TRUE(down.has_value());
+  EXPECT_EQ(down->gamma, 0);
+  EXPECT_DOUBLE_EQ(down->predicted_tpt, down->baseline_tpt);
+  EXPECT_DOUBLE_EQ(down->predicted_tokens_per_step, 1);
+  EXPECT_DOUBLE_EQ(down->alpha_smoothed, 0);
+  // A request's own gamma stays; its predictions follow the evidence.
+  DraftPlan fixed = plan;
+  fixed.basis.gamma_fixed = true;
+  auto kept = RefinePlan(fixed, good);
+  ASSERT_TRUE(kept.has_value());
+  EXPECT_EQ(kept->gamma, 1);
+  EXPECT_GT(kept->predicted_tokens_per_step, 1.9);
+}
+
+TEST(RefinePlanTest, AConfidenceStopIsRefinedFromTheDraftsMade) {
+  const DraftPlan plan = HalfAcceptedPlan(/*confidence_stop=*/true);
+  // Drafts always run to the budget and are accepted: c and b go to 1.
+  DraftEvidence e;
+  for (int i = 0; i < 200; ++i) e.AddStep(4, 4, 4);
+  auto refined = RefinePlan(plan, e);
+  ASSERT_TRUE(refined.has_value());
+  EXPECT_EQ(refined->gamma, 4);
+  EXPECT_GT(refined->predicted_drafts_per_step, 3.8);
+  // Drafts that stop after one token: E[m] near 1 whatever the budget.
+  DraftEvidence stops;
+  for (int i = 0; i < 200; ++i) stops.AddStep(4, 1, 1);
+  auto short_drafts = RefinePlan(plan, stops);
+  ASSERT_TRUE(short_drafts.has_value());
+  EXPECT_LT(short_drafts->predicted_drafts_per_step, 1.1);
+}
+
+TEST(RefinePlanTest, APlanWithoutABasisOrGammaIsNotRefined) {
+  DraftPlan none = HalfAcceptedPlan();
+  none.basis = PlanBasis();
+  EXPECT_FALSE(RefinePlan(none, DraftEvidence()).has_value());
+  DraftPlan plain = HalfAcceptedPlan();
+  plain.gamma = 0;
+  EXPECT_FALSE(RefinePlan(plain, DraftEvidence()).has_value());
+}
+
+PlanCacheKey Key() {
+  PlanCacheKey key;
+  key.model_fingerprint = "llama:L=2";
+  key.device = "cpu";
+  key.dtype = "fp32";
+  key.threads = 2;
+  key.max_draft = 4;
+  return key;
+}
+
+TEST(PlanCacheRefinementTest, ANewGammaIsANewVersionForEverySequence) {
+  PlanCache cache(/*refine_every_trials=*/32);
+  const DraftPlan plan = HalfAcceptedPlan();
+  const int64_t v1 = cache.Insert(Key(), plan, 7, 100);
+  DraftEvidence evidence;
+  // 31 accepted single drafts: not yet.
+  for (int i = 0; i < 31; ++i) {
+    EXPECT_EQ(cache.RecordDraftStep(Key(), v1, 1, 1, 1), v1);
+    evidence.AddStep(1, 1, 1);
+  }
+  EXPECT_EQ(cache.Peek(Key())->plan.evidence_trials, 0);
+  // The 32nd refines: acceptance (8 + 32 + 1) / 50 takes gamma above 1.
+  const int64_t v2 = cache.RecordDraftStep(Key(), v1, 1, 1, 1);
+  evidence.AddStep(1, 1, 1);
+  EXPECT_GT(v2, v1);
+  auto cached = cache.Peek(Key());
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_EQ(cached->version, v2);
+  EXPECT_EQ(cached->sequence_id, 7u);
+  auto expected = RefinePlan(plan, evidence);
+  ASSERT_TRUE(expected.has_value());
+  EXPECT_GT(expected->gamma, 1);
+  EXPECT_EQ(cached->plan.gamma, expected->gamma);
+  EXPECT_DOUBLE_EQ(cached->plan.predicted_tpt, expected->predicted_tpt);
+  EXPECT_EQ(cached->plan.evidence_trials, 32);
+  EXPECT_EQ(cache.gamma_refinements(), 1);
+  // Steps under the first version still count (same solve, same mask):
+  // 8 + 7 x 3 = 29 more trials, then 3 more make 64.
+  for (int i = 0; i < 8; ++i) cache.RecordDraftStep(Key(), v1, 1, 1, 1);
+  for (int i = 0; i < 7; ++i) cache.RecordDraftStep(Key(), v2, 3, 3, 3);
+  EXPECT_EQ(cache.Peek(Key())->plan.evidence_trials, 32);
+  cache.RecordDraftStep(Key(), v2, 3, 3, 3);
+  EXPECT_EQ(cache.Peek(Key())->plan.evidence_trials, 64);
+}
+
+TEST(PlanCacheRefinementTest, NewPredictionsAloneKeepTheVersion) {
+  PlanCache cache(/*refine_every_trials=*/32);
+  DraftPlan plan = HalfAcceptedPlan();
+  plan.basis.gamma_fixed = true;
+  const int64_t v1 = cache.Insert(Key(), plan, 7, 100);
+  for (int i = 0; i < 32; ++i) cache.RecordDraftStep(Key(), v1, 1, 1, 1);
+  auto cached = cache.Peek(Key());
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_EQ(cached->version, v1);
+  EXPECT_EQ(cached->plan.gamma, 1);
+  EXPECT_EQ(cached->plan.evidence_trials, 32);
+  EXPECT_GT(cached->plan.predicted_tokens_per_step, 1.8);
+  EXPECT_EQ(cache.prediction_refinements(), 1);
+  EXPECT_EQ(cache.gamma_refinements(), 0);
+}
+
+TEST(PlanCacheRefinementTest, ANewSolveStartsItsOwnEvidence) {
+  PlanCache cache(/*refine_every_trials=*/32);
+  const int64_t v1 = cache.Insert(Key(), HalfAcceptedPlan(), 7, 100);
+  for (int i = 0; i < 20; ++i) cache.RecordDraftStep(Key(), v1, 1, 1, 1);
+  const int64_t v2 = cache.Insert(Key(), HalfAcceptedPlan(), 8, 100);
+  // The old solve's steps are another mask's evidence: ignored.
+  for (int i = 0; i < 40; ++i) {
+    EXPECT_EQ(cache.RecordDraftStep(Key(), v1, 1, 1, 1), v2);
+  }
+  EXPECT_EQ(cache.Peek(Key())->plan.evidence_trials, 0);
+  // The new one's 20 + 12: refined at 32, not at 12.
+  for (int i = 0; i < 31; ++i) cache.RecordDraftStep(Key(), v2, 1, 1, 1);
+  EXPECT_EQ(cache.Peek(Key())->plan.evidence_trials, 0);
+  cache.RecordDraftStep(Key(), v2, 1, 1, 1);
+  EXPECT_EQ(cache.Peek(Key())->plan.evidence_trials, 32);
+  // No plan, or refinement off: nothing happens.
+  PlanCacheKey other = Key();
+  other.bucket = 3;
+  EXPECT_EQ(cache.RecordDraftStep(other, v2, 1, 1, 1), 0);
+  PlanCache off(/*refine_every_trials=*/0);
+  const int64_t w = off.Insert(Key(), HalfAcceptedPlan(), 7, 100);
+  for (int i = 0; i < 100; ++i) off.RecordDraftStep(Key(), w, 1, 1, 1);
+  EXPECT_EQ(off.Peek(Key())->plan.evidence_trials, 0);
+  EXPECT_EQ(off.Peek(Key())->version, w);
+}
+
+TEST(PlanCacheRefinementTest, ARefinementToPlainIsRecheckedLikeAPlainSolve) {
+  PlanCache cache(/*refine_every_trials=*/32);
+  const int64_t v1 = cache.Insert(Key(), HalfAcceptedPlan(), 7, 100);
+  int64_t v2 = v1;
+  for (int i = 0; i < 32; ++i) v2 = cache.RecordDraftStep(Key(), v1, 1, 1, 0);
+  ASSERT_GT(v2, v1);
+  EXPECT_EQ(cache.Peek(Key())->plan.gamma, 0);
+  // The first plain answer: rechecked after base_steps plain steps.
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_FALSE(cache.CountPlainStep(Key(), v2, 10));
+  }
+  EXPECT_TRUE(cache.CountPlainStep(Key(), v2, 10));
+}
+
+}  // namespace
+}  // namespace knapserve
