@@ -533,16 +533,24 @@ void PlanController::AfterStep(const StepObservation& step) {
         drift_trials_ >= options_.drift_min_tokens && drift_trials_ > 0) {
       const double observed = static_cast<double>(drift_accepted_) /
                               static_cast<double>(drift_trials_);
-      // A plan from a planner that does not predict drafts (0) is judged on
-      // acceptance alone.
-      const double expected_drafts = in_force_->plan.predicted_drafts_per_step;
+      // Judged against the plan as the cache holds it now: refined by the
+      // evidence of every sequence under it (this one's included), the
+      // odds are the process's best estimate; one sequence's text drifted
+      // when it differs from them. A plan from a planner that does not
+      // predict drafts (0) is judged on acceptance alone.
+      const std::optional<CachedPlan> latest = shared_.cache->Peek(plan_key);
+      const DraftPlan& expected = latest.has_value() &&
+                                          latest->version == applied_version_ &&
+                                          latest->plan.gamma > 0
+                                      ? latest->plan
+                                      : in_force_->plan;
+      const double expected_drafts = expected.predicted_drafts_per_step;
       const double drafts = static_cast<double>(drift_drafted_) /
                             static_cast<double>(drift_steps_);
       const bool drafts_drift =
           expected_drafts > 0 && std::abs(drafts - expected_drafts) >
                                      options_.drift_tolerance * expected_drafts;
-      if (std::abs(observed - in_force_->plan.alpha_hat) >
-              options_.drift_tolerance ||
+      if (std::abs(observed - expected.alpha_hat) > options_.drift_tolerance ||
           drafts_drift) {
         drift_fired_ = true;
         SetTrigger(PlanTrigger::kDrift);

@@ -22,7 +22,9 @@
 // the cache's evidence for the plan (PlanCache::RecordDraftStep), which
 // refines the plan's odds, gamma and predictions for every sequence (a new
 // gamma comes back as a newer plan, above). It also compares the observed
-// per-token acceptance with the plan's alpha_hat:
+// per-token acceptance with the plan's alpha_hat as the cache holds it then
+// (its predictions refined by every sequence's evidence: the drift is this
+// sequence's text against the process's best estimate):
 //   observed = accepted / (accepted + rejections),
 // where a rejection is a step that stopped at a rejected draft token (the
 // maximum-likelihood per-token acceptance when each draft token is accepted

@@ -88,6 +88,97 @@ TEST(PlanControllerTest, CachedPlanTakesEffectAtTheFirstStepWithoutASnapshot) {
             0);
 }
 
+// Every sequence's drafting under a cached plan is evidence for it
+// (PlanCache::RecordDraftStep): once two sequences together have drafted 32
+// tokens, all accepted, under a plan whose 16 reference tokens said 0.5, the
+// cache chooses a longer draft, and both sequences take it up at their next
+// step as a newer plan.
+TEST(PlanControllerTest, DraftingUnderACachedPlanRefinesItForEverySequence) {
+  PlanningShared shared = PlanningShared::Create(/*refine_every_trials=*/32);
+  DraftPlan plan = Plan(1, 0.5);
+  plan.mask = *LayerMask::Parse("a1", 4);
+  plan.basis.verify_seconds = {1.0e-3, 1.1e-3, 1.2e-3, 1.3e-3, 1.4e-3};
+  plan.basis.draft_seconds = 0.2e-3;
+  plan.basis.reference_tokens = 16;
+  plan.basis.accept_share = 0.5;
+  const int64_t v1 = shared.cache->Insert(KeyAt(0), plan, 99, 10);
+  PlanControllerOptions options = Options();
+  options.drift_min_tokens = 1000;  // the drift has a test of its own
+  PlanController a(options, BaseKey(), 1, 0, shared);
+  PlanController b(options, BaseKey(), 2, 0, shared);
+  ASSERT_EQ(a.BeforeStep(0, 10).gamma, 1);
+  ASSERT_EQ(b.BeforeStep(0, 10).gamma, 1);
+  for (int64_t step = 1; step <= 16; ++step) {
+    a.AfterStep(Spec(1, 1, 1, 0.01));
+    b.AfterStep(Spec(1, 1, 1, 0.01));
+    if (step == 16) break;
+    EXPECT_FALSE(a.BeforeStep(step, 10).apply.has_value()) << step;
+    EXPECT_FALSE(b.BeforeStep(step, 10).apply.has_value()) << step;
+  }
+  auto cached = shared.cache->Peek(KeyAt(0));
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_GT(cached->version, v1);
+  EXPECT_GT(cached->plan.gamma, 1);
+  EXPECT_EQ(cached->plan.evidence_trials, 32);
+  for (PlanController* c : {&a, &b}) {
+    StepDirective d = c->BeforeStep(16, 10);
+    ASSERT_TRUE(d.apply.has_value());
+    EXPECT_EQ(d.apply->version, cached->version);
+    EXPECT_EQ(d.apply_source, "shared");
+    EXPECT_EQ(d.gamma, cached->plan.gamma);
+    EXPECT_FALSE(d.capture);  // no solve: the mask stays
+  }
+}
+
+// Drift is judged against the plan's odds as the cache holds them: once
+// the evidence of every sequence refined them, a sequence that agrees with
+// the rest does not drift though it differs from the 16-token snapshot,
+// and one whose text drafts worse does. Without refinement the first one
+// drifts too.
+TEST(PlanControllerTest, DriftIsJudgedAgainstTheRefinedOdds) {
+  for (int64_t refine : {32, 0}) {
+    PlanningShared shared = PlanningShared::Create(refine);
+    DraftPlan plan = Plan(1, 0.5);
+    plan.mask = *LayerMask::Parse("a1", 4);
+    plan.basis.verify_seconds = {1.0e-3, 1.1e-3, 1.2e-3};
+    plan.basis.draft_seconds = 0.2e-3;
+    plan.basis.reference_tokens = 16;
+    plan.basis.accept_share = 0.5;
+    plan.basis.gamma_fixed = true;  // the version stays: predictions only
+    shared.cache->Insert(KeyAt(0), plan, 99, 10);
+    PlanControllerOptions options = Options();
+    options.drift_min_tokens = 20;
+    PlanController a(options, BaseKey(), 1, 0, shared);
+    PlanController b(options, BaseKey(), 2, 0, shared);
+    a.BeforeStep(0, 10);
+    b.BeforeStep(0, 10);
+    // 16 accepted drafts each (32: refined to (8 + 32) / 48 = 0.83), then
+    // a's 20th trial is judged: 1.0 against 0.83 is within 0.2.
+    for (int64_t step = 1; step <= 16; ++step) {
+      a.AfterStep(Spec(1, 1, 1, 0.01));
+      b.AfterStep(Spec(1, 1, 1, 0.01));
+      a.BeforeStep(step, 10);
+      b.BeforeStep(step, 10);
+    }
+    for (int64_t step = 17; step <= 20; ++step) {
+      a.AfterStep(Spec(1, 1, 1, 0.01));
+      a.BeforeStep(step, 10);
+    }
+    EXPECT_EQ(a.stats().triggers_drift, refine > 0 ? 0 : 1) << refine;
+    if (refine == 0) continue;
+    EXPECT_NEAR(shared.cache->Peek(KeyAt(0))->plan.alpha_hat, 40.0 / 48.0,
+                1e-12);
+    // A third sequence whose drafts are all rejected drifts.
+    PlanController c(options, BaseKey(), 3, 0, shared);
+    c.BeforeStep(0, 10);
+    for (int64_t step = 1; step <= 20; ++step) {
+      c.AfterStep(Spec(1, 1, 0, 0.01));
+      c.BeforeStep(step, 10);
+    }
+    EXPECT_EQ(c.stats().triggers_drift, 1);
+  }
+}
+
 // A bucket's plain plan is one snapshot's verdict: once the process's
 // sequences have decoded plain_recheck_steps plain steps under it (counted
 // across sequences), the sequence at that step asks for a new plan (a
