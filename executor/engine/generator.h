@@ -255,8 +255,11 @@ struct AppliedPlan {
   int64_t context_length = 0;  // n the plan was made for
   // Where it came from: "cache" (a cached plan, applied on entering its
   // context bucket), "solve" (this sequence's own request) or "shared" (a
-  // solve another sequence requested for the same bucket). For "cache" and
-  // "shared", plan_step is the other sequence's step and age_steps is 0.
+  // solve another sequence requested for the same bucket) or "refined" (the
+  // cached plan in force, with the gamma the drafting evidence of the
+  // requests under it chose: executor/planning/plan_refinement.h; no solve).
+  // For "cache", "shared" and "refined", plan_step is the solve's step and
+  // age_steps is 0.
   std::string source;
   // What the plan did while it was in force and ran as planned: the steps
   // that drafted with it (for a gamma-0 plan, its plain steps; a step the

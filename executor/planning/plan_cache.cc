@@ -68,6 +68,7 @@ int64_t PlanCache::Insert(const PlanCacheKey& key, DraftPlan plan,
   entry.version = next_version_++;
   entry.sequence_id = sequence_id;
   entry.context_length = context_length;
+  entry.refined = false;
   if (plain) {
     PlainRecheck& recheck = rechecks_[key];
     recheck.version = entry.version;
@@ -109,6 +110,7 @@ int64_t PlanCache::RecordDraftStep(const PlanCacheKey& key, int64_t version,
   }
   ++gamma_refinements_;
   entry.version = next_version_++;
+  entry.refined = true;
   if (entry.plan.gamma == 0) {
     rechecks_[key] = PlainRecheck{entry.version, 0, 1};
   }

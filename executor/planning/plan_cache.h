@@ -87,6 +87,9 @@ struct CachedPlan {
       0;  // process-wide insert counter: a newer plan has a larger one
   uint64_t sequence_id = 0;    // the sequence whose snapshot it was solved from
   int64_t context_length = 0;  // committed length of that snapshot
+  // This version is a refinement of that solve's plan (a new gamma from the
+  // drafting evidence: PlanCache::RecordDraftStep), not a solve.
+  bool refined = false;
 };
 
 class PlanCache {

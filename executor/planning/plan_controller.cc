@@ -214,6 +214,13 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
 
 namespace {
 
+// AppliedPlan::source of a plan that replaced the one in force: a
+// refinement of a cached solve, this sequence's own solve, or another's.
+const char* NewerPlanSource(const CachedPlan& plan, uint64_t sequence_id) {
+  if (plan.refined) return "refined";
+  return plan.sequence_id == sequence_id ? "solve" : "shared";
+}
+
 // How old a plain step may be to count as plain decoding's rate now
 // (GuardOptions::plain_max_age_seconds; <= 0: any age).
 absl::Duration PlainMaxAge(const GuardOptions& options) {
@@ -439,8 +446,7 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
     if (version != 0 && version != applied_version_) {
       std::optional<CachedPlan> newer = shared_.cache->Peek(key_);
       if (newer.has_value()) {
-        Apply(*newer, bucket_,
-              newer->sequence_id == sequence_id_ ? "solve" : "shared",
+        Apply(*newer, bucket_, NewerPlanSource(*newer, sequence_id_),
               directive);
         // The newer plan answers whatever this sequence was waiting for.
         AbandonCapture();
@@ -609,7 +615,7 @@ void PlanController::ApplyAwaitedPlan(StepDirective& directive) {
   std::optional<CachedPlan> plan = shared_.cache->Peek(*newest);
   if (!plan.has_value()) return;
   Apply(*plan, newest->bucket,
-        plan->sequence_id == sequence_id_ ? "solve" : "shared", directive);
+        NewerPlanSource(*plan, sequence_id_), directive);
 }
 
 SubmitTicket PlanController::TakeTicket() {

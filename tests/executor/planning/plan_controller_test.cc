@@ -124,7 +124,7 @@ TEST(PlanControllerTest, DraftingUnderACachedPlanRefinesItForEverySequence) {
     StepDirective d = c->BeforeStep(16, 10);
     ASSERT_TRUE(d.apply.has_value());
     EXPECT_EQ(d.apply->version, cached->version);
-    EXPECT_EQ(d.apply_source, "shared");
+    EXPECT_EQ(d.apply_source, "refined");
     EXPECT_EQ(d.gamma, cached->plan.gamma);
     EXPECT_FALSE(d.capture);  // no solve: the mask stays
   }
