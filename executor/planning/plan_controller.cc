@@ -614,8 +614,7 @@ void PlanController::ApplyAwaitedPlan(StepDirective& directive) {
   if (in_force_.has_value() && in_force_->version >= newest_version) return;
   std::optional<CachedPlan> plan = shared_.cache->Peek(*newest);
   if (!plan.has_value()) return;
-  Apply(*plan, newest->bucket,
-        NewerPlanSource(*plan, sequence_id_), directive);
+  Apply(*plan, newest->bucket, NewerPlanSource(*plan, sequence_id_), directive);
 }
 
 SubmitTicket PlanController::TakeTicket() {

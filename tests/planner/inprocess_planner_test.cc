@@ -474,9 +474,9 @@ TEST(PlannedGenerationFaultTest,
       << spec->last_plan_error;
   // Every answered request applied one plan; refinements of a cached plan
   // (no request) add their own.
-  const int64_t solved = std::count_if(
-      spec->plans.begin(), spec->plans.end(),
-      [](const AppliedPlan& p) { return p.source != "refined"; });
+  const int64_t solved =
+      std::count_if(spec->plans.begin(), spec->plans.end(),
+                    [](const AppliedPlan& p) { return p.source != "refined"; });
   EXPECT_EQ(solved, spec->stats.plan_requests - spec->stats.plan_failures);
 }
 
