@@ -91,7 +91,8 @@ struct PlanInputs {
   // in [0, 1]): a draft ends after a token whose top-1 probability is below
   // it. > 0 makes every policy measure, besides alpha_hat, how often the
   // draft is confident on the reference tokens and price the shorter drafts
-  // (planner/tpt.h ForecastStep); 0 prices drafts that always run to gamma.
+  // (common/plan/step_forecast.h ForecastStep); 0 prices drafts that always run
+  // to gamma.
   double exit_threshold = 0;
 };
 

@@ -168,9 +168,9 @@ ModeSummary Summarize(const std::vector<PromptRun>& runs);
 // The rates are time-weighted (each plan by its measured seconds), so
 // measured_tpt is simply tokens over seconds; the per-step figures are
 // step-weighted. The prediction splits into tokens per step (the plan's
-// predicted_tokens_per_step, planner/tpt.h ForecastStep) and seconds per step
-// (tokens per step over the predicted rate), so an error shows whether
-// acceptance or time missed.
+// predicted_tokens_per_step, common/plan/step_forecast.h ForecastStep) and
+// seconds per step (tokens per step over the predicted rate), so an error shows
+// whether acceptance or time missed.
 struct PlanPrediction {
   int64_t plans = 0;  // plans with a measured step
   int64_t steps = 0;  // their measured steps
