@@ -61,19 +61,14 @@ struct TptChoice {
   int num_evaluated = 0;    // candidates whose alpha was looked at
 };
 
-// Speculation must beat plain decoding by more than this relative margin.
-// It only absorbs rounding: a draft that costs exactly a one-token
-// verification with alpha = 1 gives (gamma + 1) / (gamma * v + v), which
-// floating point may round a hair above 1 / v.
-inline constexpr double kMinSpeculationGain = 1e-9;
-
 // verify_seconds[t - 1] = t_verify(n, t) for t = 1..max_draft+1 (more entries
 // are ignored). Returns the (candidate, gamma) with the highest TPT over
 // gamma in 1..max_draft; the first one found wins ties (candidates in order,
 // gamma increasing). A choice must beat the autoregressive baseline by more
-// than kMinSpeculationGain, else the result is {-1, 0, baseline, baseline}.
-// num_evaluated is the number of candidates. InvalidArgument for max_draft < 1,
-// a short or non-positive verify table, alpha outside [0, 1], draft_seconds
+// than kMinSpeculationGain (common/plan/step_forecast.h), else the result is
+// {-1, 0, baseline, baseline}. num_evaluated is the number of candidates.
+// InvalidArgument for max_draft < 1, a short or non-positive verify table,
+// alpha outside [0, 1], draft_seconds
 // <= 0 or a stop whose shares are outside [0, 1] or whose accept_and_go_on
 // exceeds alpha or go_on.
 absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,

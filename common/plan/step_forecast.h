@@ -98,6 +98,15 @@ struct StepForecast {
   }
 };
 
+// Speculation must beat plain decoding by more than this relative margin
+// (a chosen gamma's tokens/s above baseline * (1 + kMinSpeculationGain)).
+// It only absorbs rounding: a draft that costs exactly a one-token
+// verification with alpha = 1 gives (gamma + 1) / (gamma * v + v), which
+// floating point may round a hair above 1 / v. The planner's search
+// (planner/tpt.h) and the executor's refinement (plan_refinement.h) both
+// apply it, so both choose alike.
+inline constexpr double kMinSpeculationGain = 1e-9;
+
 // The step of `candidate` with budget gamma (0: plain decoding, one
 // verification of one token) under the model above. verify_seconds[t - 1] =
 // t_verify(n, t) for t = 1..gamma+1. Inputs are not checked (MaximizeTpt

@@ -81,32 +81,37 @@ int64_t PlanCache::Insert(const PlanCacheKey& key, DraftPlan plan,
   return entry.version;
 }
 
-int64_t PlanCache::RecordDraftStep(const PlanCacheKey& key, int64_t version,
-                                   int gamma, int drafted, int accepted) {
+PlanCache::PlanOdds PlanCache::RecordDraftStep(const PlanCacheKey& key,
+                                               int64_t version, int gamma,
+                                               int drafted, int accepted) {
   absl::MutexLock lock(&mu_);
   auto plan_it = plans_.find(key);
-  if (plan_it == plans_.end()) return 0;
+  if (plan_it == plans_.end()) return PlanOdds{};
   CachedPlan& entry = plan_it->second;
+  const auto odds = [&entry] {
+    return PlanOdds{entry.version, entry.plan.gamma, entry.plan.alpha_hat,
+                    entry.plan.predicted_drafts_per_step};
+  };
   auto it = refinements_.find(key);
   if (refine_every_trials_ <= 0 || it == refinements_.end() ||
       version < it->second.solve_version || version > entry.version) {
-    return entry.version;
+    return odds();
   }
   Refinement& refinement = it->second;
   refinement.evidence.AddStep(gamma, drafted, accepted);
   if (refinement.evidence.accept_trials - refinement.refined_at_trials <
       refine_every_trials_) {
-    return entry.version;
+    return odds();
   }
   refinement.refined_at_trials = refinement.evidence.accept_trials;
   std::optional<DraftPlan> refined =
       RefinePlan(entry.plan, refinement.evidence);
-  if (!refined.has_value()) return entry.version;
+  if (!refined.has_value()) return odds();
   const bool new_gamma = refined->gamma != entry.plan.gamma;
   entry.plan = *std::move(refined);
   if (!new_gamma) {
     ++prediction_refinements_;
-    return entry.version;
+    return odds();
   }
   ++gamma_refinements_;
   entry.version = next_version_++;
@@ -114,7 +119,7 @@ int64_t PlanCache::RecordDraftStep(const PlanCacheKey& key, int64_t version,
   if (entry.plan.gamma == 0) {
     rechecks_[key] = PlainRecheck{entry.version, 0, 1};
   }
-  return entry.version;
+  return odds();
 }
 
 int64_t PlanCache::gamma_refinements() const {

@@ -143,9 +143,16 @@ class PlanCache {
   // afresh); new predictions under the same gamma replace the plan's in
   // place, same version, for the sequences that apply it next. A refinement
   // to gamma 0 is a plain plan like a solve's (CountPlainStep rechecks it).
-  // Returns the version now cached for `key` (0: none).
-  int64_t RecordDraftStep(const PlanCacheKey& key, int64_t version, int gamma,
-                          int drafted, int accepted) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns what is now cached for `key` (version 0: none), so that the
+  // caller's drift check needs no copy of the plan.
+  struct PlanOdds {
+    int64_t version = 0;
+    int gamma = 0;
+    double alpha_hat = 0;                  // DraftPlan::alpha_hat
+    double predicted_drafts_per_step = 0;  // DraftPlan's (0: not predicted)
+  };
+  PlanOdds RecordDraftStep(const PlanCacheKey& key, int64_t version, int gamma,
+                           int drafted, int accepted) ABSL_LOCKS_EXCLUDED(mu_);
   // Refinements so far that changed a plan's gamma / only its predictions.
   int64_t gamma_refinements() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t prediction_refinements() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -407,6 +407,8 @@ void PlanController::Apply(const CachedPlan& plan, int64_t bucket,
                            StepDirective& directive) {
   in_force_ = plan;
   in_force_bucket_ = bucket;
+  in_force_key_ = key_;
+  in_force_key_.bucket = bucket;
   gamma_ = plan.plan.gamma;
   applied_version_ = plan.version;
   drift_trials_ = 0;
@@ -526,11 +528,10 @@ void PlanController::AfterStep(const StepObservation& step) {
   }
   if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 &&
       step.drafted > 0) {
-    PlanCacheKey plan_key = key_;
-    plan_key.bucket = in_force_bucket_;
-    shared_.cache->RecordDraftStep(plan_key, applied_version_,
-                                   step.budget > 0 ? step.budget : step.gamma,
-                                   step.drafted, step.accepted);
+    const PlanCache::PlanOdds cached = shared_.cache->RecordDraftStep(
+        in_force_key_, applied_version_,
+        step.budget > 0 ? step.budget : step.gamma, step.drafted,
+        step.accepted);
     drift_accepted_ += step.accepted;
     drift_trials_ += step.accepted + (step.accepted < step.drafted ? 1 : 0);
     ++drift_steps_;
@@ -544,19 +545,19 @@ void PlanController::AfterStep(const StepObservation& step) {
       // odds are the process's best estimate; one sequence's text drifted
       // when it differs from them. A plan from a planner that does not
       // predict drafts (0) is judged on acceptance alone.
-      const std::optional<CachedPlan> latest = shared_.cache->Peek(plan_key);
-      const DraftPlan& expected = latest.has_value() &&
-                                          latest->version == applied_version_ &&
-                                          latest->plan.gamma > 0
-                                      ? latest->plan
-                                      : in_force_->plan;
-      const double expected_drafts = expected.predicted_drafts_per_step;
+      const bool refined_odds =
+          cached.version == applied_version_ && cached.gamma > 0;
+      const double expected_alpha =
+          refined_odds ? cached.alpha_hat : in_force_->plan.alpha_hat;
+      const double expected_drafts =
+          refined_odds ? cached.predicted_drafts_per_step
+                       : in_force_->plan.predicted_drafts_per_step;
       const double drafts = static_cast<double>(drift_drafted_) /
                             static_cast<double>(drift_steps_);
       const bool drafts_drift =
           expected_drafts > 0 && std::abs(drafts - expected_drafts) >
                                      options_.drift_tolerance * expected_drafts;
-      if (std::abs(observed - expected.alpha_hat) > options_.drift_tolerance ||
+      if (std::abs(observed - expected_alpha) > options_.drift_tolerance ||
           drafts_drift) {
         drift_fired_ = true;
         SetTrigger(PlanTrigger::kDrift);

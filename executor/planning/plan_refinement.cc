@@ -19,10 +19,6 @@ double PooledShare(double share, int64_t r, int64_t successes, int64_t trials) {
       0.0, 1.0);
 }
 
-// Speculation must beat plain decoding by more than this relative margin
-// (planner/tpt.h's kMinSpeculationGain: it only absorbs rounding).
-constexpr double kMinGain = 1e-9;
-
 }  // namespace
 
 void DraftEvidence::AddStep(int gamma, int drafted, int accepted_tokens) {
@@ -71,7 +67,7 @@ std::optional<DraftPlan> RefinePlan(const DraftPlan& plan,
   int gamma = std::min(plan.gamma, max_draft);
   if (!basis.gamma_fixed) {
     gamma = 0;
-    double best = baseline * (1 + kMinGain);
+    double best = baseline * (1 + kMinSpeculationGain);
     for (int g = 1; g <= max_draft; ++g) {
       const double tps = ForecastStep(candidate, g, verify).tokens_per_second();
       if (tps > best) {

@@ -184,12 +184,13 @@ TEST(PlanCacheRefinementTest, ANewGammaIsANewVersionForEverySequence) {
   DraftEvidence evidence;
   // 31 accepted single drafts: not yet.
   for (int i = 0; i < 31; ++i) {
-    EXPECT_EQ(cache.RecordDraftStep(Key(), v1, 1, 1, 1), v1);
+    EXPECT_EQ(cache.RecordDraftStep(Key(), v1, 1, 1, 1).version, v1);
     evidence.AddStep(1, 1, 1);
   }
   EXPECT_EQ(cache.Peek(Key())->plan.evidence_trials, 0);
   // The 32nd refines: acceptance (8 + 32 + 1) / 50 takes gamma above 1.
-  const int64_t v2 = cache.RecordDraftStep(Key(), v1, 1, 1, 1);
+  const PlanCache::PlanOdds odds = cache.RecordDraftStep(Key(), v1, 1, 1, 1);
+  const int64_t v2 = odds.version;
   evidence.AddStep(1, 1, 1);
   EXPECT_GT(v2, v1);
   auto cached = cache.Peek(Key());
@@ -202,6 +203,12 @@ TEST(PlanCacheRefinementTest, ANewGammaIsANewVersionForEverySequence) {
   EXPECT_EQ(cached->plan.gamma, expected->gamma);
   EXPECT_DOUBLE_EQ(cached->plan.predicted_tpt, expected->predicted_tpt);
   EXPECT_EQ(cached->plan.evidence_trials, 32);
+  // The call returns the refined plan's odds (the drift check's reference).
+  EXPECT_EQ(odds.gamma, cached->plan.gamma);
+  EXPECT_DOUBLE_EQ(odds.alpha_hat, cached->plan.alpha_hat);
+  EXPECT_NE(odds.alpha_hat, plan.alpha_hat);
+  EXPECT_DOUBLE_EQ(odds.predicted_drafts_per_step,
+                   cached->plan.predicted_drafts_per_step);
   EXPECT_EQ(cache.gamma_refinements(), 1);
   // Steps under the first version still count (same solve, same mask):
   // 8 + 7 x 3 = 29 more trials, then 3 more make 64.
@@ -235,7 +242,7 @@ TEST(PlanCacheRefinementTest, ANewSolveStartsItsOwnEvidence) {
   const int64_t v2 = cache.Insert(Key(), HalfAcceptedPlan(), 8, 100);
   // The old solve's steps are another mask's evidence: ignored.
   for (int i = 0; i < 40; ++i) {
-    EXPECT_EQ(cache.RecordDraftStep(Key(), v1, 1, 1, 1), v2);
+    EXPECT_EQ(cache.RecordDraftStep(Key(), v1, 1, 1, 1).version, v2);
   }
   EXPECT_EQ(cache.Peek(Key())->plan.evidence_trials, 0);
   // The new one's 20 + 12: refined at 32, not at 12.
@@ -246,7 +253,7 @@ TEST(PlanCacheRefinementTest, ANewSolveStartsItsOwnEvidence) {
   // No plan, or refinement off: nothing happens.
   PlanCacheKey other = Key();
   other.bucket = 3;
-  EXPECT_EQ(cache.RecordDraftStep(other, v2, 1, 1, 1), 0);
+  EXPECT_EQ(cache.RecordDraftStep(other, v2, 1, 1, 1).version, 0);
   PlanCache off(/*refine_every_trials=*/0);
   const int64_t w = off.Insert(Key(), HalfAcceptedPlan(), 7, 100);
   for (int i = 0; i < 100; ++i) off.RecordDraftStep(Key(), w, 1, 1, 1);
@@ -258,7 +265,8 @@ TEST(PlanCacheRefinementTest, ARefinementToPlainIsRecheckedLikeAPlainSolve) {
   PlanCache cache(/*refine_every_trials=*/32);
   const int64_t v1 = cache.Insert(Key(), HalfAcceptedPlan(), 7, 100);
   int64_t v2 = v1;
-  for (int i = 0; i < 32; ++i) v2 = cache.RecordDraftStep(Key(), v1, 1, 1, 0);
+  for (int i = 0; i < 32; ++i)
+    v2 = cache.RecordDraftStep(Key(), v1, 1, 1, 0).version;
   ASSERT_GT(v2, v1);
   EXPECT_EQ(cache.Peek(Key())->plan.gamma, 0);
   // The first plain answer: rechecked after base_steps plain steps.
