@@ -68,9 +68,8 @@ struct TptChoice {
 // than kMinSpeculationGain (common/plan/step_forecast.h), else the result is
 // {-1, 0, baseline, baseline}. num_evaluated is the number of candidates.
 // InvalidArgument for max_draft < 1, a short or non-positive verify table,
-// alpha outside [0, 1], draft_seconds
-// <= 0 or a stop whose shares are outside [0, 1] or whose accept_and_go_on
-// exceeds alpha or go_on.
+// alpha outside [0, 1], draft_seconds <= 0 or a stop whose shares are outside
+// [0, 1] or whose accept_and_go_on exceeds alpha or go_on.
 absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
                                       absl::Span<const double> verify_seconds,
                                       int max_draft);

@@ -406,7 +406,6 @@ void PlanController::Apply(const CachedPlan& plan, int64_t bucket,
                            const std::string& source,
                            StepDirective& directive) {
   in_force_ = plan;
-  in_force_bucket_ = bucket;
   in_force_key_ = key_;
   in_force_key_.bucket = bucket;
   gamma_ = plan.plan.gamma;
@@ -520,7 +519,7 @@ void PlanController::AfterStep(const StepObservation& step) {
     RecordPlainStep(shared_, key_.ExecutionId(), options_.bucket_tokens,
                     bucket_, step.seconds, step_began_beside_solve_);
   }
-  if (in_force_.has_value() && gamma_ == 0 && in_force_bucket_ == bucket_ &&
+  if (in_force_.has_value() && gamma_ == 0 && in_force_key_.bucket == bucket_ &&
       step.gamma == 0 && trigger_ == PlanTrigger::kNone && !capturing_ &&
       shared_.cache->CountPlainStep(key_, applied_version_,
                                     options_.plain_recheck_steps)) {
@@ -578,7 +577,7 @@ std::optional<double> PlanController::PlainStepSeconds(
 
 void PlanController::ApplyAwaitedPlan(StepDirective& directive) {
   if (awaited_keys_.empty()) return;
-  if (in_force_bucket_ == bucket_) {
+  if (in_force_.has_value() && in_force_key_.bucket == bucket_) {
     awaited_keys_.clear();  // the current bucket's own plan is in force
     return;
   }

@@ -453,9 +453,11 @@ class PlanController {
   bool started_ = false;
   int64_t bucket_ = 0;
   std::optional<CachedPlan> in_force_;
-  int64_t in_force_bucket_ = -1;  // the bucket whose key in_force_ came from
-  PlanCacheKey in_force_key_;     // key_ at in_force_bucket_
-  int gamma_ = 0;                 // of the setting in force
+  // The key in_force_ came from: key_ at the bucket it was applied for
+  // (another bucket's when a late solve is applied; meaningless while
+  // in_force_ is empty).
+  PlanCacheKey in_force_key_;
+  int gamma_ = 0;  // of the setting in force
   int64_t applied_version_ = 0;
   // The keys of this sequence's submitted solves that may still answer for
   // a bucket the sequence has left (see the class comment), oldest first;
