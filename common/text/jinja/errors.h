@@ -35,7 +35,7 @@ namespace knapserve::jinja {
 inline constexpr size_t kMaxOutputBytes = size_t{16} << 20;
 // Loop iterations one render may run, all loops together
 // (ChatTemplate::kMaxLoopIterations).
-inline constexpr int64_t kMaxLoopIterations = 1'000'000;
+inline constexpr int64_t kMaxLoopIterations = 100'000;
 // Nesting limits: blocks inside blocks and the depth of an expression's tree
 // (both bound the recursion of the parser and the renderer), and the depth of
 // lists and dicts (bounds repr, tojson and comparisons).

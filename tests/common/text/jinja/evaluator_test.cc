@@ -172,7 +172,13 @@ TEST(JinjaEvaluatorTest, RenderErrorsSayTheLine) {
 TEST(JinjaEvaluatorTest, LimitsAreErrors) {
   EXPECT_EQ(RenderText("{% for i in range(2000) %}{% for j in range(1000) %}"
                        "{% endfor %}{% endfor %}"),
-            "error: line 1: more than 1000000 loop iterations");
+            "error: line 1: more than 100000 loop iterations");
+  // The cap counts every loop of the render: exactly 100,000 pass, one more
+  // in a second loop does not.
+  EXPECT_EQ(RenderText("{% for i in range(100000) %}{% endfor %}ok"), "ok");
+  EXPECT_EQ(RenderText("{% for i in range(100000) %}{% endfor %}"
+                       "{% for j in [1] %}{% endfor %}"),
+            "error: line 1: more than 100000 loop iterations");
   EXPECT_THAT(RenderText("{% set s = 'x' * 9000000 %}{{ s }}{{ s }}"),
               HasSubstr("the output would be larger than 16 MiB"));
 }
