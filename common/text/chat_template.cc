@@ -30,6 +30,7 @@ namespace knapserve {
 // The engine's limits are the ones chat_template.h promises.
 static_assert(ChatTemplate::kMaxOutputBytes == jinja::kMaxOutputBytes);
 static_assert(ChatTemplate::kMaxLoopIterations == jinja::kMaxLoopIterations);
+static_assert(ChatTemplate::kMaxStringBytes == jinja::kMaxStringBytes);
 
 struct ChatTemplate::Tree {
   std::vector<jinja::Node> body;

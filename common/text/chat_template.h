@@ -77,8 +77,8 @@
 // in arithmetic). Limits keep hostile input from crashing the server: the
 // output and every string built on the way are capped at kMaxOutputBytes,
 // nesting of blocks, expressions and values at a few hundred, and a render
-// at kMaxLoopIterations loop iterations in all; past them the error says
-// which limit.
+// at kMaxLoopIterations loop iterations and kMaxStringBytes of strings
+// yielded by its expressions in all; past them the error says which limit.
 //
 // Values: the context is JSON. Object keys keep the order of the JSON value
 // (nlohmann::json sorts them; pass an nlohmann::ordered_json to keep a
@@ -110,6 +110,10 @@ class ChatTemplate {
   // MiB: four times the default 4 MiB request limit, room for tools rendered
   // with tojson(indent=4).
   static constexpr size_t kMaxOutputBytes = size_t{16} << 20;
+  // The bytes of all the strings one render's expressions may yield (values
+  // are copied when read, so this bounds the time of a loop over a large
+  // string): 1 GiB.
+  static constexpr uint64_t kMaxStringBytes = uint64_t{64} * kMaxOutputBytes;
   // Loop iterations one render may run, all loops together. A chat
   // template loops over the messages and the tools' parameters: thousands
   // at most. The cap also bounds a hostile template's time: 100,000 of the

@@ -65,6 +65,17 @@ class Renderer {
     return absl::OkStatus();
   }
 
+  // Counts `size` bytes against kMaxStringBytes (every string an expression
+  // yields); past it, an unlocated problem.
+  absl::Status CountStringBytes(size_t size) {
+    string_bytes_ += size;
+    if (string_bytes_ > kMaxStringBytes) {
+      return Problem(absl::StrCat("the strings built would be more than ",
+                                  kMaxStringBytes >> 20, " MiB in all"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Assign(const Target& target, const Value& value) {
     if (!target.ns_attr.empty()) {
       const Value ns = Lookup(target.names[0]);
@@ -214,6 +225,9 @@ class Renderer {
   absl::StatusOr<Value> Eval(const Expr& e, const Value* subject = nullptr) {
     absl::StatusOr<Value> v = EvalInner(e, subject);
     if (!v.ok()) return AtLine(e.line, v.status());
+    if (v->is_string()) {
+      RETURN_IF_ERROR(AtLine(e.line, CountStringBytes(v->s.size())));
+    }
     return v;
   }
 
@@ -469,6 +483,7 @@ class Renderer {
   std::vector<Scope> scopes_;  // Innermost last.
   std::string* out_ = nullptr;
   int64_t iterations_ = 0;
+  uint64_t string_bytes_ = 0;  // Counted by CountStringBytes.
 };
 
 }  // namespace
