@@ -112,8 +112,8 @@ class ChatTemplate {
   static constexpr size_t kMaxOutputBytes = size_t{16} << 20;
   // The bytes of all the strings one render's expressions may yield (values
   // are copied when read, so this bounds the time of a loop over a large
-  // string): 1 GiB.
-  static constexpr uint64_t kMaxStringBytes = uint64_t{64} * kMaxOutputBytes;
+  // string): 256 MiB.
+  static constexpr uint64_t kMaxStringBytes = uint64_t{16} * kMaxOutputBytes;
   // Loop iterations one render may run, all loops together. A chat
   // template loops over the messages and the tools' parameters: thousands
   // at most. The cap also bounds a hostile template's time: 100,000 of the

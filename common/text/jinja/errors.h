@@ -37,11 +37,11 @@ inline constexpr size_t kMaxOutputBytes = size_t{16} << 20;
 // (ChatTemplate::kMaxLoopIterations).
 inline constexpr int64_t kMaxLoopIterations = 100'000;
 // The bytes of all the strings one render's expressions may yield, all
-// together: 64 x kMaxOutputBytes, 1 GiB (ChatTemplate::kMaxStringBytes).
+// together: 16 x kMaxOutputBytes, 256 MiB (ChatTemplate::kMaxStringBytes).
 // Values are copied when read, so a loop that reads or extends a large
 // string does work in proportion to it each iteration; this bounds the time
 // such a template can take where kMaxLoopIterations alone would not.
-inline constexpr uint64_t kMaxStringBytes = uint64_t{64} * kMaxOutputBytes;
+inline constexpr uint64_t kMaxStringBytes = uint64_t{16} * kMaxOutputBytes;
 // Nesting limits: blocks inside blocks and the depth of an expression's tree
 // (both bound the recursion of the parser and the renderer), and the depth of
 // lists and dicts (bounds repr, tojson and comparisons).

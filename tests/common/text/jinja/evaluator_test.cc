@@ -179,13 +179,13 @@ TEST(JinjaEvaluatorTest, LimitsAreErrors) {
   EXPECT_EQ(RenderText("{% for i in range(100000) %}{% endfor %}"
                        "{% for j in [1] %}{% endfor %}"),
             "error: line 1: more than 100000 loop iterations");
-  // Reading a 9 MB string 120 times is over the 1 GiB of strings a render
-  // may yield; reading it 100 times is not.
-  EXPECT_EQ(RenderText("{% set s = 'x' * 9000000 %}{% for i in range(120) %}"
-                       "{% set t = s %}{% endfor %}"),
-            "error: line 1: the strings built would be more than 1024 MiB in "
-            "all");
-  EXPECT_EQ(RenderText("{% set s = 'x' * 9000000 %}{% for i in range(100) %}"
+  // Reading a 9 MB string 35 times is over the 256 MiB of strings a render
+  // may yield; reading it 25 times is not.
+  EXPECT_EQ(
+      RenderText("{% set s = 'x' * 9000000 %}{% for i in range(35) %}"
+                 "{% set t = s %}{% endfor %}"),
+      "error: line 1: the strings built would be more than 256 MiB in all");
+  EXPECT_EQ(RenderText("{% set s = 'x' * 9000000 %}{% for i in range(25) %}"
                        "{% set t = s %}{% endfor %}ok"),
             "ok");
   EXPECT_THAT(RenderText("{% set s = 'x' * 9000000 %}{{ s }}{{ s }}"),
