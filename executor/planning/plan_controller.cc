@@ -357,10 +357,11 @@ PlanController::PlanController(PlanControllerOptions options, PlanCacheKey key,
                                PlanningShared shared)
     : options_(options),
       key_(std::move(key)),
+      execution_id_(key_.ExecutionId()),
       sequence_id_(sequence_id),
       shared_(std::move(shared)),
       guard_(options_.guard, shared_.plain_rates, shared_.verdicts,
-             key_.ExecutionId(),
+             execution_id_,
              absl::StrCat(PlanPolicyName(key_.policy),
                           key_.policy_detail.empty() ? "" : " ",
                           key_.policy_detail, " D", key_.max_draft,
@@ -516,8 +517,8 @@ void PlanController::AfterStep(const StepObservation& step) {
   last_step_beside_solve_ = step_began_beside_solve_ || SolvesInFlight();
   shared_.budget->AddDecodeSeconds(step.seconds);
   if (guard_.settled() && step.gamma == 0 && step.tokens == 1) {
-    RecordPlainStep(shared_, key_.ExecutionId(), options_.bucket_tokens,
-                    bucket_, step.seconds, step_began_beside_solve_);
+    RecordPlainStep(shared_, execution_id_, options_.bucket_tokens, bucket_,
+                    step.seconds, step_began_beside_solve_);
   }
   if (in_force_.has_value() && gamma_ == 0 && in_force_key_.bucket == bucket_ &&
       step.gamma == 0 && trigger_ == PlanTrigger::kNone && !capturing_ &&
@@ -570,7 +571,7 @@ std::optional<double> PlanController::PlainStepSeconds(
     int64_t context_length) const {
   if (shared_.plain_rates == nullptr) return std::nullopt;
   return GuardPlainStepSeconds(
-      *shared_.plain_rates, options_.guard, key_.ExecutionId(),
+      *shared_.plain_rates, options_.guard, execution_id_,
       options_.bucket_tokens,
       ContextBucket(context_length, options_.bucket_tokens));
 }

@@ -445,6 +445,8 @@ class PlanController {
 
   const PlanControllerOptions options_;
   PlanCacheKey key_;
+  // key_.ExecutionId(), built once (read on every plain step).
+  const std::string execution_id_;
   const uint64_t sequence_id_;
   const PlanningShared shared_;
   SpeculationGuard guard_;
