@@ -3,11 +3,13 @@
 // set-up as `knapserve serve`, tools/executor_from_flags.h), and measures
 // what a client sees.
 //
-// Phases, in order, against the same server, for each speculation mode of
-// --modes (default: --spec) in turn:
-//   1. warm-up: one short request, untimed;
+// Phases, in order, against the same server, for each run of the --modes
+// list (default: --spec; the list --rounds times) in turn:
+//   1. warm-up: one short request, untimed (a mode's first run only);
 //   2. single: each distinct prompt alone, one after another (the
-//      single-stream baseline, and the reference output of each prompt);
+//      single-stream baseline, and the reference output of each prompt; a
+//      mode's first run only, so that the load runs of later rounds follow
+//      one another closely);
 //   3. load: --num-requests requests, either closed loop (--concurrency
 //      streams, each sending its next request when the last one ends) or
 //      Poisson arrivals at --request-rate per second (each request its own
@@ -26,7 +28,11 @@
 // (greedy, or --seed), every stream of every mode must equal its prompt's
 // single-stream output in the first mode (batching and speculation are
 // lossless); a mismatch or a failed stream makes the command exit 1. Modes run
-// one after another on one server, so their ratios come from one run.
+// one after another on one server, so their ratios come from one run; each
+// run's load is also compared with the first mode's runs just before and
+// after it, and per mode the median and range of those ratios are reported
+// (for the first mode: its runs against each other, the machine's own
+// spread).
 //
 // An in-process server also reports, per load phase, its engine's steps and
 // the peaks of its memory: K/V pool blocks used (plan snapshots hold theirs
@@ -48,7 +54,9 @@
 #include <iostream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -88,6 +96,12 @@ ABSL_FLAG(std::string, protocol, "grpc",
 ABSL_FLAG(std::string, http_server, "",
           "bench serve: HOST:PORT of the server's HTTP front door, with "
           "--server and --protocol http.");
+ABSL_FLAG(int32_t, rounds, 1,
+          "bench serve: run the --modes list this many times in a row. A "
+          "mode's warm-up and single phase run at its first run only, so "
+          "later runs are load phases back to back; list the first mode "
+          "between the others (off,static,off,knapspec,off) and each run is "
+          "compared with the first mode's runs just around it.");
 ABSL_FLAG(bool, check_outputs, true,
           "bench serve: when outputs are deterministic (greedy or --seed), "
           "require every load stream to equal its single-stream output.");
@@ -484,6 +498,8 @@ absl::Status BenchServe() {
   if (arrival == "poisson" && !(absl::GetFlag(FLAGS_request_rate) > 0)) {
     return absl::InvalidArgumentError("--request-rate must be > 0");
   }
+  const int rounds = absl::GetFlag(FLAGS_rounds);
+  if (rounds < 1) return absl::InvalidArgumentError("--rounds must be >= 1");
   if (max_new_tokens < 2 || absl::GetFlag(FLAGS_burst_prompt_tokens) < 0) {
     return absl::InvalidArgumentError(
         "--max-new-tokens must be >= 2 and --burst-prompt-tokens >= 0");
@@ -698,15 +714,27 @@ absl::Status BenchServe() {
                 "", "", "", "ms", "ms", "ms", "ms", "");
   }
 
-  // Per mode: 1. warm-up, 2. each prompt alone, 3. the load. The first
-  // mode's single streams are the reference output of every stream.
+  // The runs: the --modes list, --rounds times.
+  std::vector<SpeculationMode> runs;
+  for (int r = 0; r < rounds; ++r) {
+    runs.insert(runs.end(), modes.begin(), modes.end());
+  }
+
+  // Per run: at a mode's first run 1. warm-up, 2. each prompt alone; then
+  // 3. the load. The first mode's single streams are the reference output of
+  // every stream.
   std::vector<std::vector<int32_t>> reference;
   std::vector<std::string> errors;
   int mismatches = 0;
   double first_load_rate = 0;
   bool first_request = true;
-  for (const SpeculationMode mode : modes) {
+  std::set<SpeculationMode> modes_run;
+  for (size_t run = 0; run < runs.size(); ++run) {
+    const SpeculationMode mode = runs[run];
     const std::string name = SpeculationModeName(mode);
+    // A mode's later runs go straight to the load, so that the load runs of
+    // the list follow one another within milliseconds.
+    const bool first_of_mode = modes_run.insert(mode).second;
     auto set_mode = [&](PlannedRequest& r) {
       v1::SpeculationOptions* spec = r.request.mutable_speculation();
       spec->set_mode(ToWireMode(mode));
@@ -718,7 +746,7 @@ absl::Status BenchServe() {
     for (PlannedRequest& r : singles) set_mode(r);
     for (PlannedRequest& r : load) set_mode(r);
     if (burst.has_value()) set_mode(*burst);
-    {
+    if (first_of_mode) {
       // The very first request of an in-process server is timed from the
       // server's start: the time to the first served token.
       const bool from_start = first_request && running != nullptr;
@@ -747,7 +775,8 @@ absl::Status BenchServe() {
     // Planned modes are timed planning: an in-process server whose profile
     // is still measured in the background (it measures while the server is
     // idle) is waited for first.
-    if (IsPlanned(mode) && running != nullptr && running->profile_pending()) {
+    if (first_of_mode && IsPlanned(mode) && running != nullptr &&
+        running->profile_pending()) {
       const Clock::time_point wait_start = Clock::now();
       if (!absl::GetFlag(FLAGS_json)) {
         std::printf(
@@ -774,8 +803,11 @@ absl::Status BenchServe() {
                  : 0;
     };
     const int64_t solves_start = solves();
-    const PhaseResult single_phase =
-        RunPhase(stream, singles, LoadShape{false, 1, 0}, std::nullopt);
+    std::optional<PhaseResult> single_phase;
+    if (first_of_mode) {
+      single_phase =
+          RunPhase(stream, singles, LoadShape{false, 1, 0}, std::nullopt);
+    }
     const int64_t solves_single = solves();
     BatchEngineStats before;
     std::optional<PeakSampler> memory;  // an in-process server's
@@ -799,15 +831,16 @@ absl::Status BenchServe() {
     }
     const int64_t solves_load = solves();
 
-    const PhaseSummary single = Summarize(single_phase);
     const PhaseSummary loaded = Summarize(load_phase);
     if (reference.empty()) {
-      for (const StreamRecord& r : single_phase.streams)
+      for (const StreamRecord& r : single_phase->streams)
         reference.push_back(r.ids);
     }
     int mode_mismatches = 0;
     int profile_pending = 0;  // streams that could not plan (gRPC finals)
-    for (const auto* phase : {&single_phase, &load_phase}) {
+    std::vector<const PhaseResult*> phases = {&load_phase};
+    if (single_phase.has_value()) phases.insert(phases.begin(), &*single_phase);
+    for (const PhaseResult* phase : phases) {
       for (const StreamRecord& r : phase->streams) {
         if (r.final.planning().profile_pending()) ++profile_pending;
         if (!r.status.ok()) {
@@ -829,18 +862,8 @@ absl::Status BenchServe() {
     if (first_load_rate == 0) first_load_rate = loaded.decode_tokens_per_second;
     nlohmann::json row = {
         {"spec", name},
-        {"single", PhaseJson(single)},
+        {"round", static_cast<int>(run / modes.size())},
         {"load", PhaseJson(loaded)},
-        {"output_throughput_ratio",
-         single.output_tokens_per_second > 0
-             ? loaded.output_tokens_per_second / single.output_tokens_per_second
-             : 0.0},
-        {"decode_throughput_ratio",
-         single.decode_tokens_per_second > 0
-             ? loaded.decode_tokens_per_second / single.decode_tokens_per_second
-             : 0.0},
-        {"itl_p50_ratio",
-         single.itl_p50 > 0 ? loaded.itl_p50 / single.itl_p50 : 0.0},
         {"itl_p99_over_p50",
          loaded.itl_p50 > 0 ? loaded.itl_p99 / loaded.itl_p50 : 0.0},
         {"load_decode_vs_first_mode",
@@ -848,6 +871,18 @@ absl::Status BenchServe() {
                              : 0.0},
         {"mismatches", mode_mismatches},
         {"profile_pending_requests", profile_pending}};
+    // Load against single: at a mode's first run, which has a single phase.
+    std::optional<PhaseSummary> single;
+    if (single_phase.has_value()) {
+      single = Summarize(*single_phase);
+      auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+      row["single"] = PhaseJson(*single);
+      row["output_throughput_ratio"] = ratio(loaded.output_tokens_per_second,
+                                             single->output_tokens_per_second);
+      row["decode_throughput_ratio"] = ratio(loaded.decode_tokens_per_second,
+                                             single->decode_tokens_per_second);
+      row["itl_p50_ratio"] = ratio(loaded.itl_p50, single->itl_p50);
+    }
     if (running != nullptr) {
       const int64_t steps = after.steps - before.steps;
       row["engine"] = {
@@ -891,17 +926,24 @@ absl::Status BenchServe() {
                       {"max_itl_during_prefill_seconds", window_max}};
     }
     if (!absl::GetFlag(FLAGS_json)) {
-      PrintPhase(absl::StrCat(name, ", single").c_str(), single);
+      if (single.has_value()) {
+        PrintPhase(absl::StrCat(name, ", single").c_str(), *single);
+      }
       PrintPhase(absl::StrCat(name, ", load").c_str(), loaded);
-      std::printf(
-          "  load / single: output tok/s %.2fx, decode tok/s %.2fx, ITL p50 "
-          "%.2fx; load ITL p99 / p50 %.2fx; load decode tok/s vs %s %.3fx\n",
-          row["output_throughput_ratio"].get<double>(),
-          row["decode_throughput_ratio"].get<double>(),
-          row["itl_p50_ratio"].get<double>(),
-          row["itl_p99_over_p50"].get<double>(),
-          SpeculationModeName(modes.front()).c_str(),
-          row["load_decode_vs_first_mode"].get<double>());
+      if (single.has_value()) {
+        std::printf(
+            "  load / single: output tok/s %.2fx, decode tok/s %.2fx, ITL p50 "
+            "%.2fx; ",
+            row["output_throughput_ratio"].get<double>(),
+            row["decode_throughput_ratio"].get<double>(),
+            row["itl_p50_ratio"].get<double>());
+      } else {
+        std::printf("  round %d: ", row["round"].get<int>() + 1);
+      }
+      std::printf("load ITL p99 / p50 %.2fx; load decode tok/s vs %s %.3fx\n",
+                  row["itl_p99_over_p50"].get<double>(),
+                  SpeculationModeName(modes.front()).c_str(),
+                  row["load_decode_vs_first_mode"].get<double>());
       if (profile_pending > 0) {
         std::printf(
             "  %d request(s) decoded plainly: the server was still measuring "
@@ -975,12 +1017,25 @@ absl::Status BenchServe() {
   nlohmann::json summary = nlohmann::json::array();
   for (const std::string& name : order) {
     const double mean = by_mode[name].first / by_mode[name].second;
+    const std::vector<double>& adjacent_runs = adjacent_by_mode[name];
+    // Over the runs' ratios to the first mode's runs around them; for the
+    // first mode itself, its runs against each other: the spread that the
+    // machine alone gives.
+    nlohmann::json adjacent_spread = nullptr;
+    if (!adjacent_runs.empty()) {
+      adjacent_spread = {{"median", Median(adjacent_runs)},
+                         {"min", *std::min_element(adjacent_runs.begin(),
+                                                   adjacent_runs.end())},
+                         {"max", *std::max_element(adjacent_runs.begin(),
+                                                   adjacent_runs.end())}};
+    }
     summary.push_back(
         {{"spec", name},
          {"runs", by_mode[name].second},
          {"load_decode_tokens_per_s", mean},
          {"vs_first_mode", first_mean > 0 ? mean / first_mean : 0.0},
-         {"vs_adjacent_first_mode", adjacent_by_mode[name]}});
+         {"vs_adjacent_first_mode", adjacent_runs},
+         {"vs_adjacent_first_mode_spread", adjacent_spread}});
   }
   out["mode_summary"] = summary;
 
@@ -1001,12 +1056,18 @@ absl::Status BenchServe() {
           "load decode tok/s of each run against the %s runs around it:",
           order.front().c_str());
       for (const nlohmann::json& m : summary) {
-        std::printf(" %s", m["spec"].get<std::string>().c_str());
+        std::printf("\n  %s", m["spec"].get<std::string>().c_str());
         for (const nlohmann::json& r : m["vs_adjacent_first_mode"]) {
           std::printf(" %.3fx", r.get<double>());
         }
-        if (m["vs_adjacent_first_mode"].empty()) std::printf(" -");
-        std::printf(";");
+        const nlohmann::json& spread = m["vs_adjacent_first_mode_spread"];
+        if (spread.is_null()) {
+          std::printf(" -");
+        } else if (m["vs_adjacent_first_mode"].size() > 1) {
+          std::printf(" (median %.3fx, %.3f-%.3fx)",
+                      spread["median"].get<double>(),
+                      spread["min"].get<double>(), spread["max"].get<double>());
+        }
       }
       std::printf("\n");
     }

@@ -859,6 +859,10 @@ TEST(KnapserveCliTest, BenchServeStreamsConcurrentlyAndChecksOutputs) {
       poisson["modes"][0]["load_decode_vs_adjacent_first_mode"].get<double>(),
       load_rate(0) / load_rate(2), 1e-9);
   EXPECT_EQ(poisson["mode_summary"][0]["vs_adjacent_first_mode"].size(), 2u);
+  // A mode's second run has no single phase: its load follows the last run's.
+  EXPECT_TRUE(poisson["modes"][0].contains("single"));
+  EXPECT_FALSE(poisson["modes"][2].contains("single"));
+  EXPECT_FALSE(poisson["modes"][2].contains("output_throughput_ratio"));
 
   // The same load through the OpenAI front door, sampled with a seed: the
   // same outputs as off's single streams (checked by the command), with
@@ -896,10 +900,76 @@ TEST(KnapserveCliTest, BenchServeStreamsConcurrentlyAndChecksOutputs) {
   EXPECT_GT(poisson["modes"][1]["single"]["tokens_per_step"].get<double>(),
             1.0);
 
+  // --rounds 2 runs the list twice: off,static,off,static, the single phases
+  // at the first two runs only, every load checked against off's singles.
+  // Each run is compared with the off runs around it, and the summary gives
+  // the median and range of those ratios (for off: off against off).
+  const nlohmann::json rounds = RunJson(Stories({"bench",
+                                                 "serve",
+                                                 "--prompts",
+                                                 prompts,
+                                                 "--concurrency",
+                                                 "2",
+                                                 "--num-requests",
+                                                 "2",
+                                                 "--max-new-tokens",
+                                                 "8",
+                                                 "--modes",
+                                                 "off,static",
+                                                 "--rounds",
+                                                 "2",
+                                                 "--skip",
+                                                 "a1,m2",
+                                                 "--max-draft",
+                                                 "3",
+                                                 "--profile",
+                                                 StoriesProfile(),
+                                                 "--json"}));
+  ASSERT_EQ(rounds["modes"].size(), 4u);
+  const std::vector<std::string> specs = {"off", "static", "off", "static"};
+  for (int k = 0; k < 4; ++k) {
+    SCOPED_TRACE(k);
+    const nlohmann::json& run = rounds["modes"][k];
+    EXPECT_EQ(run["spec"], specs[k]);
+    EXPECT_EQ(run["round"], k / 2);
+    EXPECT_EQ(run.contains("single"), k < 2);
+    EXPECT_EQ(run["load"]["completion_tokens"], 16);
+    EXPECT_EQ(run["mismatches"], 0);
+  }
+  EXPECT_EQ(rounds["mismatches"], 0);
+  auto rate = [&](int k) {
+    return rounds["modes"][k]["load"]["decode_tokens_per_s"].get<double>();
+  };
+  // static's first run sits between the two off runs; its second follows
+  // the last off run only.
+  const std::vector<double> static_ratios = {
+      rate(1) / (0.5 * (rate(0) + rate(2))), rate(3) / rate(2)};
+  const nlohmann::json& static_summary = rounds["mode_summary"][1];
+  EXPECT_EQ(static_summary["spec"], "static");
+  EXPECT_EQ(static_summary["runs"], 2);
+  ASSERT_EQ(static_summary["vs_adjacent_first_mode"].size(), 2u);
+  EXPECT_NEAR(
+      static_summary["vs_adjacent_first_mode_spread"]["median"].get<double>(),
+      0.5 * (static_ratios[0] + static_ratios[1]), 1e-9);
+  EXPECT_NEAR(
+      static_summary["vs_adjacent_first_mode_spread"]["min"].get<double>(),
+      std::min(static_ratios[0], static_ratios[1]), 1e-9);
+  EXPECT_NEAR(
+      static_summary["vs_adjacent_first_mode_spread"]["max"].get<double>(),
+      std::max(static_ratios[0], static_ratios[1]), 1e-9);
+  // Off against off: each off run against the other.
+  EXPECT_NEAR(rounds["mode_summary"][0]["vs_adjacent_first_mode_spread"]["max"]
+                  .get<double>(),
+              std::max(rate(0) / rate(2), rate(2) / rate(0)), 1e-9);
+
   const Outcome bad = RunKnapserve(
       Stories({"bench", "serve", "--prompts", prompts, "--arrival", "burst"}));
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_THAT(bad.err, HasSubstr("--arrival"));
+  const Outcome no_rounds = RunKnapserve(
+      Stories({"bench", "serve", "--prompts", prompts, "--rounds", "0"}));
+  EXPECT_EQ(no_rounds.exit_code, 2);
+  EXPECT_THAT(no_rounds.err, HasSubstr("--rounds must be >= 1"));
 }
 
 // `bench serve --server ADDR` drives a separate `knapserve serve` process;
