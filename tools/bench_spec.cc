@@ -419,9 +419,25 @@ absl::StatusOr<nlohmann::json> RunSet(
                "pred TPT", "plan TPT", "solve%", "wait%", "age", "same");
   const ModeSummary off = Summarize(runs[0]);
   const double off_rate = off.decode_tokens_per_second();
+  // Each mode against the off runs just before and after it when the list
+  // puts off there (--modes off,static,off,knapspec,off: a prompt's modes
+  // run in list order or in reverse), else against the first off.
+  std::vector<bool> is_off;
+  for (const BenchMode& m : modes) {
+    is_off.push_back(m.request.speculation.mode == SpeculationMode::kOff);
+  }
   std::vector<PairedSpeedup> paired_with_off;
-  for (const std::vector<PromptRun>& mode_runs : runs) {
-    paired_with_off.push_back(PairedSpeedupOf(runs[0], mode_runs));
+  std::vector<std::vector<std::string>> paired_bases;
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const std::vector<size_t> bases =
+        k == 0 ? std::vector<size_t>{0} : AdjacentBaselines(is_off, k);
+    std::vector<const std::vector<PromptRun>*> base_runs;
+    paired_bases.emplace_back();
+    for (const size_t j : bases) {
+      base_runs.push_back(&runs[j]);
+      paired_bases.back().push_back(modes[j].name);
+    }
+    paired_with_off.push_back(PairedSpeedupOfMean(base_runs, runs[k]));
   }
   nlohmann::json set = {{"prompts", inputs.size()},
                         {"modes", nlohmann::json::object()}};
@@ -469,7 +485,8 @@ absl::StatusOr<nlohmann::json> RunSet(
     mode_json["paired_speedup"] = {{"median", paired.median},
                                    {"q25", paired.q25},
                                    {"q75", paired.q75},
-                                   {"pairs", paired.pairs}};
+                                   {"pairs", paired.pairs},
+                                   {"against", paired_bases[k]}};
     mode_json["plans_applied"] = n_plans;
     mode_json["plan_requests"] = m.plan_requests;
     mode_json["predicted_tpt"] = predicted;
@@ -509,9 +526,9 @@ absl::StatusOr<nlohmann::json> RunSet(
         : differing == 0 ? "yes"
                          : "NO");
   }
-  // Each mode against off pair by pair (PairedSpeedupOf): robust to the
+  // Each mode against off pair by pair (PairedSpeedupOfMean): robust to the
   // machine's drift during the set, where the aggregate speed-up above is
-  // not.
+  // not; with off beside each mode in the list, against those off runs.
   std::fprintf(out, "paired with off (median of prompt x repeat, IQR):");
   for (size_t k = 1; k < modes.size(); ++k) {
     const PairedSpeedup& paired = paired_with_off[k];

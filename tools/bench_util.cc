@@ -462,23 +462,35 @@ double Quantile(std::vector<double> values, double q) {
 
 PairedSpeedup PairedSpeedupOf(const std::vector<PromptRun>& base,
                               const std::vector<PromptRun>& runs) {
+  return PairedSpeedupOfMean({&base}, runs);
+}
+
+PairedSpeedup PairedSpeedupOfMean(
+    const std::vector<const std::vector<PromptRun>*>& bases,
+    const std::vector<PromptRun>& runs) {
+  auto rate = [](const PromptRun& run, size_t k) {
+    return k < run.repeat_decode_seconds.size() &&
+                   k < run.repeat_decoded_tokens.size() &&
+                   run.repeat_decode_seconds[k] > 0
+               ? run.repeat_decoded_tokens[k] / run.repeat_decode_seconds[k]
+               : 0.0;
+  };
   std::vector<double> ratios;
-  for (size_t p = 0; p < base.size() && p < runs.size(); ++p) {
-    const PromptRun& b = base[p];
+  for (size_t p = 0; p < runs.size() && !bases.empty(); ++p) {
     const PromptRun& r = runs[p];
-    const size_t n = std::min(
-        {b.repeat_decode_seconds.size(), b.repeat_decoded_tokens.size(),
-         r.repeat_decode_seconds.size(), r.repeat_decoded_tokens.size()});
-    auto rate = [](const PromptRun& run, size_t k) {
-      return run.repeat_decode_seconds[k] > 0
-                 ? run.repeat_decoded_tokens[k] / run.repeat_decode_seconds[k]
-                 : 0.0;
-    };
-    for (size_t k = 0; k < n; ++k) {
-      const double base_rate = rate(b, k);
+    for (size_t k = 0; k < r.repeat_decode_seconds.size(); ++k) {
       const double mode_rate = rate(r, k);
-      if (base_rate > 0 && mode_rate > 0)
-        ratios.push_back(mode_rate / base_rate);
+      double base_sum = 0;
+      bool complete = mode_rate > 0;
+      for (const std::vector<PromptRun>* base : bases) {
+        const double base_rate = p < base->size() ? rate((*base)[p], k) : 0.0;
+        complete = complete && base_rate > 0;
+        base_sum += base_rate;
+      }
+      if (complete) {
+        ratios.push_back(mode_rate /
+                         (base_sum / static_cast<double>(bases.size())));
+      }
     }
   }
   PairedSpeedup out;
@@ -487,6 +499,20 @@ PairedSpeedup PairedSpeedupOf(const std::vector<PromptRun>& base,
   out.q25 = Quantile(ratios, 0.25);
   out.q75 = Quantile(ratios, 0.75);
   return out;
+}
+
+std::vector<size_t> AdjacentBaselines(const std::vector<bool>& is_baseline,
+                                      size_t k) {
+  std::vector<size_t> out;
+  if (k > 0 && k - 1 < is_baseline.size() && is_baseline[k - 1]) {
+    out.push_back(k - 1);
+  }
+  if (k + 1 < is_baseline.size() && is_baseline[k + 1]) out.push_back(k + 1);
+  if (!out.empty()) return out;
+  for (size_t j = 0; j < is_baseline.size(); ++j) {
+    if (is_baseline[j] && j != k) return {j};
+  }
+  return {};
 }
 
 PeakSampler::PeakSampler(std::function<Sample()> sample,

@@ -137,6 +137,23 @@ struct PairedSpeedup {
 };
 PairedSpeedup PairedSpeedupOf(const std::vector<PromptRun>& base,
                               const std::vector<PromptRun>& runs);
+// The same against several baselines at once: each pair's base rate is the
+// mean of the baselines' rates in that prompt and repeat (a pair counts only
+// where every baseline and `runs` have a rate). With the baseline runs just
+// before and after `runs` in the order they ran, a drift of the machine's
+// speed within the seconds of one prompt's modes is cancelled too.
+PairedSpeedup PairedSpeedupOfMean(
+    const std::vector<const std::vector<PromptRun>*>& bases,
+    const std::vector<PromptRun>& runs);
+
+// The baselines of mode k of a RunModes list, whose modes of a prompt and
+// repeat run in list order or in reverse (so the neighbours of k in the list
+// ran just before and after it): the neighbours k-1 and k+1 that are
+// baseline modes (`is_baseline`), else the first baseline mode of the list
+// (none: empty). A baseline mode k is compared with its baseline neighbours
+// likewise, else with the first baseline mode other than itself.
+std::vector<size_t> AdjacentBaselines(const std::vector<bool>& is_baseline,
+                                      size_t k);
 
 // Aggregates of one mode over a prompt set.
 struct ModeSummary {

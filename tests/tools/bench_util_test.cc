@@ -316,6 +316,41 @@ TEST(PairedSpeedupTest, EachRunAgainstOffInTheSameRepeat) {
   EXPECT_EQ(PairedSpeedupOf({PromptRun()}, {PromptRun()}).median, 0);
 }
 
+// Against the mean of two baselines per pair: the off runs before and after
+// a mode in the same prompt and repeat.
+TEST(PairedSpeedupTest, AgainstTheMeanOfTheBaselinesInEachPair) {
+  const std::vector<PromptRun> before = {Repeats({1.0, 2.0})};
+  const std::vector<PromptRun> after = {Repeats({3.0, 2.0})};
+  const std::vector<PromptRun> mode = {Repeats({2.0, 4.0})};
+  // Rates 100/s: off 100 and 33.3 (mean 66.7) against 50 in pair 0; off 50
+  // and 50 against 25 in pair 1.
+  const PairedSpeedup p = PairedSpeedupOfMean({&before, &after}, mode);
+  EXPECT_EQ(p.pairs, 2);
+  EXPECT_DOUBLE_EQ(p.median, 0.5 * (50.0 / (200.0 / 3.0) + 0.5));
+  // One baseline is PairedSpeedupOf.
+  EXPECT_DOUBLE_EQ(PairedSpeedupOfMean({&before}, mode).median,
+                   PairedSpeedupOf(before, mode).median);
+  // A pair counts only where every baseline has a rate.
+  const std::vector<PromptRun> one_repeat = {Repeats({1.0})};
+  EXPECT_EQ(PairedSpeedupOfMean({&before, &one_repeat}, mode).pairs, 1);
+  EXPECT_EQ(PairedSpeedupOfMean({}, mode).pairs, 0);
+}
+
+// off,static,off,knapspec,clasp,off: static between two offs, knapspec after
+// one, clasp before one; a list without off beside a mode uses the first.
+TEST(AdjacentBaselinesTest, TheOffRunsBesideEachMode) {
+  const std::vector<bool> list = {true, false, true, false, false, true};
+  EXPECT_EQ(AdjacentBaselines(list, 1), (std::vector<size_t>{0, 2}));
+  EXPECT_EQ(AdjacentBaselines(list, 3), (std::vector<size_t>{2}));
+  EXPECT_EQ(AdjacentBaselines(list, 4), (std::vector<size_t>{5}));
+  EXPECT_EQ(AdjacentBaselines(list, 2), (std::vector<size_t>{0}));
+  EXPECT_EQ(AdjacentBaselines(list, 0), (std::vector<size_t>{2}));
+  const std::vector<bool> one_off = {true, false, false, false};
+  EXPECT_EQ(AdjacentBaselines(one_off, 3), (std::vector<size_t>{0}));
+  EXPECT_EQ(AdjacentBaselines(one_off, 0), (std::vector<size_t>{}));
+  EXPECT_EQ(AdjacentBaselines({false, false}, 1), (std::vector<size_t>{}));
+}
+
 TEST(QuantileTest, InterpolatesBetweenOrderStatistics) {
   EXPECT_EQ(Quantile({}, 0.5), 0);
   EXPECT_DOUBLE_EQ(Quantile({3, 1, 2}, 0.5), 2);

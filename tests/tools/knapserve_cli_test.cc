@@ -712,6 +712,15 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
   }
   EXPECT_DOUBLE_EQ(set["modes"]["off"]["speedup"].get<double>(), 1.0);
   EXPECT_GT(set["modes"]["static"]["drafts"].get<int64_t>(), 0);
+  // Pair by pair (2 prompts x 1 repeat): static against the off runs on
+  // either side of it, off#2 against the first off.
+  const nlohmann::json& paired = set["modes"]["static"]["paired_speedup"];
+  EXPECT_EQ(paired["pairs"], 2);
+  EXPECT_EQ(paired["against"], nlohmann::json({"off", "off#2"}));
+  EXPECT_GT(paired["median"].get<double>(), 0);
+  EXPECT_EQ(set["modes"]["off#2"]["paired_speedup"]["against"],
+            nlohmann::json({"off"}));
+  EXPECT_EQ(set["modes"]["off"]["paired_speedup"]["median"], 1.0);
 }
 
 // Off, static, clasp and knapspec on the Spec-Bench set and a long-context
