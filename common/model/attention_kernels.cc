@@ -35,60 +35,33 @@ HWY_INLINE hn::Vec<DF> LoadRow(const uint16_t* p) {
 }
 HWY_INLINE hn::Vec<DF> LoadRow(const float* p) { return hn::LoadU(DF(), p); }
 
-// Dot products of one query with `count` (1..4) keys, over hd in vectors of
-// the target's width: each an FMA chain over the head dimension, then its
-// lanes summed by a fixed tree (the same for every key slot). out[s] gets
-// key s's dot product.
-// QAt(c) gives the query's vector at element offset c (loaded, or kept in
-// registers by the caller); the arithmetic is the same either way.
-template <typename E, typename QAt>
-HWY_INLINE void Dot4(const QAt& q_at, const E* const* keys, int64_t hd,
+#if HWY_HAVE_SCALABLE
+// Scalable vectors (SVE, RVV) cannot live in arrays: dot products of one
+// query with 4 keys, each an FMA chain over the head dimension, its lanes
+// summed by SumOfLanes. out[s] gets key s's dot product.
+template <typename E>
+HWY_INLINE void Dot4(const float* q, const E* const* keys, int64_t hd,
                      float* out) {
   const DF d;
   const int64_t lanes = hn::Lanes(d);
-  const auto q0 = q_at(0);
+  const auto q0 = hn::LoadU(d, q);
   auto a0 = hn::Mul(q0, LoadRow(keys[0]));
   auto a1 = hn::Mul(q0, LoadRow(keys[1]));
   auto a2 = hn::Mul(q0, LoadRow(keys[2]));
   auto a3 = hn::Mul(q0, LoadRow(keys[3]));
   for (int64_t c = lanes; c < hd; c += lanes) {
-    const auto qc = q_at(c);
+    const auto qc = hn::LoadU(d, q + c);
     a0 = hn::MulAdd(qc, LoadRow(keys[0] + c), a0);
     a1 = hn::MulAdd(qc, LoadRow(keys[1] + c), a1);
     a2 = hn::MulAdd(qc, LoadRow(keys[2] + c), a2);
     a3 = hn::MulAdd(qc, LoadRow(keys[3] + c), a3);
   }
-#if HWY_HAVE_SCALABLE || HWY_TARGET == HWY_SCALAR
   out[0] = hn::GetLane(hn::SumOfLanes(d, a0));
   out[1] = hn::GetLane(hn::SumOfLanes(d, a1));
   out[2] = hn::GetLane(hn::SumOfLanes(d, a2));
   out[3] = hn::GetLane(hn::SumOfLanes(d, a3));
-#else
-  // Within each 128-bit block: [a0+a2, a1+a3] pairs, then 64-bit halves, so
-  // lane s of `s4` is key s's block sum; then the blocks are added by halving.
-  const hn::Repartition<double, DF> dd;
-  const auto t01 =
-      hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
-  const auto t23 =
-      hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
-  const auto s4 =
-      hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, hn::BitCast(dd, t01),
-                                                 hn::BitCast(dd, t23))),
-              hn::BitCast(d, hn::InterleaveUpper(dd, hn::BitCast(dd, t01),
-                                                 hn::BitCast(dd, t23))));
-  if constexpr (hn::MaxLanes(DF()) == 16) {
-    const hn::Half<DF> d8;
-    const hn::Half<decltype(d8)> d4;
-    const auto s8 = hn::Add(hn::LowerHalf(d8, s4), hn::UpperHalf(d8, s4));
-    hn::StoreU(hn::Add(hn::LowerHalf(d4, s8), hn::UpperHalf(d4, s8)), d4, out);
-  } else if constexpr (hn::MaxLanes(DF()) == 8) {
-    const hn::Half<DF> d4;
-    hn::StoreU(hn::Add(hn::LowerHalf(d4, s4), hn::UpperHalf(d4, s4)), d4, out);
-  } else {
-    hn::StoreU(s4, d, out);
-  }
-#endif
 }
+#endif
 
 // e^x for the softmax (x <= 0 here): Cody-Waite range reduction and a
 // degree-6 polynomial, about 2 ulp; inputs below -87.3 give about 1e-38, not
@@ -113,36 +86,215 @@ HWY_INLINE hn::Vec<DF> SoftmaxExp(hn::Vec<DF> x) {
   return hn::Mul(p, two_n);
 }
 
-// Query rows per weighted-sum tile.
-#if HWY_HAVE_SCALABLE
-constexpr int kPvRows = 1;  // scalable vectors cannot live in arrays
+// Sums the lanes of each of the N = MaxLanes(DF) vectors acc[0..N) by a fixed
+// tree: lane k of the result is acc[k]'s sum. Within each 128-bit block,
+// lanes are added (0+2)+(1+3), then blocks ((0+1)+(2+3)) (or (0+1), or the
+// one block); every key slot gets the same association. Not for scalable
+// vectors (their width is unknown here); one lane needs no sum.
+#if !HWY_HAVE_SCALABLE
+template <int N>
+HWY_INLINE hn::Vec<DF> SumEachOfLanes(const hn::Vec<DF>* acc) {
+#if HWY_TARGET == HWY_SCALAR
+  static_assert(N == 1, "the scalar target has one lane");
+  return acc[0];
 #else
-constexpr int kPvRows = 6;
+  const DF d;
+  {
+    const hn::Repartition<double, DF> dd;
+    // Per block: pairs of keys, then quads (lane s of quad q = key 4q+s).
+    hn::Vec<DF> quad[N / 4];
+    for (int q = 0; q < N / 4; ++q) {
+      const auto a0 = acc[4 * q], a1 = acc[4 * q + 1];
+      const auto a2 = acc[4 * q + 2], a3 = acc[4 * q + 3];
+      const auto t01 = hn::Add(hn::InterleaveLower(d, a0, a1),
+                               hn::InterleaveUpper(d, a0, a1));
+      const auto t23 = hn::Add(hn::InterleaveLower(d, a2, a3),
+                               hn::InterleaveUpper(d, a2, a3));
+      quad[q] =
+          hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, hn::BitCast(dd, t01),
+                                                     hn::BitCast(dd, t23))),
+                  hn::BitCast(d, hn::InterleaveUpper(dd, hn::BitCast(dd, t01),
+                                                     hn::BitCast(dd, t23))));
+    }
+    if constexpr (N == 4) {
+      return quad[0];
+    } else if constexpr (N == 8) {
+      // Two blocks: block b of the result is quad b's two blocks added.
+      return hn::Add(hn::ConcatLowerLower(d, quad[1], quad[0]),
+                     hn::ConcatUpperUpper(d, quad[1], quad[0]));
+    } else {
+      static_assert(N == 16, "fp32 vectors of 1, 4, 8 or 16 lanes");
+      // Four blocks: pairs of blocks within each quad, then the halves.
+      const auto p01 =
+          hn::Add(hn::OddEvenBlocks(hn::SwapAdjacentBlocks(quad[1]), quad[0]),
+                  hn::OddEvenBlocks(quad[1], hn::SwapAdjacentBlocks(quad[0])));
+      const auto p23 =
+          hn::Add(hn::OddEvenBlocks(hn::SwapAdjacentBlocks(quad[3]), quad[2]),
+                  hn::OddEvenBlocks(quad[3], hn::SwapAdjacentBlocks(quad[2])));
+      return hn::Add(hn::ConcatLowerLower(d, p23, p01),
+                     hn::ConcatUpperUpper(d, p23, p01));
+    }
+  }
+#endif
+}
+
+// Scores of one query row against 16 keys: out[k] = scale * (q . key(k)),
+// each dot product an FMA chain over the head dimension in vectors of the
+// target's width, then SumEachOfLanes. All 16 keys are in flight at once, so
+// the FMA chains hide each other's latency. KeyAt(k) gives key k's row. C is
+// hd / lanes when known at compile time (the loop then unrolls fully), or 0.
+template <int C, typename KeyAt>
+HWY_INLINE void Scores16(const float* q, const KeyAt& key, int64_t hd,
+                         hn::Vec<DF> vscale, float* out) {
+  const DF d;
+  constexpr int N = static_cast<int>(hn::MaxLanes(DF()));
+  const int64_t lanes = hn::Lanes(d);
+  const int64_t chunks = C > 0 ? C : hd / lanes;
+  hn::Vec<DF> acc[16];
+  const auto q0 = hn::LoadU(d, q);
+  for (int k = 0; k < 16; ++k) acc[k] = hn::Mul(q0, LoadRow(key(k)));
+  for (int64_t c = 1; c < chunks; ++c) {
+    const auto qc = hn::LoadU(d, q + c * lanes);
+    for (int k = 0; k < 16; ++k)
+      acc[k] = hn::MulAdd(qc, LoadRow(key(k) + c * lanes), acc[k]);
+  }
+  for (int g = 0; g < 16; g += N) {
+    hn::StoreU(hn::Mul(SumEachOfLanes<N>(acc + g), vscale), d, out + g);
+  }
+}
+
+// Scores16 for every query row that sees key j0, the group's first.
+template <int C, typename KeyAt>
+HWY_INLINE void ScoreGroup(const float* q, int64_t q_row_stride, int64_t rows,
+                           int64_t group, int64_t first_len, int64_t j0,
+                           const KeyAt& key, int64_t hd, hn::Vec<DF> vscale,
+                           float* scores, int64_t scores_stride) {
+  // Token rows in order; row t sees keys [0, first_len + t).
+  for (int64_t t = first_len > j0 ? 0 : j0 - first_len + 1; t < rows; ++t) {
+    const float* qt = q + t * q_row_stride;
+    float* st = scores + t * group * scores_stride + j0;
+    for (int64_t g = 0; g < group; ++g) {
+      Scores16<C>(qt + g * hd, key, hd, vscale, st + g * scores_stride);
+    }
+  }
+}
+
+// Step 1 of AttendKvHead: the scores of every query row against every key
+// it sees, 16 keys at a time; each group of keys, once loaded, is used by
+// every query row that sees it. Past n_max the last key is re-read (its
+// scores are never used).
+template <int C, typename E>
+void ScoreAllKeys(const float* q, int64_t q_row_stride, int64_t rows,
+                  int64_t group, int64_t first_len, const E* keys,
+                  const KvBlocks& kv, int64_t hd, float scale, float* scores,
+                  int64_t scores_stride) {
+  const int64_t n_max = first_len + rows - 1;
+  const E* last_key = keys + RowOffset(kv, n_max - 1, hd);
+  const auto vscale = hn::Set(DF(), scale);
+  for (int64_t j0 = 0; j0 < n_max; j0 += 16) {
+    // Block rows are a multiple of 16: the 16 keys lie in one block, in
+    // order.
+    const E* first = keys + RowOffset(kv, j0, hd);
+    if (j0 + 16 <= n_max) {
+      ScoreGroup<C>(
+          q, q_row_stride, rows, group, first_len, j0,
+          [&](int k) { return first + k * hd; }, hd, vscale, scores,
+          scores_stride);
+    } else {
+      const E* kr[16];
+      for (int j = 0; j < 16; ++j)
+        kr[j] = j0 + j < n_max ? first + j * hd : last_key;
+      ScoreGroup<C>(
+          q, q_row_stride, rows, group, first_len, j0,
+          [&](int k) { return kr[k]; }, hd, vscale, scores, scores_stride);
+    }
+  }
+}
 #endif
 
-// The weighted sums of one tile of NR query rows for the lanes of chunk
-// `c` (element offset): o[r] = sum over keys j < tile_len, in order, of
-// srow[r][j] * values[j][c ..]; each value vector is loaded once per tile.
-template <int NR, typename E>
+// Query rows per weighted-sum tile, and vectors of the head dimension per
+// pass over the keys: a tile keeps kPvRows x kPvChunks sums in registers.
+#if HWY_HAVE_SCALABLE
+constexpr int kPvRows = 1;  // scalable vectors cannot live in arrays
+constexpr int kPvChunks = 1;
+#else
+constexpr int kPvRows = 6;
+constexpr int kPvChunks = 4;
+#endif
+
+// The weighted sums of one tile of NR query rows for NC vectors of
+// dimensions from element offset c: o[r] = sum over keys j < tile_len, in
+// order, of srow[r][j] * values[j][c ..]; each value vector is loaded once
+// per tile. The NR x NC chains are independent, so their latencies overlap.
+template <int NR, int NC, typename E>
 HWY_INLINE void PvTile(const float* const* srow, const E* values,
                        const KvBlocks& kv, int64_t tile_len, int64_t hd,
                        int64_t c, float* const* out) {
   const DF d;
-  hn::Vec<DF> o[NR];
-  for (int r = 0; r < NR; ++r) o[r] = hn::Zero(d);
+  const int64_t lanes = hn::Lanes(d);
+#if HWY_HAVE_SCALABLE
+  static_assert(NR == 1 && NC == 1, "scalable vectors cannot live in arrays");
+  auto o = hn::Zero(d);
+#else
+  hn::Vec<DF> o[NR][NC];
+  for (int r = 0; r < NR; ++r)
+    for (int u = 0; u < NC; ++u) o[r][u] = hn::Zero(d);
+#endif
   for (int64_t b0 = 0; b0 < tile_len; b0 += kv.block_rows) {
     const E* block =
         values + kv.blocks[b0 / kv.block_rows] * kv.block_stride + c;
     const int64_t end =
         tile_len - b0 < kv.block_rows ? tile_len - b0 : kv.block_rows;
     for (int64_t jj = 0; jj < end; ++jj) {
-      const auto v = LoadRow(block + jj * hd);
+      const E* vrow = block + jj * hd;
       const int64_t j = b0 + jj;
-      for (int r = 0; r < NR; ++r)
-        o[r] = hn::MulAdd(hn::Set(d, srow[r][j]), v, o[r]);
+#if HWY_HAVE_SCALABLE
+      o = hn::MulAdd(hn::Set(d, srow[0][j]), LoadRow(vrow), o);
+#else
+      hn::Vec<DF> p[NR];
+      for (int r = 0; r < NR; ++r) p[r] = hn::Set(d, srow[r][j]);
+      for (int u = 0; u < NC; ++u) {
+        const auto v = LoadRow(vrow + u * lanes);
+        for (int r = 0; r < NR; ++r) o[r][u] = hn::MulAdd(p[r], v, o[r][u]);
+      }
+#endif
     }
   }
-  for (int r = 0; r < NR; ++r) hn::StoreU(o[r], d, out[r] + c);
+#if HWY_HAVE_SCALABLE
+  hn::StoreU(o, d, out[0] + c);
+#else
+  for (int r = 0; r < NR; ++r)
+    for (int u = 0; u < NC; ++u) hn::StoreU(o[r][u], d, out[r] + c + u * lanes);
+#endif
+}
+
+// PvTile for the head dimension from offset c on, kPvChunks vectors at a
+// time.
+template <int NR, typename E>
+HWY_INLINE void PvTileAllChunks(const float* const* srow, const E* values,
+                                const KvBlocks& kv, int64_t tile_len,
+                                int64_t hd, float* const* out) {
+  const int64_t lanes = hn::Lanes(DF());
+  int64_t c = 0;
+  for (; c + kPvChunks * lanes <= hd; c += kPvChunks * lanes) {
+    PvTile<NR, kPvChunks>(srow, values, kv, tile_len, hd, c, out);
+  }
+#if !HWY_HAVE_SCALABLE
+  static_assert(kPvChunks == 4, "the cases below cover 1..3 chunks left");
+  switch ((hd - c) / lanes) {
+    case 1:
+      PvTile<NR, 1>(srow, values, kv, tile_len, hd, c, out);
+      break;
+    case 2:
+      PvTile<NR, 2>(srow, values, kv, tile_len, hd, c, out);
+      break;
+    case 3:
+      PvTile<NR, 3>(srow, values, kv, tile_len, hd, c, out);
+      break;
+    default:
+      break;
+  }
+#endif
 }
 
 template <typename E>
@@ -157,17 +309,11 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
   const int64_t n_max = first_len + rows - 1;
   // Query row i is (token row i / group, head i % group); it sees keys [0,
   // len).
-  auto q_at = [&](int64_t i) {
-    return q + (i / group) * q_row_stride + (i % group) * hd;
-  };
   auto len_of = [&](int64_t i) { return first_len + i / group; };
 
-  // 1. Scores, 16 keys at a time (4 groups of 4 sharing a reduction tree):
-  //    each block of keys, once loaded, is used by every query row that sees
-  //    it, and a query's vectors stay in registers for the block. Past n_max
-  //    the last key is re-read (its scores are never used).
-  const E* last_key = keys + RowOffset(kv, n_max - 1, hd);
+  // 1. Scores (ScoreAllKeys; 4 keys at a time for scalable vectors).
 #if HWY_HAVE_SCALABLE
+  const E* last_key = keys + RowOffset(kv, n_max - 1, hd);
   for (int64_t j0 = 0; j0 < n_max; j0 += 4) {
     const E* first = keys + RowOffset(kv, j0, hd);
     const E* kr[4];
@@ -175,39 +321,35 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
       kr[j] = j0 + j < n_max ? first + j * hd : last_key;
     for (int64_t i = 0; i < num_q; ++i) {
       if (len_of(i) <= j0) continue;
-      const float* qi = q_at(i);
       float dots[4];
-      Dot4([&](int64_t c) { return hn::LoadU(d, qi + c); }, kr, hd, dots);
+      Dot4(q + (i / group) * q_row_stride + (i % group) * hd, kr, hd, dots);
       float* s = scores + i * scores_stride + j0;
       for (int j = 0; j < 4; ++j) s[j] = dots[j] * scale;
     }
   }
 #else
-  constexpr int64_t kMaxChunks = 512 / static_cast<int64_t>(hn::MaxLanes(DF()));
-  hn::Vec<DF> qv[kMaxChunks];
-  const auto vscale = hn::Set(d, scale);
-  for (int64_t j0 = 0; j0 < n_max; j0 += 16) {
-    // Block rows are a multiple of 16: the 16 keys share one table entry.
-    const E* first = keys + RowOffset(kv, j0, hd);
-    const E* kr[16];
-    for (int j = 0; j < 16; ++j)
-      kr[j] = j0 + j < n_max ? first + j * hd : last_key;
-    for (int64_t i = 0; i < num_q; ++i) {
-      const int64_t len = len_of(i);
-      if (len <= j0) continue;
-      const float* qi = q_at(i);
-      for (int64_t c = 0; c * lanes < hd; ++c)
-        qv[c] = hn::LoadU(d, qi + c * lanes);
-      alignas(64) float dots[16] = {};
-      for (int g = 0; g < 4 && j0 + 4 * g < len; ++g) {
-        Dot4([&](int64_t c) { return qv[c / lanes]; }, kr + 4 * g, hd,
-             dots + 4 * g);
-      }
-      float* s = scores + i * scores_stride + j0;
-      for (int64_t k = 0; k < 16; k += lanes) {
-        hn::StoreU(hn::Mul(hn::LoadU(d, dots + k), vscale), d, s + k);
-      }
-    }
+  // Head dimensions of 1, 2, 4 or 8 vectors unroll fully.
+  switch (hd / lanes) {
+    case 1:
+      ScoreAllKeys<1>(q, q_row_stride, rows, group, first_len, keys, kv, hd,
+                      scale, scores, scores_stride);
+      break;
+    case 2:
+      ScoreAllKeys<2>(q, q_row_stride, rows, group, first_len, keys, kv, hd,
+                      scale, scores, scores_stride);
+      break;
+    case 4:
+      ScoreAllKeys<4>(q, q_row_stride, rows, group, first_len, keys, kv, hd,
+                      scale, scores, scores_stride);
+      break;
+    case 8:
+      ScoreAllKeys<8>(q, q_row_stride, rows, group, first_len, keys, kv, hd,
+                      scale, scores, scores_stride);
+      break;
+    default:
+      ScoreAllKeys<0>(q, q_row_stride, rows, group, first_len, keys, kv, hd,
+                      scale, scores, scores_stride);
+      break;
   }
 #endif
 
@@ -240,9 +382,9 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
   }
 
   // 3. Weighted sums of values, keys in order, in registers: tiles of up to
-  //    kPvRows query rows x one vector of dimensions; each value vector is
-  //    loaded once per tile. A key a row does not see has p = 0 and adds
-  //    exactly 0. Each row's chain is the same in any tile.
+  //    kPvRows query rows x kPvChunks vectors of dimensions; each value
+  //    vector is loaded once per tile. A key a row does not see has p = 0 and
+  //    adds exactly 0. Each row's chain is the same in any tile.
   for (int64_t i0 = 0; i0 < num_q; i0 += kPvRows) {
     const int64_t nr = num_q - i0 < kPvRows ? num_q - i0 : kPvRows;
     const float* srow[kPvRows];
@@ -254,32 +396,30 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
       orow[r] = out + (i / group) * out_row_stride + (i % group) * hd;
       if (r < nr && len_of(i) > tile_len) tile_len = len_of(i);
     }
-    for (int64_t c = 0; c < hd; c += lanes) {
 #if HWY_HAVE_SCALABLE
-      PvTile<1>(srow, values, kv, tile_len, hd, c, orow);
+    PvTileAllChunks<1>(srow, values, kv, tile_len, hd, orow);
 #else
-      switch (nr) {
-        case 1:
-          PvTile<1>(srow, values, kv, tile_len, hd, c, orow);
-          break;
-        case 2:
-          PvTile<2>(srow, values, kv, tile_len, hd, c, orow);
-          break;
-        case 3:
-          PvTile<3>(srow, values, kv, tile_len, hd, c, orow);
-          break;
-        case 4:
-          PvTile<4>(srow, values, kv, tile_len, hd, c, orow);
-          break;
-        case 5:
-          PvTile<5>(srow, values, kv, tile_len, hd, c, orow);
-          break;
-        default:
-          PvTile<kPvRows>(srow, values, kv, tile_len, hd, c, orow);
-          break;
-      }
-#endif
+    switch (nr) {
+      case 1:
+        PvTileAllChunks<1>(srow, values, kv, tile_len, hd, orow);
+        break;
+      case 2:
+        PvTileAllChunks<2>(srow, values, kv, tile_len, hd, orow);
+        break;
+      case 3:
+        PvTileAllChunks<3>(srow, values, kv, tile_len, hd, orow);
+        break;
+      case 4:
+        PvTileAllChunks<4>(srow, values, kv, tile_len, hd, orow);
+        break;
+      case 5:
+        PvTileAllChunks<5>(srow, values, kv, tile_len, hd, orow);
+        break;
+      default:
+        PvTileAllChunks<kPvRows>(srow, values, kv, tile_len, hd, orow);
+        break;
     }
+#endif
   }
 }
 

@@ -4,11 +4,12 @@
 // cache. Defined in attention_kernels.cc, one Highway source compiled for
 // every SIMD target; the chosen target runs (common/model/simd_target.h).
 //
-// Multi-query: keys are taken 4 at a time and each group, once loaded, is
-// used by every query row that sees it; the weighted sum of values keeps
-// tiles of 6 query rows in registers, so each value vector is loaded once per
-// tile. A k-token verification therefore reads the cached K/V about once, not
-// k times.
+// Multi-query: keys are taken 16 at a time (16 independent FMA chains, then
+// one transposing reduction tree) and each group, once loaded, is used by
+// every query row that sees it; the weighted sum of values keeps tiles of 6
+// query rows x 4 vectors of dimensions in registers, so each value vector is
+// loaded once per tile. A k-token verification therefore reads the cached
+// K/V about once, not k times.
 //
 // Every output depends only on (q, keys[0..len), values[0..len)), the target
 // and a fixed instruction sequence: the score of key j is an FMA chain over
