@@ -99,41 +99,39 @@ HWY_INLINE hn::Vec<DF> SumEachOfLanes(const hn::Vec<DF>* acc) {
   return acc[0];
 #else
   const DF d;
-  {
-    const hn::Repartition<double, DF> dd;
-    // Per block: pairs of keys, then quads (lane s of quad q = key 4q+s).
-    hn::Vec<DF> quad[N / 4];
-    for (int q = 0; q < N / 4; ++q) {
-      const auto a0 = acc[4 * q], a1 = acc[4 * q + 1];
-      const auto a2 = acc[4 * q + 2], a3 = acc[4 * q + 3];
-      const auto t01 = hn::Add(hn::InterleaveLower(d, a0, a1),
-                               hn::InterleaveUpper(d, a0, a1));
-      const auto t23 = hn::Add(hn::InterleaveLower(d, a2, a3),
-                               hn::InterleaveUpper(d, a2, a3));
-      quad[q] =
-          hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, hn::BitCast(dd, t01),
-                                                     hn::BitCast(dd, t23))),
-                  hn::BitCast(d, hn::InterleaveUpper(dd, hn::BitCast(dd, t01),
-                                                     hn::BitCast(dd, t23))));
-    }
-    if constexpr (N == 4) {
-      return quad[0];
-    } else if constexpr (N == 8) {
-      // Two blocks: block b of the result is quad b's two blocks added.
-      return hn::Add(hn::ConcatLowerLower(d, quad[1], quad[0]),
-                     hn::ConcatUpperUpper(d, quad[1], quad[0]));
-    } else {
-      static_assert(N == 16, "fp32 vectors of 1, 4, 8 or 16 lanes");
-      // Four blocks: pairs of blocks within each quad, then the halves.
-      const auto p01 =
-          hn::Add(hn::OddEvenBlocks(hn::SwapAdjacentBlocks(quad[1]), quad[0]),
-                  hn::OddEvenBlocks(quad[1], hn::SwapAdjacentBlocks(quad[0])));
-      const auto p23 =
-          hn::Add(hn::OddEvenBlocks(hn::SwapAdjacentBlocks(quad[3]), quad[2]),
-                  hn::OddEvenBlocks(quad[3], hn::SwapAdjacentBlocks(quad[2])));
-      return hn::Add(hn::ConcatLowerLower(d, p23, p01),
-                     hn::ConcatUpperUpper(d, p23, p01));
-    }
+  const hn::Repartition<double, DF> dd;
+  // Per block: pairs of keys, then quads (lane s of quad q = key 4q+s).
+  hn::Vec<DF> quad[N / 4];
+  for (int q = 0; q < N / 4; ++q) {
+    const auto a0 = acc[4 * q], a1 = acc[4 * q + 1];
+    const auto a2 = acc[4 * q + 2], a3 = acc[4 * q + 3];
+    const auto t01 =
+        hn::Add(hn::InterleaveLower(d, a0, a1), hn::InterleaveUpper(d, a0, a1));
+    const auto t23 =
+        hn::Add(hn::InterleaveLower(d, a2, a3), hn::InterleaveUpper(d, a2, a3));
+    quad[q] =
+        hn::Add(hn::BitCast(d, hn::InterleaveLower(dd, hn::BitCast(dd, t01),
+                                                   hn::BitCast(dd, t23))),
+                hn::BitCast(d, hn::InterleaveUpper(dd, hn::BitCast(dd, t01),
+                                                   hn::BitCast(dd, t23))));
+  }
+  if constexpr (N == 4) {
+    return quad[0];
+  } else if constexpr (N == 8) {
+    // Two blocks: block b of the result is quad b's two blocks added.
+    return hn::Add(hn::ConcatLowerLower(d, quad[1], quad[0]),
+                   hn::ConcatUpperUpper(d, quad[1], quad[0]));
+  } else {
+    static_assert(N == 16, "fp32 vectors of 1, 4, 8 or 16 lanes");
+    // Four blocks: pairs of blocks within each quad, then the halves.
+    const auto p01 =
+        hn::Add(hn::OddEvenBlocks(hn::SwapAdjacentBlocks(quad[1]), quad[0]),
+                hn::OddEvenBlocks(quad[1], hn::SwapAdjacentBlocks(quad[0])));
+    const auto p23 =
+        hn::Add(hn::OddEvenBlocks(hn::SwapAdjacentBlocks(quad[3]), quad[2]),
+                hn::OddEvenBlocks(quad[3], hn::SwapAdjacentBlocks(quad[2])));
+    return hn::Add(hn::ConcatLowerLower(d, p23, p01),
+                   hn::ConcatUpperUpper(d, p23, p01));
   }
 #endif
 }
