@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "common/model/simd_target.h"
 
@@ -177,6 +178,10 @@ HWY_INLINE void ScoreGroup(const float* q, int64_t q_row_stride, int64_t rows,
   }
 }
 
+// Head sizes up to which ScoreAllKeys widens bf16 key groups on the stack
+// (8 KiB).
+constexpr int64_t kMaxWidenedHeadDim = 128;
+
 // Step 1 of AttendKvHead: the scores of every query row against every key
 // it sees, 16 keys at a time; each group of keys, once loaded, is used by
 // every query row that sees it. Past n_max the last key is re-read (its
@@ -189,10 +194,33 @@ void ScoreAllKeys(const float* q, int64_t q_row_stride, int64_t rows,
   const int64_t n_max = first_len + rows - 1;
   const E* last_key = keys + RowOffset(kv, n_max - 1, hd);
   const auto vscale = hn::Set(DF(), scale);
+  const int64_t lanes = hn::Lanes(DF());
+  // bf16 keys of up to kMaxWidenedHeadDim elements, read by two or more
+  // query rows, are widened once per group (below).
+  const bool widen = std::is_same_v<E, uint16_t> && hd <= kMaxWidenedHeadDim &&
+                     rows * group >= 2;
   for (int64_t j0 = 0; j0 < n_max; j0 += 16) {
     // Block rows are a multiple of 16: the 16 keys lie in one block, in
     // order.
     const E* first = keys + RowOffset(kv, j0, hd);
+    if constexpr (std::is_same_v<E, uint16_t>) {
+      // bf16: widen the group to fp32 once for all its query rows (exact,
+      // so the scores are the same bits as widening per row), instead of
+      // once per query row.
+      if (widen) {
+        HWY_ALIGN float wide[16 * kMaxWidenedHeadDim];
+        for (int j = 0; j < 16; ++j) {
+          const E* src = j0 + j < n_max ? first + j * hd : last_key;
+          for (int64_t c = 0; c < hd; c += lanes)
+            hn::Store(LoadRow(src + c), DF(), wide + j * hd + c);
+        }
+        ScoreGroup<C>(
+            q, q_row_stride, rows, group, first_len, j0,
+            [&](int k) { return wide + k * hd; }, hd, vscale, scores,
+            scores_stride);
+        continue;
+      }
+    }
     if (j0 + 16 <= n_max) {
       ScoreGroup<C>(
           q, q_row_stride, rows, group, first_len, j0,

@@ -72,6 +72,7 @@ INSTANTIATE_TEST_SUITE_P(
         Shape{6, 2, 32, 1000, torch::kBFloat16},  // the same in bf16
         Shape{4, 1, 48, 100, torch::kFloat32},    // 3 vectors on AVX-512
         Shape{8, 2, 128, 300, torch::kBFloat16},  // Llama's head size
+        Shape{2, 2, 32, 200, torch::kBFloat16},   // one query row per head
         Shape{8, 8, 8, 5, torch::kFloat32},  // stories260k-like: portable path
         Shape{4, 2, 16, 0, torch::kBFloat16},
         Shape{14, 2, 24, 50,
