@@ -294,8 +294,8 @@ HWY_INLINE void PvTile(const float* const* srow, const E* values,
 #endif
 }
 
-// PvTile for the head dimension from offset c on, kPvChunks vectors at a
-// time.
+// PvTile over the whole head dimension: kPvChunks vectors at a time, then
+// the 1-3 vectors left.
 template <int NR, typename E>
 HWY_INLINE void PvTileAllChunks(const float* const* srow, const E* values,
                                 const KvBlocks& kv, int64_t tile_len,
