@@ -257,11 +257,11 @@ HWY_INLINE void PvTile(const float* const* srow, const E* values,
                        const KvBlocks& kv, int64_t tile_len, int64_t hd,
                        int64_t c, float* const* out) {
   const DF d;
-  const int64_t lanes = hn::Lanes(d);
 #if HWY_HAVE_SCALABLE
   static_assert(NR == 1 && NC == 1, "scalable vectors cannot live in arrays");
   auto o = hn::Zero(d);
 #else
+  const int64_t lanes = hn::Lanes(d);
   hn::Vec<DF> o[NR][NC];
   for (int r = 0; r < NR; ++r)
     for (int u = 0; u < NC; ++u) o[r][u] = hn::Zero(d);
