@@ -493,6 +493,9 @@ absl::StatusOr<nlohmann::json> RunSet(
     mode_json["measured_tpt"] = rate;
     const PlanPrediction prediction = SummarizePredictions(m.plans);
     mode_json["prediction"] = PlanPredictionJson(prediction);
+    // Each plan of the median repeats, as `generate --json` lists them: what
+    // a prediction miss came from (its odds, its steps).
+    mode_json["plans"] = AppliedPlansJson(m.plans);
     mode_json["solve_seconds"] = solve;
     mode_json["solve_share"] = solve_share;
     mode_json["waiting_share"] = wait_share;
