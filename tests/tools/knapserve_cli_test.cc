@@ -748,10 +748,19 @@ TEST(KnapserveCliTest, BenchSpecComparesPlannedModesOnTwoSets) {
       EXPECT_EQ(m["same_ids"], true) << set << " " << mode;
       EXPECT_GT(m["measured_tpt"].get<double>(), 0) << set << " " << mode;
     }
-    EXPECT_GT(
-        out["sets"][set]["modes"]["knapspec"]["plan_requests"].get<int64_t>(),
-        0)
+    const nlohmann::json& knapspec = out["sets"][set]["modes"]["knapspec"];
+    EXPECT_GT(knapspec["plan_requests"].get<int64_t>(), 0) << set;
+    // Each applied plan, as `generate --json` lists them.
+    ASSERT_TRUE(knapspec.contains("plans") && knapspec.at("plans").is_array())
         << set;
+    EXPECT_EQ(knapspec.at("plans").size(),
+              knapspec.at("plans_applied").get<size_t>())
+        << set;
+    for (const nlohmann::json& plan : knapspec.at("plans")) {
+      EXPECT_TRUE(plan.contains("source")) << set;
+      EXPECT_TRUE(plan.contains("measured_steps")) << set;
+      EXPECT_GE(plan.at("gamma").get<int>(), 0) << set;
+    }
   }
 }
 
