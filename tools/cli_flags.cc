@@ -270,6 +270,11 @@ ABSL_FLAG(int64_t, drift_min_tokens, 40,
           "knapspec/clasp: acceptance trials (accepted draft tokens + "
           "rejections) under a plan "
           "before drift is judged.");
+ABSL_FLAG(int64_t, sequence_prior_tokens, 32,
+          "knapspec/clasp: a sequence chooses its gamma again from its own "
+          "drafting under the plan in force, with the other requests' pooled "
+          "odds worth at most this many draft tokens (0 = off: the plan "
+          "cache's odds for every sequence).");
 ABSL_FLAG(int64_t, plain_recheck_steps, 1024,
           "knapspec/clasp: solve a context bucket's plain plan (no "
           "speculation) again after the process has decoded this many plain "
@@ -592,6 +597,8 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
   request.speculation.drift_min_tokens = absl::GetFlag(FLAGS_drift_min_tokens);
   request.speculation.plain_recheck_steps =
       absl::GetFlag(FLAGS_plain_recheck_steps);
+  request.speculation.sequence_prior_tokens =
+      absl::GetFlag(FLAGS_sequence_prior_tokens);
   request.speculation.planner_budget = absl::GetFlag(FLAGS_planner_budget);
   request.speculation.guard = absl::GetFlag(FLAGS_guard);
   request.speculation.guard_margin = absl::GetFlag(FLAGS_guard_margin);

@@ -102,6 +102,7 @@ ABSL_DECLARE_FLAG(int64_t, context_length);
 ABSL_DECLARE_FLAG(int32_t, step_repeats);
 ABSL_DECLARE_FLAG(int64_t, plan_bucket_tokens);
 ABSL_DECLARE_FLAG(double, drift_tolerance);
+ABSL_DECLARE_FLAG(int64_t, sequence_prior_tokens);
 ABSL_DECLARE_FLAG(int64_t, drift_min_tokens);
 ABSL_DECLARE_FLAG(int64_t, plain_recheck_steps);
 ABSL_DECLARE_FLAG(double, planner_budget);

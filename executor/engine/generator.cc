@@ -155,6 +155,11 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request,
       return absl::InvalidArgumentError(absl::StrCat(
           "drift_min_tokens: must be >= 1, got ", spec.drift_min_tokens));
     }
+    if (spec.sequence_prior_tokens < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sequence_prior_tokens: must be >= 0 (0 = off), got ",
+                       spec.sequence_prior_tokens));
+    }
     if (spec.plain_recheck_steps < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("plain_recheck_steps: must be >= 0 (0 = never), got ",

@@ -109,6 +109,11 @@ struct SpeculationConfig {
   // Plain steps the process decodes under a bucket's plain plan before it is
   // solved again (doubling each time it stays plain); 0 = never, >= 0.
   int64_t plain_recheck_steps = 1024;
+  // A sequence's own drafting against the other requests' under the same
+  // plan: their pooled odds count as at most this many draft tokens when
+  // the sequence chooses its gamma again from its own (0 = off: every
+  // sequence decodes with the plan cache's odds), >= 0.
+  int64_t sequence_prior_tokens = 32;
   double planner_budget =
       0.05;  // solve seconds / decode seconds, process-wide; 0 = no limit
   bool guard = true;  // the online guard (plain decoding while a plan loses)
@@ -257,7 +262,10 @@ struct AppliedPlan {
   // context bucket), "solve" (this sequence's own request) or "shared" (a
   // solve another sequence requested for the same bucket) or "refined" (the
   // cached plan in force, with the gamma the drafting evidence of the
-  // requests under it chose: executor/planning/plan_refinement.h; no solve).
+  // requests under it chose: executor/planning/plan_refinement.h; no solve)
+  // or "sequence" (the plan in force with this sequence's own odds: its own
+  // drafting weighed above the other requests'; gamma and predictions chosen
+  // again, mask kept).
   // For "cache", "shared" and "refined", plan_step is the solve's step and
   // age_steps is 0.
   std::string source;

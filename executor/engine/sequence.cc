@@ -430,6 +430,7 @@ class PlanSession {
     options.drift_tolerance = spec.drift_tolerance;
     options.drift_min_tokens = spec.drift_min_tokens;
     options.plain_recheck_steps = spec.plain_recheck_steps;
+    options.sequence_prior_tokens = spec.sequence_prior_tokens;
     options.planner_budget = spec.planner_budget;
     options.reference_steps = spec.reference_steps;
     options.min_request_gap = spec.plan_interval;

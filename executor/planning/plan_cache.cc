@@ -88,9 +88,10 @@ PlanCache::PlanOdds PlanCache::RecordDraftStep(const PlanCacheKey& key,
   auto plan_it = plans_.find(key);
   if (plan_it == plans_.end()) return PlanOdds{};
   CachedPlan& entry = plan_it->second;
-  const auto odds = [&entry] {
+  const auto odds = [&entry](const DraftEvidence* evidence = nullptr) {
     return PlanOdds{entry.version, entry.plan.gamma, entry.plan.alpha_hat,
-                    entry.plan.predicted_drafts_per_step};
+                    entry.plan.predicted_drafts_per_step,
+                    evidence != nullptr ? *evidence : DraftEvidence()};
   };
   auto it = refinements_.find(key);
   if (refine_every_trials_ <= 0 || it == refinements_.end() ||
@@ -99,19 +100,20 @@ PlanCache::PlanOdds PlanCache::RecordDraftStep(const PlanCacheKey& key,
   }
   Refinement& refinement = it->second;
   refinement.evidence.AddStep(gamma, drafted, accepted);
+  const DraftEvidence* evidence = &refinement.evidence;
   if (refinement.evidence.accept_trials - refinement.refined_at_trials <
       refine_every_trials_) {
-    return odds();
+    return odds(evidence);
   }
   refinement.refined_at_trials = refinement.evidence.accept_trials;
   std::optional<DraftPlan> refined =
       RefinePlan(entry.plan, refinement.evidence);
-  if (!refined.has_value()) return odds();
+  if (!refined.has_value()) return odds(evidence);
   const bool new_gamma = refined->gamma != entry.plan.gamma;
   entry.plan = *std::move(refined);
   if (!new_gamma) {
     ++prediction_refinements_;
-    return odds();
+    return odds(evidence);
   }
   ++gamma_refinements_;
   entry.version = next_version_++;
@@ -119,7 +121,7 @@ PlanCache::PlanOdds PlanCache::RecordDraftStep(const PlanCacheKey& key,
   if (entry.plan.gamma == 0) {
     rechecks_[key] = PlainRecheck{entry.version, 0, 1};
   }
-  return odds();
+  return odds(evidence);
 }
 
 int64_t PlanCache::gamma_refinements() const {

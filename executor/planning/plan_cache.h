@@ -144,12 +144,15 @@ class PlanCache {
   // place, same version, for the sequences that apply it next. A refinement
   // to gamma 0 is a plain plan like a solve's (CountPlainStep rechecks it).
   // Returns what is now cached for `key` (version 0: none), so that the
-  // caller's drift check needs no copy of the plan.
+  // caller's drift check needs no copy of the plan, and the solve's evidence
+  // with this step in it (for the sequence's own odds: RefinePlanForSequence
+  // in plan_refinement.h; empty when the step added nothing).
   struct PlanOdds {
     int64_t version = 0;
     int gamma = 0;
     double alpha_hat = 0;                  // DraftPlan::alpha_hat
     double predicted_drafts_per_step = 0;  // DraftPlan's (0: not predicted)
+    DraftEvidence evidence;
   };
   PlanOdds RecordDraftStep(const PlanCacheKey& key, int64_t version, int gamma,
                            int drafted, int accepted) ABSL_LOCKS_EXCLUDED(mu_);

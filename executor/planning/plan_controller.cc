@@ -406,10 +406,31 @@ void PlanController::AbandonCapture() {
 void PlanController::Apply(const CachedPlan& plan, int64_t bucket,
                            const std::string& source,
                            StepDirective& directive) {
+  // A newer version of the solve in force (the cache refined its gamma)
+  // keeps the sequence's own evidence; any other plan starts it afresh.
+  const bool same_solve =
+      in_force_.has_value() && in_force_key_.bucket == bucket &&
+      in_force_->sequence_id == plan.sequence_id &&
+      in_force_->plan.step == plan.plan.step &&
+      in_force_->plan.mask == plan.plan.mask;
+  sequence_plan_.reset();
+  if (!same_solve) {
+    own_evidence_ = DraftEvidence();
+    pooled_evidence_ = DraftEvidence();
+    own_next_trials_ = std::max<int64_t>(1, options_.sequence_first_trials);
+  }
   in_force_ = plan;
   in_force_key_ = key_;
   in_force_key_.bucket = bucket;
-  gamma_ = plan.plan.gamma;
+  std::string applied_source = source;
+  if (same_solve && own_evidence_.accept_trials > 0) {
+    std::optional<DraftPlan> own = SequencePlan(plan.plan);
+    if (own.has_value()) {
+      in_force_->plan = *std::move(own);
+      applied_source = "sequence";
+    }
+  }
+  gamma_ = in_force_->plan.gamma;
   applied_version_ = plan.version;
   drift_trials_ = 0;
   drift_accepted_ = 0;
@@ -417,8 +438,15 @@ void PlanController::Apply(const CachedPlan& plan, int64_t bucket,
   drift_drafted_ = 0;
   drift_fired_ = false;
   guard_.SetPlan(plan.version);
-  directive.apply = plan;
-  directive.apply_source = source;
+  directive.apply = in_force_;
+  directive.apply_source = applied_source;
+}
+
+std::optional<DraftPlan> PlanController::SequencePlan(
+    const DraftPlan& plan) const {
+  if (options_.sequence_prior_tokens <= 0) return std::nullopt;
+  return RefinePlanForSequence(plan, pooled_evidence_, own_evidence_,
+                               options_.sequence_prior_tokens);
 }
 
 StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
@@ -458,6 +486,18 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
   }
 
   ApplyAwaitedPlan(directive);
+
+  if (sequence_plan_.has_value()) {
+    // The sequence's own odds chose again at its last step: they take
+    // effect unless a newer plan just did.
+    if (!directive.apply.has_value() && in_force_.has_value()) {
+      in_force_->plan = *std::move(sequence_plan_);
+      gamma_ = in_force_->plan.gamma;
+      directive.apply = in_force_;
+      directive.apply_source = "sequence";
+    }
+    sequence_plan_.reset();
+  }
 
   if (trigger_ == PlanTrigger::kNone && !capturing_ &&
       last_trigger_ != PlanTrigger::kDrift &&
@@ -528,10 +568,18 @@ void PlanController::AfterStep(const StepObservation& step) {
   }
   if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 &&
       step.drafted > 0) {
-    const PlanCache::PlanOdds cached = shared_.cache->RecordDraftStep(
-        in_force_key_, applied_version_,
-        step.budget > 0 ? step.budget : step.gamma, step.drafted,
-        step.accepted);
+    const int budget = step.budget > 0 ? step.budget : step.gamma;
+    const PlanCache::PlanOdds cached =
+        shared_.cache->RecordDraftStep(in_force_key_, applied_version_, budget,
+                                       step.drafted, step.accepted);
+    if (cached.evidence.accept_trials > 0) pooled_evidence_ = cached.evidence;
+    own_evidence_.AddStep(budget, step.drafted, step.accepted);
+    if (own_evidence_.accept_trials >= own_next_trials_) {
+      while (own_next_trials_ <= own_evidence_.accept_trials) {
+        own_next_trials_ = std::max<int64_t>(1, own_next_trials_) * 2;
+      }
+      sequence_plan_ = SequencePlan(in_force_->plan);
+    }
     drift_accepted_ += step.accepted;
     drift_trials_ += step.accepted + (step.accepted < step.drafted ? 1 : 0);
     ++drift_steps_;

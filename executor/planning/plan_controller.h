@@ -21,7 +21,15 @@
 // After every speculative step under a plan it adds the step's drafting to
 // the cache's evidence for the plan (PlanCache::RecordDraftStep), which
 // refines the plan's odds, gamma and predictions for every sequence (a new
-// gamma comes back as a newer plan, above). It also compares the observed
+// gamma comes back as a newer plan, above). It also keeps the sequence's own
+// drafting under the solve in force (its mask; the cache's refinements of
+// that solve keep it): when the own accept trials reach
+// sequence_first_trials, then twice as many, and so on, the plan in force
+// gets the sequence's own odds (RefinePlanForSequence, plan_refinement.h:
+// the other requests' odds as a prior worth at most sequence_prior_tokens
+// tokens) and the gamma and predictions they choose, from the next step on
+// (source "sequence"; the cache's plan is not changed). A newer version of
+// the same solve takes effect with the sequence's odds at once. It also compares the observed
 // per-token acceptance with the plan's alpha_hat as the cache holds it then
 // (its predictions refined by every sequence's evidence: the drift is this
 // sequence's text against the process's best estimate):
@@ -162,6 +170,15 @@ struct PlanControllerOptions {
   // under it, twice as many after each recheck that answers plain again
   // (PlanCache::CountPlainStep); 0 = never.
   int64_t plain_recheck_steps = 1024;
+  // The sequence's own odds (see the class comment): the other requests'
+  // pooled odds count as at most this many draft tokens against the
+  // sequence's own; 0 = off (every sequence decodes with the cache's
+  // odds). Prompts under one plan accepted 0.76-0.98 of their drafts in a
+  // bench run: a between-prompt spread of about 0.05 at a share of 0.85-0.9
+  // is worth 0.1 / 0.05^2, some 32-50 tokens, of anyone else's evidence.
+  int64_t sequence_prior_tokens = 32;
+  // Own accept trials at the first re-choice, doubling after each (>= 1).
+  int64_t sequence_first_trials = 8;
   GuardOptions guard;
   // The request's own skip mask, drafted with before the first plan ("" =
   // none): part of the guard's setting, so that requests with other masks
@@ -361,8 +378,10 @@ class SpeculationGuard {
 // What the decode loop does at one step.
 struct StepDirective {
   std::optional<CachedPlan> apply;  // put this plan in force before the step
-  std::string
-      apply_source;      // "cache" (bucket entered), "solve" (own), "shared"
+  // "cache" (bucket entered), "solve" (own), "shared", "refined" (the
+  // cache's newer gamma), "sequence" (the plan in force with this
+  // sequence's own odds)
+  std::string apply_source;
   int gamma = 0;         // gamma of this step
   bool capture = false;  // capture reference states this step
   int64_t capture_offset = 0;  // 0 .. reference_steps - 1 within the snapshot
@@ -440,6 +459,9 @@ class PlanController {
   // The newest plan of awaited_keys_ that arrived after the sequence left
   // its bucket, when it is newer than the plan in force.
   void ApplyAwaitedPlan(StepDirective& directive);
+  // The plan in force with the sequence's own odds (own_evidence_ on top of
+  // pooled_evidence_'s others), nullopt when off or it cannot be refined.
+  std::optional<DraftPlan> SequencePlan(const DraftPlan& plan) const;
   void SetTrigger(PlanTrigger trigger);
   void AbandonCapture();
 
@@ -474,6 +496,15 @@ class PlanController {
   int64_t capture_start_ = 0;
   std::optional<int64_t> last_capture_start_;
   SubmitTicket capture_ticket_;
+
+  // The sequence's own drafting under the solve in force, the cache's
+  // pooled evidence of that solve as of the last step that added to it, the
+  // own accept trials of the next re-choice, and a re-choice waiting for the
+  // next step.
+  DraftEvidence own_evidence_;
+  DraftEvidence pooled_evidence_;
+  int64_t own_next_trials_ = 0;
+  std::optional<DraftPlan> sequence_plan_;
 
   int64_t drift_trials_ = 0;
   int64_t drift_accepted_ = 0;

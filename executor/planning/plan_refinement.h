@@ -15,6 +15,13 @@
 // The PlanCache (plan_cache.h) keeps one DraftEvidence per cached solve and
 // calls RefinePlan as it grows.
 //
+// Prompts differ: in one bench run the first prompt under a plan accepted
+// 0.98 of its drafts and the next ones 0.76-0.95, so odds pooled over every
+// request over-promised the harder ones by 8-19%. RefinePlanForSequence gives
+// one sequence its own odds: the other requests' pooled odds as a prior worth
+// at most `prior_tokens` draft tokens, and the sequence's own drafting on
+// top. The PlanController (plan_controller.h) uses it for the plan in force.
+//
 // Plain structs and pure functions; thread-compatible.
 #ifndef KNAPSERVE_EXECUTOR_PLANNING_PLAN_REFINEMENT_H_
 #define KNAPSERVE_EXECUTOR_PLANNING_PLAN_REFINEMENT_H_
@@ -62,6 +69,27 @@ struct DraftEvidence {
 // kept. nullopt when the plan cannot be refined: gamma 0, or no basis.
 std::optional<DraftPlan> RefinePlan(const DraftPlan& plan,
                                     const DraftEvidence& evidence);
+
+// Of `all`, the counts not in `part` (each at least 0, successes at most
+// trials): the other sequences' evidence when `part` is one sequence's share
+// of the pool `all`.
+DraftEvidence EvidenceWithout(const DraftEvidence& all,
+                              const DraftEvidence& part);
+
+// One sequence's plan: as RefinePlan, but each share is
+//   share_seq = (share_others * w + own successes) / (w + own trials),
+// where share_others pools the plan's reference tokens with the others'
+// evidence (EvidenceWithout(pooled, own)) over r + their trials tokens, and
+// w = min(r + their trials, prior_tokens): however much the other requests
+// drafted, after about prior_tokens draft tokens of its own a sequence's odds
+// are mostly its own text's. Smoothed over w + own trials tokens; gamma chosen
+// again as RefinePlan does. evidence_trials counts the others' and the own
+// accept trials. With no own evidence it is RefinePlan(plan, pooled) when the
+// pool holds at most prior_tokens - r trials. nullopt as RefinePlan.
+std::optional<DraftPlan> RefinePlanForSequence(const DraftPlan& plan,
+                                               const DraftEvidence& pooled,
+                                               const DraftEvidence& own,
+                                               int64_t prior_tokens);
 
 }  // namespace knapserve
 

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -104,6 +105,8 @@ TEST(PlanControllerTest, DraftingUnderACachedPlanRefinesItForEverySequence) {
   const int64_t v1 = shared.cache->Insert(KeyAt(0), plan, 99, 10);
   PlanControllerOptions options = Options();
   options.drift_min_tokens = 1000;  // the drift has a test of its own
+  // The cache's odds alone (each sequence's own have a test of their own).
+  options.sequence_prior_tokens = 0;
   PlanController a(options, BaseKey(), 1, 0, shared);
   PlanController b(options, BaseKey(), 2, 0, shared);
   ASSERT_EQ(a.BeforeStep(0, 10).gamma, 1);
@@ -183,6 +186,70 @@ TEST(PlanControllerTest, DriftIsJudgedAgainstTheRefinedOdds) {
 // sequences have decoded plain_recheck_steps plain steps under it (counted
 // across sequences), the sequence at that step asks for a new plan (a
 // recheck, one snapshot), and a drafting answer takes effect.
+// A sequence weighs its own drafting above the other requests' (the
+// PlanController's own odds): under a plan whose 16 reference tokens said
+// 0.9, one sequence's drafts are all accepted and another's all rejected.
+// After 8 trials of its own each takes the plan with its own odds ("sequence",
+// same version, same mask): the first keeps gamma 4, the second drafts less.
+// The cache's plan is not changed by it. With sequence_prior_tokens 0 the
+// second keeps the cache's gamma.
+TEST(PlanControllerTest, ASequenceChoosesItsGammaFromItsOwnDrafting) {
+  for (int64_t prior : {32, 0}) {
+    PlanningShared shared = PlanningShared::Create(/*refine_every_trials=*/0);
+    DraftPlan plan = Plan(4, 0.9);
+    plan.mask = *LayerMask::Parse("a1", 4);
+    plan.basis.verify_seconds = {1.0e-3, 1.1e-3, 1.2e-3, 1.3e-3, 1.4e-3};
+    plan.basis.draft_seconds = 0.2e-3;
+    plan.basis.reference_tokens = 16;
+    plan.basis.accept_share = 0.9;
+    const int64_t v1 = shared.cache->Insert(KeyAt(0), plan, 99, 10);
+    PlanControllerOptions options = Options();
+    options.drift_min_tokens = 1000;  // the drift has tests of its own
+    options.sequence_prior_tokens = prior;
+    PlanController easy(options, BaseKey(), 1, 0, shared);
+    PlanController hard(options, BaseKey(), 2, 0, shared);
+    ASSERT_EQ(easy.BeforeStep(0, 10).gamma, 4);
+    ASSERT_EQ(hard.BeforeStep(0, 10).gamma, 4);
+    std::vector<std::string> easy_sources, hard_sources;
+    int hard_gamma = 4;
+    for (int64_t step = 1; step <= 12; ++step) {
+      easy.AfterStep(Spec(4, 4, 4, 0.01));
+      hard.AfterStep(Spec(hard_gamma, hard_gamma, 0, 0.01));
+      const StepDirective e = easy.BeforeStep(step, 10);
+      const StepDirective h = hard.BeforeStep(step, 10);
+      if (e.apply.has_value()) {
+        easy_sources.push_back(e.apply_source);
+        EXPECT_EQ(e.apply->version, v1);
+        EXPECT_EQ(e.apply->plan.mask, plan.mask);
+      }
+      if (h.apply.has_value()) {
+        hard_sources.push_back(h.apply_source);
+        EXPECT_EQ(h.apply->version, v1);
+        EXPECT_EQ(h.apply->plan.mask, plan.mask);
+        EXPECT_LT(h.apply->plan.alpha_hat, 0.9);
+      }
+      EXPECT_EQ(e.gamma, 4) << step;
+      hard_gamma = h.gamma;
+      if (hard_gamma == 0) break;
+    }
+    EXPECT_EQ(shared.cache->Peek(KeyAt(0))->plan.gamma, 4);
+    if (prior == 0) {
+      EXPECT_THAT(easy_sources, IsEmpty());
+      EXPECT_THAT(hard_sources, IsEmpty());
+      EXPECT_EQ(hard_gamma, 4);
+      continue;
+    }
+    // Easy: 8 own trials after 2 steps, 16 after 4, 32 after 8.
+    EXPECT_THAT(easy_sources, ElementsAre("sequence", "sequence", "sequence"));
+    EXPECT_EQ(easy.plan_in_force()->plan.gamma, 4);
+    EXPECT_GT(easy.plan_in_force()->plan.alpha_hat, 0.9);
+    // Hard: one rejection a step, its odds fall and so does its gamma.
+    ASSERT_FALSE(hard_sources.empty());
+    EXPECT_EQ(hard_sources.front(), "sequence");
+    EXPECT_LT(hard_gamma, 4);
+  }
+}
+
 TEST(PlanControllerTest, APlainPlanIsRecheckedAfterTheProcessDecodedUnderIt) {
   PlanningShared shared = PlanningShared::Create();
   shared.cache->Insert(KeyAt(0), Plan(0, 1.0), /*sequence_id=*/99, 5);

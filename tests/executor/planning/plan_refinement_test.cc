@@ -1,5 +1,6 @@
-// Tests of executor/planning/plan_refinement.h (DraftEvidence, RefinePlan)
-// and of the PlanCache's use of them (PlanCache::RecordDraftStep).
+// Tests of executor/planning/plan_refinement.h (DraftEvidence, RefinePlan,
+// RefinePlanForSequence) and of the PlanCache's use of them
+// (PlanCache::RecordDraftStep).
 #include "executor/planning/plan_refinement.h"
 
 #include <gtest/gtest.h>
@@ -165,6 +166,106 @@ TEST(RefinePlanTest, APlanWithoutABasisOrGammaIsNotRefined) {
   DraftPlan plain = HalfAcceptedPlan();
   plain.gamma = 0;
   EXPECT_FALSE(RefinePlan(plain, DraftEvidence()).has_value());
+}
+
+TEST(EvidenceWithoutTest, SubtractsAndClamps) {
+  DraftEvidence all;
+  for (int i = 0; i < 10; ++i) all.AddStep(4, 4, 4);
+  DraftEvidence part;
+  for (int i = 0; i < 3; ++i) part.AddStep(4, 4, 4);
+  const DraftEvidence rest = EvidenceWithout(all, part);
+  EXPECT_EQ(rest.accept_trials, 28);
+  EXPECT_EQ(rest.accepted, 28);
+  EXPECT_EQ(rest.go_on_trials, 21);
+  EXPECT_EQ(rest.went_on, 21);
+  EXPECT_EQ(rest.both_trials, 21);
+  EXPECT_EQ(rest.both, 21);
+  // A part larger than the whole, or successes beyond the trials left: 0
+  // and at most the trials.
+  DraftEvidence rejected;
+  for (int i = 0; i < 20; ++i) rejected.AddStep(1, 1, 0);
+  const DraftEvidence none = EvidenceWithout(part, all);
+  EXPECT_EQ(none.accept_trials, 0);
+  EXPECT_EQ(none.accepted, 0);
+  const DraftEvidence odd = EvidenceWithout(all, rejected);
+  EXPECT_EQ(odd.accept_trials, 20);
+  EXPECT_EQ(odd.accepted, 20);
+}
+
+TEST(RefinePlanForSequenceTest, WithoutOwnEvidenceItIsThePoolsChoice) {
+  const DraftPlan plan = HalfAcceptedPlan(/*confidence_stop=*/true);
+  // 16 reference tokens and 40 trials of the others: all of it counts while
+  // the prior may weigh 56 tokens or more.
+  DraftEvidence pooled;
+  for (int i = 0; i < 10; ++i) pooled.AddStep(4, 4, 4);
+  auto expected = RefinePlan(plan, pooled);
+  auto own = RefinePlanForSequence(plan, pooled, DraftEvidence(), 56);
+  ASSERT_TRUE(expected.has_value());
+  ASSERT_TRUE(own.has_value());
+  EXPECT_EQ(own->gamma, expected->gamma);
+  EXPECT_DOUBLE_EQ(own->alpha_hat, expected->alpha_hat);
+  EXPECT_DOUBLE_EQ(own->alpha_smoothed, expected->alpha_smoothed);
+  EXPECT_DOUBLE_EQ(own->predicted_tpt, expected->predicted_tpt);
+  EXPECT_DOUBLE_EQ(own->predicted_drafts_per_step,
+                   expected->predicted_drafts_per_step);
+  EXPECT_EQ(own->evidence_trials, 40);
+  // A smaller prior keeps the share (no own evidence moves it) but smooths
+  // it over fewer tokens.
+  auto capped = RefinePlanForSequence(plan, pooled, DraftEvidence(), 20);
+  ASSERT_TRUE(capped.has_value());
+  EXPECT_DOUBLE_EQ(capped->alpha_hat, expected->alpha_hat);
+  EXPECT_NEAR(capped->alpha_smoothed,
+              SmoothAlpha(expected->alpha_hat, 20, plan.basis.prior), 1e-12);
+  EXPECT_NE(capped->alpha_smoothed, expected->alpha_smoothed);
+}
+
+// The others drafted 984 accepted tokens; this sequence accepted 10 of 40.
+// Pooled, its 40 trials hardly count (gamma 4 for everyone); its own odds
+// weigh the others as 32 tokens: (0.992 x 32 + 10) / 72.
+TEST(RefinePlanForSequenceTest, OwnTextOutweighsTheOthersAfterAFewDozenTokens) {
+  const DraftPlan plan = HalfAcceptedPlan();
+  DraftEvidence others;
+  for (int i = 0; i < 246; ++i) others.AddStep(4, 4, 4);
+  DraftEvidence own;
+  for (int i = 0; i < 10; ++i) own.AddStep(4, 4, 1);  // 1 accepted, 1 not
+  for (int i = 0; i < 20; ++i) own.AddStep(1, 1, 0);
+  ASSERT_EQ(own.accept_trials, 40);
+  ASSERT_EQ(own.accepted, 10);
+  DraftEvidence pooled = others;
+  pooled.accept_trials += own.accept_trials;
+  pooled.accepted += own.accepted;
+  pooled.go_on_trials += own.go_on_trials;
+  pooled.went_on += own.went_on;
+  pooled.both_trials += own.both_trials;
+  pooled.both += own.both;
+  auto everyone = RefinePlan(plan, pooled);
+  ASSERT_TRUE(everyone.has_value());
+  EXPECT_EQ(everyone->gamma, 4);
+  auto mine = RefinePlanForSequence(plan, pooled, own, 32);
+  ASSERT_TRUE(mine.has_value());
+  const double others_share = (0.5 * 16 + 984) / 1000.0;
+  EXPECT_NEAR(mine->alpha_hat, (others_share * 32 + 10) / 72.0, 1e-12);
+  EXPECT_NEAR(mine->alpha_smoothed,
+              SmoothAlpha(mine->alpha_hat, 72, plan.basis.prior), 1e-12);
+  EXPECT_LT(mine->gamma, everyone->gamma);
+  EXPECT_LT(mine->predicted_tokens_per_step,
+            everyone->predicted_tokens_per_step);
+  EXPECT_EQ(mine->evidence_trials, 1024);
+  EXPECT_EQ(mine->mask, plan.mask);
+  // The other way: an easy text under a pool that drafts badly.
+  DraftEvidence bad_others;
+  for (int i = 0; i < 200; ++i) bad_others.AddStep(1, 1, 0);
+  DraftEvidence easy;
+  for (int i = 0; i < 20; ++i) easy.AddStep(4, 4, 4);
+  DraftEvidence bad_pool = bad_others;
+  bad_pool.accept_trials += easy.accept_trials;
+  bad_pool.accepted += easy.accepted;
+  auto pool_says = RefinePlan(plan, bad_pool);
+  auto easy_says = RefinePlanForSequence(plan, bad_pool, easy, 32);
+  ASSERT_TRUE(pool_says.has_value());
+  ASSERT_TRUE(easy_says.has_value());
+  EXPECT_EQ(pool_says->gamma, 0);
+  EXPECT_GE(easy_says->gamma, 1);
 }
 
 PlanCacheKey Key() {
