@@ -408,11 +408,11 @@ void PlanController::Apply(const CachedPlan& plan, int64_t bucket,
                            StepDirective& directive) {
   // A newer version of the solve in force (the cache refined its gamma)
   // keeps the sequence's own evidence; any other plan starts it afresh.
-  const bool same_solve =
-      in_force_.has_value() && in_force_key_.bucket == bucket &&
-      in_force_->sequence_id == plan.sequence_id &&
-      in_force_->plan.step == plan.plan.step &&
-      in_force_->plan.mask == plan.plan.mask;
+  const bool same_solve = in_force_.has_value() &&
+                          in_force_key_.bucket == bucket &&
+                          in_force_->sequence_id == plan.sequence_id &&
+                          in_force_->plan.step == plan.plan.step &&
+                          in_force_->plan.mask == plan.plan.mask;
   sequence_plan_.reset();
   if (!same_solve) {
     own_evidence_ = DraftEvidence();
@@ -569,9 +569,8 @@ void PlanController::AfterStep(const StepObservation& step) {
   if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 &&
       step.drafted > 0) {
     const int budget = step.budget > 0 ? step.budget : step.gamma;
-    const PlanCache::PlanOdds cached =
-        shared_.cache->RecordDraftStep(in_force_key_, applied_version_, budget,
-                                       step.drafted, step.accepted);
+    const PlanCache::PlanOdds cached = shared_.cache->RecordDraftStep(
+        in_force_key_, applied_version_, budget, step.drafted, step.accepted);
     if (cached.evidence.accept_trials > 0) pooled_evidence_ = cached.evidence;
     own_evidence_.AddStep(budget, step.drafted, step.accepted);
     if (own_evidence_.accept_trials >= own_next_trials_) {

@@ -29,10 +29,10 @@
 // the other requests' odds as a prior worth at most sequence_prior_tokens
 // tokens) and the gamma and predictions they choose, from the next step on
 // (source "sequence"; the cache's plan is not changed). A newer version of
-// the same solve takes effect with the sequence's odds at once. It also compares the observed
-// per-token acceptance with the plan's alpha_hat as the cache holds it then
-// (its predictions refined by every sequence's evidence: the drift is this
-// sequence's text against the process's best estimate):
+// the same solve takes effect with the sequence's odds at once. It also
+// compares the observed per-token acceptance with the plan's alpha_hat as the
+// cache holds it then (its predictions refined by every sequence's evidence:
+// the drift is this sequence's text against the process's best estimate):
 //   observed = accepted / (accepted + rejections),
 // where a rejection is a step that stopped at a rejected draft token (the
 // maximum-likelihood per-token acceptance when each draft token is accepted
@@ -382,8 +382,8 @@ struct StepDirective {
   // cache's newer gamma), "sequence" (the plan in force with this
   // sequence's own odds)
   std::string apply_source;
-  int gamma = 0;         // gamma of this step
-  bool capture = false;  // capture reference states this step
+  int gamma = 0;               // gamma of this step
+  bool capture = false;        // capture reference states this step
   int64_t capture_offset = 0;  // 0 .. reference_steps - 1 within the snapshot
 };
 

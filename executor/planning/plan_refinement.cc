@@ -59,12 +59,12 @@ struct TokenOdds {
 // The basis's reference odds pooled with `evidence`.
 TokenOdds PooledOdds(const PlanBasis& basis, const DraftEvidence& evidence) {
   const int64_t r = std::max<int64_t>(0, basis.reference_tokens);
-  return {Pool({basis.accept_share, r}, r, evidence.accepted,
-               evidence.accept_trials),
-          Pool({basis.go_on_share, r}, r, evidence.went_on,
-               evidence.go_on_trials),
-          Pool({basis.accept_and_go_on_share, r}, r, evidence.both,
-               evidence.both_trials)};
+  return {
+      Pool({basis.accept_share, r}, r, evidence.accepted,
+           evidence.accept_trials),
+      Pool({basis.go_on_share, r}, r, evidence.went_on, evidence.go_on_trials),
+      Pool({basis.accept_and_go_on_share, r}, r, evidence.both,
+           evidence.both_trials)};
 }
 
 // The plan with `odds` (smoothed with the basis's prior) and gamma chosen
@@ -153,8 +153,7 @@ std::optional<DraftPlan> RefinePlanForSequence(const DraftPlan& plan,
       Pool(prior.accept, prior_tokens, own.accepted, own.accept_trials),
       Pool(prior.go_on, prior_tokens, own.went_on, own.go_on_trials),
       Pool(prior.both, prior_tokens, own.both, own.both_trials)};
-  return ChooseWithOdds(plan, odds,
-                        others.accept_trials + own.accept_trials);
+  return ChooseWithOdds(plan, odds, others.accept_trials + own.accept_trials);
 }
 
 }  // namespace knapserve
