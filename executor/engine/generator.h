@@ -266,8 +266,8 @@ struct AppliedPlan {
   // or "sequence" (the plan in force with this sequence's own odds: its own
   // drafting weighed above the other requests'; gamma and predictions chosen
   // again, mask kept).
-  // For "cache", "shared" and "refined", plan_step is the solve's step and
-  // age_steps is 0.
+  // For "cache", "shared", "refined" and "sequence", plan_step is the
+  // solve's step and age_steps is 0.
   std::string source;
   // What the plan did while it was in force and ran as planned: the steps
   // that drafted with it (for a gamma-0 plan, its plain steps; a step the
