@@ -419,6 +419,7 @@ void PlanController::Apply(const CachedPlan& plan, int64_t bucket,
     pooled_evidence_ = DraftEvidence();
     own_next_trials_ = std::max<int64_t>(1, options_.sequence_first_trials);
   }
+  own_plain_steps_ = 0;
   in_force_ = plan;
   in_force_key_ = key_;
   in_force_key_.bucket = bucket;
@@ -493,10 +494,28 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
     if (!directive.apply.has_value() && in_force_.has_value()) {
       in_force_->plan = *std::move(sequence_plan_);
       gamma_ = in_force_->plan.gamma;
+      own_plain_steps_ = 0;
       directive.apply = in_force_;
       directive.apply_source = "sequence";
     }
     sequence_plan_.reset();
+  }
+  if (!directive.apply.has_value() && in_force_.has_value() && gamma_ == 0 &&
+      own_evidence_.accept_trials > 0 &&
+      own_plain_steps_ >= std::max<int64_t>(1, options_.sequence_plain_steps)) {
+    // Its own odds chose plain decoding long enough ago: the cache's plan
+    // again, and fresh evidence of its own.
+    std::optional<CachedPlan> pooled = shared_.cache->Peek(in_force_key_);
+    own_plain_steps_ = 0;
+    if (pooled.has_value() && pooled->version == applied_version_ &&
+        pooled->plan.gamma > 0) {
+      own_evidence_ = DraftEvidence();
+      own_next_trials_ = std::max<int64_t>(1, options_.sequence_first_trials);
+      in_force_ = *std::move(pooled);
+      gamma_ = in_force_->plan.gamma;
+      directive.apply = in_force_;
+      directive.apply_source = "cache";
+    }
   }
 
   if (trigger_ == PlanTrigger::kNone && !capturing_ &&
@@ -565,6 +584,10 @@ void PlanController::AfterStep(const StepObservation& step) {
       shared_.cache->CountPlainStep(key_, applied_version_,
                                     options_.plain_recheck_steps)) {
     SetTrigger(PlanTrigger::kRecheck);
+  }
+  if (in_force_.has_value() && gamma_ == 0 && own_evidence_.accept_trials > 0 &&
+      step.gamma == 0) {
+    ++own_plain_steps_;  // under the sequence's own plain choice
   }
   if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 &&
       step.drafted > 0) {

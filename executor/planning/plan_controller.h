@@ -29,7 +29,11 @@
 // the other requests' odds as a prior worth at most sequence_prior_tokens
 // tokens) and the gamma and predictions they choose, from the next step on
 // (source "sequence"; the cache's plan is not changed). A newer version of
-// the same solve takes effect with the sequence's odds at once. It also
+// the same solve takes effect with the sequence's odds at once. When its own
+// odds choose plain decoding, no more evidence comes: after
+// sequence_plain_steps plain steps the sequence forgets its own evidence
+// (its text has moved on) and takes the cache's plan again (source
+// "cache"). It also
 // compares the observed per-token acceptance with the plan's alpha_hat as the
 // cache holds it then (its predictions refined by every sequence's evidence:
 // the drift is this sequence's text against the process's best estimate):
@@ -179,6 +183,9 @@ struct PlanControllerOptions {
   int64_t sequence_prior_tokens = 32;
   // Own accept trials at the first re-choice, doubling after each (>= 1).
   int64_t sequence_first_trials = 8;
+  // Plain steps under the sequence's own plain choice before it drafts with
+  // the cache's plan again (>= 1).
+  int64_t sequence_plain_steps = 64;
   GuardOptions guard;
   // The request's own skip mask, drafted with before the first plan ("" =
   // none): part of the guard's setting, so that requests with other masks
@@ -505,6 +512,8 @@ class PlanController {
   DraftEvidence pooled_evidence_;
   int64_t own_next_trials_ = 0;
   std::optional<DraftPlan> sequence_plan_;
+  // Plain steps since the sequence's own odds chose gamma 0.
+  int64_t own_plain_steps_ = 0;
 
   int64_t drift_trials_ = 0;
   int64_t drift_accepted_ = 0;
