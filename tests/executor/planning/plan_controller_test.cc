@@ -45,6 +45,21 @@ DraftPlan Plan(int gamma, double alpha_hat, double solve_seconds = 0.01) {
   return plan;
 }
 
+// A drafting plan the cache and a sequence can choose gamma for again (it
+// carries the planner's prices): mask a1, 16 reference tokens at `share`,
+// gamma 0..max_draft.
+DraftPlan PricedPlan(int gamma, double share, int max_draft = 4) {
+  DraftPlan plan = Plan(gamma, share);
+  plan.mask = *LayerMask::Parse("a1", 4);
+  for (int g = 0; g <= max_draft; ++g) {
+    plan.basis.verify_seconds.push_back(1.0e-3 + 0.1e-3 * g);
+  }
+  plan.basis.draft_seconds = 0.2e-3;
+  plan.basis.reference_tokens = 16;
+  plan.basis.accept_share = share;
+  return plan;
+}
+
 PlanControllerOptions Options() {
   PlanControllerOptions o;
   o.bucket_tokens = 32;
@@ -96,12 +111,7 @@ TEST(PlanControllerTest, CachedPlanTakesEffectAtTheFirstStepWithoutASnapshot) {
 // step as a newer plan.
 TEST(PlanControllerTest, DraftingUnderACachedPlanRefinesItForEverySequence) {
   PlanningShared shared = PlanningShared::Create(/*refine_every_trials=*/32);
-  DraftPlan plan = Plan(1, 0.5);
-  plan.mask = *LayerMask::Parse("a1", 4);
-  plan.basis.verify_seconds = {1.0e-3, 1.1e-3, 1.2e-3, 1.3e-3, 1.4e-3};
-  plan.basis.draft_seconds = 0.2e-3;
-  plan.basis.reference_tokens = 16;
-  plan.basis.accept_share = 0.5;
+  const DraftPlan plan = PricedPlan(1, 0.5);
   const int64_t v1 = shared.cache->Insert(KeyAt(0), plan, 99, 10);
   PlanControllerOptions options = Options();
   options.drift_min_tokens = 1000;  // the drift has a test of its own
@@ -141,12 +151,7 @@ TEST(PlanControllerTest, DraftingUnderACachedPlanRefinesItForEverySequence) {
 TEST(PlanControllerTest, DriftIsJudgedAgainstTheRefinedOdds) {
   for (int64_t refine : {32, 0}) {
     PlanningShared shared = PlanningShared::Create(refine);
-    DraftPlan plan = Plan(1, 0.5);
-    plan.mask = *LayerMask::Parse("a1", 4);
-    plan.basis.verify_seconds = {1.0e-3, 1.1e-3, 1.2e-3};
-    plan.basis.draft_seconds = 0.2e-3;
-    plan.basis.reference_tokens = 16;
-    plan.basis.accept_share = 0.5;
+    DraftPlan plan = PricedPlan(1, 0.5, /*max_draft=*/2);
     plan.basis.gamma_fixed = true;  // the version stays: predictions only
     shared.cache->Insert(KeyAt(0), plan, 99, 10);
     PlanControllerOptions options = Options();
@@ -198,12 +203,7 @@ TEST(PlanControllerTest, ASequenceChoosesItsGammaFromItsOwnDrafting) {
   for (int64_t prior : {32, 0}) {
     SCOPED_TRACE(prior);
     PlanningShared shared = PlanningShared::Create(/*refine_every_trials=*/0);
-    DraftPlan plan = Plan(4, 0.9);
-    plan.mask = *LayerMask::Parse("a1", 4);
-    plan.basis.verify_seconds = {1.0e-3, 1.1e-3, 1.2e-3, 1.3e-3, 1.4e-3};
-    plan.basis.draft_seconds = 0.2e-3;
-    plan.basis.reference_tokens = 16;
-    plan.basis.accept_share = 0.9;
+    const DraftPlan plan = PricedPlan(4, 0.9);
     const int64_t v1 = shared.cache->Insert(KeyAt(0), plan, 99, 10);
     PlanControllerOptions options = Options();
     options.drift_min_tokens = 1000;  // the drift has tests of its own
