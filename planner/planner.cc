@@ -208,8 +208,9 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
       VerifyTable(profile, n, std::max(max_draft, fixed_gamma));
   const DraftOdds odds =
       SmoothedOdds(SharesOf(candidate), r, prior, exit_threshold);
-  const TptCandidate tc{
-      odds.alpha, profile.DraftTokenSeconds(candidate.mask, n), odds.stop};
+  const TptCandidate tc{odds.alpha,
+                        profile.DraftTokenSeconds(candidate.mask, n), odds.stop,
+                        std::nullopt};
   plan.mask = candidate.mask;
   plan.alpha_hat = candidate.alpha_hat;
   plan.mean_cosine = candidate.mean_cosine;
@@ -418,7 +419,8 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
       grid_shares[i] = shares[i];
       odds[i] =
           SmoothedOdds(shares[i], r_used, options.alpha_prior, exit_threshold);
-      tpt.push_back({odds[i]->alpha, draft_seconds[i], odds[i]->stop});
+      tpt.push_back(
+          {odds[i]->alpha, draft_seconds[i], odds[i]->stop, std::nullopt});
     }
     ASSIGN_OR_RETURN(choice, MaximizeTpt(tpt, verify, options.max_draft));
   }
@@ -443,7 +445,8 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     plan.alpha_hat = grid_share[choice.candidate];
     plan.mean_cosine = best.mean_cosine;
     const DraftOdds& chosen = *odds[choice.candidate];
-    SetForecast({chosen.alpha, draft_seconds[choice.candidate], chosen.stop},
+    SetForecast({chosen.alpha, draft_seconds[choice.candidate], chosen.stop,
+                 std::nullopt},
                 choice.gamma, verify, plan);
     SetBasis(verify, draft_seconds[choice.candidate],
              grid_shares[choice.candidate], r_used, options.alpha_prior,

@@ -200,7 +200,7 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
           "candidate ", i, ": a confidence stop in a search without one"));
     }
     if (absl::Status s = CheckStop(i, alpha, odds->stop); !s.ok()) return s;
-    Consider(i, TptCandidate{alpha, draft_seconds[i], odds->stop},
+    Consider(i, TptCandidate{alpha, draft_seconds[i], odds->stop, std::nullopt},
              verify_seconds, max_draft, best);
   }
   return best;

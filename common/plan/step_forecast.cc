@@ -20,25 +20,41 @@ StepForecast ForecastStep(const TptCandidate& candidate, int gamma,
     f.seconds = verify_seconds[0];
     return f;
   }
-  if (!candidate.stop.has_value()) {
+  if (!candidate.stop.has_value() && !candidate.later.has_value()) {
     // Exactly TokensPerSecond's terms.
     f.tokens = ExpectedTokensPerStep(candidate.alpha, gamma);
     f.drafts = gamma;
     f.seconds = gamma * candidate.draft_seconds + verify_seconds[gamma];
     return f;
   }
-  const double c = candidate.stop->go_on;
-  const double b = candidate.stop->accept_and_go_on;
-  double reach = 1;    // P(draft k is made) = c^(k-1)
-  double carried = 1;  // P(drafts 1..k-1 accepted and confident) = b^(k-1)
+  // Draft 1's odds, and those of drafts 2..gamma: accepted, confident
+  // (c), confident and accepted (b). Without a stop c = 1 and b = alpha.
+  struct PositionOdds {
+    double alpha, go_on, both;
+  };
+  const auto position_odds = [&candidate](double alpha,
+                                          const ConfidenceStop& stop) {
+    return candidate.stop.has_value()
+               ? PositionOdds{alpha, stop.go_on, stop.accept_and_go_on}
+               : PositionOdds{alpha, 1.0, alpha};
+  };
+  const PositionOdds first =
+      position_odds(candidate.alpha, candidate.stop.value_or(ConfidenceStop()));
+  const PositionOdds later =
+      candidate.later.has_value()
+          ? position_odds(candidate.later->alpha, candidate.later->stop)
+          : first;
+  double reach = 1;    // P(draft k is made)
+  double carried = 1;  // P(drafts 1..k-1 accepted and confident)
   double verify = 0;   // sum_k P(m = k) t_verify(n, k+1)
   for (int k = 1; k <= gamma; ++k) {
+    const PositionOdds& odds = k == 1 ? first : later;
     f.drafts += reach;
-    f.tokens += candidate.alpha * carried;
-    const double ends_here = k < gamma ? reach * (1 - c) : reach;
+    f.tokens += odds.alpha * carried;
+    const double ends_here = k < gamma ? reach * (1 - odds.go_on) : reach;
     verify += ends_here * verify_seconds[k];
-    reach *= c;
-    carried *= b;
+    reach *= odds.go_on;
+    carried *= odds.both;
   }
   f.seconds = f.drafts * candidate.draft_seconds + verify;
   return f;

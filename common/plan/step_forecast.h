@@ -26,6 +26,23 @@
 // computes it; planner/tpt.h's MaximizeTpt uses it for candidates that carry
 // a stop.
 //
+// Later draft positions. A step reaches draft k >= 2 only through accepted
+// drafts 1..k-1, so where a text has easy runs and hard spots, draft 2 and
+// later are accepted more often than draft 1: in half the steps all 4 drafts
+// are accepted and in the other half the first is rejected, the share over
+// all drafts is 4 / 5 = 0.8 and predicts 3.36 tokens a step, but the steps
+// make 3. TptCandidate::later gives positions 2..gamma odds of their own
+// (alpha', c', b'):
+//
+//   P(draft k is made)       = c c'^(k-2)                    (k >= 2)
+//   P(drafts 1..k accepted,
+//     1..k-1 confident)      = alpha (k = 1),  b b'^(k-2) alpha'  (k >= 2)
+//
+// The planner's reference tokens measure only one share per mask (each is a
+// draft right after the true prefix, like draft 1), so its candidates have
+// none; the executor's refinement measures both from drafting
+// (executor/planning/plan_refinement.h).
+//
 // Acceptance estimates. alpha is measured as the share of r reference tokens
 // on which the draft's argmax equals the full model's. With r = 5 that share
 // can only be 0, 0.2, ..., 1, and 1.0 makes every extra draft token look free
@@ -81,11 +98,19 @@ struct ConfidenceStop {
   double accept_and_go_on = 1;
 };
 
+// The odds of draft positions 2..gamma when they differ from draft 1's.
+struct LaterDraftOdds {
+  double alpha = 0;     // alpha': accepted, given drafts 1..k-1 accepted
+  ConfidenceStop stop;  // c', b'; used only when the candidate has a stop
+};
+
 // One draft sub-network as the TPT search sees it.
 struct TptCandidate {
   double alpha = 0;          // acceptance (smoothed alpha_hat), in [0, 1]
   double draft_seconds = 0;  // t_draft(S) per draft token, > 0
   std::optional<ConfidenceStop> stop;  // nullopt: drafts run to gamma
+  // nullopt: every draft position has draft 1's odds (alpha, stop).
+  std::optional<LaterDraftOdds> later;
 };
 
 // The expected outcome of one step of (candidate, gamma).

@@ -101,11 +101,11 @@ PlanCache::PlanOdds PlanCache::RecordDraftStep(const PlanCacheKey& key,
   Refinement& refinement = it->second;
   refinement.evidence.AddStep(gamma, drafted, accepted);
   const DraftEvidence* evidence = &refinement.evidence;
-  if (refinement.evidence.accept_trials - refinement.refined_at_trials <
+  if (refinement.evidence.accept_trials() - refinement.refined_at_trials <
       refine_every_trials_) {
     return odds(evidence);
   }
-  refinement.refined_at_trials = refinement.evidence.accept_trials;
+  refinement.refined_at_trials = refinement.evidence.accept_trials();
   std::optional<DraftPlan> refined =
       RefinePlan(entry.plan, refinement.evidence);
   if (!refined.has_value()) return odds(evidence);

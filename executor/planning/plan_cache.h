@@ -187,7 +187,7 @@ class PlanCache {
   struct Refinement {
     int64_t solve_version = 0;  // the version Insert gave the solve's plan
     DraftEvidence evidence;
-    int64_t refined_at_trials = 0;  // evidence.accept_trials at the last one
+    int64_t refined_at_trials = 0;  // evidence.accept_trials() at the last one
   };
   absl::flat_hash_map<PlanCacheKey, Refinement> refinements_
       ABSL_GUARDED_BY(mu_);

@@ -424,7 +424,7 @@ void PlanController::Apply(const CachedPlan& plan, int64_t bucket,
   in_force_key_ = key_;
   in_force_key_.bucket = bucket;
   std::string applied_source = source;
-  if (same_solve && own_evidence_.accept_trials > 0) {
+  if (same_solve && own_evidence_.accept_trials() > 0) {
     std::optional<DraftPlan> own = SequencePlan(plan.plan);
     if (own.has_value()) {
       in_force_->plan = *std::move(own);
@@ -501,7 +501,7 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
     sequence_plan_.reset();
   }
   if (!directive.apply.has_value() && in_force_.has_value() && gamma_ == 0 &&
-      own_evidence_.accept_trials > 0 &&
+      own_evidence_.accept_trials() > 0 &&
       own_plain_steps_ >= std::max<int64_t>(1, options_.sequence_plain_steps)) {
     // Its own odds chose plain decoding long enough ago: the cache's plan
     // again, and fresh evidence of its own.
@@ -585,8 +585,8 @@ void PlanController::AfterStep(const StepObservation& step) {
                                     options_.plain_recheck_steps)) {
     SetTrigger(PlanTrigger::kRecheck);
   }
-  if (in_force_.has_value() && gamma_ == 0 && own_evidence_.accept_trials > 0 &&
-      step.gamma == 0) {
+  if (in_force_.has_value() && gamma_ == 0 &&
+      own_evidence_.accept_trials() > 0 && step.gamma == 0) {
     ++own_plain_steps_;  // under the sequence's own plain choice
   }
   if (in_force_.has_value() && gamma_ > 0 && step.gamma > 0 &&
@@ -594,10 +594,10 @@ void PlanController::AfterStep(const StepObservation& step) {
     const int budget = step.budget > 0 ? step.budget : step.gamma;
     const PlanCache::PlanOdds cached = shared_.cache->RecordDraftStep(
         in_force_key_, applied_version_, budget, step.drafted, step.accepted);
-    if (cached.evidence.accept_trials > 0) pooled_evidence_ = cached.evidence;
+    if (cached.evidence.accept_trials() > 0) pooled_evidence_ = cached.evidence;
     own_evidence_.AddStep(budget, step.drafted, step.accepted);
-    if (own_evidence_.accept_trials >= own_next_trials_) {
-      while (own_next_trials_ <= own_evidence_.accept_trials) {
+    if (own_evidence_.accept_trials() >= own_next_trials_) {
+      while (own_next_trials_ <= own_evidence_.accept_trials()) {
         own_next_trials_ = std::max<int64_t>(1, own_next_trials_) * 2;
       }
       sequence_plan_ = SequencePlan(in_force_->plan);

@@ -12,7 +12,7 @@ namespace {
 double PooledShare(double share, int64_t r, int64_t successes, int64_t trials) {
   const double tokens = static_cast<double>(std::max<int64_t>(0, r));
   const double total = tokens + static_cast<double>(trials);
-  if (!(total > 0)) return std::clamp(share, 0.0, 1.0);
+  if (trials <= 0 || !(total > 0)) return std::clamp(share, 0.0, 1.0);
   return std::clamp(
       (std::clamp(share, 0.0, 1.0) * tokens + static_cast<double>(successes)) /
           total,
@@ -25,13 +25,21 @@ void DraftEvidence::AddStep(int gamma, int drafted, int accepted_tokens) {
   const int m = drafted;
   const int j = accepted_tokens;
   if (gamma < 1 || m < 1 || m > gamma || j < 0 || j > m) return;
-  accept_trials += j + (j < m ? 1 : 0);
-  accepted += j;
-  go_on_trials += m < gamma ? m : m - 1;
-  went_on += m - 1;
-  const int decided = std::min(j + 1, m);
-  both_trials += decided - (decided == m && m == gamma ? 1 : 0);
-  both += std::min(j, m - 1);
+  for (int k = 1; k <= m; ++k) {
+    DraftCounts& counts = k == 1 ? first : later;
+    if (k <= j + 1) {
+      ++counts.accept_trials;
+      counts.accepted += k <= j;
+    }
+    if (k < gamma) {
+      ++counts.go_on_trials;
+      counts.went_on += k < m;
+      if (k <= j + 1) {
+        ++counts.both_trials;
+        counts.both += k <= j && k < m;
+      }
+    }
+  }
 }
 
 namespace {
@@ -51,43 +59,94 @@ Odds Pool(const Odds& prior, int64_t prior_cap, int64_t successes,
   return {PooledShare(prior.share, w, successes, trials), w + trials};
 }
 
-// The step model's three odds (common/plan/step_forecast.h).
+// The step model's three odds (common/plan/step_forecast.h) at one group of
+// draft positions.
 struct TokenOdds {
   Odds accept, go_on, both;
 };
 
-// The basis's reference odds pooled with `evidence`.
-TokenOdds PooledOdds(const PlanBasis& basis, const DraftEvidence& evidence) {
+// `prior` (at most `prior_cap` tokens of each) pooled with `counts`.
+TokenOdds PoolCounts(const TokenOdds& prior, int64_t prior_cap,
+                     const DraftCounts& counts) {
+  return {Pool(prior.accept, prior_cap, counts.accepted, counts.accept_trials),
+          Pool(prior.go_on, prior_cap, counts.went_on, counts.go_on_trials),
+          Pool(prior.both, prior_cap, counts.both, counts.both_trials)};
+}
+
+// Draft 1's odds and those of drafts 2..gamma, and the acceptance share over
+// every position (the plan's alpha_hat).
+struct StepOdds {
+  TokenOdds first, later;
+  Odds accept_all;
+};
+
+// The basis's reference odds, r tokens each.
+TokenOdds ReferenceOdds(const PlanBasis& basis) {
   const int64_t r = std::max<int64_t>(0, basis.reference_tokens);
-  return {
-      Pool({basis.accept_share, r}, r, evidence.accepted,
-           evidence.accept_trials),
-      Pool({basis.go_on_share, r}, r, evidence.went_on, evidence.go_on_trials),
-      Pool({basis.accept_and_go_on_share, r}, r, evidence.both,
-           evidence.both_trials)};
+  return {{basis.accept_share, r},
+          {basis.go_on_share, r},
+          {basis.accept_and_go_on_share, r}};
+}
+
+// `prior` (at most `prior_cap` tokens of each odds) pooled with `evidence`,
+// each group with its own.
+StepOdds PoolEvidence(const StepOdds& prior, int64_t prior_cap,
+                      const DraftEvidence& evidence) {
+  return {PoolCounts(prior.first, prior_cap, evidence.first),
+          PoolCounts(prior.later, prior_cap, evidence.later),
+          Pool(prior.accept_all, prior_cap,
+               evidence.first.accepted + evidence.later.accepted,
+               evidence.accept_trials())};
+}
+
+// The basis's reference odds pooled with `evidence`: draft 1's with the
+// reference tokens, the later drafts' with draft 1's odds as their prior, at
+// most r tokens of it. Until the later drafts are seen (a plan of gamma 1)
+// they are taken to be as good as draft 1, so evidence that draft 1 is
+// accepted can raise gamma; once seen, their own counts soon outweigh it.
+StepOdds PooledOdds(const PlanBasis& basis, const DraftEvidence& evidence) {
+  const TokenOdds reference = ReferenceOdds(basis);
+  const int64_t r = reference.accept.tokens;
+  const TokenOdds first = PoolCounts(reference, r, evidence.first);
+  return {first, PoolCounts(first, r, evidence.later),
+          Pool(reference.accept, r,
+               evidence.first.accepted + evidence.later.accepted,
+               evidence.accept_trials())};
+}
+
+// One group's smoothed odds as the step model takes them.
+LaterDraftOdds Smoothed(const TokenOdds& odds, const AlphaPrior& prior) {
+  LaterDraftOdds out;
+  out.alpha = SmoothAlpha(odds.accept.share, odds.accept.tokens, prior);
+  out.stop.go_on = SmoothAlpha(odds.go_on.share, odds.go_on.tokens, prior);
+  const double both = SmoothAlpha(odds.both.share, odds.both.tokens, prior);
+  out.stop.accept_and_go_on = std::min({both, out.stop.go_on, out.alpha});
+  return out;
 }
 
 // The plan with `odds` (smoothed with the basis's prior) and gamma chosen
 // again over 0..D; nullopt for gamma 0 or no basis.
 std::optional<DraftPlan> ChooseWithOdds(const DraftPlan& plan,
-                                        const TokenOdds& odds,
+                                        const StepOdds& odds,
                                         int64_t evidence_trials) {
   const PlanBasis& basis = plan.basis;
   if (plan.gamma <= 0 || basis.verify_seconds.empty() ||
       !(basis.draft_seconds > 0)) {
     return std::nullopt;
   }
+  const LaterDraftOdds first = Smoothed(odds.first, basis.prior);
   TptCandidate candidate;
   candidate.draft_seconds = basis.draft_seconds;
-  candidate.alpha =
-      SmoothAlpha(odds.accept.share, odds.accept.tokens, basis.prior);
-  if (basis.confidence_stop) {
-    const double go_on =
-        SmoothAlpha(odds.go_on.share, odds.go_on.tokens, basis.prior);
-    const double both =
-        SmoothAlpha(odds.both.share, odds.both.tokens, basis.prior);
-    candidate.stop =
-        ConfidenceStop{go_on, std::min({both, go_on, candidate.alpha})};
+  candidate.alpha = first.alpha;
+  if (basis.confidence_stop) candidate.stop = first.stop;
+  // Without evidence both groups are the reference odds: the planner's own
+  // candidate, and its closed form.
+  const LaterDraftOdds later = Smoothed(odds.later, basis.prior);
+  if (later.alpha != first.alpha ||
+      (basis.confidence_stop &&
+       (later.stop.go_on != first.stop.go_on ||
+        later.stop.accept_and_go_on != first.stop.accept_and_go_on))) {
+    candidate.later = later;
   }
   const std::vector<double>& verify = basis.verify_seconds;
   const int max_draft = static_cast<int>(verify.size()) - 1;
@@ -108,8 +167,11 @@ std::optional<DraftPlan> ChooseWithOdds(const DraftPlan& plan,
   const StepForecast forecast = ForecastStep(candidate, gamma, verify);
   DraftPlan refined = plan;
   refined.gamma = gamma;
-  refined.alpha_hat = odds.accept.share;
-  refined.alpha_smoothed = gamma > 0 ? candidate.alpha : 0.0;
+  refined.alpha_hat = odds.accept_all.share;
+  refined.alpha_smoothed =
+      gamma > 0 ? SmoothAlpha(odds.accept_all.share, odds.accept_all.tokens,
+                              basis.prior)
+                : 0.0;
   refined.predicted_tokens_per_step = forecast.tokens;
   refined.predicted_drafts_per_step = forecast.drafts;
   refined.predicted_tpt = forecast.tokens_per_second();
@@ -118,21 +180,13 @@ std::optional<DraftPlan> ChooseWithOdds(const DraftPlan& plan,
   return refined;
 }
 
-}  // namespace
-
-std::optional<DraftPlan> RefinePlan(const DraftPlan& plan,
-                                    const DraftEvidence& evidence) {
-  return ChooseWithOdds(plan, PooledOdds(plan.basis, evidence),
-                        evidence.accept_trials);
-}
-
-DraftEvidence EvidenceWithout(const DraftEvidence& all,
-                              const DraftEvidence& part) {
-  // Trials first, then successes bounded by them.
+// Of `all`, the counts not in `part`; trials first, then successes bounded
+// by them.
+DraftCounts CountsWithout(const DraftCounts& all, const DraftCounts& part) {
   const auto without = [](int64_t a, int64_t b) {
     return std::max<int64_t>(0, a - b);
   };
-  DraftEvidence out;
+  DraftCounts out;
   out.accept_trials = without(all.accept_trials, part.accept_trials);
   out.accepted =
       std::min(out.accept_trials, without(all.accepted, part.accepted));
@@ -143,17 +197,30 @@ DraftEvidence EvidenceWithout(const DraftEvidence& all,
   return out;
 }
 
+}  // namespace
+
+std::optional<DraftPlan> RefinePlan(const DraftPlan& plan,
+                                    const DraftEvidence& evidence) {
+  return ChooseWithOdds(plan, PooledOdds(plan.basis, evidence),
+                        evidence.accept_trials());
+}
+
+DraftEvidence EvidenceWithout(const DraftEvidence& all,
+                              const DraftEvidence& part) {
+  DraftEvidence out;
+  out.first = CountsWithout(all.first, part.first);
+  out.later = CountsWithout(all.later, part.later);
+  return out;
+}
+
 std::optional<DraftPlan> RefinePlanForSequence(const DraftPlan& plan,
                                                const DraftEvidence& pooled,
                                                const DraftEvidence& own,
                                                int64_t prior_tokens) {
   const DraftEvidence others = EvidenceWithout(pooled, own);
-  const TokenOdds prior = PooledOdds(plan.basis, others);
-  const TokenOdds odds{
-      Pool(prior.accept, prior_tokens, own.accepted, own.accept_trials),
-      Pool(prior.go_on, prior_tokens, own.went_on, own.go_on_trials),
-      Pool(prior.both, prior_tokens, own.both, own.both_trials)};
-  return ChooseWithOdds(plan, odds, others.accept_trials + own.accept_trials);
+  const StepOdds prior = PooledOdds(plan.basis, others);
+  return ChooseWithOdds(plan, PoolEvidence(prior, prior_tokens, own),
+                        others.accept_trials() + own.accept_trials());
 }
 
 }  // namespace knapserve

@@ -33,22 +33,38 @@
 
 namespace knapserve {
 
-// What the steps drafted with one mask showed of its per-token odds
-// (ConfidenceStop, common/plan/step_forecast.h). A step with budget gamma
-// that drafted m tokens (1 <= m <= gamma) of which the first j were
-// accepted (0 <= j <= m) shows:
-//   acceptance of drafts 1..min(j+1, m): j accepted, a rejection when j < m;
-//   confidence of drafts 1..m-1 (each went on), and of draft m when
-//     m < gamma (it stopped the draft; at m = gamma the draft ends anyway);
-//   both, confident and accepted, of the drafts whose acceptance and
-//     confidence were both seen: min(j, m-1) of them were.
-struct DraftEvidence {
+// What the steps drafted with one mask showed of its per-token odds at one
+// group of draft positions (ConfidenceStop, common/plan/step_forecast.h).
+// Draft k of a step with budget gamma that drafted m tokens (1 <= k <= m <=
+// gamma), of which the first j were accepted (0 <= j <= m), shows:
+//   acceptance when k <= j + 1 (drafts 1..k-1 accepted): accepted if k <= j;
+//   confidence when k < gamma (at k = gamma the draft ends anyway): it went
+//     on if k < m;
+//   both, confident and accepted, when both were seen: both if k <= j and
+//     k < m.
+struct DraftCounts {
   int64_t accept_trials = 0;
   int64_t accepted = 0;
   int64_t go_on_trials = 0;
   int64_t went_on = 0;
   int64_t both_trials = 0;
   int64_t both = 0;
+};
+
+// The counts of draft 1 of each step and of drafts 2..gamma, apart: a step
+// reaches draft 2 only through an accepted draft 1, so where a text has easy
+// runs and hard spots the later drafts are accepted more often, and one
+// share over all of them promises more tokens a step than the steps make
+// (common/plan/step_forecast.h, "Later draft positions"; on
+// stories-24l-skip that was 4-5%).
+struct DraftEvidence {
+  DraftCounts first;  // draft 1 of each step
+  DraftCounts later;  // drafts 2..gamma
+
+  // Acceptance trials at every position (first and later).
+  int64_t accept_trials() const {
+    return first.accept_trials + later.accept_trials;
+  }
 
   // Adds one step. A step that drafted nothing (a batch dropped its drafts,
   // or it ran plainly) or whose counts are out of range adds nothing.
@@ -57,22 +73,26 @@ struct DraftEvidence {
 
 // The plan with its odds pooled from its reference tokens and `evidence`,
 //   share' = (share * r + successes) / (r + trials),
-// smoothed with the planner's prior over r + trials tokens, and gamma chosen
-// again over 0..D (D = basis.verify_seconds.size() - 1) by ForecastStep
-// with the basis's prices: the highest tokens per second, the smallest gamma
-// on ties, and gamma 0 unless a draft beats plain decoding (as the planner's
-// grid). With basis.gamma_fixed only the predictions change. alpha_hat
-// becomes share', alpha_smoothed the smoothed acceptance,
-// predicted_tokens_per_step / predicted_drafts_per_step / predicted_tpt /
-// baseline_tpt the forecast of the chosen gamma, evidence_trials
-// evidence.accept_trials; everything else (mask, basis, solve fields) is
+// for draft 1 and for drafts 2..gamma apart (each group's counts pooled with
+// the same r reference tokens: they measure no position), smoothed with the
+// planner's prior over r + trials tokens, and gamma chosen again over 0..D
+// (D = basis.verify_seconds.size() - 1) by ForecastStep with the basis's
+// prices: the highest tokens per second, the smallest gamma on ties, and
+// gamma 0 unless a draft beats plain decoding (as the planner's grid). With
+// basis.gamma_fixed only the predictions change. alpha_hat becomes share'
+// over every position (first and later counts together: what the
+// PlanController's drift check compares a sequence's acceptance with),
+// alpha_smoothed its smoothing; predicted_tokens_per_step /
+// predicted_drafts_per_step / predicted_tpt / baseline_tpt are the forecast
+// of the chosen gamma with the two groups' odds, evidence_trials
+// evidence.accept_trials(); everything else (mask, basis, solve fields) is
 // kept. nullopt when the plan cannot be refined: gamma 0, or no basis.
 std::optional<DraftPlan> RefinePlan(const DraftPlan& plan,
                                     const DraftEvidence& evidence);
 
 // Of `all`, the counts not in `part` (each at least 0, successes at most
-// trials): the other sequences' evidence when `part` is one sequence's share
-// of the pool `all`.
+// trials, per group): the other sequences' evidence when `part` is one
+// sequence's share of the pool `all`.
 DraftEvidence EvidenceWithout(const DraftEvidence& all,
                               const DraftEvidence& part);
 
@@ -80,7 +100,8 @@ DraftEvidence EvidenceWithout(const DraftEvidence& all,
 //   share_seq = (share_others * w + own successes) / (w + own trials),
 // where share_others pools the plan's reference tokens with the others'
 // evidence (EvidenceWithout(pooled, own)) over r + their trials tokens, and
-// w = min(r + their trials, prior_tokens): however much the other requests
+// w = min(r + their trials, prior_tokens), per group of positions as
+// RefinePlan pools them: however much the other requests
 // drafted, after about prior_tokens draft tokens of its own a sequence's odds
 // are mostly its own text's. Smoothed over w + own trials tokens; gamma chosen
 // again as RefinePlan does. evidence_trials counts the others' and the own

@@ -136,11 +136,13 @@ TEST(TptTest, RejectsBadInputs) {
 // (rejected, unsure) with probabilities b, a - b, c - b, 1 - a - c + b. A
 // step drafts until an unsure token or gamma, keeps the leading accepted
 // drafts and one more token, and costs m drafts plus a verification of m + 1
-// tokens. ForecastStep must give the exact expectation.
-StepForecast Enumerated(double a, double c, double b, int gamma,
-                        double draft_seconds,
+// tokens. ForecastStep must give the exact expectation. Draft 1 has odds
+// (a, c, b) and drafts 2..gamma (a2, c2, b2).
+StepForecast Enumerated(double a, double c, double b, double a2, double c2,
+                        double b2, int gamma, double draft_seconds,
                         const std::vector<double>& verify) {
-  const double p[4] = {b, a - b, c - b, 1 - a - c + b};
+  const double first[4] = {b, a - b, c - b, 1 - a - c + b};
+  const double later[4] = {b2, a2 - b2, c2 - b2, 1 - a2 - c2 + b2};
   StepForecast out;
   out.tokens = 0;
   int outcomes = 1;
@@ -151,7 +153,7 @@ StepForecast Enumerated(double a, double c, double b, int gamma,
     bool drafting = true, matching = true;
     for (int k = 0, rest = code; k < gamma; ++k, rest /= 4) {
       const int o = rest % 4;
-      prob *= p[o];
+      prob *= k == 0 ? first[o] : later[o];
       if (!drafting) continue;
       ++m;
       const bool accept = o <= 1, confident = o == 0 || o == 2;
@@ -164,6 +166,12 @@ StepForecast Enumerated(double a, double c, double b, int gamma,
     out.seconds += prob * (m * draft_seconds + verify[m]);
   }
   return out;
+}
+
+StepForecast Enumerated(double a, double c, double b, int gamma,
+                        double draft_seconds,
+                        const std::vector<double>& verify) {
+  return Enumerated(a, c, b, a, c, b, gamma, draft_seconds, verify);
 }
 
 TEST(TptTest, ForecastsDraftsThatStopOnLowConfidence) {
@@ -208,6 +216,46 @@ TEST(TptTest, ForecastsDraftsThatStopOnLowConfidence) {
   EXPECT_EQ(plain.tokens, 1.0);
   EXPECT_EQ(plain.drafts, 0.0);
   EXPECT_EQ(plain.seconds, verify[0]);
+}
+
+// Drafts 2..gamma with odds of their own (TptCandidate::later), with and
+// without a stop, against the enumeration.
+TEST(TptTest, ForecastsLaterDraftsWithOddsOfTheirOwn) {
+  const std::vector<double> verify = {0.010, 0.011, 0.013, 0.016, 0.020};
+  struct Odds {
+    double a, c, b;
+  };
+  const Odds cases[] = {{0.5, 1.0, 0.5}, {0.9, 0.8, 0.75}, {0.3, 0.6, 0.2}};
+  for (const Odds& one : cases) {
+    for (const Odds& two : cases) {
+      for (int gamma = 1; gamma <= 4; ++gamma) {
+        SCOPED_TRACE(::testing::Message()
+                     << one.a << " " << two.a << " gamma " << gamma);
+        TptCandidate candidate{one.a, 0.002, ConfidenceStop{one.c, one.b}};
+        candidate.later = LaterDraftOdds{two.a, ConfidenceStop{two.c, two.b}};
+        const StepForecast f = ForecastStep(candidate, gamma, verify);
+        const StepForecast e = Enumerated(one.a, one.c, one.b, two.a, two.c,
+                                          two.b, gamma, 0.002, verify);
+        EXPECT_NEAR(f.tokens, e.tokens, 1e-12);
+        EXPECT_NEAR(f.drafts, e.drafts, 1e-12);
+        EXPECT_NEAR(f.seconds, e.seconds, 1e-12);
+        // Without a stop the later odds' c and b are not used.
+        candidate.stop.reset();
+        const StepForecast g = ForecastStep(candidate, gamma, verify);
+        const StepForecast plain =
+            Enumerated(one.a, 1, one.a, two.a, 1, two.a, gamma, 0.002, verify);
+        EXPECT_NEAR(g.tokens, plain.tokens, 1e-12);
+        EXPECT_DOUBLE_EQ(g.drafts, gamma);
+        EXPECT_NEAR(g.seconds, plain.seconds, 1e-12);
+      }
+    }
+  }
+  // Half the steps accept all 4 drafts, half reject the first: 3 tokens a
+  // step, where one share over all drafts (4 / 5) would promise 3.36.
+  TptCandidate halves{0.5, 0.002};
+  halves.later = LaterDraftOdds{1.0, ConfidenceStop()};
+  EXPECT_NEAR(ForecastStep(halves, 4, verify).tokens, 3.0, 1e-12);
+  EXPECT_NEAR(ExpectedTokensPerStep(0.8, 4), 3.3616, 1e-12);
 }
 
 // A draft that is often unsure ends early: each extra token of budget costs

@@ -5,6 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <vector>
+
 #include "common/plan/step_forecast.h"
 #include "executor/planning/plan_cache.h"
 
@@ -30,38 +33,40 @@ DraftPlan HalfAcceptedPlan(bool confidence_stop = false) {
   return plan;
 }
 
+// The six counts of one group of draft positions, in DraftCounts' order.
+std::vector<int64_t> Counts(const DraftCounts& c) {
+  return {c.accept_trials, c.accepted,    c.go_on_trials,
+          c.went_on,       c.both_trials, c.both};
+}
+
 TEST(DraftEvidenceTest, CountsWhatEachStepShowed) {
+  using V = std::vector<int64_t>;
   DraftEvidence e;
   // Budget 4, all 4 drafted and accepted: 4 acceptances; confidence of
-  // drafts 1..3 (the 4th ends the draft anyway), all confident.
+  // drafts 1..3 (the 4th ends the draft anyway), all confident. Draft 1
+  // apart from drafts 2..4.
   e.AddStep(4, 4, 4);
-  EXPECT_EQ(e.accept_trials, 4);
-  EXPECT_EQ(e.accepted, 4);
-  EXPECT_EQ(e.go_on_trials, 3);
-  EXPECT_EQ(e.went_on, 3);
-  EXPECT_EQ(e.both_trials, 3);
-  EXPECT_EQ(e.both, 3);
+  EXPECT_EQ(Counts(e.first), (V{1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(Counts(e.later), (V{3, 3, 2, 2, 2, 2}));
+  EXPECT_EQ(e.accept_trials(), 4);
   // Budget 4, the draft stopped after 2 and the first was rejected: one
-  // rejection; draft 1 went on, draft 2 stopped; only draft 1's acceptance
-  // and confidence were both seen (rejected).
+  // rejection (draft 1); draft 1 went on, draft 2 stopped; only draft 1's
+  // acceptance and confidence were both seen (rejected).
   e = DraftEvidence();
   e.AddStep(4, 2, 0);
-  EXPECT_EQ(e.accept_trials, 1);
-  EXPECT_EQ(e.accepted, 0);
-  EXPECT_EQ(e.go_on_trials, 2);
-  EXPECT_EQ(e.went_on, 1);
-  EXPECT_EQ(e.both_trials, 1);
-  EXPECT_EQ(e.both, 0);
+  EXPECT_EQ(Counts(e.first), (V{1, 0, 1, 1, 1, 0}));
+  EXPECT_EQ(Counts(e.later), (V{0, 0, 1, 0, 0, 0}));
   // Budget 4, stopped after 3, all accepted: the 3rd was accepted but not
   // confident.
   e = DraftEvidence();
   e.AddStep(4, 3, 3);
-  EXPECT_EQ(e.accept_trials, 3);
-  EXPECT_EQ(e.accepted, 3);
-  EXPECT_EQ(e.go_on_trials, 3);
-  EXPECT_EQ(e.went_on, 2);
-  EXPECT_EQ(e.both_trials, 3);
-  EXPECT_EQ(e.both, 2);
+  EXPECT_EQ(Counts(e.first), (V{1, 1, 1, 1, 1, 1}));
+  EXPECT_EQ(Counts(e.later), (V{2, 2, 2, 1, 2, 1}));
+  // Budget 1: one acceptance trial at draft 1, no confidence seen.
+  e = DraftEvidence();
+  e.AddStep(1, 1, 1);
+  EXPECT_EQ(Counts(e.first), (V{1, 1, 0, 0, 0, 0}));
+  EXPECT_EQ(Counts(e.later), (V{0, 0, 0, 0, 0, 0}));
   // Nothing drafted, or counts out of range: no evidence.
   const DraftEvidence before = e;
   e.AddStep(4, 0, 0);
@@ -69,9 +74,8 @@ TEST(DraftEvidenceTest, CountsWhatEachStepShowed) {
   e.AddStep(2, 3, 1);
   e.AddStep(4, 2, 3);
   e.AddStep(4, 2, -1);
-  EXPECT_EQ(e.accept_trials, before.accept_trials);
-  EXPECT_EQ(e.go_on_trials, before.go_on_trials);
-  EXPECT_EQ(e.both_trials, before.both_trials);
+  EXPECT_EQ(Counts(e.first), Counts(before.first));
+  EXPECT_EQ(Counts(e.later), Counts(before.later));
 }
 
 TEST(RefinePlanTest, WithoutEvidenceItIsTheSolvesOwnChoice) {
@@ -110,7 +114,10 @@ TEST(RefinePlanTest, WithoutEvidenceItIsTheSolvesOwnChoice) {
 
 TEST(RefinePlanTest, EvidenceMovesGammaEitherWay) {
   const DraftPlan plan = HalfAcceptedPlan();
-  // 100 steps of 4 drafts, all accepted: acceptance (8 + 400 + 1) / 418.
+  // 100 steps of 4 drafts, all accepted: acceptance (8 + 400 + 1) / 418
+  // over every draft. The step is forecast with draft 1's share 108 / 116
+  // and the later drafts' (16 tokens of draft 1's share + 300) / 316, each
+  // smoothed.
   DraftEvidence good;
   for (int i = 0; i < 100; ++i) good.AddStep(4, 4, 4);
   auto up = RefinePlan(plan, good);
@@ -119,8 +126,13 @@ TEST(RefinePlanTest, EvidenceMovesGammaEitherWay) {
   EXPECT_NEAR(up->alpha_hat, 408.0 / 416.0, 1e-12);
   EXPECT_NEAR(up->alpha_smoothed, 409.0 / 418.0, 1e-12);
   EXPECT_EQ(up->evidence_trials, 400);
-  const StepForecast f = ForecastStep({409.0 / 418.0, 0.2e-3, std::nullopt}, 4,
-                                      plan.basis.verify_seconds);
+  const double first_share = 108.0 / 116.0;
+  TptCandidate both_groups{109.0 / 118.0, 0.2e-3};
+  both_groups.later = LaterDraftOdds{
+      SmoothAlpha((first_share * 16 + 300) / 316, 316, AlphaPrior()),
+      ConfidenceStop()};
+  const StepForecast f =
+      ForecastStep(both_groups, 4, plan.basis.verify_seconds);
   EXPECT_NEAR(up->predicted_tokens_per_step, f.tokens, 1e-12);
   EXPECT_NEAR(up->predicted_drafts_per_step, 4, 1e-12);
   EXPECT_NEAR(up->predicted_tpt, f.tokens_per_second(), 1e-9);
@@ -159,6 +171,51 @@ TEST(RefinePlanTest, AConfidenceStopIsRefinedFromTheDraftsMade) {
   EXPECT_LT(short_drafts->predicted_drafts_per_step, 1.1);
 }
 
+// Half the steps accept all 4 drafts and half reject the first: 3 tokens a
+// step. One share over every draft (0.8) would promise 3.36; draft 1's odds
+// (0.5) and the later drafts' (near 1) forecast the 3.
+TEST(RefinePlanTest, StepsThatDifferAreForecastByDraftPosition) {
+  DraftPlan plan = HalfAcceptedPlan();
+  plan.basis.gamma_fixed = true;
+  plan.gamma = 4;
+  DraftEvidence halves;
+  for (int i = 0; i < 200; ++i) {
+    halves.AddStep(4, 4, 4);
+    halves.AddStep(4, 4, 0);
+  }
+  auto refined = RefinePlan(plan, halves);
+  ASSERT_TRUE(refined.has_value());
+  EXPECT_EQ(refined->gamma, 4);
+  EXPECT_NEAR(refined->alpha_hat, (8.0 + 800) / (16 + 1000), 1e-12);
+  EXPECT_NEAR(refined->predicted_tokens_per_step, 3.0, 0.05);
+  EXPECT_GT(ExpectedTokensPerStep(refined->alpha_smoothed, 4), 3.3);
+  // Free to choose, the same odds still draft: a step of 4 drafts makes 3
+  // tokens for 1.4 + 4 x 0.2 = 2.2 ms.
+  plan.basis.gamma_fixed = false;
+  auto chosen = RefinePlan(plan, halves);
+  ASSERT_TRUE(chosen.has_value());
+  EXPECT_GE(chosen->gamma, 1);
+  EXPECT_GT(chosen->predicted_tpt, chosen->baseline_tpt);
+}
+
+// A plan of gamma 1 never sees drafts 2..gamma: they are taken to be as
+// good as draft 1, so drafts that are all accepted raise gamma.
+TEST(RefinePlanTest, UnseenLaterDraftsTakeDraftOnesOdds) {
+  const DraftPlan plan = HalfAcceptedPlan();
+  DraftEvidence ones;
+  for (int i = 0; i < 100; ++i) ones.AddStep(1, 1, 1);
+  auto refined = RefinePlan(plan, ones);
+  ASSERT_TRUE(refined.has_value());
+  EXPECT_EQ(refined->gamma, 4);
+  const double share = (8.0 + 100) / 116;
+  TptCandidate expected{SmoothAlpha(share, 116, AlphaPrior()), 0.2e-3};
+  expected.later =
+      LaterDraftOdds{SmoothAlpha(share, 16, AlphaPrior()), ConfidenceStop()};
+  EXPECT_NEAR(refined->predicted_tokens_per_step,
+              ForecastStep(expected, 4, plan.basis.verify_seconds).tokens,
+              1e-12);
+}
+
 TEST(RefinePlanTest, APlanWithoutABasisOrGammaIsNotRefined) {
   DraftPlan none = HalfAcceptedPlan();
   none.basis = PlanBasis();
@@ -173,23 +230,22 @@ TEST(EvidenceWithoutTest, SubtractsAndClamps) {
   for (int i = 0; i < 10; ++i) all.AddStep(4, 4, 4);
   DraftEvidence part;
   for (int i = 0; i < 3; ++i) part.AddStep(4, 4, 4);
+  using V = std::vector<int64_t>;
   const DraftEvidence rest = EvidenceWithout(all, part);
-  EXPECT_EQ(rest.accept_trials, 28);
-  EXPECT_EQ(rest.accepted, 28);
-  EXPECT_EQ(rest.go_on_trials, 21);
-  EXPECT_EQ(rest.went_on, 21);
-  EXPECT_EQ(rest.both_trials, 21);
-  EXPECT_EQ(rest.both, 21);
+  EXPECT_EQ(Counts(rest.first), (V{7, 7, 7, 7, 7, 7}));
+  EXPECT_EQ(Counts(rest.later), (V{21, 21, 14, 14, 14, 14}));
   // A part larger than the whole, or successes beyond the trials left: 0
   // and at most the trials.
   DraftEvidence rejected;
   for (int i = 0; i < 20; ++i) rejected.AddStep(1, 1, 0);
   const DraftEvidence none = EvidenceWithout(part, all);
-  EXPECT_EQ(none.accept_trials, 0);
-  EXPECT_EQ(none.accepted, 0);
+  EXPECT_EQ(none.accept_trials(), 0);
+  EXPECT_EQ(none.first.accepted, 0);
+  EXPECT_EQ(none.later.accepted, 0);
   const DraftEvidence odd = EvidenceWithout(all, rejected);
-  EXPECT_EQ(odd.accept_trials, 20);
-  EXPECT_EQ(odd.accepted, 20);
+  EXPECT_EQ(odd.first.accept_trials, 0);
+  EXPECT_EQ(odd.first.accepted, 0);
+  EXPECT_EQ(odd.later.accept_trials, 30);
 }
 
 TEST(RefinePlanForSequenceTest, WithoutOwnEvidenceItIsThePoolsChoice) {
@@ -227,17 +283,13 @@ TEST(RefinePlanForSequenceTest, OwnTextOutweighsTheOthersAfterAFewDozenTokens) {
   DraftEvidence others;
   for (int i = 0; i < 246; ++i) others.AddStep(4, 4, 4);
   DraftEvidence own;
-  for (int i = 0; i < 10; ++i) own.AddStep(4, 4, 1);  // 1 accepted, 1 not
-  for (int i = 0; i < 20; ++i) own.AddStep(1, 1, 0);
-  ASSERT_EQ(own.accept_trials, 40);
-  ASSERT_EQ(own.accepted, 10);
   DraftEvidence pooled = others;
-  pooled.accept_trials += own.accept_trials;
-  pooled.accepted += own.accepted;
-  pooled.go_on_trials += own.go_on_trials;
-  pooled.went_on += own.went_on;
-  pooled.both_trials += own.both_trials;
-  pooled.both += own.both;
+  for (DraftEvidence* e : {&own, &pooled}) {
+    for (int i = 0; i < 10; ++i) e->AddStep(4, 4, 1);  // 1 accepted, 1 not
+    for (int i = 0; i < 20; ++i) e->AddStep(1, 1, 0);
+  }
+  ASSERT_EQ(own.accept_trials(), 40);
+  ASSERT_EQ(own.first.accepted + own.later.accepted, 10);
   auto everyone = RefinePlan(plan, pooled);
   ASSERT_TRUE(everyone.has_value());
   EXPECT_EQ(everyone->gamma, 4);
@@ -256,10 +308,10 @@ TEST(RefinePlanForSequenceTest, OwnTextOutweighsTheOthersAfterAFewDozenTokens) {
   DraftEvidence bad_others;
   for (int i = 0; i < 200; ++i) bad_others.AddStep(1, 1, 0);
   DraftEvidence easy;
-  for (int i = 0; i < 20; ++i) easy.AddStep(4, 4, 4);
   DraftEvidence bad_pool = bad_others;
-  bad_pool.accept_trials += easy.accept_trials;
-  bad_pool.accepted += easy.accepted;
+  for (DraftEvidence* e : {&easy, &bad_pool}) {
+    for (int i = 0; i < 20; ++i) e->AddStep(4, 4, 4);
+  }
   auto pool_says = RefinePlan(plan, bad_pool);
   auto easy_says = RefinePlanForSequence(plan, bad_pool, easy, 32);
   ASSERT_TRUE(pool_says.has_value());
