@@ -1,6 +1,7 @@
 #include "executor/planning/plan_cache.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -277,28 +278,50 @@ double OutlierThresholdSeconds(std::vector<double> seconds, double factor) {
   return factor * seconds[middle];
 }
 
-std::optional<double> PlainRateTable::MeanStepSeconds(
+std::optional<PlainRateTable::StepTime> PlainRateTable::RecentStepTime(
     const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
     int min_samples, absl::Duration max_age, absl::Time now,
     double outlier_factor) const {
-  absl::MutexLock lock(&mu_);
-  auto it = steps_.find(Key(execution_id, bucket_tokens, bucket));
-  if (it == steps_.end()) return std::nullopt;
   std::vector<double> recent;
-  for (const Sample& sample : it->second) {
-    if (now - sample.at <= max_age) recent.push_back(sample.seconds);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = steps_.find(Key(execution_id, bucket_tokens, bucket));
+    if (it == steps_.end()) return std::nullopt;
+    for (const Sample& sample : it->second) {
+      if (now - sample.at <= max_age) recent.push_back(sample.seconds);
+    }
   }
   const int64_t count = static_cast<int64_t>(recent.size());
   if (count == 0 || count < std::max(1, min_samples)) return std::nullopt;
   const double threshold = OutlierThresholdSeconds(recent, outlier_factor);
   double sum = 0;
-  int64_t kept = 0;
+  double squares = 0;
+  StepTime out;
   for (double seconds : recent) {
     if (seconds > threshold) continue;
     sum += seconds;
-    ++kept;
+    squares += seconds * seconds;
+    ++out.kept;
   }
-  return sum / static_cast<double>(kept);  // the median step is always kept
+  const double n = static_cast<double>(out.kept);  // the median is kept
+  out.mean_seconds = sum / n;
+  if (out.kept >= 2) {
+    const double variance =
+        std::max(0.0, (squares - sum * out.mean_seconds) / (n - 1));
+    out.standard_error = std::sqrt(variance / n);
+  }
+  return out;
+}
+
+std::optional<double> PlainRateTable::MeanStepSeconds(
+    const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
+    int min_samples, absl::Duration max_age, absl::Time now,
+    double outlier_factor) const {
+  const std::optional<StepTime> time =
+      RecentStepTime(execution_id, bucket_tokens, bucket, min_samples, max_age,
+                     now, outlier_factor);
+  if (!time.has_value()) return std::nullopt;
+  return time->mean_seconds;
 }
 
 int64_t PlainRateTable::samples(const std::string& execution_id,

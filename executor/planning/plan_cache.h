@@ -272,12 +272,26 @@ class PlainRateTable {
   void Record(const std::string& execution_id, int64_t bucket_tokens,
               int64_t bucket, double seconds, absl::Time at = absl::Now())
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Mean seconds of the recorded plain steps of the bucket (the last kWindow)
-  // no older than `max_age` at `now`, nullopt with fewer than `min_samples`
-  // of them. The machine's speed drifts (other processes, frequency), so a
-  // plain rate from long ago is no reference for speculation now. Steps
-  // above OutlierThresholdSeconds(outlier_factor) of those samples are left
-  // out of the mean (they still count towards min_samples).
+  // The plain steps' mean and how well it is known.
+  struct StepTime {
+    double mean_seconds = 0;
+    // The mean's standard error: the kept steps' standard deviation over
+    // sqrt(kept); 0 with a single kept step.
+    double standard_error = 0;
+    int64_t kept = 0;  // steps in the mean
+  };
+  // The recorded plain steps of the bucket (the last kWindow) no older than
+  // `max_age` at `now`, nullopt with fewer than `min_samples` of them. The
+  // machine's speed drifts (other processes, frequency), so a plain rate
+  // from long ago is no reference for speculation now. Steps above
+  // OutlierThresholdSeconds(outlier_factor) of those samples are left out
+  // of the mean (they still count towards min_samples).
+  std::optional<StepTime> RecentStepTime(
+      const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
+      int min_samples, absl::Duration max_age = absl::InfiniteDuration(),
+      absl::Time now = absl::Now(), double outlier_factor = 0) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // RecentStepTime's mean alone.
   std::optional<double> MeanStepSeconds(
       const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
       int min_samples, absl::Duration max_age = absl::InfiniteDuration(),

@@ -102,7 +102,7 @@ bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
   if (fresh_ && settled()) {
     fresh_ = false;
     if (options_.probe_first && options_.probe_steps > 0 &&
-        !PlainStepSeconds(bucket).has_value()) {
+        !PlainRate(bucket).has_value()) {
       StartProbe();
       return NextProbeStepIsPlain();
     }
@@ -184,14 +184,13 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
           Judge(bucket, stats, JudgeKind::kPaired)) {
         return;
       }
-      bool has_plain = PlainStepSeconds(bucket).has_value();
+      bool has_plain = PlainRate(bucket).has_value();
       if (!has_plain && !probe_plain_.empty()) {
         // The table did not take the probe's plain steps (a solve ran
         // beside them): they are this guard's reference for the bucket.
         const Rate plain_rate = RateOf(probe_plain_);
         if (plain_rate.tokens_per_second > 0) {
-          probe_reference_ = ProbeReference{
-              bucket, 1.0 / plain_rate.tokens_per_second, absl::Now()};
+          probe_reference_ = ProbeReference{bucket, plain_rate, absl::Now()};
           has_plain = true;
         }
       }
@@ -229,29 +228,33 @@ absl::Duration PlainMaxAge(const GuardOptions& options) {
              : absl::InfiniteDuration();
 }
 
-// The bucket's mean plain step by the guard's rules (probe_steps samples,
+// The bucket's plain steps by the guard's rules (probe_steps samples,
 // outlier_factor, PlainMaxAge).
-std::optional<double> GuardPlainStepSeconds(const PlainRateTable& table,
-                                            const GuardOptions& options,
-                                            const std::string& execution_id,
-                                            int64_t bucket_tokens,
-                                            int64_t bucket) {
+std::optional<PlainRateTable::StepTime> GuardPlainStepTime(
+    const PlainRateTable& table, const GuardOptions& options,
+    const std::string& execution_id, int64_t bucket_tokens, int64_t bucket) {
   const int min_samples =
       static_cast<int>(std::max<int64_t>(1, options.probe_steps));
-  return table.MeanStepSeconds(execution_id, bucket_tokens, bucket, min_samples,
-                               PlainMaxAge(options), absl::Now(),
-                               options.outlier_factor);
+  return table.RecentStepTime(execution_id, bucket_tokens, bucket, min_samples,
+                              PlainMaxAge(options), absl::Now(),
+                              options.outlier_factor);
 }
 
 }  // namespace
 
-std::optional<double> SpeculationGuard::PlainStepSeconds(int64_t bucket) const {
-  const std::optional<double> table = GuardPlainStepSeconds(
+std::optional<SpeculationGuard::Rate> SpeculationGuard::PlainRate(
+    int64_t bucket) const {
+  const std::optional<PlainRateTable::StepTime> table = GuardPlainStepTime(
       *plain_rates_, options_, execution_id_, bucket_tokens_, bucket);
-  if (table.has_value()) return table;
+  if (table.has_value() && table->mean_seconds > 0) {
+    // One token a step: the rate is 1 / mean, and its standard error the
+    // mean's over mean^2 (the delta method).
+    const double mean = table->mean_seconds;
+    return Rate{1.0 / mean, table->standard_error / (mean * mean)};
+  }
   if (probe_reference_.has_value() && probe_reference_->bucket == bucket &&
       absl::Now() - probe_reference_->at <= PlainMaxAge(options_)) {
-    return probe_reference_->step_seconds;
+    return probe_reference_->plain;
   }
   return std::nullopt;
 }
@@ -263,29 +266,46 @@ std::deque<SpeculationGuard::StepEvidence> SpeculationGuard::Evidence(
                           plan_version_);
 }
 
+namespace {
+
+// Whether `rate` is below `bound` times the plain rate by more than
+// `confidence` standard errors of their difference: both rates are
+// measured, so the plain rate's own error counts with the setting's (on a
+// noisy machine 8 plain steps know their mean to a few percent, as much as
+// the margin).
+bool BelowPlain(const SpeculationGuard::Rate& rate,
+                const SpeculationGuard::Rate& plain, double bound,
+                double confidence) {
+  const double error =
+      std::hypot(rate.standard_error, bound * plain.standard_error);
+  return rate.tokens_per_second + confidence * error <
+         bound * plain.tokens_per_second;
+}
+
+}  // namespace
+
 bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
                              JudgeKind kind) {
-  std::optional<double> plain;
+  std::optional<Rate> plain;
   Rate rate;
   if (kind == JudgeKind::kPaired) {
     // The probe's own pairs: its plain steps against the setting's steps
     // between them (outliers left out alike).
     const Rate plain_rate = RateOf(probe_plain_);
-    if (plain_rate.tokens_per_second > 0) {
-      plain = 1.0 / plain_rate.tokens_per_second;
-    }
+    if (plain_rate.tokens_per_second > 0) plain = plain_rate;
     rate = RateOf(probe_setting_);
   } else {
-    plain = PlainStepSeconds(bucket);
+    plain = PlainRate(bucket);
     rate = RateOf(Evidence(bucket));
   }
+  const bool has_plain = plain.has_value() && plain->tokens_per_second > 0;
   if (kind != JudgeKind::kFull) {
     // Before min_steps, and on a probe's pairs, only a loss is judged, and
     // only against a measured plain rate (no probe for it): a clear loss,
     // or, when the setting lost its last judgement here (a re-probe), any
     // loss. Eight of a winner's steps early in its text may draft less
     // than the rest, and a loss holds every request of the setting plain.
-    if (!plain.has_value() || *plain <= 0) return false;
+    if (!has_plain) return false;
     const bool lost_here =
         verdicts_ != nullptr &&
         verdicts_->LastLost(execution_id_, setting_, bucket_tokens_, bucket,
@@ -293,12 +313,11 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     const double bound =
         lost_here ? 1.0 + options_.margin : 1.0 - options_.early_loss;
     if (rate.tokens_per_second <= 0 ||
-        rate.tokens_per_second + options_.confidence * rate.standard_error >=
-            bound / *plain) {
+        !BelowPlain(rate, *plain, bound, options_.confidence)) {
       return false;
     }
   }
-  if (!plain.has_value() || *plain <= 0) {
+  if (!has_plain) {
     StartProbe();
     return false;
   }
@@ -308,13 +327,12 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
   }
   ++stats.guard_checks;
   const double speculative_tps = rate.tokens_per_second;
-  const double plain_tps = 1.0 / *plain;
+  const double plain_tps = plain->tokens_per_second;
   stats.guard_last_spec_tps = speculative_tps;
   stats.guard_last_plain_tps = plain_tps;
   window_steps_ = 0;
   const bool loses =
-      speculative_tps + options_.confidence * rate.standard_error <
-      plain_tps * (1.0 + options_.margin);
+      BelowPlain(rate, *plain, 1.0 + options_.margin, options_.confidence);
   if (loses) {
     ++stats.guard_fallbacks;
     evidence_.clear();  // the re-probe measures afresh
@@ -640,10 +658,12 @@ void PlanController::AfterStep(const StepObservation& step) {
 std::optional<double> PlanController::PlainStepSeconds(
     int64_t context_length) const {
   if (shared_.plain_rates == nullptr) return std::nullopt;
-  return GuardPlainStepSeconds(
-      *shared_.plain_rates, options_.guard, execution_id_,
-      options_.bucket_tokens,
-      ContextBucket(context_length, options_.bucket_tokens));
+  const std::optional<PlainRateTable::StepTime> time =
+      GuardPlainStepTime(*shared_.plain_rates, options_.guard, execution_id_,
+                         options_.bucket_tokens,
+                         ContextBucket(context_length, options_.bucket_tokens));
+  if (!time.has_value()) return std::nullopt;
+  return time->mean_seconds;
 }
 
 void PlanController::ApplyAwaitedPlan(StepDirective& directive) {

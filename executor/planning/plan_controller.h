@@ -107,9 +107,12 @@ struct GuardOptions {
   // at the bucket since it last lost, from every sequence that drafts with
   // it (a win keeps its steps as evidence for the next), and
   // the setting loses only when its rate plus `confidence` standard errors
-  // (of that rate, from the steps' spread) is below plain x (1 + margin):
-  // tokens per step vary with acceptance, so a winner's unlucky 16 steps
-  // must not pass for a loss. 0 judges the bare rate.
+  // is below plain x (1 + margin). The error is that of the difference:
+  // the setting's rate's (from its steps' spread) and the plain rate's
+  // (from the plain steps' spread), both measured. Tokens per step vary
+  // with acceptance, and on a busy machine so do step times, so a winner's
+  // unlucky 16 steps, or a lucky plain probe, must not pass for a loss.
+  // 0 judges the bare rates.
   int64_t evidence_steps = 64;
   double confidence = 1.0;
   // Plain steps the bucket needs in the PlainRateTable before a judgement,
@@ -266,8 +269,9 @@ struct StepObservation {
 // at the bucket since it last lost, from every sequence drafting with it
 // (pooled in GuardVerdicts: the verdict holds them all; the min_steps count
 // too, so a bucket that every request only passes through is judged), with
-// its standard error; when rate + confidence * error
-// < plain * (1 + margin) the setting loses: the verdict goes to the process's
+// its standard error; when rate + confidence * error < plain * (1 + margin),
+// where error also counts the plain rate's own standard error (the plain
+// steps' spread), the setting loses: the verdict goes to the process's
 // GuardVerdicts (executor/planning/plan_cache.h) under (execution, setting,
 // bucket), and every sequence of that setting in that bucket, this one and
 // those that come later, decodes plainly for reprobe_steps plain steps in all
@@ -307,14 +311,15 @@ class SpeculationGuard {
   void Observe(bool speculating, int64_t bucket, const StepObservation& step,
                PlanningStats& stats);
 
- private:
-  enum class State { kSpeculate, kProbe, kFallback };
-  // The evidence's tokens/s and that rate's standard error (0 below two
+  // A measured rate: tokens/s, and that rate's standard error (0 below two
   // steps).
   struct Rate {
     double tokens_per_second = 0;
     double standard_error = 0;
   };
+
+ private:
+  enum class State { kSpeculate, kProbe, kFallback };
   // Probes: probe_steps plain steps, each after one of the setting's steps.
   void StartProbe();
   // In a probe: whether this step is its plain one (they alternate).
@@ -334,8 +339,9 @@ class SpeculationGuard {
   enum class JudgeKind { kFull, kEarly, kPaired };
   bool Judge(int64_t bucket, PlanningStats& stats,
              JudgeKind kind = JudgeKind::kFull);
-  // The bucket's plain step seconds, once it has probe_steps of them.
-  std::optional<double> PlainStepSeconds(int64_t bucket) const;
+  // Plain decoding's rate at the bucket, once it has probe_steps plain
+  // steps, with that rate's standard error (from the steps' spread).
+  std::optional<Rate> PlainRate(int64_t bucket) const;
 
   const GuardOptions options_;
   const std::shared_ptr<PlainRateTable> plain_rates_;
@@ -374,7 +380,7 @@ class SpeculationGuard {
   // comes first; this one ages out as the table's does.
   struct ProbeReference {
     int64_t bucket = -1;
-    double step_seconds = 0;
+    Rate plain;  // of the probe's plain steps
     absl::Time at;
   };
   std::optional<ProbeReference> probe_reference_;

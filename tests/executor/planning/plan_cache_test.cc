@@ -248,6 +248,12 @@ TEST(PlainRateTableTest, MeanOfTheLastWindowPerBucketAndExecution) {
   table.Record("a", 256, 0, 0.03);
   ASSERT_TRUE(table.MeanStepSeconds("a", 256, 0, 4).has_value());
   EXPECT_NEAR(*table.MeanStepSeconds("a", 256, 0, 4), 0.015, 1e-12);
+  // Standard deviation 0.01 over sqrt(4): the mean's standard error.
+  const auto time = table.RecentStepTime("a", 256, 0, 4);
+  ASSERT_TRUE(time.has_value());
+  EXPECT_NEAR(time->mean_seconds, 0.015, 1e-12);
+  EXPECT_NEAR(time->standard_error, 0.005, 1e-12);
+  EXPECT_EQ(time->kept, 4);
   EXPECT_FALSE(table.MeanStepSeconds("a", 256, 1, 1).has_value());
   EXPECT_FALSE(table.MeanStepSeconds("b", 256, 0, 1).has_value());
   EXPECT_FALSE(table.MeanStepSeconds("a", 128, 0, 1).has_value());

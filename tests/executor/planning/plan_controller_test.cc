@@ -1272,6 +1272,44 @@ TEST(SpeculationGuardTest, AJudgementWeighsTheSpreadOfTheSteps) {
   }
 }
 
+// The plain rate is measured too: its steps' spread widens the error of the
+// difference, so a setting 3% below plain decoding's mean loses against a
+// steady reference but not against one whose steps scatter by +-40%; a
+// setting at half the rate loses against either.
+TEST(SpeculationGuardTest, AJudgementWeighsThePlainStepsSpreadToo) {
+  struct Case {
+    double spread;        // plain steps of 5 ms +- this
+    double step_seconds;  // the setting's steps, 2 tokens each
+    bool loses;
+  };
+  for (const Case& t : {Case{0.0, 0.0103, true}, Case{0.002, 0.0103, false},
+                        Case{0.002, 0.02, true}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "spread " << t.spread << ", steps " << t.step_seconds);
+    PlanningShared shared = PlanningShared::Create();
+    shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+    // 8 plain steps, 200 tokens/s on average; with the spread, standard
+    // error 0.00214 / sqrt(8) s of a 5 ms mean: 30 tokens/s.
+    for (int i = 0; i < 8; ++i) {
+      shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0,
+                                 0.005 + (i % 2 == 0 ? t.spread : -t.spread));
+    }
+    PlanControllerOptions o = GuardOn();
+    o.guard.margin = 0.03;  // 206 tokens/s
+    o.guard.min_steps = 16;
+    o.guard.early_steps = 0;  // the full window only
+    PlanController c(o, BaseKey(), 1, 0, shared);
+    for (int64_t step = 0; step < 16; ++step) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << step;
+      c.AfterStep(Spec(3, 3, 1, t.step_seconds));
+    }
+    EXPECT_EQ(c.stats().guard_checks, 1);
+    EXPECT_EQ(c.stats().guard_fallbacks, t.loses ? 1 : 0);
+    EXPECT_NEAR(c.stats().guard_last_plain_tps, 200, 1e-6);
+    EXPECT_NEAR(c.stats().guard_last_spec_tps, 2 / t.step_seconds, 1e-6);
+  }
+}
+
 // Plain timings age out: a reference older than the limit does not count.
 TEST(PlainRateTableTest, OldPlainStepsAreNoReference) {
   PlainRateTable table;
