@@ -8,7 +8,10 @@
 // GoogleTest, with the environment that removes the MakeTempDir folders after
 // the last test (temp_dir.h). CTest runs one process per suite
 // (tests/testing/gtest_suites.cmake), which reads the "every test skipped"
-// line printed at the end.
+// line printed at the end. Abseil's lock-order checking is on: a test that
+// takes two absl::Mutexes in an order that, with an order seen before, could
+// deadlock aborts with both acquisition stacks, whether or not that run
+// deadlocked.
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
@@ -17,11 +20,13 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "common/model/simd_target.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/testing/test_models.h"
 
 int main(int argc, char** argv) {
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
   ::testing::InitGoogleTest(&argc, argv);
   knapserve::testing::SetUpTestEnvironment();
   ::testing::AddGlobalTestEnvironment(
