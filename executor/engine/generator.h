@@ -271,7 +271,8 @@ struct AppliedPlan {
   std::string source;
   // What the plan did while it was in force and ran as planned: the steps
   // that drafted with it (for a gamma-0 plan, its plain steps; a step the
-  // guard made plain is not counted), the tokens they committed, their wall
+  // guard made plain is not counted, nor one whose draft budget the end of
+  // the generation held below gamma), the tokens they committed, their wall
   // seconds, and their draft tokens proposed and accepted. predicted_tpt is
   // the latency model's promise for exactly these steps. A step that ran
   // while a solve of the process was in flight (PlanController::

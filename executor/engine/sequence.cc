@@ -208,7 +208,7 @@ class PlanSession {
     if (!result.plans.empty()) {
       // The last plan applied is the one in force.
       AppliedPlan& plan = result.plans.back();
-      const bool as_planned = (plan.gamma > 0) == (observation.gamma > 0);
+      const bool as_planned = StepMeasuresPlan(plan.gamma, observation);
       if (as_planned && controller_.last_step_beside_solve()) {
         ++plan.beside_solve_steps;
         plan.beside_solve_tokens += observation.tokens;
@@ -941,6 +941,7 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   StepObservation observation;
   observation.gamma = step_gamma_;
   observation.budget = static_cast<int>(budget_);
+  observation.capped = step_gamma_ > 0 && budget_ < step_gamma_;
   observation.drafted = out.drafted;
   observation.accepted = out.accepted;
   observation.tokens = static_cast<int>(out.tokens.size());

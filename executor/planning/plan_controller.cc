@@ -161,6 +161,9 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
     return;
   }
   if (!options_.enabled) return;
+  // The last steps of a request, whose draft budget the end of the
+  // generation held below gamma, are not the setting's steps.
+  if (step.capped) return;
   switch (state_) {
     case State::kSpeculate:
       if (!speculating || step.gamma == 0) return;
@@ -588,6 +591,10 @@ StepDirective PlanController::BeforeStep(int64_t step, int64_t context_length,
 
 bool PlanController::SolvesInFlight() const {
   return shared_.budget != nullptr && shared_.budget->solves_in_flight() > 0;
+}
+
+bool StepMeasuresPlan(int plan_gamma, const StepObservation& step) {
+  return (plan_gamma > 0) == (step.gamma > 0) && !step.capped;
 }
 
 void PlanController::AfterStep(const StepObservation& step) {

@@ -250,7 +250,17 @@ struct StepObservation {
   // generation. A draft that stopped below it stopped on low confidence.
   // 0: gamma (or a plain step).
   int budget = 0;
+  // The end of the generation (or of the K/V cache) held the step's draft
+  // budget below gamma, to 0 at the last token: the last steps of a request
+  // are not the step a plan forecasts.
+  bool capped = false;
 };
+
+// Whether `step` measures a plan of gamma `plan_gamma` (AppliedPlan's
+// measured_*, executor/engine/generator.h): it ran as the plan said, drafting
+// (plan_gamma > 0) or plain, and a drafting step with its whole budget (not
+// capped).
+bool StepMeasuresPlan(int plan_gamma, const StepObservation& step);
 
 // The guard of one sequence in any drafting mode (static, knapspec, clasp,
 // knn, specbound): judges the setting in force against plain decoding at the
@@ -264,8 +274,10 @@ struct StepObservation {
 // first judgement). At the probe's end its pairs (the setting's steps
 // against the plain ones) condemn a clear loser at once (the early rule
 // below); the plain steps are then the bucket's reference. Every min_steps
-// speculative steps it judges: the speculative rate is tokens committed over
-// summed step seconds of the setting's last evidence_steps speculative steps
+// speculative steps it judges (the last steps of a request, whose draft
+// budget the end of the generation capped, are no evidence): the
+// speculative rate is tokens committed over summed step seconds of the
+// setting's last evidence_steps speculative steps
 // at the bucket since it last lost, from every sequence drafting with it
 // (pooled in GuardVerdicts: the verdict holds them all; the min_steps count
 // too, so a bucket that every request only passes through is judged), with

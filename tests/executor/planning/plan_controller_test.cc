@@ -81,6 +81,25 @@ StepObservation Plain(double seconds) {
   return StepObservation{0, 0, 0, 1, seconds};
 }
 
+// A plan measures the steps that ran as it said, and a drafting step only
+// with its whole budget: the last steps of a request, which the end of the
+// generation held to fewer drafts (to none at the last token), commit fewer
+// tokens than the step the plan forecast.
+TEST(StepMeasuresPlanTest, OnlyStepsThatRanAsPlannedWithTheirWholeBudget) {
+  EXPECT_TRUE(StepMeasuresPlan(4, Spec(4, 4, 4, 0.01)));
+  EXPECT_TRUE(StepMeasuresPlan(4, Spec(4, 2, 2, 0.01)));  // confidence stop
+  EXPECT_FALSE(StepMeasuresPlan(4, Plain(0.01)));  // made plain (guard, batch)
+  EXPECT_TRUE(StepMeasuresPlan(0, Plain(0.01)));
+  EXPECT_FALSE(StepMeasuresPlan(0, Spec(4, 4, 4, 0.01)));
+  StepObservation capped = Spec(4, 2, 2, 0.01);
+  capped.budget = 2;
+  capped.capped = true;
+  EXPECT_FALSE(StepMeasuresPlan(4, capped));
+  StepObservation last = Spec(4, 0, 0, 0.01);
+  last.capped = true;
+  EXPECT_FALSE(StepMeasuresPlan(4, last));
+}
+
 TEST(PlanControllerTest, CachedPlanTakesEffectAtTheFirstStepWithoutASnapshot) {
   PlanningShared shared = PlanningShared::Create();
   shared.cache->Insert(KeyAt(0), Plan(4, 0.8), /*sequence_id=*/99, 20);
@@ -1308,6 +1327,33 @@ TEST(SpeculationGuardTest, AJudgementWeighsThePlainStepsSpreadToo) {
     EXPECT_NEAR(c.stats().guard_last_plain_tps, 200, 1e-6);
     EXPECT_NEAR(c.stats().guard_last_spec_tps, 2 / t.step_seconds, 1e-6);
   }
+}
+
+// The last steps of a request draft less (the end of the generation holds
+// their budget), so they commit fewer tokens than the setting's steps: no
+// evidence either way.
+TEST(SpeculationGuardTest, TheCappedLastStepsOfARequestAreNoEvidence) {
+  PlanningShared shared = PlanningShared::Create();
+  shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
+  for (int i = 0; i < 8; ++i) {
+    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  }
+  PlanControllerOptions o = GuardOn();
+  o.guard.margin = 0.03;
+  o.guard.min_steps = 16;
+  o.guard.early_steps = 0;
+  PlanController c(o, BaseKey(), 1, 0, shared);
+  StepObservation capped = Spec(3, 0, 0, 0.005);  // one token
+  capped.budget = 0;
+  capped.capped = true;
+  for (int64_t step = 0; step < 32; ++step) {
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << step;
+    c.AfterStep(step % 2 == 0 ? Spec(3, 3, 1, 0.008) : capped);
+  }
+  // 16 whole steps of 2 tokens in 8 ms: one judgement, 250 tokens/s.
+  EXPECT_EQ(c.stats().guard_checks, 1);
+  EXPECT_EQ(c.stats().guard_fallbacks, 0);
+  EXPECT_NEAR(c.stats().guard_last_spec_tps, 2 / 0.008, 1e-6);
 }
 
 // Plain timings age out: a reference older than the limit does not count.
