@@ -248,7 +248,7 @@ struct StepObservation {
   double seconds = 0;
   // Draft tokens the step could make: gamma, fewer near the end of the
   // generation. A draft that stopped below it stopped on low confidence.
-  // 0: gamma (or a plain step).
+  // 0: gamma (or a plain step), unless `capped` (the last token: none).
   int budget = 0;
   // The end of the generation (or of the K/V cache) held the step's draft
   // budget below gamma, to 0 at the last token: the last steps of a request
