@@ -360,12 +360,13 @@ struct GenerationResult {
 // `top` one list of alternatives per id (top_logprobs > 0, else empty).
 // With prompt_logprobs, the first step also carries the prompt's
 // (GenerationResult::prompt_logprobs and prompt_top_logprobs); later steps
-// leave them empty. Borrowed for the callback's duration.
+// leave them empty (every member defaults to empty, so a brace list may name
+// only the first ones). Borrowed for the callback's duration.
 struct StepLogprobs {
-  absl::Span<const float> chosen;
-  absl::Span<const std::vector<TokenLogprob>> top;
-  absl::Span<const float> prompt;
-  absl::Span<const std::vector<TokenLogprob>> prompt_top;
+  absl::Span<const float> chosen = {};
+  absl::Span<const std::vector<TokenLogprob>> top = {};
+  absl::Span<const float> prompt = {};
+  absl::Span<const std::vector<TokenLogprob>> prompt_top = {};
 };
 
 // Receives each step's newly generated ids, the text they finalized (which

@@ -394,7 +394,7 @@ TEST(GenerationCodecTest, EncodesChunksAndFinalResults) {
   const std::vector<std::vector<TokenLogprob>> top = {
       {{5, -0.5f}, {9, -2.0f}}, {{7, -0.25f}, {6, -1.0f}}};
   const v1::GenerateResponse with_top =
-      EncodeChunk("req-1", ids, "hi", StepLogprobs{chosen, top, {}, {}});
+      EncodeChunk("req-1", ids, "hi", StepLogprobs{chosen, top});
   ASSERT_EQ(with_top.chunk().logprobs_size(), 2);
   EXPECT_FLOAT_EQ(with_top.chunk().logprobs(1), -1.0f);
   ASSERT_EQ(with_top.chunk().top_logprobs_size(), 2);

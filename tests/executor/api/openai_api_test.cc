@@ -360,7 +360,7 @@ TEST(OpenAiApiTest, TopLogprobsUseEachEndpointsShape) {
   OpenAiEncoder legacy(request, "cmpl-1", "stories", 1700000000,
                        *testing::StoriesTokenizer());
   const Json event = Json::parse(
-      legacy.StreamTokens(0, ids, " Once", StepLogprobs{chosen, top, {}, {}})
+      legacy.StreamTokens(0, ids, " Once", StepLogprobs{chosen, top})
           .substr(6));
   const Json& lp = event["choices"][0]["logprobs"];
   ASSERT_EQ(lp["top_logprobs"].size(), 1u);
@@ -379,8 +379,7 @@ TEST(OpenAiApiTest, TopLogprobsUseEachEndpointsShape) {
   OpenAiEncoder chat(request, "chatcmpl-1", "stories", 1700000000,
                      *testing::StoriesTokenizer());
   const Json chunk = Json::parse(
-      chat.StreamTokens(0, ids, " Once", StepLogprobs{chosen, top, {}, {}})
-          .substr(6));
+      chat.StreamTokens(0, ids, " Once", StepLogprobs{chosen, top}).substr(6));
   const Json& content = chunk["choices"][0]["logprobs"]["content"][0];
   ASSERT_EQ(content["top_logprobs"].size(), 2u);
   EXPECT_DOUBLE_EQ(content["top_logprobs"][1]["logprob"].get<double>(), -1.5);
@@ -391,9 +390,8 @@ TEST(OpenAiApiTest, TopLogprobsUseEachEndpointsShape) {
   OpenAiEncoder no_top(plain, "cmpl-2", "stories", 1700000000,
                        *testing::StoriesTokenizer());
   EXPECT_TRUE(
-      Json::parse(
-          no_top.StreamTokens(0, ids, " Once", StepLogprobs{chosen, {}, {}, {}})
-              .substr(6))["choices"][0]["logprobs"]["top_logprobs"]
+      Json::parse(no_top.StreamTokens(0, ids, " Once", StepLogprobs{chosen})
+                      .substr(6))["choices"][0]["logprobs"]["top_logprobs"]
           .is_null());
 }
 
@@ -424,7 +422,7 @@ TEST(OpenAiApiTest, StreamEventsEndWithUsageAndDone) {
   const std::vector<int32_t> ids = {403};
   const std::vector<float> lps = {-0.25f};
   const std::string first =
-      encoder.StreamTokens(0, ids, " Once", StepLogprobs{lps, {}, {}, {}});
+      encoder.StreamTokens(0, ids, " Once", StepLogprobs{lps});
   ASSERT_EQ(first.rfind("data: ", 0), 0u);
   ASSERT_EQ(first.substr(first.size() - 2), "\n\n");
   const Json chunk = Json::parse(first.substr(6));
@@ -436,8 +434,7 @@ TEST(OpenAiApiTest, StreamEventsEndWithUsageAndDone) {
       -0.25);
   EXPECT_TRUE(chunk["usage"].is_null());
   const Json second = Json::parse(
-      encoder.StreamTokens(0, ids, "x", StepLogprobs{lps, {}, {}, {}})
-          .substr(6));
+      encoder.StreamTokens(0, ids, "x", StepLogprobs{lps}).substr(6));
   EXPECT_FALSE(second["choices"][0]["delta"].contains("role"));
 
   GenerationResult result;
