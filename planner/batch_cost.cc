@@ -38,7 +38,7 @@ double ProfileBatchCost::StepTokensPerSecond(
   const int n = static_cast<int>(members.size());
   if (n == 0) return 0;
   // The engine's own work per sequence and step, and per draft token.
-  const double overhead = n * profile_.step_overhead_seconds;
+  const double overhead = n * profile_.StepOverheadSeconds(context_length);
   if (!drafting) return n / (PassSeconds(context_length, n, n) + overhead);
   int rows = 0;
   int max_gamma = 0;
@@ -58,7 +58,7 @@ double ProfileBatchCost::StepTokensPerSecond(
     }
   }
   double seconds = PassSeconds(context_length, rows, n) + overhead +
-                   (rows - n) * profile_.draft_overhead_seconds;
+                   (rows - n) * profile_.DraftOverheadSeconds(context_length);
   if (drafting_members > 0) {
     const double fraction = fraction_sum / drafting_members;
     for (int round = 1; round <= max_gamma; ++round) {

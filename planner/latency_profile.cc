@@ -87,8 +87,12 @@ absl::StatusOr<LatencyProfile> ParseProfile(const JsonReader& json) {
                    json.RequiredDouble("step_fixed_seconds"));
   ASSIGN_OR_RETURN(p.step_overhead_seconds,
                    json.RequiredDouble("step_overhead_seconds"));
+  ASSIGN_OR_RETURN(p.step_overhead_slope,
+                   json.RequiredDouble("step_overhead_slope"));
   ASSIGN_OR_RETURN(p.draft_overhead_seconds,
                    json.RequiredDouble("draft_overhead_seconds"));
+  ASSIGN_OR_RETURN(p.draft_overhead_slope,
+                   json.RequiredDouble("draft_overhead_slope"));
   ASSIGN_OR_RETURN(p.max_draft, json.RequiredInt("max_draft"));
   ASSIGN_OR_RETURN(p.verify_contexts,
                    json.RequiredInt64Array("verify_contexts"));
@@ -256,13 +260,37 @@ double LatencyProfile::DraftSeconds(const LayerMask& mask,
   return one_token - one_token * (skipped / full);
 }
 
+double LatencyProfile::StepOverheadSeconds(int64_t context_length) const {
+  return step_overhead_seconds +
+         step_overhead_slope *
+             static_cast<double>(std::max<int64_t>(0, context_length));
+}
+
+double LatencyProfile::DraftOverheadSeconds(int64_t context_length) const {
+  return draft_overhead_seconds +
+         draft_overhead_slope *
+             static_cast<double>(std::max<int64_t>(0, context_length));
+}
+
 double LatencyProfile::StepSeconds(int64_t context_length, int tokens) const {
-  return VerifySeconds(context_length, tokens) + step_overhead_seconds;
+  return VerifySeconds(context_length, tokens) +
+         StepOverheadSeconds(context_length);
+}
+
+double LatencyProfile::MeanVerifySeconds(int64_t context_length,
+                                         double tokens) const {
+  const double whole = std::floor(tokens);
+  const int below = static_cast<int>(whole);
+  const double above_share = tokens - whole;
+  const double low = VerifySeconds(context_length, below);
+  if (above_share <= 0) return low;
+  return low + above_share * (VerifySeconds(context_length, below + 1) - low);
 }
 
 double LatencyProfile::DraftTokenSeconds(const LayerMask& mask,
                                          int64_t context_length) const {
-  return DraftSeconds(mask, context_length) + draft_overhead_seconds;
+  return DraftSeconds(mask, context_length) +
+         DraftOverheadSeconds(context_length);
 }
 
 double LatencyProfile::FullStepSeconds(int num_layers,
@@ -294,6 +322,12 @@ absl::Status LatencyProfile::Validate() const {
   if (!finite(draft_overhead_seconds) || draft_overhead_seconds < 0) {
     return FieldError("draft_overhead_seconds",
                       "must be a non-negative number");
+  }
+  if (!finite(step_overhead_slope) || step_overhead_slope < 0) {
+    return FieldError("step_overhead_slope", "must be a non-negative number");
+  }
+  if (!finite(draft_overhead_slope) || draft_overhead_slope < 0) {
+    return FieldError("draft_overhead_slope", "must be a non-negative number");
   }
   if (max_draft < 1)
     return FieldError("max_draft",
@@ -368,7 +402,9 @@ std::string LatencyProfile::ToJson() const {
   json["mlp_fit"] = FitToJson(mlp_fit);
   json["step_fixed_seconds"] = step_fixed_seconds;
   json["step_overhead_seconds"] = step_overhead_seconds;
+  json["step_overhead_slope"] = step_overhead_slope;
   json["draft_overhead_seconds"] = draft_overhead_seconds;
+  json["draft_overhead_slope"] = draft_overhead_slope;
   json["max_draft"] = max_draft;
   json["verify_contexts"] = verify_contexts;
   json["verify_seconds"] = verify_seconds;
@@ -615,16 +651,20 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
   }
   if (options.measure_overhead) {
     ASSIGN_OR_RETURN(const StepOverhead overhead,
-                     options.measure_overhead(options.before_run));
-    if (!std::isfinite(overhead.step_seconds) || overhead.step_seconds < 0 ||
-        !std::isfinite(overhead.draft_seconds) || overhead.draft_seconds < 0) {
+                     options.measure_overhead(profile, options.before_run));
+    auto usable = [](double v) { return std::isfinite(v) && v >= 0; };
+    if (!usable(overhead.step_seconds) || !usable(overhead.step_slope) ||
+        !usable(overhead.draft_seconds) || !usable(overhead.draft_slope)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "profile: the measured step overhead must be non-negative, got ",
-          overhead.step_seconds, " s per step and ", overhead.draft_seconds,
-          " s per draft token"));
+          overhead.step_seconds, " s + ", overhead.step_slope,
+          " s/position per step and ", overhead.draft_seconds, " s + ",
+          overhead.draft_slope, " s/position per draft token"));
     }
     profile.step_overhead_seconds = overhead.step_seconds;
+    profile.step_overhead_slope = overhead.step_slope;
     profile.draft_overhead_seconds = overhead.draft_seconds;
+    profile.draft_overhead_slope = overhead.draft_slope;
   }
   RETURN_IF_ERROR(
       Annotate(profile.Validate(), "profile: measured values are unusable"));

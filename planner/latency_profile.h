@@ -29,18 +29,24 @@
 //                                         t_attn(n)
 //                                         + kept MLP sublayers * t_mlp
 //
-// The whole step. The passes are not all a step costs: the engine also picks
-// the tokens from the logits, accepts or rejects drafts, keeps its books and
-// calls back with the new tokens. ProfileOptions::measure_overhead measures
-// that on the real engine (tools/step_overhead.h) as two figures:
+// The whole step. The passes timed alone are not all a step costs: the
+// engine also picks the tokens from the logits, accepts or rejects drafts,
+// keeps its books and calls back with the new tokens, and its passes run
+// slower than the same passes timed back to back here (on the Intel VMs of
+// this project a verification pass inside a drafting step took 10-30% longer
+// than the table below, a plain step's pass 5-8%).
+// ProfileOptions::measure_overhead measures the difference on the real
+// engine (tools/step_overhead.h): decode time minus what this profile prices
+// its passes at, as two lines in the context length n:
 //
-//   o_step             = step_overhead_seconds   (per decode step)
-//   o_draft            = draft_overhead_seconds  (per draft token)
+//   o_step(n)  = step_overhead_seconds  + n * step_overhead_slope   (per step)
+//   o_draft(n) = draft_overhead_seconds + n * draft_overhead_slope  (per draft
+//                                                                     token)
 //
 // and the planner prices a step with them (tpt.h):
 //
-//   StepSeconds(n, t)       = t_verify(n, t) + o_step
-//   DraftTokenSeconds(S, n) = t_draft(S, n) + o_draft
+//   StepSeconds(n, t)       = t_verify(n, t) + o_step(n)
+//   DraftTokenSeconds(S, n) = t_draft(S, n) + o_draft(n)
 //
 // Without them the TPT grid over-speculates: every draft token looks cheaper
 // than it is, and plain decoding's own step cost is understated less than a
@@ -97,8 +103,10 @@ absl::StatusOr<LineFit> FitLine(absl::Span<const double> x,
 struct LatencyProfile {
   // Bumped when the JSON layout changes; Load refuses other versions (a
   // cached profile of another version is measured again). Version 2 added
-  // step_overhead_seconds and draft_overhead_seconds.
-  static constexpr int kVersion = 2;
+  // step_overhead_seconds and draft_overhead_seconds; version 3 measures them
+  // against this profile's pass prices (not the engine's measured passes) and
+  // added their slopes in the context length.
+  static constexpr int kVersion = 3;
 
   // ---- Key: which engine the timings are for ----
   std::string model_fingerprint;  // ModelConfig::Fingerprint()
@@ -117,11 +125,18 @@ struct LatencyProfile {
   LineFit mlp_fit;
   // Per decode step on top of the sublayers: embedding, final norm, LM head.
   double step_fixed_seconds = 0;
-  // The engine's work outside the passes (the file comment): per decode step
-  // (o_step) and per draft token (o_draft), >= 0. 0 when the profile was
-  // measured without an engine (ProfileOptions::measure_overhead empty).
+  // What a step costs in the engine beyond its passes' prices here (the file
+  // comment): per decode step (o_step) and per draft token (o_draft), each a
+  // line in the context length (seconds at n = 0, seconds per position), all
+  // >= 0. 0 when the profile was measured without an engine
+  // (ProfileOptions::measure_overhead empty).
   double step_overhead_seconds = 0;
+  double step_overhead_slope = 0;
   double draft_overhead_seconds = 0;
+  double draft_overhead_slope = 0;
+  // o_step(n) and o_draft(n).
+  double StepOverheadSeconds(int64_t context_length) const;
+  double DraftOverheadSeconds(int64_t context_length) const;
   // The largest gamma the verify table covers (tokens 1..max_draft+1).
   int max_draft = 0;
   // Context lengths of the verify table, strictly increasing.
@@ -160,10 +175,13 @@ struct LatencyProfile {
   // empty mask costs exactly VerifySeconds(n, 1) (bit for bit).
   double DraftSeconds(const LayerMask& mask, int64_t context_length) const;
   // The whole step as the TPT objective prices it: VerifySeconds(n, tokens)
-  // + step_overhead_seconds.
+  // + StepOverheadSeconds(n).
   double StepSeconds(int64_t context_length, int tokens) const;
+  // VerifySeconds for a fractional token count (a mean over steps): linear
+  // between the neighbouring whole counts.
+  double MeanVerifySeconds(int64_t context_length, double tokens) const;
   // One draft token as the TPT objective prices it: DraftSeconds(mask, n) +
-  // draft_overhead_seconds.
+  // DraftOverheadSeconds(n).
   double DraftTokenSeconds(const LayerMask& mask, int64_t context_length) const;
   // The raw sublayer model of one draft token: step_fixed_seconds + kept
   // attention sublayers * t_attn(n) + kept MLP sublayers * t_mlp.
@@ -195,11 +213,14 @@ struct LatencyProfile {
   static absl::StatusOr<LatencyProfile> Load(const std::string& path);
 };
 
-// The engine's work outside the model's passes (LatencyProfile's o_step and
-// o_draft), as ProfileOptions::measure_overhead reports it.
+// What a step costs in the engine beyond its passes' prices (LatencyProfile's
+// o_step and o_draft, lines in the context length), as
+// ProfileOptions::measure_overhead reports it.
 struct StepOverhead {
-  double step_seconds = 0;   // per decode step, >= 0
-  double draft_seconds = 0;  // per draft token, >= 0
+  double step_seconds = 0;   // per decode step at context 0, >= 0
+  double step_slope = 0;     // its growth per context position, >= 0
+  double draft_seconds = 0;  // per draft token at context 0, >= 0
+  double draft_slope = 0;    // its growth per context position, >= 0
 };
 
 // What ProfileModel measures and how often.
@@ -222,13 +243,15 @@ struct ProfileOptions {
   // cold, so the point starts over with its warm-up and its timings so far
   // are dropped.
   std::function<absl::StatusOr<bool>()> before_run;
-  // Measures the engine's per-step work outside the passes, called once on
-  // the measuring thread after the passes are timed, with `before_run` to
-  // call before each of its runs and between their decode steps; empty
-  // leaves both overheads 0 (the planner's layer has no engine: the caller
+  // Measures what a step costs in the engine beyond the passes' prices,
+  // called once on the measuring thread after the passes are timed, with the
+  // profile so far (every pass price set, the overheads 0) and `before_run`
+  // to call before each of its runs and between their decode steps; empty
+  // leaves the overheads 0 (the planner's layer has no engine: the caller
   // that owns one supplies it, tools/step_overhead.h). Negative or
   // non-finite results are InvalidArgument; its errors are returned.
   std::function<absl::StatusOr<StepOverhead>(
+      const LatencyProfile& passes,
       const std::function<absl::StatusOr<bool>()>& before_run)>
       measure_overhead;
 };

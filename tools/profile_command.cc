@@ -78,10 +78,10 @@ absl::Status Profile() {
   std::printf("  fixed per step (embed, norm, LM head) = %.3f us\n",
               profile.step_fixed_seconds * 1e6);
   std::printf(
-      "  engine work outside the passes: %.1f us per step, %.1f us per draft "
-      "token\n",
-      profile.step_overhead_seconds * 1e6,
-      profile.draft_overhead_seconds * 1e6);
+      "  engine beyond the pass prices: %.1f us + %.4f us * n per step, %.1f "
+      "us + %.4f us * n per draft token\n",
+      profile.step_overhead_seconds * 1e6, profile.step_overhead_slope * 1e6,
+      profile.draft_overhead_seconds * 1e6, profile.draft_overhead_slope * 1e6);
   std::printf("  %8s %12s %12s %12s\n", "context", "attn us", "verify 1 ms",
               absl::StrCat("verify ", profile.max_draft + 1, " ms").c_str());
   for (size_t c = 0; c < profile.verify_contexts.size(); ++c) {

@@ -1,21 +1,42 @@
-// MeasureStepOverhead: the engine's work per decode step outside the model's
-// passes, for the latency profile (planner/latency_profile.h, o_step and
-// o_draft).
+// MeasureStepOverhead: what a decode step costs in the engine beyond the
+// latency profile's prices of its passes (planner/latency_profile.h, o_step
+// and o_draft).
 //
 // A decode step is more than its passes: the engine picks tokens from the
 // logits, accepts or rejects drafts, keeps the sequence's books and calls
-// back with the new tokens. The planner's layer has no engine, so the
-// processes that own one (every `knapserve` command and knapserve-planner,
-// which load the same model) measure it here on the real engine (`Generate`,
-// executor/engine/generator.h) and hand it to ProfileModel through
-// ProfileOptions::measure_overhead:
+// back with the new tokens. And a drafting step costs more, against a plain
+// one, than the profile's pass prices say: on this project's Intel VMs a
+// verification pass inside a drafting step ran 10-30% longer than the
+// profile's table, a plain step's pass 5-8% (the profile times each pass
+// back to back; the cause is not pinned down). The planner's layer has no
+// engine, so the processes that own one (every `knapserve` command and
+// knapserve-planner, which load the same model) measure both here on the
+// real engine (`Generate`, executor/engine/generator.h) and hand them to
+// ProfileModel through ProfileOptions::measure_overhead:
 //
-//   o_step  = (decode - passes - planning) / steps        of a plain run
-//   o_draft = (decode - passes - planning - steps * o_step) / draft tokens
-//             of a static-mask run that drafts every step
+//   o_step  = (decode - passes - planning) / steps         of a plain run
+//   o_draft such that the profile prices a drafting step at the ratio to a
+//           plain step that the engine measured:
+//             t_verify(n, 1 + d) + o_step + d * (t_draft(S, n) + o_draft)
+//               = ratio * (t_verify(n, 1) + o_step)
+//           ratio = (decode - planning) per step of a static-mask run that
+//           drafts d tokens every step (S: every other layer skipped, no
+//           confidence stop) over the same of the plain run before it
 //
-// each the median over `repeats` runs of `new_tokens` tokens after a
-// `prompt_tokens`-token prompt (ids spread over the vocabulary; EOS ignored).
+// The runs alternate plain, drafting, plain, ..., plain, and each drafting
+// run is compared with the mean of the plain runs on either side, so the
+// machine's drift (a shared VM's speed moves by tenths within minutes)
+// cancels in the ratio, and what the planner predicts after calibrating to
+// plain decoding's measured rate is what the engine does. The prices are at
+// each run's mean context n (the profile is linear in n between its contexts);
+// each figure is the median over `repeats` drafting runs of `new_tokens`
+// tokens, at each of `contexts` (the prompt length; ids spread over the
+// vocabulary, EOS ignored). Two contexts give each figure as a line in n (its
+// slope clamped at 0: a cost that falls with context is noise); one gives it
+// flat.
+//
+// Cost: 2 * repeats + 3 runs per context, each a prefill of the context and
+// `new_tokens` decode steps.
 //
 // Thread safety: runs on the calling thread and only reads the model and
 // tokenizer, which must outlive the call. Like ProfileModel it should not
@@ -23,7 +44,9 @@
 #ifndef KNAPSERVE_TOOLS_STEP_OVERHEAD_H_
 #define KNAPSERVE_TOOLS_STEP_OVERHEAD_H_
 
+#include <cstdint>
 #include <functional>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/model/llama.h"
@@ -33,10 +56,14 @@
 namespace knapserve {
 
 struct StepOverheadOptions {
-  int prompt_tokens = 32;  // >= 1
-  int new_tokens = 64;     // per run, >= 8
-  int repeats = 3;         // runs per figure (the median is kept), >= 1
-  int max_draft = 4;       // draft tokens per step of the static run, >= 1
+  // Prompt lengths, so the contexts the overheads are measured at: one or
+  // two, each >= 1. Empty: the profile's shortest verify context and the
+  // longest one up to kLongContext, those that leave room for a run.
+  std::vector<int64_t> contexts;
+  static constexpr int64_t kLongContext = 1024;
+  int new_tokens = 64;  // per run, >= 8
+  int repeats = 7;      // runs per figure (the median is kept), >= 1
+  int max_draft = 4;    // draft tokens per step of the static run, >= 1
   // As ProfileOptions::before_run: called before every run and between its
   // decode steps; `true` (it waited, the caches are cold) cuts the run short
   // if it was under way, and the run is repeated after one untimed run that
@@ -44,16 +71,19 @@ struct StepOverheadOptions {
   std::function<absl::StatusOr<bool>()> before_run;
 };
 
-// InvalidArgument for bad options or a model too short for the runs; the
-// engine's errors as they are.
+// `passes`: the profile whose pass prices the overheads complete (its own
+// overheads are not read). InvalidArgument for bad options, a profile with
+// no verify table, or a model too short for the runs; the engine's errors as
+// they are.
 absl::StatusOr<StepOverhead> MeasureStepOverhead(
     const LlamaModel& model, const Tokenizer& tokenizer,
-    const StepOverheadOptions& options);
+    const LatencyProfile& passes, const StepOverheadOptions& options);
 
 // ProfileOptions::measure_overhead for `model`: MeasureStepOverhead with
 // default options and the profile's before_run. `model` and `tokenizer`
 // must outlive the function.
 std::function<absl::StatusOr<StepOverhead>(
+    const LatencyProfile& passes,
     const std::function<absl::StatusOr<bool>()>& before_run)>
 StepOverheadFunction(const LlamaModel& model, const Tokenizer& tokenizer);
 

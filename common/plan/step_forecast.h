@@ -108,9 +108,9 @@ struct LaterDraftOdds {
 struct TptCandidate {
   double alpha = 0;          // acceptance (smoothed alpha_hat), in [0, 1]
   double draft_seconds = 0;  // t_draft(S) per draft token, > 0
-  std::optional<ConfidenceStop> stop;  // nullopt: drafts run to gamma
+  std::optional<ConfidenceStop> stop = std::nullopt;  // nullopt: to gamma
   // nullopt: every draft position has draft 1's odds (alpha, stop).
-  std::optional<LaterDraftOdds> later;
+  std::optional<LaterDraftOdds> later = std::nullopt;
 };
 
 // The expected outcome of one step of (candidate, gamma).

@@ -229,6 +229,26 @@ TEST(LatencyProfileTest, PricesTheWholeStepWithTheEnginesOverhead) {
                    p.DraftSeconds(mask, 600) + 3e-5);
   // The passes themselves are priced as before.
   EXPECT_DOUBLE_EQ(p.VerifySeconds(600, 1), 1.5e-3);
+  // The overheads grow along their slopes with the context.
+  p.step_overhead_slope = 1e-8;
+  p.draft_overhead_slope = 2e-8;
+  ASSERT_TRUE(p.Validate().ok()) << p.Validate();
+  EXPECT_DOUBLE_EQ(p.StepOverheadSeconds(1000), 4e-5 + 1e-5);
+  EXPECT_DOUBLE_EQ(p.DraftOverheadSeconds(1000), 3e-5 + 2e-5);
+  EXPECT_DOUBLE_EQ(p.StepSeconds(1000, 2), p.VerifySeconds(1000, 2) + 5e-5);
+  EXPECT_DOUBLE_EQ(p.DraftTokenSeconds(mask, 1000),
+                   p.DraftSeconds(mask, 1000) + 5e-5);
+  // A mean token count sits between the whole counts' prices.
+  EXPECT_DOUBLE_EQ(p.MeanVerifySeconds(600, 2), p.VerifySeconds(600, 2));
+  EXPECT_DOUBLE_EQ(
+      p.MeanVerifySeconds(600, 2.25),
+      0.75 * p.VerifySeconds(600, 2) + 0.25 * p.VerifySeconds(600, 3));
+  p.step_overhead_slope = -1e-9;
+  EXPECT_THAT(p.Validate().message(), HasSubstr("step_overhead_slope"));
+  p.step_overhead_slope = 0;
+  p.draft_overhead_slope = std::nan("");
+  EXPECT_THAT(p.Validate().message(), HasSubstr("draft_overhead_slope"));
+  p.draft_overhead_slope = 0;
 
   // A negative or non-finite overhead is refused, naming the field.
   p.step_overhead_seconds = -1e-6;
@@ -258,7 +278,9 @@ TEST(LatencyProfileTest, RoundTripsThroughJsonFiles) {
   const std::string path = dir + "/profile.json";
   LatencyProfile p = HandProfile();
   p.step_overhead_seconds = 2.5e-5;
+  p.step_overhead_slope = 3e-9;
   p.draft_overhead_seconds = 1.25e-5;
+  p.draft_overhead_slope = 5e-9;
   ASSERT_TRUE(p.Save(path).ok());
   auto loaded = LatencyProfile::Load(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -274,6 +296,8 @@ TEST(LatencyProfileTest, RoundTripsThroughJsonFiles) {
   EXPECT_DOUBLE_EQ(loaded->step_fixed_seconds, p.step_fixed_seconds);
   EXPECT_DOUBLE_EQ(loaded->step_overhead_seconds, p.step_overhead_seconds);
   EXPECT_DOUBLE_EQ(loaded->draft_overhead_seconds, p.draft_overhead_seconds);
+  EXPECT_DOUBLE_EQ(loaded->step_overhead_slope, p.step_overhead_slope);
+  EXPECT_DOUBLE_EQ(loaded->draft_overhead_slope, p.draft_overhead_slope);
   EXPECT_EQ(loaded->max_draft, p.max_draft);
   EXPECT_EQ(loaded->verify_contexts, p.verify_contexts);
   EXPECT_EQ(loaded->verify_seconds, p.verify_seconds);
@@ -423,26 +447,41 @@ TEST(ProfileModelTest, MeasuresAModel) {
   };
   int overhead_calls = 0;
   options.measure_overhead =
-      [&](const std::function<absl::StatusOr<bool>()>& before_run)
+      [&](const LatencyProfile& passes,
+          const std::function<absl::StatusOr<bool>()>& before_run)
       -> absl::StatusOr<StepOverhead> {
     ++overhead_calls;
+    // It sees the measured pass prices, and no overhead yet.
+    EXPECT_EQ(passes.verify_contexts, (std::vector<int64_t>{16, 128, 256}));
+    EXPECT_GT(passes.VerifySeconds(128, 2), 0);
+    EXPECT_EQ(passes.step_overhead_seconds, 0);
     const int before = gate_calls;
     EXPECT_TRUE(before_run().ok());
     EXPECT_EQ(gate_calls, before + 1);
-    return StepOverhead{3e-5, 2e-5};
+    return StepOverhead{3e-5, 1e-8, 2e-5, 4e-8};
   };
   profile = ProfileModel(**model, options);
   ASSERT_TRUE(profile.ok()) << profile.status();
   EXPECT_EQ(overhead_calls, 1);
   EXPECT_DOUBLE_EQ(profile->step_overhead_seconds, 3e-5);
+  EXPECT_DOUBLE_EQ(profile->step_overhead_slope, 1e-8);
   EXPECT_DOUBLE_EQ(profile->draft_overhead_seconds, 2e-5);
+  EXPECT_DOUBLE_EQ(profile->draft_overhead_slope, 4e-8);
   // A negative measurement is an error, as is the measurement's own.
-  options.measure_overhead = [](const auto&) -> absl::StatusOr<StepOverhead> {
-    return StepOverhead{-1e-6, 0};
+  options.measure_overhead = [](const auto&,
+                                const auto&) -> absl::StatusOr<StepOverhead> {
+    return StepOverhead{-1e-6, 0, 0, 0};
   };
   EXPECT_THAT(ProfileModel(**model, options).status().message(),
               HasSubstr("non-negative"));
-  options.measure_overhead = [](const auto&) -> absl::StatusOr<StepOverhead> {
+  options.measure_overhead = [](const auto&,
+                                const auto&) -> absl::StatusOr<StepOverhead> {
+    return StepOverhead{0, 0, 0, -1e-9};
+  };
+  EXPECT_THAT(ProfileModel(**model, options).status().message(),
+              HasSubstr("non-negative"));
+  options.measure_overhead = [](const auto&,
+                                const auto&) -> absl::StatusOr<StepOverhead> {
     return absl::CancelledError("stopping");
   };
   EXPECT_EQ(ProfileModel(**model, options).status().code(),

@@ -132,7 +132,7 @@ inline const std::string& StoriesProfile() {
     const Outcome outcome = RunKnapserve(args);
     EXPECT_EQ(outcome.exit_code, 0) << Describe(args, outcome);
     EXPECT_THAT(outcome.out, HasSubstr("t_attn(n)"));
-    EXPECT_THAT(outcome.out, HasSubstr("engine work outside the passes"));
+    EXPECT_THAT(outcome.out, HasSubstr("engine beyond the pass prices"));
     return file;
   }();
   return *path;

@@ -1,8 +1,10 @@
 // Tests of the engine overhead measurement behind the latency profile's
 // o_step and o_draft (tools/step_overhead.h) on stories260k: both figures
-// are measured on the real engine, the profile's before_run gate is obeyed
-// (asked before each run and between its steps; a wait cuts the run and it
-// is repeated), and bad options or a model too short for the runs are
+// are measured on the real engine against the profile's pass prices (what
+// the profile already prices is not counted again), as lines in the context
+// length; the profile's before_run gate is obeyed (asked before each run and
+// between its steps; a wait cuts the run and it is repeated), and bad
+// options, a profile without prices or a model too short for the runs are
 // refused.
 #include "tools/step_overhead.h"
 
@@ -22,6 +24,7 @@ using ::testing::HasSubstr;
 // `calls` and never waits.
 StepOverheadOptions CountingOptions(int& calls) {
   StepOverheadOptions options;
+  options.contexts = {16};
   options.new_tokens = 24;
   options.repeats = 1;
   options.before_run = [&calls]() -> absl::StatusOr<bool> {
@@ -29,6 +32,23 @@ StepOverheadOptions CountingOptions(int& calls) {
     return false;
   };
   return options;
+}
+
+// A profile that prices a one-token pass at `one` and a pass over more
+// tokens at `more` (contexts 16 and 64, up to 5 tokens; drafts cost `one`
+// less their skipped MLPs' share).
+LatencyProfile Priced(double one, double more) {
+  LatencyProfile p;
+  p.model_fingerprint = "test";
+  p.device = "cpu";
+  p.dtype = "fp32";
+  p.threads = 1;
+  p.attention = {0, 0, 1};
+  p.mlp_seconds = 1e-6;
+  p.max_draft = 4;
+  p.verify_contexts = {16, 64};
+  p.verify_seconds.assign(2, {one, more, more, more, more});
+  return p;
 }
 
 // stories260k and its tokenizer, loaded once per test.
@@ -42,20 +62,25 @@ class StepOverheadTest : public ::testing::Test {
   }
   const LlamaModel* model = nullptr;
   const Tokenizer* tokenizer = nullptr;
+  const LatencyProfile free_passes = Priced(0, 0);
 };
 
-TEST_F(StepOverheadTest, MeasuresTheEnginesWorkOutsideThePasses) {
+TEST_F(StepOverheadTest, MeasuresTheEngineBeyondThePassPrices) {
   int calls = 0;
   StepOverheadOptions options = CountingOptions(calls);
-  auto overhead = MeasureStepOverhead(*model, *tokenizer, options);
+  auto overhead = MeasureStepOverhead(*model, *tokenizer, free_passes, options);
   ASSERT_TRUE(overhead.ok()) << overhead.status();
   // Choosing a token and keeping the books take time, but far less than a
   // second per step.
   EXPECT_GT(overhead->step_seconds, 0);
   EXPECT_LT(overhead->step_seconds, 1.0);
-  EXPECT_TRUE(std::isfinite(overhead->draft_seconds));
-  EXPECT_GE(overhead->draft_seconds, 0);
+  // Passes priced at nothing: a drafting step, which measures dearer than a
+  // plain one, is all o_step and o_draft.
+  EXPECT_GT(overhead->draft_seconds, 0);
   EXPECT_LT(overhead->draft_seconds, 1.0);
+  // One context: flat lines.
+  EXPECT_EQ(overhead->step_slope, 0);
+  EXPECT_EQ(overhead->draft_slope, 0);
   // Asked before each of the four runs (two untimed, two timed) and between
   // their steps: a plain run of 24 tokens takes 24 steps.
   EXPECT_GE(calls, 4 + 2 * 24);
@@ -67,7 +92,9 @@ TEST_F(StepOverheadTest, MeasuresTheEnginesWorkOutsideThePasses) {
       if (++n == failing) return absl::CancelledError("shutting down");
       return false;
     };
-    EXPECT_EQ(MeasureStepOverhead(*model, *tokenizer, options).status().code(),
+    EXPECT_EQ(MeasureStepOverhead(*model, *tokenizer, free_passes, options)
+                  .status()
+                  .code(),
               absl::StatusCode::kCancelled);
     EXPECT_EQ(n, failing);  // nothing more was run
   }
@@ -80,7 +107,8 @@ TEST_F(StepOverheadTest, MeasuresTheEnginesWorkOutsideThePasses) {
 TEST_F(StepOverheadTest, AWaitBetweenStepsCutsTheRunAndRunsItAgainWarm) {
   int calls = 0;
   StepOverheadOptions options = CountingOptions(calls);
-  ASSERT_TRUE(MeasureStepOverhead(*model, *tokenizer, options).ok());
+  ASSERT_TRUE(
+      MeasureStepOverhead(*model, *tokenizer, free_passes, options).ok());
   const int undisturbed = calls;
   // One plain run: asked before it and after each of its 24 steps.
   const int plain_run = 1 + 24;
@@ -93,34 +121,70 @@ TEST_F(StepOverheadTest, AWaitBetweenStepsCutsTheRunAndRunsItAgainWarm) {
   options.before_run = [&]() -> absl::StatusOr<bool> {
     return ++calls == wait_at;
   };
-  ASSERT_TRUE(MeasureStepOverhead(*model, *tokenizer, options).ok());
+  ASSERT_TRUE(
+      MeasureStepOverhead(*model, *tokenizer, free_passes, options).ok());
   EXPECT_EQ(calls, undisturbed + wait_at + plain_run);
 
   // A wait before the first run: that run only warms the caches, and the
   // run is made once more.
   wait_at = 1;
   calls = 0;
-  ASSERT_TRUE(MeasureStepOverhead(*model, *tokenizer, options).ok());
+  ASSERT_TRUE(
+      MeasureStepOverhead(*model, *tokenizer, free_passes, options).ok());
   EXPECT_EQ(calls, undisturbed + plain_run);
 }
 
+// What the profile prices is not counted again: verification priced far
+// above what a drafting step measures leaves no draft overhead (o_step does
+// not depend on the prices), and a second context makes lines that never go
+// below 0.
+TEST_F(StepOverheadTest, SubtractsThePricesAndFitsLinesInTheContext) {
+  int calls = 0;
+  StepOverheadOptions options = CountingOptions(calls);
+  auto overhead =
+      MeasureStepOverhead(*model, *tokenizer, Priced(1e-3, 1.0), options);
+  ASSERT_TRUE(overhead.ok()) << overhead.status();
+  EXPECT_GT(overhead->step_seconds, 0);
+  EXPECT_EQ(overhead->draft_seconds, 0);
+
+  options.contexts = {16, 200};
+  overhead = MeasureStepOverhead(*model, *tokenizer, free_passes, options);
+  ASSERT_TRUE(overhead.ok()) << overhead.status();
+  for (double v : {overhead->step_seconds, overhead->step_slope,
+                   overhead->draft_seconds, overhead->draft_slope}) {
+    EXPECT_TRUE(std::isfinite(v));
+    EXPECT_GE(v, 0);
+  }
+  EXPECT_GT(overhead->step_seconds + 200 * overhead->step_slope, 0);
+  EXPECT_LT(overhead->step_seconds + 200 * overhead->step_slope, 1.0);
+}
+
 TEST_F(StepOverheadTest, RefusesBadOptionsAndModelsTooShort) {
-  for (auto bad : {+[](StepOverheadOptions& o) { o.prompt_tokens = 0; },
+  for (auto bad : {+[](StepOverheadOptions& o) { o.contexts = {0}; },
+                   +[](StepOverheadOptions& o) {
+                     o.contexts = {16, 32, 64};
+                   },
                    +[](StepOverheadOptions& o) { o.new_tokens = 7; },
                    +[](StepOverheadOptions& o) { o.repeats = 0; },
                    +[](StepOverheadOptions& o) { o.max_draft = 0; }}) {
     StepOverheadOptions options;
     bad(options);
     const absl::Status status =
-        MeasureStepOverhead(*model, *tokenizer, options).status();
+        MeasureStepOverhead(*model, *tokenizer, free_passes, options).status();
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
   }
   StepOverheadOptions options;
-  options.prompt_tokens = static_cast<int>(model->max_context());
-  const absl::Status status =
-      MeasureStepOverhead(*model, *tokenizer, options).status();
+  options.contexts = {model->max_context()};
+  absl::Status status =
+      MeasureStepOverhead(*model, *tokenizer, free_passes, options).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(status.message(), HasSubstr("positions"));
+  // Nothing to price the passes with.
+  status = MeasureStepOverhead(*model, *tokenizer, LatencyProfile(),
+                               StepOverheadOptions())
+               .status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("verify table"));
 }
 
 }  // namespace
