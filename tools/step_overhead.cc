@@ -69,7 +69,8 @@ struct Point {
   double draft = 0;
 };
 
-// The two runs of one context, `repeats` times; medians.
+// One context's runs (the header's recipe); the medians over its drafting
+// runs.
 absl::StatusOr<Point> MeasureAt(const LlamaModel& model,
                                 const Tokenizer& tokenizer,
                                 const LatencyProfile& passes,
@@ -218,7 +219,9 @@ absl::StatusOr<StepOverhead> MeasureStepOverhead(
         absl::StrCat("step overhead: the runs need more than ", run,
                      " positions, the model holds ", model.max_context()));
   }
-  // Every other layer skipped (any mask costs the same outside its passes).
+  // Every other layer skipped: half the sublayers, as the plans on the models
+  // here skip (the engine's work outside the passes is the same for any
+  // mask).
   LayerMask mask(model.num_layers());
   for (int layer = 1; layer < model.num_layers(); layer += 2) {
     mask.set_skipped(2 * layer, true);
