@@ -35,9 +35,10 @@
 // slower than the same passes timed back to back here (on the Intel VMs of
 // this project a verification pass inside a drafting step took 10-30% longer
 // than the table below, a plain step's pass 5-8%).
-// ProfileOptions::measure_overhead measures the difference on the real
-// engine (tools/step_overhead.h): decode time minus what this profile prices
-// its passes at, as two lines in the context length n:
+// ProfileOptions::measure_overhead measures both on the real engine
+// (tools/step_overhead.h has how: o_draft makes a drafting step cost,
+// against a plain one, what the engine measured) as two lines in the
+// context length n:
 //
 //   o_step(n)  = step_overhead_seconds  + n * step_overhead_slope   (per step)
 //   o_draft(n) = draft_overhead_seconds + n * draft_overhead_slope  (per draft
@@ -103,9 +104,11 @@ absl::StatusOr<LineFit> FitLine(absl::Span<const double> x,
 struct LatencyProfile {
   // Bumped when the JSON layout changes; Load refuses other versions (a
   // cached profile of another version is measured again). Version 2 added
-  // step_overhead_seconds and draft_overhead_seconds; version 3 measures them
-  // against this profile's pass prices (not the engine's measured passes) and
-  // added their slopes in the context length.
+  // step_overhead_seconds and draft_overhead_seconds; version 3 measures
+  // o_draft against this profile's pass prices (a drafting step costs,
+  // against a plain one, what the engine measured; before, the engine's time
+  // outside its measured passes) and added their slopes in the context
+  // length.
   static constexpr int kVersion = 3;
 
   // ---- Key: which engine the timings are for ----

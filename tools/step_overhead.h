@@ -21,7 +21,7 @@
 //               = ratio * (t_verify(n, 1) + o_step)
 //           ratio = (decode - planning) per step of a static-mask run that
 //           drafts d tokens every step (S: every other layer skipped, no
-//           confidence stop) over the same of the plain run before it
+//           confidence stop) over the same of the plain runs around it
 //
 // The runs alternate plain, drafting, plain, ..., plain, and each drafting
 // run is compared with the mean of the plain runs on either side, so the
