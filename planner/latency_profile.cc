@@ -119,16 +119,21 @@ double Median(std::vector<double> values) {
 }
 
 // Runs one point of the profile: `run(timed)` `warmup` times untimed, then
-// `repeats` times timed. Before every run asks options.before_run: an error
-// stops it; a wait means the caches went cold, so `restart` drops what the
-// point measured and the warm-up starts over. `run` may ask before_run
-// itself between its passes: it returns true when that waited (the run is
-// cut short, and the point starts over the same way) and its errors stop
-// the point.
+// `repeats` times timed; with options.point_budget_seconds, once the point
+// has run that long, the warm-up ends after its first run and the timed runs
+// after min(min_repeats, repeats). Before every run asks options.before_run:
+// an error stops it; a wait means the caches went cold, so `restart` drops
+// what the point measured and the warm-up (and the budget's clock) starts
+// over. `run` may ask before_run itself between its passes: it returns true
+// when that waited (the run is cut short, and the point starts over the
+// same way) and its errors stop the point.
 absl::Status RunPoint(
     const ProfileOptions& options, int warmup, int repeats,
     const std::function<void()>& restart,
     const std::function<absl::StatusOr<bool>(bool timed)>& run) {
+  const int enough = std::min(options.min_repeats, repeats);
+  auto start = std::chrono::steady_clock::now();
+  int timed = 0;
   for (int i = 0; i < warmup + repeats; ++i) {
     bool waited = false;
     if (options.before_run) {
@@ -140,6 +145,21 @@ absl::Status RunPoint(
     if (waited) {
       restart();
       i = -1;  // the loop's ++i starts the warm-up again
+      timed = 0;
+      start = std::chrono::steady_clock::now();
+      continue;
+    }
+    if (i >= warmup) ++timed;
+    const double spent =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    if (options.point_budget_seconds > 0 &&
+        spent >= options.point_budget_seconds) {
+      if (i < warmup) {
+        i = warmup - 1;  // the loop's ++i makes the next run the first timed
+      } else if (timed >= enough) {
+        break;
+      }
     }
   }
   return absl::OkStatus();
@@ -452,6 +472,11 @@ absl::StatusOr<LatencyProfile> ProfileModel(const LlamaModel& model,
   if (options.max_draft < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "profile: max_draft must be >= 1, got ", options.max_draft));
+  }
+  if (!(options.point_budget_seconds >= 0) || options.min_repeats < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "profile: point_budget_seconds must be >= 0 and min_repeats >= 1, got ",
+        options.point_budget_seconds, " and ", options.min_repeats));
   }
   const int64_t max_tokens = options.max_draft + 1;
   std::set<int64_t> usable;

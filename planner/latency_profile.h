@@ -232,10 +232,19 @@ struct ProfileOptions {
   // do not fit the model (n + max_draft + 1 > max_context) are dropped; at
   // least two distinct ones must remain.
   std::vector<int64_t> contexts = {128, 512, 1024, 2048, 4096};
-  int repeats = 20;    // timed runs per point; the median is kept
-  int warmup = 3;      // untimed runs before them
-  int max_draft = 10;  // verify table covers 1..max_draft+1 tokens
-  uint64_t seed = 0;   // for the random K/V contents and hidden states
+  int repeats = 20;  // timed runs per point; the median is kept
+  int warmup = 3;    // untimed runs before them
+  // Seconds a point may take before it is cut short (0 = no limit): once
+  // its runs have taken this long, the warm-up ends after its first run and
+  // the timed runs after min_repeats. On a model whose pass over 11 tokens
+  // at 8k context takes 0.1 s, `repeats` runs at every context take
+  // minutes; the budget keeps a profile of a large model on a slow CPU
+  // within minutes, and leaves a small model's (whose runs take
+  // milliseconds) as it was.
+  double point_budget_seconds = 0;
+  int min_repeats = 3;  // >= 1; at most `repeats` are run in any case
+  int max_draft = 10;   // verify table covers 1..max_draft+1 tokens
+  uint64_t seed = 0;    // for the random K/V contents and hidden states
   // Called on the measuring thread before every run (warm-up or timed) of
   // every point, and inside a verify run before each of its passes (one per
   // token count: on a large model a run is max_draft+1 full passes, too long

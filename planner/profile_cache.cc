@@ -222,6 +222,8 @@ absl::StatusOr<ObtainedProfile> ObtainProfile(
 ProfileOptions QuickProfileOptions(const LlamaModel& model, int max_draft) {
   ProfileOptions options;
   options.repeats = 5;
+  options.point_budget_seconds = kQuickPointBudgetSeconds;
+  options.min_repeats = 3;
   options.max_draft = max_draft;
   options.contexts.clear();
   for (int64_t n : {128, 512, 1024, 2048, 4096}) {

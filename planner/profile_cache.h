@@ -140,7 +140,11 @@ absl::StatusOr<ObtainedProfile> MeasureAndStoreProfile(
 // What a cache miss measures: 5 timed runs per point (what `knapserve serve`
 // always measured at start-up), a verify table up to `max_draft`, and the
 // contexts 128, 512, 1024, 2048, 4096 that fit the model plus the longest
-// that fits.
+// that fits; a point that has run for kQuickPointBudgetSeconds stops at 3
+// timed runs after one warm-up (ProfileOptions::point_budget_seconds: it
+// binds on models of 100M parameters and more, whose passes take tens of
+// milliseconds, not on the small ones).
+inline constexpr double kQuickPointBudgetSeconds = 1.0;
 ProfileOptions QuickProfileOptions(const LlamaModel& model, int max_draft);
 
 }  // namespace knapserve

@@ -217,6 +217,9 @@ ABSL_FLAG(std::vector<std::string>, profile_contexts, {},
           "context, those that fit).");
 ABSL_FLAG(int32_t, profile_repeats, 20,
           "profile: timed runs per point (median kept).");
+ABSL_FLAG(double, profile_point_budget, 3.0,
+          "profile: seconds a point may take before its runs stop at 3 timed "
+          "ones after one warm-up (large models, slow CPUs); 0 = no limit.");
 ABSL_FLAG(int32_t, profile_max_draft, 10,
           "profile: the verify table covers 1..N+1 tokens (the planner's "
           "largest gamma).");

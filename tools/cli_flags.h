@@ -82,6 +82,7 @@ ABSL_DECLARE_FLAG(double, knapspec_max_skip);
 ABSL_DECLARE_FLAG(bool, knapspec_pool_alpha);
 ABSL_DECLARE_FLAG(std::vector<std::string>, profile_contexts);
 ABSL_DECLARE_FLAG(int32_t, profile_repeats);
+ABSL_DECLARE_FLAG(double, profile_point_budget);
 ABSL_DECLARE_FLAG(int32_t, profile_max_draft);
 ABSL_DECLARE_FLAG(double, exit_threshold);
 ABSL_DECLARE_FLAG(double, specbound_lambda);

@@ -58,6 +58,9 @@ absl::Status Profile() {
   if (options.max_draft < 1)
     return absl::InvalidArgumentError("--profile-max-draft must be >= 1");
   options.repeats = absl::GetFlag(FLAGS_profile_repeats);
+  options.point_budget_seconds = absl::GetFlag(FLAGS_profile_point_budget);
+  if (!(options.point_budget_seconds >= 0))
+    return absl::InvalidArgumentError("--profile-point-budget must be >= 0");
   ASSIGN_OR_RETURN(options.contexts,
                    ContextsFromFlags(*engine.model, options.max_draft));
   options.measure_overhead =

@@ -1,7 +1,9 @@
 #include "tools/step_overhead.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -10,8 +12,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
+#include "common/model/exception_status.h"
 #include "common/model/layer_mask.h"
 #include "executor/engine/generator.h"
+#include "executor/engine/sequence.h"
 #include "tools/bench_util.h"
 
 namespace knapserve {
@@ -22,6 +26,78 @@ double OutsidePlanning(const GenerationResult& result) {
   return result.stats.decode_seconds - result.stats.waiting_seconds;
 }
 
+// One context's prompt, prefilled once (the header's shared prefill): the
+// K/V buffer, sized for the longest run, and the sequence that prefilled
+// it, kept for its last logits row, from which every run starts. Not
+// movable: `first` holds the buffer's address.
+struct Prefilled {
+  Prefilled() = default;
+  Prefilled(const Prefilled&) = delete;
+  Prefilled& operator=(const Prefilled&) = delete;
+
+  int64_t positions = 0;
+  std::vector<LayerKv> kv;
+  std::unique_ptr<Sequence> first;
+};
+
+// Prefills `request`'s prompt into a buffer of `positions` positions, one
+// chunk per step, asking before_run before each chunk (its errors stop it;
+// a wait does not matter: nothing here is timed).
+absl::StatusOr<std::unique_ptr<Prefilled>> Prefill(
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    GenerationRequest request, int64_t positions,
+    const StepOverheadOptions& options) {
+  try {
+    auto prefilled = std::make_unique<Prefilled>();
+    request.max_new_tokens = 1;
+    ASSIGN_OR_RETURN(prefilled->first,
+                     Sequence::Create(model, tokenizer, request, nullptr,
+                                      nullptr, nullptr, nullptr));
+    Sequence& first = *prefilled->first;
+    first.KeepPrefillLogits();
+    prefilled->positions = positions;
+    prefilled->kv = model.AllocateKv(positions);
+    first.UseKv(&prefilled->kv);
+    BatchStepOptions step;
+    step.max_batch_tokens = request.prefill_chunk;
+    Sequence* const batch[] = {&first};
+    while (first.prefilling()) {
+      if (options.before_run) RETURN_IF_ERROR(options.before_run().status());
+      RunBatchStep(model, batch, step);
+    }
+    if (!first.prefilled()) return first.TakeResult().status();
+    return prefilled;
+  } catch (...) {
+    return CurrentExceptionAsInternal("step overhead: prefill");
+  }
+}
+
+// Runs `request` (its prompt the one prefilled) from the prefill, as
+// Generate would after it: the same steps, one sequence, contiguous K/V.
+absl::StatusOr<GenerationResult> RunFromPrefill(
+    const LlamaModel& model, const Tokenizer& tokenizer, Prefilled& prefilled,
+    const GenerationRequest& request, const StreamCallback& on_tokens) {
+  try {
+    ASSIGN_OR_RETURN(std::unique_ptr<Sequence> seq,
+                     Sequence::Create(model, tokenizer, request, on_tokens,
+                                      nullptr, nullptr, nullptr));
+    if (seq->max_positions() > prefilled.positions) {
+      return absl::InternalError(absl::StrCat(
+          "step overhead: a run needs ", seq->max_positions(),
+          " K/V positions, the prefill's buffer holds ", prefilled.positions));
+    }
+    seq->UseKv(&prefilled.kv);
+    RETURN_IF_ERROR(seq->StartFromPrefill(*prefilled.first));
+    BatchStepOptions step;
+    step.max_batch_tokens = request.prefill_chunk;
+    Sequence* const batch[] = {seq.get()};
+    while (!seq->done()) RunBatchStep(model, batch, step);
+    return seq->TakeResult();
+  } catch (...) {
+    return CurrentExceptionAsInternal("step overhead: run");
+  }
+}
+
 // Runs `request` until a run goes through with no wait in it. before_run is
 // asked before the run and between its steps (the stream callback), so a
 // request that reaches a serving process waits for one decode step of this
@@ -30,6 +106,7 @@ double OutsidePlanning(const GenerationResult& result) {
 // caches, so it only warms them and the next one is timed.
 absl::StatusOr<GenerationResult> RunOnce(const LlamaModel& model,
                                          const Tokenizer& tokenizer,
+                                         Prefilled& prefilled,
                                          const GenerationRequest& request,
                                          const StepOverheadOptions& options) {
   bool cold = false;
@@ -54,8 +131,9 @@ absl::StatusOr<GenerationResult> RunOnce(const LlamaModel& model,
         return !cut;
       };
     }
-    ASSIGN_OR_RETURN(GenerationResult result,
-                     Generate(model, tokenizer, request, between_steps));
+    ASSIGN_OR_RETURN(
+        GenerationResult result,
+        RunFromPrefill(model, tokenizer, prefilled, request, between_steps));
     RETURN_IF_ERROR(gate);
     cold = cut;
     if (!waited && !cut) return result;
@@ -99,12 +177,43 @@ absl::StatusOr<Point> MeasureAt(const LlamaModel& model,
     return static_cast<double>(context) +
            0.5 * static_cast<double>(r.stats.completion_tokens - 1);
   };
-  // One untimed run of each warms the caches and the engine.
-  RETURN_IF_ERROR(RunOnce(model, tokenizer, plain, options).status());
-  RETURN_IF_ERROR(RunOnce(model, tokenizer, drafting, options).status());
+  // Every run starts from one prefill of the prompt.
+  int64_t positions = 0;
+  for (const GenerationRequest* request : {&plain, &drafting}) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Sequence> probe,
+                     Sequence::Create(model, tokenizer, *request, nullptr,
+                                      nullptr, nullptr, nullptr));
+    positions = std::max(positions, probe->max_positions());
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Prefilled> prefilled,
+                   Prefill(model, tokenizer, plain, positions, options));
+  // One untimed run of each warms the caches and the engine, and shows
+  // what a pair of runs costs: the budget sets the repeats (and the runs'
+  // length) from it.
+  const auto warm_start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(
+      RunOnce(model, tokenizer, *prefilled, plain, options).status());
+  RETURN_IF_ERROR(
+      RunOnce(model, tokenizer, *prefilled, drafting, options).status());
+  const double pair = std::chrono::duration<double>(
+                          std::chrono::steady_clock::now() - warm_start)
+                          .count();
+  int repeats = options.repeats;
+  if (options.budget_seconds > 0 && pair * repeats > options.budget_seconds) {
+    repeats = std::max(std::min(options.min_repeats, options.repeats),
+                       static_cast<int>(options.budget_seconds / pair));
+    if (pair * repeats > options.budget_seconds) {
+      const double scale = options.budget_seconds / (pair * repeats);
+      const int64_t shortest =
+          std::min<int64_t>(options.new_tokens, StepOverheadOptions::kMinRun);
+      plain.max_new_tokens =
+          std::max(shortest, static_cast<int64_t>(options.new_tokens * scale));
+      drafting.max_new_tokens = plain.max_new_tokens;
+    }
+  }
   auto run_plain = [&]() -> absl::StatusOr<GenerationResult> {
     ASSIGN_OR_RETURN(GenerationResult a,
-                     RunOnce(model, tokenizer, plain, options));
+                     RunOnce(model, tokenizer, *prefilled, plain, options));
     if (a.stats.steps < 1) {
       return absl::InternalError("step overhead: the plain run took no step");
     }
@@ -122,9 +231,9 @@ absl::StatusOr<Point> MeasureAt(const LlamaModel& model,
   // drift that is linear over the three cancels.
   std::vector<double> contexts, per_step, per_draft;
   ASSIGN_OR_RETURN(GenerationResult before, run_plain());
-  for (int r = 0; r < options.repeats; ++r) {
+  for (int r = 0; r < repeats; ++r) {
     ASSIGN_OR_RETURN(const GenerationResult b,
-                     RunOnce(model, tokenizer, drafting, options));
+                     RunOnce(model, tokenizer, *prefilled, drafting, options));
     if (b.speculation.draft_tokens < 1) {
       return absl::InternalError(
           "step overhead: the drafting run drafted no token");
@@ -179,12 +288,14 @@ absl::StatusOr<StepOverhead> MeasureStepOverhead(
     const LlamaModel& model, const Tokenizer& tokenizer,
     const LatencyProfile& passes, const StepOverheadOptions& options) {
   if (options.new_tokens < 8 || options.repeats < 1 || options.max_draft < 1 ||
+      options.min_repeats < 1 || !(options.budget_seconds >= 0) ||
       options.contexts.size() > 2) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "step overhead: needs new_tokens >= 8, repeats >= 1, max_draft >= 1 "
-        "and at most two contexts; got ",
+        "step overhead: needs new_tokens >= 8, repeats >= 1, max_draft >= 1, "
+        "min_repeats >= 1, budget_seconds >= 0 and at most two contexts; got ",
         options.new_tokens, ", ", options.repeats, ", ", options.max_draft,
-        " and ", options.contexts.size(), " contexts"));
+        ", ", options.min_repeats, ", ", options.budget_seconds, " and ",
+        options.contexts.size(), " contexts"));
   }
   if (passes.verify_contexts.empty() || passes.verify_seconds.empty()) {
     return absl::InvalidArgumentError(

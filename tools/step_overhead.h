@@ -35,8 +35,17 @@
 // slope clamped at 0: a cost that falls with context is noise); one gives it
 // flat.
 //
-// Cost: 2 * repeats + 3 runs per context, each a prefill of the context and
-// `new_tokens` decode steps.
+// The runs at one context share one prefill: the prompt's K/V is computed
+// once, and every run starts decoding from it (Sequence::StartFromPrefill),
+// writing only positions past the prompt, which the next run overwrites.
+// (Re-prefilling 1024 positions for each of 17 runs was 57 of the 200 s
+// this took on the smollm2-135m shape in bf16.)
+//
+// Cost: one prefill and 2 * repeats + 3 runs of `new_tokens` decode steps
+// per context, within `budget_seconds` when set: the two untimed runs show
+// what a pair costs, and when `repeats` pairs would not fit, fewer are run
+// (at least min_repeats) and, when even those would not, shorter ones (at
+// least kMinRun tokens). Small models never reach the budget.
 //
 // Thread safety: runs on the calling thread and only reads the model and
 // tokenizer, which must outlive the call. Like ProfileModel it should not
@@ -64,6 +73,11 @@ struct StepOverheadOptions {
   int new_tokens = 64;  // per run, >= 8
   int repeats = 7;      // runs per figure (the median is kept), >= 1
   int max_draft = 4;    // draft tokens per step of the static run, >= 1
+  // Seconds for one context's timed runs (0 = no limit); see the cost above.
+  // A wait during the two untimed runs counts in what they cost.
+  double budget_seconds = 15;
+  int min_repeats = 3;                    // >= 1
+  static constexpr int64_t kMinRun = 16;  // tokens per run, at the least
   // As ProfileOptions::before_run: called before every run and between its
   // decode steps; `true` (it waited, the caches are cold) cuts the run short
   // if it was under way, and the run is repeated after one untimed run that

@@ -869,11 +869,12 @@ void Sequence::OnPromptLogits(const torch::Tensor& logits, int64_t start) {
 }
 
 absl::Status Sequence::StartFromPrefill(const Sequence& first) {
-  if (!first.prefill_logits_.defined() || started_ || paged_ == nullptr ||
+  if (!first.prefill_logits_.defined() || started_ ||
+      (paged_ == nullptr && contiguous_ == nullptr) ||
       first.prompt_len_ != prompt_len_) {
     return absl::FailedPreconditionError(
-        "a choice can start only from its request's first choice's kept "
-        "prefill, with its K/V bound and before it ran");
+        "a sequence can start only from a kept prefill of a prompt as long as "
+        "its own, with its K/V bound and before it ran");
   }
   started_ = true;
   start_ = first.start_;

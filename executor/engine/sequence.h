@@ -112,8 +112,13 @@ class Sequence {
   // before its prefill ends); every other choice, its paged K/V already
   // holding the prompt (SequenceKv::SharePrefix), starts decoding from them
   // with its own sampler (StartFromPrefill), taking the prompt's routing
-  // vector and prompt logprobs from `first`. FailedPrecondition when
-  // `first` has not kept its prefill or this one already started.
+  // vector and prompt logprobs from `first`. A contiguous K/V works the
+  // same way when the caller has put the prompt's K/V in it (the step
+  // overhead measurement, tools/step_overhead.h, runs many sequences from
+  // one prefill in one buffer: each writes only positions past the prompt).
+  // `first` must hold the same prompt; only its length is checked.
+  // FailedPrecondition when `first` has not kept its prefill, the prompts'
+  // lengths differ, no K/V is bound or this one already started.
   void KeepPrefillLogits() { keep_prefill_logits_ = true; }
   absl::Status StartFromPrefill(const Sequence& first);
   // Committed K/V positions.

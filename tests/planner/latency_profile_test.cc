@@ -489,6 +489,48 @@ TEST(ProfileModelTest, MeasuresAModel) {
   options.measure_overhead = nullptr;
   options.before_run = nullptr;
 
+  // A point budget that every run exceeds: each point (the sublayers, then
+  // the verify row, at each context in each of two sweeps) runs one warm-up
+  // and min_repeats timed runs. The gate counts them: asked before every run
+  // and, in a verify run, between its max_draft + 1 passes.
+  gate_calls = 0;
+  options.before_run = [&]() -> absl::StatusOr<bool> {
+    ++gate_calls;
+    return false;
+  };
+  options.contexts = {16, 128};
+  options.warmup = 3;
+  options.repeats = 10;
+  options.min_repeats = 2;
+  options.point_budget_seconds = 1e-9;
+  ASSERT_TRUE(ProfileModel(**model, options).ok());
+  const int runs = 1 + options.min_repeats;
+  EXPECT_EQ(gate_calls, 2 * 2 * (runs + runs * (options.max_draft + 1)));
+  // Without the budget: every warm-up and timed run.
+  gate_calls = 0;
+  options.point_budget_seconds = 0;
+  ASSERT_TRUE(ProfileModel(**model, options).ok());
+  EXPECT_EQ(gate_calls, 2 * 2 * 13 * (1 + options.max_draft + 1));
+  // A wait starts the point over, the budget's clock with it: here once,
+  // before the first point's first timed run (the second call), so that
+  // point makes its warm-up again: two calls more.
+  gate_calls = 0;
+  options.point_budget_seconds = 1e-9;
+  options.before_run = [&]() -> absl::StatusOr<bool> {
+    return ++gate_calls == 2;
+  };
+  ASSERT_TRUE(ProfileModel(**model, options).ok());
+  EXPECT_EQ(gate_calls, 2 + 2 * 2 * (runs + runs * (options.max_draft + 1)));
+  options.before_run = nullptr;
+  options.min_repeats = 0;
+  EXPECT_EQ(ProfileModel(**model, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.min_repeats = 3;
+  options.point_budget_seconds = -1;
+  EXPECT_EQ(ProfileModel(**model, options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  options.point_budget_seconds = 0;
+
   // Bad options.
   options.contexts = {16};
   EXPECT_EQ(ProfileModel(**model, options).status().code(),

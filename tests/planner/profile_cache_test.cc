@@ -347,6 +347,8 @@ TEST(ProfileCacheTest, QuickOptionsFitTheModel) {
   ASSERT_NE(model, nullptr);
   const ProfileOptions options = QuickProfileOptions(*model, 10);
   EXPECT_EQ(options.repeats, 5);
+  EXPECT_EQ(options.point_budget_seconds, kQuickPointBudgetSeconds);
+  EXPECT_EQ(options.min_repeats, 3);
   EXPECT_EQ(options.max_draft, 10);
   ASSERT_FALSE(options.contexts.empty());
   for (int64_t n : options.contexts)

@@ -81,12 +81,12 @@ TEST_F(StepOverheadTest, MeasuresTheEngineBeyondThePassPrices) {
   // One context: flat lines.
   EXPECT_EQ(overhead->step_slope, 0);
   EXPECT_EQ(overhead->draft_slope, 0);
-  // Asked before each of the four runs (two untimed, two timed) and between
-  // their steps: a plain run of 24 tokens takes 24 steps.
-  EXPECT_GE(calls, 4 + 2 * 24);
+  // Asked before the prefill, before each of the four runs (two untimed, two
+  // timed) and between their steps: a plain run of 24 tokens takes 24 steps.
+  EXPECT_GE(calls, 1 + 4 + 2 * 24);
 
   // The gate's errors stop the measurement, before a run or between steps.
-  for (int failing : {1, 3}) {
+  for (int failing : {1, 2, 4}) {
     int n = 0;
     options.before_run = [&]() -> absl::StatusOr<bool> {
       if (++n == failing) return absl::CancelledError("shutting down");
@@ -113,25 +113,62 @@ TEST_F(StepOverheadTest, AWaitBetweenStepsCutsTheRunAndRunsItAgainWarm) {
   // One plain run: asked before it and after each of its 24 steps.
   const int plain_run = 1 + 24;
 
-  // The first run (plain, untimed) waits at its fifth call, between its
-  // fourth and fifth steps: those 5 calls are spent, then a warming run and
-  // the run itself are made again.
-  int wait_at = 5;
+  // The first call is before the prefill, which is not timed: a wait there
+  // changes nothing.
+  int wait_at = 1;
   calls = 0;
   options.before_run = [&]() -> absl::StatusOr<bool> {
     return ++calls == wait_at;
   };
   ASSERT_TRUE(
       MeasureStepOverhead(*model, *tokenizer, free_passes, options).ok());
-  EXPECT_EQ(calls, undisturbed + wait_at + plain_run);
+  EXPECT_EQ(calls, undisturbed);
+
+  // The first run (plain, untimed) waits at its fifth call (the sixth in
+  // all), between its fourth and fifth steps: those 5 calls are spent, then
+  // a warming run and the run itself are made again.
+  wait_at = 6;
+  calls = 0;
+  ASSERT_TRUE(
+      MeasureStepOverhead(*model, *tokenizer, free_passes, options).ok());
+  EXPECT_EQ(calls, undisturbed + (wait_at - 1) + plain_run);
 
   // A wait before the first run: that run only warms the caches, and the
   // run is made once more.
-  wait_at = 1;
+  wait_at = 2;
   calls = 0;
   ASSERT_TRUE(
       MeasureStepOverhead(*model, *tokenizer, free_passes, options).ok());
   EXPECT_EQ(calls, undisturbed + plain_run);
+}
+
+// The runs start from one prefill and stop within the budget: when the
+// untimed pair of runs shows that `repeats` pairs would take longer, fewer
+// are run (min_repeats) and, when even those would, shorter ones. The gate
+// counts them: asked before the prefill, before each run and after each of
+// its steps (a plain run of N tokens takes N steps, a drafting one at most
+// N).
+TEST_F(StepOverheadTest, StaysWithinItsBudget) {
+  int calls = 0;
+  StepOverheadOptions options = CountingOptions(calls);
+  options.new_tokens = 64;
+  options.repeats = 7;
+  options.min_repeats = 2;
+  options.budget_seconds = 1e-9;
+  auto overhead = MeasureStepOverhead(*model, *tokenizer, free_passes, options);
+  ASSERT_TRUE(overhead.ok()) << overhead.status();
+  EXPECT_GT(overhead->step_seconds, 0);
+  const int64_t shortest = StepOverheadOptions::kMinRun;
+  // The prefill, the untimed pair at 64 tokens, then 2 drafting runs and 3
+  // plain ones of 16 tokens.
+  EXPECT_GE(calls, 1 + (1 + 64) + 2 + 3 * (1 + shortest) + 2 * 2);
+  EXPECT_LE(calls, 1 + 2 * (1 + 64) + 5 * (1 + shortest));
+  // Without the budget: 7 drafting and 8 plain runs of 64 tokens.
+  calls = 0;
+  options.budget_seconds = 0;
+  ASSERT_TRUE(
+      MeasureStepOverhead(*model, *tokenizer, free_passes, options).ok());
+  EXPECT_GE(calls, 1 + 9 * (1 + 64));
 }
 
 // What the profile prices is not counted again: verification priced far
@@ -166,7 +203,9 @@ TEST_F(StepOverheadTest, RefusesBadOptionsAndModelsTooShort) {
                    },
                    +[](StepOverheadOptions& o) { o.new_tokens = 7; },
                    +[](StepOverheadOptions& o) { o.repeats = 0; },
-                   +[](StepOverheadOptions& o) { o.max_draft = 0; }}) {
+                   +[](StepOverheadOptions& o) { o.max_draft = 0; },
+                   +[](StepOverheadOptions& o) { o.min_repeats = 0; },
+                   +[](StepOverheadOptions& o) { o.budget_seconds = -1; }}) {
     StepOverheadOptions options;
     bad(options);
     const absl::Status status =

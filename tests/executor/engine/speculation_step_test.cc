@@ -1315,5 +1315,69 @@ TEST_F(SpeculationRequestTest, OffIgnoresTheSpeculationFields) {
   EXPECT_EQ(result->mask, "");
 }
 
+// Many sequences can decode from one prefill in one contiguous K/V buffer
+// (what the step overhead measurement does, tools/step_overhead.h): each
+// writes only positions past the prompt, so the next one finds the prompt's
+// K/V intact, and each generates exactly what Generate() does for its
+// request, plain or drafting.
+TEST(StartFromPrefillTest, RunsFromOneContiguousPrefillAsGenerateDoes) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = GetModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  const ModelConfig& c = model->config();
+  const std::vector<int32_t> prompt =
+      RandomPrompt(c.bos_token_id.value_or(1), c.vocab_size, 40, 11);
+  const GenerationRequest plain = Request(prompt, 24);
+  const GenerationRequest drafting = Speculative(plain, "a1,m1,a3,m3", 3, 0.0);
+
+  GenerationRequest first_request = plain;
+  first_request.max_new_tokens = 1;
+  auto first = Sequence::Create(*model, *GetTokenizer(), first_request, nullptr,
+                                nullptr, nullptr, nullptr);
+  ASSERT_TRUE(first.ok()) << first.status();
+  (*first)->KeepPrefillLogits();
+  std::vector<LayerKv> kv = model->AllocateKv(model->max_context());
+  (*first)->UseKv(&kv);
+  Sequence* const prefill_batch[] = {first->get()};
+  while ((*first)->prefilling()) RunBatchStep(*model, prefill_batch, {});
+  ASSERT_TRUE((*first)->prefilled());
+
+  for (const GenerationRequest* request :
+       {&drafting, &plain, &drafting, &plain}) {
+    auto expected = Generate(*model, *GetTokenizer(), *request);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    auto seq = Sequence::Create(*model, *GetTokenizer(), *request, nullptr,
+                                nullptr, nullptr, nullptr);
+    ASSERT_TRUE(seq.ok()) << seq.status();
+    // No K/V bound yet: refused.
+    EXPECT_EQ((*seq)->StartFromPrefill(**first).code(),
+              absl::StatusCode::kFailedPrecondition);
+    (*seq)->UseKv(&kv);
+    ASSERT_TRUE((*seq)->StartFromPrefill(**first).ok());
+    // Started already: refused.
+    EXPECT_EQ((*seq)->StartFromPrefill(**first).code(),
+              absl::StatusCode::kFailedPrecondition);
+    Sequence* const batch[] = {seq->get()};
+    while (!(*seq)->done()) RunBatchStep(*model, batch, {});
+    auto result = (*seq)->TakeResult();
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->output_ids, expected->output_ids)
+        << Describe(result->output_ids) << " vs "
+        << Describe(expected->output_ids);
+    if (request == &drafting) {
+      EXPECT_GT(result->speculation.draft_tokens, 0);
+    }
+  }
+
+  // A prompt of another length cannot start from this prefill.
+  auto other = Sequence::Create(*model, *GetTokenizer(),
+                                Request({prompt.begin(), prompt.end() - 1}, 4),
+                                nullptr, nullptr, nullptr, nullptr);
+  ASSERT_TRUE(other.ok()) << other.status();
+  (*other)->UseKv(&kv);
+  EXPECT_EQ((*other)->StartFromPrefill(**first).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace knapserve
