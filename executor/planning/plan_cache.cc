@@ -336,8 +336,9 @@ int64_t PlainRateTable::samples(const std::string& execution_id,
 
 void GuardVerdicts::Judge(const std::string& execution_id,
                           const std::string& setting, int64_t bucket_tokens,
-                          int64_t bucket, bool loses, const Verdict& verdict,
-                          int64_t hold_steps, int64_t max_hold_steps) {
+                          int64_t bucket, Judgement judgement,
+                          const Verdict& verdict, int64_t hold_steps,
+                          int64_t max_hold_steps) {
   absl::MutexLock lock(&mu_);
   const Key key(execution_id, setting, bucket_tokens, bucket);
   auto held_it = losing_.find(key);
@@ -345,14 +346,14 @@ void GuardVerdicts::Judge(const std::string& execution_id,
       held_it->second.plan_version > verdict.plan_version) {
     return;  // a late judgement of an older plan: the newer verdict stands
   }
-  if (!loses) {
+  if (judgement != Judgement::kLoss) {
     auto pool = pools_.find(key);
     if (pool != pools_.end() &&
         pool->second.plan_version == verdict.plan_version) {
       pool->second.since_judged = 0;  // its steps stay evidence for the next
     }
     losing_.erase(key);
-    losses_in_a_row_.erase(key);
+    if (judgement == Judgement::kWin) losses_in_a_row_.erase(key);
     return;
   }
   pools_.erase(key);  // the re-probe measures afresh

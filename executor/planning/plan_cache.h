@@ -321,12 +321,24 @@ class PlainRateTable {
 // it; then it expires and the next speculative steps measure again (the
 // re-probe). Each further loss in a row at the same key (setting and
 // bucket, whatever the plan version) doubles the hold, up to
-// `max_hold_steps`. A winning judgement clears the verdict and the run of
-// losses. The run also tells the re-probe that the setting lost here last
-// (LastLost): the guard then judges it by the full rule from its first few
-// steps on, not only a clear loss.
+// `max_hold_steps`. A winning judgement clears the verdict; a win that
+// proves the setting (kWin) also ends the run of losses, a narrow one
+// (kUnprovenWin) lets it draft again but keeps the run, so that its next
+// loss holds twice as long. Otherwise a loser whose short re-probe won by
+// chance (a window of 16 steps spreads widely when tokens per step vary)
+// started again from hold_steps after every such win, and paid a losing
+// re-probe every hold_steps plain steps. The run also
+// tells the re-probe that the setting lost here last (LastLost): the guard
+// then judges it by the full rule from its first few steps on, not only a
+// clear loss.
 class GuardVerdicts {
  public:
+  // A judgement's outcome (SpeculationGuard decides which).
+  enum class Judgement {
+    kWin,          // the setting drafts on; its run of losses ends
+    kUnprovenWin,  // it drafts on, but its run of losses stands
+    kLoss,         // a losing verdict holds it plain
+  };
   // One speculative step as the guard weighs it.
   struct Step {
     int tokens = 0;      // tokens committed
@@ -347,12 +359,12 @@ class GuardVerdicts {
   GuardVerdicts(const GuardVerdicts&) = delete;
   GuardVerdicts& operator=(const GuardVerdicts&) = delete;
 
-  // A judgement: the setting lost (`loses`: a verdict of `hold_steps` plain
+  // A judgement: the setting lost (kLoss: a verdict of `hold_steps` plain
   // steps, times 2 for each earlier loss in a row at the key, at most
-  // max(hold_steps, max_hold_steps)) or won (any verdict for it and its run
-  // of losses are cleared).
+  // max(hold_steps, max_hold_steps)) or won (any verdict for it is cleared;
+  // with kWin its run of losses too).
   void Judge(const std::string& execution_id, const std::string& setting,
-             int64_t bucket_tokens, int64_t bucket, bool loses,
+             int64_t bucket_tokens, int64_t bucket, Judgement judgement,
              const Verdict& verdict, int64_t hold_steps,
              int64_t max_hold_steps = 0) ABSL_LOCKS_EXCLUDED(mu_);
   // Before a step of `setting` at `bucket` under plan `plan_version` (0
@@ -367,9 +379,10 @@ class GuardVerdicts {
   std::optional<Verdict> Find(const std::string& execution_id,
                               const std::string& setting, int64_t bucket_tokens,
                               int64_t bucket) const ABSL_LOCKS_EXCLUDED(mu_);
-  // Whether the last judgement of `setting` at the bucket was a loss, on
-  // plan `plan_version` (0 unplanned): held or expired, until a win clears
-  // it. A loss on another plan does not count (a new plan is judged afresh).
+  // Whether the setting's run of losses at the bucket stands, on plan
+  // `plan_version` (0 unplanned): its last judgement was a loss (held or
+  // expired) or a narrow win after one, until a kWin ends it. A loss on another
+  // plan does not count (a new plan is judged afresh).
   bool LastLost(const std::string& execution_id, const std::string& setting,
                 int64_t bucket_tokens, int64_t bucket,
                 int64_t plan_version) const ABSL_LOCKS_EXCLUDED(mu_);

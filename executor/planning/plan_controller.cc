@@ -285,6 +285,18 @@ bool BelowPlain(const SpeculationGuard::Rate& rate,
          bound * plain.tokens_per_second;
 }
 
+// Whether `rate` is at least `bound` times the plain rate even less
+// `confidence` standard errors of their difference: a win that proves the
+// setting, not one its steps' spread allows.
+bool ProvenAbovePlain(const SpeculationGuard::Rate& rate,
+                      const SpeculationGuard::Rate& plain, double bound,
+                      double confidence) {
+  const double error =
+      std::hypot(rate.standard_error, bound * plain.standard_error);
+  return rate.tokens_per_second - confidence * error >=
+         bound * plain.tokens_per_second;
+}
+
 }  // namespace
 
 bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
@@ -347,7 +359,14 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     verdict.plain_tps = plain_tps;
     verdict.plan_version = plan_version_;
     verdict.sequence_id = sequence_id_;
-    verdicts_->Judge(execution_id_, setting_, bucket_tokens_, bucket, loses,
+    GuardVerdicts::Judgement judgement = GuardVerdicts::Judgement::kLoss;
+    if (!loses) {
+      judgement = ProvenAbovePlain(rate, *plain, 1.0 + options_.margin,
+                                   options_.confidence)
+                      ? GuardVerdicts::Judgement::kWin
+                      : GuardVerdicts::Judgement::kUnprovenWin;
+    }
+    verdicts_->Judge(execution_id_, setting_, bucket_tokens_, bucket, judgement,
                      verdict, options_.reprobe_steps, options_.max_hold_steps);
   } else if (loses) {
     state_ = State::kFallback;

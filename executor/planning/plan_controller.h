@@ -128,8 +128,11 @@ struct GuardOptions {
   // Plain steps a losing verdict holds (GuardVerdicts) before the setting
   // is measured again. Each further loss in a row of the same setting at the
   // same bucket doubles it (256, 512, 1024, ...) up to max_hold_steps (never
-  // below reprobe_steps); a win starts again from reprobe_steps. A setting
-  // that keeps losing is then re-measured ever more rarely.
+  // below reprobe_steps); a win that proves the setting (its rate less
+  // `confidence` standard errors still at plain x (1 + margin)) starts
+  // again from reprobe_steps, a narrower win lets it draft but keeps the
+  // doubling. A setting that keeps losing is then re-measured ever more
+  // rarely, even when a short re-probe wins by chance.
   int64_t reprobe_steps = 256;
   int64_t max_hold_steps = 4096;
   // A clear loser is judged before min_steps: from early_steps speculative
@@ -290,7 +293,9 @@ bool StepMeasuresPlan(int plan_gamma, const StepObservation& step);
 // (doubling with each loss in a row, up to max_hold_steps); then the setting is
 // measured again. A window that is already far below plain after early_steps is
 // judged then, and so is a re-probe's window that is below plain x (1 +
-// margin). A win clears the verdict. A new plan (SetPlan) is a new setting
+// margin). A win clears the verdict (a narrow one, below plain x (1 + margin)
+// once `confidence` standard errors are taken off, keeps the run of losses
+// that doubles the next hold). A new plan (SetPlan) is a new setting
 // version: an older verdict does not hold it back. Without a verdict table the
 // sequence falls back alone, until its next plan.
 class SpeculationGuard {

@@ -1208,52 +1208,107 @@ TEST(SpeculationGuardTest, AClearLoserIsJudgedAfterItsEarlySteps) {
 // full rule from early_steps on: a small loss (190 tokens/s against 200 x
 // 1.03) that took min_steps the first time takes early_steps the second.
 // After a win, the same small loss waits for min_steps again.
-TEST(SpeculationGuardTest, AReprobeOfALoserIsJudgedAtItsEarlySteps) {
-  PlanningShared shared = SharedWithPlanAndPlainRate();
-  PlanControllerOptions o = GuardOn();
-  o.guard.margin = 0.03;
-  o.guard.min_steps = 16;
-  o.guard.early_steps = 4;
-  o.guard.early_loss = 0.15;
-  o.guard.reprobe_steps = 5;
-  PlanController c(o, BaseKey(), 1, 0, shared);
-  int64_t step = 0;
-  // Speculative steps of `step_seconds` (2 tokens each) until a judgement;
-  // returns how many.
-  auto speculate_until_judged = [&](double step_seconds) {
-    const int64_t checks = c.stats().guard_checks;
+// Drives one sequence through judgements and holds: the options of the
+// re-probe tests (plain decoding at 200 tokens/s, margin 0.03, min_steps
+// 16, early_steps 4, a first hold of 5 plain steps).
+class ReprobeDriver {
+ public:
+  static PlanControllerOptions Options() {
+    PlanControllerOptions o = GuardOn();
+    o.guard.margin = 0.03;
+    o.guard.min_steps = 16;
+    o.guard.early_steps = 4;
+    o.guard.early_loss = 0.15;
+    o.guard.reprobe_steps = 5;
+    return o;
+  }
+  ReprobeDriver()
+      : shared_(SharedWithPlanAndPlainRate()),
+        c_(Options(), BaseKey(), 1, 0, shared_) {}
+
+  // Speculative steps (the k-th is step(k)) until a judgement; returns
+  // how many.
+  int64_t SpeculateUntilJudged(
+      const std::function<StepObservation(int64_t)>& step) {
+    const int64_t checks = c_.stats().guard_checks;
     int64_t steps = 0;
-    while (c.stats().guard_checks == checks && steps < 40) {
-      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << step;
-      c.AfterStep(Spec(3, 3, 1, step_seconds));
-      ++step;
+    while (c_.stats().guard_checks == checks && steps < 40) {
+      EXPECT_EQ(c_.BeforeStep(step_, 1).gamma, 3) << step_;
+      c_.AfterStep(step(steps));
+      ++step_;
       ++steps;
     }
     return steps;
-  };
-  // Plain steps at 200 tokens/s until the verdict expires.
-  auto decode_the_hold = [&] {
+  }
+  int64_t SpeculateUntilJudged(const StepObservation& step) {
+    return SpeculateUntilJudged([&](int64_t) { return step; });
+  }
+  // Plain steps at 200 tokens/s until the verdict expires; returns how many.
+  int64_t DecodeTheHold() {
     int64_t plain = 0;
-    while (plain < 40 && c.BeforeStep(step, 1).gamma == 0) {
-      c.AfterStep(Plain(0.005));
-      ++step;
+    while (plain < 40 && c_.BeforeStep(step_, 1).gamma == 0) {
+      c_.AfterStep(Plain(0.005));
+      ++step_;
       ++plain;
     }
     return plain;
-  };
-  EXPECT_EQ(speculate_until_judged(0.0105), 16) << "not a clear loss";
-  EXPECT_EQ(c.stats().guard_fallbacks, 1);
-  EXPECT_EQ(decode_the_hold(), 5);
-  EXPECT_EQ(speculate_until_judged(0.0105), 4) << "the re-probe of a loser";
-  EXPECT_EQ(c.stats().guard_fallbacks, 2);
-  EXPECT_EQ(decode_the_hold(), 10);
+  }
+  const PlanningStats& stats() const { return c_.stats(); }
+
+ private:
+  PlanningShared shared_;
+  PlanController c_;
+  int64_t step_ = 0;
+};
+
+TEST(SpeculationGuardTest, AReprobeOfALoserIsJudgedAtItsEarlySteps) {
+  ReprobeDriver d;
+  const StepObservation small_loss = Spec(3, 3, 1, 0.0105);  // 190 tokens/s
+  EXPECT_EQ(d.SpeculateUntilJudged(small_loss), 16) << "not a clear loss";
+  EXPECT_EQ(d.stats().guard_fallbacks, 1);
+  EXPECT_EQ(d.DecodeTheHold(), 5);
+  EXPECT_EQ(d.SpeculateUntilJudged(small_loss), 4) << "the re-probe of a loser";
+  EXPECT_EQ(d.stats().guard_fallbacks, 2);
+  EXPECT_EQ(d.DecodeTheHold(), 10);
   // A win (300 tokens/s) clears the run of losses: small-loss steps are
   // then not judged before min_steps (and with the winning steps still in
   // the evidence, that judgement is a win).
-  EXPECT_EQ(speculate_until_judged(0.0066), 16);
-  EXPECT_EQ(c.stats().guard_fallbacks, 2) << "a win";
-  EXPECT_EQ(speculate_until_judged(0.0105), 16);
-  EXPECT_EQ(c.stats().guard_fallbacks, 2);
+  EXPECT_EQ(d.SpeculateUntilJudged(Spec(3, 3, 1, 0.0066)), 16);
+  EXPECT_EQ(d.stats().guard_fallbacks, 2) << "a win";
+  EXPECT_EQ(d.SpeculateUntilJudged(small_loss), 16);
+  EXPECT_EQ(d.stats().guard_fallbacks, 2);
+}
+
+// A re-probe whose steps win only within their spread (222 tokens/s, above
+// plain x 1.03 = 206, but 190 less one standard error) drafts on, but the
+// run of losses stands: when the setting loses again, the hold doubles (10
+// plain steps, not 5) and the loss is judged at the early steps. A loser
+// whose short re-probes win by chance is then measured ever more rarely. A
+// win beyond the spread (300 tokens/s, steady) ends the run.
+TEST(SpeculationGuardTest, ANarrowWinOfAReprobeKeepsTheRunOfLosses) {
+  for (const bool narrow : {true, false}) {
+    SCOPED_TRACE(narrow ? "narrow win" : "clear win");
+    ReprobeDriver d;
+    EXPECT_EQ(d.SpeculateUntilJudged(Spec(3, 3, 1, 0.0105)), 16);
+    EXPECT_EQ(d.stats().guard_fallbacks, 1);
+    EXPECT_EQ(d.DecodeTheHold(), 5);
+    // Two tokens a step in 4 or 14 ms, alternating; or in 6.6 ms.
+    EXPECT_EQ(d.SpeculateUntilJudged([&](int64_t k) {
+      return Spec(3, 3, 1, narrow ? (k % 2 == 0 ? 0.004 : 0.014) : 0.0066);
+    }),
+              16);
+    EXPECT_EQ(d.stats().guard_fallbacks, 1) << "a win";
+    EXPECT_NEAR(d.stats().guard_last_spec_tps, narrow ? 222.2 : 303.0, 0.1);
+    // Then it loses (50 tokens/s).
+    const int64_t to_loss = d.SpeculateUntilJudged(Spec(3, 3, 0, 0.02));
+    EXPECT_EQ(d.stats().guard_fallbacks, 2);
+    EXPECT_EQ(d.DecodeTheHold(), narrow ? 10 : 5);
+    if (narrow) {
+      EXPECT_EQ(to_loss, 4) << "a standing run is judged at the early steps";
+    } else {
+      EXPECT_GT(to_loss, 4) << "only a clear loss is judged that early";
+    }
+  }
 }
 
 // Tokens per step vary with acceptance: a window whose bare rate is just
@@ -1402,6 +1457,11 @@ TEST(SpeculationGuardTest, AStalePlainReferenceIsProbedAgain) {
 }
 
 // Losses in a row at one key double the hold up to the cap; a win resets.
+constexpr GuardVerdicts::Judgement kWin = GuardVerdicts::Judgement::kWin;
+constexpr GuardVerdicts::Judgement kUnprovenWin =
+    GuardVerdicts::Judgement::kUnprovenWin;
+constexpr GuardVerdicts::Judgement kLoss = GuardVerdicts::Judgement::kLoss;
+
 TEST(GuardVerdictsTest, EachLossInARowDoublesTheHoldUpToTheCap) {
   GuardVerdicts verdicts;
   GuardVerdicts::Verdict v;
@@ -1415,12 +1475,12 @@ TEST(GuardVerdictsTest, EachLossInARowDoublesTheHoldUpToTheCap) {
     return steps;
   };
   for (int64_t expected : {3, 6, 10, 10}) {
-    verdicts.Judge("exec", "static a1 D3", 256, 1, true, v, 3, 10);
+    verdicts.Judge("exec", "static a1 D3", 256, 1, kLoss, v, 3, 10);
     EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->hold_steps,
               expected);
     EXPECT_EQ(spend("static a1 D3"), expected);
   }
-  verdicts.Judge("exec", "static a1 D3", 256, 1, true, v, 3, 10);
+  verdicts.Judge("exec", "static a1 D3", 256, 1, kLoss, v, 3, 10);
   EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->losses_in_a_row, 5);
   spend("static a1 D3");
   EXPECT_TRUE(verdicts.LastLost("exec", "static a1 D3", 256, 1, 0))
@@ -1428,15 +1488,28 @@ TEST(GuardVerdictsTest, EachLossInARowDoublesTheHoldUpToTheCap) {
   EXPECT_FALSE(verdicts.LastLost("exec", "static a1 D3", 256, 1, 1))
       << "another plan";
   EXPECT_FALSE(verdicts.LastLost("exec", "static a1 D3", 256, 2, 0));
-  verdicts.Judge("exec", "static a1 D3", 256, 1, false, v, 3, 10);  // a win
+  // A narrow win lets the setting draft, but its run of losses stands: the
+  // next loss holds it twice as long as the last.
+  verdicts.Judge("exec", "static a1 D3", 256, 1, kUnprovenWin, v, 3, 10);
+  EXPECT_FALSE(verdicts.Find("exec", "static a1 D3", 256, 1).has_value());
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", "static a1 D3", 256, 1, 0));
+  EXPECT_TRUE(verdicts.LastLost("exec", "static a1 D3", 256, 1, 0));
+  verdicts.Judge("exec", "static a1 D3", 256, 1, kLoss, v, 3, 10);
+  EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->losses_in_a_row, 6);
+  EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->hold_steps, 10);
+  spend("static a1 D3");
+  verdicts.Judge("exec", "static a1 D3", 256, 1, kWin, v, 3, 10);  // a win
   EXPECT_FALSE(verdicts.LastLost("exec", "static a1 D3", 256, 1, 0));
-  verdicts.Judge("exec", "static a1 D3", 256, 1, true, v, 3, 10);
+  verdicts.Judge("exec", "static a1 D3", 256, 1, kLoss, v, 3, 10);
   EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->hold_steps, 3);
+  verdicts.Judge("exec", "static a1 D3", 256, 1, kUnprovenWin, v, 3, 10);
+  verdicts.Judge("exec", "static a1 D3", 256, 1, kLoss, v, 3, 10);
+  EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 1)->hold_steps, 6);
   // Another bucket has its own run; no cap below the first hold.
-  verdicts.Judge("exec", "static a1 D3", 256, 2, true, v, 3, 10);
+  verdicts.Judge("exec", "static a1 D3", 256, 2, kLoss, v, 3, 10);
   EXPECT_EQ(verdicts.Find("exec", "static a1 D3", 256, 2)->hold_steps, 3);
-  verdicts.Judge("exec", "knn D4", 256, 1, true, v, 8, 2);
-  verdicts.Judge("exec", "knn D4", 256, 1, true, v, 8, 2);
+  verdicts.Judge("exec", "knn D4", 256, 1, kLoss, v, 8, 2);
+  verdicts.Judge("exec", "knn D4", 256, 1, kLoss, v, 8, 2);
   EXPECT_EQ(verdicts.Find("exec", "knn D4", 256, 1)->hold_steps, 8);
 }
 
@@ -1467,11 +1540,11 @@ TEST(GuardVerdictsTest, TheStepPoolKeepsTheNewestPlansLastSteps) {
   EXPECT_THAT(tokens(1), IsEmpty());
   GuardVerdicts::Verdict verdict;
   verdict.plan_version = 2;
-  verdicts.Judge("exec", "knapspec D4", 32, 0, /*loses=*/false, verdict, 8);
+  verdicts.Judge("exec", "knapspec D4", 32, 0, kWin, verdict, 8);
   EXPECT_THAT(tokens(2), ElementsAre(7)) << "a win keeps the pool";
   EXPECT_EQ(add(2, 8), 1) << "and starts the next window";
   EXPECT_THAT(tokens(2), ElementsAre(7, 8));
-  verdicts.Judge("exec", "knapspec D4", 32, 0, /*loses=*/true, verdict, 8);
+  verdicts.Judge("exec", "knapspec D4", 32, 0, kLoss, verdict, 8);
   EXPECT_THAT(tokens(2), IsEmpty()) << "a loss empties it";
 }
 
@@ -1482,7 +1555,7 @@ TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
   v.plain_tps = 100;
   v.plan_version = 7;
   v.sequence_id = 3;
-  verdicts.Judge("exec", "knapspec D6", 256, 1, /*loses=*/true, v, 3);
+  verdicts.Judge("exec", "knapspec D6", 256, 1, kLoss, v, 3);
   EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 0, 7))
       << "another bucket";
   EXPECT_FALSE(verdicts.TakePlainStep("exec", "static a1 D3", 256, 1, 0))
@@ -1504,20 +1577,20 @@ TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
   // verdict on a newer one.
   GuardVerdicts::Verdict newer = v;
   newer.plan_version = 9;
-  verdicts.Judge("exec", "knapspec D6", 256, 1, true, newer, 3);
-  verdicts.Judge("exec", "knapspec D6", 256, 1, false, v, 3);
-  verdicts.Judge("exec", "knapspec D6", 256, 1, true, v, 3);
+  verdicts.Judge("exec", "knapspec D6", 256, 1, kLoss, newer, 3);
+  verdicts.Judge("exec", "knapspec D6", 256, 1, kWin, v, 3);
+  verdicts.Judge("exec", "knapspec D6", 256, 1, kLoss, v, 3);
   EXPECT_EQ(verdicts.Find("exec", "knapspec D6", 256, 1)->plan_version, 9);
   EXPECT_TRUE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 9));
-  verdicts.Judge("exec", "knapspec D6", 256, 1, false, newer, 3);
+  verdicts.Judge("exec", "knapspec D6", 256, 1, kWin, newer, 3);
   // A newer plan voids a verdict on an older one; a win clears a verdict.
-  verdicts.Judge("exec", "knapspec D6", 256, 1, true, v, 3);
+  verdicts.Judge("exec", "knapspec D6", 256, 1, kLoss, v, 3);
   EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 1, 8));
   EXPECT_EQ(verdicts.losing(), 0);
   v.plan_version = 0;
-  verdicts.Judge("exec", "static a1 D3", 256, 1, true, v, 3);
+  verdicts.Judge("exec", "static a1 D3", 256, 1, kLoss, v, 3);
   EXPECT_EQ(verdicts.losing(), 1);
-  verdicts.Judge("exec", "static a1 D3", 256, 1, false, v, 3);
+  verdicts.Judge("exec", "static a1 D3", 256, 1, kWin, v, 3);
   EXPECT_EQ(verdicts.losing(), 0);
   EXPECT_EQ(verdicts.verdicts_given(), 4);
 }
