@@ -287,14 +287,12 @@ bool BelowPlain(const SpeculationGuard::Rate& rate,
 
 // Whether `rate` is at least `bound` times the plain rate even less
 // `confidence` standard errors of their difference: a win that proves the
-// setting, not one its steps' spread allows.
+// setting, not one its steps' spread allows (BelowPlain with the error
+// counted against the setting).
 bool ProvenAbovePlain(const SpeculationGuard::Rate& rate,
                       const SpeculationGuard::Rate& plain, double bound,
                       double confidence) {
-  const double error =
-      std::hypot(rate.standard_error, bound * plain.standard_error);
-  return rate.tokens_per_second - confidence * error >=
-         bound * plain.tokens_per_second;
+  return !BelowPlain(rate, plain, bound, -confidence);
 }
 
 }  // namespace
