@@ -163,13 +163,16 @@ HWY_INLINE void Scores16(const float* q, const KeyAt& key, int64_t hd,
 }
 
 // Scores16 for every query row that sees key j0, the group's first.
-template <int C, typename KeyAt>
+// token_len(t): the keys token row t sees, non-decreasing in t.
+template <int C, typename KeyAt, typename TokenLen>
 HWY_INLINE void ScoreGroup(const float* q, int64_t q_row_stride, int64_t rows,
-                           int64_t group, int64_t first_len, int64_t j0,
+                           int64_t group, const TokenLen& token_len, int64_t j0,
                            const KeyAt& key, int64_t hd, hn::Vec<DF> vscale,
                            float* scores, int64_t scores_stride) {
-  // Token rows in order; row t sees keys [0, first_len + t).
-  for (int64_t t = first_len > j0 ? 0 : j0 - first_len + 1; t < rows; ++t) {
+  // Token rows in order; the first that sees key j0, then every later one.
+  int64_t first_row = 0;
+  while (first_row < rows && token_len(first_row) <= j0) ++first_row;
+  for (int64_t t = first_row; t < rows; ++t) {
     const float* qt = q + t * q_row_stride;
     float* st = scores + t * group * scores_stride + j0;
     for (int64_t g = 0; g < group; ++g) {
@@ -185,13 +188,12 @@ constexpr int64_t kMaxWidenedHeadDim = 128;
 // Step 1 of AttendKvHead: the scores of every query row against every key
 // it sees, 16 keys at a time; each group of keys, once loaded, is used by
 // every query row that sees it. Past n_max the last key is re-read (its
-// scores are never used).
-template <int C, typename E>
+// scores are never used). n_max = token_len(rows - 1) > 0.
+template <int C, typename E, typename TokenLen>
 void ScoreAllKeys(const float* q, int64_t q_row_stride, int64_t rows,
-                  int64_t group, int64_t first_len, const E* keys,
-                  const KvBlocks& kv, int64_t hd, float scale, float* scores,
-                  int64_t scores_stride) {
-  const int64_t n_max = first_len + rows - 1;
+                  int64_t group, const TokenLen& token_len, int64_t n_max,
+                  const E* keys, const KvBlocks& kv, int64_t hd, float scale,
+                  float* scores, int64_t scores_stride) {
   const E* last_key = keys + RowOffset(kv, n_max - 1, hd);
   const auto vscale = hn::Set(DF(), scale);
   const int64_t lanes = hn::Lanes(DF());
@@ -215,7 +217,7 @@ void ScoreAllKeys(const float* q, int64_t q_row_stride, int64_t rows,
             hn::Store(LoadRow(src + c), DF(), wide + j * hd + c);
         }
         ScoreGroup<C>(
-            q, q_row_stride, rows, group, first_len, j0,
+            q, q_row_stride, rows, group, token_len, j0,
             [&](int k) { return wide + k * hd; }, hd, vscale, scores,
             scores_stride);
         continue;
@@ -223,7 +225,7 @@ void ScoreAllKeys(const float* q, int64_t q_row_stride, int64_t rows,
     }
     if (j0 + 16 <= n_max) {
       ScoreGroup<C>(
-          q, q_row_stride, rows, group, first_len, j0,
+          q, q_row_stride, rows, group, token_len, j0,
           [&](int k) { return first + k * hd; }, hd, vscale, scores,
           scores_stride);
     } else {
@@ -231,7 +233,7 @@ void ScoreAllKeys(const float* q, int64_t q_row_stride, int64_t rows,
       for (int j = 0; j < 16; ++j)
         kr[j] = j0 + j < n_max ? first + j * hd : last_key;
       ScoreGroup<C>(
-          q, q_row_stride, rows, group, first_len, j0,
+          q, q_row_stride, rows, group, token_len, j0,
           [&](int k) { return kr[k]; }, hd, vscale, scores, scores_stride);
     }
   }
@@ -323,23 +325,27 @@ HWY_INLINE void PvTileAllChunks(const float* const* srow, const E* values,
 #endif
 }
 
-template <typename E>
+// token_len(t): the keys [0, token_len(t)) token row t sees, non-decreasing
+// in t. row_max / row_sum: null, or where each query row's softmax maximum
+// and sum go.
+template <typename E, typename TokenLen>
 void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
-                  int64_t group, int64_t first_len, const E* keys,
+                  int64_t group, const TokenLen& token_len, const E* keys,
                   const E* values, const KvBlocks& kv, int64_t hd, float scale,
                   float* scores, int64_t scores_stride, float* out,
-                  int64_t out_row_stride) {
+                  int64_t out_row_stride, float* row_max, float* row_sum) {
   const DF d;
   const int64_t lanes = hn::Lanes(d);
   const int64_t num_q = rows * group;
-  const int64_t n_max = first_len + rows - 1;
+  if (rows <= 0) return;
+  const int64_t n_max = token_len(rows - 1);
   // Query row i is (token row i / group, head i % group); it sees keys [0,
   // len).
-  auto len_of = [&](int64_t i) { return first_len + i / group; };
+  auto len_of = [&](int64_t i) { return token_len(i / group); };
 
   // 1. Scores (ScoreAllKeys; 4 keys at a time for scalable vectors).
 #if HWY_HAVE_SCALABLE
-  const E* last_key = keys + RowOffset(kv, n_max - 1, hd);
+  const E* last_key = keys + RowOffset(kv, n_max > 0 ? n_max - 1 : 0, hd);
   for (int64_t j0 = 0; j0 < n_max; j0 += 4) {
     const E* first = keys + RowOffset(kv, j0, hd);
     const E* kr[4];
@@ -355,27 +361,29 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
   }
 #else
   // Head dimensions of 1, 2, 4 or 8 vectors unroll fully.
-  switch (hd / lanes) {
-    case 1:
-      ScoreAllKeys<1>(q, q_row_stride, rows, group, first_len, keys, kv, hd,
-                      scale, scores, scores_stride);
-      break;
-    case 2:
-      ScoreAllKeys<2>(q, q_row_stride, rows, group, first_len, keys, kv, hd,
-                      scale, scores, scores_stride);
-      break;
-    case 4:
-      ScoreAllKeys<4>(q, q_row_stride, rows, group, first_len, keys, kv, hd,
-                      scale, scores, scores_stride);
-      break;
-    case 8:
-      ScoreAllKeys<8>(q, q_row_stride, rows, group, first_len, keys, kv, hd,
-                      scale, scores, scores_stride);
-      break;
-    default:
-      ScoreAllKeys<0>(q, q_row_stride, rows, group, first_len, keys, kv, hd,
-                      scale, scores, scores_stride);
-      break;
+  if (n_max > 0) {
+    switch (hd / lanes) {
+      case 1:
+        ScoreAllKeys<1>(q, q_row_stride, rows, group, token_len, n_max, keys,
+                        kv, hd, scale, scores, scores_stride);
+        break;
+      case 2:
+        ScoreAllKeys<2>(q, q_row_stride, rows, group, token_len, n_max, keys,
+                        kv, hd, scale, scores, scores_stride);
+        break;
+      case 4:
+        ScoreAllKeys<4>(q, q_row_stride, rows, group, token_len, n_max, keys,
+                        kv, hd, scale, scores, scores_stride);
+        break;
+      case 8:
+        ScoreAllKeys<8>(q, q_row_stride, rows, group, token_len, n_max, keys,
+                        kv, hd, scale, scores, scores_stride);
+        break;
+      default:
+        ScoreAllKeys<0>(q, q_row_stride, rows, group, token_len, n_max, keys,
+                        kv, hd, scale, scores, scores_stride);
+        break;
+    }
   }
 #endif
 
@@ -384,6 +392,12 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
   for (int64_t i = 0; i < num_q; ++i) {
     float* s = scores + i * scores_stride;
     const int64_t n = len_of(i);
+    if (n == 0) {  // sees no key: probabilities 0, so its output is 0
+      for (int64_t j = 0; j < n_max; ++j) s[j] = 0;
+      if (row_max != nullptr) row_max[i] = -HUGE_VALF;
+      if (row_sum != nullptr) row_sum[i] = 0;
+      continue;
+    }
     // The maximum is exact in any order.
     const auto neg_inf = hn::Set(d, -HUGE_VALF);
     auto vmax = neg_inf;
@@ -400,7 +414,10 @@ void AttendKvHead(const float* q, int64_t q_row_stride, int64_t rows,
       hn::StoreU(e, d, s + j);  // lanes past n become 0
       vsum = hn::Add(vsum, e);
     }
-    const auto inv = hn::Set(d, 1.0f / hn::GetLane(hn::SumOfLanes(d, vsum)));
+    const float sum = hn::GetLane(hn::SumOfLanes(d, vsum));
+    if (row_max != nullptr) row_max[i] = hn::GetLane(vmax);
+    if (row_sum != nullptr) row_sum[i] = sum;
+    const auto inv = hn::Set(d, 1.0f / sum);
     for (int64_t j = 0; j < n; j += lanes) {
       hn::StoreU(hn::Mul(hn::LoadU(d, s + j), inv), d, s + j);
     }
@@ -455,8 +472,10 @@ void AttendKvHeadBf16Impl(const float* q, int64_t q_row_stride, int64_t rows,
                           const KvBlocks& kv, int64_t hd, float scale,
                           float* scores, int64_t scores_stride, float* out,
                           int64_t out_row_stride) {
-  AttendKvHead(q, q_row_stride, rows, group, first_len, keys, values, kv, hd,
-               scale, scores, scores_stride, out, out_row_stride);
+  AttendKvHead(
+      q, q_row_stride, rows, group,
+      [first_len](int64_t t) { return first_len + t; }, keys, values, kv, hd,
+      scale, scores, scores_stride, out, out_row_stride, nullptr, nullptr);
 }
 
 void AttendKvHeadF32Impl(const float* q, int64_t q_row_stride, int64_t rows,
@@ -464,8 +483,43 @@ void AttendKvHeadF32Impl(const float* q, int64_t q_row_stride, int64_t rows,
                          const float* values, const KvBlocks& kv, int64_t hd,
                          float scale, float* scores, int64_t scores_stride,
                          float* out, int64_t out_row_stride) {
-  AttendKvHead(q, q_row_stride, rows, group, first_len, keys, values, kv, hd,
-               scale, scores, scores_stride, out, out_row_stride);
+  AttendKvHead(
+      q, q_row_stride, rows, group,
+      [first_len](int64_t t) { return first_len + t; }, keys, values, kv, hd,
+      scale, scores, scores_stride, out, out_row_stride, nullptr, nullptr);
+}
+
+template <typename E>
+void AttendPrefix(const float* q, int64_t q_row_stride, int64_t rows,
+                  int64_t group, const int64_t* lens, const E* keys,
+                  const E* values, const KvBlocks& kv, int64_t hd, float scale,
+                  float* scores, int64_t scores_stride, float* out,
+                  int64_t out_row_stride, float* row_max, float* row_sum) {
+  AttendKvHead(
+      q, q_row_stride, rows, group, [lens](int64_t t) { return lens[t]; }, keys,
+      values, kv, hd, scale, scores, scores_stride, out, out_row_stride,
+      row_max, row_sum);
+}
+
+void AttendPrefixBf16Impl(const float* q, int64_t q_row_stride, int64_t rows,
+                          int64_t group, const int64_t* lens,
+                          const uint16_t* keys, const uint16_t* values,
+                          const KvBlocks& kv, int64_t hd, float scale,
+                          float* scores, int64_t scores_stride, float* out,
+                          int64_t out_row_stride, float* row_max,
+                          float* row_sum) {
+  AttendPrefix(q, q_row_stride, rows, group, lens, keys, values, kv, hd, scale,
+               scores, scores_stride, out, out_row_stride, row_max, row_sum);
+}
+
+void AttendPrefixF32Impl(const float* q, int64_t q_row_stride, int64_t rows,
+                         int64_t group, const int64_t* lens, const float* keys,
+                         const float* values, const KvBlocks& kv, int64_t hd,
+                         float scale, float* scores, int64_t scores_stride,
+                         float* out, int64_t out_row_stride, float* row_max,
+                         float* row_sum) {
+  AttendPrefix(q, q_row_stride, rows, group, lens, keys, values, kv, hd, scale,
+               scores, scores_stride, out, out_row_stride, row_max, row_sum);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -477,6 +531,8 @@ namespace knapserve::kernels {
 
 HWY_EXPORT(AttendKvHeadBf16Impl);
 HWY_EXPORT(AttendKvHeadF32Impl);
+HWY_EXPORT(AttendPrefixBf16Impl);
+HWY_EXPORT(AttendPrefixF32Impl);
 
 void AttendKvHeadBf16(const float* q, int64_t q_row_stride, int64_t rows,
                       int64_t group, int64_t first_len, const uint16_t* keys,
@@ -498,6 +554,30 @@ void AttendKvHeadF32(const float* q, int64_t q_row_stride, int64_t rows,
   HWY_DYNAMIC_DISPATCH(AttendKvHeadF32Impl)
   (q, q_row_stride, rows, group, first_len, keys, values, kv, hd, scale, scores,
    scores_stride, out, out_row_stride);
+}
+
+void AttendPrefixBf16(const float* q, int64_t q_row_stride, int64_t rows,
+                      int64_t group, const int64_t* lens, const uint16_t* keys,
+                      const uint16_t* values, const KvBlocks& kv, int64_t hd,
+                      float scale, float* scores, int64_t scores_stride,
+                      float* out, int64_t out_row_stride, float* row_max,
+                      float* row_sum) {
+  simd::EnsureChosen().IgnoreError();
+  HWY_DYNAMIC_DISPATCH(AttendPrefixBf16Impl)
+  (q, q_row_stride, rows, group, lens, keys, values, kv, hd, scale, scores,
+   scores_stride, out, out_row_stride, row_max, row_sum);
+}
+
+void AttendPrefixF32(const float* q, int64_t q_row_stride, int64_t rows,
+                     int64_t group, const int64_t* lens, const float* keys,
+                     const float* values, const KvBlocks& kv, int64_t hd,
+                     float scale, float* scores, int64_t scores_stride,
+                     float* out, int64_t out_row_stride, float* row_max,
+                     float* row_sum) {
+  simd::EnsureChosen().IgnoreError();
+  HWY_DYNAMIC_DISPATCH(AttendPrefixF32Impl)
+  (q, q_row_stride, rows, group, lens, keys, values, kv, hd, scale, scores,
+   scores_stride, out, out_row_stride, row_max, row_sum);
 }
 
 }  // namespace knapserve::kernels

@@ -63,6 +63,31 @@ void AttendKvHeadF32(const float* q, int64_t q_row_stride, int64_t rows,
                      float scale, float* scores, int64_t scores_stride,
                      float* out, int64_t out_row_stride);
 
+// The same kernel for rows that see given numbers of keys, returning the
+// softmax's statistics so that a caller can merge this attention with
+// attention over other keys (LlamaModel::BranchAttention: the planner's
+// candidate branches over the prefix K/V they share, merged with each
+// branch's attention over its own tokens). Token row t sees keys [0,
+// lens[t]); lens[0..rows) is non-decreasing, each >= 0. For query row i = t *
+// group + g, row_max[i] gets the largest score and row_sum[i] the sum of
+// exp(score - row_max[i]) over those keys; the output is normalized by that
+// sum as above. A row that sees no key gets output 0, row_max -inf and
+// row_sum 0. scores_stride >= lens[rows - 1] rounded up to 16; the other
+// arguments as above. Each row's result depends only on its own query, its
+// keys and values and the target, as above.
+void AttendPrefixBf16(const float* q, int64_t q_row_stride, int64_t rows,
+                      int64_t group, const int64_t* lens, const uint16_t* keys,
+                      const uint16_t* values, const KvBlocks& kv, int64_t hd,
+                      float scale, float* scores, int64_t scores_stride,
+                      float* out, int64_t out_row_stride, float* row_max,
+                      float* row_sum);
+void AttendPrefixF32(const float* q, int64_t q_row_stride, int64_t rows,
+                     int64_t group, const int64_t* lens, const float* keys,
+                     const float* values, const KvBlocks& kv, int64_t hd,
+                     float scale, float* scores, int64_t scores_stride,
+                     float* out, int64_t out_row_stride, float* row_max,
+                     float* row_sum);
+
 }  // namespace knapserve::kernels
 
 #endif  // KNAPSERVE_COMMON_MODEL_ATTENTION_KERNELS_H_

@@ -267,4 +267,89 @@ void DecodeAttentionBatch(const AttentionJob* jobs, int64_t num_jobs,
   }
 }
 
+bool SharedPrefixAttentionApplies(const torch::Device& device,
+                                  torch::ScalarType dtype, int64_t head_dim) {
+  return device.is_cpu() &&
+         (dtype == torch::kFloat32 || dtype == torch::kBFloat16) &&
+         head_dim > 0 && head_dim % 16 == 0 && head_dim <= kMaxHeadDim;
+}
+
+SharedPrefixAttention AttendSharedPrefix(const torch::Tensor& q,
+                                         const torch::Tensor& keys,
+                                         const torch::Tensor& values,
+                                         const std::vector<int64_t>& lens,
+                                         float scale) {
+  c10::InferenceMode guard;
+  TORCH_CHECK(
+      q.dim() == 4 && q.scalar_type() == torch::kFloat32 && q.is_contiguous(),
+      "AttendSharedPrefix: q must be contiguous float32 [B, r, H, D]");
+  TORCH_CHECK(keys.is_contiguous() && values.is_contiguous() &&
+                  keys.dim() == 3 && keys.sizes() == values.sizes() &&
+                  keys.scalar_type() == values.scalar_type(),
+              "AttendSharedPrefix: K/V must be contiguous [KV, capacity, D]");
+  TORCH_CHECK(SharedPrefixAttentionApplies(keys.device(), keys.scalar_type(),
+                                           keys.size(2)),
+              "AttendSharedPrefix: unsupported K/V dtype or head_dim");
+  const int64_t b = q.size(0), r = q.size(1), nh = q.size(2), hd = q.size(3);
+  const int64_t nkv = keys.size(0);
+  TORCH_CHECK(hd == keys.size(2) && nh % nkv == 0,
+              "AttendSharedPrefix: heads do not match the K/V");
+  TORCH_CHECK(static_cast<int64_t>(lens.size()) == r,
+              "AttendSharedPrefix: one length per token");
+  for (int64_t t = 0; t < r; ++t) {
+    TORCH_CHECK(lens[t] >= 0 && lens[t] <= keys.size(1) &&
+                    (t == 0 || lens[t] >= lens[t - 1]),
+                "AttendSharedPrefix: lengths must be non-decreasing and "
+                "within the capacity");
+  }
+  const int64_t group = nh / nkv;
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat32);
+  SharedPrefixAttention result{torch::empty({b, r, nh, hd}, f32),
+                               torch::empty({b, r, nh, 1}, f32),
+                               torch::empty({b, r, nh, 1}, f32)};
+  if (b == 0 || r == 0) return result;
+  const KvView kv = ContiguousKvView(keys, values);
+  const float* qp = q.data_ptr<float>();
+  float* out = result.out.data_ptr<float>();
+  float* row_max = result.max.data_ptr<float>();
+  float* row_sum = result.sum.data_ptr<float>();
+  const bool bf16 = keys.scalar_type() == torch::kBFloat16;
+  const int64_t padded = std::max<int64_t>(16, (lens[r - 1] + 15) / 16 * 16);
+  // One item per (branch, KV head): its r tokens x `group` query heads share
+  // every load of the prefix K/V.
+  at::parallel_for(0, b * nkv, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(r * group * padded);
+    std::vector<float> stats(2 * r * group);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t branch = item / nkv, kvh = item % nkv;
+      const int64_t offset = (branch * r * nh + kvh * group) * hd;
+      const int64_t head_offset = kvh * kv.head_stride;
+      if (bf16) {
+        kernels::AttendPrefixBf16(
+            qp + offset, nh * hd, r, group, lens.data(),
+            static_cast<const uint16_t*>(kv.k) + head_offset,
+            static_cast<const uint16_t*>(kv.v) + head_offset, kv.blocks, hd,
+            scale, scores.data(), padded, out + offset, nh * hd, stats.data(),
+            stats.data() + r * group);
+      } else {
+        kernels::AttendPrefixF32(qp + offset, nh * hd, r, group, lens.data(),
+                                 static_cast<const float*>(kv.k) + head_offset,
+                                 static_cast<const float*>(kv.v) + head_offset,
+                                 kv.blocks, hd, scale, scores.data(), padded,
+                                 out + offset, nh * hd, stats.data(),
+                                 stats.data() + r * group);
+      }
+      // Query row t * group + g is head kvh * group + g of token t.
+      for (int64_t t = 0; t < r; ++t) {
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t at = (branch * r + t) * nh + kvh * group + g;
+          row_max[at] = stats[t * group + g];
+          row_sum[at] = stats[r * group + t * group + g];
+        }
+      }
+    }
+  });
+  return result;
+}
+
 }  // namespace knapserve

@@ -30,6 +30,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "common/model/attention_kernels.h"
 
@@ -99,6 +100,35 @@ struct AttentionJob {
 // gives it alone.
 void DecodeAttentionBatch(const AttentionJob* jobs, int64_t num_jobs,
                           int64_t num_heads, float scale);
+
+// Many query rows over one shared prefix, for the planner's candidate
+// branches (LlamaModel::BranchAttention): q is [B, r, num_heads, head_dim]
+// float32 (contiguous, RoPE applied), B branches of the same r tokens;
+// keys/values are contiguous [num_kv_heads, capacity, head_dim] caches;
+// token t of every branch sees positions [0, lens[t]) of them (r entries,
+// non-decreasing, each >= 0 and <= capacity). Returns out [B, r, num_heads,
+// head_dim] (the softmax over those positions, normalized) and, per query
+// row, max and sum [B, r, num_heads, 1]: the largest score and the sum of
+// exp(score - max), with which the caller merges this attention with one
+// over other keys (-inf and 0, and out 0, for a token that sees nothing).
+// float32 throughout, in the SIMD kernel of attention_kernels.h: each row's
+// scores, softmax and weighted sum are the same whatever rows run beside it.
+// The rows run on at::parallel_for (the calling thread's intra-op threads:
+// a planner's solve threads), not on the decode's kernel pool.
+struct SharedPrefixAttention {
+  torch::Tensor out;
+  torch::Tensor max;
+  torch::Tensor sum;
+};
+// Whether AttendSharedPrefix handles K/V of `dtype` and `head_dim` on
+// `device` (CPU, fp32 or bf16, head_dim a multiple of 16 up to 512).
+bool SharedPrefixAttentionApplies(const torch::Device& device,
+                                  torch::ScalarType dtype, int64_t head_dim);
+SharedPrefixAttention AttendSharedPrefix(const torch::Tensor& q,
+                                         const torch::Tensor& keys,
+                                         const torch::Tensor& values,
+                                         const std::vector<int64_t>& lens,
+                                         float scale);
 
 }  // namespace knapserve
 

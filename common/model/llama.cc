@@ -900,6 +900,70 @@ torch::Tensor LlamaModel::Mlp(int layer_index, const torch::Tensor& h) const {
   return h + Linear(act.contiguous(), layer.down_proj).view(h.sizes());
 }
 
+namespace {
+
+// BranchAttention's attention output (before o_proj) with its prefix part in
+// the shared-prefix kernel (decode_attention.h) and each branch's attention
+// over its own tokens in LibTorch, the two merged by their softmax maxima and
+// sums. q [B, r, H, D], k / v [B, r, KV, D] in the model dtype, RoPE applied;
+// returns [B * r, H * D] in q's dtype. float32 throughout, as the LibTorch
+// path.
+torch::Tensor BranchAttentionByKernel(
+    const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+    const LayerKv& prefix, int64_t prefix_len,
+    absl::Span<const int64_t> row_prefix_limits, float scale) {
+  const int64_t b = q.size(0), r = q.size(1), nh = q.size(2), hd = q.size(3);
+  const int64_t nkv = k.size(2), group = nh / nkv;
+  const bool per_row = !row_prefix_limits.empty();
+  std::vector<int64_t> lens(r, prefix_len);
+  if (per_row) lens.assign(row_prefix_limits.begin(), row_prefix_limits.end());
+  const torch::Tensor qf = q.to(torch::kFloat32).contiguous();
+  SharedPrefixAttention shared =
+      AttendSharedPrefix(qf, prefix.k, prefix.v, lens, scale);
+
+  // Each branch's own tokens: query rows (token t, head g of the KV head) as
+  // [B, KV, r * G], keys and values [B, KV, r, D].
+  torch::Tensor qs = (qf * scale)
+                         .view({b, r, nkv, group, hd})
+                         .permute({0, 2, 1, 3, 4})
+                         .reshape({b, nkv, r * group, hd});
+  torch::Tensor own_k = k.permute({0, 2, 3, 1}).to(torch::kFloat32);
+  torch::Tensor own_v = v.permute({0, 2, 1, 3}).to(torch::kFloat32);
+  auto opts = torch::TensorOptions().dtype(torch::kInt64);
+  // Row t * G + g is token t; later tokens are hidden (causal), or with
+  // per-row prefix limits every other one.
+  torch::Tensor row_token =
+      torch::arange(r, opts).repeat_interleave(group).unsqueeze(1);
+  torch::Tensor column = torch::arange(r, opts).unsqueeze(0);
+  torch::Tensor hidden = per_row ? column != row_token : column > row_token;
+  torch::Tensor scores =
+      torch::matmul(qs, own_k).masked_fill(hidden, -INFINITY);
+  torch::Tensor own_max = scores.amax(-1, /*keepdim=*/true);
+  torch::Tensor own_exp = (scores - own_max).exp_();
+  torch::Tensor own_sum = own_exp.sum(-1, /*keepdim=*/true);
+  torch::Tensor own_out = torch::matmul(own_exp, own_v);  // not normalized
+  // [B, KV, r * G, x] -> [B, r, H, x], the kernel's layout.
+  auto to_heads = [&](const torch::Tensor& t) {
+    return t.view({b, nkv, r, group, t.size(-1)})
+        .permute({0, 2, 1, 3, 4})
+        .reshape({b, r, nh, t.size(-1)});
+  };
+  own_max = to_heads(own_max);
+  own_sum = to_heads(own_sum);
+  own_out = to_heads(own_out);
+  // Every row sees its own token, so own_max is finite; a row that sees no
+  // prefix entry has shared.max = -inf and shared.sum = 0, so its prefix
+  // weight is 0.
+  torch::Tensor max = torch::maximum(shared.max, own_max);
+  torch::Tensor prefix_weight = shared.sum * (shared.max - max).exp_();
+  torch::Tensor own_weight = (own_max - max).exp_();
+  torch::Tensor out = (shared.out * prefix_weight + own_out * own_weight) /
+                      (prefix_weight + own_sum * own_weight);
+  return out.reshape({b * r, nh * hd}).to(q.scalar_type());
+}
+
+}  // namespace
+
 torch::Tensor LlamaModel::BranchAttention(
     int layer_index, const torch::Tensor& h, int64_t first_position,
     const LayerKv& prefix, int64_t prefix_len,
@@ -951,6 +1015,17 @@ torch::Tensor LlamaModel::BranchAttention(
   // bf16 products are slower than float32 ones, and the decode's kernels
   // accumulate attention in float32 too.
   const auto f32 = torch::kFloat32;
+  const float scale =
+      static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
+  if (prefix_len > 0 &&
+      SharedPrefixAttentionApplies(prefix.k.device(), prefix.k.scalar_type(),
+                                   hd) &&
+      prefix.k.is_contiguous() && prefix.v.is_contiguous()) {
+    return h + Linear(BranchAttentionByKernel(q, k, v, prefix, prefix_len,
+                                              row_prefix_limits, scale),
+                      layer.o_proj)
+                   .view(h.sizes());
+  }
   torch::Tensor qg = q.view({b, r, nkv, group, hd})
                          .permute({2, 0, 3, 1, 4})
                          .to(f32)
