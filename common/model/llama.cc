@@ -1006,6 +1006,12 @@ torch::Tensor LlamaModel::BranchAttention(
   q = ApplyRope(q, first_position);
   k = ApplyRope(k, first_position);
 
+  // On a CPU with fp32 or bf16 K/V and a head size the SIMD kernel takes,
+  // the prefix part runs in it (BranchAttentionByKernel above: 26-27 ms
+  // against 36-39 ms for a stories-24l-skip layer over 55 branches x 16
+  // tokens at a 1035-token prefix). Elsewhere (CUDA, fp16, other head
+  // sizes, no prefix) LibTorch, as follows.
+  //
   // Rows grouped by KV head: [KV, B, G*r, hd], each KV head's query group
   // and the r tokens of every branch as rows. The prefix K/V is the same for
   // every branch, so the prefix part is one [B*G*r, hd] x [hd, P] product per
@@ -1014,7 +1020,6 @@ torch::Tensor LlamaModel::BranchAttention(
   // attention itself runs in float32 for every model dtype: LibTorch's CPU
   // bf16 products are slower than float32 ones, and the decode's kernels
   // accumulate attention in float32 too.
-  const auto f32 = torch::kFloat32;
   const float scale =
       static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
   if (prefix_len > 0 &&
@@ -1026,6 +1031,7 @@ torch::Tensor LlamaModel::BranchAttention(
                       layer.o_proj)
                    .view(h.sizes());
   }
+  const auto f32 = torch::kFloat32;
   torch::Tensor qg = q.view({b, r, nkv, group, hd})
                          .permute({2, 0, 3, 1, 4})
                          .to(f32)

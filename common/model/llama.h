@@ -222,6 +222,9 @@ class LlamaModel {
   // to itself only: the first token of a draft, which sees the full model's
   // K/V of every earlier position (the prefix then holds the r tokens' own
   // entries too, written by the full model) and its own.
+  // float32 attention for every dtype; on a CPU the prefix part runs in the
+  // decode's SIMD kernel where it applies (AttendSharedPrefix,
+  // decode_attention.h), on the calling thread's intra-op threads.
   torch::Tensor BranchAttention(
       int layer, const torch::Tensor& h, int64_t first_position,
       const LayerKv& prefix, int64_t prefix_len,
