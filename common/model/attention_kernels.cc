@@ -489,18 +489,6 @@ void AttendKvHeadF32Impl(const float* q, int64_t q_row_stride, int64_t rows,
       scale, scores, scores_stride, out, out_row_stride, nullptr, nullptr);
 }
 
-template <typename E>
-void AttendPrefix(const float* q, int64_t q_row_stride, int64_t rows,
-                  int64_t group, const int64_t* lens, const E* keys,
-                  const E* values, const KvBlocks& kv, int64_t hd, float scale,
-                  float* scores, int64_t scores_stride, float* out,
-                  int64_t out_row_stride, float* row_max, float* row_sum) {
-  AttendKvHead(
-      q, q_row_stride, rows, group, [lens](int64_t t) { return lens[t]; }, keys,
-      values, kv, hd, scale, scores, scores_stride, out, out_row_stride,
-      row_max, row_sum);
-}
-
 void AttendPrefixBf16Impl(const float* q, int64_t q_row_stride, int64_t rows,
                           int64_t group, const int64_t* lens,
                           const uint16_t* keys, const uint16_t* values,
@@ -508,8 +496,10 @@ void AttendPrefixBf16Impl(const float* q, int64_t q_row_stride, int64_t rows,
                           float* scores, int64_t scores_stride, float* out,
                           int64_t out_row_stride, float* row_max,
                           float* row_sum) {
-  AttendPrefix(q, q_row_stride, rows, group, lens, keys, values, kv, hd, scale,
-               scores, scores_stride, out, out_row_stride, row_max, row_sum);
+  AttendKvHead(
+      q, q_row_stride, rows, group, [lens](int64_t t) { return lens[t]; }, keys,
+      values, kv, hd, scale, scores, scores_stride, out, out_row_stride,
+      row_max, row_sum);
 }
 
 void AttendPrefixF32Impl(const float* q, int64_t q_row_stride, int64_t rows,
@@ -518,8 +508,10 @@ void AttendPrefixF32Impl(const float* q, int64_t q_row_stride, int64_t rows,
                          float scale, float* scores, int64_t scores_stride,
                          float* out, int64_t out_row_stride, float* row_max,
                          float* row_sum) {
-  AttendPrefix(q, q_row_stride, rows, group, lens, keys, values, kv, hd, scale,
-               scores, scores_stride, out, out_row_stride, row_max, row_sum);
+  AttendKvHead(
+      q, q_row_stride, rows, group, [lens](int64_t t) { return lens[t]; }, keys,
+      values, kv, hd, scale, scores, scores_stride, out, out_row_stride,
+      row_max, row_sum);
 }
 
 }  // namespace HWY_NAMESPACE

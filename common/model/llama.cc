@@ -1039,7 +1039,7 @@ torch::Tensor LlamaModel::BranchAttention(
   torch::Tensor own_k = k.permute({2, 0, 3, 1}).to(f32);  // [KV, B, hd, r]
   torch::Tensor own_v = v.permute({2, 0, 1, 3}).to(f32);  // [KV, B, r, hd]
   // The scale goes on the queries (small), not on the scores (large).
-  qg = qg * (1.0 / std::sqrt(static_cast<double>(hd)));
+  qg = qg * scale;
   torch::Tensor self_scores = torch::matmul(qg, own_k);
   auto opts =
       torch::TensorOptions().device(options_.device).dtype(torch::kInt64);
