@@ -747,6 +747,7 @@ void Sequence::BeginStep(bool allow_drafts) {
   // SpecBound's verification is a partial pass, which captures no boundary
   // states (it has no reference snapshots).
   if (early_exit_) exit_rows_.Begin(length_, result_.output_ids.back());
+  exited_below_last_layer_ = false;
   // The guard of an unplanned drafting mode: plain while its setting's
   // verdict (this sequence's or another's) says drafting loses here.
   if (guard_ != nullptr && allow_drafts && gamma_ > 0 &&
@@ -825,6 +826,7 @@ absl::Status Sequence::OnExitPass(absl::Span<const torch::Tensor> states,
     std::vector<int64_t>& depths = spec_stats_.exit_depths;
     if (static_cast<int>(depths.size()) < depth) depths.resize(depth, 0);
     ++depths[depth - 1];
+    if (depth < model_.num_layers()) exited_below_last_layer_ = true;
     if (static_cast<int64_t>(drafts_.size()) >= budget_) {
       drafting_ = false;
       ++spec_stats_.width_bound_stops;
@@ -947,6 +949,8 @@ absl::Status Sequence::OnVerified(const torch::Tensor& logits,
   observation.accepted = out.accepted;
   observation.tokens = static_cast<int>(out.tokens.size());
   observation.seconds = step_seconds;
+  observation.saved_no_layers =
+      early_exit_ && step_gamma_ > 0 && !exited_below_last_layer_;
   if (planned_) {
     plans_->AfterStep(observation, result_);  // records its plain steps
   } else {

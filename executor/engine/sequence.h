@@ -266,6 +266,9 @@ class Sequence {
   absl::Status exit_error_;
   std::shared_ptr<const ExitHeads> exit_heads_;
   int depth_bound_ = 0;
+  // A draft token of this step exited below the model's last layer (else
+  // the step saved nothing: StepObservation::saved_no_layers).
+  bool exited_below_last_layer_ = false;
   LayerMask exit_cost_mask_;
   // When this sequence's previous decode step ended (its OnVerified; the
   // first step: decode_start_). A step's seconds are the wall time from

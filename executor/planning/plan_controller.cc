@@ -47,6 +47,7 @@ void SpeculationGuard::Reset() {
   probe_left_ = 0;
   probe_setting_.clear();
   probe_plain_.clear();
+  futile_run_ = 0;
   fresh_ = true;
 }
 
@@ -156,6 +157,16 @@ void SpeculationGuard::JudgeIfDue(int64_t bucket, PlanningStats& stats) {
 void SpeculationGuard::Observe(bool speculating, int64_t bucket,
                                const StepObservation& step,
                                PlanningStats& stats) {
+  if (options_.enabled && options_.futile_steps > 0 && speculating &&
+      step.gamma > 0 && !step.capped && state_ != State::kFallback) {
+    // Not a timing: counted in the settle steps too.
+    futile_run_ = step.saved_no_layers ? futile_run_ + 1 : 0;
+    if (futile_run_ >= options_.futile_steps) {
+      if (!settled()) ++steps_seen_;
+      JudgeFutile(bucket, stats);
+      return;
+    }
+  }
   if (!settled()) {
     ++steps_seen_;
     return;
@@ -338,14 +349,31 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     Reset();
     return false;
   }
+  Record(rate, *plain,
+         BelowPlain(rate, *plain, 1.0 + options_.margin, options_.confidence),
+         bucket, stats);
+  return true;
+}
+
+void SpeculationGuard::JudgeFutile(int64_t bucket, PlanningStats& stats) {
+  // The rates measured so far, for the reports only.
+  const Rate rate = RateOf(Evidence(bucket));
+  const Rate plain = PlainRate(bucket).value_or(Rate{});
+  // A probe under way ends here: its verdict is in.
+  probe_left_ = 0;
+  probe_setting_.clear();
+  probe_plain_.clear();
+  fresh_ = false;
+  Record(rate, plain, /*loses=*/true, bucket, stats);
+}
+
+void SpeculationGuard::Record(const Rate& rate, const Rate& plain, bool loses,
+                              int64_t bucket, PlanningStats& stats) {
   ++stats.guard_checks;
-  const double speculative_tps = rate.tokens_per_second;
-  const double plain_tps = plain->tokens_per_second;
-  stats.guard_last_spec_tps = speculative_tps;
-  stats.guard_last_plain_tps = plain_tps;
+  stats.guard_last_spec_tps = rate.tokens_per_second;
+  stats.guard_last_plain_tps = plain.tokens_per_second;
   window_steps_ = 0;
-  const bool loses =
-      BelowPlain(rate, *plain, 1.0 + options_.margin, options_.confidence);
+  futile_run_ = 0;
   if (loses) {
     ++stats.guard_fallbacks;
     evidence_.clear();  // the re-probe measures afresh
@@ -353,13 +381,13 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
   state_ = State::kSpeculate;
   if (verdicts_ != nullptr) {
     GuardVerdicts::Verdict verdict;
-    verdict.spec_tps = speculative_tps;
-    verdict.plain_tps = plain_tps;
+    verdict.spec_tps = rate.tokens_per_second;
+    verdict.plain_tps = plain.tokens_per_second;
     verdict.plan_version = plan_version_;
     verdict.sequence_id = sequence_id_;
     GuardVerdicts::Judgement judgement = GuardVerdicts::Judgement::kLoss;
     if (!loses) {
-      judgement = ProvenAbovePlain(rate, *plain, 1.0 + options_.margin,
+      judgement = ProvenAbovePlain(rate, plain, 1.0 + options_.margin,
                                    options_.confidence)
                       ? GuardVerdicts::Judgement::kWin
                       : GuardVerdicts::Judgement::kUnprovenWin;
@@ -369,7 +397,6 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
   } else if (loses) {
     state_ = State::kFallback;
   }
-  return true;
 }
 
 // ---------------------------------------------------------------------------

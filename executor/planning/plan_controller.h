@@ -164,6 +164,15 @@ struct GuardOptions {
   // on average); a probe of those steps would make plain decoding look
   // slower than it is for as long as the reference stands.
   int64_t settle_steps = 8;
+  // A drafting step whose drafts saved no layer (StepObservation::
+  // saved_no_layers: SpecBound's draft tokens all ran the whole model) cost
+  // at least the plain steps of its tokens, however the machine times it.
+  // After futile_steps such steps in a row the setting loses at once, with
+  // no timing and no probe (the settle steps count: this is not a timing).
+  // SpecBound with training-free heads on stories-24l exits at the last
+  // layer (24 of 24) almost always; the timing rules took 16-24 of its
+  // steps per bucket to judge what these steps show. 0: off.
+  int64_t futile_steps = 6;
 };
 
 struct PlanControllerOptions {
@@ -257,6 +266,11 @@ struct StepObservation {
   // budget below gamma, to 0 at the last token: the last steps of a request
   // are not the step a plan forecasts.
   bool capped = false;
+  // A drafting step that computed at least what plain decoding of its
+  // tokens would: SpecBound's, when no draft token of the step exited below
+  // the model's last layer (each ran the whole model, one token a pass, as
+  // plain decoding does, plus the exit checks). No other mode's step is.
+  bool saved_no_layers = false;
 };
 
 // Whether `step` measures a plan of gamma `plan_gamma` (AppliedPlan's
@@ -295,9 +309,11 @@ bool StepMeasuresPlan(int plan_gamma, const StepObservation& step);
 // judged then, and so is a re-probe's window that is below plain x (1 +
 // margin). A win clears the verdict (a narrow one, below plain x (1 + margin)
 // once `confidence` standard errors are taken off, keeps the run of losses
-// that doubles the next hold). A new plan (SetPlan) is a new setting
-// version: an older verdict does not hold it back. Without a verdict table the
-// sequence falls back alone, until its next plan.
+// that doubles the next hold). A run of futile_steps drafting steps that saved
+// no layer (StepObservation::saved_no_layers) loses without a timing. A new
+// plan (SetPlan) is a new setting version: an older verdict does not hold it
+// back. Without a verdict table the sequence falls back alone, until its next
+// plan.
 class SpeculationGuard {
  public:
   // `setting`: the drafting mode and what fixes its drafts (the verdict's
@@ -356,6 +372,13 @@ class SpeculationGuard {
   enum class JudgeKind { kFull, kEarly, kPaired };
   bool Judge(int64_t bucket, PlanningStats& stats,
              JudgeKind kind = JudgeKind::kFull);
+  // A run of futile_steps steps that saved no layer: a loss, whatever the
+  // rates (reported with those measured so far, 0 where none).
+  void JudgeFutile(int64_t bucket, PlanningStats& stats);
+  // Records a judgement of `rate` against `plain` (the guard's stats, the
+  // verdict table or this guard's own fallback); `loses` decides it.
+  void Record(const Rate& rate, const Rate& plain, bool loses, int64_t bucket,
+              PlanningStats& stats);
   // Plain decoding's rate at the bucket, once it has probe_steps plain
   // steps, with that rate's standard error (from the steps' spread).
   std::optional<Rate> PlainRate(int64_t bucket) const;
@@ -401,6 +424,8 @@ class SpeculationGuard {
     absl::Time at;
   };
   std::optional<ProbeReference> probe_reference_;
+  // Drafting steps in a row that saved no layer (futile_steps).
+  int64_t futile_run_ = 0;
   bool fresh_ = true;       // no step of the setting has run yet (probe_first)
   int64_t steps_seen_ = 0;  // steps observed (any setting, guard on or off)
 };

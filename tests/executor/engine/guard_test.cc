@@ -82,6 +82,62 @@ TEST(GuardTest, UnplannedModesShareALosingVerdict) {
   }
 }
 
+// SpecBound whose draft tokens all exit at the model's last layer saves no
+// layer: the guard condemns it after GuardOptions::futile_steps such steps
+// (6), whatever the timings (here no timing judgement could come before
+// 1000 steps), and a later request inherits the verdict. Exits below the last
+// layer are no such evidence: only timings judge those.
+TEST(GuardTest, SpecBoundThatSavesNoLayerIsHeldPlainAtOnce) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  GenerationRequest base;
+  base.prompt_ids = {1, 410, 469, 347};
+  base.max_new_tokens = 48;
+  base.ignore_eos = true;
+  auto plain = Generate(*model, *StoriesTokenizer(), base);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (const int check_every : {model->num_layers(), 1}) {
+    const bool futile = check_every == model->num_layers();
+    SCOPED_TRACE(futile ? "exits at the last layer" : "exits at layer 1");
+    PlanningShared shared = PlanningShared::Create();
+    GenerationRequest request = base;
+    SpeculationConfig& spec = request.speculation;
+    spec.mode = SpeculationMode::kSpecBound;
+    spec.max_draft = 3;
+    spec.specbound.lambda = 0.0;  // every check exits
+    spec.specbound.check_every = check_every;
+    spec.guard = true;
+    spec.guard_min_steps = 1000;
+    spec.guard_reprobe_steps = 10000;
+    auto first = Generate(*model, *StoriesTokenizer(), request, nullptr,
+                          nullptr, nullptr, &shared);
+    ASSERT_TRUE(first.ok()) << first.status();
+    EXPECT_EQ(first->output_ids, plain->output_ids);
+    if (!futile) {
+      // Judged by its timings only: after the settle steps and a probe.
+      EXPECT_GT(first->speculation.drafts, 8);
+      EXPECT_GT(first->planning.guard_probe_steps, 0);
+      continue;
+    }
+    ASSERT_EQ(first->speculation.exit_depths.size(),
+              static_cast<size_t>(model->num_layers()));
+    EXPECT_EQ(first->speculation.exit_depths.back(),
+              first->speculation.draft_tokens);
+    EXPECT_EQ(first->speculation.drafts, 6) << "six steps, then plain";
+    EXPECT_EQ(first->planning.guard_checks, 1);
+    EXPECT_EQ(first->planning.guard_fallbacks, 1);
+    EXPECT_EQ(first->planning.guard_probe_steps, 0);
+    EXPECT_EQ(shared.verdicts->losing(), 1);
+    auto second = Generate(*model, *StoriesTokenizer(), request, nullptr,
+                           nullptr, nullptr, &shared);
+    ASSERT_TRUE(second.ok()) << second.status();
+    EXPECT_EQ(second->output_ids, plain->output_ids);
+    EXPECT_EQ(second->speculation.drafts, 0);
+    EXPECT_EQ(second->planning.guard_inherited_steps, second->stats.steps);
+  }
+}
+
 // With the guard off (--guard=false) nothing is judged or inherited.
 TEST(GuardTest, AnUnguardedRequestAlwaysDrafts) {
   if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";

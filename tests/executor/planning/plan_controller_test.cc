@@ -1411,6 +1411,59 @@ TEST(SpeculationGuardTest, TheCappedLastStepsOfARequestAreNoEvidence) {
   EXPECT_NEAR(c.stats().guard_last_spec_tps, 2 / 0.008, 1e-6);
 }
 
+// A drafting step that saved no layer (SpecBound's drafts all ran the whole
+// model) cannot beat plain decoding, however fast the machine times it: a
+// run of futile_steps of them loses at once, from the first step after the
+// prefill (the settle steps count), with no probe; the verdict holds every
+// sequence of the setting. A step that saved layers ends the run, and the
+// capped last steps of a request neither count nor end it.
+TEST(SpeculationGuardTest, StepsThatSavedNoLayerLoseWithoutATiming) {
+  GuardOptions o;
+  o.futile_steps = 3;
+  o.settle_steps = 8;
+  o.min_steps = 1000;  // no timing judgement in this test
+  PlanningShared shared = PlanningShared::Create();
+  const std::string execution = BaseKey().ExecutionId();
+  SpeculationGuard guard(o, shared.plain_rates, shared.verdicts, execution,
+                         "specbound D4", 1, 32);
+  PlanningStats stats;
+  // 4 tokens in 5 ms: 800 tokens/s, four times any plain rate here.
+  StepObservation futile = Spec(4, 3, 3, 0.005);
+  futile.saved_no_layers = true;
+  StepObservation saved = Spec(4, 3, 3, 0.005);
+  StepObservation capped = futile;
+  capped.capped = true;
+  const StepObservation steps[] = {futile, futile, saved, futile,
+                                   capped, futile, futile};
+  for (const StepObservation& step : steps) {
+    EXPECT_FALSE(guard.BeforeStep(0, stats));
+    guard.Observe(true, 0, step, stats);
+  }
+  EXPECT_EQ(stats.guard_checks, 1);
+  EXPECT_EQ(stats.guard_fallbacks, 1);
+  EXPECT_EQ(stats.guard_probe_steps, 0);
+  EXPECT_EQ(shared.verdicts->losing(), 1);
+  EXPECT_TRUE(guard.BeforeStep(0, stats)) << "held plain";
+  // Another sequence of the setting inherits the verdict from its first
+  // step; one of another bucket is judged on its own.
+  SpeculationGuard other(o, shared.plain_rates, shared.verdicts, execution,
+                         "specbound D4", 2, 32);
+  PlanningStats other_stats;
+  EXPECT_TRUE(other.BeforeStep(0, other_stats));
+  EXPECT_EQ(other_stats.guard_inherited_steps, 1);
+  EXPECT_FALSE(other.BeforeStep(1, other_stats));
+  // Off: the same steps are only timings.
+  o.futile_steps = 0;
+  SpeculationGuard unjudged(o, shared.plain_rates, shared.verdicts, execution,
+                            "specbound D4", 3, 32);
+  PlanningStats unjudged_stats;
+  for (int i = 0; i < 8; ++i) {  // the settle steps: no probe yet
+    EXPECT_FALSE(unjudged.BeforeStep(2, unjudged_stats)) << i;
+    unjudged.Observe(true, 2, futile, unjudged_stats);
+  }
+  EXPECT_EQ(unjudged_stats.guard_checks, 0);
+}
+
 // Plain timings age out: a reference older than the limit does not count.
 TEST(PlainRateTableTest, OldPlainStepsAreNoReference) {
   PlainRateTable table;
