@@ -345,7 +345,9 @@ class GuardVerdicts {
     double seconds = 0;  // its wall time (StepObservation::seconds)
   };
   struct Verdict {
-    double spec_tps = 0;           // measured at the judgement
+    // The rates measured at the judgement; 0 where none was yet (a loss
+    // that needed no timing: GuardOptions::futile_steps).
+    double spec_tps = 0;
     double plain_tps = 0;          // the plain rate it lost to
     int64_t plan_version = 0;      // planned modes: the plan judged; else 0
     uint64_t sequence_id = 0;      // the sequence that judged

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 #include "executor/engine/generator.h"
 #include "tests/testing/test_models.h"
@@ -17,16 +18,32 @@ namespace {
 using testing::CachedModel;
 using testing::StoriesTokenizer;
 
-TEST(GuardTest, UnplannedModesShareALosingVerdict) {
-  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
-  const LlamaModel* model = CachedModel("stories260k");
-  ASSERT_NE(model, nullptr);
-  GenerationRequest base;
-  base.prompt_ids = {1, 410, 469, 347};
-  base.max_new_tokens = 48;
-  base.ignore_eos = true;
-  auto plain = Generate(*model, *StoriesTokenizer(), base);
-  ASSERT_TRUE(plain.ok()) << plain.status();
+// A greedy request of `max_new` tokens after a fixed story prompt.
+GenerationRequest StoryRequest(int64_t max_new) {
+  GenerationRequest request;
+  request.prompt_ids = {1, 410, 469, 347};
+  request.max_new_tokens = max_new;
+  request.ignore_eos = true;
+  return request;
+}
+
+// stories260k, and plain decoding's output ids for StoryRequest(48).
+class GuardTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+    model = CachedModel("stories260k");
+    ASSERT_NE(model, nullptr);
+    auto plain = Generate(*model, *StoriesTokenizer(), StoryRequest(48));
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    plain_ids = plain->output_ids;
+  }
+  const LlamaModel* model = nullptr;
+  std::vector<int32_t> plain_ids;
+};
+
+TEST_F(GuardTest, UnplannedModesShareALosingVerdict) {
+  const GenerationRequest base = StoryRequest(48);
   for (const SpeculationMode mode :
        {SpeculationMode::kStatic, SpeculationMode::kSpecBound}) {
     SCOPED_TRACE(SpeculationModeName(mode));
@@ -49,7 +66,7 @@ TEST(GuardTest, UnplannedModesShareALosingVerdict) {
     auto first = Generate(*model, *StoriesTokenizer(), request, nullptr,
                           nullptr, nullptr, &shared);
     ASSERT_TRUE(first.ok()) << first.status();
-    EXPECT_EQ(first->output_ids, plain->output_ids);
+    EXPECT_EQ(first->output_ids, plain_ids);
     EXPECT_GT(first->speculation.drafts, 0) << "it measured the setting";
     EXPECT_EQ(first->planning.guard_checks, 1);
     EXPECT_EQ(first->planning.guard_fallbacks, 1);
@@ -62,7 +79,7 @@ TEST(GuardTest, UnplannedModesShareALosingVerdict) {
     auto second = Generate(*model, *StoriesTokenizer(), request, nullptr,
                            nullptr, nullptr, &shared);
     ASSERT_TRUE(second.ok()) << second.status();
-    EXPECT_EQ(second->output_ids, plain->output_ids);
+    EXPECT_EQ(second->output_ids, plain_ids);
     EXPECT_EQ(second->speculation.drafts, 0) << "the loser is not tried again";
     EXPECT_EQ(second->planning.guard_checks, 0);
     EXPECT_EQ(second->planning.guard_inherited_steps, second->stats.steps);
@@ -87,16 +104,8 @@ TEST(GuardTest, UnplannedModesShareALosingVerdict) {
 // (6), whatever the timings (here no timing judgement could come before
 // 1000 steps), and a later request inherits the verdict. Exits below the last
 // layer are no such evidence: only timings judge those.
-TEST(GuardTest, SpecBoundThatSavesNoLayerIsHeldPlainAtOnce) {
-  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
-  const LlamaModel* model = CachedModel("stories260k");
-  ASSERT_NE(model, nullptr);
-  GenerationRequest base;
-  base.prompt_ids = {1, 410, 469, 347};
-  base.max_new_tokens = 48;
-  base.ignore_eos = true;
-  auto plain = Generate(*model, *StoriesTokenizer(), base);
-  ASSERT_TRUE(plain.ok()) << plain.status();
+TEST_F(GuardTest, SpecBoundThatSavesNoLayerIsHeldPlainAtOnce) {
+  const GenerationRequest base = StoryRequest(48);
   for (const int check_every : {model->num_layers(), 1}) {
     const bool futile = check_every == model->num_layers();
     SCOPED_TRACE(futile ? "exits at the last layer" : "exits at layer 1");
@@ -113,7 +122,7 @@ TEST(GuardTest, SpecBoundThatSavesNoLayerIsHeldPlainAtOnce) {
     auto first = Generate(*model, *StoriesTokenizer(), request, nullptr,
                           nullptr, nullptr, &shared);
     ASSERT_TRUE(first.ok()) << first.status();
-    EXPECT_EQ(first->output_ids, plain->output_ids);
+    EXPECT_EQ(first->output_ids, plain_ids);
     if (!futile) {
       // Judged by its timings only: after the settle steps and a probe.
       EXPECT_GT(first->speculation.drafts, 8);
@@ -132,22 +141,16 @@ TEST(GuardTest, SpecBoundThatSavesNoLayerIsHeldPlainAtOnce) {
     auto second = Generate(*model, *StoriesTokenizer(), request, nullptr,
                            nullptr, nullptr, &shared);
     ASSERT_TRUE(second.ok()) << second.status();
-    EXPECT_EQ(second->output_ids, plain->output_ids);
+    EXPECT_EQ(second->output_ids, plain_ids);
     EXPECT_EQ(second->speculation.drafts, 0);
     EXPECT_EQ(second->planning.guard_inherited_steps, second->stats.steps);
   }
 }
 
 // With the guard off (--guard=false) nothing is judged or inherited.
-TEST(GuardTest, AnUnguardedRequestAlwaysDrafts) {
-  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
-  const LlamaModel* model = CachedModel("stories260k");
-  ASSERT_NE(model, nullptr);
+TEST_F(GuardTest, AnUnguardedRequestAlwaysDrafts) {
   PlanningShared shared = PlanningShared::Create();
-  GenerationRequest request;
-  request.prompt_ids = {1, 410, 469, 347};
-  request.max_new_tokens = 40;
-  request.ignore_eos = true;
+  GenerationRequest request = StoryRequest(40);
   request.speculation.mode = SpeculationMode::kStatic;
   request.speculation.skip = "a2,m2,a3";
   request.speculation.max_draft = 3;
