@@ -360,9 +360,7 @@ void SpeculationGuard::JudgeFutile(int64_t bucket, PlanningStats& stats) {
   const Rate rate = RateOf(Evidence(bucket));
   const Rate plain = PlainRate(bucket).value_or(Rate{});
   // A probe under way ends here: its verdict is in.
-  probe_left_ = 0;
-  probe_setting_.clear();
-  probe_plain_.clear();
+  Reset();
   fresh_ = false;
   Record(rate, plain, /*loses=*/true, bucket, stats);
 }
