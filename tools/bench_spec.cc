@@ -421,7 +421,8 @@ absl::StatusOr<nlohmann::json> RunSet(
   const double off_rate = off.decode_tokens_per_second();
   // Each mode against the off runs just before and after it when the list
   // puts off there (--modes off,static,off,knapspec,off: a prompt's modes
-  // run in list order or in reverse), else against the first off.
+  // run in list order or in reverse), else against the nearest off run on
+  // each side (AdjacentBaselines); the first off against itself.
   std::vector<bool> is_off;
   for (const BenchMode& m : modes) {
     is_off.push_back(m.request.speculation.mode == SpeculationMode::kOff);
@@ -539,6 +540,26 @@ absl::StatusOr<nlohmann::json> RunSet(
                  paired.median, paired.q25, paired.q75);
   }
   std::fprintf(out, "\n");
+  // This run's noise floor: every off run after the first against its
+  // nearest off runs, paired as the modes are. Nothing differs between
+  // them, so how far these read from 1x is how far the machine moves a
+  // mode's paired ratio with no change of its own.
+  std::vector<double> off_against_off;
+  for (size_t k = 1; k < modes.size(); ++k) {
+    if (is_off[k] && paired_with_off[k].pairs > 0) {
+      off_against_off.push_back(paired_with_off[k].median);
+    }
+  }
+  if (!off_against_off.empty()) {
+    const auto [low, high] =
+        std::minmax_element(off_against_off.begin(), off_against_off.end());
+    set["off_against_off"] = {
+        {"min", *low}, {"max", *high}, {"runs", off_against_off.size()}};
+    std::fprintf(out,
+                 "off against off (each later off paired with its nearest "
+                 "off runs; the run's noise floor): %.3fx-%.3fx over %zu\n",
+                 *low, *high, off_against_off.size());
+  }
   // Routed modes (knn): how often the prompt went to its own domain (the
   // prompt's category), and what routing cost against decoding.
   for (size_t k = 0; k < modes.size(); ++k) {

@@ -509,10 +509,20 @@ std::vector<size_t> AdjacentBaselines(const std::vector<bool>& is_baseline,
   }
   if (k + 1 < is_baseline.size() && is_baseline[k + 1]) out.push_back(k + 1);
   if (!out.empty()) return out;
-  for (size_t j = 0; j < is_baseline.size(); ++j) {
-    if (is_baseline[j] && j != k) return {j};
+  // The nearest on each side.
+  for (size_t j = std::min(k, is_baseline.size()); j-- > 0;) {
+    if (is_baseline[j]) {
+      out.push_back(j);
+      break;
+    }
   }
-  return {};
+  for (size_t j = k + 1; j < is_baseline.size(); ++j) {
+    if (is_baseline[j]) {
+      out.push_back(j);
+      break;
+    }
+  }
+  return out;
 }
 
 PeakSampler::PeakSampler(std::function<Sample()> sample,

@@ -149,9 +149,12 @@ PairedSpeedup PairedSpeedupOfMean(
 // The baselines of mode k of a RunModes list, whose modes of a prompt and
 // repeat run in list order or in reverse (so the neighbours of k in the list
 // ran just before and after it): the neighbours k-1 and k+1 that are
-// baseline modes (`is_baseline`), else the first baseline mode of the list
-// (none: empty). A baseline mode k is compared with its baseline neighbours
-// likewise, else with the first baseline mode other than itself.
+// baseline modes (`is_baseline`), else the nearest baseline mode on each
+// side of k (none: empty). A baseline mode k is compared with its baseline
+// neighbours likewise, else with the nearest other baseline mode on each
+// side: with off between the modes (off,static,off,knapspec,off), each off
+// run between two modes is paired with the off runs two places away, so its
+// ratios show how far this run's pairing moves when nothing differs.
 std::vector<size_t> AdjacentBaselines(const std::vector<bool>& is_baseline,
                                       size_t k);
 

@@ -337,14 +337,19 @@ TEST(PairedSpeedupTest, AgainstTheMeanOfTheBaselinesInEachPair) {
 }
 
 // off,static,off,knapspec,clasp,off: static between two offs, knapspec after
-// one, clasp before one; a list without off beside a mode uses the first.
+// one, clasp before one; an entry without off beside it uses the nearest off
+// on each side (the off between static and knapspec: the first and the last).
 TEST(AdjacentBaselinesTest, TheOffRunsBesideEachMode) {
   const std::vector<bool> list = {true, false, true, false, false, true};
   EXPECT_EQ(AdjacentBaselines(list, 1), (std::vector<size_t>{0, 2}));
   EXPECT_EQ(AdjacentBaselines(list, 3), (std::vector<size_t>{2}));
   EXPECT_EQ(AdjacentBaselines(list, 4), (std::vector<size_t>{5}));
-  EXPECT_EQ(AdjacentBaselines(list, 2), (std::vector<size_t>{0}));
+  EXPECT_EQ(AdjacentBaselines(list, 2), (std::vector<size_t>{0, 5}));
   EXPECT_EQ(AdjacentBaselines(list, 0), (std::vector<size_t>{2}));
+  EXPECT_EQ(AdjacentBaselines(list, 5), (std::vector<size_t>{2}));
+  // off,static,clasp,knapspec,off: clasp has no off beside it.
+  const std::vector<bool> apart = {true, false, false, false, true};
+  EXPECT_EQ(AdjacentBaselines(apart, 2), (std::vector<size_t>{0, 4}));
   const std::vector<bool> one_off = {true, false, false, false};
   EXPECT_EQ(AdjacentBaselines(one_off, 3), (std::vector<size_t>{0}));
   EXPECT_EQ(AdjacentBaselines(one_off, 0), (std::vector<size_t>{}));

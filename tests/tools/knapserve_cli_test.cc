@@ -724,6 +724,12 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
   EXPECT_EQ(set["modes"]["off#2"]["paired_speedup"]["against"],
             nlohmann::json({"off"}));
   EXPECT_EQ(set["modes"]["off"]["paired_speedup"]["median"], 1.0);
+  // The run's noise floor: the off runs after the first, paired likewise.
+  EXPECT_EQ(set["off_against_off"]["runs"], 1);
+  EXPECT_EQ(set["off_against_off"]["min"],
+            set["modes"]["off#2"]["paired_speedup"]["median"]);
+  EXPECT_EQ(set["off_against_off"]["max"], set["off_against_off"]["min"]);
+  EXPECT_THAT(outcome.err, HasSubstr("off against off (each later off"));
 }
 
 // Off, static, clasp and knapspec on the Spec-Bench set and a long-context
