@@ -320,6 +320,10 @@ ABSL_FLAG(int64_t, guard_reprobe_steps, 256,
           "Plain steps a losing guard verdict holds, over every request of the "
           "same setting and context bucket, before the setting is measured "
           "again.");
+ABSL_FLAG(bool, guard_carry, true,
+          "The guard: a losing verdict also holds the context buckets just "
+          "below and above its own where the setting was never judged "
+          "(--guard_reprobe_steps plain steps, then it is measured there).");
 ABSL_FLAG(bool, search_masks, false,
           "bench spec: first find a static mask by greedy forward selection "
           "(start from no "
@@ -610,6 +614,7 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
       absl::GetFlag(FLAGS_guard_probe_steps);
   request.speculation.guard_reprobe_steps =
       absl::GetFlag(FLAGS_guard_reprobe_steps);
+  request.speculation.guard_carry = absl::GetFlag(FLAGS_guard_carry);
   return request;
 }
 

@@ -113,6 +113,7 @@ ABSL_DECLARE_FLAG(double, guard_margin);
 ABSL_DECLARE_FLAG(int64_t, guard_min_steps);
 ABSL_DECLARE_FLAG(int64_t, guard_probe_steps);
 ABSL_DECLARE_FLAG(int64_t, guard_reprobe_steps);
+ABSL_DECLARE_FLAG(bool, guard_carry);
 
 namespace knapserve {
 

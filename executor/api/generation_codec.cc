@@ -342,6 +342,7 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
   w->set_profile_pending(planning.profile_pending);
   w->set_profile_pending_steps(planning.profile_pending_steps);
   w->set_guard_inherited_steps(planning.guard_inherited_steps);
+  w->set_guard_carried_steps(planning.guard_carried_steps);
   return response;
 }
 
@@ -365,6 +366,7 @@ PlanningStats DecodePlanningStats(const v1::PlanningStats& w) {
   s.profile_pending = w.profile_pending();
   s.profile_pending_steps = w.profile_pending_steps();
   s.guard_inherited_steps = w.guard_inherited_steps();
+  s.guard_carried_steps = w.guard_carried_steps();
   return s;
 }
 

@@ -76,6 +76,10 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
           "knapserve_guard_inherited_steps_total",
           "Of those, steps decoded plainly under a verdict another request "
           "gave (shared per setting and context bucket).")),
+      guard_carried_steps_(r.AddCounter(
+          "knapserve_guard_carried_steps_total",
+          "Of those, steps decoded plainly under a verdict carried from the "
+          "neighbouring context bucket, where the setting lost.")),
       routing_(r.AddHistogram(
           "knapserve_routing_seconds",
           "KNN-SSD: time to route a request to its domain (1-NN over the "
@@ -252,6 +256,7 @@ void GenerationMetrics::AddResult(const GenerationResult& r,
   guard_plain_steps_.Add(static_cast<double>(planning.guard_plain_steps));
   guard_inherited_steps_.Add(
       static_cast<double>(planning.guard_inherited_steps));
+  guard_carried_steps_.Add(static_cast<double>(planning.guard_carried_steps));
   if (result->stats.completion_tokens > 1) {
     itl_.Observe(result->stats.decode_seconds /
                  static_cast<double>(result->stats.completion_tokens - 1));

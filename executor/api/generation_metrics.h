@@ -76,6 +76,7 @@ class GenerationMetrics {
   Counter& guard_probe_steps_;
   Counter& guard_plain_steps_;
   Counter& guard_inherited_steps_;
+  Counter& guard_carried_steps_;
   Histogram& routing_;
   std::vector<Counter*> triggers_;  // no_plan, new_bucket, drift, recheck
 

@@ -21,6 +21,7 @@ nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds) {
             {"probe_steps", s.guard_probe_steps},
             {"plain_steps", s.guard_plain_steps},
             {"inherited_steps", s.guard_inherited_steps},
+            {"carried_steps", s.guard_carried_steps},
             {"last_spec_tps", s.guard_last_spec_tps},
             {"last_plain_tps", s.guard_last_plain_tps}}},
           {"profile_pending", s.profile_pending},

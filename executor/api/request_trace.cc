@@ -92,6 +92,8 @@ void RequestTrace::Finish(const absl::Status& status,
                          guard.guard_plain_steps);
     decode_.SetAttribute("knapserve.guard.inherited_steps",
                          guard.guard_inherited_steps);
+    decode_.SetAttribute("knapserve.guard.carried_steps",
+                         guard.guard_carried_steps);
     decode_.End(seq_end);
 
     const SpeculationStats& spec = result->speculation;

@@ -125,6 +125,9 @@ struct SpeculationConfig {
   // Plain steps a losing verdict holds (over every sequence decoding under
   // it) before the setting is measured again, >= 1.
   int64_t guard_reprobe_steps = 256;
+  // A losing verdict also holds the buckets beside its own where the
+  // setting was never judged (GuardOptions::carry_neighbour_losses).
+  bool guard_carry = true;
   // SpecBound (kSpecBound, executor/engine/specbound.h): early-exit drafting.
   // Its width bound is max_draft (the longest run of drafts per step).
   SpecBoundConfig specbound;

@@ -99,6 +99,7 @@ GuardOptions GuardOptionsFrom(const SpeculationConfig& spec) {
   options.min_steps = spec.guard_min_steps;
   options.probe_steps = spec.guard_probe_steps;
   options.reprobe_steps = spec.guard_reprobe_steps;
+  options.carry_neighbour_losses = spec.guard_carry;
   return options;
 }
 

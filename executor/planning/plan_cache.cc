@@ -351,6 +351,7 @@ void GuardVerdicts::Judge(const std::string& execution_id,
     if (pool != pools_.end() &&
         pool->second.plan_version == verdict.plan_version) {
       pool->second.since_judged = 0;  // its steps stay evidence for the next
+      pool->second.won = true;
     }
     losing_.erase(key);
     if (judgement == Judgement::kWin) losses_in_a_row_.erase(key);
@@ -375,10 +376,18 @@ void GuardVerdicts::Judge(const std::string& execution_id,
 
 std::optional<GuardVerdicts::Verdict> GuardVerdicts::TakePlainStep(
     const std::string& execution_id, const std::string& setting,
-    int64_t bucket_tokens, int64_t bucket, int64_t plan_version) {
+    int64_t bucket_tokens, int64_t bucket, int64_t plan_version,
+    int64_t carry_hold_steps) {
   absl::MutexLock lock(&mu_);
-  auto it = losing_.find(Key(execution_id, setting, bucket_tokens, bucket));
-  if (it == losing_.end()) return std::nullopt;
+  const Key key(execution_id, setting, bucket_tokens, bucket);
+  auto it = losing_.find(key);
+  if (it == losing_.end()) {
+    if (carry_hold_steps <= 0 ||
+        !CarryNeighbourLoss(key, plan_version, carry_hold_steps)) {
+      return std::nullopt;
+    }
+    it = losing_.find(key);
+  }
   if (it->second.plan_version != plan_version) {
     // A verdict on another plan: the newest plan is judged afresh.
     if (it->second.plan_version < plan_version) losing_.erase(it);
@@ -388,6 +397,39 @@ std::optional<GuardVerdicts::Verdict> GuardVerdicts::TakePlainStep(
   ++it->second.plain_steps;
   if (--it->second.plain_steps_left <= 0) losing_.erase(it);
   return verdict;
+}
+
+bool GuardVerdicts::CarryNeighbourLoss(const Key& key, int64_t plan_version,
+                                       int64_t hold_steps) {
+  // Judged here before (a run of losses, or a win): its own record stands.
+  if (losses_in_a_row_.contains(key)) return false;
+  const auto pool = pools_.find(key);
+  if (pool != pools_.end() && pool->second.won) return false;
+  const auto& [execution_id, setting, bucket_tokens, bucket] = key;
+  for (const int64_t neighbour : {bucket - 1, bucket + 1}) {
+    if (neighbour < 0) continue;
+    const auto it =
+        losing_.find(Key(execution_id, setting, bucket_tokens, neighbour));
+    if (it == losing_.end() || it->second.plan_version != plan_version ||
+        it->second.carried_from_bucket >= 0) {
+      continue;
+    }
+    // A copy: inserting at `key` may move the neighbour's entry.
+    Verdict held = it->second;
+    held.carried_from_bucket = neighbour;
+    held.hold_steps = hold_steps;
+    held.plain_steps_left = hold_steps;
+    held.plain_steps = 0;
+    held.losses_in_a_row = 1;
+    // As a first loss here: the re-probe after the hold is a loser's.
+    pools_.erase(key);
+    losses_in_a_row_[key] = LossRun{1, plan_version};
+    losing_[key] = held;
+    ++given_;
+    ++carried_;
+    return true;
+  }
+  return false;
 }
 
 std::optional<GuardVerdicts::Verdict> GuardVerdicts::Find(
@@ -449,6 +491,11 @@ int64_t GuardVerdicts::losing() const {
 int64_t GuardVerdicts::verdicts_given() const {
   absl::MutexLock lock(&mu_);
   return given_;
+}
+
+int64_t GuardVerdicts::verdicts_carried() const {
+  absl::MutexLock lock(&mu_);
+  return carried_;
 }
 
 void RecordPlainStep(const PlanningShared& shared,

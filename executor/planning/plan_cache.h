@@ -331,6 +331,14 @@ class PlainRateTable {
 // tells the re-probe that the setting lost here last (LastLost): the guard
 // then judges it by the full rule from its first few steps on, not only a
 // clear loss.
+//
+// A loss carries to the neighbouring buckets (TakePlainStep with
+// carry_hold_steps > 0): a setting never judged at a bucket, with a losing
+// verdict measured at the bucket just below or just above in force (same
+// setting and plan version), gets a verdict of its own there, as if it had
+// lost there once: carry_hold_steps plain steps, then a re-probe judged as
+// a loser's (LastLost). Only measured verdicts carry (a carried one does
+// not carry further), and a bucket with a judgement of its own keeps it.
 class GuardVerdicts {
  public:
   // A judgement's outcome (SpeculationGuard decides which).
@@ -355,6 +363,9 @@ class GuardVerdicts {
     int64_t plain_steps = 0;       // decoded under it so far
     int64_t hold_steps = 0;        // plain steps it was given
     int64_t losses_in_a_row = 0;   // losing judgements at its key, it included
+    // The bucket whose measured verdict this one was carried from; -1: it
+    // was measured at its own bucket.
+    int64_t carried_from_bucket = -1;
   };
 
   GuardVerdicts() = default;
@@ -372,10 +383,14 @@ class GuardVerdicts {
   // Before a step of `setting` at `bucket` under plan `plan_version` (0
   // unplanned): the verdict in force, if it loses, with one of its plain
   // steps spent by this call (at the last one it expires). nullopt: draft.
+  // carry_hold_steps > 0: a neighbour's loss carries here first when the
+  // setting was never judged at `bucket` (the class comment), holding it
+  // that many plain steps.
   std::optional<Verdict> TakePlainStep(const std::string& execution_id,
                                        const std::string& setting,
                                        int64_t bucket_tokens, int64_t bucket,
-                                       int64_t plan_version)
+                                       int64_t plan_version,
+                                       int64_t carry_hold_steps = 0)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The verdict in force, without spending a step (tests, reports).
   std::optional<Verdict> Find(const std::string& execution_id,
@@ -407,12 +422,19 @@ class GuardVerdicts {
                          const std::string& setting, int64_t bucket_tokens,
                          int64_t bucket, int64_t plan_version) const
       ABSL_LOCKS_EXCLUDED(mu_);
-  // Losing verdicts in force (a gauge), and all ever given (a counter).
+  // Losing verdicts in force (a gauge), and all ever given (a counter;
+  // carried ones included, and counted by verdicts_carried too).
   int64_t losing() const ABSL_LOCKS_EXCLUDED(mu_);
   int64_t verdicts_given() const ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t verdicts_carried() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   using Key = std::tuple<std::string, std::string, int64_t, int64_t>;
+  // TakePlainStep's carrying: installs at `key` (no verdict there) the loss
+  // of a neighbouring bucket, if one may carry; whether it did.
+  bool CarryNeighbourLoss(const Key& key, int64_t plan_version,
+                          int64_t hold_steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, Verdict> losing_ ABSL_GUARDED_BY(mu_);
   // Losing judgements in a row per key, and the plan version of the last;
@@ -429,9 +451,11 @@ class GuardVerdicts {
     int64_t plan_version = 0;
     std::deque<Step> steps;
     int64_t since_judged = 0;  // steps added since the last judgement
+    bool won = false;  // a win was judged at its key (no loss carries there)
   };
   absl::flat_hash_map<Key, Pool> pools_ ABSL_GUARDED_BY(mu_);
   int64_t given_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t carried_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // The process's shared planning state. Make one with Create() and hand it

@@ -48,7 +48,7 @@ void SpeculationGuard::Reset() {
   probe_setting_.clear();
   probe_plain_.clear();
   futile_run_ = 0;
-  fresh_ = true;
+  probe_first_bucket_ = -1;
 }
 
 SpeculationGuard::Rate SpeculationGuard::RateOf(
@@ -88,11 +88,13 @@ bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
   if (state_ == State::kProbe) return NextProbeStepIsPlain();
   if (verdicts_ != nullptr) {
     const std::optional<GuardVerdicts::Verdict> verdict =
-        verdicts_->TakePlainStep(execution_id_, setting_, bucket_tokens_,
-                                 bucket, plan_version_);
+        verdicts_->TakePlainStep(
+            execution_id_, setting_, bucket_tokens_, bucket, plan_version_,
+            options_.carry_neighbour_losses ? options_.reprobe_steps : 0);
     if (verdict.has_value()) {
       ++stats.guard_plain_steps;
       if (verdict->sequence_id != sequence_id_) ++stats.guard_inherited_steps;
+      if (verdict->carried_from_bucket >= 0) ++stats.guard_carried_steps;
       if (stats.guard_last_plain_tps == 0) {
         stats.guard_last_spec_tps = verdict->spec_tps;
         stats.guard_last_plain_tps = verdict->plain_tps;
@@ -100,8 +102,9 @@ bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
       return true;
     }
   }
-  if (fresh_ && settled()) {
-    fresh_ = false;
+  if (settled() && bucket != probe_first_bucket_) {
+    // The setting's first step, or its first at this bucket.
+    probe_first_bucket_ = bucket;
     if (options_.probe_first && options_.probe_steps > 0 &&
         !PlainRate(bucket).has_value()) {
       StartProbe();
@@ -215,7 +218,7 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
         // meanwhile, or the probe's steps aged out): measure speculation
         // again, then probe again.
         Reset();
-        fresh_ = false;
+        probe_first_bucket_ = bucket;
       }
       return;
     }
@@ -361,7 +364,7 @@ void SpeculationGuard::JudgeFutile(int64_t bucket, PlanningStats& stats) {
   const Rate plain = PlainRate(bucket).value_or(Rate{});
   // A probe under way ends here: its verdict is in.
   Reset();
-  fresh_ = false;
+  probe_first_bucket_ = bucket;
   Record(rate, plain, /*loses=*/true, bucket, stats);
 }
 

@@ -149,12 +149,25 @@ struct GuardOptions {
   // sample's median step (OutlierThresholdSeconds, plan_cache.h): a
   // preempted step says nothing about speculation. <= 0 keeps every step.
   double outlier_factor = 3.0;
-  // A setting that takes effect at a bucket without a plain rate probes
-  // first (its first 2 x probe_steps steps alternate with plain ones), so
-  // that a clear loser is judged when the probe ends. Otherwise it would
-  // speculate min_steps steps and then probe: the same probe, after up to
-  // min_steps losing steps.
+  // A setting that takes effect at a bucket, or whose context reaches a
+  // bucket, without a plain rate probes first (its first 2 x probe_steps
+  // steps there alternate with plain ones), so that a clear loser is judged
+  // when the probe ends. Otherwise it would speculate min_steps steps and
+  // then probe: the same probe, after up to min_steps losing steps.
   bool probe_first = true;
+  // A setting that has never been judged at a bucket, while a losing
+  // verdict measured at the bucket beside it (one below or one above) holds
+  // it there, decodes plainly at this bucket too, for reprobe_steps plain
+  // steps (GuardVerdicts::TakePlainStep's carrying), and is then measured
+  // here as any loser's re-probe is. Neighbouring buckets differ in context
+  // by a bucket's width, and a setting's speed against plain decoding moves
+  // little across it; the bucket a request only passes through (a
+  // 1000-token prompt spends its first 24 positions below 1024) otherwise
+  // paid each request's first steps, drafting with a setting that loses a
+  // few tokens later, until enough of them added up to a judgement there.
+  // Planned modes have a plan per bucket (its own version), so a verdict on
+  // one bucket's plan never carries to another's.
+  bool carry_neighbour_losses = true;
   // A sequence's first settle_steps decode steps are no evidence: neither
   // its plain steps (the PlainRateTable) nor its setting's steps count, and
   // a first probe waits for them to pass (a verdict holds from the first
@@ -235,6 +248,9 @@ struct PlanningStats {
   // Of guard_plain_steps: those decoded under a verdict another sequence
   // gave (the shared verdict spared this one its own losing steps).
   int64_t guard_inherited_steps = 0;
+  // Of guard_plain_steps: those decoded under a verdict carried from the
+  // neighbouring bucket (GuardOptions::carry_neighbour_losses).
+  int64_t guard_carried_steps = 0;
   // Process-wide, when the generation ended: solve seconds / decode seconds.
   double process_planner_cpu_share = 0;
   // The planner's latency profile was still being measured at some step of
@@ -313,7 +329,10 @@ bool StepMeasuresPlan(int plan_gamma, const StepObservation& step);
 // no layer (StepObservation::saved_no_layers) loses without a timing. A new
 // plan (SetPlan) is a new setting version: an older verdict does not hold it
 // back. Without a verdict table the sequence falls back alone, until its next
-// plan.
+// plan. With carry_neighbour_losses a verdict measured at the bucket beside
+// this one holds the setting here too while it has never been judged here
+// (GuardVerdicts::TakePlainStep). With probe_first the probe also comes
+// first whenever the context reaches a bucket without a plain rate.
 class SpeculationGuard {
  public:
   // `setting`: the drafting mode and what fixes its drafts (the verdict's
@@ -426,7 +445,9 @@ class SpeculationGuard {
   std::optional<ProbeReference> probe_reference_;
   // Drafting steps in a row that saved no layer (futile_steps).
   int64_t futile_run_ = 0;
-  bool fresh_ = true;       // no step of the setting has run yet (probe_first)
+  // The bucket where the guard last decided whether to probe first
+  // (probe_first): -1 after Reset (no step of the setting has run yet).
+  int64_t probe_first_bucket_ = -1;
   int64_t steps_seen_ = 0;  // steps observed (any setting, guard on or off)
 };
 

@@ -468,6 +468,8 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   p.guard_plain_steps = 10;
   p.guard_last_spec_tps = 123.5;
   p.guard_last_plain_tps = 100.25;
+  p.guard_inherited_steps = 6;
+  p.guard_carried_steps = 4;
   p.profile_pending = true;
   p.profile_pending_steps = 11;
   AppliedPlan plan;
@@ -524,6 +526,8 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
             1.75);
   EXPECT_EQ(PlanningJson(back, 2.0)["planner_cpu_share"], 0.25);
   EXPECT_EQ(PlanningJson(back, 2.0)["profile_pending_steps"], 11);
+  EXPECT_EQ(PlanningJson(back, 2.0)["guard"]["inherited_steps"], 6);
+  EXPECT_EQ(PlanningJson(back, 2.0)["guard"]["carried_steps"], 4);
 }
 
 }  // namespace

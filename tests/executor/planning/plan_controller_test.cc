@@ -1451,7 +1451,8 @@ TEST(SpeculationGuardTest, StepsThatSavedNoLayerLoseWithoutATiming) {
   PlanningStats other_stats;
   EXPECT_TRUE(other.BeforeStep(0, other_stats));
   EXPECT_EQ(other_stats.guard_inherited_steps, 1);
-  EXPECT_FALSE(other.BeforeStep(1, other_stats));
+  EXPECT_FALSE(other.BeforeStep(2, other_stats))
+      << "not beside bucket 0: no carried verdict";
   // Off: the same steps are only timings.
   o.futile_steps = 0;
   SpeculationGuard unjudged(o, shared.plain_rates, shared.verdicts, execution,
@@ -1462,6 +1463,99 @@ TEST(SpeculationGuardTest, StepsThatSavedNoLayerLoseWithoutATiming) {
     unjudged.Observe(true, 2, futile, unjudged_stats);
   }
   EXPECT_EQ(unjudged_stats.guard_checks, 0);
+}
+
+// A setting that lost at one bucket and was never judged at the bucket
+// beside it decodes plainly there too, from a new sequence's first step,
+// for reprobe_steps plain steps; then it is measured there, as a loser's
+// re-probe. Without carry_neighbour_losses it drafts there at once.
+TEST(SpeculationGuardTest, ALossCarriesToTheBucketBesideIt) {
+  for (const bool carry : {true, false}) {
+    SCOPED_TRACE(carry ? "carried" : "not carried");
+    PlanningShared shared = PlanningShared::Create();
+    const std::string execution = BaseKey().ExecutionId();
+    for (int64_t bucket : {0, 1}) {
+      for (int i = 0; i < 3; ++i) {
+        shared.plain_rates->Record(execution, 32, bucket, 0.005);
+      }
+    }
+    GuardOptions o = GuardOn().guard;
+    o.carry_neighbour_losses = carry;
+    o.reprobe_steps = 5;
+    // The first sequence loses at bucket 1: 2 tokens in 20 ms (100
+    // tokens/s) against 200.
+    SpeculationGuard first(o, shared.plain_rates, shared.verdicts, execution,
+                           "static a1 D3", 1, 32);
+    PlanningStats first_stats;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_FALSE(first.BeforeStep(1, first_stats)) << i;
+      first.Observe(true, 1, Spec(3, 3, 1, 0.02), first_stats);
+    }
+    ASSERT_EQ(first_stats.guard_fallbacks, 1);
+    // A new sequence starts below the boundary, at bucket 0.
+    SpeculationGuard second(o, shared.plain_rates, shared.verdicts, execution,
+                            "static a1 D3", 2, 32);
+    PlanningStats stats;
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(second.BeforeStep(0, stats), carry) << i;
+      second.Observe(true, 0, carry ? Plain(0.005) : Spec(3, 3, 1, 0.02),
+                     stats);
+      if (!carry) break;
+    }
+    if (!carry) {
+      EXPECT_EQ(stats.guard_plain_steps, 0);
+      EXPECT_FALSE(shared.verdicts->Find(execution, "static a1 D3", 32, 0));
+      continue;
+    }
+    EXPECT_EQ(stats.guard_plain_steps, 5);
+    EXPECT_EQ(stats.guard_carried_steps, 5);
+    EXPECT_EQ(stats.guard_inherited_steps, 5);
+    EXPECT_EQ(stats.guard_checks, 0) << "it never measured the setting here";
+    EXPECT_EQ(shared.verdicts->verdicts_carried(), 1);
+    // The carried hold is spent: the setting is measured at bucket 0, as a
+    // setting that lost there last.
+    EXPECT_TRUE(shared.verdicts->LastLost(execution, "static a1 D3", 32, 0, 0));
+    EXPECT_FALSE(second.BeforeStep(0, stats));
+    EXPECT_FALSE(shared.verdicts->Find(execution, "static a1 D3", 32, 0));
+  }
+}
+
+// A setting whose context reaches a bucket without a plain rate probes
+// there first (its steps alternate with plain ones from its first step at
+// the bucket), as it does at its first step; without probe_first it drafts
+// a window first.
+TEST(SpeculationGuardTest, ANewBucketWithoutAPlainRateIsProbedFirst) {
+  for (const bool probe_first : {true, false}) {
+    SCOPED_TRACE(probe_first ? "probe first" : "window first");
+    PlanningShared shared = SharedWithPlanAndPlainRate();  // bucket 0 only
+    GuardOptions o = GuardOn().guard;
+    o.probe_first = probe_first;
+    SpeculationGuard guard(o, shared.plain_rates, shared.verdicts,
+                           BaseKey().ExecutionId(), "static a1 D3", 1, 32);
+    PlanningStats stats;
+    // A winner at bucket 0: 3 tokens in 10 ms (300 tokens/s) against 200.
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_FALSE(guard.BeforeStep(0, stats)) << i;
+      guard.Observe(true, 0, Spec(3, 3, 2, 0.01), stats);
+    }
+    EXPECT_EQ(stats.guard_checks, 1);
+    EXPECT_EQ(stats.guard_fallbacks, 0);
+    // Bucket 1 has no plain rate.
+    std::vector<bool> plain;
+    for (int i = 0; i < 6; ++i) {
+      const bool is_plain = guard.BeforeStep(1, stats);
+      plain.push_back(is_plain);
+      guard.Observe(!is_plain, 1, is_plain ? Plain(0.005) : Spec(3, 3, 2, 0.01),
+                    stats);
+    }
+    if (probe_first) {
+      EXPECT_THAT(plain, ElementsAre(false, true, false, true, false, true));
+      EXPECT_EQ(stats.guard_probe_steps, 3);
+    } else {
+      EXPECT_THAT(plain, ElementsAre(false, false, false, false, false, true));
+      EXPECT_EQ(stats.guard_probe_steps, 1);
+    }
+  }
 }
 
 // Plain timings age out: a reference older than the limit does not count.
@@ -1646,6 +1740,57 @@ TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
   verdicts.Judge("exec", "static a1 D3", 256, 1, kWin, v, 3);
   EXPECT_EQ(verdicts.losing(), 0);
   EXPECT_EQ(verdicts.verdicts_given(), 4);
+}
+
+// A loss carries to the buckets beside it where the setting was never
+// judged: as a first loss there (a hold of the carried length, then a
+// loser's re-probe), once; a carried verdict carries no further, a bucket
+// with a judgement of its own keeps it, and a loss on another plan carries
+// nothing.
+TEST(GuardVerdictsTest, ALossCarriesOnceToTheNeverJudgedBucketsBesideIt) {
+  GuardVerdicts verdicts;
+  GuardVerdicts::Verdict v;
+  v.spec_tps = 90;
+  v.plain_tps = 100;
+  v.sequence_id = 3;
+  const std::string s = "static a1 D3";
+  verdicts.Judge("exec", s, 256, 4, kLoss, v, 10);
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", s, 256, 3, 0))
+      << "no carrying asked for";
+  std::optional<GuardVerdicts::Verdict> carried =
+      verdicts.TakePlainStep("exec", s, 256, 3, 0, 2);
+  ASSERT_TRUE(carried.has_value());
+  EXPECT_EQ(carried->carried_from_bucket, 4);
+  EXPECT_EQ(carried->hold_steps, 2);
+  EXPECT_EQ(carried->sequence_id, 3u);
+  EXPECT_DOUBLE_EQ(carried->plain_tps, 100);
+  EXPECT_TRUE(verdicts.LastLost("exec", s, 256, 3, 0));
+  EXPECT_EQ(verdicts.losing(), 2);
+  EXPECT_TRUE(verdicts.TakePlainStep("exec", s, 256, 3, 0, 2));
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", s, 256, 3, 0, 2))
+      << "its hold spent, it is measured here: no second carry";
+  EXPECT_EQ(verdicts.Find("exec", s, 256, 4)->plain_steps_left, 10)
+      << "the measured verdict spent none of its steps";
+  // Upwards too; a carried verdict does not carry on (bucket 6 is beside
+  // 5's carried one only).
+  EXPECT_EQ(
+      verdicts.TakePlainStep("exec", s, 256, 5, 0, 2)->carried_from_bucket, 4);
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", s, 256, 6, 0, 2));
+  // A bucket whose own judgement was a win keeps it.
+  verdicts.AddStep("exec", s, 256, 7, 0, {3, 0.01}, 8);
+  verdicts.Judge("exec", s, 256, 7, kWin, v, 10);
+  verdicts.Judge("exec", s, 256, 8, kLoss, v, 10);
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", s, 256, 7, 0, 2));
+  // A loss on another plan, or of another setting, carries nothing.
+  GuardVerdicts::Verdict planned = v;
+  planned.plan_version = 7;
+  verdicts.Judge("exec", "knapspec D6", 256, 1, kLoss, planned, 10);
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 2, 8, 2));
+  EXPECT_FALSE(verdicts.TakePlainStep("exec", "static a2 D3", 256, 3, 0, 2));
+  EXPECT_TRUE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 0, 7, 2))
+      << "the same plan carries";
+  EXPECT_EQ(verdicts.verdicts_carried(), 3);
+  EXPECT_EQ(verdicts.verdicts_given(), 6);
 }
 
 }  // namespace
