@@ -1609,11 +1609,20 @@ constexpr GuardVerdicts::Judgement kUnprovenWin =
     GuardVerdicts::Judgement::kUnprovenWin;
 constexpr GuardVerdicts::Judgement kLoss = GuardVerdicts::Judgement::kLoss;
 
-TEST(GuardVerdictsTest, EachLossInARowDoublesTheHoldUpToTheCap) {
-  GuardVerdicts verdicts;
+// A losing verdict's report: 90 tokens/s against plain's 100.
+GuardVerdicts::Verdict LosingVerdict(int64_t plan_version = 0,
+                                     uint64_t sequence_id = 0) {
   GuardVerdicts::Verdict v;
   v.spec_tps = 90;
   v.plain_tps = 100;
+  v.plan_version = plan_version;
+  v.sequence_id = sequence_id;
+  return v;
+}
+
+TEST(GuardVerdictsTest, EachLossInARowDoublesTheHoldUpToTheCap) {
+  GuardVerdicts verdicts;
+  const GuardVerdicts::Verdict v = LosingVerdict();
   auto spend = [&](const std::string& setting) {
     int64_t steps = 0;
     while (verdicts.TakePlainStep("exec", setting, 256, 1, 0).has_value()) {
@@ -1697,11 +1706,7 @@ TEST(GuardVerdictsTest, TheStepPoolKeepsTheNewestPlansLastSteps) {
 
 TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
   GuardVerdicts verdicts;
-  GuardVerdicts::Verdict v;
-  v.spec_tps = 90;
-  v.plain_tps = 100;
-  v.plan_version = 7;
-  v.sequence_id = 3;
+  GuardVerdicts::Verdict v = LosingVerdict(7, 3);
   verdicts.Judge("exec", "knapspec D6", 256, 1, kLoss, v, 3);
   EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 0, 7))
       << "another bucket";
@@ -1749,10 +1754,7 @@ TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
 // nothing.
 TEST(GuardVerdictsTest, ALossCarriesOnceToTheNeverJudgedBucketsBesideIt) {
   GuardVerdicts verdicts;
-  GuardVerdicts::Verdict v;
-  v.spec_tps = 90;
-  v.plain_tps = 100;
-  v.sequence_id = 3;
+  const GuardVerdicts::Verdict v = LosingVerdict(0, 3);
   const std::string s = "static a1 D3";
   verdicts.Judge("exec", s, 256, 4, kLoss, v, 10);
   EXPECT_FALSE(verdicts.TakePlainStep("exec", s, 256, 3, 0))
@@ -1782,8 +1784,7 @@ TEST(GuardVerdictsTest, ALossCarriesOnceToTheNeverJudgedBucketsBesideIt) {
   verdicts.Judge("exec", s, 256, 8, kLoss, v, 10);
   EXPECT_FALSE(verdicts.TakePlainStep("exec", s, 256, 7, 0, 2));
   // A loss on another plan, or of another setting, carries nothing.
-  GuardVerdicts::Verdict planned = v;
-  planned.plan_version = 7;
+  const GuardVerdicts::Verdict planned = LosingVerdict(7, 3);
   verdicts.Judge("exec", "knapspec D6", 256, 1, kLoss, planned, 10);
   EXPECT_FALSE(verdicts.TakePlainStep("exec", "knapspec D6", 256, 2, 8, 2));
   EXPECT_FALSE(verdicts.TakePlainStep("exec", "static a2 D3", 256, 3, 0, 2));
