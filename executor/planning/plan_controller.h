@@ -165,8 +165,9 @@ struct GuardOptions {
   // 1000-token prompt spends its first 24 positions below 1024) otherwise
   // paid each request's first steps, drafting with a setting that loses a
   // few tokens later, until enough of them added up to a judgement there.
-  // Planned modes have a plan per bucket (its own version), so a verdict on
-  // one bucket's plan never carries to another's.
+  // A planned mode's verdict holds one plan version, so it carries only to
+  // steps of that same plan (one still in force as the context crosses
+  // into the next bucket, before that bucket's own plan takes effect).
   bool carry_neighbour_losses = true;
   // A sequence's first settle_steps decode steps are no evidence: neither
   // its plain steps (the PlainRateTable) nor its setting's steps count, and
