@@ -357,7 +357,6 @@ void GuardVerdicts::Judge(const std::string& execution_id,
     if (judgement == Judgement::kWin) losses_in_a_row_.erase(key);
     return;
   }
-  pools_.erase(key);  // the re-probe measures afresh
   LossRun& run = losses_in_a_row_[key];
   const int64_t losses = ++run.losses;
   run.plan_version = verdict.plan_version;
@@ -365,12 +364,17 @@ void GuardVerdicts::Judge(const std::string& execution_id,
   const int64_t most = std::max(first, max_hold_steps);
   int64_t hold = first;
   for (int64_t k = 1; k < losses && hold < most; ++k) hold *= 2;
-  Verdict& held = losing_[key];
-  held = verdict;
-  held.hold_steps = std::min(hold, most);
-  held.plain_steps_left = held.hold_steps;
-  held.plain_steps = 0;
-  held.losses_in_a_row = losses;
+  HoldPlain(key, verdict, std::min(hold, most), losses);
+}
+
+void GuardVerdicts::HoldPlain(const Key& key, Verdict verdict,
+                              int64_t hold_steps, int64_t losses) {
+  pools_.erase(key);  // the re-probe measures afresh
+  verdict.hold_steps = hold_steps;
+  verdict.plain_steps_left = hold_steps;
+  verdict.plain_steps = 0;
+  verdict.losses_in_a_row = losses;
+  losing_[key] = verdict;
   ++given_;
 }
 
@@ -401,6 +405,7 @@ std::optional<GuardVerdicts::Verdict> GuardVerdicts::TakePlainStep(
 
 bool GuardVerdicts::CarryNeighbourLoss(const Key& key, int64_t plan_version,
                                        int64_t hold_steps) {
+  if (losing_.empty()) return false;  // nothing to carry (most steps)
   // Judged here before (a run of losses, or a win): its own record stands.
   if (losses_in_a_row_.contains(key)) return false;
   const auto pool = pools_.find(key);
@@ -415,17 +420,11 @@ bool GuardVerdicts::CarryNeighbourLoss(const Key& key, int64_t plan_version,
       continue;
     }
     // A copy: inserting at `key` may move the neighbour's entry.
-    Verdict held = it->second;
-    held.carried_from_bucket = neighbour;
-    held.hold_steps = hold_steps;
-    held.plain_steps_left = hold_steps;
-    held.plain_steps = 0;
-    held.losses_in_a_row = 1;
+    Verdict carried = it->second;
+    carried.carried_from_bucket = neighbour;
     // As a first loss here: the re-probe after the hold is a loser's.
-    pools_.erase(key);
     losses_in_a_row_[key] = LossRun{1, plan_version};
-    losing_[key] = held;
-    ++given_;
+    HoldPlain(key, carried, hold_steps, /*losses=*/1);
     ++carried_;
     return true;
   }

@@ -435,6 +435,11 @@ class GuardVerdicts {
   bool CarryNeighbourLoss(const Key& key, int64_t plan_version,
                           int64_t hold_steps)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A losing verdict in force at `key` (Judge's losses and carried ones):
+  // `verdict` holding `hold_steps` plain steps, the `losses`-th in a row;
+  // the key's step pool is emptied (the re-probe measures afresh).
+  void HoldPlain(const Key& key, Verdict verdict, int64_t hold_steps,
+                 int64_t losses) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, Verdict> losing_ ABSL_GUARDED_BY(mu_);
   // Losing judgements in a row per key, and the plan version of the last;
