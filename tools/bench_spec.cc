@@ -486,6 +486,8 @@ absl::StatusOr<nlohmann::json> RunSet(
     mode_json["paired_speedup"] = {{"median", paired.median},
                                    {"q25", paired.q25},
                                    {"q75", paired.q75},
+                                   {"ci95_low", paired.ci95_low},
+                                   {"ci95_high", paired.ci95_high},
                                    {"pairs", paired.pairs},
                                    {"against", paired_bases[k]}};
     mode_json["plans_applied"] = n_plans;
@@ -533,11 +535,14 @@ absl::StatusOr<nlohmann::json> RunSet(
   // Each mode against off pair by pair (PairedSpeedupOfMean): robust to the
   // machine's drift during the set, where the aggregate speed-up above is
   // not; with off beside each mode in the list, against those off runs.
-  std::fprintf(out, "paired with off (median of prompt x repeat, IQR):");
+  std::fprintf(out,
+               "paired with off (median of prompt x repeat, IQR, 95%% "
+               "interval of the median):");
   for (size_t k = 1; k < modes.size(); ++k) {
     const PairedSpeedup& paired = paired_with_off[k];
-    std::fprintf(out, " %s %.3fx [%.3f-%.3f]", modes[k].name.c_str(),
-                 paired.median, paired.q25, paired.q75);
+    std::fprintf(out, " %s %.3fx [%.3f-%.3f] (%.3f-%.3f)",
+                 modes[k].name.c_str(), paired.median, paired.q25, paired.q75,
+                 paired.ci95_low, paired.ci95_high);
   }
   std::fprintf(out, "\n");
   // This run's noise floor: every off run after the first against its

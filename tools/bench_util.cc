@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <tuple>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -499,7 +500,29 @@ PairedSpeedup PairedSpeedupOfMean(
   out.median = Quantile(ratios, 0.5);
   out.q25 = Quantile(ratios, 0.25);
   out.q75 = Quantile(ratios, 0.75);
+  std::tie(out.ci95_low, out.ci95_high) = MedianInterval95(std::move(ratios));
   return out;
+}
+
+std::pair<double, double> MedianInterval95(std::vector<double> values) {
+  const size_t n = values.size();
+  // P(Binomial(n, 1/2) <= i), summed in log space (n may be in the
+  // thousands); k is the largest rank with P(X <= k - 1) <= 0.025.
+  const double log_half_n = static_cast<double>(n) * std::log(0.5);
+  double below = 0;  // P(X <= i - 1)
+  size_t k = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = static_cast<double>(i);
+    below += std::exp(std::lgamma(static_cast<double>(n) + 1) -
+                      std::lgamma(x + 1) -
+                      std::lgamma(static_cast<double>(n) - x + 1) +
+                      log_half_n);
+    if (below > 0.025) break;
+    k = i + 1;
+  }
+  if (k == 0) return {0, 0};
+  std::sort(values.begin(), values.end());
+  return {values[k - 1], values[n - k]};
 }
 
 std::vector<size_t> AdjacentBaselines(const std::vector<bool>& is_baseline,

@@ -24,6 +24,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -129,11 +130,16 @@ struct PromptRun {
 // and a run that another process slowed moves one ratio, not the median
 // (a drift within a run, at the scale of milliseconds, is not cancelled).
 // Quantiles of those ratios (the spread of the pairs); all 0 without pairs.
+// ci95_low and ci95_high bound the median with at least 95% confidence
+// (MedianInterval95): a cell that reads below a line while its interval
+// reaches above it is not shown to be below it. Both 0 below 6 pairs.
 struct PairedSpeedup {
   int pairs = 0;
   double median = 0;
   double q25 = 0;
   double q75 = 0;
+  double ci95_low = 0;
+  double ci95_high = 0;
 };
 PairedSpeedup PairedSpeedupOf(const std::vector<PromptRun>& base,
                               const std::vector<PromptRun>& runs);
@@ -145,6 +151,15 @@ PairedSpeedup PairedSpeedupOf(const std::vector<PromptRun>& base,
 PairedSpeedup PairedSpeedupOfMean(
     const std::vector<const std::vector<PromptRun>*>& bases,
     const std::vector<PromptRun>& runs);
+
+// The distribution-free confidence interval of the median of `values` (the
+// sign test's): the k-th smallest and the k-th largest value, k the largest
+// rank at which P(Binomial(n, 1/2) < k) <= 2.5%, so that the true median
+// lies outside with at most 5% probability whatever the values'
+// distribution, for independent values. 18 values: the 5th and 14th; 30:
+// the 10th and 21st. {0, 0} for fewer than 6 values (no interval reaches
+// 95%).
+std::pair<double, double> MedianInterval95(std::vector<double> values);
 
 // The baselines of mode k of a RunModes list, whose modes of a prompt and
 // repeat run in list order or in reverse (so the neighbours of k in the list
