@@ -540,9 +540,12 @@ absl::StatusOr<nlohmann::json> RunSet(
                "interval of the median):");
   for (size_t k = 1; k < modes.size(); ++k) {
     const PairedSpeedup& paired = paired_with_off[k];
-    std::fprintf(out, " %s %.3fx [%.3f-%.3f] (%.3f-%.3f)",
-                 modes[k].name.c_str(), paired.median, paired.q25, paired.q75,
-                 paired.ci95_low, paired.ci95_high);
+    const std::string interval =
+        paired.ci95_high > 0
+            ? absl::StrFormat("%.3f-%.3f", paired.ci95_low, paired.ci95_high)
+            : "under 6 pairs";
+    std::fprintf(out, " %s %.3fx [%.3f-%.3f] (%s)", modes[k].name.c_str(),
+                 paired.median, paired.q25, paired.q75, interval.c_str());
   }
   std::fprintf(out, "\n");
   // This run's noise floor: every off run after the first against its

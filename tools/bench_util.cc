@@ -513,10 +513,9 @@ std::pair<double, double> MedianInterval95(std::vector<double> values) {
   size_t k = 0;
   for (size_t i = 0; i < n; ++i) {
     const double x = static_cast<double>(i);
-    below += std::exp(std::lgamma(static_cast<double>(n) + 1) -
-                      std::lgamma(x + 1) -
-                      std::lgamma(static_cast<double>(n) - x + 1) +
-                      log_half_n);
+    below +=
+        std::exp(std::lgamma(static_cast<double>(n) + 1) - std::lgamma(x + 1) -
+                 std::lgamma(static_cast<double>(n) - x + 1) + log_half_n);
     if (below > 0.025) break;
     k = i + 1;
   }
