@@ -490,6 +490,14 @@ absl::StatusOr<nlohmann::json> RunSet(
                                    {"ci95_high", paired.ci95_high},
                                    {"pairs", paired.pairs},
                                    {"against", paired_bases[k]}};
+    // Every run's own time, prompt by prompt in the set's order, repeats in
+    // the order they ran: the pairs above can be formed again from them.
+    nlohmann::json repeat_runs = nlohmann::json::array();
+    for (const PromptRun& run : runs[k]) {
+      repeat_runs.push_back({{"decode_seconds", run.repeat_decode_seconds},
+                             {"decoded_tokens", run.repeat_decoded_tokens}});
+    }
+    mode_json["repeat_runs"] = std::move(repeat_runs);
     mode_json["plans_applied"] = n_plans;
     mode_json["plan_requests"] = m.plan_requests;
     mode_json["predicted_tpt"] = predicted;

@@ -724,6 +724,28 @@ TEST(KnapserveCliTest, BenchSpecComparesModesAndChecksLosslessness) {
   EXPECT_EQ(set["modes"]["off#2"]["paired_speedup"]["against"],
             nlohmann::json({"off"}));
   EXPECT_EQ(set["modes"]["off"]["paired_speedup"]["median"], 1.0);
+  // Two pairs: too few for a 95% interval of the median.
+  EXPECT_EQ(paired["ci95_high"], 0.0);
+  EXPECT_THAT(outcome.err, HasSubstr("(under 6 pairs)"));
+  // Every run's own time, from which the pairs are formed again: static's
+  // rate over the mean of the off runs beside it, prompt by prompt.
+  for (const char* mode : {"off", "static", "off#2"}) {
+    ASSERT_TRUE(set["modes"][mode].contains("repeat_runs")) << mode;
+    ASSERT_EQ(set["modes"][mode]["repeat_runs"].size(), 2u) << mode;
+  }
+  auto rate = [&](const char* mode, int prompt) {
+    const nlohmann::json& run = set["modes"][mode]["repeat_runs"][prompt];
+    EXPECT_EQ(run["decode_seconds"].size(), 1u) << mode;
+    EXPECT_EQ(run["decoded_tokens"], nlohmann::json({23})) << mode;
+    return run["decoded_tokens"][0].get<double>() /
+           run["decode_seconds"][0].get<double>();
+  };
+  double ratio_sum = 0;
+  for (int p = 0; p < 2; ++p) {
+    ratio_sum +=
+        rate("static", p) / (0.5 * (rate("off", p) + rate("off#2", p)));
+  }
+  EXPECT_NEAR(paired["median"].get<double>(), ratio_sum / 2, 1e-9);
   // The run's noise floor: the off runs after the first, paired likewise.
   EXPECT_EQ(set["off_against_off"]["runs"], 1);
   EXPECT_EQ(set["off_against_off"]["min"],
