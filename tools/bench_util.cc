@@ -506,16 +506,16 @@ PairedSpeedup PairedSpeedupOfMean(
 
 std::pair<double, double> MedianInterval95(std::vector<double> values) {
   const size_t n = values.size();
-  // P(Binomial(n, 1/2) <= i), summed in log space (n may be in the
+  const double count = static_cast<double>(n);
+  // P(Binomial(n, 1/2) = i) = C(n, i) / 2^n in log space (n may be in the
   // thousands); k is the largest rank with P(X <= k - 1) <= 0.025.
-  const double log_half_n = static_cast<double>(n) * std::log(0.5);
-  double below = 0;  // P(X <= i - 1)
+  const double log_scale = std::lgamma(count + 1) + count * std::log(0.5);
+  double below = 0;  // P(X <= i)
   size_t k = 0;
   for (size_t i = 0; i < n; ++i) {
     const double x = static_cast<double>(i);
     below +=
-        std::exp(std::lgamma(static_cast<double>(n) + 1) - std::lgamma(x + 1) -
-                 std::lgamma(static_cast<double>(n) - x + 1) + log_half_n);
+        std::exp(log_scale - std::lgamma(x + 1) - std::lgamma(count - x + 1));
     if (below > 0.025) break;
     k = i + 1;
   }
