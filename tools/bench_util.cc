@@ -282,6 +282,7 @@ void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {
   a.guard_plain_steps += b.guard_plain_steps;
   a.guard_inherited_steps += b.guard_inherited_steps;
   a.guard_carried_steps += b.guard_carried_steps;
+  a.guard_settle_steps += b.guard_settle_steps;
   if (b.guard_checks > 0) {
     a.guard_last_spec_tps = b.guard_last_spec_tps;
     a.guard_last_plain_tps = b.guard_last_plain_tps;

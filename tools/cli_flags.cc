@@ -324,6 +324,11 @@ ABSL_FLAG(bool, guard_carry, true,
           "The guard: a losing verdict also holds the context buckets just "
           "below and above its own where the setting was never judged "
           "(--guard_reprobe_steps plain steps, then it is measured there).");
+ABSL_FLAG(bool, guard_settle_plain, true,
+          "The guard: a sequence's first steps after its prefill, which are "
+          "no evidence, decode plainly while its drafting setting has not "
+          "won a judgement at the context bucket (a setting that won drafts "
+          "from the first step).");
 ABSL_FLAG(bool, search_masks, false,
           "bench spec: first find a static mask by greedy forward selection "
           "(start from no "
@@ -615,6 +620,8 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
   request.speculation.guard_reprobe_steps =
       absl::GetFlag(FLAGS_guard_reprobe_steps);
   request.speculation.guard_carry = absl::GetFlag(FLAGS_guard_carry);
+  request.speculation.guard_settle_plain =
+      absl::GetFlag(FLAGS_guard_settle_plain);
   return request;
 }
 

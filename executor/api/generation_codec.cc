@@ -343,6 +343,7 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
   w->set_profile_pending_steps(planning.profile_pending_steps);
   w->set_guard_inherited_steps(planning.guard_inherited_steps);
   w->set_guard_carried_steps(planning.guard_carried_steps);
+  w->set_guard_settle_steps(planning.guard_settle_steps);
   return response;
 }
 
@@ -367,6 +368,7 @@ PlanningStats DecodePlanningStats(const v1::PlanningStats& w) {
   s.profile_pending_steps = w.profile_pending_steps();
   s.guard_inherited_steps = w.guard_inherited_steps();
   s.guard_carried_steps = w.guard_carried_steps();
+  s.guard_settle_steps = w.guard_settle_steps();
   return s;
 }
 

@@ -80,6 +80,10 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
           "knapserve_guard_carried_steps_total",
           "Of those, steps decoded plainly under a verdict carried from the "
           "neighbouring context bucket, where the setting lost.")),
+      guard_settle_steps_(r.AddCounter(
+          "knapserve_guard_settle_steps_total",
+          "Plain steps right after a prefill because the request's drafting "
+          "setting had not won a guard judgement at the context bucket.")),
       routing_(r.AddHistogram(
           "knapserve_routing_seconds",
           "KNN-SSD: time to route a request to its domain (1-NN over the "
@@ -257,6 +261,7 @@ void GenerationMetrics::AddResult(const GenerationResult& r,
   guard_inherited_steps_.Add(
       static_cast<double>(planning.guard_inherited_steps));
   guard_carried_steps_.Add(static_cast<double>(planning.guard_carried_steps));
+  guard_settle_steps_.Add(static_cast<double>(planning.guard_settle_steps));
   if (result->stats.completion_tokens > 1) {
     itl_.Observe(result->stats.decode_seconds /
                  static_cast<double>(result->stats.completion_tokens - 1));

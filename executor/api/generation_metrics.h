@@ -77,6 +77,7 @@ class GenerationMetrics {
   Counter& guard_plain_steps_;
   Counter& guard_inherited_steps_;
   Counter& guard_carried_steps_;
+  Counter& guard_settle_steps_;
   Histogram& routing_;
   std::vector<Counter*> triggers_;  // no_plan, new_bucket, drift, recheck
 

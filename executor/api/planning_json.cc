@@ -22,6 +22,7 @@ nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds) {
             {"plain_steps", s.guard_plain_steps},
             {"inherited_steps", s.guard_inherited_steps},
             {"carried_steps", s.guard_carried_steps},
+            {"settle_steps", s.guard_settle_steps},
             {"last_spec_tps", s.guard_last_spec_tps},
             {"last_plain_tps", s.guard_last_plain_tps}}},
           {"profile_pending", s.profile_pending},

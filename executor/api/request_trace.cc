@@ -84,7 +84,8 @@ void RequestTrace::Finish(const absl::Status& status,
     decode_.SetAttribute("knapserve.plan_requests", stats.plan_requests);
     decode_.SetAttribute("knapserve.plan_failures", stats.plan_failures);
     // The online guard (every drafting mode): its judgements and the plain
-    // steps it forced, those under another request's verdict among them.
+    // steps it forced, those under another request's verdict among them,
+    // and the steps after the prefill it kept plain for an unproven setting.
     const PlanningStats& guard = result->planning;
     decode_.SetAttribute("knapserve.guard.checks", guard.guard_checks);
     decode_.SetAttribute("knapserve.guard.fallbacks", guard.guard_fallbacks);
@@ -94,6 +95,8 @@ void RequestTrace::Finish(const absl::Status& status,
                          guard.guard_inherited_steps);
     decode_.SetAttribute("knapserve.guard.carried_steps",
                          guard.guard_carried_steps);
+    decode_.SetAttribute("knapserve.guard.settle_steps",
+                         guard.guard_settle_steps);
     decode_.End(seq_end);
 
     const SpeculationStats& spec = result->speculation;

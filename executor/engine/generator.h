@@ -128,6 +128,8 @@ struct SpeculationConfig {
   // A losing verdict also holds the buckets beside its own where the
   // setting was never judged (GuardOptions::carry_neighbour_losses).
   bool guard_carry = true;
+  // GuardOptions::settle_plain (--guard-settle-plain).
+  bool guard_settle_plain = true;
   // SpecBound (kSpecBound, executor/engine/specbound.h): early-exit drafting.
   // Its width bound is max_draft (the longest run of drafts per step).
   SpecBoundConfig specbound;

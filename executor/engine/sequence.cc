@@ -100,6 +100,7 @@ GuardOptions GuardOptionsFrom(const SpeculationConfig& spec) {
   options.probe_steps = spec.guard_probe_steps;
   options.reprobe_steps = spec.guard_reprobe_steps;
   options.carry_neighbour_losses = spec.guard_carry;
+  options.settle_plain = spec.guard_settle_plain;
   return options;
 }
 

@@ -352,6 +352,7 @@ void GuardVerdicts::Judge(const std::string& execution_id,
         pool->second.plan_version == verdict.plan_version) {
       pool->second.since_judged = 0;  // its steps stay evidence for the next
       pool->second.won = true;
+      pool->second.won_plan = verdict.plan_version;
     }
     losing_.erase(key);
     if (judgement == Judgement::kWin) losses_in_a_row_.erase(key);
@@ -470,6 +471,14 @@ std::deque<GuardVerdicts::Step> GuardVerdicts::Steps(
   auto it = pools_.find(Key(execution_id, setting, bucket_tokens, bucket));
   if (it == pools_.end() || it->second.plan_version != plan_version) return {};
   return it->second.steps;
+}
+
+bool GuardVerdicts::WonLast(const std::string& execution_id,
+                            const std::string& setting, int64_t bucket_tokens,
+                            int64_t bucket, int64_t plan_version) const {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(Key(execution_id, setting, bucket_tokens, bucket));
+  return it != pools_.end() && it->second.won_plan == plan_version;
 }
 
 bool GuardVerdicts::LastLost(const std::string& execution_id,

@@ -392,6 +392,13 @@ class GuardVerdicts {
                                        int64_t plan_version,
                                        int64_t carry_hold_steps = 0)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the setting's last judgement at the bucket was a win (kWin or
+  // kUnprovenWin) of plan `plan_version` (0 unplanned): false when it was
+  // never judged there, its last judgement lost, the win was another plan's,
+  // or the pool was dropped (kMaxPools).
+  bool WonLast(const std::string& execution_id, const std::string& setting,
+               int64_t bucket_tokens, int64_t bucket,
+               int64_t plan_version) const ABSL_LOCKS_EXCLUDED(mu_);
   // The verdict in force, without spending a step (tests, reports).
   std::optional<Verdict> Find(const std::string& execution_id,
                               const std::string& setting, int64_t bucket_tokens,
@@ -457,6 +464,7 @@ class GuardVerdicts {
     std::deque<Step> steps;
     int64_t since_judged = 0;  // steps added since the last judgement
     bool won = false;  // a win was judged at its key (no loss carries there)
+    int64_t won_plan = -1;  // the plan version of its last win; -1: none
   };
   absl::flat_hash_map<Key, Pool> pools_ ABSL_GUARDED_BY(mu_);
   int64_t given_ ABSL_GUARDED_BY(mu_) = 0;

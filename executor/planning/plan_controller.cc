@@ -102,6 +102,12 @@ bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
       return true;
     }
   }
+  if (!settled() && options_.settle_plain && verdicts_ != nullptr &&
+      !verdicts_->WonLast(execution_id_, setting_, bucket_tokens_, bucket,
+                          plan_version_)) {
+    ++stats.guard_settle_steps;
+    return true;
+  }
   if (settled() && bucket != probe_first_bucket_) {
     // The setting's first step, or its first at this bucket.
     probe_first_bucket_ = bucket;

@@ -178,6 +178,17 @@ struct GuardOptions {
   // on average); a probe of those steps would make plain decoding look
   // slower than it is for as long as the reference stands.
   int64_t settle_steps = 8;
+  // A setting that has not won its last judgement at the bucket (never
+  // judged there, or re-probed after a loss) decodes the sequence's settle
+  // steps plainly instead of drafting them (counted as
+  // PlanningStats::guard_settle_steps): they are no evidence, so drafting
+  // them risks a loser's cost that no judgement weighs. A setting that won
+  // there drafts from the first step. On a 2-core Zen 4 VM, knn's settings
+  // at 1000 tokens on stories-24l-skip (bf16) drafted their 8 settle steps
+  // and 6 more before the first judgement condemned them, at 0.75x of
+  // plain decoding. Needs the shared verdicts (a guard without them drafts
+  // its settle steps).
+  bool settle_plain = true;
   // A drafting step whose drafts saved no layer (StepObservation::
   // saved_no_layers: SpecBound's draft tokens all ran the whole model) cost
   // at least the plain steps of its tokens, however the machine times it.
@@ -240,11 +251,14 @@ struct PlanningStats {
       0;                     // triggers that had to wait for the planner budget
   double solve_seconds = 0;  // planner solve time of this sequence's requests
   // The guard.
-  int64_t guard_checks = 0;        // judgements made
-  int64_t guard_fallbacks = 0;     // judgements that switched to plain decoding
-  int64_t guard_probe_steps = 0;   // plain steps run to measure the plain rate
-  int64_t guard_plain_steps = 0;   // plain steps decoded because a plan lost
-  double guard_last_spec_tps = 0;  // measured at the last judgement
+  int64_t guard_checks = 0;       // judgements made
+  int64_t guard_fallbacks = 0;    // judgements that switched to plain decoding
+  int64_t guard_probe_steps = 0;  // plain steps run to measure the plain rate
+  // Plain steps at a sequence's start (its settle steps) because its setting
+  // had not won at the bucket (GuardOptions::settle_plain).
+  int64_t guard_settle_steps = 0;
+  int64_t guard_plain_steps = 0;    // plain steps decoded because a plan lost
+  double guard_last_spec_tps = 0;   // measured at the last judgement
   double guard_last_plain_tps = 0;  // the plain rate it was compared with
   // Of guard_plain_steps: those decoded under a verdict another sequence
   // gave (the shared verdict spared this one its own losing steps).

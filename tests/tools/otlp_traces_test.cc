@@ -367,6 +367,8 @@ TEST(OtlpTracesTest, SplitDeploymentExportsOneTraceAcrossBothProcesses) {
             out["planning"]["guard"]["inherited_steps"].get<int64_t>());
   EXPECT_EQ(decode->integer("knapserve.guard.carried_steps"),
             out["planning"]["guard"]["carried_steps"].get<int64_t>());
+  EXPECT_EQ(decode->integer("knapserve.guard.settle_steps"),
+            out["planning"]["guard"]["settle_steps"].get<int64_t>());
 
   // The plan chain: snapshot -> encode -> send -> [planner] queue, solve;
   // send -> receive -> apply. The first snapshot is the no_plan trigger's

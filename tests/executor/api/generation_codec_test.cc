@@ -470,6 +470,7 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   p.guard_last_plain_tps = 100.25;
   p.guard_inherited_steps = 6;
   p.guard_carried_steps = 4;
+  p.guard_settle_steps = 8;
   p.profile_pending = true;
   p.profile_pending_steps = 11;
   AppliedPlan plan;
@@ -528,6 +529,7 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   EXPECT_EQ(PlanningJson(back, 2.0)["profile_pending_steps"], 11);
   EXPECT_EQ(PlanningJson(back, 2.0)["guard"]["inherited_steps"], 6);
   EXPECT_EQ(PlanningJson(back, 2.0)["guard"]["carried_steps"], 4);
+  EXPECT_EQ(PlanningJson(back, 2.0)["guard"]["settle_steps"], 8);
 }
 
 }  // namespace

@@ -823,6 +823,9 @@ TEST(SpeculationGuardTest, TheStepsRightAfterThePrefillAreNoEvidence) {
   shared.cache->Insert(KeyAt(0), Plan(3, 0.5), 50, 10);
   PlanControllerOptions o = GuardOn();
   o.guard.settle_steps = 7;
+  // The settle steps draft here (AnUnprovenSettingSettlesPlainly has the
+  // default, which decodes them plainly for a setting that has not won).
+  o.guard.settle_plain = false;
   PlanController c(o, BaseKey(), 1, 0, shared);
   int64_t step = 0;
   for (; step < 7; ++step) {
@@ -858,6 +861,70 @@ TEST(SpeculationGuardTest, TheStepsRightAfterThePrefillAreNoEvidence) {
     p.AfterStep(Plain(k < 7 ? 0.05 : 0.005));
   }
   EXPECT_EQ(plain_only.plain_rates->samples(BaseKey().ExecutionId(), 32, 0), 3);
+}
+
+// The settle steps weigh in no judgement, so a setting that has not won its
+// last judgement at the bucket decodes them plainly instead of risking a
+// loser's cost unmeasured; once it won there, the next sequence drafts from
+// its first step. A loss (its re-probe) and another bucket settle plainly
+// again; settle_plain = false drafts them.
+TEST(SpeculationGuardTest, AnUnprovenSettingSettlesPlainly) {
+  GuardOptions o;
+  o.settle_steps = 3;
+  o.min_steps = 4;
+  o.early_steps = 0;
+  o.probe_steps = 3;
+  PlanningShared shared = PlanningShared::Create();
+  const std::string execution = BaseKey().ExecutionId();
+  for (int i = 0; i < 3; ++i) {
+    shared.plain_rates->Record(execution, 32, 0, 0.005);  // 200 tokens/s
+  }
+  const std::string setting = "static a1 D3";
+  SpeculationGuard first(o, shared.plain_rates, shared.verdicts, execution,
+                         setting, 1, 32);
+  PlanningStats stats;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_TRUE(first.BeforeStep(0, stats)) << "settling " << i;
+    first.Observe(true, 0, Plain(0.005), stats);
+  }
+  EXPECT_EQ(stats.guard_settle_steps, 3);
+  EXPECT_EQ(stats.guard_probe_steps + stats.guard_plain_steps, 0);
+  EXPECT_EQ(shared.plain_rates->samples(execution, 32, 0), 3)
+      << "settle steps are no plain reference either";
+  for (int i = 0; i < 4; ++i) {  // settled: 3 tokens in 12 ms, 250 tokens/s
+    EXPECT_FALSE(first.BeforeStep(0, stats)) << "drafting " << i;
+    first.Observe(true, 0, Spec(3, 3, 2, 0.012), stats);
+  }
+  EXPECT_EQ(stats.guard_checks, 1);
+  EXPECT_EQ(stats.guard_fallbacks, 0);
+
+  SpeculationGuard second(o, shared.plain_rates, shared.verdicts, execution,
+                          setting, 2, 32);
+  PlanningStats second_stats;
+  EXPECT_FALSE(second.BeforeStep(0, second_stats))
+      << "it won at bucket 0: drafts from the first step";
+  EXPECT_TRUE(second.BeforeStep(2, second_stats)) << "never judged at 2";
+  EXPECT_EQ(second_stats.guard_settle_steps, 1);
+
+  GuardVerdicts::Verdict lost;
+  lost.spec_tps = 100;
+  lost.plain_tps = 200;
+  shared.verdicts->Judge(execution, setting, 32, 0,
+                         GuardVerdicts::Judgement::kLoss, lost, 1);
+  SpeculationGuard third(o, shared.plain_rates, shared.verdicts, execution,
+                         setting, 3, 32);
+  PlanningStats third_stats;
+  EXPECT_TRUE(third.BeforeStep(0, third_stats)) << "the verdict's one step";
+  EXPECT_EQ(third_stats.guard_plain_steps, 1);
+  EXPECT_TRUE(third.BeforeStep(0, third_stats)) << "its re-probe settles";
+  EXPECT_EQ(third_stats.guard_settle_steps, 1);
+
+  o.settle_plain = false;
+  SpeculationGuard drafting(o, shared.plain_rates, shared.verdicts, execution,
+                            setting, 4, 32);
+  PlanningStats drafting_stats;
+  EXPECT_FALSE(drafting.BeforeStep(2, drafting_stats));
+  EXPECT_EQ(drafting_stats.guard_settle_steps, 0);
 }
 
 TEST(SpeculationGuardTest, AWinningPlanKeepsSpeculatingAndIsJudgedAgain) {
@@ -1421,7 +1488,8 @@ TEST(SpeculationGuardTest, StepsThatSavedNoLayerLoseWithoutATiming) {
   GuardOptions o;
   o.futile_steps = 3;
   o.settle_steps = 8;
-  o.min_steps = 1000;  // no timing judgement in this test
+  o.settle_plain = false;  // the settle steps draft, and count as futile
+  o.min_steps = 1000;      // no timing judgement in this test
   PlanningShared shared = PlanningShared::Create();
   const std::string execution = BaseKey().ExecutionId();
   SpeculationGuard guard(o, shared.plain_rates, shared.verdicts, execution,
@@ -1699,9 +1767,16 @@ TEST(GuardVerdictsTest, TheStepPoolKeepsTheNewestPlansLastSteps) {
   verdicts.Judge("exec", "knapspec D4", 32, 0, kWin, verdict, 8);
   EXPECT_THAT(tokens(2), ElementsAre(7)) << "a win keeps the pool";
   EXPECT_EQ(add(2, 8), 1) << "and starts the next window";
+  EXPECT_TRUE(verdicts.WonLast("exec", "knapspec D4", 32, 0, 2));
+  EXPECT_FALSE(verdicts.WonLast("exec", "knapspec D4", 32, 0, 3))
+      << "another plan";
+  EXPECT_FALSE(verdicts.WonLast("exec", "knapspec D4", 32, 1, 2))
+      << "another bucket";
   EXPECT_THAT(tokens(2), ElementsAre(7, 8));
   verdicts.Judge("exec", "knapspec D4", 32, 0, kLoss, verdict, 8);
   EXPECT_THAT(tokens(2), IsEmpty()) << "a loss empties it";
+  EXPECT_FALSE(verdicts.WonLast("exec", "knapspec D4", 32, 0, 2))
+      << "and its last judgement lost";
 }
 
 TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
