@@ -351,7 +351,6 @@ void GuardVerdicts::Judge(const std::string& execution_id,
     if (pool != pools_.end() &&
         pool->second.plan_version == verdict.plan_version) {
       pool->second.since_judged = 0;  // its steps stay evidence for the next
-      pool->second.won = true;
       pool->second.won_plan = verdict.plan_version;
     }
     losing_.erase(key);
@@ -410,7 +409,7 @@ bool GuardVerdicts::CarryNeighbourLoss(const Key& key, int64_t plan_version,
   // Judged here before (a run of losses, or a win): its own record stands.
   if (losses_in_a_row_.contains(key)) return false;
   const auto pool = pools_.find(key);
-  if (pool != pools_.end() && pool->second.won) return false;
+  if (pool != pools_.end() && pool->second.won_plan >= 0) return false;
   const auto& [execution_id, setting, bucket_tokens, bucket] = key;
   for (const int64_t neighbour : {bucket - 1, bucket + 1}) {
     if (neighbour < 0) continue;

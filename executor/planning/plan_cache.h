@@ -463,8 +463,9 @@ class GuardVerdicts {
     int64_t plan_version = 0;
     std::deque<Step> steps;
     int64_t since_judged = 0;  // steps added since the last judgement
-    bool won = false;  // a win was judged at its key (no loss carries there)
-    int64_t won_plan = -1;  // the plan version of its last win; -1: none
+    // The plan version of the last win judged at its key; -1: none. Any
+    // win keeps a neighbour's loss from carrying there.
+    int64_t won_plan = -1;
   };
   absl::flat_hash_map<Key, Pool> pools_ ABSL_GUARDED_BY(mu_);
   int64_t given_ ABSL_GUARDED_BY(mu_) = 0;
