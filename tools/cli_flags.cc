@@ -329,6 +329,11 @@ ABSL_FLAG(bool, guard_settle_plain, true,
           "no evidence, decode plainly while its drafting setting has not "
           "won a judgement at the context bucket (a setting that won drafts "
           "from the first step).");
+ABSL_FLAG(bool, guard_clear_losses, true,
+          "The guard: a setting far below plain decoding (a clear loss) is "
+          "held plain twice as long as a narrow loser, and its loss also "
+          "holds the mode's other settings (static, knn, specbound) that "
+          "were never judged at that context.");
 ABSL_FLAG(bool, search_masks, false,
           "bench spec: first find a static mask by greedy forward selection "
           "(start from no "
@@ -622,6 +627,8 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
   request.speculation.guard_carry = absl::GetFlag(FLAGS_guard_carry);
   request.speculation.guard_settle_plain =
       absl::GetFlag(FLAGS_guard_settle_plain);
+  request.speculation.guard_clear_losses =
+      absl::GetFlag(FLAGS_guard_clear_losses);
   return request;
 }
 

@@ -115,6 +115,7 @@ ABSL_DECLARE_FLAG(int64_t, guard_probe_steps);
 ABSL_DECLARE_FLAG(int64_t, guard_reprobe_steps);
 ABSL_DECLARE_FLAG(bool, guard_carry);
 ABSL_DECLARE_FLAG(bool, guard_settle_plain);
+ABSL_DECLARE_FLAG(bool, guard_clear_losses);
 
 namespace knapserve {
 

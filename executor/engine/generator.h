@@ -130,6 +130,8 @@ struct SpeculationConfig {
   bool guard_carry = true;
   // GuardOptions::settle_plain (--guard-settle-plain).
   bool guard_settle_plain = true;
+  // GuardOptions::clear_losses (--guard-clear-losses).
+  bool guard_clear_losses = true;
   // SpecBound (kSpecBound, executor/engine/specbound.h): early-exit drafting.
   // Its width bound is max_draft (the longest run of drafts per step).
   SpecBoundConfig specbound;

@@ -101,6 +101,7 @@ GuardOptions GuardOptionsFrom(const SpeculationConfig& spec) {
   options.reprobe_steps = spec.guard_reprobe_steps;
   options.carry_neighbour_losses = spec.guard_carry;
   options.settle_plain = spec.guard_settle_plain;
+  options.clear_losses = spec.guard_clear_losses;
   return options;
 }
 

@@ -334,6 +334,16 @@ int64_t PlainRateTable::samples(const std::string& execution_id,
 // ---------------------------------------------------------------------------
 // GuardVerdicts
 
+namespace {
+
+// The drafting mode of a guard's setting: its text before the first space
+// ("knn" of "knn stories a1,m3 D3").
+std::string ModeOf(const std::string& setting) {
+  return setting.substr(0, setting.find(' '));
+}
+
+}  // namespace
+
 void GuardVerdicts::Judge(const std::string& execution_id,
                           const std::string& setting, int64_t bucket_tokens,
                           int64_t bucket, Judgement judgement,
@@ -358,8 +368,13 @@ void GuardVerdicts::Judge(const std::string& execution_id,
     return;
   }
   LossRun& run = losses_in_a_row_[key];
-  const int64_t losses = ++run.losses;
+  run.losses += verdict.clear ? 2 : 1;
+  const int64_t losses = run.losses;
   run.plan_version = verdict.plan_version;
+  if (verdict.clear && verdict.plan_version == 0) {
+    clear_losses_[Key(execution_id, ModeOf(setting), bucket_tokens, bucket)] =
+        setting;
+  }
   const int64_t first = std::max<int64_t>(1, hold_steps);
   const int64_t most = std::max(first, max_hold_steps);
   int64_t hold = first;
@@ -387,7 +402,7 @@ std::optional<GuardVerdicts::Verdict> GuardVerdicts::TakePlainStep(
   auto it = losing_.find(key);
   if (it == losing_.end()) {
     if (carry_hold_steps <= 0 ||
-        !CarryNeighbourLoss(key, plan_version, carry_hold_steps)) {
+        !CarryLoss(key, plan_version, carry_hold_steps)) {
       return std::nullopt;
     }
     it = losing_.find(key);
@@ -403,32 +418,63 @@ std::optional<GuardVerdicts::Verdict> GuardVerdicts::TakePlainStep(
   return verdict;
 }
 
-bool GuardVerdicts::CarryNeighbourLoss(const Key& key, int64_t plan_version,
-                                       int64_t hold_steps) {
+std::optional<GuardVerdicts::Verdict> GuardVerdicts::CarriableLoss(
+    const Key& from, int64_t plan_version, bool sibling) const {
+  const auto it = losing_.find(from);
+  if (it == losing_.end() || it->second.plan_version != plan_version ||
+      it->second.carried_from_bucket >= 0 || (sibling && !it->second.clear)) {
+    return std::nullopt;
+  }
+  return it->second;
+}
+
+bool GuardVerdicts::CarryLoss(const Key& key, int64_t plan_version,
+                              int64_t hold_steps) {
   if (losing_.empty()) return false;  // nothing to carry (most steps)
   // Judged here before (a run of losses, or a win): its own record stands.
   if (losses_in_a_row_.contains(key)) return false;
   const auto pool = pools_.find(key);
   if (pool != pools_.end() && pool->second.won_plan >= 0) return false;
   const auto& [execution_id, setting, bucket_tokens, bucket] = key;
+  std::optional<Verdict> carried;
+  int64_t from_bucket = -1;
   for (const int64_t neighbour : {bucket - 1, bucket + 1}) {
     if (neighbour < 0) continue;
-    const auto it =
-        losing_.find(Key(execution_id, setting, bucket_tokens, neighbour));
-    if (it == losing_.end() || it->second.plan_version != plan_version ||
-        it->second.carried_from_bucket >= 0) {
-      continue;
+    carried = CarriableLoss(Key(execution_id, setting, bucket_tokens, neighbour),
+                            plan_version, /*sibling=*/false);
+    if (carried.has_value()) {
+      from_bucket = neighbour;
+      break;
     }
-    // A copy: inserting at `key` may move the neighbour's entry.
-    Verdict carried = it->second;
-    carried.carried_from_bucket = neighbour;
-    // As a first loss here: the re-probe after the hold is a loser's.
-    losses_in_a_row_[key] = LossRun{1, plan_version};
-    HoldPlain(key, carried, hold_steps, /*losses=*/1);
-    ++carried_;
-    return true;
   }
-  return false;
+  if (!carried.has_value() && plan_version == 0) {
+    // A sibling's clear loss, here or beside.
+    const std::string mode = ModeOf(setting);
+    for (const int64_t near : {bucket, bucket - 1, bucket + 1}) {
+      if (near < 0) continue;
+      const auto sibling =
+          clear_losses_.find(Key(execution_id, mode, bucket_tokens, near));
+      if (sibling == clear_losses_.end() || sibling->second == setting) {
+        continue;
+      }
+      carried = CarriableLoss(
+          Key(execution_id, sibling->second, bucket_tokens, near),
+          plan_version, /*sibling=*/true);
+      if (carried.has_value()) {
+        from_bucket = near;
+        carried->carried_from_setting = sibling->second;
+        break;
+      }
+    }
+  }
+  if (!carried.has_value()) return false;
+  carried->carried_from_bucket = from_bucket;
+  carried->clear = false;
+  // As a first loss here: the re-probe after the hold is a loser's.
+  losses_in_a_row_[key] = LossRun{1, plan_version};
+  HoldPlain(key, *carried, hold_steps, /*losses=*/1);
+  ++carried_;
+  return true;
 }
 
 std::optional<GuardVerdicts::Verdict> GuardVerdicts::Find(

@@ -339,6 +339,18 @@ class PlainRateTable {
 // lost there once: carry_hold_steps plain steps, then a re-probe judged as
 // a loser's (LastLost). Only measured verdicts carry (a carried one does
 // not carry further), and a bucket with a judgement of its own keeps it.
+//
+// A clear loss (Verdict::clear: the guard found the setting far below
+// plain decoding, GuardOptions::clear_losses) says more than a narrow one:
+// it counts as two losses in the run (its hold is twice a first narrow
+// loss's), and in an unplanned mode (plan version 0: static, knn,
+// specbound) it also carries to the mode's other settings (the text
+// before the setting's first space: "knn"), at its own bucket and the two
+// beside it, as a neighbour's loss carries. Where one of knn's settings
+// lost far at 1000 tokens of context, its others were measured to lose
+// there too (stories-24l-skip, bf16): the context decided, not the mask;
+// each cold pass of the benchmark judged every one of them afresh. Only
+// the mode's latest clear loss at a bucket carries to its siblings.
 class GuardVerdicts {
  public:
   // A judgement's outcome (SpeculationGuard decides which).
@@ -363,9 +375,15 @@ class GuardVerdicts {
     int64_t plain_steps = 0;       // decoded under it so far
     int64_t hold_steps = 0;        // plain steps it was given
     int64_t losses_in_a_row = 0;   // losing judgements at its key, it included
-    // The bucket whose measured verdict this one was carried from; -1: it
-    // was measured at its own bucket.
+    // The bucket whose measured verdict this one was carried from (its
+    // own bucket when carried from another setting); -1: the setting's own
+    // judgement here.
     int64_t carried_from_bucket = -1;
+    // The other setting of the mode whose clear loss it was carried from;
+    // empty: the setting's own.
+    std::string carried_from_setting;
+    // A clear loss (the class comment); false for carried verdicts.
+    bool clear = false;
   };
 
   GuardVerdicts() = default;
@@ -373,8 +391,8 @@ class GuardVerdicts {
   GuardVerdicts& operator=(const GuardVerdicts&) = delete;
 
   // A judgement: the setting lost (kLoss: a verdict of `hold_steps` plain
-  // steps, times 2 for each earlier loss in a row at the key, at most
-  // max(hold_steps, max_hold_steps)) or won (any verdict for it is cleared;
+  // steps, times 2 for each earlier loss in a row at the key, a clear loss
+  // counting as two, at most max(hold_steps, max_hold_steps)) or won (any verdict for it is cleared;
   // with kWin its run of losses too).
   void Judge(const std::string& execution_id, const std::string& setting,
              int64_t bucket_tokens, int64_t bucket, Judgement judgement,
@@ -383,9 +401,9 @@ class GuardVerdicts {
   // Before a step of `setting` at `bucket` under plan `plan_version` (0
   // unplanned): the verdict in force, if it loses, with one of its plain
   // steps spent by this call (at the last one it expires). nullopt: draft.
-  // carry_hold_steps > 0: a neighbour's loss carries here first when the
-  // setting was never judged at `bucket` (the class comment), holding it
-  // that many plain steps.
+  // carry_hold_steps > 0: a neighbour's loss, or a sibling setting's clear
+  // one, carries here first when the setting was never judged at `bucket`
+  // (the class comment), holding it that many plain steps.
   std::optional<Verdict> TakePlainStep(const std::string& execution_id,
                                        const std::string& setting,
                                        int64_t bucket_tokens, int64_t bucket,
@@ -438,9 +456,15 @@ class GuardVerdicts {
  private:
   using Key = std::tuple<std::string, std::string, int64_t, int64_t>;
   // TakePlainStep's carrying: installs at `key` (no verdict there) the loss
-  // of a neighbouring bucket, if one may carry; whether it did.
-  bool CarryNeighbourLoss(const Key& key, int64_t plan_version,
-                          int64_t hold_steps)
+  // of a neighbouring bucket, or a sibling's clear loss, if one may carry;
+  // whether it did.
+  bool CarryLoss(const Key& key, int64_t plan_version, int64_t hold_steps)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The verdict to carry to `key` from `from` (a copy: inserting at `key`
+  // may move the entry), if `from` holds a measured loss of `plan_version`
+  // that may carry (a sibling's only when clear).
+  std::optional<Verdict> CarriableLoss(const Key& from, int64_t plan_version,
+                                       bool sibling) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A losing verdict in force at `key` (Judge's losses and carried ones):
   // `verdict` holding `hold_steps` plain steps, the `losses`-th in a row;
@@ -468,6 +492,9 @@ class GuardVerdicts {
     int64_t won_plan = -1;
   };
   absl::flat_hash_map<Key, Pool> pools_ ABSL_GUARDED_BY(mu_);
+  // The setting of each unplanned mode's latest clear loss per execution
+  // and bucket: (execution, mode, bucket_tokens, bucket) -> setting.
+  absl::flat_hash_map<Key, std::string> clear_losses_ ABSL_GUARDED_BY(mu_);
   int64_t given_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t carried_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -198,6 +198,19 @@ struct GuardOptions {
   // layer (24 of 24) almost always; the timing rules took 16-24 of its
   // steps per bucket to judge what these steps show. 0: off.
   int64_t futile_steps = 6;
+  // A loss whose rate, plus `confidence` standard errors, is still below
+  // plain x (1 - early_loss) is a clear one (GuardVerdicts::Verdict::clear):
+  // it counts as two losses in a row (its first hold is 2 x reprobe_steps),
+  // and with carry_neighbour_losses it holds the mode's other settings that
+  // were never judged at the bucket or the two beside it (unplanned modes:
+  // static, knn, specbound; GuardVerdicts). A setting far below plain
+  // decoding is not there by a slow spell of the machine, and re-probing it
+  // after 256 plain steps cost most of what the guard's judging costs: in
+  // each cold pass of the benchmark on stories-24l-skip (bf16, 2-core Zen 4
+  // VM, 762 tokens at 1000 of context) knn judged three times, its first
+  // setting at 0.73x of plain, that setting's re-probe, and its second
+  // setting at 0.64x, 23 drafting steps at about 0.65x in all.
+  bool clear_losses = true;
 };
 
 struct PlanControllerOptions {

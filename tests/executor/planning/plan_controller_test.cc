@@ -927,6 +927,102 @@ TEST(SpeculationGuardTest, AnUnprovenSettingSettlesPlainly) {
   EXPECT_EQ(drafting_stats.guard_settle_steps, 0);
 }
 
+// A loss far below plain decoding (100 tokens/s against 200: below 200 x
+// (1 - early_loss) even with its error) is a clear one: it counts as two
+// losses in a row, so its hold is twice reprobe_steps, and it holds the
+// mode's other settings never judged at its bucket or the buckets beside
+// it (carried, each then re-probed as a loser). A narrow loss (190 against
+// 200 x 1.03) holds reprobe_steps and holds no other setting; neither does
+// a clear loss with clear_losses off, nor one of another mode.
+TEST(SpeculationGuardTest, AClearLossHoldsTwiceAndHoldsTheModesOtherSettings) {
+  for (const bool clear_losses : {true, false}) {
+    SCOPED_TRACE(clear_losses ? "clear losses" : "clear_losses off");
+    GuardOptions o;
+    o.settle_steps = 0;
+    o.min_steps = 4;
+    o.early_steps = 0;
+    o.probe_steps = 3;
+    o.reprobe_steps = 5;
+    o.clear_losses = clear_losses;
+    PlanningShared shared = PlanningShared::Create();
+    const std::string execution = BaseKey().ExecutionId();
+    for (int64_t bucket = 0; bucket < 5; ++bucket) {
+      for (int i = 0; i < 3; ++i) {
+        shared.plain_rates->Record(execution, 32, bucket, 0.005);  // 200/s
+      }
+    }
+    // Drafts `step` at `bucket` until the guard judges; returns the stats.
+    const auto judge = [&](const std::string& setting, uint64_t id,
+                           int64_t bucket, const StepObservation& step) {
+      SpeculationGuard guard(o, shared.plain_rates, shared.verdicts,
+                             execution, setting, id, 32);
+      PlanningStats stats;
+      for (int i = 0; i < 4; ++i) {
+        EXPECT_FALSE(guard.BeforeStep(bucket, stats)) << setting << " " << i;
+        guard.Observe(true, bucket, step, stats);
+      }
+      EXPECT_EQ(stats.guard_checks, 1) << setting;
+      return stats;
+    };
+    // Plain steps a new sequence of `setting` decodes at `bucket` before it
+    // drafts, with how many of them were carried.
+    const auto hold = [&](const std::string& setting, uint64_t id,
+                          int64_t bucket, int64_t* carried = nullptr) {
+      SpeculationGuard guard(o, shared.plain_rates, shared.verdicts,
+                             execution, setting, id, 32);
+      PlanningStats stats;
+      int64_t plain = 0;
+      while (plain < 40 && guard.BeforeStep(bucket, stats)) {
+        guard.Observe(true, bucket, Plain(0.005), stats);
+        ++plain;
+      }
+      if (carried != nullptr) *carried = stats.guard_carried_steps;
+      return plain;
+    };
+
+    const std::string stories = "knn stories a1,m2 D3";
+    const std::string novels = "knn novels m1 D2";
+    const std::string other_novels = "knn novels m3 D2";
+    PlanningStats stats = judge(stories, 1, 2, Spec(3, 3, 1, 0.02));
+    EXPECT_EQ(stats.guard_fallbacks, 1);
+    const std::optional<GuardVerdicts::Verdict> verdict =
+        shared.verdicts->Find(execution, stories, 32, 2);
+    ASSERT_TRUE(verdict.has_value());
+    EXPECT_EQ(verdict->clear, clear_losses);
+    EXPECT_EQ(verdict->hold_steps, clear_losses ? 10 : 5);
+    EXPECT_EQ(verdict->losses_in_a_row, clear_losses ? 2 : 1);
+    // Another knn setting, at the loser's bucket and beside it.
+    int64_t carried = 0;
+    EXPECT_EQ(hold(novels, 2, 2, &carried), clear_losses ? 5 : 0);
+    EXPECT_EQ(carried, clear_losses ? 5 : 0);
+    if (clear_losses) {
+      const std::optional<GuardVerdicts::Verdict> sibling =
+          shared.verdicts->Find(execution, novels, 32, 2);
+      EXPECT_FALSE(sibling.has_value()) << "its hold was spent";
+      EXPECT_TRUE(shared.verdicts->LastLost(execution, novels, 32, 2, 0))
+          << "a carried loss: its re-probe is a loser's";
+    }
+    EXPECT_EQ(hold(other_novels, 3, 1), clear_losses ? 5 : 0);
+    EXPECT_EQ(hold(other_novels, 4, 3), clear_losses ? 5 : 0);
+    EXPECT_EQ(hold(other_novels, 5, 4), 0) << "two buckets away";
+    EXPECT_EQ(hold("static a1,m2 D3", 6, 2), 0) << "another mode";
+    EXPECT_EQ(shared.verdicts->verdicts_carried(), clear_losses ? 3 : 0);
+
+    // A narrow loss at bucket 0 (with no clear loss beside it).
+    PlanningShared narrow_shared = PlanningShared::Create();
+    shared = narrow_shared;
+    for (int i = 0; i < 3; ++i) {
+      shared.plain_rates->Record(execution, 32, 0, 0.005);
+    }
+    stats = judge(stories, 7, 0, Spec(3, 3, 1, 0.0105));  // 190 tokens/s
+    EXPECT_EQ(stats.guard_fallbacks, 1);
+    ASSERT_TRUE(shared.verdicts->Find(execution, stories, 32, 0).has_value());
+    EXPECT_FALSE(shared.verdicts->Find(execution, stories, 32, 0)->clear);
+    EXPECT_EQ(hold(stories, 8, 0), 5);
+    EXPECT_EQ(hold(novels, 9, 0), 0) << "a narrow loss holds no sibling";
+  }
+}
+
 TEST(SpeculationGuardTest, AWinningPlanKeepsSpeculatingAndIsJudgedAgain) {
   PlanningShared shared = SharedWithPlanAndPlainRate();
   PlanController c(GuardOn(), BaseKey(), 1, 0, shared);
@@ -1138,6 +1234,9 @@ TEST(SpeculationGuardTest, ALosingVerdictHoldsForEverySequenceUntilItsReprobe) {
   PlanningShared shared = SharedWithPlanAndPlainRate();
   PlanControllerOptions o = GuardOn();
   o.guard.reprobe_steps = 6;
+  // A loss this far below plain would hold twice as long
+  // (AClearLossHoldsTwiceAndHoldsTheModesOtherSettings).
+  o.guard.clear_losses = false;
   PlanController first(o, BaseKey(), 1, 0, shared);
   for (int64_t step = 0; step < 4; ++step) {
     EXPECT_EQ(first.BeforeStep(step, 1).gamma, 3);
@@ -1287,6 +1386,9 @@ class ReprobeDriver {
     o.guard.early_steps = 4;
     o.guard.early_loss = 0.15;
     o.guard.reprobe_steps = 5;
+    // Every hold here is a single loss's (clear ones count twice:
+    // AClearLossHoldsTwiceAndHoldsTheModesOtherSettings).
+    o.guard.clear_losses = false;
     return o;
   }
   ReprobeDriver()
