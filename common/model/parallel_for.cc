@@ -2,6 +2,7 @@
 
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <omp.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -241,6 +242,14 @@ void ParallelFor(int64_t begin, int64_t end, int64_t grain, Fn fn,
 }
 
 ParallelForCounters GetParallelForCounters() { return Pool::Get().counters(); }
+
+// at::get_num_threads() first: ATen's lazy per-thread setup would otherwise
+// override the team size set here on its first call.
+ScopedSerialAten::ScopedSerialAten() : threads_(at::get_num_threads()) {
+  omp_set_num_threads(1);
+}
+
+ScopedSerialAten::~ScopedSerialAten() { omp_set_num_threads(threads_); }
 
 void SingleThreadedBlas() {
   // Looked up at run time: the BLAS is whichever library Debian's

@@ -82,6 +82,27 @@ class ScopedSolveCores {
 // included), at least 1. Measured once.
 int UsableCores();
 
+// While one lives, ATen's parallel ops on the calling thread (at::parallel_for:
+// a reduction or a dtype copy of more than 32,768 elements) run inline on it,
+// and so does ParallelFor (its chunks follow at::get_num_threads()). For
+// small tensor work between decode steps: ATen hands such an op to an OpenMP
+// team, and the team's workers spin on after the region ends. On a 2-core
+// VM they took a core from the decode steps that followed: knn's routing of
+// a 1000-token prompt's final states (executor/planning/domain_router.h)
+// made the first 8 decode steps take 9.1 ms against 7.6 ms for plain
+// decoding's (stories-24l-skip, bf16, 19 sequences each). Nestable; the
+// calling thread only (its OpenMP team size, restored at the end).
+class ScopedSerialAten {
+ public:
+  ScopedSerialAten();
+  ~ScopedSerialAten();
+  ScopedSerialAten(const ScopedSerialAten&) = delete;
+  ScopedSerialAten& operator=(const ScopedSerialAten&) = delete;
+
+ private:
+  const int threads_;  // the calling thread's team size before
+};
+
 // BLAS on the calling thread. LibTorch hands the few products the kernels
 // here do not cover (the prefill's attention scores, the planner's branch
 // attention and its LM-head checks) to the system BLAS. Debian's OpenBLAS

@@ -193,6 +193,44 @@ TEST(ParallelForTest, ConcurrentCallersAllGetCorrectResults) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
+// While a ScopedSerialAten lives, ATen's parallel ops and ParallelFor run on
+// the calling thread alone (no OpenMP team whose workers would spin on
+// after the region); the team size comes back when it ends, nested too.
+TEST(ParallelForTest, ASerialAtenScopeRunsAtenInlineWhileItLives) {
+  ScopedThreads restore(at::get_num_threads());
+  at::set_num_threads(2);
+  // The threads that ran chunks of an at::parallel_for of 2^20 items.
+  const auto threads_used = [] {
+    absl::Mutex mu;
+    std::vector<std::thread::id> ids;
+    at::parallel_for(0, int64_t{1} << 20, 1, [&](int64_t, int64_t) {
+      absl::MutexLock lock(&mu);
+      ids.push_back(std::this_thread::get_id());
+    });
+    std::sort(ids.begin(), ids.end());
+    return std::unique(ids.begin(), ids.end()) - ids.begin();
+  };
+  EXPECT_EQ(threads_used(), 2) << "without it, ATen's team of two";
+  {
+    ScopedSerialAten serial;
+    EXPECT_EQ(at::get_num_threads(), 1);
+    EXPECT_EQ(threads_used(), 1);
+    EXPECT_EQ(ChunksOf(0, 100, 1).size(), 1u) << "ParallelFor inline too";
+    {
+      ScopedSerialAten nested;
+      EXPECT_EQ(at::get_num_threads(), 1);
+    }
+    EXPECT_EQ(at::get_num_threads(), 1);
+    // A sum over a prompt's final states, as knn's routing makes: the same
+    // value as with the team (a reduction of integers in floats, exact).
+    const torch::Tensor rows =
+        torch::arange(1000 * 192, torch::kFloat32).reshape({1000, 192});
+    EXPECT_EQ(rows.sum(0)[0].item<float>(), 192.0f * 999 * 1000 / 2);
+  }
+  EXPECT_EQ(at::get_num_threads(), 2);
+  EXPECT_EQ(threads_used(), 2);
+}
+
 // While a ScopedSolveCores lives, every pass leaves its cores when the
 // pass would otherwise use them; the counts add and end with the scopes.
 TEST(ParallelForTest, ASolveReservationCapsThePassesWhileItLives) {
