@@ -440,8 +440,9 @@ bool GuardVerdicts::CarryLoss(const Key& key, int64_t plan_version,
   int64_t from_bucket = -1;
   for (const int64_t neighbour : {bucket - 1, bucket + 1}) {
     if (neighbour < 0) continue;
-    carried = CarriableLoss(Key(execution_id, setting, bucket_tokens, neighbour),
-                            plan_version, /*sibling=*/false);
+    carried =
+        CarriableLoss(Key(execution_id, setting, bucket_tokens, neighbour),
+                      plan_version, /*sibling=*/false);
     if (carried.has_value()) {
       from_bucket = neighbour;
       break;
@@ -457,9 +458,9 @@ bool GuardVerdicts::CarryLoss(const Key& key, int64_t plan_version,
       if (sibling == clear_losses_.end() || sibling->second == setting) {
         continue;
       }
-      carried = CarriableLoss(
-          Key(execution_id, sibling->second, bucket_tokens, near),
-          plan_version, /*sibling=*/true);
+      carried =
+          CarriableLoss(Key(execution_id, sibling->second, bucket_tokens, near),
+                        plan_version, /*sibling=*/true);
       if (carried.has_value()) {
         from_bucket = near;
         carried->carried_from_setting = sibling->second;

@@ -392,8 +392,8 @@ class GuardVerdicts {
 
   // A judgement: the setting lost (kLoss: a verdict of `hold_steps` plain
   // steps, times 2 for each earlier loss in a row at the key, a clear loss
-  // counting as two, at most max(hold_steps, max_hold_steps)) or won (any verdict for it is cleared;
-  // with kWin its run of losses too).
+  // counting as two, at most max(hold_steps, max_hold_steps)) or won (any
+  // verdict for it is cleared; with kWin its run of losses too).
   void Judge(const std::string& execution_id, const std::string& setting,
              int64_t bucket_tokens, int64_t bucket, Judgement judgement,
              const Verdict& verdict, int64_t hold_steps,

@@ -392,11 +392,10 @@ void SpeculationGuard::Record(const Rate& rate, const Rate& plain, bool loses,
     verdict.plain_tps = plain.tokens_per_second;
     verdict.plan_version = plan_version_;
     verdict.sequence_id = sequence_id_;
-    verdict.clear = loses && options_.clear_losses &&
-                    rate.tokens_per_second > 0 &&
-                    plain.tokens_per_second > 0 &&
-                    BelowPlain(rate, plain, 1.0 - options_.early_loss,
-                               options_.confidence);
+    verdict.clear =
+        loses && options_.clear_losses && rate.tokens_per_second > 0 &&
+        plain.tokens_per_second > 0 &&
+        BelowPlain(rate, plain, 1.0 - options_.early_loss, options_.confidence);
     GuardVerdicts::Judgement judgement = GuardVerdicts::Judgement::kLoss;
     if (!loses) {
       judgement = ProvenAbovePlain(rate, plain, 1.0 + options_.margin,

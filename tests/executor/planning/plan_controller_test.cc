@@ -954,8 +954,8 @@ TEST(SpeculationGuardTest, AClearLossHoldsTwiceAndHoldsTheModesOtherSettings) {
     // Drafts `step` at `bucket` until the guard judges; returns the stats.
     const auto judge = [&](const std::string& setting, uint64_t id,
                            int64_t bucket, const StepObservation& step) {
-      SpeculationGuard guard(o, shared.plain_rates, shared.verdicts,
-                             execution, setting, id, 32);
+      SpeculationGuard guard(o, shared.plain_rates, shared.verdicts, execution,
+                             setting, id, 32);
       PlanningStats stats;
       for (int i = 0; i < 4; ++i) {
         EXPECT_FALSE(guard.BeforeStep(bucket, stats)) << setting << " " << i;
@@ -968,8 +968,8 @@ TEST(SpeculationGuardTest, AClearLossHoldsTwiceAndHoldsTheModesOtherSettings) {
     // drafts, with how many of them were carried.
     const auto hold = [&](const std::string& setting, uint64_t id,
                           int64_t bucket, int64_t* carried = nullptr) {
-      SpeculationGuard guard(o, shared.plain_rates, shared.verdicts,
-                             execution, setting, id, 32);
+      SpeculationGuard guard(o, shared.plain_rates, shared.verdicts, execution,
+                             setting, id, 32);
       PlanningStats stats;
       int64_t plain = 0;
       while (plain < 40 && guard.BeforeStep(bucket, stats)) {
