@@ -16,6 +16,7 @@
 #include "common/base/clock.h"
 #include "common/base/status.h"
 #include "common/model/exception_status.h"
+#include "common/model/parallel_for.h"
 #include "common/plan/plan_trace.h"
 #include "common/trace/tracer.h"
 #include "executor/engine/speculation_mode.h"
@@ -790,6 +791,9 @@ void Sequence::OnExitCheck(int layer, const torch::Tensor& state) {
   const SpecBoundConfig& config = request_.speculation.specbound;
   if (exit_stop_ || !IsCheckDepth(depth, config.check_every, depth_bound_))
     return;
+  // Inside the pass, between two layers: no OpenMP team (as in the batch
+  // step's Guarded).
+  ScopedSerialAten serial;
   try {
     // z_l / T_l for the exit after `layer`, processed with the history of
     // the position it drafts for.
@@ -1004,9 +1008,17 @@ struct BatchStepRunner {
   const BatchStepOptions& options;
   BatchStepStats stats;
 
-  // Runs `fn` for `seq`, failing only that sequence if it throws.
+  // Runs `fn` for `seq`, failing only that sequence if it throws. `fn` is a
+  // sequence's own work between the passes (sampling, verification, its
+  // K/V bookkeeping, routing), never a pass: its ATen ops run on this
+  // thread alone (ScopedSerialAten, common/model/parallel_for.h). Over a
+  // vocabulary of 49,152 (smollm2-135m) a sampling op wakes ATen's OpenMP
+  // team, whose spinning workers took a core from the next pass's kernels:
+  // plain decoding ran at 79 tok/s against 140 without them (bf16, 2-core
+  // Zen 4 VM, `bench ar`).
   template <typename Fn>
   static void Guarded(Sequence* seq, const char* what, Fn&& fn) {
+    ScopedSerialAten serial;
     try {
       absl::Status status = fn();
       if (!status.ok()) seq->Fail(std::move(status));
