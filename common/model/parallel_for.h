@@ -85,13 +85,18 @@ int UsableCores();
 // While one lives, ATen's parallel ops on the calling thread (at::parallel_for:
 // a reduction or a dtype copy of more than 32,768 elements) run inline on it,
 // and so does ParallelFor (its chunks follow at::get_num_threads()). For
-// small tensor work between decode steps: ATen hands such an op to an OpenMP
-// team, and the team's workers spin on after the region ends. On a 2-core
-// VM they took a core from the decode steps that followed: knn's routing of
-// a 1000-token prompt's final states (executor/planning/domain_router.h)
-// made the first 8 decode steps take 9.1 ms against 7.6 ms for plain
-// decoding's (stories-24l-skip, bf16, 19 sequences each). Nestable; the
-// calling thread only (its OpenMP team size, restored at the end).
+// small tensor work beside the kernels: ATen hands such an op to an OpenMP
+// team, and the team's workers spin on after the region ends, taking a core
+// from the next ParallelFor's workers. On a 2-core Zen 4 VM (2 threads):
+// - the bf16 LM head's rounding of its float logits (LlamaModel::RowLogits)
+//   over smollm2-135m's 49,152-token vocabulary: plain decoding ran at
+//   73-80 tok/s, 110-146 without the team;
+// - knn's routing of a 1000-token prompt's final states
+//   (executor/planning/domain_router.h): the first 8 decode steps took
+//   9.1 ms against 7.6 ms for plain decoding's (stories-24l-skip, bf16).
+// The batch step runs every sequence's work between passes under one
+// (executor/engine/sequence.cc). Nestable; the calling thread only (its
+// OpenMP team size, restored at the end).
 class ScopedSerialAten {
  public:
   ScopedSerialAten();
