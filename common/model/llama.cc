@@ -1115,8 +1115,8 @@ torch::Tensor LlamaModel::RowLogits(const torch::Tensor& h) const {
     // As the LibTorch path: the LM head's output in the model dtype, then
     // float32. On this thread alone (ScopedSerialAten): over a vocabulary
     // above 32,768 each conversion was an OpenMP region, whose spinning
-    // workers took a core from the next pass's kernels (smollm2-135m bf16
-    // decoded 79 tok/s against 140 without them, 2-core Zen 4 VM).
+    // workers took a core from the next pass's kernels (smollm2-135m bf16,
+    // 2 threads: 73-80 tok/s, 110-162 without them; 2-core Zen 4 VM).
     ScopedSerialAten serial;
     logits = logits.to(options_.dtype).to(torch::kFloat32);
   }

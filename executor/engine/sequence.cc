@@ -1011,11 +1011,11 @@ struct BatchStepRunner {
   // Runs `fn` for `seq`, failing only that sequence if it throws. `fn` is a
   // sequence's own work between the passes (sampling, verification, its
   // K/V bookkeeping, routing), never a pass: its ATen ops run on this
-  // thread alone (ScopedSerialAten, common/model/parallel_for.h). Over a
-  // vocabulary of 49,152 (smollm2-135m) a sampling op wakes ATen's OpenMP
-  // team, whose spinning workers took a core from the next pass's kernels:
-  // plain decoding ran at 79 tok/s against 140 without them (bf16, 2-core
-  // Zen 4 VM, `bench ar`).
+  // thread alone (ScopedSerialAten, common/model/parallel_for.h). An ATen
+  // op over more than 32,768 entries (a vocabulary's logits) would wake
+  // ATen's OpenMP team, whose workers spin on and take a core from the next
+  // pass's kernels, as the bf16 LM head's rounding did
+  // (LlamaModel::RowLogits) and knn's routing of a long prompt.
   template <typename Fn>
   static void Guarded(Sequence* seq, const char* what, Fn&& fn) {
     ScopedSerialAten serial;
