@@ -9,7 +9,6 @@
 #include "common/base/status.h"
 #include "common/checkpoint/safetensors.h"
 #include "common/model/exception_status.h"
-#include "common/model/parallel_for.h"
 
 namespace knapserve {
 namespace {
@@ -22,8 +21,6 @@ using Json = nlohmann::json;
 
 void RoutingVector::Add(const torch::Tensor& final_states, int64_t start_pos) {
   c10::InferenceMode guard;
-  // Small work on the step thread, between decode steps: no OpenMP team.
-  ScopedSerialAten serial;
   torch::Tensor rows = final_states.to(torch::kFloat32);
   if (start_pos == 0) {
     first_ = rows[0].clone();
@@ -226,7 +223,6 @@ absl::Status DomainRouter::Save(const std::string& path) const {
 
 DomainRoute DomainRouter::Route(const torch::Tensor& state) const {
   c10::InferenceMode guard;
-  ScopedSerialAten serial;  // as in RoutingVector::Add
   const torch::Tensor x =
       state.detach().to(torch::kCPU, torch::kFloat32).reshape({-1});
   const double norm = x.norm().item<double>();

@@ -463,7 +463,6 @@ bool GuardVerdicts::CarryLoss(const Key& key, int64_t plan_version,
                         plan_version, /*sibling=*/true);
       if (carried.has_value()) {
         from_bucket = near;
-        carried->carried_from_setting = sibling->second;
         break;
       }
     }

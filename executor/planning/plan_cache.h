@@ -379,9 +379,6 @@ class GuardVerdicts {
     // own bucket when carried from another setting); -1: the setting's own
     // judgement here.
     int64_t carried_from_bucket = -1;
-    // The other setting of the mode whose clear loss it was carried from;
-    // empty: the setting's own.
-    std::string carried_from_setting;
     // A clear loss (the class comment); false for carried verdicts.
     bool clear = false;
   };
