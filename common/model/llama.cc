@@ -285,6 +285,10 @@ std::vector<LayerKv> LlamaModel::AllocateKv(int64_t capacity) const {
               capacity, " outside [1, ", max_context_, "]");
   auto opts =
       torch::TensorOptions().dtype(options_.dtype).device(options_.device);
+  // Zeroed on this thread alone (ScopedSerialAten): as an OpenMP region per
+  // tensor, the team's spinning workers took a core from the prefill and
+  // the first decode steps that follow.
+  ScopedSerialAten serial;
   std::vector<LayerKv> kv;
   kv.reserve(layers_.size());
   for (size_t i = 0; i < layers_.size(); ++i) {
@@ -347,6 +351,10 @@ torch::Tensor LlamaModel::ApplyRope(const torch::Tensor& x,
 
 torch::Tensor LlamaModel::Embed(const torch::Tensor& token_ids) const {
   c10::InferenceMode guard;
+  // On this thread alone (ScopedSerialAten): a prefill's lookup of a
+  // 1000-token prompt was an OpenMP region, whose spinning workers took a
+  // core from the first decode steps' kernels. A row copy needs no team.
+  ScopedSerialAten serial;
   return embed_.index_select(0, token_ids.to(options_.device, torch::kInt64));
 }
 
