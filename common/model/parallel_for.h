@@ -95,8 +95,11 @@ int UsableCores();
 //   (executor/planning/domain_router.h): the first 8 decode steps took
 //   9.1 ms against 7.6 ms for plain decoding's (stories-24l-skip, bf16).
 // The batch step runs every sequence's work between passes under one
-// (executor/engine/sequence.cc). Nestable; the calling thread only (its
-// OpenMP team size, restored at the end).
+// (executor/engine/sequence.cc), and LlamaModel its own ATen ops beside the
+// kernels (the prompt's token lookup, the K/V's zero fill, the bf16 LM
+// head's rounding): no OpenMP region runs in a request after the model
+// loads. Nestable; the calling thread only (its OpenMP team size, restored
+// at the end).
 class ScopedSerialAten {
  public:
   ScopedSerialAten();
