@@ -334,6 +334,11 @@ ABSL_FLAG(bool, guard_clear_losses, true,
           "held plain twice as long as a narrow loser, and its loss also "
           "holds the mode's other settings (static, knn, specbound) that "
           "were never judged at that context.");
+ABSL_FLAG(double, guard_explore_share, 0.005,
+          "The guard: a losing setting is held plain for at least what its "
+          "judged steps cost over plain decoding divided by this share, so "
+          "re-measuring a clear loser costs at most about this share of the "
+          "plain steps; in [0, 1), 0 = off.");
 ABSL_FLAG(bool, search_masks, false,
           "bench spec: first find a static mask by greedy forward selection "
           "(start from no "
@@ -629,6 +634,8 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
       absl::GetFlag(FLAGS_guard_settle_plain);
   request.speculation.guard_clear_losses =
       absl::GetFlag(FLAGS_guard_clear_losses);
+  request.speculation.guard_explore_share =
+      absl::GetFlag(FLAGS_guard_explore_share);
   return request;
 }
 

@@ -174,6 +174,11 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request,
       return absl::InvalidArgumentError(
           absl::StrCat("guard_margin: must be >= 0, got ", spec.guard_margin));
     }
+    if (!(spec.guard_explore_share >= 0.0 && spec.guard_explore_share < 1.0)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("guard_explore_share: must be in [0, 1), got ",
+                       spec.guard_explore_share));
+    }
     if (spec.guard_reprobe_steps < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "guard_reprobe_steps: must be >= 1, got ", spec.guard_reprobe_steps));

@@ -348,7 +348,7 @@ void GuardVerdicts::Judge(const std::string& execution_id,
                           const std::string& setting, int64_t bucket_tokens,
                           int64_t bucket, Judgement judgement,
                           const Verdict& verdict, int64_t hold_steps,
-                          int64_t max_hold_steps) {
+                          int64_t max_hold_steps, int64_t min_hold_steps) {
   absl::MutexLock lock(&mu_);
   const Key key(execution_id, setting, bucket_tokens, bucket);
   auto held_it = losing_.find(key);
@@ -379,6 +379,7 @@ void GuardVerdicts::Judge(const std::string& execution_id,
   const int64_t most = std::max(first, max_hold_steps);
   int64_t hold = first;
   for (int64_t k = 1; k < losses && hold < most; ++k) hold *= 2;
+  hold = std::max(hold, min_hold_steps);
   HoldPlain(key, verdict, std::min(hold, most), losses);
 }
 

@@ -389,12 +389,15 @@ class GuardVerdicts {
 
   // A judgement: the setting lost (kLoss: a verdict of `hold_steps` plain
   // steps, times 2 for each earlier loss in a row at the key, a clear loss
-  // counting as two, at most max(hold_steps, max_hold_steps)) or won (any
-  // verdict for it is cleared; with kWin its run of losses too).
+  // counting as two, and at least min_hold_steps (what re-measuring it
+  // costs, GuardOptions::explore_share), at most max(hold_steps,
+  // max_hold_steps)) or won (any verdict for it is cleared; with kWin its
+  // run of losses too).
   void Judge(const std::string& execution_id, const std::string& setting,
              int64_t bucket_tokens, int64_t bucket, Judgement judgement,
              const Verdict& verdict, int64_t hold_steps,
-             int64_t max_hold_steps = 0) ABSL_LOCKS_EXCLUDED(mu_);
+             int64_t max_hold_steps = 0, int64_t min_hold_steps = 0)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Before a step of `setting` at `bucket` under plan `plan_version` (0
   // unplanned): the verdict in force, if it loses, with one of its plain
   // steps spent by this call (at the last one it expires). nullopt: draft.

@@ -70,6 +70,7 @@ SpeculationGuard::Rate SpeculationGuard::RateOf(
   }
   if (seconds <= 0) return rate;
   rate.tokens_per_second = tokens / seconds;
+  rate.tokens = tokens;
   const double n = static_cast<double>(kept.size());
   if (n < 2) return rate;
   // A ratio of sums: Var(T / S) ~ sum (t_i - R s_i)^2 / S^2 * n / (n - 1).
@@ -374,6 +375,19 @@ void SpeculationGuard::JudgeFutile(int64_t bucket, PlanningStats& stats) {
   Record(rate, plain, /*loses=*/true, bucket, stats);
 }
 
+int64_t SpeculationGuard::ExploreHoldSteps(const Rate& rate,
+                                           const Rate& plain) const {
+  if (options_.explore_share <= 0 || rate.tokens_per_second <= 0 ||
+      plain.tokens_per_second <= rate.tokens_per_second) {
+    return 0;
+  }
+  // The judged steps' tokens took tokens / rate seconds, tokens / plain
+  // plainly: the difference in plain steps (one token each).
+  const double cost_steps =
+      rate.tokens * (plain.tokens_per_second / rate.tokens_per_second - 1.0);
+  return std::llround(cost_steps / options_.explore_share);
+}
+
 void SpeculationGuard::Record(const Rate& rate, const Rate& plain, bool loses,
                               int64_t bucket, PlanningStats& stats) {
   ++stats.guard_checks;
@@ -404,7 +418,8 @@ void SpeculationGuard::Record(const Rate& rate, const Rate& plain, bool loses,
                       : GuardVerdicts::Judgement::kUnprovenWin;
     }
     verdicts_->Judge(execution_id_, setting_, bucket_tokens_, bucket, judgement,
-                     verdict, options_.reprobe_steps, options_.max_hold_steps);
+                     verdict, options_.reprobe_steps, options_.max_hold_steps,
+                     loses ? ExploreHoldSteps(rate, plain) : 0);
   } else if (loses) {
     state_ = State::kFallback;
   }

@@ -135,6 +135,18 @@ struct GuardOptions {
   // rarely, even when a short re-probe wins by chance.
   int64_t reprobe_steps = 256;
   int64_t max_hold_steps = 4096;
+  // Re-measuring a loser costs what its judged steps cost over plain
+  // decoding (their tokens at plain decoding's rate against the time they
+  // took), and the next re-probe costs about as much again. So a loss holds
+  // the setting plain for at least that cost, in plain steps, divided by
+  // explore_share (within max_hold_steps): the steps that re-measure a
+  // losing setting cost at most about this share of the plain steps it is
+  // held for. A narrow loser costs little to re-measure and is re-probed as
+  // before; a clear one at 0.72x of plain decoding (static's mask on
+  // stories-24l at 1000 tokens of context, bf16, 2-core Zen 4 VM) cost about
+  // 5 plain steps per judgement and was re-probed after 512, twice in each
+  // 762-token cold pass of the benchmark. 0: off (the doubling alone).
+  double explore_share = 0.005;
   // A clear loser is judged before min_steps: from early_steps speculative
   // steps on, when even its rate plus `confidence` standard errors is below
   // the plain rate x (1 - early_loss), it loses at once. A setting whose
@@ -396,6 +408,7 @@ class SpeculationGuard {
   struct Rate {
     double tokens_per_second = 0;
     double standard_error = 0;
+    double tokens = 0;  // the steps' tokens the rate was measured over
   };
 
  private:
@@ -426,6 +439,9 @@ class SpeculationGuard {
   // verdict table or this guard's own fallback); `loses` decides it.
   void Record(const Rate& rate, const Rate& plain, bool loses, int64_t bucket,
               PlanningStats& stats);
+  // The least hold of a loss of `rate` against `plain`
+  // (GuardOptions::explore_share); 0 when off or nothing was lost.
+  int64_t ExploreHoldSteps(const Rate& rate, const Rate& plain) const;
   // Plain decoding's rate at the bucket, once it has probe_steps plain
   // steps, with that rate's standard error (from the steps' spread).
   std::optional<Rate> PlainRate(int64_t bucket) const;

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <future>
 #include <map>
@@ -532,6 +533,17 @@ TEST(PlannedGenerationFaultTest, BadPlannedRequestsAreClearErrors) {
   EXPECT_NE(bad.status().message().find("plain_recheck_steps"),
             std::string::npos)
       << bad.status();
+  for (const double share : {-0.1, 1.0, std::nan("")}) {
+    request = PlannedRequest(SpeculationMode::kKnapSpec, 10);
+    request.speculation.guard_explore_share = share;
+    bad = Generate(*model, *GetTokenizer(), request, nullptr, nullptr,
+                   planner.get());
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument)
+        << share;
+    EXPECT_NE(bad.status().message().find("guard_explore_share"),
+              std::string::npos)
+        << bad.status();
+  }
   EXPECT_EQ(ParseSpeculationMode("knapsack").status().code(),
             absl::StatusCode::kInvalidArgument);
 }

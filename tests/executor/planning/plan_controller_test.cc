@@ -944,6 +944,7 @@ TEST(SpeculationGuardTest, AClearLossHoldsTwiceAndHoldsTheModesOtherSettings) {
     o.probe_steps = 3;
     o.reprobe_steps = 5;
     o.clear_losses = clear_losses;
+    o.explore_share = 0;  // ALossHoldsAtLeastItsCostOverTheExploreShare
     PlanningShared shared = PlanningShared::Create();
     const std::string execution = BaseKey().ExecutionId();
     for (int64_t bucket = 0; bucket < 5; ++bucket) {
@@ -1020,6 +1021,66 @@ TEST(SpeculationGuardTest, AClearLossHoldsTwiceAndHoldsTheModesOtherSettings) {
     EXPECT_FALSE(shared.verdicts->Find(execution, stories, 32, 0)->clear);
     EXPECT_EQ(hold(stories, 8, 0), 5);
     EXPECT_EQ(hold(novels, 9, 0), 0) << "a narrow loss holds no sibling";
+  }
+}
+
+// A loss holds the setting at least what its judged steps cost over plain
+// decoding, in plain steps, over explore_share. Four steps of 2 tokens in
+// 20 ms (100 tokens/s) against plain decoding's 200: their 8 tokens took
+// 80 ms, 40 ms plainly, a cost of 8 plain steps, so with a share of 0.1 a
+// hold of 80 (above reprobe_steps' 5), capped by max_hold_steps. A narrow
+// loss (190 tokens/s: a cost of 0.4 steps, 4 at that share) keeps
+// reprobe_steps, and at a share of 0.01 holds 40. explore_share 0 leaves
+// the hold to the doubling.
+TEST(SpeculationGuardTest, ALossHoldsAtLeastItsCostOverTheExploreShare) {
+  struct Case {
+    double explore_share;
+    int64_t max_hold_steps;
+    double step_seconds;
+    int64_t want_hold;
+  };
+  for (const Case& c : {Case{0.1, 4096, 0.02, 80}, Case{0.1, 50, 0.02, 50},
+                        Case{0.0, 4096, 0.02, 5}, Case{0.1, 4096, 0.0105, 5},
+                        Case{0.01, 4096, 0.0105, 40}}) {
+    SCOPED_TRACE(absl::StrCat("share ", c.explore_share, " max ",
+                              c.max_hold_steps, " step ", c.step_seconds));
+    GuardOptions o;
+    o.settle_steps = 0;
+    o.min_steps = 4;
+    o.early_steps = 0;
+    o.probe_steps = 3;
+    o.reprobe_steps = 5;
+    o.clear_losses = false;
+    o.explore_share = c.explore_share;
+    o.max_hold_steps = c.max_hold_steps;
+    PlanningShared shared = PlanningShared::Create();
+    const std::string execution = BaseKey().ExecutionId();
+    for (int i = 0; i < 3; ++i) {
+      shared.plain_rates->Record(execution, 32, 1, 0.005);  // 200/s
+    }
+    const std::string setting = "static a1,m2 D3";
+    SpeculationGuard guard(o, shared.plain_rates, shared.verdicts, execution,
+                           setting, 1, 32);
+    PlanningStats stats;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_FALSE(guard.BeforeStep(1, stats)) << i;
+      guard.Observe(true, 1, Spec(3, 3, 1, c.step_seconds), stats);
+    }
+    EXPECT_EQ(stats.guard_fallbacks, 1);
+    const std::optional<GuardVerdicts::Verdict> verdict =
+        shared.verdicts->Find(execution, setting, 32, 1);
+    ASSERT_TRUE(verdict.has_value());
+    EXPECT_EQ(verdict->hold_steps, c.want_hold);
+    // A new sequence of the setting decodes that many plain steps, then
+    // drafts again (the re-probe).
+    SpeculationGuard next(o, shared.plain_rates, shared.verdicts, execution,
+                          setting, 2, 32);
+    int64_t plain = 0;
+    while (plain < 5000 && next.BeforeStep(1, stats)) {
+      next.Observe(true, 1, Plain(0.005), stats);
+      ++plain;
+    }
+    EXPECT_EQ(plain, c.want_hold);
   }
 }
 
@@ -1235,8 +1296,10 @@ TEST(SpeculationGuardTest, ALosingVerdictHoldsForEverySequenceUntilItsReprobe) {
   PlanControllerOptions o = GuardOn();
   o.guard.reprobe_steps = 6;
   // A loss this far below plain would hold twice as long
-  // (AClearLossHoldsTwiceAndHoldsTheModesOtherSettings).
+  // (AClearLossHoldsTwiceAndHoldsTheModesOtherSettings), and longer for
+  // what re-measuring it costs (ALossHoldsAtLeastItsCostOverTheExploreShare).
   o.guard.clear_losses = false;
+  o.guard.explore_share = 0;
   PlanController first(o, BaseKey(), 1, 0, shared);
   for (int64_t step = 0; step < 4; ++step) {
     EXPECT_EQ(first.BeforeStep(step, 1).gamma, 3);
@@ -1387,8 +1450,10 @@ class ReprobeDriver {
     o.guard.early_loss = 0.15;
     o.guard.reprobe_steps = 5;
     // Every hold here is a single loss's (clear ones count twice:
-    // AClearLossHoldsTwiceAndHoldsTheModesOtherSettings).
+    // AClearLossHoldsTwiceAndHoldsTheModesOtherSettings), the doubling's
+    // alone (ALossHoldsAtLeastItsCostOverTheExploreShare).
     o.guard.clear_losses = false;
+    o.guard.explore_share = 0;
     return o;
   }
   ReprobeDriver()
