@@ -538,8 +538,7 @@ TEST(PlannedGenerationFaultTest, BadPlannedRequestsAreClearErrors) {
     request.speculation.guard_explore_share = share;
     bad = Generate(*model, *GetTokenizer(), request, nullptr, nullptr,
                    planner.get());
-    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument)
-        << share;
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << share;
     EXPECT_NE(bad.status().message().find("guard_explore_share"),
               std::string::npos)
         << bad.status();
