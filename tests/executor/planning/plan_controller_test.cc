@@ -927,6 +927,18 @@ TEST(SpeculationGuardTest, AnUnprovenSettingSettlesPlainly) {
   EXPECT_EQ(drafting_stats.guard_settle_steps, 0);
 }
 
+// The guard of the hold tests: no settle steps, judged at the 4th step (no
+// earlier), 3 plain steps make a rate, a first hold of 5 plain steps.
+GuardOptions HoldTestOptions() {
+  GuardOptions o;
+  o.settle_steps = 0;
+  o.min_steps = 4;
+  o.early_steps = 0;
+  o.probe_steps = 3;
+  o.reprobe_steps = 5;
+  return o;
+}
+
 // A loss far below plain decoding (100 tokens/s against 200: below 200 x
 // (1 - early_loss) even with its error) is a clear one: it counts as two
 // losses in a row, so its hold is twice reprobe_steps, and it holds the
@@ -937,12 +949,7 @@ TEST(SpeculationGuardTest, AnUnprovenSettingSettlesPlainly) {
 TEST(SpeculationGuardTest, AClearLossHoldsTwiceAndHoldsTheModesOtherSettings) {
   for (const bool clear_losses : {true, false}) {
     SCOPED_TRACE(clear_losses ? "clear losses" : "clear_losses off");
-    GuardOptions o;
-    o.settle_steps = 0;
-    o.min_steps = 4;
-    o.early_steps = 0;
-    o.probe_steps = 3;
-    o.reprobe_steps = 5;
+    GuardOptions o = HoldTestOptions();
     o.clear_losses = clear_losses;
     o.explore_share = 0;  // ALossHoldsAtLeastItsCostOverTheExploreShare
     PlanningShared shared = PlanningShared::Create();
@@ -1044,12 +1051,7 @@ TEST(SpeculationGuardTest, ALossHoldsAtLeastItsCostOverTheExploreShare) {
                         Case{0.01, 4096, 0.0105, 40}}) {
     SCOPED_TRACE(absl::StrCat("share ", c.explore_share, " max ",
                               c.max_hold_steps, " step ", c.step_seconds));
-    GuardOptions o;
-    o.settle_steps = 0;
-    o.min_steps = 4;
-    o.early_steps = 0;
-    o.probe_steps = 3;
-    o.reprobe_steps = 5;
+    GuardOptions o = HoldTestOptions();
     o.clear_losses = false;
     o.explore_share = c.explore_share;
     o.max_hold_steps = c.max_hold_steps;
