@@ -194,6 +194,10 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
   PlanPrediction out;
   double calibrated_tokens = 0, calibrated_rate = 0, profile_plain = 0,
          measured_plain = 0;
+  // The calibrated plans' steps pooled: their count and second moments.
+  int64_t calibrated_steps = 0;
+  double calibrated_tokens_sq = 0, calibrated_token_seconds = 0,
+         calibrated_seconds_sq = 0;
   double seconds = 0, tokens = 0, weighted_rate = 0;
   double predicted_tokens = 0, predicted_seconds = 0, planned_drafts = 0,
          drafted = 0;
@@ -220,6 +224,10 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
     if (p.calibrated_tpt() > 0) {
       out.calibrated_seconds += p.measured_seconds;
       calibrated_tokens += static_cast<double>(p.measured_tokens);
+      calibrated_steps += p.measured_steps;
+      calibrated_tokens_sq += p.measured_tokens_sq;
+      calibrated_token_seconds += p.measured_token_seconds;
+      calibrated_seconds_sq += p.measured_seconds_sq;
       calibrated_rate += p.calibrated_tpt() * p.measured_seconds;
       profile_plain += p.baseline_tpt * p.measured_seconds;
       measured_plain += p.measured_plain_tpt * p.measured_seconds;
@@ -239,6 +247,9 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
     const double s = out.calibrated_seconds;
     out.calibrated_tpt = calibrated_rate / s;
     out.calibrated_measured_tpt = calibrated_tokens / s;
+    out.calibrated_measured_standard_error = RateStandardError(
+        calibrated_steps, calibrated_tokens, s, calibrated_tokens_sq,
+        calibrated_token_seconds, calibrated_seconds_sq);
     out.profile_plain_tpt = profile_plain / s;
     out.measured_plain_tpt = measured_plain / s;
   }
@@ -262,6 +273,8 @@ nlohmann::json PlanPredictionJson(const PlanPrediction& p) {
           {"calibrated_seconds", p.calibrated_seconds},
           {"calibrated_tpt", p.calibrated_tpt},
           {"calibrated_measured_tpt", p.calibrated_measured_tpt},
+          {"calibrated_measured_standard_error",
+           p.calibrated_measured_standard_error},
           {"calibrated_error", p.calibrated_error()},
           {"profile_plain_tpt", p.profile_plain_tpt},
           {"measured_plain_tpt", p.measured_plain_tpt}};

@@ -238,6 +238,12 @@ struct PlanPrediction {
   double calibrated_seconds = 0;
   double calibrated_tpt = 0;
   double calibrated_measured_tpt = 0;
+  // calibrated_measured_tpt's standard error from its steps' spread
+  // (AppliedPlan::measured_tpt_standard_error over the pooled steps): a miss
+  // within about two of these, relative to calibrated_tpt, is what the
+  // steps' spread alone gives (a few plans of a dozen steps spread by more
+  // than 10%), and 0 below 2 steps. The steps' drift in time adds to it.
+  double calibrated_measured_standard_error = 0;
   double profile_plain_tpt = 0;
   double measured_plain_tpt = 0;
   // calibrated_measured_tpt / calibrated_tpt - 1 (0 without such plans).

@@ -306,6 +306,9 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
     wire->set_measured_steps(static_cast<uint64_t>(p.measured_steps));
     wire->set_measured_tokens(static_cast<uint64_t>(p.measured_tokens));
     wire->set_measured_seconds(p.measured_seconds);
+    wire->set_measured_tokens_squared(p.measured_tokens_sq);
+    wire->set_measured_token_seconds(p.measured_token_seconds);
+    wire->set_measured_seconds_squared(p.measured_seconds_sq);
     wire->set_measured_draft_tokens(static_cast<uint64_t>(p.measured_drafted));
     wire->set_measured_accepted_tokens(
         static_cast<uint64_t>(p.measured_accepted));
@@ -394,6 +397,9 @@ AppliedPlan DecodeAppliedPlan(const v1::AppliedPlan& w) {
   p.measured_steps = static_cast<int64_t>(w.measured_steps());
   p.measured_tokens = static_cast<int64_t>(w.measured_tokens());
   p.measured_seconds = w.measured_seconds();
+  p.measured_tokens_sq = w.measured_tokens_squared();
+  p.measured_token_seconds = w.measured_token_seconds();
+  p.measured_seconds_sq = w.measured_seconds_squared();
   p.measured_drafted = static_cast<int64_t>(w.measured_draft_tokens());
   p.measured_accepted = static_cast<int64_t>(w.measured_accepted_tokens());
   p.measured_plain_tpt = w.measured_plain_tokens_per_second();

@@ -303,6 +303,21 @@ struct AppliedPlan {
                ? static_cast<double>(measured_tokens) / measured_seconds
                : 0.0;
   }
+  // The measured steps' second moments: sums over them of tokens^2,
+  // tokens x seconds and seconds^2, so that measured_tpt's uncertainty is
+  // known, and plans can be pooled (tools' bench spec): a plan measured
+  // over 6 steps cannot tell a 10% miss from its steps' spread.
+  double measured_tokens_sq = 0;
+  double measured_token_seconds = 0;
+  double measured_seconds_sq = 0;
+  // measured_tpt's standard error from the steps' spread
+  // (RateStandardError, executor/planning/plan_controller.h); 0 below 2
+  // measured steps.
+  double measured_tpt_standard_error() const {
+    return RateStandardError(
+        measured_steps, static_cast<double>(measured_tokens), measured_seconds,
+        measured_tokens_sq, measured_token_seconds, measured_seconds_sq);
+  }
   // Plain decoding's tokens/s that the engine measured at the context bucket
   // where the plan took effect, read as it took effect, before its first
   // step (the guard's plain-rate table: the bucket's last 32 plain steps of

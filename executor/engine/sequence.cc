@@ -222,6 +222,10 @@ class PlanSession {
         ++plan.measured_steps;
         plan.measured_tokens += observation.tokens;
         plan.measured_seconds += observation.seconds;
+        const double tokens = observation.tokens;
+        plan.measured_tokens_sq += tokens * tokens;
+        plan.measured_token_seconds += tokens * observation.seconds;
+        plan.measured_seconds_sq += observation.seconds * observation.seconds;
         plan.measured_drafted += observation.drafted;
         plan.measured_accepted += observation.accepted;
       }

@@ -51,6 +51,18 @@ void SpeculationGuard::Reset() {
   probe_first_bucket_ = -1;
 }
 
+double RateStandardError(int64_t steps, double tokens, double seconds,
+                         double tokens_sq, double token_seconds,
+                         double seconds_sq) {
+  if (steps < 2 || seconds <= 0) return 0.0;
+  const double rate = tokens / seconds;
+  // sum (t_i - R s_i)^2, expanded; rounding can take it just below 0.
+  const double residuals = std::max(
+      0.0, tokens_sq - 2 * rate * token_seconds + rate * rate * seconds_sq);
+  const double n = static_cast<double>(steps);
+  return std::sqrt(residuals * n / (n - 1)) / seconds;
+}
+
 SpeculationGuard::Rate SpeculationGuard::RateOf(
     const std::deque<StepEvidence>& steps) const {
   Rate rate;
@@ -62,24 +74,21 @@ SpeculationGuard::Rate SpeculationGuard::RateOf(
   for (const StepEvidence& e : steps) {
     if (e.seconds <= threshold) kept.push_back(e);
   }
-  double tokens = 0;
-  double seconds = 0;
+  double tokens = 0, seconds = 0, tokens_sq = 0, token_seconds = 0,
+         seconds_sq = 0;
   for (const StepEvidence& e : kept) {
     tokens += e.tokens;
     seconds += e.seconds;
+    tokens_sq += static_cast<double>(e.tokens) * e.tokens;
+    token_seconds += e.tokens * e.seconds;
+    seconds_sq += e.seconds * e.seconds;
   }
   if (seconds <= 0) return rate;
   rate.tokens_per_second = tokens / seconds;
   rate.tokens = tokens;
-  const double n = static_cast<double>(kept.size());
-  if (n < 2) return rate;
-  // A ratio of sums: Var(T / S) ~ sum (t_i - R s_i)^2 / S^2 * n / (n - 1).
-  double residuals = 0;
-  for (const StepEvidence& e : kept) {
-    const double r = e.tokens - rate.tokens_per_second * e.seconds;
-    residuals += r * r;
-  }
-  rate.standard_error = std::sqrt(residuals * n / (n - 1)) / seconds;
+  rate.standard_error =
+      RateStandardError(static_cast<int64_t>(kept.size()), tokens, seconds,
+                        tokens_sq, token_seconds, seconds_sq);
   return rate;
 }
 

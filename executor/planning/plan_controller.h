@@ -335,6 +335,17 @@ struct StepObservation {
 // capped).
 bool StepMeasuresPlan(int plan_gamma, const StepObservation& step);
 
+// The standard error of a rate measured over `steps` steps, the i-th of t_i
+// tokens in s_i seconds, as tokens / seconds (T / S), from the sums T, S,
+// sum t_i^2, sum t_i s_i and sum s_i^2. The delta method for a ratio of
+// sums: Var(T / S) ~ sum (t_i - R s_i)^2 / S^2 * n / (n - 1), R = T / S.
+// It treats the steps as independent; on a machine whose speed drifts they
+// are not, so it is a lower bound. 0 with fewer than 2 steps or no seconds.
+// The guard's rates and AppliedPlan::measured_tpt_standard_error use it.
+double RateStandardError(int64_t steps, double tokens, double seconds,
+                         double tokens_sq, double token_seconds,
+                         double seconds_sq);
+
 // The guard of one sequence in any drafting mode (static, knapspec, clasp,
 // knn, specbound): judges the setting in force against plain decoding at the
 // same context bucket. The plain rate is measured online: the mean wall time

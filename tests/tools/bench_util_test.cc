@@ -94,6 +94,28 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   EXPECT_DOUBLE_EQ(q.calibrated_seconds, 0.2);
   EXPECT_DOUBLE_EQ(q.calibrated_tpt, 60);
 
+  // The calibrated plans' steps are pooled for the measured rate's
+  // standard error: a's 10 steps of 1.2 tokens in 0.02 s, b's 30 plain
+  // steps, each at its plan's own rate with a spread.
+  a.measured_tokens_sq = 16;  // 8 steps of 1 token, 2 of 2
+  a.measured_token_seconds = 12 * 0.02 + 0.01;
+  a.measured_seconds_sq = 10 * 0.02 * 0.02 + 0.0002;
+  b.measured_tokens_sq = 30;
+  b.measured_token_seconds = 0.2;
+  b.measured_seconds_sq = 30 * (0.2 / 30) * (0.2 / 30) + 0.0001;
+  const PlanPrediction pooled = SummarizePredictions({a, b});
+  EXPECT_NEAR(pooled.calibrated_measured_standard_error,
+              RateStandardError(40, 42, 0.4, 46, 12 * 0.02 + 0.01 + 0.2,
+                                10 * 0.02 * 0.02 + 0.0002 +
+                                    30 * (0.2 / 30) * (0.2 / 30) + 0.0001),
+              1e-9);
+  EXPECT_GT(pooled.calibrated_measured_standard_error, 0);
+  EXPECT_EQ(PlanPredictionJson(pooled)["calibrated_measured_standard_error"],
+            pooled.calibrated_measured_standard_error);
+  // Without the second moments (zeros: a plan from an older server) the
+  // steps' spread is unknown: 0, never a negative variance or NaN.
+  EXPECT_EQ(p.calibrated_measured_standard_error, 0);
+
   const PlanPrediction none = SummarizePredictions({unmeasured});
   EXPECT_EQ(none.steps, 0);
   EXPECT_EQ(none.measured_tpt, 0);

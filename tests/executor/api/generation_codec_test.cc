@@ -496,6 +496,10 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   plan.measured_drafted = 45;
   plan.measured_accepted = 18;
   plan.measured_plain_tpt = 150;
+  plan.measured_tokens_sq =
+      75;  // 12 steps of 2 tokens in 11.5 ms, 3 of 3 in 16.5
+  plan.measured_token_seconds = 0.4245;
+  plan.measured_seconds_sq = 0.002404;
   plan.beside_solve_steps = 4;
   plan.beside_solve_tokens = 7;
   plan.beside_solve_seconds = 0.0625;
@@ -523,6 +527,12 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["measured_plain_tpt"], 150.0);
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["calibrated_tpt"], 175.0);
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["beside_solve_tokens"], 7);
+  EXPECT_EQ(plan_back.measured_tokens_sq, 75);
+  EXPECT_EQ(plan_back.measured_token_seconds, 0.4245);
+  EXPECT_EQ(plan_back.measured_seconds_sq, 0.002404);
+  EXPECT_GT(plan_back.measured_tpt_standard_error(), 0);
+  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["measured_tpt_standard_error"],
+            plan_back.measured_tpt_standard_error());
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["predicted_drafts_per_step"],
             1.75);
   EXPECT_EQ(PlanningJson(back, 2.0)["planner_cpu_share"], 0.25);

@@ -127,6 +127,23 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
         EXPECT_LE(p.measured_tokens, p.measured_steps + p.measured_accepted);
         EXPECT_LE(p.measured_accepted, p.measured_drafted);
         EXPECT_EQ(p.measured_steps > 0, p.measured_seconds > 0);
+        // The second moments are of the same steps (Cauchy-Schwarz: a sum
+        // of squares is at least the squared sum over the count).
+        if (p.measured_steps > 0) {
+          const double n = static_cast<double>(p.measured_steps);
+          const double t = static_cast<double>(p.measured_tokens);
+          EXPECT_GE(p.measured_tokens_sq, t * t / n - 1e-9);
+          EXPECT_GE(p.measured_seconds_sq,
+                    p.measured_seconds * p.measured_seconds / n * (1 - 1e-9));
+          EXPECT_GT(p.measured_token_seconds, 0);
+          EXPECT_GE(p.measured_tpt_standard_error(), 0);
+          if (p.measured_steps == 1) {
+            EXPECT_EQ(p.measured_tpt_standard_error(), 0);
+          }
+        } else {
+          EXPECT_EQ(p.measured_tokens_sq, 0);
+          EXPECT_EQ(p.measured_seconds_sq, 0);
+        }
         if (p.gamma == 0) {
           EXPECT_EQ(p.measured_drafted, 0);
         } else {

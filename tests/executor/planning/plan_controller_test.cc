@@ -6,8 +6,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -85,6 +87,41 @@ StepObservation Plain(double seconds) {
 // with its whole budget: the last steps of a request, which the end of the
 // generation held to fewer drafts (to none at the last token), commit fewer
 // tokens than the step the plan forecast.
+// The rate's standard error from the sums equals the delta method's
+// formula over the steps themselves, and is 0 where it is not defined.
+TEST(RateStandardErrorTest, MatchesTheRatioOfSumsOverTheSteps) {
+  const std::vector<std::pair<int, double>> steps = {
+      {1, 0.010}, {3, 0.021}, {2, 0.016}, {5, 0.030}, {1, 0.011}, {2, 0.019}};
+  double t = 0, s = 0, tt = 0, ts = 0, ss = 0;
+  for (const auto& [tokens, seconds] : steps) {
+    t += tokens;
+    s += seconds;
+    tt += tokens * tokens;
+    ts += tokens * seconds;
+    ss += seconds * seconds;
+  }
+  const double rate = t / s;
+  double residuals = 0;
+  for (const auto& [tokens, seconds] : steps) {
+    residuals += (tokens - rate * seconds) * (tokens - rate * seconds);
+  }
+  const double n = static_cast<double>(steps.size());
+  const double expected = std::sqrt(residuals * n / (n - 1)) / s;
+  EXPECT_NEAR(RateStandardError(6, t, s, tt, ts, ss), expected, 1e-9);
+  EXPECT_GT(expected, 0.05 * rate);  // steps this uneven: several percent
+  // Every step at the same rate (2 tokens in 10 ms): nothing to doubt, up
+  // to the expanded sum's rounding (a millionth of the rate of 200).
+  EXPECT_NEAR(RateStandardError(3, 6, 0.03, 4 * 3, 2 * 0.01 * 3, 0.0001 * 3), 0,
+              1e-4);
+  EXPECT_EQ(RateStandardError(1, 2, 0.01, 4, 0.02, 0.0001), 0);
+  EXPECT_EQ(RateStandardError(0, 0, 0, 0, 0, 0), 0);
+  EXPECT_EQ(RateStandardError(5, 5, 0, 5, 0, 0), 0);
+  // Four times the steps at the same spread: half the error (times the
+  // small-sample factors sqrt(n / (n - 1)) of 24 steps against 6).
+  EXPECT_NEAR(RateStandardError(24, 4 * t, 4 * s, 4 * tt, 4 * ts, 4 * ss),
+              expected / 2 * std::sqrt((24.0 / 23.0) / (n / (n - 1))), 1e-9);
+}
+
 TEST(StepMeasuresPlanTest, OnlyStepsThatRanAsPlannedWithTheirWholeBudget) {
   EXPECT_TRUE(StepMeasuresPlan(4, Spec(4, 4, 4, 0.01)));
   EXPECT_TRUE(StepMeasuresPlan(4, Spec(4, 2, 2, 0.01)));  // confidence stop
