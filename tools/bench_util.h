@@ -238,11 +238,14 @@ struct PlanPrediction {
   double calibrated_seconds = 0;
   double calibrated_tpt = 0;
   double calibrated_measured_tpt = 0;
-  // calibrated_measured_tpt's standard error from its steps' spread
-  // (AppliedPlan::measured_tpt_standard_error over the pooled steps): a miss
-  // within about two of these, relative to calibrated_tpt, is what the
-  // steps' spread alone gives (a few plans of a dozen steps spread by more
-  // than 10%), and 0 below 2 steps. The steps' drift in time adds to it.
+  // calibrated_measured_tpt's standard error in tokens/s, from its steps'
+  // spread (AppliedPlan::measured_tpt_standard_error over the pooled
+  // steps): a gap |calibrated_measured_tpt - calibrated_tpt| within about
+  // two of these is what the steps' spread alone gives (a few plans of a
+  // dozen steps spread by more than 10%); against calibrated_error() take
+  // it over calibrated_tpt. The steps' drift in time adds to it. 0 below 2
+  // steps, and without the plans' second moments (zeros from an older
+  // server); plans with and without them pooled give no meaningful figure.
   double calibrated_measured_standard_error = 0;
   double profile_plain_tpt = 0;
   double measured_plain_tpt = 0;

@@ -341,7 +341,8 @@ bool StepMeasuresPlan(int plan_gamma, const StepObservation& step);
 // sums: Var(T / S) ~ sum (t_i - R s_i)^2 / S^2 * n / (n - 1), R = T / S.
 // It treats the steps as independent; on a machine whose speed drifts they
 // are not, so it is a lower bound. 0 with fewer than 2 steps or no seconds.
-// The guard's rates and AppliedPlan::measured_tpt_standard_error use it.
+// The guard's rates, AppliedPlan::measured_tpt_standard_error and bench
+// spec's pooled prediction (tools/bench_util.h) use it.
 double RateStandardError(int64_t steps, double tokens, double seconds,
                          double tokens_sq, double token_seconds,
                          double seconds_sq);

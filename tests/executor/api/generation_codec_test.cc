@@ -499,7 +499,7 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   plan.measured_tokens_sq =
       75;  // 12 steps of 2 tokens in 11.5 ms, 3 of 3 in 16.5
   plan.measured_token_seconds = 0.4245;
-  plan.measured_seconds_sq = 0.002404;
+  plan.measured_seconds_sq = 0.00240375;
   plan.beside_solve_steps = 4;
   plan.beside_solve_tokens = 7;
   plan.beside_solve_seconds = 0.0625;
@@ -529,8 +529,9 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["beside_solve_tokens"], 7);
   EXPECT_EQ(plan_back.measured_tokens_sq, 75);
   EXPECT_EQ(plan_back.measured_token_seconds, 0.4245);
-  EXPECT_EQ(plan_back.measured_seconds_sq, 0.002404);
-  EXPECT_GT(plan_back.measured_tpt_standard_error(), 0);
+  EXPECT_EQ(plan_back.measured_seconds_sq, 0.00240375);
+  // sqrt(sum (t_i - R s_i)^2 * 15 / 14) / 0.1875 over those 15 steps.
+  EXPECT_NEAR(plan_back.measured_tpt_standard_error(), 1.02628, 1e-4);
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["measured_tpt_standard_error"],
             plan_back.measured_tpt_standard_error());
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["predicted_drafts_per_step"],

@@ -83,10 +83,6 @@ StepObservation Plain(double seconds) {
   return StepObservation{0, 0, 0, 1, seconds};
 }
 
-// A plan measures the steps that ran as it said, and a drafting step only
-// with its whole budget: the last steps of a request, which the end of the
-// generation held to fewer drafts (to none at the last token), commit fewer
-// tokens than the step the plan forecast.
 // The rate's standard error from the sums equals the delta method's
 // formula over the steps themselves, and is 0 where it is not defined.
 TEST(RateStandardErrorTest, MatchesTheRatioOfSumsOverTheSteps) {
@@ -122,6 +118,10 @@ TEST(RateStandardErrorTest, MatchesTheRatioOfSumsOverTheSteps) {
               expected / 2 * std::sqrt((24.0 / 23.0) / (n / (n - 1))), 1e-9);
 }
 
+// A plan measures the steps that ran as it said, and a drafting step only
+// with its whole budget: the last steps of a request, which the end of the
+// generation held to fewer drafts (to none at the last token), commit fewer
+// tokens than the step the plan forecast.
 TEST(StepMeasuresPlanTest, OnlyStepsThatRanAsPlannedWithTheirWholeBudget) {
   EXPECT_TRUE(StepMeasuresPlan(4, Spec(4, 4, 4, 0.01)));
   EXPECT_TRUE(StepMeasuresPlan(4, Spec(4, 2, 2, 0.01)));  // confidence stop
