@@ -190,10 +190,18 @@ double PlanPrediction::calibrated_error() const {
                             : 0.0;
 }
 
+double PlanPrediction::plain_calibrated_error() const {
+  return plain_calibrated_tpt > 0
+             ? plain_calibrated_measured_tpt / plain_calibrated_tpt - 1
+             : 0.0;
+}
+
 PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
   PlanPrediction out;
   double calibrated_tokens = 0, calibrated_rate = 0, profile_plain = 0,
-         measured_plain = 0;
+         measured_plain = 0, draft_cost = 0;
+  // The plans with a plain rate: seconds, tokens and plain-calibrated rate.
+  double plain_seconds = 0, plain_tokens = 0, plain_rate = 0;
   // The calibrated plans' steps pooled: their count and second moments.
   int64_t calibrated_steps = 0;
   double calibrated_tokens_sq = 0, calibrated_token_seconds = 0,
@@ -229,6 +237,15 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
       calibrated_token_seconds += p.measured_token_seconds;
       calibrated_seconds_sq += p.measured_seconds_sq;
       calibrated_rate += p.calibrated_tpt() * p.measured_seconds;
+    }
+    if (p.calibrated_tpt() > 0 && p.draft_cost_ratio > 0 && p.gamma > 0) {
+      out.draft_calibrated_seconds += p.measured_seconds;
+      draft_cost += p.draft_cost_ratio * p.measured_seconds;
+    }
+    if (p.plain_calibrated_tpt() > 0) {
+      plain_seconds += p.measured_seconds;
+      plain_tokens += static_cast<double>(p.measured_tokens);
+      plain_rate += p.plain_calibrated_tpt() * p.measured_seconds;
       profile_plain += p.baseline_tpt * p.measured_seconds;
       measured_plain += p.measured_plain_tpt * p.measured_seconds;
     }
@@ -250,8 +267,15 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
     out.calibrated_measured_standard_error = RateStandardError(
         calibrated_steps, calibrated_tokens, s, calibrated_tokens_sq,
         calibrated_token_seconds, calibrated_seconds_sq);
-    out.profile_plain_tpt = profile_plain / s;
-    out.measured_plain_tpt = measured_plain / s;
+  }
+  if (out.draft_calibrated_seconds > 0) {
+    out.draft_cost_ratio = draft_cost / out.draft_calibrated_seconds;
+  }
+  if (plain_seconds > 0) {
+    out.plain_calibrated_tpt = plain_rate / plain_seconds;
+    out.plain_calibrated_measured_tpt = plain_tokens / plain_seconds;
+    out.profile_plain_tpt = profile_plain / plain_seconds;
+    out.measured_plain_tpt = measured_plain / plain_seconds;
   }
   return out;
 }
@@ -276,6 +300,11 @@ nlohmann::json PlanPredictionJson(const PlanPrediction& p) {
           {"calibrated_measured_standard_error",
            p.calibrated_measured_standard_error},
           {"calibrated_error", p.calibrated_error()},
+          {"draft_calibrated_seconds", p.draft_calibrated_seconds},
+          {"draft_cost_ratio", p.draft_cost_ratio},
+          {"plain_calibrated_tpt", p.plain_calibrated_tpt},
+          {"plain_calibrated_measured_tpt", p.plain_calibrated_measured_tpt},
+          {"plain_calibrated_error", p.plain_calibrated_error()},
           {"profile_plain_tpt", p.profile_plain_tpt},
           {"measured_plain_tpt", p.measured_plain_tpt}};
 }
@@ -336,12 +365,12 @@ absl::StatusOr<std::vector<std::vector<PromptRun>>> RunModes(
   };
   repeats = std::max(1, repeats);
   const size_t num_modes = requests.size();
-  // Each mode plans on its own (cache, budget, verdicts), but plain
-  // decoding's rate is the process's, fed by every mode's plain steps (off's
-  // above all), as in one server that serves them all.
+  // Each mode plans on its own (cache, budget, verdicts, draft costs), but
+  // plain decoding's rate is the process's, fed by every mode's plain steps
+  // (off's above all), as in one server that serves them all.
   std::vector<PlanningShared> planning(num_modes);
   auto fresh_planning = [&] {
-    const auto plain_rates = std::make_shared<PlainRateTable>();
+    const auto plain_rates = std::make_shared<StepTimeTable>();
     for (PlanningShared& shared : planning) {
       shared = PlanningShared::Create(absl::GetFlag(FLAGS_plan_refine_trials));
       shared.plain_rates = plain_rates;

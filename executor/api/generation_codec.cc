@@ -309,6 +309,7 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
     wire->set_measured_tokens_squared(p.measured_tokens_sq);
     wire->set_measured_token_seconds(p.measured_token_seconds);
     wire->set_measured_seconds_squared(p.measured_seconds_sq);
+    wire->set_draft_cost_ratio(p.draft_cost_ratio);
     wire->set_measured_draft_tokens(static_cast<uint64_t>(p.measured_drafted));
     wire->set_measured_accepted_tokens(
         static_cast<uint64_t>(p.measured_accepted));
@@ -400,6 +401,7 @@ AppliedPlan DecodeAppliedPlan(const v1::AppliedPlan& w) {
   p.measured_tokens_sq = w.measured_tokens_squared();
   p.measured_token_seconds = w.measured_token_seconds();
   p.measured_seconds_sq = w.measured_seconds_squared();
+  p.draft_cost_ratio = w.draft_cost_ratio();
   p.measured_drafted = static_cast<int64_t>(w.measured_draft_tokens());
   p.measured_accepted = static_cast<int64_t>(w.measured_accepted_tokens());
   p.measured_plain_tpt = w.measured_plain_tokens_per_second();

@@ -64,6 +64,8 @@ nlohmann::json AppliedPlansJson(absl::Span<const AppliedPlan> plans) {
          {"beside_solve_tokens", p.beside_solve_tokens},
          {"beside_solve_seconds", p.beside_solve_seconds},
          {"measured_plain_tpt", p.measured_plain_tpt},
+         {"draft_cost_ratio", p.draft_cost_ratio},
+         {"plain_calibrated_tpt", p.plain_calibrated_tpt()},
          {"calibrated_tpt", p.calibrated_tpt()}});
   }
   return out;

@@ -325,18 +325,41 @@ struct AppliedPlan {
   // plain_max_age_seconds, preempted steps and steps beside a solve left
   // out); 0 when the bucket had too few (GuardOptions::probe_steps).
   double measured_plain_tpt = 0;
+  // How drafting steps' cost compared with the latency model's when the
+  // plan took effect: the mean over the bucket's recent drafting steps of
+  // any sequence of the execution (the last 32 that measured their plan,
+  // none older than the guard's plain_max_age_seconds, outliers out:
+  // PlanController::DraftCostRatio) of a step's seconds over its plan's
+  // predicted seconds a step (predicted_tokens_per_step / predicted_tpt).
+  // 1.1: drafting steps ran 10% slower than the profile priced them. 0 for a
+  // gamma-0 plan, or when the bucket had fewer than the guard's probe_steps
+  // such steps (a cold start: the first plans of a bucket).
+  double draft_cost_ratio = 0;
   // The prediction on the machine's speed as it was when the plan took
-  // effect: predicted_tpt x measured_plain_tpt / baseline_tpt, the plan's
-  // promise relative to plain decoding (the speed-up the TPT objective chose
-  // it for) times plain decoding's rate just before. The latency profile was
-  // measured earlier, minutes or days, and a shared machine's speed moves by
-  // a quarter within minutes; a gap between predicted_tpt and
-  // calibrated_tpt() is that move, one between calibrated_tpt() and
-  // measured_tpt() is the planner's (acceptance, or the relative cost of
-  // drafting). Every input precedes the plan's steps, so for a plain plan
-  // too it is a prediction, not its own measurement. 0 without a measured
-  // plain rate.
+  // effect. The latency profile was measured earlier, minutes or days, and
+  // a shared machine's speed moves by a quarter within minutes; and not
+  // all steps alike: on a 2-core VM a drafting step's cost against a plain
+  // one moved by a fifth within a minute (multi-row and shortened passes
+  // slow down, one-row full passes do not). So:
+  //  - with a draft_cost_ratio: predicted_tpt / draft_cost_ratio, the
+  //    plan's tokens a step (acceptance, the planner's estimate) over its
+  //    predicted step time as recent drafting steps measured against theirs;
+  //  - else plain_calibrated_tpt().
+  // A gap between calibrated_tpt() and measured_tpt() is the planner's
+  // (acceptance, or the cost moving during the plan). Every input precedes
+  // the plan's steps, so it is a prediction, not its own measurement. 0
+  // without either measurement.
   double calibrated_tpt() const {
+    return gamma > 0 && draft_cost_ratio > 0 ? predicted_tpt / draft_cost_ratio
+                                             : plain_calibrated_tpt();
+  }
+  // The prediction calibrated by plain steps alone: predicted_tpt x
+  // measured_plain_tpt / baseline_tpt, the plan's promise relative to plain
+  // decoding (the speed-up the TPT objective chose it for) times plain
+  // decoding's rate just before. For a gamma-0 plan it is the whole
+  // calibration; for a drafting plan it assumes drafting steps moved as
+  // plain ones did. 0 without a measured plain rate.
+  double plain_calibrated_tpt() const {
     return baseline_tpt > 0 && measured_plain_tpt > 0
                ? predicted_tpt * measured_plain_tpt / baseline_tpt
                : 0.0;

@@ -199,6 +199,11 @@ class PlanSession {
           controller_.PlainStepSeconds(context_length);
       applied.measured_plain_tpt =
           plain.has_value() && *plain > 0 ? 1 / *plain : 0;
+      // And drafting steps' cost against the latency model's, the same way.
+      if (plan.gamma > 0) {
+        applied.draft_cost_ratio =
+            controller_.DraftCostRatio(context_length).value_or(0);
+      }
       if (tracing_) StartApplySpan(cached, applied);
       result.plans.push_back(std::move(applied));
       result.mask = plan.mask.ToString();
@@ -228,6 +233,11 @@ class PlanSession {
         plan.measured_seconds_sq += observation.seconds * observation.seconds;
         plan.measured_drafted += observation.drafted;
         plan.measured_accepted += observation.accepted;
+        if (plan.gamma > 0 && plan.predicted_tpt > 0) {
+          controller_.RecordDraftCost(
+              observation.seconds,
+              plan.predicted_tokens_per_step / plan.predicted_tpt);
+        }
       }
     }
     if (apply_span_.recording()) {

@@ -258,11 +258,11 @@ int64_t PlannerBudget::deferrals() const {
 }
 
 // ---------------------------------------------------------------------------
-// PlainRateTable
+// StepTimeTable
 
-void PlainRateTable::Record(const std::string& execution_id,
-                            int64_t bucket_tokens, int64_t bucket,
-                            double seconds, absl::Time at) {
+void StepTimeTable::Record(const std::string& execution_id,
+                           int64_t bucket_tokens, int64_t bucket,
+                           double seconds, absl::Time at) {
   absl::MutexLock lock(&mu_);
   std::deque<Sample>& window = steps_[Key(execution_id, bucket_tokens, bucket)];
   window.push_back({seconds, at});
@@ -278,7 +278,7 @@ double OutlierThresholdSeconds(std::vector<double> seconds, double factor) {
   return factor * seconds[middle];
 }
 
-std::optional<PlainRateTable::StepTime> PlainRateTable::RecentStepTime(
+std::optional<StepTimeTable::StepTime> StepTimeTable::RecentStepTime(
     const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
     int min_samples, absl::Duration max_age, absl::Time now,
     double outlier_factor) const {
@@ -313,7 +313,7 @@ std::optional<PlainRateTable::StepTime> PlainRateTable::RecentStepTime(
   return out;
 }
 
-std::optional<double> PlainRateTable::MeanStepSeconds(
+std::optional<double> StepTimeTable::MeanStepSeconds(
     const std::string& execution_id, int64_t bucket_tokens, int64_t bucket,
     int min_samples, absl::Duration max_age, absl::Time now,
     double outlier_factor) const {
@@ -324,8 +324,8 @@ std::optional<double> PlainRateTable::MeanStepSeconds(
   return time->mean_seconds;
 }
 
-int64_t PlainRateTable::samples(const std::string& execution_id,
-                                int64_t bucket_tokens, int64_t bucket) const {
+int64_t StepTimeTable::samples(const std::string& execution_id,
+                               int64_t bucket_tokens, int64_t bucket) const {
   absl::MutexLock lock(&mu_);
   auto it = steps_.find(Key(execution_id, bucket_tokens, bucket));
   return it == steps_.end() ? 0 : static_cast<int64_t>(it->second.size());
@@ -560,11 +560,20 @@ void RecordPlainStep(const PlanningShared& shared,
   shared.plain_rates->Record(execution_id, bucket_tokens, bucket, seconds);
 }
 
+void RecordDraftCost(const PlanningShared& shared,
+                     const std::string& execution_id, int64_t bucket_tokens,
+                     int64_t bucket, double seconds, double predicted_seconds) {
+  if (shared.draft_costs == nullptr || !(predicted_seconds > 0)) return;
+  shared.draft_costs->Record(execution_id, bucket_tokens, bucket,
+                             seconds / predicted_seconds);
+}
+
 PlanningShared PlanningShared::Create(int64_t refine_every_trials) {
   PlanningShared shared;
   shared.cache = std::make_shared<PlanCache>(refine_every_trials);
   shared.budget = std::make_shared<PlannerBudget>();
-  shared.plain_rates = std::make_shared<PlainRateTable>();
+  shared.plain_rates = std::make_shared<StepTimeTable>();
+  shared.draft_costs = std::make_shared<StepTimeTable>();
   shared.verdicts = std::make_shared<GuardVerdicts>();
   return shared;
 }

@@ -6,15 +6,18 @@
 //                  decode step and plans survive a planner restart;
 //   PlannerBudget  the process's planner CPU share (solve seconds over decode
 //                  seconds), which gates new solves (--planner-budget);
-//   PlainRateTable plain-decoding step times per context bucket, measured
-//                  online, against which the online guard judges a plan.
+//   StepTimeTable  recent steps per context bucket, measured online: plain
+//                  decoding's step times, against which the online guard
+//                  judges a plan, and drafting steps' times over what their
+//                  plan's latency model predicted, by which a new plan's
+//                  promise is calibrated.
 //
 // Context buckets are fixed-width: bucket = context_length / bucket_tokens
 // (default 256 tokens: [0, 256), [256, 512), ...). A plan is keyed by the
 // bucket of the snapshot it was solved from.
 //
-// The three live on the executor side, so the in-process and the remote
-// planner get the same cache and budget. PlanningShared bundles them, with
+// They live on the executor side, so the in-process and the remote planner
+// get the same cache and budget. PlanningShared bundles them, with
 // the process's KNN-SSD domain anchors when it has any (--anchors); the
 // binaries make one per process and pass it to every Generate() call.
 //
@@ -242,7 +245,7 @@ class PlannerBudget {
   // capture to the planner's answer (or the capture's abandonment). While
   // one runs, an in-process planner shares the cores with decoding, so a
   // plain step timed meanwhile is not plain decoding's rate: the callers of
-  // PlainRateTable::Record skip those steps (the guard then probes afresh).
+  // StepTimeTable::Record skip those steps (the guard then probes afresh).
   int64_t solves_in_flight() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -255,18 +258,34 @@ class PlannerBudget {
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // reserved, not yet settled
 };
 
-// Plain-decoding (gamma 0, one token per step) step times by execution and
-// context bucket, the last kWindow per bucket. Any sequence's plain steps
-// count: those before its first plan, under a gamma-0 plan, and under the
-// guard (probes and fallbacks), but none timed while a solve of the process
-// is in flight (PlannerBudget::solves_in_flight: the solve slows them).
-class PlainRateTable {
+// Recent steps by execution and context bucket, the last kWindow per bucket:
+// one value a step, with the time it was recorded. PlanningShared holds two:
+//
+//   plain_rates  plain-decoding (gamma 0, one token per step) step times in
+//                seconds. Any sequence's plain steps count: those before its
+//                first plan, under a gamma-0 plan, and under the guard
+//                (probes and fallbacks), but none timed while a solve of the
+//                process is in flight (PlannerBudget::solves_in_flight: the
+//                solve slows them); RecordPlainStep.
+//   draft_costs  drafting steps of the planned modes (knapspec, clasp) that
+//                measured their plan (StepMeasuresPlan, none beside a
+//                solve): each step's seconds over the seconds its plan's
+//                latency model predicted for a step (predicted tokens per
+//                step over predicted tokens/s), a unitless cost ratio;
+//                RecordDraftCost. On a shared machine a drafting step's
+//                cost against a plain one moves by a fifth within a minute
+//                (its multi-row and shortened passes slow down, one-row full
+//                passes do not), so plain steps alone do not calibrate a
+//                drafting plan's promise (AppliedPlan::calibrated_tpt).
+//
+// The names below say "seconds"; for draft_costs read "cost ratio".
+class StepTimeTable {
  public:
   static constexpr int kWindow = 32;
 
-  PlainRateTable() = default;
-  PlainRateTable(const PlainRateTable&) = delete;
-  PlainRateTable& operator=(const PlainRateTable&) = delete;
+  StepTimeTable() = default;
+  StepTimeTable(const StepTimeTable&) = delete;
+  StepTimeTable& operator=(const StepTimeTable&) = delete;
 
   // A plain step of `seconds`, timed at `at`.
   void Record(const std::string& execution_id, int64_t bucket_tokens,
@@ -504,7 +523,8 @@ class GuardVerdicts {
 struct PlanningShared {
   std::shared_ptr<PlanCache> cache;
   std::shared_ptr<PlannerBudget> budget;
-  std::shared_ptr<PlainRateTable> plain_rates;
+  std::shared_ptr<StepTimeTable> plain_rates;
+  std::shared_ptr<StepTimeTable> draft_costs;  // null: not recorded
   std::shared_ptr<GuardVerdicts> verdicts;
   // The domain anchors SpeculationMode::kKnn routes by; null when the
   // process has none (a kKnn request then fails with FailedPrecondition).
@@ -535,6 +555,14 @@ double OutlierThresholdSeconds(std::vector<double> seconds, double factor);
 void RecordPlainStep(const PlanningShared& shared,
                      const std::string& execution_id, int64_t bucket_tokens,
                      int64_t bucket, double seconds, bool began_beside_solve);
+
+// Records a drafting step that measured its plan (StepMeasuresPlan, not
+// beside a solve: the caller checks) in shared.draft_costs: `seconds` over
+// `predicted_seconds`, the plan's predicted seconds a step. Nothing without
+// a draft-cost table or a predicted time.
+void RecordDraftCost(const PlanningShared& shared,
+                     const std::string& execution_id, int64_t bucket_tokens,
+                     int64_t bucket, double seconds, double predicted_seconds);
 
 }  // namespace knapserve
 

@@ -27,7 +27,7 @@ std::string PlanTriggerName(PlanTrigger trigger) {
 // SpeculationGuard
 
 SpeculationGuard::SpeculationGuard(GuardOptions options,
-                                   std::shared_ptr<PlainRateTable> plain_rates,
+                                   std::shared_ptr<StepTimeTable> plain_rates,
                                    std::shared_ptr<GuardVerdicts> verdicts,
                                    std::string execution_id,
                                    std::string setting, uint64_t sequence_id,
@@ -261,10 +261,10 @@ absl::Duration PlainMaxAge(const GuardOptions& options) {
              : absl::InfiniteDuration();
 }
 
-// The bucket's plain steps by the guard's rules (probe_steps samples,
-// outlier_factor, PlainMaxAge).
-std::optional<PlainRateTable::StepTime> GuardPlainStepTime(
-    const PlainRateTable& table, const GuardOptions& options,
+// The bucket's recent steps in `table` (plain steps or draft costs) by the
+// guard's rules (probe_steps samples, outlier_factor, PlainMaxAge).
+std::optional<StepTimeTable::StepTime> RecentStepsByGuardRules(
+    const StepTimeTable& table, const GuardOptions& options,
     const std::string& execution_id, int64_t bucket_tokens, int64_t bucket) {
   const int min_samples =
       static_cast<int>(std::max<int64_t>(1, options.probe_steps));
@@ -277,7 +277,7 @@ std::optional<PlainRateTable::StepTime> GuardPlainStepTime(
 
 std::optional<SpeculationGuard::Rate> SpeculationGuard::PlainRate(
     int64_t bucket) const {
-  const std::optional<PlainRateTable::StepTime> table = GuardPlainStepTime(
+  const std::optional<StepTimeTable::StepTime> table = RecentStepsByGuardRules(
       *plain_rates_, options_, execution_id_, bucket_tokens_, bucket);
   if (table.has_value() && table->mean_seconds > 0) {
     // One token a step: the rate is 1 / mean, and its standard error the
@@ -744,12 +744,28 @@ void PlanController::AfterStep(const StepObservation& step) {
 std::optional<double> PlanController::PlainStepSeconds(
     int64_t context_length) const {
   if (shared_.plain_rates == nullptr) return std::nullopt;
-  const std::optional<PlainRateTable::StepTime> time =
-      GuardPlainStepTime(*shared_.plain_rates, options_.guard, execution_id_,
-                         options_.bucket_tokens,
-                         ContextBucket(context_length, options_.bucket_tokens));
+  const std::optional<StepTimeTable::StepTime> time = RecentStepsByGuardRules(
+      *shared_.plain_rates, options_.guard, execution_id_,
+      options_.bucket_tokens,
+      ContextBucket(context_length, options_.bucket_tokens));
   if (!time.has_value()) return std::nullopt;
   return time->mean_seconds;
+}
+
+std::optional<double> PlanController::DraftCostRatio(
+    int64_t context_length) const {
+  if (shared_.draft_costs == nullptr) return std::nullopt;
+  const std::optional<StepTimeTable::StepTime> cost = RecentStepsByGuardRules(
+      *shared_.draft_costs, options_.guard, execution_id_,
+      options_.bucket_tokens,
+      ContextBucket(context_length, options_.bucket_tokens));
+  if (!cost.has_value()) return std::nullopt;
+  return cost->mean_seconds;
+}
+
+void PlanController::RecordDraftCost(double seconds, double predicted_seconds) {
+  knapserve::RecordDraftCost(shared_, execution_id_, options_.bucket_tokens,
+                             bucket_, seconds, predicted_seconds);
 }
 
 void PlanController::ApplyAwaitedPlan(StepDirective& directive) {

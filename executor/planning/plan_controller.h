@@ -115,7 +115,7 @@ struct GuardOptions {
   // 0 judges the bare rates.
   int64_t evidence_steps = 64;
   double confidence = 1.0;
-  // Plain steps the bucket needs in the PlainRateTable before a judgement,
+  // Plain steps the bucket needs in the StepTimeTable before a judgement,
   // none older than plain_max_age_seconds (<= 0: any age); when it has
   // fewer, the guard decodes this many plain steps (a probe), each right
   // after one of the setting's steps: the two rates are measured over the
@@ -182,7 +182,7 @@ struct GuardOptions {
   // into the next bucket, before that bucket's own plan takes effect).
   bool carry_neighbour_losses = true;
   // A sequence's first settle_steps decode steps are no evidence: neither
-  // its plain steps (the PlainRateTable) nor its setting's steps count, and
+  // its plain steps (the StepTimeTable) nor its setting's steps count, and
   // a first probe waits for them to pass (a verdict holds from the first
   // step). Right after a prefill the machine runs every step slower for a
   // while, plain and speculative alike (on a 2-core Zen 4 VM the first step
@@ -351,7 +351,7 @@ double RateStandardError(int64_t steps, double tokens, double seconds,
 // knn, specbound): judges the setting in force against plain decoding at the
 // same context bucket. The plain rate is measured online: the mean wall time
 // of the plain steps (gamma 0, one token) recorded in the process's
-// PlainRateTable for the bucket, fed by every sequence, preempted steps left
+// StepTimeTable for the bucket, fed by every sequence, preempted steps left
 // out (GuardOptions::outlier_factor, as for the speculative steps); when the
 // bucket has fewer than probe_steps of them the guard runs a probe: the
 // setting's steps and plain steps alternate until probe_steps plain steps
@@ -390,7 +390,7 @@ class SpeculationGuard {
   // `setting`: the drafting mode and what fixes its drafts (the verdict's
   // key with `execution_id`); `verdicts` may be null (no sharing).
   SpeculationGuard(GuardOptions options,
-                   std::shared_ptr<PlainRateTable> plain_rates,
+                   std::shared_ptr<StepTimeTable> plain_rates,
                    std::shared_ptr<GuardVerdicts> verdicts,
                    std::string execution_id, std::string setting,
                    uint64_t sequence_id, int64_t bucket_tokens);
@@ -459,7 +459,7 @@ class SpeculationGuard {
   std::optional<Rate> PlainRate(int64_t bucket) const;
 
   const GuardOptions options_;
-  const std::shared_ptr<PlainRateTable> plain_rates_;
+  const std::shared_ptr<StepTimeTable> plain_rates_;
   const std::shared_ptr<GuardVerdicts> verdicts_;
   const std::string execution_id_;
   const std::string setting_;
@@ -491,7 +491,7 @@ class SpeculationGuard {
   // same solves, so judging them against the probe is fair; without it, a
   // guard whose every probe ran beside a solve never judged (a 1k-context
   // knapspec plan at 0.89x of plain drafted 181 steps, with 133 probe
-  // steps and no judgement). The PlainRateTable's rate, when there is one,
+  // steps and no judgement). The StepTimeTable's rate, when there is one,
   // comes first; this one ages out as the table's does.
   struct ProbeReference {
     int64_t bucket = -1;
@@ -572,11 +572,23 @@ class PlanController {
   int gamma_in_force() const { return gamma_; }
   const std::optional<CachedPlan>& plan_in_force() const { return in_force_; }
   // Plain decoding's mean step seconds at `context_length`'s bucket in the
-  // process's PlainRateTable (every sequence of this execution, the guard's
+  // process's StepTimeTable (every sequence of this execution, the guard's
   // outlier rule, none older than the guard's plain_max_age_seconds: the
   // machine's speed drifts), nullopt with fewer than the guard's probe_steps
   // samples. Reads the shared table (thread-safe).
   std::optional<double> PlainStepSeconds(int64_t context_length) const;
+  // Drafting steps' cost against the latency model at `context_length`'s
+  // bucket: the mean, over the recent drafting steps in the process's
+  // draft_costs table (StepTimeTable), of a step's seconds over its plan's
+  // predicted seconds a step, with PlainStepSeconds' window, age and
+  // outlier rule; nullopt with fewer than the guard's probe_steps of them
+  // or without the table. Reads the shared table (thread-safe).
+  std::optional<double> DraftCostRatio(int64_t context_length) const;
+  // Records the step AfterStep just saw in the draft_costs table at the
+  // current bucket, with `predicted_seconds`, the seconds its plan
+  // predicted for a step. The caller records only drafting steps that
+  // measured their plan (StepMeasuresPlan, not last_step_beside_solve()).
+  void RecordDraftCost(double seconds, double predicted_seconds);
   // Whether a solve of the process (PlannerBudget::solves_in_flight) was in
   // flight at the start or at the end of the last step AfterStep saw: the
   // solve shared the cores with it, so its time is not what the latency

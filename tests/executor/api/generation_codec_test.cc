@@ -496,6 +496,7 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   plan.measured_drafted = 45;
   plan.measured_accepted = 18;
   plan.measured_plain_tpt = 150;
+  plan.draft_cost_ratio = 1.25;  // drafting ran 25% above the profile's cost
   plan.measured_tokens_sq =
       75;  // 12 steps of 2 tokens in 11.5 ms, 3 of 3 in 16.5
   plan.measured_token_seconds = 0.4245;
@@ -523,9 +524,22 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
       DecodeAppliedPlan(f.speculation_stats().plans(0));
   EXPECT_EQ(AppliedPlansJson({plan_back}), AppliedPlansJson(r.plans));
   EXPECT_EQ(AppliedPlansJson(r.plans)[0]["measured_tpt"], 176.0);
-  // 210 promised against a profile's plain 180; plain measured 150 now.
+  // 210 promised against a profile's plain 180; plain measured 150 now:
+  // 175 by plain steps. Recent drafting steps cost 1.25x their predicted
+  // time: 168 by them, the calibration a drafting plan takes.
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["measured_plain_tpt"], 150.0);
-  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["calibrated_tpt"], 175.0);
+  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["plain_calibrated_tpt"], 175.0);
+  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["draft_cost_ratio"], 1.25);
+  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["calibrated_tpt"], 168.0);
+  // A plain plan is calibrated by plain steps whatever the ratio says.
+  AppliedPlan plain_back = plan_back;
+  plain_back.gamma = 0;
+  EXPECT_EQ(plain_back.calibrated_tpt(), 175.0);
+  plain_back.gamma = 3;
+  plain_back.draft_cost_ratio = 0;  // too few drafting steps: plain steps
+  EXPECT_EQ(plain_back.calibrated_tpt(), 175.0);
+  plain_back.measured_plain_tpt = 0;
+  EXPECT_EQ(plain_back.calibrated_tpt(), 0);
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["beside_solve_tokens"], 7);
   EXPECT_EQ(plan_back.measured_tokens_sq, 75);
   EXPECT_EQ(plan_back.measured_token_seconds, 0.4245);

@@ -4,13 +4,16 @@
 // --spec off with the plan cache, the triggers and the guard active (on
 // stories260k and stories-24l), cached plans serve a second request from its
 // first step, and the CLaSp request carries the committed K/V length.
+#include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <vector>
 
+#include "common/model/llama.h"
 #include "common/text/tokenizer.h"
 #include "executor/engine/generator.h"
+#include "executor/planning/plan_cache.h"
 #include "planner/inprocess_planner.h"
 #include "tests/testing/synchronous_planner.h"
 #include "tests/testing/test_models.h"
@@ -157,20 +160,57 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       EXPECT_LE(measured + p1.guard_plain_steps + p1.guard_probe_steps,
                 first->stats.steps);
       // Each plan keeps the plain rate its bucket had measured when it took
-      // effect, and its calibrated prediction is its speed-up over the
-      // profile's plain rate times that. The first plan of the process
+      // effect, and a drafting plan the cost of its bucket's drafting steps
+      // against their predicted time then. Its calibrated prediction is its
+      // promise over that cost ratio, else its speed-up over the profile's
+      // plain rate times the plain rate. The first plan of the process
       // comes before any plain step it could use (the steps that captured
-      // its snapshot are not timed: its solve was in flight).
+      // its snapshot are not timed: its solve was in flight), the first
+      // drafting plan before any drafting step.
+      bool drafted_before = false;
+      int64_t drafting_with_prediction = 0;
       for (const AppliedPlan& p : first->plans) {
-        if (p.measured_plain_tpt > 0) {
+        EXPECT_GE(p.draft_cost_ratio, 0);
+        if (p.gamma == 0) {
+          EXPECT_EQ(p.draft_cost_ratio, 0);
+        }
+        if (p.gamma > 0 && !drafted_before) {
+          EXPECT_EQ(p.draft_cost_ratio, 0) << "no drafting step before it";
+        }
+        drafted_before = drafted_before || p.gamma > 0;
+        if (p.gamma > 0 && p.draft_cost_ratio > 0) {
+          EXPECT_NEAR(p.calibrated_tpt(), p.predicted_tpt / p.draft_cost_ratio,
+                      1e-9 * p.predicted_tpt / p.draft_cost_ratio);
+        } else if (p.measured_plain_tpt > 0) {
           EXPECT_NEAR(p.calibrated_tpt() / p.predicted_tpt,
                       p.measured_plain_tpt / p.baseline_tpt, 1e-9);
         } else {
           EXPECT_EQ(p.calibrated_tpt(), 0);
         }
+        if (p.gamma > 0 && p.predicted_tpt > 0 &&
+            p.predicted_tokens_per_step > 0) {
+          drafting_with_prediction += p.measured_steps;
+        }
       }
       EXPECT_EQ(first->plans.front().measured_plain_tpt, 0)
           << "read before any plain step of the process was timed";
+      // Every drafting step that measured its plan went into the process's
+      // draft-cost table at its bucket (at most 32 a bucket: a step commits
+      // at least one of the bucket's 32 tokens), none beside a solve.
+      PlanCacheKey execution;
+      execution.model_fingerprint = model->config().Fingerprint();
+      execution.device = model->device().str();
+      execution.dtype = DtypeName(model->dtype());
+      execution.threads = at::get_num_threads();
+      auto recorded_at = [&](int64_t bucket) {
+        return shared.draft_costs->samples(execution.ExecutionId(), 32, bucket);
+      };
+      int64_t recorded = 0;
+      for (int64_t b = 0; b <= (4 + param.tokens) / 32; ++b) {
+        recorded += recorded_at(b);
+      }
+      EXPECT_EQ(recorded, drafting_with_prediction);
+      const int64_t recorded_at_zero = recorded_at(0);
       if (drafted && margin == 0) {
         EXPECT_GT(measured_drafting, 0);
       }
@@ -198,6 +238,11 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       // cached plan before the second request's first step.
       EXPECT_GT(second->plans.front().measured_plain_tpt, 0)
           << "the first request measured bucket 0";
+      // And its drafting steps there, the cost of a cached drafting plan.
+      if (second->plans.front().gamma > 0 &&
+          recorded_at_zero >= request.speculation.guard_probe_steps) {
+        EXPECT_GT(second->plans.front().draft_cost_ratio, 0);
+      }
     }
   }
 }

@@ -240,8 +240,8 @@ TEST(PlannerBudgetTest, ZeroMeansNoLimitAndDeferralsAreCounted) {
   EXPECT_EQ(budget.deferrals(), 1);
 }
 
-TEST(PlainRateTableTest, MeanOfTheLastWindowPerBucketAndExecution) {
-  PlainRateTable table;
+TEST(StepTimeTableTest, MeanOfTheLastWindowPerBucketAndExecution) {
+  StepTimeTable table;
   EXPECT_FALSE(table.MeanStepSeconds("a", 256, 0, 1).has_value());
   for (int i = 0; i < 3; ++i) table.Record("a", 256, 0, 0.01);
   EXPECT_FALSE(table.MeanStepSeconds("a", 256, 0, 4).has_value());
@@ -257,9 +257,9 @@ TEST(PlainRateTableTest, MeanOfTheLastWindowPerBucketAndExecution) {
   EXPECT_FALSE(table.MeanStepSeconds("a", 256, 1, 1).has_value());
   EXPECT_FALSE(table.MeanStepSeconds("b", 256, 0, 1).has_value());
   EXPECT_FALSE(table.MeanStepSeconds("a", 128, 0, 1).has_value());
-  for (int i = 0; i < PlainRateTable::kWindow; ++i)
+  for (int i = 0; i < StepTimeTable::kWindow; ++i)
     table.Record("a", 256, 0, 0.02);
-  EXPECT_EQ(table.samples("a", 256, 0), PlainRateTable::kWindow);
+  EXPECT_EQ(table.samples("a", 256, 0), StepTimeTable::kWindow);
   EXPECT_NEAR(*table.MeanStepSeconds("a", 256, 0, 4), 0.02,
               1e-12);  // old ones dropped
 }
@@ -267,8 +267,8 @@ TEST(PlainRateTableTest, MeanOfTheLastWindowPerBucketAndExecution) {
 // An 8-step probe of 0.6 ms steps in which the scheduler took the core for
 // 4 ms: with the outlier rule the plain rate is the steps' own, without it a
 // third slower. The preempted step still counts towards min_samples.
-TEST(PlainRateTableTest, APreemptedStepDoesNotMoveThePlainRate) {
-  PlainRateTable table;
+TEST(StepTimeTableTest, APreemptedStepDoesNotMoveThePlainRate) {
+  StepTimeTable table;
   const absl::Time now = absl::Now();
   for (int i = 0; i < 7; ++i) table.Record("a", 256, 0, 0.0006, now);
   table.Record("a", 256, 0, 0.0046, now);
@@ -285,7 +285,7 @@ TEST(PlainRateTableTest, APreemptedStepDoesNotMoveThePlainRate) {
 
 // A plain step with a solve of the process in flight at either end is no
 // plain rate: the solve shared the cores.
-TEST(PlainRateTableTest, AStepBesideASolveAtEitherEndIsNotRecorded) {
+TEST(StepTimeTableTest, AStepBesideASolveAtEitherEndIsNotRecorded) {
   PlanningShared shared = PlanningShared::Create();
   RecordPlainStep(shared, "a", 256, 0, 0.001, /*began_beside_solve=*/false);
   EXPECT_EQ(shared.plain_rates->samples("a", 256, 0), 1);

@@ -1326,6 +1326,45 @@ TEST(PlanControllerTest, PlainStepSecondsAreTheBucketsMeasuredPlainSteps) {
   EXPECT_FALSE(a.PlainStepSeconds(64).has_value()) << "bucket 2: none";
 }
 
+// The draft cost ratio a drafting plan's calibrated prediction uses: the
+// bucket's recorded drafting steps from every sequence of the execution, each
+// its seconds over its plan's predicted seconds, once there are probe_steps
+// of them, with a preempted step left out; another bucket's, another
+// execution's and a step without a predicted time are not its.
+TEST(PlanControllerTest,
+     DraftCostRatioIsTheBucketsDraftingStepsAgainstTheirPlans) {
+  PlanningShared shared = PlanningShared::Create();
+  PlanControllerOptions o = Options();
+  o.guard.probe_steps = 4;
+  o.guard.outlier_factor = 3;
+  PlanController a(o, BaseKey(), 1, 0, shared);
+  PlanController b(o, BaseKey(), 2, 0, shared);
+  PlanCacheKey other_key = BaseKey();
+  other_key.threads = BaseKey().threads + 1;  // another execution
+  PlanController other(o, other_key, 3, 0, shared);
+  a.BeforeStep(0, 40);                                          // bucket 1
+  for (int i = 0; i < 3; ++i) a.RecordDraftCost(0.006, 0.005);  // 1.2 each
+  a.RecordDraftCost(0.006, 0);  // no prediction: not recorded
+  other.BeforeStep(0, 40);
+  for (int i = 0; i < 8; ++i) other.RecordDraftCost(0.004, 0.005);
+  EXPECT_FALSE(a.DraftCostRatio(40).has_value()) << "3 of 4 samples";
+  b.BeforeStep(0, 50);
+  b.RecordDraftCost(0.008, 0.010);  // 0.8
+  b.RecordDraftCost(0.5, 0.005);    // preempted: 100, over 3x the median
+  ASSERT_TRUE(a.DraftCostRatio(63).has_value());
+  EXPECT_NEAR(*a.DraftCostRatio(63), (3 * 1.2 + 0.8) / 4, 1e-12);
+  EXPECT_EQ(b.DraftCostRatio(63), a.DraftCostRatio(40));
+  EXPECT_NEAR(*other.DraftCostRatio(40), 0.8, 1e-12);
+  EXPECT_FALSE(a.DraftCostRatio(64).has_value()) << "bucket 2: none";
+  EXPECT_FALSE(a.PlainStepSeconds(40).has_value()) << "no plain step";
+  PlanningShared without = PlanningShared::Create();
+  without.draft_costs = nullptr;
+  PlanController c(o, BaseKey(), 4, 0, without);
+  c.BeforeStep(0, 40);
+  for (int i = 0; i < 4; ++i) c.RecordDraftCost(0.006, 0.005);
+  EXPECT_FALSE(c.DraftCostRatio(40).has_value()) << "no table";
+}
+
 // A losing verdict is shared: another sequence of the same setting in the
 // same bucket decodes plainly from its first step, without measuring the
 // setting again, until the verdict's plain steps (over both) are spent; then
@@ -1833,8 +1872,8 @@ TEST(SpeculationGuardTest, ANewBucketWithoutAPlainRateIsProbedFirst) {
 }
 
 // Plain timings age out: a reference older than the limit does not count.
-TEST(PlainRateTableTest, OldPlainStepsAreNoReference) {
-  PlainRateTable table;
+TEST(StepTimeTableTest, OldPlainStepsAreNoReference) {
+  StepTimeTable table;
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   for (int i = 0; i < 3; ++i) table.Record("exec", 32, 0, 0.002, t0);
   for (int i = 0; i < 3; ++i) {
