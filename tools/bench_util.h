@@ -252,7 +252,7 @@ struct PlanPrediction {
   double measured_plain_tpt = 0;
   // The plans calibrated by drafting steps' cost (AppliedPlan::
   // draft_cost_ratio > 0): their measured seconds and their ratio,
-  // time-weighted (1.1: drafting ran 10% slower than the profile priced it
+  // time-weighted (1.1: drafting ran 10% slower than the plans predicted
   // when they took effect). The other calibrated plans used plain steps.
   double draft_calibrated_seconds = 0;
   double draft_cost_ratio = 0;
@@ -283,11 +283,12 @@ nlohmann::json PlanPredictionJson(const PlanPrediction& p);
 // Returns runs[mode][prompt]. `warmup` runs one short generation per mode
 // first (kernel selection, page faults). `planners[k]` serves mode k's plans
 // (empty, or null entries, when the mode plans nothing). Each mode gets one
-// PlanningShared (plan cache, planner budget, guard verdicts) for all its
-// runs, as one server process would, and the modes share one plain-rate
-// table (StepTimeTable: every mode's plain steps, off's above all, are
-// plain decoding's rate for the guards and the plans' calibrated
-// predictions, as in one server that serves every mode); the warm-up runs
+// PlanningShared (plan cache, planner budget, guard verdicts, draft-cost
+// table: its drafting plans' calibration) for all its runs, as one server
+// process would, and the modes share one plain-rate table (StepTimeTable:
+// every mode's plain steps, off's above all, are plain decoding's rate for
+// the guards and the plans' plain calibration, as in one server that
+// serves every mode); the warm-up runs
 // use a separate one, so the measured runs start with an empty cache.
 // Without `warm_plan_cache` every repeat is such a cold pass (repeat x prompt
 // x mode, fresh PlanningShareds and plain rates per repeat). With

@@ -204,8 +204,9 @@ absl::StatusOr<std::unique_ptr<RunningExecutor>> StartExecutorFromFlags(
     options.planner_address = planner_where;
   }
   options.planner = running->planner.get();
-  // One plan cache, planner budget and plain-rate table for every request of
-  // this process; they outlive the planner's callbacks (shared ownership).
+  // One plan cache, planner budget, plain-rate and draft-cost table for every
+  // request of this process; they outlive the planner's callbacks (shared
+  // ownership).
   options.planning =
       PlanningShared::Create(absl::GetFlag(FLAGS_plan_refine_trials));
   options.planning.router = engine.router;

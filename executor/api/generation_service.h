@@ -96,8 +96,8 @@ struct GenerationServiceOptions {
   std::string model_path;
   // Where request, token, speculation and planner metrics go (nullptr: none).
   MetricsRegistry* metrics = nullptr;
-  // The process's plan cache, planner budget and plain-rate table, shared by
-  // every request (empty: the service makes its own).
+  // The process's plan cache, planner budget, plain-rate and draft-cost tables,
+  // shared by every request (empty: the service makes its own).
   PlanningShared planning;
   // Fault injection for tests; empty (the default) in production. Installed
   // as every request's GenerationRequest::before_step_for_tests with the

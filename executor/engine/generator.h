@@ -327,13 +327,15 @@ struct AppliedPlan {
   double measured_plain_tpt = 0;
   // How drafting steps' cost compared with the latency model's when the
   // plan took effect: the mean over the bucket's recent drafting steps of
-  // any sequence of the execution (the last 32 that measured their plan,
-  // none older than the guard's plain_max_age_seconds, outliers out:
-  // PlanController::DraftCostRatio) of a step's seconds over its plan's
-  // predicted seconds a step (predicted_tokens_per_step / predicted_tpt).
-  // 1.1: drafting steps ran 10% slower than the profile priced them. 0 for a
-  // gamma-0 plan, or when the bucket had fewer than the guard's probe_steps
-  // such steps (a cold start: the first plans of a bucket).
+  // any sequence of the execution, any planned mode (the last 32 that
+  // measured their plan at its own bucket, past the guard's settle steps
+  // and with no solve in flight, none older than the guard's
+  // plain_max_age_seconds, outliers out: PlanController::DraftCostRatio) of
+  // a step's seconds over its plan's predicted seconds a step
+  // (predicted_tokens_per_step / predicted_tpt). 1.1: drafting steps ran
+  // 10% slower than their plans predicted. 0 for a gamma-0 plan, or when
+  // the bucket had fewer than the guard's probe_steps such steps (a cold
+  // start: the first plans of a bucket).
   double draft_cost_ratio = 0;
   // The prediction on the machine's speed as it was when the plan took
   // effect. The latency profile was measured earlier, minutes or days, and
@@ -465,15 +467,15 @@ class TextStream {
 
 // Generation (autoregressive or speculative). Planned modes need a
 // `planner` (FailedPrecondition without one); it must outlive the call.
-// `shared`: the process's plan cache, planner budget and plain-rate table
-// (see PlanningShared::Create); nullptr gives the call fresh ones of its own,
-// as if it were the first request of a new process.
-// Errors: invalid request (InvalidArgument naming the field); Internal when
-// anything inside throws (a c10::Error from a LibTorch check, any
-// std::exception, a throwing callback): the prefill and every decode step
-// (draft, verify, commit, callbacks) run inside an exception boundary that
-// turns the exception into an Internal status naming the step, and no
-// exception leaves Generate. The sequence's KV cache is freed on return.
+// `shared`: the process's plan cache, planner budget, plain-rate and draft-cost
+// tables (see PlanningShared::Create); nullptr gives the call fresh ones of its
+// own, as if it were the first request of a new process. Errors: invalid
+// request (InvalidArgument naming the field); Internal when anything inside
+// throws (a c10::Error from a LibTorch check, any std::exception, a throwing
+// callback): the prefill and every decode step (draft, verify, commit,
+// callbacks) run inside an exception boundary that turns the exception into an
+// Internal status naming the step, and no exception leaves Generate. The
+// sequence's KV cache is freed on return.
 absl::StatusOr<GenerationResult> Generate(
     const LlamaModel& model, const Tokenizer& tokenizer,
     const GenerationRequest& request, const StreamCallback& on_tokens = nullptr,

@@ -194,7 +194,7 @@ class PlanSession {
       applied.context_length = cached.context_length;
       applied.source = directive.apply_source;
       // Plain decoding's rate at this bucket now, before the plan's first
-      // step: the machine's speed its prediction is calibrated by.
+      // step: the machine's speed its plain calibration uses.
       const std::optional<double> plain =
           controller_.PlainStepSeconds(context_length);
       applied.measured_plain_tpt =
@@ -233,11 +233,6 @@ class PlanSession {
         plan.measured_seconds_sq += observation.seconds * observation.seconds;
         plan.measured_drafted += observation.drafted;
         plan.measured_accepted += observation.accepted;
-        if (plan.gamma > 0 && plan.predicted_tpt > 0) {
-          controller_.RecordDraftCost(
-              observation.seconds,
-              plan.predicted_tokens_per_step / plan.predicted_tpt);
-        }
       }
     }
     if (apply_span_.recording()) {

@@ -268,8 +268,8 @@ class PlannerBudget {
 //                process is in flight (PlannerBudget::solves_in_flight: the
 //                solve slows them); RecordPlainStep.
 //   draft_costs  drafting steps of the planned modes (knapspec, clasp) that
-//                measured their plan (StepMeasuresPlan, none beside a
-//                solve): each step's seconds over the seconds its plan's
+//                measured their plan (PlanController::DraftCostRatio says
+//                which): each step's seconds over the seconds its plan's
 //                latency model predicted for a step (predicted tokens per
 //                step over predicted tokens/s), a unitless cost ratio;
 //                RecordDraftCost. On a shared machine a drafting step's
@@ -287,11 +287,11 @@ class StepTimeTable {
   StepTimeTable(const StepTimeTable&) = delete;
   StepTimeTable& operator=(const StepTimeTable&) = delete;
 
-  // A plain step of `seconds`, timed at `at`.
+  // A step of `seconds` (a draft cost: its ratio), timed at `at`.
   void Record(const std::string& execution_id, int64_t bucket_tokens,
               int64_t bucket, double seconds, absl::Time at = absl::Now())
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The plain steps' mean and how well it is known.
+  // The steps' mean and how well it is known.
   struct StepTime {
     double mean_seconds = 0;
     // The mean's standard error: the kept steps' standard deviation over
@@ -299,9 +299,9 @@ class StepTimeTable {
     double standard_error = 0;
     int64_t kept = 0;  // steps in the mean
   };
-  // The recorded plain steps of the bucket (the last kWindow) no older than
+  // The recorded steps of the bucket (the last kWindow) no older than
   // `max_age` at `now`, nullopt with fewer than `min_samples` of them. The
-  // machine's speed drifts (other processes, frequency), so a plain rate
+  // machine's speed drifts (other processes, frequency), so a step time
   // from long ago is no reference for speculation now. Steps above
   // OutlierThresholdSeconds(outlier_factor) of those samples are left out
   // of the mean (they still count towards min_samples).
@@ -542,8 +542,8 @@ struct PlanningShared {
 // rate. A step the scheduler preempted (another process, or a planner solve
 // sharing the cores) takes milliseconds longer; on a model that decodes a
 // token in 0.6 ms, one such step in an 8-step probe moves the plain rate by a
-// third. Returns the threshold in seconds: infinity when factor <= 0 or the
-// sample is empty.
+// third. Returns the threshold in seconds (for draft costs, as a ratio):
+// infinity when factor <= 0 or the sample is empty.
 double OutlierThresholdSeconds(std::vector<double> seconds, double factor);
 
 // Records a plain step (gamma 0, one token) of `seconds` in
@@ -556,10 +556,10 @@ void RecordPlainStep(const PlanningShared& shared,
                      const std::string& execution_id, int64_t bucket_tokens,
                      int64_t bucket, double seconds, bool began_beside_solve);
 
-// Records a drafting step that measured its plan (StepMeasuresPlan, not
-// beside a solve: the caller checks) in shared.draft_costs: `seconds` over
-// `predicted_seconds`, the plan's predicted seconds a step. Nothing without
-// a draft-cost table or a predicted time.
+// Records a drafting step that measured its plan (PlanController::AfterStep
+// chooses which) in shared.draft_costs: `seconds` over `predicted_seconds`,
+// the plan's predicted seconds a step. Nothing without a draft-cost table or
+// a predicted time.
 void RecordDraftCost(const PlanningShared& shared,
                      const std::string& execution_id, int64_t bucket_tokens,
                      int64_t bucket, double seconds, double predicted_seconds);

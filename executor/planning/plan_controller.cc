@@ -683,6 +683,14 @@ void PlanController::AfterStep(const StepObservation& step) {
     RecordPlainStep(shared_, execution_id_, options_.bucket_tokens, bucket_,
                     step.seconds, step_began_beside_solve_);
   }
+  if (guard_.settled() && !last_step_beside_solve_ && in_force_.has_value() &&
+      gamma_ > 0 && in_force_key_.bucket == bucket_ &&
+      StepMeasuresPlan(gamma_, step) && in_force_->plan.predicted_tpt > 0) {
+    const DraftPlan& plan = in_force_->plan;
+    RecordDraftCost(shared_, execution_id_, options_.bucket_tokens, bucket_,
+                    step.seconds,
+                    plan.predicted_tokens_per_step / plan.predicted_tpt);
+  }
   if (in_force_.has_value() && gamma_ == 0 && in_force_key_.bucket == bucket_ &&
       step.gamma == 0 && trigger_ == PlanTrigger::kNone && !capturing_ &&
       shared_.cache->CountPlainStep(key_, applied_version_,
@@ -761,11 +769,6 @@ std::optional<double> PlanController::DraftCostRatio(
       ContextBucket(context_length, options_.bucket_tokens));
   if (!cost.has_value()) return std::nullopt;
   return cost->mean_seconds;
-}
-
-void PlanController::RecordDraftCost(double seconds, double predicted_seconds) {
-  knapserve::RecordDraftCost(shared_, execution_id_, options_.bucket_tokens,
-                             bucket_, seconds, predicted_seconds);
 }
 
 void PlanController::ApplyAwaitedPlan(StepDirective& directive) {

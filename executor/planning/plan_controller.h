@@ -115,7 +115,8 @@ struct GuardOptions {
   // 0 judges the bare rates.
   int64_t evidence_steps = 64;
   double confidence = 1.0;
-  // Plain steps the bucket needs in the StepTimeTable before a judgement,
+  // Plain steps the bucket needs in the plain-rate table
+  // (PlanningShared::plain_rates) before a judgement,
   // none older than plain_max_age_seconds (<= 0: any age); when it has
   // fewer, the guard decodes this many plain steps (a probe), each right
   // after one of the setting's steps: the two rates are measured over the
@@ -182,7 +183,9 @@ struct GuardOptions {
   // into the next bucket, before that bucket's own plan takes effect).
   bool carry_neighbour_losses = true;
   // A sequence's first settle_steps decode steps are no evidence: neither
-  // its plain steps (the StepTimeTable) nor its setting's steps count, and
+  // its plain steps (the plain-rate table), its drafting steps (the
+  // draft-cost table: PlanController::DraftCostRatio) nor its setting's
+  // steps count, and
   // a first probe waits for them to pass (a verdict holds from the first
   // step). Right after a prefill the machine runs every step slower for a
   // while, plain and speculative alike (on a 2-core Zen 4 VM the first step
@@ -351,7 +354,8 @@ double RateStandardError(int64_t steps, double tokens, double seconds,
 // knn, specbound): judges the setting in force against plain decoding at the
 // same context bucket. The plain rate is measured online: the mean wall time
 // of the plain steps (gamma 0, one token) recorded in the process's
-// StepTimeTable for the bucket, fed by every sequence, preempted steps left
+// plain-rate table (PlanningShared::plain_rates) for the bucket, fed by
+// every sequence, preempted steps left
 // out (GuardOptions::outlier_factor, as for the speculative steps); when the
 // bucket has fewer than probe_steps of them the guard runs a probe: the
 // setting's steps and plain steps alternate until probe_steps plain steps
@@ -491,7 +495,7 @@ class SpeculationGuard {
   // same solves, so judging them against the probe is fair; without it, a
   // guard whose every probe ran beside a solve never judged (a 1k-context
   // knapspec plan at 0.89x of plain drafted 181 steps, with 133 probe
-  // steps and no judgement). The StepTimeTable's rate, when there is one,
+  // steps and no judgement). The plain-rate table's rate, when there is one,
   // comes first; this one ages out as the table's does.
   struct ProbeReference {
     int64_t bucket = -1;
@@ -572,7 +576,7 @@ class PlanController {
   int gamma_in_force() const { return gamma_; }
   const std::optional<CachedPlan>& plan_in_force() const { return in_force_; }
   // Plain decoding's mean step seconds at `context_length`'s bucket in the
-  // process's StepTimeTable (every sequence of this execution, the guard's
+  // process's plain-rate table (every sequence of this execution, the guard's
   // outlier rule, none older than the guard's plain_max_age_seconds: the
   // machine's speed drifts), nullopt with fewer than the guard's probe_steps
   // samples. Reads the shared table (thread-safe).
@@ -582,13 +586,14 @@ class PlanController {
   // draft_costs table (StepTimeTable), of a step's seconds over its plan's
   // predicted seconds a step, with PlainStepSeconds' window, age and
   // outlier rule; nullopt with fewer than the guard's probe_steps of them
-  // or without the table. Reads the shared table (thread-safe).
+  // or without the table. Reads the shared table (thread-safe). AfterStep
+  // records a step there when it drafted under a plan in force that
+  // predicts its rate, as that plan said (StepMeasuresPlan), at the plan's
+  // own bucket (a plan still in force past it was priced for less
+  // context), after the guard's settle steps and with no solve in flight
+  // at either end: the steps a drafting plan's measured rate is made of,
+  // less those that are no evidence of the machine's steady speed.
   std::optional<double> DraftCostRatio(int64_t context_length) const;
-  // Records the step AfterStep just saw in the draft_costs table at the
-  // current bucket, with `predicted_seconds`, the seconds its plan
-  // predicted for a step. The caller records only drafting steps that
-  // measured their plan (StepMeasuresPlan, not last_step_beside_solve()).
-  void RecordDraftCost(double seconds, double predicted_seconds);
   // Whether a solve of the process (PlannerBudget::solves_in_flight) was in
   // flight at the start or at the end of the last step AfterStep saw: the
   // solve shared the cores with it, so its time is not what the latency

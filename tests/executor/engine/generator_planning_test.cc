@@ -10,6 +10,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "common/model/llama.h"
 #include "common/text/tokenizer.h"
 #include "executor/engine/generator.h"
@@ -194,9 +195,11 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       }
       EXPECT_EQ(first->plans.front().measured_plain_tpt, 0)
           << "read before any plain step of the process was timed";
-      // Every drafting step that measured its plan went into the process's
-      // draft-cost table at its bucket (at most 32 a bucket: a step commits
-      // at least one of the bucket's 32 tokens), none beside a solve.
+      // The drafting steps that measured their plan went into the process's
+      // draft-cost table at their bucket, less the guard's settle steps and
+      // those under a plan past its own bucket (at most 32 a bucket: a step
+      // commits at least one of the bucket's 32 tokens, so none dropped
+      // out of the window).
       PlanCacheKey execution;
       execution.model_fingerprint = model->config().Fingerprint();
       execution.device = model->device().str();
@@ -209,8 +212,15 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       for (int64_t b = 0; b <= (4 + param.tokens) / 32; ++b) {
         recorded += recorded_at(b);
       }
-      EXPECT_EQ(recorded, drafting_with_prediction);
-      const int64_t recorded_at_zero = recorded_at(0);
+      EXPECT_LE(recorded, drafting_with_prediction);
+      // Whether bucket 0 has enough recent drafting steps for a ratio (the
+      // guard's default age limit, 10 s, might pass on a loaded machine).
+      const bool ratio_at_zero =
+          shared.draft_costs
+              ->RecentStepTime(execution.ExecutionId(), 32, 0,
+                               request.speculation.guard_probe_steps,
+                               absl::Seconds(10))
+              .has_value();
       if (drafted && margin == 0) {
         EXPECT_GT(measured_drafting, 0);
       }
@@ -239,8 +249,7 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       EXPECT_GT(second->plans.front().measured_plain_tpt, 0)
           << "the first request measured bucket 0";
       // And its drafting steps there, the cost of a cached drafting plan.
-      if (second->plans.front().gamma > 0 &&
-          recorded_at_zero >= request.speculation.guard_probe_steps) {
+      if (second->plans.front().gamma > 0 && ratio_at_zero) {
         EXPECT_GT(second->plans.front().draft_cost_ratio, 0);
       }
     }

@@ -1,5 +1,5 @@
 // Tests of executor/planning/plan_cache.h: cache keying and bucketing, claims,
-// thread safety, the planner budget and the plain-rate table.
+// thread safety, the planner budget and the step-time tables.
 #include "executor/planning/plan_cache.h"
 
 #include <gtest/gtest.h>

@@ -1327,42 +1327,87 @@ TEST(PlanControllerTest, PlainStepSecondsAreTheBucketsMeasuredPlainSteps) {
 }
 
 // The draft cost ratio a drafting plan's calibrated prediction uses: the
-// bucket's recorded drafting steps from every sequence of the execution, each
-// its seconds over its plan's predicted seconds, once there are probe_steps
-// of them, with a preempted step left out; another bucket's, another
-// execution's and a step without a predicted time are not its.
+// bucket's drafting steps from every sequence of the execution that measured
+// their plan, each its seconds over the plan's predicted seconds a step,
+// once there are probe_steps of them, with a preempted step left out. Not
+// recorded: the guard's settle steps, a capped step, a plain step, a step
+// beside a solve, a step under a plan still in force past its own bucket,
+// and a plan without a predicted rate; another execution's are not its.
 TEST(PlanControllerTest,
      DraftCostRatioIsTheBucketsDraftingStepsAgainstTheirPlans) {
   PlanningShared shared = PlanningShared::Create();
+  DraftPlan plan = Plan(3, 0.8);
+  plan.predicted_tokens_per_step = 2.5;
+  plan.predicted_tpt = 500;  // 0.005 s a step predicted
+  shared.cache->Insert(KeyAt(1), plan, 50, 40);
   PlanControllerOptions o = Options();
+  o.guard.settle_steps = 2;
   o.guard.probe_steps = 4;
   o.guard.outlier_factor = 3;
+  const std::string execution = BaseKey().ExecutionId();
+  auto recorded = [&](int64_t bucket) {
+    return shared.draft_costs->samples(execution, 32, bucket);
+  };
   PlanController a(o, BaseKey(), 1, 0, shared);
-  PlanController b(o, BaseKey(), 2, 0, shared);
-  PlanCacheKey other_key = BaseKey();
-  other_key.threads = BaseKey().threads + 1;  // another execution
-  PlanController other(o, other_key, 3, 0, shared);
-  a.BeforeStep(0, 40);                                          // bucket 1
-  for (int i = 0; i < 3; ++i) a.RecordDraftCost(0.006, 0.005);  // 1.2 each
-  a.RecordDraftCost(0.006, 0);  // no prediction: not recorded
-  other.BeforeStep(0, 40);
-  for (int i = 0; i < 8; ++i) other.RecordDraftCost(0.004, 0.005);
+  int64_t step = 0;
+  auto drafting_step = [&](PlanController& c, const StepObservation& obs,
+                           int64_t context) {
+    EXPECT_EQ(c.BeforeStep(step++, context).gamma, 3);
+    c.AfterStep(obs);
+  };
+  for (int i = 0; i < 2; ++i) drafting_step(a, Spec(3, 3, 2, 0.006), 40);
+  EXPECT_EQ(recorded(1), 0) << "the settle steps are no evidence";
+  for (int i = 0; i < 3; ++i) drafting_step(a, Spec(3, 3, 2, 0.006), 40);
+  StepObservation capped = Spec(3, 1, 1, 0.002);
+  capped.budget = 1;
+  capped.capped = true;
+  drafting_step(a, capped, 40);
+  drafting_step(a, Plain(0.004), 40);  // as if the guard had held it plain
+  a.BeforeStep(step++, 40);
+  const std::optional<double> reserved = shared.budget->TryReserve(0);
+  ASSERT_TRUE(reserved.has_value());
+  a.AfterStep(Spec(3, 3, 2, 0.02));  // a solve began during the step
+  shared.budget->Settle(*reserved, 0.1);
+  EXPECT_EQ(recorded(1), 3);
   EXPECT_FALSE(a.DraftCostRatio(40).has_value()) << "3 of 4 samples";
-  b.BeforeStep(0, 50);
-  b.RecordDraftCost(0.008, 0.010);  // 0.8
-  b.RecordDraftCost(0.5, 0.005);    // preempted: 100, over 3x the median
+
+  PlanController b(o, BaseKey(), 2, 0, shared);
+  for (int i = 0; i < 2; ++i) drafting_step(b, Spec(3, 3, 2, 0.006), 50);
+  drafting_step(b, Spec(3, 3, 2, 0.004), 50);  // 0.8
+  drafting_step(b, Spec(3, 3, 2, 0.5), 50);    // preempted: 100, over 3x
   ASSERT_TRUE(a.DraftCostRatio(63).has_value());
   EXPECT_NEAR(*a.DraftCostRatio(63), (3 * 1.2 + 0.8) / 4, 1e-12);
   EXPECT_EQ(b.DraftCostRatio(63), a.DraftCostRatio(40));
-  EXPECT_NEAR(*other.DraftCostRatio(40), 0.8, 1e-12);
   EXPECT_FALSE(a.DraftCostRatio(64).has_value()) << "bucket 2: none";
   EXPECT_FALSE(a.PlainStepSeconds(40).has_value()) << "no plain step";
-  PlanningShared without = PlanningShared::Create();
-  without.draft_costs = nullptr;
+  // Past bucket 1 the plan stays in force (nothing cached at bucket 2),
+  // priced for bucket 1's context: its steps there are not recorded.
+  // (Another sequence's claim on bucket 2 keeps b from capturing a
+  // snapshot there, whose solve would keep the step out as well.)
+  ASSERT_TRUE(shared.cache->TryClaim(KeyAt(2)));
+  drafting_step(b, Spec(3, 3, 2, 0.006), 64);
+  EXPECT_FALSE(b.last_step_beside_solve());
+  EXPECT_EQ(recorded(2), 0);
+
+  PlanCacheKey other_key = BaseKey();
+  other_key.threads = BaseKey().threads + 1;  // another execution
+  PlanCacheKey other_at_1 = other_key;
+  other_at_1.bucket_tokens = 32;
+  other_at_1.bucket = 1;
+  DraftPlan unpriced = plan;
+  unpriced.predicted_tpt = 0;  // a planner that does not predict
+  shared.cache->Insert(other_at_1, unpriced, 50, 40);
+  PlanController other(o, other_key, 3, 0, shared);
+  for (int i = 0; i < 8; ++i) drafting_step(other, Spec(3, 3, 2, 0.004), 40);
+  EXPECT_EQ(shared.draft_costs->samples(other_key.ExecutionId(), 32, 1), 0);
+  EXPECT_EQ(recorded(1), 5);
+
+  PlanningShared without = shared;
+  without.draft_costs = nullptr;  // no table: nothing recorded, no ratio
   PlanController c(o, BaseKey(), 4, 0, without);
-  c.BeforeStep(0, 40);
-  for (int i = 0; i < 4; ++i) c.RecordDraftCost(0.006, 0.005);
-  EXPECT_FALSE(c.DraftCostRatio(40).has_value()) << "no table";
+  for (int i = 0; i < 6; ++i) drafting_step(c, Spec(3, 3, 2, 0.006), 40);
+  EXPECT_FALSE(c.DraftCostRatio(40).has_value());
+  EXPECT_EQ(recorded(1), 5);
 }
 
 // A losing verdict is shared: another sequence of the same setting in the
