@@ -1,5 +1,6 @@
 #include "executor/planning/plan_controller.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -749,26 +750,34 @@ void PlanController::AfterStep(const StepObservation& step) {
   guard_.Observe(gamma_ > 0, bucket_, step, stats_);
 }
 
-std::optional<double> PlanController::PlainStepSeconds(
-    int64_t context_length) const {
-  if (shared_.plain_rates == nullptr) return std::nullopt;
+namespace {
+
+// The mean of `table`'s recent steps at `context_length`'s bucket by the
+// guard's rules; nullopt without the table or with too few steps.
+std::optional<double> RecentMean(const StepTimeTable* table,
+                                 const PlanControllerOptions& options,
+                                 const std::string& execution_id,
+                                 int64_t context_length) {
+  if (table == nullptr) return std::nullopt;
   const std::optional<StepTimeTable::StepTime> time = RecentStepsByGuardRules(
-      *shared_.plain_rates, options_.guard, execution_id_,
-      options_.bucket_tokens,
-      ContextBucket(context_length, options_.bucket_tokens));
+      *table, options.guard, execution_id, options.bucket_tokens,
+      ContextBucket(context_length, options.bucket_tokens));
   if (!time.has_value()) return std::nullopt;
   return time->mean_seconds;
 }
 
+}  // namespace
+
+std::optional<double> PlanController::PlainStepSeconds(
+    int64_t context_length) const {
+  return RecentMean(shared_.plain_rates.get(), options_, execution_id_,
+                    context_length);
+}
+
 std::optional<double> PlanController::DraftCostRatio(
     int64_t context_length) const {
-  if (shared_.draft_costs == nullptr) return std::nullopt;
-  const std::optional<StepTimeTable::StepTime> cost = RecentStepsByGuardRules(
-      *shared_.draft_costs, options_.guard, execution_id_,
-      options_.bucket_tokens,
-      ContextBucket(context_length, options_.bucket_tokens));
-  if (!cost.has_value()) return std::nullopt;
-  return cost->mean_seconds;
+  return RecentMean(shared_.draft_costs.get(), options_, execution_id_,
+                    context_length);
 }
 
 void PlanController::ApplyAwaitedPlan(StepDirective& directive) {
