@@ -31,6 +31,7 @@ using knapserve::testing::ServerProcess;
 using ::testing::AllOf;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // KNAPSERVE_SIMD pins the kernels' target: every target the CPU runs gives
 // the golden ids, the log names it, and a bad name is a clear error.
@@ -793,6 +794,26 @@ TEST(KnapserveCliTest, BenchSpecComparesPlannedModesOnTwoSets) {
       EXPECT_GE(plan.at("gamma").get<int>(), 0) << set;
     }
   }
+  // tools/spec_table.py (README.md's 16-row table) reads this JSON: filed
+  // as one (model, dtype, cache) of tools/spec_table.sh's folder, it makes
+  // that model's two rows and the criteria lines.
+  const knapserve::testing::ScopedTempDir dir("spec_table");
+  {
+    std::ofstream file(dir.path() + "/stories-24l_fp32_cold.json");
+    file << outcome.out;
+  }
+  const Outcome table = RunProcess(
+      {"/usr/bin/python3",
+       knapserve::testing::kSourceDir + std::string("/tools/spec_table.py"),
+       dir.path()});
+  ASSERT_EQ(table.exit_code, 0) << table.out << table.err;
+  EXPECT_THAT(table.out,
+              AllOf(HasSubstr("| stories-24l fp32 | short | cold |"),
+                    HasSubstr("| stories-24l fp32 | 1k | cold |"),
+                    HasSubstr("cells at 0.97x or better:"),
+                    HasSubstr("best planned or routed mode at least static:"),
+                    HasSubstr("calibrated prediction within 10%")));
+  EXPECT_THAT(table.out, Not(HasSubstr("**NO**")));
 }
 
 TEST(KnapserveCliTest, BenchSpecSearchesAMask) {
