@@ -61,34 +61,66 @@ absl::StatusOr<std::vector<double>> AlphaHats(
   return out;
 }
 
+// The pair counts of LaterDraftCounts from per-token accept and go_on [B, r]
+// (bool), r >= 1.
+std::vector<LaterDraftCounts> PairCounts(const torch::Tensor& accept,
+                                         const torch::Tensor& go_on) {
+  const int64_t b = accept.size(0);
+  const int64_t r = accept.size(1);
+  std::vector<LaterDraftCounts> out(b);
+  if (r < 2) return out;
+  const torch::Tensor acc0 = accept.narrow(1, 0, r - 1);
+  const torch::Tensor acc1 = accept.narrow(1, 1, r - 1);
+  const torch::Tensor go0 = go_on.narrow(1, 0, r - 1);
+  const torch::Tensor go1 = go_on.narrow(1, 1, r - 1);
+  const torch::Tensor reached = acc0.logical_and(go0);
+  const torch::Tensor counts =
+      torch::stack({reached, reached.logical_and(acc1),
+                    reached.logical_and(acc1).logical_and(go1), go0,
+                    go0.logical_and(go1)},
+                   1)
+          .to(torch::kFloat64)
+          .sum(-1)
+          .cpu()
+          .contiguous();  // [B, 5]
+  const double* p = counts.data_ptr<double>();
+  for (int64_t k = 0; k < b; ++k) {
+    out[k] = {p[5 * k], p[5 * k + 1], p[5 * k + 2], p[5 * k + 3], p[5 * k + 4]};
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<DraftShares>> Shares(
     const SublayerRunner& runner, const torch::Tensor& final_states,
     absl::Span<const int32_t> target_argmax, double exit_threshold) {
   const int64_t b = final_states.size(0);
   std::vector<DraftShares> out(b);
-  if (!(exit_threshold > 0)) {
-    ASSIGN_OR_RETURN(std::vector<double> alphas,
-                     AlphaHats(runner, final_states, target_argmax));
-    for (int64_t k = 0; k < b; ++k) out[k] = {alphas[k], 1.0, alphas[k]};
-    return out;
-  }
-  ASSIGN_OR_RETURN(SublayerRunner::Top top,
-                   runner.TopTokensWithProbability(final_states));
   std::vector<int64_t> ids(target_argmax.begin(), target_argmax.end());
-  torch::Tensor target =
-      torch::tensor(ids, torch::kInt64).to(top.ids.device()).unsqueeze(0);
-  torch::Tensor accept = top.ids.to(torch::kInt64).eq(target);
-  torch::Tensor go_on =
-      top.probability.to(accept.device(), torch::kFloat64).ge(exit_threshold);
+  torch::Tensor accept;
+  torch::Tensor go_on;
+  if (!(exit_threshold > 0)) {
+    ASSIGN_OR_RETURN(torch::Tensor top, runner.TopTokens(final_states));
+    torch::Tensor target =
+        torch::tensor(ids, torch::kInt64).to(top.device()).unsqueeze(0);
+    accept = top.to(torch::kInt64).eq(target).cpu();
+    go_on = torch::ones_like(accept);
+  } else {
+    ASSIGN_OR_RETURN(SublayerRunner::Top top,
+                     runner.TopTokensWithProbability(final_states));
+    torch::Tensor target =
+        torch::tensor(ids, torch::kInt64).to(top.ids.device()).unsqueeze(0);
+    accept = top.ids.to(torch::kInt64).eq(target).cpu();
+    go_on = top.probability.to(torch::kFloat64).ge(exit_threshold).cpu();
+  }
   torch::Tensor shares =
       torch::stack({accept, go_on, accept.logical_and(go_on)}, 1)
           .to(torch::kFloat64)
           .mean(-1)
-          .cpu()
           .contiguous();  // [B, 3]
+  const std::vector<LaterDraftCounts> later = PairCounts(accept, go_on);
   const double* p = shares.data_ptr<double>();
   for (int64_t k = 0; k < b; ++k)
-    out[k] = {p[3 * k], p[3 * k + 1], p[3 * k + 2]};
+    out[k] = {p[3 * k], p[3 * k + 1], p[3 * k + 2], later[k]};
   return out;
 }
 
@@ -308,6 +340,18 @@ absl::StatusOr<std::vector<double>> MeasureAlphaHats(
   return AlphaHats(runner, final_states, target_argmax);
 }
 
+namespace {
+
+void AddLater(const LaterDraftCounts& from, LaterDraftCounts& to) {
+  to.accept_trials += from.accept_trials;
+  to.accepted += from.accepted;
+  to.accept_and_go_on += from.accept_and_go_on;
+  to.go_on_trials += from.go_on_trials;
+  to.went_on += from.went_on;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<DraftShares>> PoolSharesByCosine(
     absl::Span<const DraftShares> shares, absl::Span<const double> cosines) {
   if (shares.size() != cosines.size()) {
@@ -342,14 +386,20 @@ absl::StatusOr<std::vector<DraftShares>> PoolSharesByCosine(
       prev.sum.accept += blocks.back().sum.accept;
       prev.sum.go_on += blocks.back().sum.go_on;
       prev.sum.accept_and_go_on += blocks.back().sum.accept_and_go_on;
+      AddLater(blocks.back().sum.later, prev.sum.later);
       blocks.pop_back();
     }
   }
   std::vector<DraftShares> pooled(shares.size());
   for (const Block& b : blocks) {
     const double n = static_cast<double>(b.count);
-    const DraftShares mean{b.sum.accept / n, b.sum.go_on / n,
-                           b.sum.accept_and_go_on / n};
+    const LaterDraftCounts& later = b.sum.later;
+    const DraftShares mean{b.sum.accept / n,
+                           b.sum.go_on / n,
+                           b.sum.accept_and_go_on / n,
+                           {later.accept_trials / n, later.accepted / n,
+                            later.accept_and_go_on / n, later.go_on_trials / n,
+                            later.went_on / n}};
     for (size_t k = b.begin; k < b.begin + b.count; ++k)
       pooled[order[k]] = mean;
   }
@@ -504,8 +554,10 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(
     }
   }
 
-  ASSIGN_OR_RETURN(std::vector<double> alphas,
-                   AlphaHats(runner, states, target_argmax));
+  std::vector<DraftShares> measured;
+  if (!target_argmax.empty()) {
+    ASSIGN_OR_RETURN(measured, Shares(runner, states, target_argmax, 0.0));
+  }
   if (final_states != nullptr) *final_states = states;
   std::vector<SkipCandidate> candidates;
   candidates.reserve(live.size());
@@ -514,7 +566,10 @@ absl::StatusOr<std::vector<SkipCandidate>> RunSkipDp(
     c.mask = LayerMask(num_sublayers / 2);
     c.skipped_weight = live[k];
     c.mean_cosine = cosines[k];
-    c.alpha_hat = alphas[k];
+    if (!measured.empty()) {
+      c.alpha_hat = measured[k].accept;
+      c.later = measured[k].later;
+    }
     c.path_cosines.assign(num_units + 1, 0.0);
     c.path_cosines[0] = start_cosine;
     int j = live[k];
@@ -713,18 +768,16 @@ absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(
   }
   for (int64_t k = 0; k < b; ++k)
     out[k].mean_cosine = out[k].path_cosines.back();
-  if (target_argmax.empty() || !(exit_threshold > 0)) {
-    ASSIGN_OR_RETURN(std::vector<double> alphas,
-                     AlphaHats(runner, h, target_argmax));
-    for (int64_t k = 0; k < b; ++k) out[k].alpha_hat = alphas[k];
-    return out;
-  }
+  if (target_argmax.empty()) return out;
   ASSIGN_OR_RETURN(std::vector<DraftShares> shares,
                    Shares(runner, h, target_argmax, exit_threshold));
   for (int64_t k = 0; k < b; ++k) {
     out[k].alpha_hat = shares[k].accept;
-    out[k].go_on_share = shares[k].go_on;
-    out[k].accept_and_go_on_share = shares[k].accept_and_go_on;
+    out[k].later = shares[k].later;
+    if (exit_threshold > 0) {
+      out[k].go_on_share = shares[k].go_on;
+      out[k].accept_and_go_on_share = shares[k].accept_and_go_on;
+    }
   }
   return out;
 }

@@ -151,6 +151,31 @@ class ModelSublayerRunner final : public SublayerRunner {
   Options options_;
 };
 
+// What the reference tokens show of draft positions 2..gamma
+// (common/plan/step_forecast.h, "Later draft positions"). Each reference
+// token is a draft made right after the true prefix, like a step's draft 1.
+// But a step reaches draft k >= 2 only through an accepted draft k-1, and a
+// text has easy runs and hard spots: token i+1 after an accepted token i is
+// the nearest thing the reference tokens hold to draft 2 after an accepted
+// draft 1 (the step's draft would attend to the draft's own K/V at i, the
+// reference token attends to the full model's). So over the r - 1 pairs of
+// consecutive reference tokens (i, i+1), counted as the executor counts a
+// step's drafts (executor/planning/plan_refinement.h DraftCounts):
+//   accept_trials: i accepted and confident (draft i+1 reached through an
+//                  accepted draft); accepted: of those, i+1 accepted;
+//                  accept_and_go_on: of those, i+1 accepted and confident;
+//   go_on_trials:  i confident (draft i+1 made); went_on: of those, i+1
+//                  confident.
+// Without an exit threshold every token is confident. Counts, kept as doubles
+// so PoolSharesByCosine can average them over a block of candidates.
+struct LaterDraftCounts {
+  double accept_trials = 0;
+  double accepted = 0;
+  double accept_and_go_on = 0;
+  double go_on_trials = 0;
+  double went_on = 0;
+};
+
 // One draft sub-network found by a DP, with what the DP measured about it.
 struct SkipCandidate {
   LayerMask mask;          // over runner.num_sublayers() / 2 layers
@@ -164,6 +189,9 @@ struct SkipCandidate {
   // share that also matches the target; -1 when not measured.
   double go_on_share = -1;
   double accept_and_go_on_share = -1;
+  // Pairs of consecutive reference tokens (DraftShares::later); all zero when
+  // no target ids were given.
+  LaterDraftCounts later;
   // Mean cosine at every DP boundary along this candidate's path: 2L+1
   // entries for the sublayer DP (entry 0 is the embeddings, 1.0), L+1 for the
   // whole-layer DP.
@@ -220,6 +248,7 @@ struct DraftShares {
   // top-1 probability >= the exit threshold (1 with threshold <= 0)
   double go_on = 1;
   double accept_and_go_on = 0;  // both (accept with threshold <= 0)
+  LaterDraftCounts later = {};  // pairs of consecutive tokens
 };
 
 // The shares of B candidates from their final hidden states [B, r, d] (one
@@ -240,7 +269,8 @@ absl::StatusOr<std::vector<DraftShares>> MeasureDraftShares(
 // at 0.63. Candidates in cosine order (highest first; ties in index order)
 // take the mean of their block, where the blocks are the least-squares
 // non-increasing fit of `accept` with equal weights; go_on and
-// accept_and_go_on take their block's means too. The result has the input's
+// accept_and_go_on take their block's means too, and so do the later counts
+// (their ratios are then the block's pooled ratios). The result has the input's
 // order and size. InvalidArgument when the sizes differ.
 absl::StatusOr<std::vector<DraftShares>> PoolSharesByCosine(
     absl::Span<const DraftShares> shares, absl::Span<const double> cosines);

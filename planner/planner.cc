@@ -159,12 +159,36 @@ DraftOdds SmoothedOdds(const DraftShares& shares, int64_t r,
     odds.stop = ConfidenceStop{SmoothAlpha(shares.go_on, r, prior),
                                SmoothAlpha(shares.accept_and_go_on, r, prior)};
   }
+  // Draft positions 2..gamma from the pairs of consecutive reference tokens
+  // (planner/knapsack.h LaterDraftCounts), smoothed with the same prior over
+  // their own trials. Without a pair that reached a later draft they keep
+  // draft 1's odds.
+  const LaterDraftCounts& later = shares.later;
+  if (later.accept_trials > 0) {
+    // Pooled candidates average their counts; the smoothing takes whole
+    // tokens (as the executor's refinement of the plan's basis does).
+    const auto smooth = [&prior](double successes, double trials) {
+      return SmoothAlpha(successes / trials,
+                         std::max<int64_t>(1, std::llround(trials)), prior);
+    };
+    LaterDraftOdds odds_later;
+    odds_later.alpha = smooth(later.accepted, later.accept_trials);
+    if (exit_threshold > 0) {
+      odds_later.stop.go_on = smooth(later.went_on, later.go_on_trials);
+      // The two shares rest on different trials: keep b' <= alpha', c' as
+      // the step model needs (as the executor's refinement does).
+      odds_later.stop.accept_and_go_on =
+          std::min({smooth(later.accept_and_go_on, later.accept_trials),
+                    odds_later.stop.go_on, odds_later.alpha});
+    }
+    odds.later = odds_later;
+  }
   return odds;
 }
 
 DraftShares SharesOf(const SkipCandidate& c) {
-  if (c.go_on_share < 0) return {c.alpha_hat, 1.0, c.alpha_hat};
-  return {c.alpha_hat, c.go_on_share, c.accept_and_go_on_share};
+  if (c.go_on_share < 0) return {c.alpha_hat, 1.0, c.alpha_hat, c.later};
+  return {c.alpha_hat, c.go_on_share, c.accept_and_go_on_share, c.later};
 }
 
 // The plan's promise per step: what ForecastStep expects of (candidate,
@@ -194,6 +218,19 @@ void SetBasis(const std::vector<double>& verify, double draft_seconds,
   basis.go_on_share = basis.confidence_stop ? shares.go_on : 1.0;
   basis.accept_and_go_on_share =
       basis.confidence_stop ? shares.accept_and_go_on : shares.accept;
+  const LaterDraftCounts& later = shares.later;
+  if (later.accept_trials > 0) {
+    basis.later_accept_trials = later.accept_trials;
+    basis.later_accept_share = later.accepted / later.accept_trials;
+    basis.later_accept_and_go_on_share =
+        basis.confidence_stop ? later.accept_and_go_on / later.accept_trials
+                              : basis.later_accept_share;
+    basis.later_go_on_trials =
+        basis.confidence_stop ? later.go_on_trials : later.accept_trials;
+    basis.later_go_on_share = basis.confidence_stop && later.go_on_trials > 0
+                                  ? later.went_on / later.go_on_trials
+                                  : 1.0;
+  }
   basis.gamma_fixed = gamma_fixed;
 }
 
@@ -210,7 +247,7 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
       SmoothedOdds(SharesOf(candidate), r, prior, exit_threshold);
   const TptCandidate tc{odds.alpha,
                         profile.DraftTokenSeconds(candidate.mask, n), odds.stop,
-                        std::nullopt};
+                        odds.later};
   plan.mask = candidate.mask;
   plan.alpha_hat = candidate.alpha_hat;
   plan.mean_cosine = candidate.mean_cosine;
@@ -420,7 +457,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
       odds[i] =
           SmoothedOdds(shares[i], r_used, options.alpha_prior, exit_threshold);
       tpt.push_back(
-          {odds[i]->alpha, draft_seconds[i], odds[i]->stop, std::nullopt});
+          {odds[i]->alpha, draft_seconds[i], odds[i]->stop, odds[i]->later});
     }
     ASSIGN_OR_RETURN(choice, MaximizeTpt(tpt, verify, options.max_draft));
   }
@@ -446,7 +483,7 @@ absl::StatusOr<DraftPlan> SolveKnapSpec(const LlamaModel& model,
     plan.mean_cosine = best.mean_cosine;
     const DraftOdds& chosen = *odds[choice.candidate];
     SetForecast({chosen.alpha, draft_seconds[choice.candidate], chosen.stop,
-                 std::nullopt},
+                 chosen.later},
                 choice.gamma, verify, plan);
     SetBasis(verify, draft_seconds[choice.candidate],
              grid_shares[choice.candidate], r_used, options.alpha_prior,

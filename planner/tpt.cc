@@ -73,6 +73,16 @@ absl::Status CheckStop(size_t candidate, double alpha,
   return absl::OkStatus();
 }
 
+// The later positions' odds as CheckAlpha and CheckStop check draft 1's
+// (their stop only where draft 1 has one: ForecastStep ignores it otherwise).
+absl::Status CheckLater(size_t candidate, bool has_stop,
+                        const std::optional<LaterDraftOdds>& later) {
+  if (!later.has_value()) return absl::OkStatus();
+  if (absl::Status s = CheckAlpha(candidate, later->alpha); !s.ok()) return s;
+  if (!has_stop) return absl::OkStatus();
+  return CheckStop(candidate, later->alpha, later->stop);
+}
+
 void Consider(int i, const TptCandidate& candidate,
               absl::Span<const double> verify_seconds, int max_draft,
               TptChoice& best) {
@@ -111,6 +121,10 @@ absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
         !s.ok())
       return s;
     if (absl::Status s = CheckStop(i, candidates[i].alpha, candidates[i].stop);
+        !s.ok())
+      return s;
+    if (absl::Status s =
+            CheckLater(i, candidates[i].stop.has_value(), candidates[i].later);
         !s.ok())
       return s;
   }
@@ -200,7 +214,15 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
           "candidate ", i, ": a confidence stop in a search without one"));
     }
     if (absl::Status s = CheckStop(i, alpha, odds->stop); !s.ok()) return s;
-    Consider(i, TptCandidate{alpha, draft_seconds[i], odds->stop, std::nullopt},
+    if (absl::Status s = CheckLater(i, odds->stop.has_value(), odds->later);
+        !s.ok())
+      return s;
+    if (odds->later.has_value() && odds->later->alpha > alpha_upper + 1e-12) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("candidate ", i, ": later drafts' alpha ",
+                       odds->later->alpha, " above alpha_upper ", alpha_upper));
+    }
+    Consider(i, TptCandidate{alpha, draft_seconds[i], odds->stop, odds->later},
              verify_seconds, max_draft, best);
   }
   return best;

@@ -46,10 +46,12 @@ double TokensPerSecond(double alpha, int gamma, double draft_seconds,
 
 // What one draft does per position: its acceptance and, when the request
 // stops drafts on low confidence, the stop's odds (nullopt: no stop, every
-// draft runs to gamma).
+// draft runs to gamma); and the odds of draft positions 2..gamma when they
+// were measured apart (nullopt: as draft 1's; TptCandidate::later).
 struct DraftOdds {
   double alpha = 0;
   std::optional<ConfidenceStop> stop;
+  std::optional<LaterDraftOdds> later = std::nullopt;
 };
 
 // The maximizer of the grid.
@@ -69,7 +71,8 @@ struct TptChoice {
 // {-1, 0, baseline, baseline}. num_evaluated is the number of candidates.
 // InvalidArgument for max_draft < 1, a short or non-positive verify table,
 // alpha outside [0, 1], draft_seconds <= 0 or a stop whose shares are outside
-// [0, 1] or whose accept_and_go_on exceeds alpha or go_on.
+// [0, 1] or whose accept_and_go_on exceeds alpha or go_on (draft 1's, and the
+// later positions' where a candidate has them).
 absl::StatusOr<TptChoice> MaximizeTpt(absl::Span<const TptCandidate> candidates,
                                       absl::Span<const double> verify_seconds,
                                       int max_draft);
@@ -88,6 +91,8 @@ using AlphaFunction = std::function<absl::StatusOr<double>(int candidate)>;
 // once per candidate; num_evaluated counts the calls. alpha_upper must bound
 // every value alpha_of returns (InvalidArgument naming the candidate if one
 // exceeds it), e.g. SmoothAlpha(1.0, r, prior). Other errors as MaximizeTpt.
+// (The later positions' odds of the overload below must obey the same bound;
+// their accept_and_go_on at most their alpha and go_on.)
 absl::StatusOr<TptChoice> MaximizeTptLazily(
     absl::Span<const double> draft_seconds, double alpha_upper,
     absl::Span<const double> verify_seconds, int max_draft,

@@ -66,6 +66,18 @@ struct PlanBasis {
   // The request fixed gamma (kStatic with a gamma of its own): a refinement
   // updates the predictions but keeps it.
   bool gamma_fixed = false;
+  // Draft positions 2..gamma as the pairs of consecutive reference tokens
+  // show them (planner/knapsack.h LaterDraftCounts): raw shares and the
+  // trials behind each (averaged over pooled candidates, so not always
+  // whole). later_accept_trials 0: not measured; drafts 2..gamma are then
+  // taken to have draft 1's odds. later_accept_and_go_on_share rests on
+  // later_accept_trials; without a confidence stop it equals
+  // later_accept_share and later_go_on_share is 1.
+  double later_accept_trials = 0;
+  double later_accept_share = 0;
+  double later_accept_and_go_on_share = 0;
+  double later_go_on_trials = 0;
+  double later_go_on_share = 1;
 };
 
 // What a policy decided. gamma == 0 means "no speculation" (autoregressive

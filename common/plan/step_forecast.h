@@ -38,10 +38,14 @@
 //   P(drafts 1..k accepted,
 //     1..k-1 confident)      = alpha (k = 1),  b b'^(k-2) alpha'  (k >= 2)
 //
-// The planner's reference tokens measure only one share per mask (each is a
-// draft right after the true prefix, like draft 1), so its candidates have
-// none; the executor's refinement measures both from drafting
-// (executor/planning/plan_refinement.h).
+// Each of the planner's reference tokens is a draft right after the true
+// prefix, like draft 1; the planner estimates alpha', c', b' from pairs of
+// consecutive reference tokens (a token right after an accepted one,
+// planner/knapsack.h LaterDraftCounts), and the executor's refinement pools
+// them with what drafting shows (executor/planning/plan_refinement.h).
+// Without this, a mask at 1000 tokens of context on stories-24l was priced
+// as if its second draft were accepted as rarely as its first, chose gamma 1
+// and ran at 1.02x where the same mask at gamma 2 ran at 1.07x.
 //
 // Acceptance estimates. alpha is measured as the share of r reference tokens
 // on which the draft's argmax equals the full model's. With r = 5 that share

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -383,6 +384,27 @@ absl::StatusOr<PlanBasis> DecodePlanBasis(const v1::PlanBasis& proto, int gamma,
   basis.accept_and_go_on_share = proto.accept_and_go_on_share();
   basis.gamma_fixed = proto.gamma_fixed();
   basis.accept_share = proto.accept_share();
+  for (const auto& [name, trials] :
+       {std::pair<const char*, double>{"later_accept_trials",
+                                       proto.later_accept_trials()},
+        {"later_go_on_trials", proto.later_go_on_trials()}}) {
+    if (!(trials >= 0) || !std::isfinite(trials)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "basis.", name, " must be finite and >= 0, got ", trials));
+    }
+  }
+  if (proto.later_accept_trials() > 0) {
+    RETURN_IF_ERROR(
+        CheckShare("later_accept_share", proto.later_accept_share()));
+    RETURN_IF_ERROR(CheckShare("later_accept_and_go_on_share",
+                               proto.later_accept_and_go_on_share()));
+    RETURN_IF_ERROR(CheckShare("later_go_on_share", proto.later_go_on_share()));
+    basis.later_accept_trials = proto.later_accept_trials();
+    basis.later_accept_share = proto.later_accept_share();
+    basis.later_accept_and_go_on_share = proto.later_accept_and_go_on_share();
+    basis.later_go_on_trials = proto.later_go_on_trials();
+    basis.later_go_on_share = proto.later_go_on_share();
+  }
   return basis;
 }
 
@@ -425,6 +447,13 @@ v1::PlanResponse EncodePlanResponse(uint64_t sequence_id, int64_t step,
     b.set_accept_and_go_on_share(basis.accept_and_go_on_share);
     b.set_gamma_fixed(basis.gamma_fixed);
     b.set_accept_share(basis.accept_share);
+    if (basis.later_accept_trials > 0) {
+      b.set_later_accept_trials(basis.later_accept_trials);
+      b.set_later_accept_share(basis.later_accept_share);
+      b.set_later_accept_and_go_on_share(basis.later_accept_and_go_on_share);
+      b.set_later_go_on_trials(basis.later_go_on_trials);
+      b.set_later_go_on_share(basis.later_go_on_share);
+    }
   }
   return out;
 }

@@ -1,6 +1,8 @@
 #include "executor/planning/plan_refinement.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 #include <vector>
 
 #include "common/plan/step_forecast.h"
@@ -99,16 +101,42 @@ StepOdds PoolEvidence(const StepOdds& prior, int64_t prior_cap,
                evidence.accept_trials())};
 }
 
+// The basis's odds of drafts 2..gamma from pairs of consecutive reference
+// tokens, each over its own trials (rounded: pooled candidates average
+// them); nullopt when the planner measured none.
+std::optional<TokenOdds> LaterReferenceOdds(const PlanBasis& basis) {
+  const auto tokens = [](double trials) {
+    return std::max<int64_t>(1, std::llround(trials));
+  };
+  if (!(basis.later_accept_trials > 0)) return std::nullopt;
+  const int64_t accept_tokens = tokens(basis.later_accept_trials);
+  return TokenOdds{
+      {basis.later_accept_share, accept_tokens},
+      {basis.later_go_on_share, basis.later_go_on_trials > 0
+                                    ? tokens(basis.later_go_on_trials)
+                                    : accept_tokens},
+      {basis.later_accept_and_go_on_share, accept_tokens}};
+}
+
 // The basis's reference odds pooled with `evidence`: draft 1's with the
-// reference tokens, the later drafts' with draft 1's odds as their prior, at
-// most r tokens of it. Until the later drafts are seen (a plan of gamma 1)
-// they are taken to be as good as draft 1, so evidence that draft 1 is
-// accepted can raise gamma; once seen, their own counts soon outweigh it.
+// reference tokens; the later drafts' with the planner's pairs of
+// consecutive reference tokens where it measured them, else with draft 1's
+// odds as their prior, at most r tokens of it. Until the later drafts are
+// seen (a plan of gamma 1) they are taken to be as the prior says, so
+// evidence that draft 1 is accepted can raise gamma; once seen, their own
+// counts soon outweigh it.
 StepOdds PooledOdds(const PlanBasis& basis, const DraftEvidence& evidence) {
   const TokenOdds reference = ReferenceOdds(basis);
   const int64_t r = reference.accept.tokens;
   const TokenOdds first = PoolCounts(reference, r, evidence.first);
-  return {first, PoolCounts(first, r, evidence.later),
+  const std::optional<TokenOdds> later_reference = LaterReferenceOdds(basis);
+  return {first,
+          later_reference.has_value()
+              ? PoolCounts(*later_reference,
+                           std::max(later_reference->accept.tokens,
+                                    later_reference->go_on.tokens),
+                           evidence.later)
+              : PoolCounts(first, r, evidence.later),
           Pool(reference.accept, r,
                evidence.first.accepted + evidence.later.accepted,
                evidence.accept_trials())};

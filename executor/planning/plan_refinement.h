@@ -78,9 +78,12 @@ struct DraftEvidence {
 
 // The plan with its odds pooled from its reference tokens and `evidence`,
 //   share' = (share * r + successes) / (r + trials),
-// for draft 1 and for drafts 2..gamma apart (each group's counts pooled with
-// the same r reference tokens: they measure no position), smoothed with the
-// planner's prior over r + trials tokens, and gamma chosen again over 0..D
+// for draft 1 and for drafts 2..gamma apart (draft 1's counts pooled with the
+// r reference tokens; the later drafts' with the pairs of consecutive
+// reference tokens the basis carries, PlanBasis::later_*, over their own
+// trials, or where it carries none with draft 1's pooled odds over r tokens),
+// smoothed with the planner's prior over the tokens pooled, and gamma chosen
+// again over 0..D
 // (D = basis.verify_seconds.size() - 1) by ForecastStep with the basis's
 // prices: the highest tokens per second, the smallest gamma on ties, and
 // gamma 0 unless a draft beats plain decoding (as the planner's grid). With

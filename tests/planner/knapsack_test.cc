@@ -277,6 +277,20 @@ TEST(KnapsackTest, PoolsSharesThatRiseAsTheCosineFalls) {
   EXPECT_DOUBLE_EQ((*pooled)[0].go_on, (0.6 + 0.7 + 0.8) / 3);
   EXPECT_DOUBLE_EQ((*pooled)[3].accept_and_go_on, (0.6 + 0.8) / 2);
   EXPECT_DOUBLE_EQ((*pooled)[4].accept_and_go_on, (0.4 + 0.6 + 0.5) / 3);
+  // And the later drafts' counts: their ratio becomes the block's pooled one.
+  std::vector<DraftShares> counted = shares;
+  counted[3].later = {10, 9, 8, 12, 11};  // cosine 0.98: pools with 0.99
+  counted[1].later = {6, 3, 3, 8, 5};
+  auto pooled_later = PoolSharesByCosine(counted, cosines);
+  ASSERT_TRUE(pooled_later.ok());
+  for (size_t i : {size_t{1}, size_t{3}}) {
+    const LaterDraftCounts& later = (*pooled_later)[i].later;
+    EXPECT_DOUBLE_EQ(later.accept_trials, 8);
+    EXPECT_DOUBLE_EQ(later.accepted / later.accept_trials, 12.0 / 16);
+    EXPECT_DOUBLE_EQ(later.accept_and_go_on, 5.5);
+    EXPECT_DOUBLE_EQ(later.went_on / later.go_on_trials, 16.0 / 20);
+  }
+  EXPECT_EQ((*pooled_later)[0].later.accept_trials, 0);
   // Shares already in order are kept.
   auto kept = PoolSharesByCosine({{0.9, 1, 0.9}, {0.8, 1, 0.8}, {0.7, 1, 0.7}},
                                  {0.99, 0.98, 0.97});
@@ -540,6 +554,39 @@ TEST(KnapsackModelTest, MeasuresHowOftenTheDraftIsConfident) {
       EXPECT_NEAR((*evaluated)[k].alpha_hat, accept / 12.0, 1e-12);
       EXPECT_NEAR((*evaluated)[k].go_on_share, go_on / 12.0, 1e-12);
       EXPECT_NEAR((*evaluated)[k].accept_and_go_on_share, both / 12.0, 1e-12);
+      // Pairs of consecutive tokens (t, t+1), as a step's drafts 1 and 2.
+      int reached = 0, accepted = 0, accepted_and_on = 0, made = 0, went_on = 0;
+      int reached_none = 0, accepted_none = 0;
+      for (int t = 0; t + 1 < 12; ++t) {
+        const bool a0 = top->ids[k][t].item<int64_t>() == snap.target[t];
+        const bool a1 =
+            top->ids[k][t + 1].item<int64_t>() == snap.target[t + 1];
+        const bool c0 = top->probability[k][t].item<double>() >= threshold;
+        const bool c1 = top->probability[k][t + 1].item<double>() >= threshold;
+        reached += a0 && c0;
+        accepted += a0 && c0 && a1;
+        accepted_and_on += a0 && c0 && a1 && c1;
+        made += c0;
+        went_on += c0 && c1;
+        reached_none += a0;
+        accepted_none += a0 && a1;
+      }
+      const LaterDraftCounts& later = (*shares)[k].later;
+      EXPECT_EQ(later.accept_trials, reached);
+      EXPECT_EQ(later.accepted, accepted);
+      EXPECT_EQ(later.accept_and_go_on, accepted_and_on);
+      EXPECT_EQ(later.go_on_trials, made);
+      EXPECT_EQ(later.went_on, went_on);
+      EXPECT_EQ((*evaluated)[k].later.accepted, accepted);
+      // Without a threshold every token is confident.
+      auto plain =
+          MeasureDraftShares(*runner, h.narrow(0, k, 1), snap.target, 0.0);
+      ASSERT_TRUE(plain.ok());
+      EXPECT_EQ((*plain)[0].later.accept_trials, reached_none);
+      EXPECT_EQ((*plain)[0].later.accepted, accepted_none);
+      EXPECT_EQ((*plain)[0].later.accept_and_go_on, accepted_none);
+      EXPECT_EQ((*plain)[0].later.go_on_trials, 11);
+      EXPECT_EQ((*plain)[0].later.went_on, 11);
     }
     // The full model (mask 0) accepts every reference token.
     EXPECT_DOUBLE_EQ((*shares)[0].accept, 1.0);

@@ -194,6 +194,12 @@ TEST(SolveKnapSpecTest,
   EXPECT_FALSE(plan->mask.empty());
   EXPECT_GT(plan->predicted_tpt, 1.3 * plan->baseline_tpt);
   EXPECT_DOUBLE_EQ(plan->alpha_hat, 1.0);
+  // Every one of the 11 pairs of consecutive reference tokens reached and
+  // accepted a later draft.
+  EXPECT_DOUBLE_EQ(plan->basis.later_accept_trials, 11);
+  EXPECT_DOUBLE_EQ(plan->basis.later_accept_share, 1.0);
+  EXPECT_DOUBLE_EQ(plan->basis.later_accept_and_go_on_share, 1.0);
+  EXPECT_DOUBLE_EQ(plan->basis.later_go_on_share, 1.0);
 
   // With pooling, that one perfect share among candidates whose hidden
   // states stay closer to the full model's and that agree less is not

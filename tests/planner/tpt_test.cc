@@ -302,6 +302,26 @@ TEST(TptTest, RejectsStopSharesThatCannotBe) {
         return DraftOdds{0.5, ConfidenceStop{0.8, 0.4}};
       });
   EXPECT_EQ(lazy.status().code(), absl::StatusCode::kInvalidArgument);
+  // The later drafts' odds are checked like draft 1's.
+  TptCandidate later{0.5, 0.001, ConfidenceStop{0.8, 0.4}};
+  later.later = LaterDraftOdds{0.9, ConfidenceStop{0.9, 0.85}};
+  EXPECT_EQ(code(later), absl::StatusCode::kOk);
+  later.later = LaterDraftOdds{0.9, ConfidenceStop{0.7, 0.8}};
+  EXPECT_EQ(code(later), absl::StatusCode::kInvalidArgument);
+  later.later = LaterDraftOdds{1.5, ConfidenceStop()};
+  EXPECT_EQ(code(later), absl::StatusCode::kInvalidArgument);
+  // Without a stop the later stop is not used, so not checked.
+  later.stop.reset();
+  later.later = LaterDraftOdds{0.9, ConfidenceStop{0.7, 0.8}};
+  EXPECT_EQ(code(later), absl::StatusCode::kOk);
+  // The lazy search: later odds above alpha_upper break its bound.
+  auto above = MaximizeTptLazily(
+      std::vector<double>{0.001}, 0.9, verify, 2, /*confidence_stop=*/false,
+      [](int) -> absl::StatusOr<DraftOdds> {
+        return DraftOdds{0.5, std::nullopt,
+                         LaterDraftOdds{0.95, ConfidenceStop()}};
+      });
+  EXPECT_EQ(above.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // With stops, the lazy search's bound allows any stop; it still returns the
@@ -327,16 +347,24 @@ TEST(TptTest, LazySearchWithStopsMatchesTheFullGrid) {
           std::max(0.0, a + go_on - 1) +
           u(rng) * (std::min(a, go_on) - std::max(0.0, a + go_on - 1));
       all.push_back({a, draft.back(), ConfidenceStop{go_on, b}});
+      // Every other trial: later drafts with odds of their own (the bound
+      // must hold for them too).
+      if (trial % 2 == 1) {
+        const double a2 = upper * u(rng);
+        const double c2 = u(rng);
+        all.back().later =
+            LaterDraftOdds{a2, ConfidenceStop{c2, u(rng) * std::min(a2, c2)}};
+      }
     }
     auto eager = MaximizeTpt(all, verify, d);
     ASSERT_TRUE(eager.ok()) << eager.status();
     std::set<int> asked;
-    auto lazy =
-        MaximizeTptLazily(draft, upper, verify, d, /*confidence_stop=*/true,
-                          [&](int i) -> absl::StatusOr<DraftOdds> {
-                            asked.insert(i);
-                            return DraftOdds{all[i].alpha, all[i].stop};
-                          });
+    auto lazy = MaximizeTptLazily(
+        draft, upper, verify, d, /*confidence_stop=*/true,
+        [&](int i) -> absl::StatusOr<DraftOdds> {
+          asked.insert(i);
+          return DraftOdds{all[i].alpha, all[i].stop, all[i].later};
+        });
     ASSERT_TRUE(lazy.ok()) << lazy.status();
     EXPECT_EQ(lazy->candidate, eager->candidate) << "trial " << trial;
     EXPECT_EQ(lazy->gamma, eager->gamma) << "trial " << trial;

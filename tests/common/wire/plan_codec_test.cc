@@ -288,6 +288,11 @@ TEST(PlanCodecTest, ThePlansBasisRoundTripsAndABadOneIsRefused) {
   basis.go_on_share = 0.75;
   basis.accept_and_go_on_share = 0.5;
   basis.gamma_fixed = true;
+  basis.later_accept_trials = 7.5;
+  basis.later_accept_share = 0.8;
+  basis.later_accept_and_go_on_share = 0.6;
+  basis.later_go_on_trials = 9.5;
+  basis.later_go_on_share = 0.7;
   const v1::PlanResponse wire = EncodePlanResponse(1, 2, plan);
   ASSERT_TRUE(wire.has_basis());
   auto back = DecodePlanResponse(wire, kLayers, /*max_gamma=*/4);
@@ -303,6 +308,21 @@ TEST(PlanCodecTest, ThePlansBasisRoundTripsAndABadOneIsRefused) {
   EXPECT_DOUBLE_EQ(got.go_on_share, 0.75);
   EXPECT_DOUBLE_EQ(got.accept_and_go_on_share, 0.5);
   EXPECT_TRUE(got.gamma_fixed);
+  EXPECT_DOUBLE_EQ(got.later_accept_trials, 7.5);
+  EXPECT_DOUBLE_EQ(got.later_accept_share, 0.8);
+  EXPECT_DOUBLE_EQ(got.later_accept_and_go_on_share, 0.6);
+  EXPECT_DOUBLE_EQ(got.later_go_on_trials, 9.5);
+  EXPECT_DOUBLE_EQ(got.later_go_on_share, 0.7);
+  // Without later trials (an older planner) the later shares are not read.
+  {
+    v1::PlanResponse old_planner = wire;
+    old_planner.mutable_basis()->set_later_accept_trials(0);
+    old_planner.mutable_basis()->set_later_go_on_share(0);
+    auto decoded = DecodePlanResponse(old_planner, kLayers, 4);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(decoded->basis.later_accept_trials, 0);
+    EXPECT_EQ(decoded->basis.later_go_on_share, 1);
+  }
 
   // A plain plan carries none.
   DraftPlan plain = plan;
@@ -342,6 +362,16 @@ TEST(PlanCodecTest, ThePlansBasisRoundTripsAndABadOneIsRefused) {
           "basis.go_on_share");
   refused([](v1::PlanBasis& b) { b.set_accept_and_go_on_share(std::nan("")); },
           "basis.accept_and_go_on_share");
+  refused([](v1::PlanBasis& b) { b.set_later_accept_trials(-1); },
+          "basis.later_accept_trials");
+  refused([](v1::PlanBasis& b) { b.set_later_go_on_trials(std::nan("")); },
+          "basis.later_go_on_trials");
+  refused([](v1::PlanBasis& b) { b.set_later_accept_share(1.1); },
+          "basis.later_accept_share");
+  refused([](v1::PlanBasis& b) { b.set_later_go_on_share(-1); },
+          "basis.later_go_on_share");
+  refused([](v1::PlanBasis& b) { b.set_later_accept_and_go_on_share(2); },
+          "basis.later_accept_and_go_on_share");
 }
 
 // A plan error without a message still says what happened (found by

@@ -112,6 +112,53 @@ TEST(RefinePlanTest, WithoutEvidenceItIsTheSolvesOwnChoice) {
   }
 }
 
+// The planner's pairs of consecutive reference tokens (PlanBasis::later_*)
+// price drafts 2..gamma: without evidence they give the later drafts their
+// own odds, and the later drafts' evidence pools with them (not with draft
+// 1's odds).
+TEST(RefinePlanTest, TheBasisLaterSharesPriceTheLaterDrafts) {
+  DraftPlan plan = HalfAcceptedPlan();
+  // Of 8 tokens right after an accepted one, 7 were accepted too.
+  plan.basis.later_accept_trials = 8;
+  plan.basis.later_accept_share = 7.0 / 8;
+  plan.basis.later_accept_and_go_on_share = 7.0 / 8;
+  plan.basis.later_go_on_trials = 8;
+  plan.basis.later_go_on_share = 1;
+  auto refined = RefinePlan(plan, DraftEvidence());
+  ASSERT_TRUE(refined.has_value());
+  TptCandidate c{SmoothAlpha(0.5, 16, AlphaPrior()), 0.2e-3};
+  c.later =
+      LaterDraftOdds{SmoothAlpha(7.0 / 8, 8, AlphaPrior()), ConfidenceStop()};
+  int best_gamma = 0;
+  double best = 1 / 1.0e-3;
+  for (int g = 1; g <= 4; ++g) {
+    const double tps =
+        ForecastStep(c, g, plan.basis.verify_seconds).tokens_per_second();
+    if (tps > best) {
+      best = tps;
+      best_gamma = g;
+    }
+  }
+  // Draft 2 is accepted 0.8 of the time where draft 1 is 0.5: a second
+  // draft pays, where with draft 1's odds throughout gamma 1 was best.
+  EXPECT_GT(best_gamma, 1);
+  EXPECT_EQ(refined->gamma, best_gamma);
+  EXPECT_DOUBLE_EQ(refined->predicted_tpt, best);
+  EXPECT_EQ(RefinePlan(HalfAcceptedPlan(), DraftEvidence())->gamma, 1);
+  // Later evidence pools with the 8 pairs: 20 steps of 2 drafts with draft 2
+  // always rejected after an accepted draft 1.
+  DraftEvidence evidence;
+  for (int i = 0; i < 20; ++i) evidence.AddStep(2, 2, 1);
+  auto pooled = RefinePlan(plan, evidence);
+  ASSERT_TRUE(pooled.has_value());
+  TptCandidate p{SmoothAlpha((0.5 * 16 + 20) / 36, 36, AlphaPrior()), 0.2e-3};
+  p.later =
+      LaterDraftOdds{SmoothAlpha(7.0 / 28, 28, AlphaPrior()), ConfidenceStop()};
+  EXPECT_NEAR(pooled->predicted_tokens_per_step,
+              ForecastStep(p, pooled->gamma, plan.basis.verify_seconds).tokens,
+              1e-12);
+}
+
 TEST(RefinePlanTest, EvidenceMovesGammaEitherWay) {
   const DraftPlan plan = HalfAcceptedPlan();
   // 100 steps of 4 drafts, all accepted: acceptance (8 + 400 + 1) / 418
