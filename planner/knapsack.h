@@ -189,8 +189,10 @@ struct SkipCandidate {
   // share that also matches the target; -1 when not measured.
   double go_on_share = -1;
   double accept_and_go_on_share = -1;
-  // Pairs of consecutive reference tokens (DraftShares::later); all zero when
-  // no target ids were given.
+  // Pairs of consecutive reference tokens (DraftShares::later), counted at the
+  // exit threshold EvaluateMasks was given (the DPs, RunSkipDp with target
+  // ids, count at none: every token confident); all zero when no target ids
+  // were given.
   LaterDraftCounts later;
   // Mean cosine at every DP boundary along this candidate's path: 2L+1
   // entries for the sublayer DP (entry 0 is the embeddings, 1.0), L+1 for the
@@ -352,8 +354,9 @@ absl::StatusOr<SkipCandidate> SolveLayerSkip(
 // Runs the sub-networks `masks` over the reference tokens and measures each
 // like a DP candidate (path_cosines has 2L+1 entries; skipped_weight sums
 // `weights` over the skipped sublayers). Batched: each sublayer runs once over
-// the masks that keep it. exit_threshold > 0 (with target ids) also measures
-// go_on_share and accept_and_go_on_share (MeasureDraftShares).
+// the masks that keep it. With target ids it counts the later drafts' pairs
+// (SkipCandidate::later); exit_threshold > 0 also measures go_on_share and
+// accept_and_go_on_share (MeasureDraftShares).
 // InvalidArgument when a mask's layer count or the shapes do not match.
 absl::StatusOr<std::vector<SkipCandidate>> EvaluateMasks(
     const SublayerRunner& runner, const torch::Tensor& reference,

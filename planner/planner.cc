@@ -150,7 +150,8 @@ std::vector<double> VerifyTable(const LatencyProfile& profile, int64_t n,
 // A candidate's acceptance and confidence stop as the TPT grid takes them:
 // its shares on r tokens (raw, or pooled by PoolSharesByCosine), each smoothed
 // with the prior (monotone, so the stop's accept_and_go_on stays below alpha
-// and go_on). With exit_threshold 0 no draft stops.
+// and go_on), and drafts 2..gamma's odds (SmoothedLaterOdds). With
+// exit_threshold 0 no draft stops.
 DraftOdds SmoothedOdds(const DraftShares& shares, int64_t r,
                        const AlphaPrior& prior, double exit_threshold) {
   DraftOdds odds;
@@ -159,30 +160,7 @@ DraftOdds SmoothedOdds(const DraftShares& shares, int64_t r,
     odds.stop = ConfidenceStop{SmoothAlpha(shares.go_on, r, prior),
                                SmoothAlpha(shares.accept_and_go_on, r, prior)};
   }
-  // Draft positions 2..gamma from the pairs of consecutive reference tokens
-  // (planner/knapsack.h LaterDraftCounts), smoothed with the same prior over
-  // their own trials. Without a pair that reached a later draft they keep
-  // draft 1's odds.
-  const LaterDraftCounts& later = shares.later;
-  if (later.accept_trials > 0) {
-    // Pooled candidates average their counts; the smoothing takes whole
-    // tokens (as the executor's refinement of the plan's basis does).
-    const auto smooth = [&prior](double successes, double trials) {
-      return SmoothAlpha(successes / trials,
-                         std::max<int64_t>(1, std::llround(trials)), prior);
-    };
-    LaterDraftOdds odds_later;
-    odds_later.alpha = smooth(later.accepted, later.accept_trials);
-    if (exit_threshold > 0) {
-      odds_later.stop.go_on = smooth(later.went_on, later.go_on_trials);
-      // The two shares rest on different trials: keep b' <= alpha', c' as
-      // the step model needs (as the executor's refinement does).
-      odds_later.stop.accept_and_go_on =
-          std::min({smooth(later.accept_and_go_on, later.accept_trials),
-                    odds_later.stop.go_on, odds_later.alpha});
-    }
-    odds.later = odds_later;
-  }
+  odds.later = SmoothedLaterOdds(shares.later, prior, exit_threshold > 0);
   return odds;
 }
 
@@ -273,6 +251,27 @@ absl::Status ChooseGamma(const LatencyProfile& profile, int64_t n,
 }
 
 }  // namespace
+
+std::optional<LaterDraftOdds> SmoothedLaterOdds(const LaterDraftCounts& counts,
+                                                const AlphaPrior& prior,
+                                                bool confidence_stop) {
+  if (!(counts.accept_trials > 0)) return std::nullopt;
+  const auto smooth = [&prior](double successes, double trials) {
+    return SmoothAlpha(successes / trials,
+                       std::max<int64_t>(1, std::llround(trials)), prior);
+  };
+  LaterDraftOdds odds;
+  odds.alpha = smooth(counts.accepted, counts.accept_trials);
+  if (confidence_stop) {
+    odds.stop.go_on = counts.go_on_trials > 0
+                          ? smooth(counts.went_on, counts.go_on_trials)
+                          : 1.0;
+    odds.stop.accept_and_go_on =
+        std::min({smooth(counts.accept_and_go_on, counts.accept_trials),
+                  odds.stop.go_on, odds.alpha});
+  }
+  return odds;
+}
 
 int64_t KvEntriesBefore(const PlanInputs& inputs, int64_t position) {
   if (inputs.kv_positions.empty()) {

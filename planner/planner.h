@@ -33,6 +33,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -168,10 +169,27 @@ struct KnapSpecOptions {
   bool lazy_alpha = true;
 };
 
+// The odds of draft positions 2..gamma that every policy prices with
+// (common/plan/step_forecast.h TptCandidate::later), from the pairs of
+// consecutive reference tokens (planner/knapsack.h LaterDraftCounts): each
+// ratio smoothed with `prior` over its own trials, rounded to whole tokens
+// (at least 1; pooled candidates average their counts), as SmoothAlpha
+// smooths alpha; accept_and_go_on clamped to at most alpha' and go_on (the
+// two rest on different trials), and the stop left at its default without a
+// confidence stop. nullopt when no pair reached a later draft (r = 1, or no
+// token accepted and confident before the last): the later drafts then take
+// draft 1's odds. The executor's refinement smooths the plan's basis alike
+// (executor/planning/plan_refinement.h), so a plan refined without evidence
+// is the planner's own.
+std::optional<LaterDraftOdds> SmoothedLaterOdds(const LaterDraftCounts& counts,
+                                                const AlphaPrior& prior,
+                                                bool confidence_stop);
+
 // KnapSpec: weights from the profile at n = PricingContextLength(inputs), the
 // sublayer DP on the first max_reference_tokens reference tokens, the smoothed
 // alpha_hat of the candidates that can still win (lazy) or of all of them,
-// and the TPT grid over candidates x gamma in 1..D. num_candidates counts the
+// and the TPT grid over candidates x gamma in 1..D (drafts 2..gamma priced
+// with SmoothedLaterOdds). num_candidates counts the
 // surviving DP cells (including j = 0), num_evaluated those whose alpha_hat
 // was measured. alpha_hat is the share of the chosen mask that the grid
 // used: its raw share, or with pool_alpha its block's pooled share; with
@@ -193,8 +211,9 @@ struct ClaspOptions {
 // CLaSp: the whole-layer DP (exactly M layers skipped, no pruning) on the
 // last reference token's states only (r = 1, attending to the prefix K/V up to
 // it); the chosen mask's alpha_hat is then measured on all r tokens and gamma
-// comes from the TPT grid with the smoothed alpha_hat at
-// PricingContextLength(inputs) (or ClaspOptions::gamma). num_candidates is 1.
+// comes from the TPT grid with the smoothed alpha_hat (and SmoothedLaterOdds)
+// at PricingContextLength(inputs) (or ClaspOptions::gamma). num_candidates is
+// 1.
 absl::StatusOr<DraftPlan> SolveClasp(const LlamaModel& model,
                                      const LatencyProfile& profile,
                                      const PlanInputs& inputs,
@@ -206,7 +225,8 @@ struct StaticOptions {
 };
 
 // A fixed mask: alpha_hat measured on the r reference tokens, gamma from the
-// TPT grid (smoothed alpha_hat, PricingContextLength(inputs)).
+// TPT grid (smoothed alpha_hat and SmoothedLaterOdds,
+// PricingContextLength(inputs)).
 // InvalidArgument when the mask's layer count is not the model's.
 absl::StatusOr<DraftPlan> SolveStatic(const LlamaModel& model,
                                       const LatencyProfile& profile,

@@ -91,8 +91,6 @@ using AlphaFunction = std::function<absl::StatusOr<double>(int candidate)>;
 // once per candidate; num_evaluated counts the calls. alpha_upper must bound
 // every value alpha_of returns (InvalidArgument naming the candidate if one
 // exceeds it), e.g. SmoothAlpha(1.0, r, prior). Other errors as MaximizeTpt.
-// (The later positions' odds of the overload below must obey the same bound;
-// their accept_and_go_on at most their alpha and go_on.)
 absl::StatusOr<TptChoice> MaximizeTptLazily(
     absl::Span<const double> draft_seconds, double alpha_upper,
     absl::Span<const double> verify_seconds, int max_draft,
@@ -105,7 +103,11 @@ absl::StatusOr<TptChoice> MaximizeTptLazily(
 // min(1 + alpha_upper * E[m], ExpectedTokensPerStep(alpha_upper, gamma))
 // tokens in E[m] * t_draft plus at least the cheapest verification of
 // 2..gamma+1 tokens. The search may measure more candidates but still
-// returns MaximizeTpt's choice over the same odds.
+// returns MaximizeTpt's choice over the same odds. DraftOdds::later may give
+// drafts 2..gamma odds of their own: their alpha must not exceed alpha_upper
+// either (InvalidArgument naming the candidate), so the bound holds for them
+// too, and with a stop their accept_and_go_on must not exceed their alpha or
+// go_on (as draft 1's).
 using OddsFunction = std::function<absl::StatusOr<DraftOdds>(int candidate)>;
 absl::StatusOr<TptChoice> MaximizeTptLazily(
     absl::Span<const double> draft_seconds, double alpha_upper,

@@ -185,6 +185,12 @@ absl::Status ChooseDraft(const LlamaModel& model, const Tokenizer& tokenizer,
       share += plan.alpha_hat;
     }
     share /= static_cast<double>(inputs.size());
+    // One share for every draft position: the planner's later-draft odds
+    // (planner.h SmoothedLaterOdds) are not pooled over the samples here, so
+    // a domain's gamma may come out lower than a plan's for the same mask.
+    // knn's domain masks at the gamma chosen this way are this project's best
+    // at 1000 tokens of context (tools/README.md); changing how they are
+    // priced wants its own comparison.
     TptCandidate candidate;
     candidate.alpha = SmoothAlpha(share, r_total, knapspec.alpha_prior);
     candidate.draft_seconds = profile.DraftTokenSeconds(mask, context);

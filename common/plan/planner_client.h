@@ -69,10 +69,11 @@ struct PlanBasis {
   // Draft positions 2..gamma as the pairs of consecutive reference tokens
   // show them (planner/knapsack.h LaterDraftCounts): raw shares and the
   // trials behind each (averaged over pooled candidates, so not always
-  // whole). later_accept_trials 0: not measured; drafts 2..gamma are then
-  // taken to have draft 1's odds. later_accept_and_go_on_share rests on
-  // later_accept_trials; without a confidence stop it equals
-  // later_accept_share and later_go_on_share is 1.
+  // whole; at most reference_tokens - 1). later_accept_trials 0: no pair
+  // reached a later draft (or a planner that does not measure them); drafts
+  // 2..gamma are then taken to have draft 1's odds.
+  // later_accept_and_go_on_share rests on later_accept_trials; without a
+  // confidence stop it equals later_accept_share and later_go_on_share is 1.
   double later_accept_trials = 0;
   double later_accept_share = 0;
   double later_accept_and_go_on_share = 0;

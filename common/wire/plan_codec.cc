@@ -388,9 +388,14 @@ absl::StatusOr<PlanBasis> DecodePlanBasis(const v1::PlanBasis& proto, int gamma,
        {std::pair<const char*, double>{"later_accept_trials",
                                        proto.later_accept_trials()},
         {"later_go_on_trials", proto.later_go_on_trials()}}) {
-    if (!(trials >= 0) || !std::isfinite(trials)) {
+    // Pairs of the reference tokens: at most r - 1 (which also keeps the
+    // refinement's token counts far from int64 overflow).
+    const double most =
+        static_cast<double>(std::max<int64_t>(0, basis.reference_tokens - 1));
+    if (!(trials >= 0 && trials <= most)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "basis.", name, " must be finite and >= 0, got ", trials));
+          "basis.", name, " must be in [0, reference_tokens - 1 = ", most,
+          "], got ", trials));
     }
   }
   if (proto.later_accept_trials() > 0) {

@@ -107,9 +107,10 @@ DraftEvidence EvidenceWithout(const DraftEvidence& all,
 // One sequence's plan: as RefinePlan, but each share is
 //   share_seq = (share_others * w + own successes) / (w + own trials),
 // where share_others pools the plan's reference tokens with the others'
-// evidence (EvidenceWithout(pooled, own)) over r + their trials tokens, and
-// w = min(r + their trials, prior_tokens), per group of positions as
-// RefinePlan pools them: however much the other requests
+// evidence (EvidenceWithout(pooled, own)) as RefinePlan pools them (over r +
+// their trials tokens for draft 1; for drafts 2..gamma over the basis's pair
+// trials, or r, + theirs), and w = min(those tokens, prior_tokens), per
+// group of positions: however much the other requests
 // drafted, after about prior_tokens draft tokens of its own a sequence's odds
 // are mostly its own text's. Smoothed over w + own trials tokens; gamma chosen
 // again as RefinePlan does. evidence_trials counts the others' and the own

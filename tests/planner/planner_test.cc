@@ -118,7 +118,8 @@ TEST(SolveKnapSpecTest, PlansOnStories260k) {
   for (const SkipCandidate& c : *candidates) {
     // r = 16 reference tokens, smoothed with the default Beta(1, 1) prior.
     tc.push_back({SmoothAlpha(c.alpha_hat, 16, AlphaPrior()),
-                  profile.DraftSeconds(c.mask, 64)});
+                  profile.DraftSeconds(c.mask, 64), std::nullopt,
+                  SmoothedLaterOdds(c.later, AlphaPrior(), false)});
   }
   std::vector<double> verify;
   for (int t = 1; t <= 11; ++t) verify.push_back(profile.VerifySeconds(64, t));
@@ -646,6 +647,39 @@ TEST(SolveKnapSpecTest, RejectsBadInputsAndForeignProfiles) {
 
 // Which K/V entries a runner attends to before a position: contiguous
 // entries hold positions 0.., a window (a remote executor's) names them.
+// Drafts 2..gamma's odds from pairs of consecutive reference tokens: each
+// ratio smoothed over its own trials (whole tokens), the stop's b' kept
+// below alpha' and c', nothing without a pair that reached a later draft.
+TEST(SmoothedLaterOddsTest, SmoothsEachRatioOverItsOwnTrials) {
+  EXPECT_FALSE(SmoothedLaterOdds({}, AlphaPrior(), true).has_value());
+  // 7 of 8 accepted after an accepted token; 9 of 12 confident after a
+  // confident one; 6 of the 8 accepted and confident.
+  const LaterDraftCounts counts{8, 7, 6, 12, 9};
+  auto plain = SmoothedLaterOdds(counts, AlphaPrior(), false);
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_DOUBLE_EQ(plain->alpha, 8.0 / 10);
+  EXPECT_EQ(plain->stop.go_on, 1.0);  // not used without a stop
+  auto stop = SmoothedLaterOdds(counts, AlphaPrior(), true);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_DOUBLE_EQ(stop->alpha, 8.0 / 10);
+  EXPECT_DOUBLE_EQ(stop->stop.go_on, 10.0 / 14);
+  EXPECT_DOUBLE_EQ(stop->stop.accept_and_go_on, 7.0 / 10);
+  // b' over its trials above c' over its own: clamped to c'.
+  auto clamped = SmoothedLaterOdds({8, 8, 8, 20, 10}, AlphaPrior(), true);
+  ASSERT_TRUE(clamped.has_value());
+  EXPECT_DOUBLE_EQ(clamped->stop.go_on, 11.0 / 22);
+  EXPECT_DOUBLE_EQ(clamped->stop.accept_and_go_on, 11.0 / 22);
+  // Pooled counts are block means: the trials round to whole tokens.
+  auto pooled =
+      SmoothedLaterOdds({2.4, 1.2, 1.2, 2.4, 2.4}, AlphaPrior(), false);
+  ASSERT_TRUE(pooled.has_value());
+  EXPECT_DOUBLE_EQ(pooled->alpha, SmoothAlpha(0.5, 2, AlphaPrior()));
+  // The prior as SmoothAlpha takes it.
+  auto sharp = SmoothedLaterOdds(counts, AlphaPrior{0, 0}, false);
+  ASSERT_TRUE(sharp.has_value());
+  EXPECT_DOUBLE_EQ(sharp->alpha, 7.0 / 8);
+}
+
 TEST(KvEntriesBeforeTest, CountsContiguousAndWindowedEntries) {
   PlanInputs in;
   in.prefix_len = 10;  // positions 0..9
@@ -737,7 +771,9 @@ TEST(SolveStaticTest, MeasuresTheGivenMaskAndPicksGamma) {
   EXPECT_DOUBLE_EQ(plan->alpha_hat, eval->alpha_hat);
   std::vector<double> verify;
   for (int t = 1; t <= 11; ++t) verify.push_back(profile.VerifySeconds(50, t));
-  const TptCandidate one{eval->alpha_hat, profile.DraftSeconds(*mask, 50)};
+  const TptCandidate one{eval->alpha_hat, profile.DraftSeconds(*mask, 50),
+                         std::nullopt,
+                         SmoothedLaterOdds(eval->later, AlphaPrior(), false)};
   auto choice = MaximizeTpt({&one, 1}, verify, 10);
   ASSERT_TRUE(choice.ok());
   EXPECT_EQ(plan->gamma, choice->gamma);
@@ -793,6 +829,8 @@ TEST(SolveStaticTest, PricesDraftsThatStopOnLowConfidence) {
           SmoothAlpha(eval->go_on_share, 10, AlphaPrior()),
           SmoothAlpha(eval->accept_and_go_on_share, 10, AlphaPrior())};
     }
+    expected.later =
+        SmoothedLaterOdds(eval->later, AlphaPrior(), threshold > 0);
     auto choice = MaximizeTpt({&expected, 1}, verify, 10);
     ASSERT_TRUE(choice.ok());
     EXPECT_EQ(plan->gamma, choice->gamma);

@@ -366,6 +366,11 @@ TEST(PlanCodecTest, ThePlansBasisRoundTripsAndABadOneIsRefused) {
           "basis.later_accept_trials");
   refused([](v1::PlanBasis& b) { b.set_later_go_on_trials(std::nan("")); },
           "basis.later_go_on_trials");
+  // More pairs than the 16 reference tokens hold (15).
+  refused([](v1::PlanBasis& b) { b.set_later_go_on_trials(15.5); },
+          "basis.later_go_on_trials");
+  refused([](v1::PlanBasis& b) { b.set_later_accept_trials(1e300); },
+          "basis.later_accept_trials");
   refused([](v1::PlanBasis& b) { b.set_later_accept_share(1.1); },
           "basis.later_accept_share");
   refused([](v1::PlanBasis& b) { b.set_later_go_on_share(-1); },
