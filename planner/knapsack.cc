@@ -42,25 +42,6 @@ absl::Status CheckReference(const SublayerRunner& runner,
   return absl::OkStatus();
 }
 
-// Share of each row of top [B, r] equal to the target ids.
-absl::StatusOr<std::vector<double>> AlphaHats(
-    const SublayerRunner& runner, const torch::Tensor& final_states,
-    absl::Span<const int32_t> target_argmax) {
-  if (target_argmax.empty())
-    return std::vector<double>(final_states.size(0), -1.0);
-  ASSIGN_OR_RETURN(torch::Tensor top, runner.TopTokens(final_states));
-  std::vector<int64_t> ids(target_argmax.begin(), target_argmax.end());
-  torch::Tensor target = torch::tensor(ids, torch::kInt64).to(top.device());
-  torch::Tensor share = top.to(torch::kInt64)
-                            .eq(target.unsqueeze(0))
-                            .to(torch::kFloat64)
-                            .mean(-1)
-                            .cpu();
-  std::vector<double> out(share.data_ptr<double>(),
-                          share.data_ptr<double>() + share.numel());
-  return out;
-}
-
 // The pair counts of LaterDraftCounts from per-token accept and go_on [B, r]
 // (bool), r >= 1.
 std::vector<LaterDraftCounts> PairCounts(const torch::Tensor& accept,
@@ -96,21 +77,18 @@ absl::StatusOr<std::vector<DraftShares>> Shares(
   const int64_t b = final_states.size(0);
   std::vector<DraftShares> out(b);
   std::vector<int64_t> ids(target_argmax.begin(), target_argmax.end());
+  const torch::Tensor target = torch::tensor(ids, torch::kInt64).unsqueeze(0);
   torch::Tensor accept;
   torch::Tensor go_on;
   if (!(exit_threshold > 0)) {
     ASSIGN_OR_RETURN(torch::Tensor top, runner.TopTokens(final_states));
-    torch::Tensor target =
-        torch::tensor(ids, torch::kInt64).to(top.device()).unsqueeze(0);
-    accept = top.to(torch::kInt64).eq(target).cpu();
+    accept = top.to(torch::kCPU, torch::kInt64).eq(target);
     go_on = torch::ones_like(accept);
   } else {
     ASSIGN_OR_RETURN(SublayerRunner::Top top,
                      runner.TopTokensWithProbability(final_states));
-    torch::Tensor target =
-        torch::tensor(ids, torch::kInt64).to(top.ids.device()).unsqueeze(0);
-    accept = top.ids.to(torch::kInt64).eq(target).cpu();
-    go_on = top.probability.to(torch::kFloat64).ge(exit_threshold).cpu();
+    accept = top.ids.to(torch::kCPU, torch::kInt64).eq(target);
+    go_on = top.probability.to(torch::kCPU, torch::kFloat64).ge(exit_threshold);
   }
   torch::Tensor shares =
       torch::stack({accept, go_on, accept.logical_and(go_on)}, 1)
@@ -337,7 +315,12 @@ absl::StatusOr<std::vector<double>> MeasureAlphaHats(
   if (target_argmax.empty())
     return std::vector<double>(final_states.size(0), 0.0);
   c10::InferenceMode guard;
-  return AlphaHats(runner, final_states, target_argmax);
+  ASSIGN_OR_RETURN(std::vector<DraftShares> shares,
+                   Shares(runner, final_states, target_argmax, 0.0));
+  std::vector<double> out;
+  out.reserve(shares.size());
+  for (const DraftShares& share : shares) out.push_back(share.accept);
+  return out;
 }
 
 namespace {

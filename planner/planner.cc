@@ -256,21 +256,18 @@ std::optional<LaterDraftOdds> SmoothedLaterOdds(const LaterDraftCounts& counts,
                                                 const AlphaPrior& prior,
                                                 bool confidence_stop) {
   if (!(counts.accept_trials > 0)) return std::nullopt;
-  const auto smooth = [&prior](double successes, double trials) {
-    return SmoothAlpha(successes / trials,
-                       std::max<int64_t>(1, std::llround(trials)), prior);
-  };
-  LaterDraftOdds odds;
-  odds.alpha = smooth(counts.accepted, counts.accept_trials);
-  if (confidence_stop) {
-    odds.stop.go_on = counts.go_on_trials > 0
-                          ? smooth(counts.went_on, counts.go_on_trials)
-                          : 1.0;
-    odds.stop.accept_and_go_on =
-        std::min({smooth(counts.accept_and_go_on, counts.accept_trials),
-                  odds.stop.go_on, odds.alpha});
+  const int64_t accept_tokens = WholeTrials(counts.accept_trials);
+  const double accept_share = counts.accepted / counts.accept_trials;
+  if (!confidence_stop) {
+    return LaterDraftOdds{SmoothAlpha(accept_share, accept_tokens, prior),
+                          ConfidenceStop()};
   }
-  return odds;
+  const bool went = counts.go_on_trials > 0;
+  return SmoothDraftOdds(
+      accept_share, accept_tokens,
+      went ? counts.went_on / counts.go_on_trials : 1.0,
+      went ? WholeTrials(counts.go_on_trials) : accept_tokens,
+      counts.accept_and_go_on / counts.accept_trials, accept_tokens, prior);
 }
 
 int64_t KvEntriesBefore(const PlanInputs& inputs, int64_t position) {

@@ -72,6 +72,22 @@ absl::Status ValidateAlphaPrior(const AlphaPrior& prior) {
   return absl::OkStatus();
 }
 
+int64_t WholeTrials(double trials) {
+  return std::max<int64_t>(1, std::llround(trials));
+}
+
+LaterDraftOdds SmoothDraftOdds(double accept_share, int64_t accept_tokens,
+                               double go_on_share, int64_t go_on_tokens,
+                               double both_share, int64_t both_tokens,
+                               const AlphaPrior& prior) {
+  LaterDraftOdds out;
+  out.alpha = SmoothAlpha(accept_share, accept_tokens, prior);
+  out.stop.go_on = SmoothAlpha(go_on_share, go_on_tokens, prior);
+  out.stop.accept_and_go_on = std::min(
+      {SmoothAlpha(both_share, both_tokens, prior), out.stop.go_on, out.alpha});
+  return out;
+}
+
 double SmoothAlpha(double share, int64_t r, const AlphaPrior& prior) {
   const double s = std::clamp(share, 0.0, 1.0);
   const double tokens = static_cast<double>(std::max<int64_t>(0, r));

@@ -108,6 +108,22 @@ struct LaterDraftOdds {
   ConfidenceStop stop;  // c', b'; used only when the candidate has a stop
 };
 
+// Trials as whole tokens for SmoothAlpha: rounded, at least 1 (shares
+// pooled over candidates average their trials, so they need not be whole).
+int64_t WholeTrials(double trials);
+
+// One group of draft positions' odds from raw shares, each over its own
+// tokens, smoothed with `prior` as SmoothAlpha smooths alpha;
+// accept_and_go_on clamped to at most alpha and go_on (the shares may rest
+// on different trials, and the step model needs b <= min(alpha, c)). The
+// planner (planner/planner.h SmoothedLaterOdds) and the executor's
+// refinement (executor/planning/plan_refinement.h) both smooth with it, so
+// a plan refined without evidence is the planner's own.
+LaterDraftOdds SmoothDraftOdds(double accept_share, int64_t accept_tokens,
+                               double go_on_share, int64_t go_on_tokens,
+                               double both_share, int64_t both_tokens,
+                               const AlphaPrior& prior);
+
 // One draft sub-network as the TPT search sees it.
 struct TptCandidate {
   double alpha = 0;          // acceptance (smoothed alpha_hat), in [0, 1]

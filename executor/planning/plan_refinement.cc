@@ -1,7 +1,6 @@
 #include "executor/planning/plan_refinement.h"
 
 #include <algorithm>
-#include <cmath>
 #include <optional>
 #include <vector>
 
@@ -105,15 +104,12 @@ StepOdds PoolEvidence(const StepOdds& prior, int64_t prior_cap,
 // tokens, each over its own trials (rounded: pooled candidates average
 // them); nullopt when the planner measured none.
 std::optional<TokenOdds> LaterReferenceOdds(const PlanBasis& basis) {
-  const auto tokens = [](double trials) {
-    return std::max<int64_t>(1, std::llround(trials));
-  };
   if (!(basis.later_accept_trials > 0)) return std::nullopt;
-  const int64_t accept_tokens = tokens(basis.later_accept_trials);
+  const int64_t accept_tokens = WholeTrials(basis.later_accept_trials);
   return TokenOdds{
       {basis.later_accept_share, accept_tokens},
       {basis.later_go_on_share, basis.later_go_on_trials > 0
-                                    ? tokens(basis.later_go_on_trials)
+                                    ? WholeTrials(basis.later_go_on_trials)
                                     : accept_tokens},
       {basis.later_accept_and_go_on_share, accept_tokens}};
 }
@@ -144,12 +140,9 @@ StepOdds PooledOdds(const PlanBasis& basis, const DraftEvidence& evidence) {
 
 // One group's smoothed odds as the step model takes them.
 LaterDraftOdds Smoothed(const TokenOdds& odds, const AlphaPrior& prior) {
-  LaterDraftOdds out;
-  out.alpha = SmoothAlpha(odds.accept.share, odds.accept.tokens, prior);
-  out.stop.go_on = SmoothAlpha(odds.go_on.share, odds.go_on.tokens, prior);
-  const double both = SmoothAlpha(odds.both.share, odds.both.tokens, prior);
-  out.stop.accept_and_go_on = std::min({both, out.stop.go_on, out.alpha});
-  return out;
+  return SmoothDraftOdds(odds.accept.share, odds.accept.tokens,
+                         odds.go_on.share, odds.go_on.tokens, odds.both.share,
+                         odds.both.tokens, prior);
 }
 
 // The plan with `odds` (smoothed with the basis's prior) and gamma chosen
