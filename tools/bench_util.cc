@@ -212,6 +212,8 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
   for (const AppliedPlan& p : plans) {
     out.beside_solve_steps += p.beside_solve_steps;
     out.beside_solve_seconds += p.beside_solve_seconds;
+    out.unsteady_steps += p.unsteady_steps;
+    out.unsteady_seconds += p.unsteady_seconds;
     if (p.measured_steps <= 0 || p.measured_seconds <= 0 ||
         p.predicted_tpt <= 0) {
       continue;
@@ -285,6 +287,8 @@ nlohmann::json PlanPredictionJson(const PlanPrediction& p) {
           {"steps", p.steps},
           {"beside_solve_steps", p.beside_solve_steps},
           {"beside_solve_seconds", p.beside_solve_seconds},
+          {"unsteady_steps", p.unsteady_steps},
+          {"unsteady_seconds", p.unsteady_seconds},
           {"predicted_tpt", p.predicted_tpt},
           {"measured_tpt", p.measured_tpt},
           {"error", p.error()},

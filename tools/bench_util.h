@@ -213,6 +213,11 @@ struct PlanPrediction {
   // flight beside them (AppliedPlan::beside_solve_*), over every plan.
   int64_t beside_solve_steps = 0;
   double beside_solve_seconds = 0;
+  // And those left out as no evidence of the machine's steady speed: the
+  // first steps after a prefill and preempted ones (AppliedPlan::
+  // unsteady_*).
+  int64_t unsteady_steps = 0;
+  double unsteady_seconds = 0;
   double predicted_tpt = 0;
   double measured_tpt = 0;
   double predicted_tokens_per_step = 0;

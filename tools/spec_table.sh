@@ -3,13 +3,13 @@
 # stories-24l and stories-24l-skip, fp32 and bf16, short prompts and 1000-token
 # contexts, a cold and a warm plan cache, each run after a fresh latency
 # profile. Writes one JSON per (model, dtype, cache) into OUT_DIR and prints
-# the table with tools/spec_table.py. About 30 minutes on 2 cores.
+# the table with tools/spec_table.py. About 35 minutes on 2 cores.
 #
 #   tools/spec_table.sh [OUT_DIR]          (default: ./spec_table)
 #
 # Environment: KNAPSERVE (the binary, default build/tools/knapserve),
 # KNAPSERVE_SHARED (the data folder, default ../shared), COLD_REPEATS (8),
-# WARM_REPEATS (5), MODELS (stories-24l stories-24l-skip), DTYPES (fp32 bf16).
+# WARM_REPEATS (8), MODELS (stories-24l stories-24l-skip), DTYPES (fp32 bf16).
 # Anchors for knn are built once per model into OUT_DIR (<model>.anchors)
 # and reused when present. Nothing else may run on the machine meanwhile:
 # the cells are ratios of timings.
@@ -19,7 +19,7 @@ out="${1:-spec_table}"
 bin="${KNAPSERVE:-$here/build/tools/knapserve}"
 S="${KNAPSERVE_SHARED:-$here/../shared}"
 cold="${COLD_REPEATS:-8}"
-warm="${WARM_REPEATS:-5}"
+warm="${WARM_REPEATS:-8}"
 mkdir -p "$out"
 # The static mask: every other sublayer of layers 6-17.
 M=a6,m6,a7,m7,a8,m8,a9,m9,a10,m10,a11,m11,a12,m12,a13,m13,a14,m14,a15,m15,a16,m16,a17,m17

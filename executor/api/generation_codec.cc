@@ -318,6 +318,9 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
     wire->set_beside_solve_steps(static_cast<uint64_t>(p.beside_solve_steps));
     wire->set_beside_solve_tokens(static_cast<uint64_t>(p.beside_solve_tokens));
     wire->set_beside_solve_seconds(p.beside_solve_seconds);
+    wire->set_unsteady_steps(static_cast<uint64_t>(p.unsteady_steps));
+    wire->set_unsteady_tokens(static_cast<uint64_t>(p.unsteady_tokens));
+    wire->set_unsteady_seconds(p.unsteady_seconds);
   }
   t->set_decode_seconds(r.stats.decode_seconds);
   const PlanningStats& planning = r.planning;
@@ -408,6 +411,9 @@ AppliedPlan DecodeAppliedPlan(const v1::AppliedPlan& w) {
   p.beside_solve_steps = static_cast<int64_t>(w.beside_solve_steps());
   p.beside_solve_tokens = static_cast<int64_t>(w.beside_solve_tokens());
   p.beside_solve_seconds = w.beside_solve_seconds();
+  p.unsteady_steps = static_cast<int64_t>(w.unsteady_steps());
+  p.unsteady_tokens = static_cast<int64_t>(w.unsteady_tokens());
+  p.unsteady_seconds = w.unsteady_seconds();
   return p;
 }
 

@@ -288,7 +288,13 @@ struct AppliedPlan {
   // last_step_beside_solve) is not among them: the solve shared the cores,
   // which the latency model does not price (the planner's share of the
   // cores is PlanningStats' planner budget); such steps are counted in
-  // beside_solve_* instead.
+  // beside_solve_* instead. Nor is an unsteady one (ClassifyPlanStep,
+  // executor/planning/plan_controller.h): one of the sequence's first
+  // settle steps after its prefill, which run slower for every mode (plain
+  // decoding too), or a preempted one (over the guard's outlier factor
+  // times the plan's calibrated seconds a step); the plain rate and the
+  // draft cost that calibrate the prediction leave out the same steps.
+  // Such steps are counted in unsteady_* instead.
   int64_t measured_steps = 0;
   int64_t measured_tokens = 0;
   double measured_seconds = 0;
@@ -297,6 +303,9 @@ struct AppliedPlan {
   int64_t beside_solve_steps = 0;
   int64_t beside_solve_tokens = 0;
   double beside_solve_seconds = 0;
+  int64_t unsteady_steps = 0;
+  int64_t unsteady_tokens = 0;
+  double unsteady_seconds = 0;
   // measured_tokens / measured_seconds; 0 before a measured step.
   double measured_tpt() const {
     return measured_seconds > 0

@@ -214,15 +214,25 @@ class PlanSession {
   }
 
   void AfterStep(const StepObservation& observation, GenerationResult& result) {
+    const bool settled = controller_.settled();  // before this step counts
     controller_.AfterStep(observation);
     if (!result.plans.empty()) {
       // The last plan applied is the one in force.
       AppliedPlan& plan = result.plans.back();
       const bool as_planned = StepMeasuresPlan(plan.gamma, observation);
-      if (as_planned && controller_.last_step_beside_solve()) {
+      const double calibrated = plan.calibrated_tpt();
+      const PlanStepKind kind = ClassifyPlanStep(
+          controller_.last_step_beside_solve(), settled, observation.seconds,
+          calibrated > 0 ? plan.predicted_tokens_per_step / calibrated : 0.0,
+          controller_.outlier_factor());
+      if (as_planned && kind == PlanStepKind::kBesideSolve) {
         ++plan.beside_solve_steps;
         plan.beside_solve_tokens += observation.tokens;
         plan.beside_solve_seconds += observation.seconds;
+      } else if (as_planned && kind == PlanStepKind::kUnsteady) {
+        ++plan.unsteady_steps;
+        plan.unsteady_tokens += observation.tokens;
+        plan.unsteady_seconds += observation.seconds;
       } else if (as_planned) {
         ++plan.measured_steps;
         plan.measured_tokens += observation.tokens;

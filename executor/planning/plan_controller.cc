@@ -677,6 +677,17 @@ bool StepMeasuresPlan(int plan_gamma, const StepObservation& step) {
   return (plan_gamma > 0) == (step.gamma > 0) && !step.capped;
 }
 
+PlanStepKind ClassifyPlanStep(bool beside_solve, bool settled, double seconds,
+                              double expected_seconds, double outlier_factor) {
+  if (beside_solve) return PlanStepKind::kBesideSolve;
+  if (!settled) return PlanStepKind::kUnsteady;
+  if (outlier_factor > 0 && expected_seconds > 0 &&
+      seconds > outlier_factor * expected_seconds) {
+    return PlanStepKind::kUnsteady;
+  }
+  return PlanStepKind::kMeasured;
+}
+
 void PlanController::AfterStep(const StepObservation& step) {
   last_step_beside_solve_ = step_began_beside_solve_ || SolvesInFlight();
   shared_.budget->AddDecodeSeconds(step.seconds);

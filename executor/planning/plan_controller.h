@@ -338,6 +338,25 @@ struct StepObservation {
 // capped).
 bool StepMeasuresPlan(int plan_gamma, const StepObservation& step);
 
+// Where a step that ran as its plan said (StepMeasuresPlan) is counted in
+// the plan's AppliedPlan (executor/engine/generator.h):
+//  - kBesideSolve: a solve of the process was in flight at either end of it
+//    (PlanController::last_step_beside_solve): the solve shared the cores;
+//  - kUnsteady: one of the sequence's first settle steps after its prefill
+//    (`settled` false: GuardOptions::settle_steps; right after a prefill
+//    every step runs slower for a while, plain decoding's too), or a
+//    preempted step: longer than `outlier_factor` times
+//    `expected_seconds`, the plan's calibrated seconds a step
+//    (predicted_tokens_per_step / calibrated_tpt(); <= 0: none known, no
+//    step is preempted; outlier_factor <= 0: off). The plain rate and the
+//    draft cost its prediction is calibrated by leave out the same steps
+//    (RecordPlainStep, RecordDraftCost), so measured_* compares like with
+//    like;
+//  - kMeasured: the rest, the steps the plan's measured rate is made of.
+enum class PlanStepKind { kBesideSolve, kUnsteady, kMeasured };
+PlanStepKind ClassifyPlanStep(bool beside_solve, bool settled, double seconds,
+                              double expected_seconds, double outlier_factor);
+
 // The standard error of a rate measured over `steps` steps, the i-th of t_i
 // tokens in s_i seconds, as tokens / seconds (T / S), from the sums T, S,
 // sum t_i^2, sum t_i s_i and sum s_i^2. The delta method for a ratio of
@@ -599,6 +618,12 @@ class PlanController {
   // solve shared the cores with it, so its time is not what the latency
   // model priced (AppliedPlan::beside_solve_*).
   bool last_step_beside_solve() const { return last_step_beside_solve_; }
+  // Whether the sequence's steps so far passed the guard's settle_steps
+  // (SpeculationGuard::settled): called before AfterStep, whether the step
+  // that just ran was past them.
+  bool settled() const { return guard_.settled(); }
+  // The guard's outlier factor (GuardOptions::outlier_factor).
+  double outlier_factor() const { return options_.guard.outlier_factor; }
 
  private:
   bool SolvesInFlight() const;

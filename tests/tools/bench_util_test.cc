@@ -62,6 +62,9 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   a.beside_solve_steps = 1;  // counted, never in a's rate
   a.beside_solve_tokens = 1;
   a.beside_solve_seconds = 0.5;
+  b.unsteady_steps = 8;  // its first steps after the prefill: counted,
+  b.unsteady_tokens = 8;  // never in b's rate
+  b.unsteady_seconds = 0.125;
   const PlanPrediction p = SummarizePredictions({a, unmeasured, b});
   EXPECT_EQ(p.plans, 2);
   EXPECT_EQ(p.steps, 40);
@@ -78,6 +81,9 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   EXPECT_EQ(PlanPredictionJson(p)["steps"], 40);
   EXPECT_EQ(p.beside_solve_steps, 4);
   EXPECT_DOUBLE_EQ(p.beside_solve_seconds, 0.75);
+  EXPECT_EQ(p.unsteady_steps, 8);
+  EXPECT_DOUBLE_EQ(p.unsteady_seconds, 0.125);
+  EXPECT_EQ(PlanPredictionJson(p)["unsteady_steps"], 8);
   // Both plans had a plain rate when they took effect, the plain plan too
   // (it was read before its steps): time-weighted, 0.2 s each.
   EXPECT_DOUBLE_EQ(p.calibrated_seconds, 0.4);

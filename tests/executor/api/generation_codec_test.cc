@@ -504,6 +504,9 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   plan.beside_solve_steps = 4;
   plan.beside_solve_tokens = 7;
   plan.beside_solve_seconds = 0.0625;
+  plan.unsteady_steps = 8;  // right after the prefill
+  plan.unsteady_tokens = 17;
+  plan.unsteady_seconds = 0.125;
   r.plans.push_back(plan);
   const v1::FinalResult f =
       EncodeFinal("req-3", r, SpeculationMode::kKnapSpec, ServiceTimings{})
@@ -524,6 +527,9 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
       DecodeAppliedPlan(f.speculation_stats().plans(0));
   EXPECT_EQ(AppliedPlansJson({plan_back}), AppliedPlansJson(r.plans));
   EXPECT_EQ(AppliedPlansJson(r.plans)[0]["measured_tpt"], 176.0);
+  EXPECT_EQ(plan_back.unsteady_steps, 8);
+  EXPECT_EQ(plan_back.unsteady_tokens, 17);
+  EXPECT_DOUBLE_EQ(plan_back.unsteady_seconds, 0.125);
   // 210 promised against a profile's plain 180; plain measured 150 now:
   // 175 by plain steps. Recent drafting steps cost 1.25x their predicted
   // time: 168 by them, the calibration a drafting plan takes.

@@ -155,7 +155,9 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
         }
         EXPECT_EQ(p.beside_solve_steps > 0, p.beside_solve_seconds > 0);
         EXPECT_GE(p.beside_solve_tokens, p.beside_solve_steps);
-        measured += p.measured_steps + p.beside_solve_steps;
+        EXPECT_EQ(p.unsteady_steps > 0, p.unsteady_seconds > 0);
+        EXPECT_GE(p.unsteady_tokens, p.unsteady_steps);
+        measured += p.measured_steps + p.beside_solve_steps + p.unsteady_steps;
         if (p.gamma > 0) measured_drafting += p.measured_steps;
       }
       EXPECT_LE(measured + p1.guard_plain_steps + p1.guard_probe_steps,
@@ -251,6 +253,16 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       // And its drafting steps there, the cost of a cached drafting plan.
       if (second->plans.front().gamma > 0 && ratio_at_zero) {
         EXPECT_GT(second->plans.front().draft_cost_ratio, 0);
+      }
+      // Its first steps, right after the prefill, ran as planned (a plain
+      // plan's, or a drafting plan's that the guard left alone) but are no
+      // evidence of the steady speed: unsteady, not in its measured rate
+      // (the plain rate that calibrates it leaves them out too).
+      const AppliedPlan& front = second->plans.front();
+      if (front.gamma == 0 ||
+          (p2.guard_settle_steps == 0 && p2.guard_plain_steps == 0 &&
+           p2.guard_probe_steps == 0)) {
+        EXPECT_GT(front.unsteady_steps, 0);
       }
     }
   }

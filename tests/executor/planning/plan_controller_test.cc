@@ -137,6 +137,21 @@ TEST(StepMeasuresPlanTest, OnlyStepsThatRanAsPlannedWithTheirWholeBudget) {
   EXPECT_FALSE(StepMeasuresPlan(4, last));
 }
 
+// A step beside a solve is that first; then the settle steps after the
+// prefill and preempted steps (over the factor times the expected step) are
+// unsteady; the rest measure the plan.
+TEST(ClassifyPlanStepTest, BesideSolveThenSettleAndPreemptedStepsThenMeasured) {
+  using K = PlanStepKind;
+  EXPECT_EQ(ClassifyPlanStep(true, false, 0.01, 0.001, 3), K::kBesideSolve);
+  EXPECT_EQ(ClassifyPlanStep(true, true, 0.001, 0.001, 3), K::kBesideSolve);
+  EXPECT_EQ(ClassifyPlanStep(false, false, 0.001, 0.001, 3), K::kUnsteady);
+  EXPECT_EQ(ClassifyPlanStep(false, true, 0.0031, 0.001, 3), K::kUnsteady);
+  EXPECT_EQ(ClassifyPlanStep(false, true, 0.0029, 0.001, 3), K::kMeasured);
+  // No expected step (no calibration yet) or the rule off: none preempted.
+  EXPECT_EQ(ClassifyPlanStep(false, true, 1.0, 0, 3), K::kMeasured);
+  EXPECT_EQ(ClassifyPlanStep(false, true, 1.0, 0.001, 0), K::kMeasured);
+}
+
 TEST(PlanControllerTest, CachedPlanTakesEffectAtTheFirstStepWithoutASnapshot) {
   PlanningShared shared = PlanningShared::Create();
   shared.cache->Insert(KeyAt(0), Plan(4, 0.8), /*sequence_id=*/99, 20);
