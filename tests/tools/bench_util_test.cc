@@ -62,7 +62,7 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   a.beside_solve_steps = 1;  // counted, never in a's rate
   a.beside_solve_tokens = 1;
   a.beside_solve_seconds = 0.5;
-  b.unsteady_steps = 8;  // its first steps after the prefill: counted,
+  b.unsteady_steps = 8;   // its first steps after the prefill: counted,
   b.unsteady_tokens = 8;  // never in b's rate
   b.unsteady_seconds = 0.125;
   const PlanPrediction p = SummarizePredictions({a, unmeasured, b});
