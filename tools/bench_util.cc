@@ -190,9 +190,9 @@ double PlanPrediction::calibrated_error() const {
                             : 0.0;
 }
 
-double PlanPrediction::plain_calibrated_error() const {
-  return plain_calibrated_tpt > 0
-             ? plain_calibrated_measured_tpt / plain_calibrated_tpt - 1
+double PlanPrediction::draft_calibrated_error() const {
+  return draft_calibrated_tpt > 0
+             ? draft_calibrated_measured_tpt / draft_calibrated_tpt - 1
              : 0.0;
 }
 
@@ -200,8 +200,8 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
   PlanPrediction out;
   double calibrated_tokens = 0, calibrated_rate = 0, profile_plain = 0,
          measured_plain = 0, draft_cost = 0;
-  // The plans with a plain rate: seconds, tokens and plain-calibrated rate.
-  double plain_seconds = 0, plain_tokens = 0, plain_rate = 0;
+  // The drafting plans with a cost ratio: tokens and draft-calibrated rate.
+  double draft_tokens = 0, draft_rate = 0;
   // The calibrated plans' steps pooled: their count and second moments.
   int64_t calibrated_steps = 0;
   double calibrated_tokens_sq = 0, calibrated_token_seconds = 0,
@@ -239,17 +239,14 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
       calibrated_token_seconds += p.measured_token_seconds;
       calibrated_seconds_sq += p.measured_seconds_sq;
       calibrated_rate += p.calibrated_tpt() * p.measured_seconds;
-    }
-    if (p.calibrated_tpt() > 0 && p.draft_cost_ratio > 0 && p.gamma > 0) {
-      out.draft_calibrated_seconds += p.measured_seconds;
-      draft_cost += p.draft_cost_ratio * p.measured_seconds;
-    }
-    if (p.plain_calibrated_tpt() > 0) {
-      plain_seconds += p.measured_seconds;
-      plain_tokens += static_cast<double>(p.measured_tokens);
-      plain_rate += p.plain_calibrated_tpt() * p.measured_seconds;
       profile_plain += p.baseline_tpt * p.measured_seconds;
       measured_plain += p.measured_plain_tpt * p.measured_seconds;
+    }
+    if (p.draft_calibrated_tpt() > 0) {
+      out.draft_calibrated_seconds += p.measured_seconds;
+      draft_tokens += static_cast<double>(p.measured_tokens);
+      draft_rate += p.draft_calibrated_tpt() * p.measured_seconds;
+      draft_cost += p.draft_cost_ratio * p.measured_seconds;
     }
   }
   if (out.steps == 0) return out;
@@ -269,15 +266,14 @@ PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans) {
     out.calibrated_measured_standard_error = RateStandardError(
         calibrated_steps, calibrated_tokens, s, calibrated_tokens_sq,
         calibrated_token_seconds, calibrated_seconds_sq);
+    out.profile_plain_tpt = profile_plain / s;
+    out.measured_plain_tpt = measured_plain / s;
   }
   if (out.draft_calibrated_seconds > 0) {
-    out.draft_cost_ratio = draft_cost / out.draft_calibrated_seconds;
-  }
-  if (plain_seconds > 0) {
-    out.plain_calibrated_tpt = plain_rate / plain_seconds;
-    out.plain_calibrated_measured_tpt = plain_tokens / plain_seconds;
-    out.profile_plain_tpt = profile_plain / plain_seconds;
-    out.measured_plain_tpt = measured_plain / plain_seconds;
+    const double s = out.draft_calibrated_seconds;
+    out.draft_cost_ratio = draft_cost / s;
+    out.draft_calibrated_tpt = draft_rate / s;
+    out.draft_calibrated_measured_tpt = draft_tokens / s;
   }
   return out;
 }
@@ -304,13 +300,13 @@ nlohmann::json PlanPredictionJson(const PlanPrediction& p) {
           {"calibrated_measured_standard_error",
            p.calibrated_measured_standard_error},
           {"calibrated_error", p.calibrated_error()},
+          {"profile_plain_tpt", p.profile_plain_tpt},
+          {"measured_plain_tpt", p.measured_plain_tpt},
           {"draft_calibrated_seconds", p.draft_calibrated_seconds},
           {"draft_cost_ratio", p.draft_cost_ratio},
-          {"plain_calibrated_tpt", p.plain_calibrated_tpt},
-          {"plain_calibrated_measured_tpt", p.plain_calibrated_measured_tpt},
-          {"plain_calibrated_error", p.plain_calibrated_error()},
-          {"profile_plain_tpt", p.profile_plain_tpt},
-          {"measured_plain_tpt", p.measured_plain_tpt}};
+          {"draft_calibrated_tpt", p.draft_calibrated_tpt},
+          {"draft_calibrated_measured_tpt", p.draft_calibrated_measured_tpt},
+          {"draft_calibrated_error", p.draft_calibrated_error()}};
 }
 
 void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {

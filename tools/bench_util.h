@@ -233,13 +233,12 @@ struct PlanPrediction {
   // plans delivered 8% less than promised.
   double error() const;
   // The same on the machine's speed as it was when each plan took effect
-  // (AppliedPlan::calibrated_tpt), over the plans that had a calibration
-  // then (a measured plain rate or draft cost ratio; calibrated_seconds of
-  // the measured seconds): their calibrated promise and what they measured,
-  // time-weighted, and plain decoding's rate as the profile priced it
-  // (baseline_tpt, at the plan's context) against as the engine had
-  // measured it at the plans' buckets just before (over the plans with a
-  // plain rate). A profile_plain_tpt above measured_plain_tpt means the
+  // (AppliedPlan::calibrated_tpt), over the plans that had a measured plain
+  // rate then (calibrated_seconds of the measured seconds): their
+  // calibrated promise and what they measured, time-weighted, and plain
+  // decoding's rate as the profile priced it (baseline_tpt, at the plan's
+  // context) against as the engine had measured it at the plans' buckets
+  // just before. A profile_plain_tpt above measured_plain_tpt means the
   // machine ran slower than when it was profiled.
   double calibrated_seconds = 0;
   double calibrated_tpt = 0;
@@ -255,22 +254,19 @@ struct PlanPrediction {
   double calibrated_measured_standard_error = 0;
   double profile_plain_tpt = 0;
   double measured_plain_tpt = 0;
-  // The plans calibrated by drafting steps' cost (AppliedPlan::
-  // draft_cost_ratio > 0): their measured seconds and their ratio,
-  // time-weighted (1.1: drafting ran 10% slower than the plans predicted
-  // when they took effect). The other calibrated plans used plain steps.
-  double draft_calibrated_seconds = 0;
-  double draft_cost_ratio = 0;
   // calibrated_measured_tpt / calibrated_tpt - 1 (0 without such plans).
   double calibrated_error() const;
-  // The calibration by plain steps alone (AppliedPlan::
-  // plain_calibrated_tpt), over the plans with a measured plain rate: their
-  // promise and what they measured, time-weighted, as calibrated_* were
-  // before drafting steps' cost was measured. Against calibrated_error() it
-  // shows what the draft cost ratio changed.
-  double plain_calibrated_tpt = 0;
-  double plain_calibrated_measured_tpt = 0;
-  double plain_calibrated_error() const;
+  // The calibration by drafting steps' cost (AppliedPlan::
+  // draft_calibrated_tpt), over the drafting plans with a draft_cost_ratio:
+  // their measured seconds, their ratio (1.1: drafting ran 10% slower than
+  // the plans predicted when they took effect), their promise and what
+  // they measured, time-weighted. Against calibrated_error() it shows how
+  // drafting steps' cost moved apart from plain steps'.
+  double draft_calibrated_seconds = 0;
+  double draft_cost_ratio = 0;
+  double draft_calibrated_tpt = 0;
+  double draft_calibrated_measured_tpt = 0;
+  double draft_calibrated_error() const;
 };
 PlanPrediction SummarizePredictions(const std::vector<AppliedPlan>& plans);
 nlohmann::json PlanPredictionJson(const PlanPrediction& p);

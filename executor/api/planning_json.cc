@@ -68,7 +68,7 @@ nlohmann::json AppliedPlansJson(absl::Span<const AppliedPlan> plans) {
          {"unsteady_seconds", p.unsteady_seconds},
          {"measured_plain_tpt", p.measured_plain_tpt},
          {"draft_cost_ratio", p.draft_cost_ratio},
-         {"plain_calibrated_tpt", p.plain_calibrated_tpt()},
+         {"draft_calibrated_tpt", p.draft_calibrated_tpt()},
          {"calibrated_tpt", p.calibrated_tpt()}});
   }
   return out;

@@ -347,33 +347,30 @@ struct AppliedPlan {
   // start: the first plans of a bucket).
   double draft_cost_ratio = 0;
   // The prediction on the machine's speed as it was when the plan took
-  // effect. The latency profile was measured earlier, minutes or days, and
-  // a shared machine's speed moves by a quarter within minutes; and not
-  // all steps alike: on a 2-core VM a drafting step's cost against a plain
-  // one moved by a fifth within a minute (multi-row and shortened passes
-  // slow down, one-row full passes do not). So:
-  //  - with a draft_cost_ratio: predicted_tpt / draft_cost_ratio, the
-  //    plan's tokens a step (acceptance, the planner's estimate) over its
-  //    predicted step time as recent drafting steps measured against theirs;
-  //  - else plain_calibrated_tpt().
-  // A gap between calibrated_tpt() and measured_tpt() is the planner's
-  // (acceptance, or the cost moving during the plan). Every input precedes
+  // effect: predicted_tpt x measured_plain_tpt / baseline_tpt, the plan's
+  // promise relative to plain decoding (the speed-up the TPT objective chose
+  // it for) times plain decoding's rate at its bucket just before. The
+  // latency profile was measured earlier, minutes or days, and a shared
+  // machine's speed moves by a quarter within minutes. A gap between
+  // calibrated_tpt() and measured_tpt() is the planner's (acceptance, or
+  // drafting steps' cost moving against plain ones). Every input precedes
   // the plan's steps, so it is a prediction, not its own measurement. 0
-  // without either measurement.
+  // without a measured plain rate.
   double calibrated_tpt() const {
-    return gamma > 0 && draft_cost_ratio > 0 ? predicted_tpt / draft_cost_ratio
-                                             : plain_calibrated_tpt();
-  }
-  // The prediction calibrated by plain steps alone: predicted_tpt x
-  // measured_plain_tpt / baseline_tpt, the plan's promise relative to plain
-  // decoding (the speed-up the TPT objective chose it for) times plain
-  // decoding's rate just before. For a gamma-0 plan it is the whole
-  // calibration; for a drafting plan it assumes drafting steps moved as
-  // plain ones did. 0 without a measured plain rate.
-  double plain_calibrated_tpt() const {
     return baseline_tpt > 0 && measured_plain_tpt > 0
                ? predicted_tpt * measured_plain_tpt / baseline_tpt
                : 0.0;
+  }
+  // A second calibration, reported beside it: predicted_tpt /
+  // draft_cost_ratio, the plan's tokens a step over its predicted step time
+  // as the bucket's recent drafting steps measured against theirs. 0 for a
+  // gamma-0 plan or without a ratio. Against calibrated_tpt() it shows how
+  // far drafting steps' cost moved apart from plain steps'; measured on
+  // steady steps, calibrated_tpt() came the closer of the two
+  // (tools/README.md has the runs).
+  double draft_calibrated_tpt() const {
+    return gamma > 0 && draft_cost_ratio > 0 ? predicted_tpt / draft_cost_ratio
+                                             : 0.0;
   }
 };
 

@@ -92,36 +92,38 @@ TEST(SummarizePredictionsTest, WeighsEachPlanByWhatItRan) {
   EXPECT_DOUBLE_EQ(p.calibrated_error(), 105.0 / 110.0 - 1);
   EXPECT_DOUBLE_EQ(p.profile_plain_tpt, (80 + 200) / 2.0);
   EXPECT_DOUBLE_EQ(p.measured_plain_tpt, (48 + 160) / 2.0);
-  // Without draft cost ratios the plain-step calibration is the whole one.
-  EXPECT_DOUBLE_EQ(p.plain_calibrated_tpt, p.calibrated_tpt);
-  EXPECT_DOUBLE_EQ(p.plain_calibrated_measured_tpt, p.calibrated_measured_tpt);
-  EXPECT_DOUBLE_EQ(p.plain_calibrated_error(), p.calibrated_error());
+  // Without draft cost ratios there is no drafting calibration.
   EXPECT_EQ(p.draft_calibrated_seconds, 0);
   EXPECT_EQ(p.draft_cost_ratio, 0);
+  EXPECT_EQ(p.draft_calibrated_tpt, 0);
+  EXPECT_EQ(p.draft_calibrated_error(), 0);
   {
     // a's recent drafting steps had cost 1.5x their predicted time when it
-    // took effect: calibrated 100 / 1.5, while plain steps still say 60.
-    // d drafts like a with a ratio of 0.8 and no plain rate: calibrated 125
-    // by the ratio alone, out of the plain-step figures. b stays plain.
+    // took effect: 100 / 1.5 by drafting steps, while plain steps say 60
+    // (the calibrated prediction). d drafts like a with a ratio of 0.8 and
+    // no plain rate: 125 by drafting steps, out of the calibrated figures.
+    // b stays plain: in the calibrated figures only.
     AppliedPlan a_cost = a;
     a_cost.draft_cost_ratio = 1.5;
     AppliedPlan d = a;
     d.measured_plain_tpt = 0;
     d.draft_cost_ratio = 0.8;
     const PlanPrediction r = SummarizePredictions({a_cost, b, d});
-    EXPECT_DOUBLE_EQ(r.calibrated_seconds, 0.6);
-    EXPECT_NEAR(r.calibrated_tpt, (100 / 1.5 + 160 + 125) / 3, 1e-9);
-    EXPECT_DOUBLE_EQ(r.calibrated_measured_tpt, 54 / 0.6);
-    EXPECT_DOUBLE_EQ(r.draft_calibrated_seconds, 0.4);
-    EXPECT_DOUBLE_EQ(r.draft_cost_ratio, (1.5 + 0.8) / 2);
-    EXPECT_DOUBLE_EQ(r.plain_calibrated_tpt, (60 + 160) / 2.0);
-    EXPECT_DOUBLE_EQ(r.plain_calibrated_measured_tpt, 42 / 0.4);
-    EXPECT_DOUBLE_EQ(r.plain_calibrated_error(), 105.0 / 110.0 - 1);
+    EXPECT_DOUBLE_EQ(r.calibrated_seconds, 0.4);
+    EXPECT_DOUBLE_EQ(r.calibrated_tpt, (60 + 160) / 2.0);
+    EXPECT_DOUBLE_EQ(r.calibrated_measured_tpt, 42 / 0.4);
+    EXPECT_DOUBLE_EQ(r.calibrated_error(), 105.0 / 110.0 - 1);
     EXPECT_DOUBLE_EQ(r.profile_plain_tpt, (80 + 200) / 2.0);
     EXPECT_DOUBLE_EQ(r.measured_plain_tpt, (48 + 160) / 2.0);
+    EXPECT_DOUBLE_EQ(r.draft_calibrated_seconds, 0.4);
+    EXPECT_DOUBLE_EQ(r.draft_cost_ratio, (1.5 + 0.8) / 2);
+    EXPECT_NEAR(r.draft_calibrated_tpt, (100 / 1.5 + 125) / 2, 1e-9);
+    EXPECT_DOUBLE_EQ(r.draft_calibrated_measured_tpt, 24 / 0.4);
+    EXPECT_NEAR(r.draft_calibrated_error(), 60 / ((100 / 1.5 + 125) / 2) - 1,
+                1e-12);
     EXPECT_EQ(PlanPredictionJson(r)["draft_cost_ratio"], r.draft_cost_ratio);
-    EXPECT_EQ(PlanPredictionJson(r)["plain_calibrated_error"],
-              r.plain_calibrated_error());
+    EXPECT_EQ(PlanPredictionJson(r)["draft_calibrated_error"],
+              r.draft_calibrated_error());
   }
   // A plan without a plain rate when it took effect has no calibrated
   // promise and stays out of those figures.

@@ -531,20 +531,22 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   EXPECT_EQ(plan_back.unsteady_tokens, 17);
   EXPECT_DOUBLE_EQ(plan_back.unsteady_seconds, 0.125);
   // 210 promised against a profile's plain 180; plain measured 150 now:
-  // 175 by plain steps. Recent drafting steps cost 1.25x their predicted
-  // time: 168 by them, the calibration a drafting plan takes.
+  // 175, the calibrated prediction. Recent drafting steps cost 1.25x their
+  // predicted time: 168 by them, reported beside it.
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["measured_plain_tpt"], 150.0);
-  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["plain_calibrated_tpt"], 175.0);
+  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["calibrated_tpt"], 175.0);
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["draft_cost_ratio"], 1.25);
-  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["calibrated_tpt"], 168.0);
-  // A plain plan is calibrated by plain steps whatever the ratio says.
+  EXPECT_EQ(AppliedPlansJson({plan_back})[0]["draft_calibrated_tpt"], 168.0);
+  // A plain plan has no drafting calibration; the plain one stays.
   AppliedPlan plain_back = plan_back;
   plain_back.gamma = 0;
   EXPECT_EQ(plain_back.calibrated_tpt(), 175.0);
+  EXPECT_EQ(plain_back.draft_calibrated_tpt(), 0);
   plain_back.gamma = 3;
-  plain_back.draft_cost_ratio = 0;  // too few drafting steps: plain steps
+  plain_back.draft_cost_ratio = 0;  // too few drafting steps
   EXPECT_EQ(plain_back.calibrated_tpt(), 175.0);
-  plain_back.measured_plain_tpt = 0;
+  EXPECT_EQ(plain_back.draft_calibrated_tpt(), 0);
+  plain_back.measured_plain_tpt = 0;  // no plain rate: no calibration
   EXPECT_EQ(plain_back.calibrated_tpt(), 0);
   EXPECT_EQ(AppliedPlansJson({plan_back})[0]["beside_solve_tokens"], 7);
   EXPECT_EQ(plan_back.measured_tokens_sq, 75);

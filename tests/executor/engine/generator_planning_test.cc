@@ -165,11 +165,11 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       // Each plan keeps the plain rate its bucket had measured when it took
       // effect, and a drafting plan the cost of its bucket's drafting steps
       // against their predicted time then. Its calibrated prediction is its
-      // promise over that cost ratio, else its speed-up over the profile's
-      // plain rate times the plain rate. The first plan of the process
-      // comes before any plain step it could use (the steps that captured
-      // its snapshot are not timed: its solve was in flight), the first
-      // drafting plan before any drafting step.
+      // speed-up over the profile's plain rate times that plain rate; the
+      // drafting calibration, beside it, its promise over the cost ratio.
+      // The first plan of the process comes before any plain step it could
+      // use (the steps that captured its snapshot are not timed: its solve
+      // was in flight), the first drafting plan before any drafting step.
       bool drafted_before = false;
       int64_t drafting_with_prediction = 0;
       for (const AppliedPlan& p : first->plans) {
@@ -182,9 +182,13 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
         }
         drafted_before = drafted_before || p.gamma > 0;
         if (p.gamma > 0 && p.draft_cost_ratio > 0) {
-          EXPECT_NEAR(p.calibrated_tpt(), p.predicted_tpt / p.draft_cost_ratio,
+          EXPECT_NEAR(p.draft_calibrated_tpt(),
+                      p.predicted_tpt / p.draft_cost_ratio,
                       1e-9 * p.predicted_tpt / p.draft_cost_ratio);
-        } else if (p.measured_plain_tpt > 0) {
+        } else {
+          EXPECT_EQ(p.draft_calibrated_tpt(), 0);
+        }
+        if (p.measured_plain_tpt > 0) {
           EXPECT_NEAR(p.calibrated_tpt() / p.predicted_tpt,
                       p.measured_plain_tpt / p.baseline_tpt, 1e-9);
         } else {
