@@ -118,9 +118,13 @@ TEST_P(PlannedLosslessTest, GreedyOutputEqualsOffWithCacheTriggersAndGuard) {
       bool drafted = false;
       for (const AppliedPlan& p : first->plans)
         drafted = drafted || p.gamma > 0;
-      // The hand profile makes drafts cheap, so KnapSpec drafts; CLaSp's
-      // fixed layer count may not pay, and then there is nothing to guard.
-      if (mode == SpeculationMode::kKnapSpec) {
+      // The hand profile makes drafts cheap, so KnapSpec drafts on the
+      // 24-layer model; on stories260k's 5 layers (3 skippable) no draft
+      // beats plain decoding by kMinSpeculationGain (common/plan/
+      // step_forecast.h) on 3 reference tokens. CLaSp's fixed layer count
+      // may not pay, and then there is nothing to guard.
+      if (mode == SpeculationMode::kKnapSpec &&
+          std::string(param.name) != "stories260k") {
         EXPECT_TRUE(drafted);
       }
       // Each plan measures the steps that ran as it planned: for a drafting
