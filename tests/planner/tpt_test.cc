@@ -91,8 +91,7 @@ TEST(TptTest, GridMatchesBruteForceOnRandomTables) {
       EXPECT_DOUBLE_EQ(TokensPerSecond(c.alpha, choice->gamma, c.draft_seconds,
                                        verify[choice->gamma]),
                        best);
-      EXPECT_GT(choice->tpt,
-                choice->baseline_tpt * (1 + kMinSpeculationGain));
+      EXPECT_GT(choice->tpt, choice->baseline_tpt * (1 + kMinSpeculationGain));
     }
   }
 }
@@ -474,8 +473,8 @@ TEST(TptTest, LazySearchMatchesTheFullGridAndSkipsHopelessCandidates) {
       EXPECT_EQ(asked.count(i), 1u) << "candidate " << i << " asked twice";
     // A candidate it never asked about could not have won (beaten the
     // choice, or plain decoding by kMinSpeculationGain).
-    const double to_beat = std::max(
-        lazy->tpt, lazy->baseline_tpt * (1 + kMinSpeculationGain));
+    const double to_beat =
+        std::max(lazy->tpt, lazy->baseline_tpt * (1 + kMinSpeculationGain));
     for (int c = 0; c < count; ++c) {
       if (asked.count(c) > 0) continue;
       for (int g = 1; g <= d; ++g) {
