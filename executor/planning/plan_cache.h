@@ -8,9 +8,9 @@
 //                  seconds), which gates new solves (--planner-budget);
 //   StepTimeTable  recent steps per context bucket, measured online: plain
 //                  decoding's step times, against which the online guard
-//                  judges a plan, and drafting steps' times over what their
-//                  plan's latency model predicted, by which a new plan's
-//                  promise is calibrated.
+//                  judges a plan and by which a new plan's promise is
+//                  calibrated, and drafting steps' times over what their
+//                  plan's latency model predicted (reported beside it).
 //
 // Context buckets are fixed-width: bucket = context_length / bucket_tokens
 // (default 256 tokens: [0, 256), [256, 512), ...). A plan is keyed by the
@@ -275,8 +275,8 @@ class PlannerBudget {
 //                RecordDraftCost. On a shared machine a drafting step's
 //                cost against a plain one moves by a fifth within a minute
 //                (its multi-row and shortened passes slow down, one-row full
-//                passes do not), so plain steps alone do not calibrate a
-//                drafting plan's promise (AppliedPlan::calibrated_tpt).
+//                passes do not), which plain steps alone do not see
+//                (AppliedPlan::draft_calibrated_tpt against calibrated_tpt).
 //
 // The names below say "seconds"; for draft_costs read "cost ratio".
 class StepTimeTable {

@@ -348,10 +348,10 @@ bool StepMeasuresPlan(int plan_gamma, const StepObservation& step);
 //    preempted step: longer than `outlier_factor` times
 //    `expected_seconds`, the plan's calibrated seconds a step
 //    (predicted_tokens_per_step / calibrated_tpt(); <= 0: none known, no
-//    step is preempted; outlier_factor <= 0: off). The plain rate and the
-//    draft cost its prediction is calibrated by leave out the same steps
-//    (RecordPlainStep, RecordDraftCost), so measured_* compares like with
-//    like;
+//    step is preempted; outlier_factor <= 0: off). The plain rate its
+//    prediction is calibrated by and the draft cost beside it leave out the
+//    same steps (RecordPlainStep, RecordDraftCost), so measured_* compares
+//    like with like;
 //  - kMeasured: the rest, the steps the plan's measured rate is made of.
 enum class PlanStepKind { kBesideSolve, kUnsteady, kMeasured };
 PlanStepKind ClassifyPlanStep(bool beside_solve, bool settled, double seconds,
