@@ -19,6 +19,7 @@
 #include "common/base/status.h"
 #include "common/model/parallel_for.h"
 #include "common/model/simd_target.h"
+#include "common/plan/step_forecast.h"
 #include "executor/api/generation_codec.h"
 #include "planner/knapsack.h"
 #include "planner/thread_choice.h"
@@ -307,7 +308,7 @@ ABSL_FLAG(bool, guard, true,
           "measures slower than plain decoding at the same context bucket, "
           "over every request drafting with it, until it is measured again "
           "(--guard_reprobe_steps) or a new plan takes effect.");
-ABSL_FLAG(double, guard_margin, 0.03,
+ABSL_FLAG(double, guard_margin, knapserve::kMinSpeculationGain,
           "The guard: speculation must measure at least (1 + this) times the "
           "plain rate to stay on.");
 ABSL_FLAG(int64_t, guard_min_steps, 16,

@@ -145,10 +145,10 @@ struct StepForecast {
 
 // Speculation must beat plain decoding by more than this relative margin
 // (a chosen gamma's tokens/s above baseline * (1 + kMinSpeculationGain)),
-// the online guard's default margin (GuardOptions::margin,
-// executor/planning/plan_controller.h): the guard keeps a setting only
-// while it measures at least that much above plain decoding, so a plan
-// that predicts less is a loss even when its prediction is right; drafting
+// and the online guard's default margin (GuardOptions::margin,
+// executor/planning/plan_controller.h, and --guard_margin): the guard keeps a
+// setting only while it measures at least that much above plain decoding, so a
+// plan that predicts less is a loss even when its prediction is right; drafting
 // with it cost the guard's probes and judged steps for nothing. On
 // stories-24l-skip at 1000 tokens (2-core Zen 4 VM) knapspec and the
 // sequences' refinements chose gamma 1-3 plans that predicted 0.7-3% over

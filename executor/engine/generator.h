@@ -41,6 +41,7 @@
 #include "common/model/exit_heads.h"
 #include "common/model/llama.h"
 #include "common/plan/planner_client.h"
+#include "common/plan/step_forecast.h"
 #include "common/text/tokenizer.h"
 #include "common/trace/span_context.h"
 #include "executor/engine/reference_states.h"
@@ -117,8 +118,8 @@ struct SpeculationConfig {
   double planner_budget =
       0.05;  // solve seconds / decode seconds, process-wide; 0 = no limit
   bool guard = true;  // the online guard (plain decoding while a plan loses)
-  double guard_margin =
-      0.03;  // speculation must beat plain by this fraction; >= 0
+  // Speculation must beat plain by this fraction; >= 0.
+  double guard_margin = kMinSpeculationGain;
   int64_t guard_min_steps = 16;  // speculative steps per guard judgement, >= 1
   int64_t guard_probe_steps =
       8;  // plain steps measured when the bucket has none, >= 1

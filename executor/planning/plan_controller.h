@@ -90,6 +90,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/plan/planner_client.h"
+#include "common/plan/step_forecast.h"
 #include "executor/planning/plan_cache.h"
 
 namespace knapserve {
@@ -97,8 +98,9 @@ namespace knapserve {
 struct GuardOptions {
   bool enabled = true;
   // Speculation stays only while its measured tokens/s is at least
-  // (1 + margin) times the plain rate at the same context bucket.
-  double margin = 0.03;
+  // (1 + margin) times the plain rate at the same context bucket. The
+  // default is the gain a plan must predict to draft at all.
+  double margin = kMinSpeculationGain;
   // Speculative steps between two judgements (the minimum sample), counted
   // over every sequence of the setting at the bucket when verdicts are
   // shared.
