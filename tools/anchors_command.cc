@@ -8,12 +8,14 @@
 //
 // Prints one line per domain: samples, cluster purity, the chosen mask and
 // gamma with their smoothed acceptance and predicted speed-up, and how many
-// candidate masks the DP proposed (all of them in the --json output).
+// candidate masks the DP proposed (all of them in the --json output); then
+// one line per longer prompt length (--longer-prompts) with its draft.
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "tools/cli_flags.h"
@@ -33,6 +35,12 @@ ABSL_FLAG(int32_t, reference_tokens, 16,
           "the KnapSpec DP reads.");
 ABSL_FLAG(int32_t, max_sample_tokens, 256,
           "anchors: samples are cut to this many tokens.");
+ABSL_FLAG(std::vector<std::string>, longer_prompts,
+          std::vector<std::string>({"512", "1024"}),
+          "anchors: prompt lengths in tokens (ascending) that get a draft of "
+          "their own, chosen on long contexts of the domain's text; a routed "
+          "request takes the draft priced for the length nearest its "
+          "prompt's. Empty: one draft per domain.");
 
 namespace knapserve {
 namespace {
@@ -51,6 +59,15 @@ absl::Status Anchors() {
   options.reference_tokens = absl::GetFlag(FLAGS_reference_tokens);
   options.max_prompt_tokens = absl::GetFlag(FLAGS_max_sample_tokens);
   options.max_draft = absl::GetFlag(FLAGS_max_draft).value_or(10);
+  options.longer_prompt_tokens.clear();
+  for (const std::string& item : absl::GetFlag(FLAGS_longer_prompts)) {
+    int64_t length = 0;
+    if (!absl::SimpleAtoi(item, &length) || length < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--longer_prompts: '", item, "' is not a positive token count"));
+    }
+    options.longer_prompt_tokens.push_back(length);
+  }
   ASSIGN_OR_RETURN(options.knapspec, KnapSpecOptionsFromFlags());
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
   ASSIGN_OR_RETURN(std::vector<DomainSamples> domains,
@@ -83,6 +100,21 @@ absl::Status Anchors() {
                  r.cluster_purity, r.gamma, r.alpha, r.predicted_speedup,
                  r.mask.empty() ? "(plain)" : r.mask.c_str(),
                  r.candidates.size());
+    nlohmann::json longer = nlohmann::json::array();
+    for (const DomainReport::Longer& l : r.longer) {
+      std::fprintf(text,
+                   "  at %5lld tokens %16s %5d %6.3f %6.2fx  %s (own draft "
+                   "%.2fx)\n",
+                   static_cast<long long>(l.prompt_tokens), "", l.gamma,
+                   l.alpha, l.predicted_speedup,
+                   l.mask.empty() ? "(plain)" : l.mask.c_str(), l.own_speedup);
+      longer.push_back({{"prompt_tokens", l.prompt_tokens},
+                        {"mask", l.mask},
+                        {"gamma", l.gamma},
+                        {"alpha", l.alpha},
+                        {"predicted_speedup", l.predicted_speedup},
+                        {"own_speedup", l.own_speedup}});
+    }
     report.push_back({{"name", r.name},
                       {"samples", r.samples},
                       {"cluster_purity", r.cluster_purity},
@@ -90,7 +122,15 @@ absl::Status Anchors() {
                       {"mask", r.mask},
                       {"gamma", r.gamma},
                       {"alpha", r.alpha},
-                      {"predicted_speedup", r.predicted_speedup}});
+                      {"predicted_speedup", r.predicted_speedup},
+                      {"prompt_tokens", r.prompt_tokens},
+                      {"longer", std::move(longer)}});
+  }
+  for (const int64_t length : build.skipped_prompt_tokens) {
+    std::fprintf(text,
+                 "no draft for %lld-token prompts: they and the reference "
+                 "tokens do not fit the model's context\n",
+                 static_cast<long long>(length));
   }
   std::fprintf(text, "wrote %s (model fingerprint %s)\n", out.c_str(),
                build.router->model_fingerprint().c_str());

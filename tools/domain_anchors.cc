@@ -127,53 +127,71 @@ absl::StatusOr<SampleInputs> ReferenceInputs(const LlamaModel& model,
   return sample;
 }
 
-// The domain's draft from its representative samples (see the header).
-absl::Status ChooseDraft(const LlamaModel& model, const Tokenizer& tokenizer,
-                         const LatencyProfile& profile,
-                         const std::vector<std::vector<int32_t>>& samples,
-                         const AnchorOptions& options, DomainReport& report,
-                         RoutedDomain& domain) {
+// Every sample's reference inputs, each pointed at its own K/V.
+absl::StatusOr<std::vector<SampleInputs>> SamplesInputs(
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    const std::vector<std::vector<int32_t>>& samples,
+    const AnchorOptions& options) {
   std::vector<SampleInputs> inputs;
   for (const std::vector<int32_t>& ids : samples) {
     ASSIGN_OR_RETURN(SampleInputs sample,
                      ReferenceInputs(model, tokenizer, ids, options));
     inputs.push_back(std::move(sample));
   }
-  // Each sample's DP attends to its own K/V (pointed at once the vector no
-  // longer moves).
+  // Pointed at once the vector no longer grows (moving the vector keeps its
+  // elements where they are).
   for (SampleInputs& sample : inputs) sample.inputs.prefix_kv = &sample.kv;
+  return inputs;
+}
 
+// Adds the mask of every sample's KnapSpec plan that drafts and is not yet
+// among `candidates` (texts in `proposed`, in the order found).
+absl::Status ProposeCandidates(const LlamaModel& model,
+                               const LatencyProfile& profile,
+                               const std::vector<SampleInputs>& inputs,
+                               const AnchorOptions& options,
+                               std::vector<std::string>& proposed,
+                               std::vector<LayerMask>& candidates) {
   KnapSpecOptions knapspec = options.knapspec;
   knapspec.max_draft = options.max_draft;
-  std::vector<LayerMask> candidates;
   for (const SampleInputs& sample : inputs) {
     ASSIGN_OR_RETURN(DraftPlan plan,
                      SolveKnapSpec(model, profile, sample.inputs, knapspec));
     if (plan.gamma == 0) continue;
     const std::string text = plan.mask.ToString();
-    if (std::find(report.candidates.begin(), report.candidates.end(), text) !=
-        report.candidates.end())
+    if (std::find(proposed.begin(), proposed.end(), text) != proposed.end())
       continue;
-    report.candidates.push_back(text);
+    proposed.push_back(text);
     candidates.push_back(plan.mask);
   }
-  domain.mask = LayerMask(model.num_layers());
-  domain.gamma = 0;
-  domain.mask_source = "knapspec-dp";
-  if (candidates.empty()) {
-    domain.mask_source = "knapspec-dp: no sample's plan drafts";
-    return absl::OkStatus();
+  return absl::OkStatus();
+}
+
+// The candidates priced over the samples, and the best (candidate, gamma).
+struct PricedCandidates {
+  std::vector<TptCandidate> grid;  // one per candidate
+  std::vector<double> verify;      // t_verify(n, t), t = 1..max_draft + 1
+  TptChoice choice;
+  double alpha() const {
+    return choice.candidate >= 0 ? grid[choice.candidate].alpha : 0.0;
   }
-  // Price every candidate at the samples' mean pricing context.
+};
+
+// Every candidate's acceptance measured on all the samples, pooled and
+// smoothed, priced by the profile at the samples' mean pricing context.
+absl::StatusOr<PricedCandidates> PriceCandidates(
+    const LlamaModel& model, const LatencyProfile& profile,
+    const std::vector<SampleInputs>& inputs,
+    const std::vector<LayerMask>& candidates, const AnchorOptions& options) {
   int64_t context = 0;
   for (const SampleInputs& sample : inputs)
     context += PricingContextLength(sample.inputs);
   context /= static_cast<int64_t>(inputs.size());
-  std::vector<TptCandidate> grid;
-  std::vector<double> alphas;
+  PricedCandidates priced;
+  std::vector<TptCandidate>& grid = priced.grid;
   StaticOptions static_options;
   static_options.max_draft = options.max_draft;
-  static_options.alpha_prior = knapspec.alpha_prior;
+  static_options.alpha_prior = options.knapspec.alpha_prior;
   const int64_t r_total =
       static_cast<int64_t>(inputs.size()) * options.reference_tokens;
   for (const LayerMask& mask : candidates) {
@@ -189,18 +207,53 @@ absl::Status ChooseDraft(const LlamaModel& model, const Tokenizer& tokenizer,
     // (planner.h SmoothedLaterOdds) are not pooled over the samples here, so
     // a domain's gamma may come out lower than a plan's for the same mask.
     // knn's domain masks at the gamma chosen this way are this project's best
-    // at 1000 tokens of context (tools/README.md); changing how they are
-    // priced wants its own comparison.
+    // at 1000 tokens of context on stories-24l (tools/README.md); changing
+    // how they are priced wants its own comparison.
     TptCandidate candidate;
-    candidate.alpha = SmoothAlpha(share, r_total, knapspec.alpha_prior);
+    candidate.alpha = SmoothAlpha(share, r_total, options.knapspec.alpha_prior);
     candidate.draft_seconds = profile.DraftTokenSeconds(mask, context);
     grid.push_back(candidate);
   }
-  std::vector<double> verify;
   for (int t = 1; t <= options.max_draft + 1; ++t)
-    verify.push_back(profile.StepSeconds(context, t));
-  ASSIGN_OR_RETURN(TptChoice choice,
-                   MaximizeTpt(grid, verify, options.max_draft));
+    priced.verify.push_back(profile.StepSeconds(context, t));
+  ASSIGN_OR_RETURN(priced.choice,
+                   MaximizeTpt(grid, priced.verify, options.max_draft));
+  return priced;
+}
+
+double Speedup(const TptChoice& choice) {
+  return choice.candidate >= 0 && choice.baseline_tpt > 0
+             ? choice.tpt / choice.baseline_tpt
+             : 1.0;
+}
+
+// The domain's draft from its representative samples (see the header).
+absl::Status ChooseDraft(const LlamaModel& model, const Tokenizer& tokenizer,
+                         const LatencyProfile& profile,
+                         const std::vector<std::vector<int32_t>>& samples,
+                         const AnchorOptions& options, DomainReport& report,
+                         std::vector<LayerMask>& candidates,
+                         RoutedDomain& domain) {
+  ASSIGN_OR_RETURN(std::vector<SampleInputs> inputs,
+                   SamplesInputs(model, tokenizer, samples, options));
+  int64_t tokens = 0;
+  for (const std::vector<int32_t>& ids : samples)
+    tokens += static_cast<int64_t>(ids.size());
+  domain.prompt_tokens = tokens / static_cast<int64_t>(samples.size());
+  report.prompt_tokens = domain.prompt_tokens;
+  RETURN_IF_ERROR(ProposeCandidates(model, profile, inputs, options,
+                                    report.candidates, candidates));
+  domain.mask = LayerMask(model.num_layers());
+  domain.gamma = 0;
+  domain.mask_source = "knapspec-dp";
+  if (candidates.empty()) {
+    domain.mask_source = "knapspec-dp: no sample's plan drafts";
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(
+      PricedCandidates priced,
+      PriceCandidates(model, profile, inputs, candidates, options));
+  const TptChoice& choice = priced.choice;
   if (choice.candidate < 0) {
     domain.mask_source =
         "knapspec-dp: no candidate beats plain decoding on the domain";
@@ -208,13 +261,73 @@ absl::Status ChooseDraft(const LlamaModel& model, const Tokenizer& tokenizer,
   }
   domain.mask = candidates[choice.candidate];
   domain.gamma = choice.gamma;
-  domain.predicted_speedup =
-      choice.baseline_tpt > 0 ? choice.tpt / choice.baseline_tpt : 1.0;
+  domain.predicted_speedup = Speedup(choice);
   report.mask = domain.mask.ToString();
   report.gamma = domain.gamma;
-  report.alpha = grid[choice.candidate].alpha;
+  report.alpha = priced.alpha();
   report.predicted_speedup = domain.predicted_speedup;
   return absl::OkStatus();
+}
+
+// The domain's draft for prompts of `length` tokens: long samples (each
+// representative's text followed by the domain's next samples, cut to
+// `length`) propose more candidates, and all candidates are priced on them.
+absl::StatusOr<ContextDraft> ChooseLongerDraft(
+    const LlamaModel& model, const Tokenizer& tokenizer,
+    const LatencyProfile& profile, const std::vector<const std::string*>& texts,
+    int64_t length, const AnchorOptions& options, const RoutedDomain& domain,
+    DomainReport& report, std::vector<LayerMask>& candidates) {
+  std::vector<std::vector<int32_t>> samples;
+  const size_t m = std::min<size_t>(options.mask_samples, texts.size());
+  for (size_t j = 0; j < m; ++j) {
+    std::string text = *texts[j];
+    std::vector<int32_t> ids;
+    for (size_t next = j + 1;; ++next) {
+      ASSIGN_OR_RETURN(ids,
+                       tokenizer.Encode(text, /*add_special_tokens=*/true));
+      if (static_cast<int64_t>(ids.size()) >= length) break;
+      text += "\n\n";
+      text += *texts[next % texts.size()];
+    }
+    ids.resize(length);
+    samples.push_back(std::move(ids));
+  }
+  ASSIGN_OR_RETURN(std::vector<SampleInputs> inputs,
+                   SamplesInputs(model, tokenizer, samples, options));
+  RETURN_IF_ERROR(ProposeCandidates(model, profile, inputs, options,
+                                    report.candidates, candidates));
+  ContextDraft draft;
+  draft.prompt_tokens = length;
+  draft.mask = LayerMask(model.num_layers());
+  DomainReport::Longer line;
+  line.prompt_tokens = length;
+  if (!candidates.empty()) {
+    ASSIGN_OR_RETURN(
+        PricedCandidates priced,
+        PriceCandidates(model, profile, inputs, candidates, options));
+    const TptChoice& choice = priced.choice;
+    if (choice.candidate >= 0) {
+      draft.mask = candidates[choice.candidate];
+      draft.gamma = choice.gamma;
+      draft.predicted_speedup = Speedup(choice);
+      line.mask = draft.mask.ToString();
+      line.alpha = priced.alpha();
+    }
+    // For the report: the domain's own draft priced at this length.
+    const auto own =
+        std::find(candidates.begin(), candidates.end(), domain.mask);
+    if (domain.gamma > 0 && own != candidates.end()) {
+      const TptCandidate& odds = priced.grid[own - candidates.begin()];
+      line.own_speedup =
+          TokensPerSecond(odds.alpha, domain.gamma, odds.draft_seconds,
+                          priced.verify[domain.gamma]) /
+          choice.baseline_tpt;
+    }
+  }
+  line.gamma = draft.gamma;
+  line.predicted_speedup = draft.predicted_speedup;
+  report.longer.push_back(line);
+  return draft;
 }
 
 }  // namespace
@@ -364,12 +477,22 @@ absl::StatusOr<AnchorsBuild> BuildDomainAnchors(
         "anchors: anchors_per_domain, reference_tokens, max_prompt_tokens and "
         "max_draft must be >= 1, mask_samples >= 0");
   }
+  for (size_t i = 0; i < options.longer_prompt_tokens.size(); ++i) {
+    if (options.longer_prompt_tokens[i] < 1 ||
+        (i > 0 && options.longer_prompt_tokens[i] <=
+                      options.longer_prompt_tokens[i - 1])) {
+      return absl::InvalidArgumentError(
+          "anchors: the longer prompt lengths must be positive and "
+          "ascending");
+    }
+  }
   if (options.mask_samples > 0 && profile == nullptr) {
     return absl::InvalidArgumentError(
         "anchors: choosing the domains' drafts needs a latency profile");
   }
   // Every sample's ids and vector, domain by domain.
   std::vector<std::vector<int32_t>> ids;
+  std::vector<const std::string*> text_of;
   std::vector<int> domain_of;
   std::vector<torch::Tensor> vectors;
   for (size_t d = 0; d < domains.size(); ++d) {
@@ -381,6 +504,7 @@ absl::StatusOr<AnchorsBuild> BuildDomainAnchors(
       if (sample.empty()) continue;
       ASSIGN_OR_RETURN(torch::Tensor v, PromptRoutingVector(model, sample));
       ids.push_back(std::move(sample));
+      text_of.push_back(&text);
       domain_of.push_back(static_cast<int>(d));
       vectors.push_back(v);
     }
@@ -411,6 +535,14 @@ absl::StatusOr<AnchorsBuild> BuildDomainAnchors(
       x, torch::stack(means), options.kmeans_iterations, weights);
 
   AnchorsBuild build;
+  // The longer lengths whose samples and reference tokens fit the context.
+  for (const int64_t length : options.longer_prompt_tokens) {
+    if (length + options.reference_tokens + 1 > model.max_context()) {
+      build.skipped_prompt_tokens.push_back(length);
+    } else {
+      build.longer_prompt_tokens.push_back(length);
+    }
+  }
   build.kmeans_iterations = kmeans.iterations;
   build.kmeans_converged = kmeans.converged;
   std::vector<RoutedDomain> routed;
@@ -450,8 +582,20 @@ absl::StatusOr<AnchorsBuild> BuildDomainAnchors(
       const size_t m = std::min<size_t>(options.mask_samples, order.size());
       for (size_t j = 0; j < m; ++j)
         representative.push_back(ids[order[j].second]);
+      std::vector<LayerMask> candidates;
       RETURN_IF_ERROR(ChooseDraft(model, tokenizer, *profile, representative,
-                                  options, report, domain));
+                                  options, report, candidates, domain));
+      // The domain's texts nearest its centroid first, for long samples.
+      std::vector<const std::string*> ordered;
+      for (const auto& [similarity, i] : order) ordered.push_back(text_of[i]);
+      for (const int64_t length : build.longer_prompt_tokens) {
+        if (length <= domain.prompt_tokens) continue;
+        ASSIGN_OR_RETURN(
+            ContextDraft draft,
+            ChooseLongerDraft(model, tokenizer, *profile, ordered, length,
+                              options, domain, report, candidates));
+        domain.longer.push_back(std::move(draft));
+      }
     }
     routed.push_back(std::move(domain));
     build.reports.push_back(std::move(report));

@@ -940,8 +940,10 @@ void Sequence::Route() {
   const auto start = std::chrono::steady_clock::now();
   const DomainRoute route = router_->Route(routing_.Mean());
   const RoutedDomain& domain = router_->domains()[route.domain];
-  mask_ = domain.mask;
-  gamma_ = std::min(domain.gamma, request_.speculation.max_draft);
+  // The domain's draft priced for prompts of about this one's length.
+  const ContextDraft draft = domain.DraftFor(prompt_len_);
+  mask_ = draft.mask;
+  gamma_ = std::min(draft.gamma, request_.speculation.max_draft);
   result_.mask = gamma_ > 0 ? mask_.ToString() : "";
   result_.routed_domain = domain.name;
   if (gamma_ > 0) {

@@ -186,8 +186,9 @@ class Sequence {
                       const torch::Tensor& logits);
   // Ends the sequence normally and fills the result's totals.
   void Finish();
-  // kKnn, after the prefill: routes routing_ to a domain and takes its mask
-  // and gamma for the rest of the generation.
+  // kKnn, after the prefill: routes routing_ to a domain and takes the mask
+  // and gamma of its draft for prompts of this one's length
+  // (RoutedDomain::DraftFor) for the rest of the generation.
   void Route();
   // The drafting modes that are not planned (static, knn, specbound): their
   // guard (the planned modes' is in their PlanController), keyed by

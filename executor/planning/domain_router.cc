@@ -2,6 +2,8 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -35,6 +37,24 @@ void RoutingVector::Add(const torch::Tensor& final_states, int64_t start_pos) {
 torch::Tensor RoutingVector::Mean() const {
   if (count_ == 0) return first_;
   return sum_ / static_cast<double>(count_);
+}
+
+ContextDraft RoutedDomain::DraftFor(int64_t prompt_tokens) const {
+  ContextDraft best{this->prompt_tokens, mask, gamma, predicted_speedup};
+  if (longer.empty() || prompt_tokens <= this->prompt_tokens) return best;
+  // Log-scale distance; lengths are positive here (Create checks).
+  const double at = std::log(static_cast<double>(prompt_tokens));
+  double best_distance =
+      at - std::log(static_cast<double>(this->prompt_tokens));
+  for (const ContextDraft& draft : longer) {
+    const double distance =
+        std::abs(std::log(static_cast<double>(draft.prompt_tokens)) - at);
+    if (distance < best_distance) {
+      best = draft;
+      best_distance = distance;
+    }
+  }
+  return best;
 }
 
 absl::StatusOr<std::shared_ptr<const DomainRouter>> DomainRouter::Create(
@@ -88,6 +108,24 @@ absl::StatusOr<std::shared_ptr<const DomainRouter>> DomainRouter::Create(
       return absl::InvalidArgumentError(
           absl::StrCat("domain anchors: domain '", domain.name, "' has gamma ",
                        domain.gamma));
+    }
+    if (domain.prompt_tokens < 0 ||
+        (domain.prompt_tokens == 0 && !domain.longer.empty())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("domain anchors: domain '", domain.name,
+                       "' has prompt_tokens ", domain.prompt_tokens,
+                       domain.longer.empty() ? "" : " and longer drafts"));
+    }
+    int64_t shorter = domain.prompt_tokens;
+    for (const ContextDraft& draft : domain.longer) {
+      if (draft.mask.num_layers() != num_layers || draft.gamma < 0 ||
+          draft.prompt_tokens <= shorter) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "domain anchors: domain '", domain.name, "': its draft for ",
+            draft.prompt_tokens, "-token prompts needs a mask of ", num_layers,
+            " layers, gamma >= 0 and a length above ", shorter));
+      }
+      shorter = draft.prompt_tokens;
     }
   }
   std::shared_ptr<DomainRouter> router(new DomainRouter());
@@ -171,6 +209,23 @@ absl::StatusOr<std::shared_ptr<const DomainRouter>> DomainRouter::Load(
       domain.samples = d.value("samples", int64_t{0});
       domain.mask_source = d.value("mask_source", std::string());
       domain.predicted_speedup = d.value("predicted_speedup", 1.0);
+      domain.prompt_tokens = d.value("prompt_tokens", int64_t{0});
+      for (const Json& l : d.value("longer", Json::array())) {
+        ContextDraft draft;
+        draft.prompt_tokens = l.at("prompt_tokens").get<int64_t>();
+        auto longer =
+            LayerMask::Parse(l.at("mask").get<std::string>(),
+                             static_cast<int>(config.num_hidden_layers));
+        if (!longer.ok()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              path, ": domain '", domain.name, "' at ", draft.prompt_tokens,
+              " tokens: ", longer.status().message()));
+        }
+        draft.mask = *longer;
+        draft.gamma = l.at("gamma").get<int>();
+        draft.predicted_speedup = l.value("predicted_speedup", 1.0);
+        domain.longer.push_back(std::move(draft));
+      }
       domains.push_back(std::move(domain));
     }
     const Json ids = Json::parse(anchor_domain_text);
@@ -205,12 +260,21 @@ absl::StatusOr<std::shared_ptr<const DomainRouter>> DomainRouter::Load(
 absl::Status DomainRouter::Save(const std::string& path) const {
   Json list = Json::array();
   for (const RoutedDomain& d : domains_) {
+    Json longer = Json::array();
+    for (const ContextDraft& l : d.longer) {
+      longer.push_back({{"prompt_tokens", l.prompt_tokens},
+                        {"mask", l.mask.ToString()},
+                        {"gamma", l.gamma},
+                        {"predicted_speedup", l.predicted_speedup}});
+    }
     list.push_back({{"name", d.name},
                     {"mask", d.mask.ToString()},
                     {"gamma", d.gamma},
                     {"samples", d.samples},
                     {"mask_source", d.mask_source},
-                    {"predicted_speedup", d.predicted_speedup}});
+                    {"predicted_speedup", d.predicted_speedup},
+                    {"prompt_tokens", d.prompt_tokens},
+                    {"longer", std::move(longer)}});
   }
   const std::map<std::string, std::string> metadata = {
       {"format", kFormat},

@@ -27,7 +27,21 @@
 //             "weights_fingerprint" LlamaModel::weights_fingerprint() of the
 //                                  model whose hidden states the anchors are
 //             "domains"            JSON array of {name, mask, gamma,
-//                                  samples, mask_source, predicted_speedup}
+//                                  samples, mask_source, predicted_speedup,
+//                                  prompt_tokens, longer}; `longer` (may be
+//                                  absent) is an array of {prompt_tokens,
+//                                  mask, gamma, predicted_speedup}
+//
+// A domain's draft depends on the prompt's length. The same mask accepts
+// differently far into a long context: on stories-24l-skip the stories
+// domain's mask accepted 86% of its drafts after story openings and 40-60%
+// 1000 tokens in, where it lost to plain decoding until the guard held it
+// plain. So a domain carries its draft for prompts like its samples (mask,
+// gamma, priced at their mean length `prompt_tokens`) and drafts for longer
+// prompts (`longer`, each chosen on long contexts of the domain's own text);
+// a request takes the one priced for the length nearest its prompt's
+// (RoutedDomain::DraftFor). A file without `longer` gives every prompt the
+// domain's one draft.
 //
 // A file made for another model (another architecture, or the same one with
 // other weights) is refused at load with FailedPrecondition naming both
@@ -54,9 +68,18 @@
 
 namespace knapserve {
 
-// One domain: its name and the draft every request routed to it uses.
+// A domain's draft for prompts of about `prompt_tokens` tokens.
+struct ContextDraft {
+  int64_t prompt_tokens = 0;
+  LayerMask mask;  // the sublayers its drafts skip
+  int gamma = 0;   // draft length; 0 decodes plainly (nothing paid)
+  double predicted_speedup = 1.0;  // over plain decoding, at that length
+};
+
+// One domain: its name and the drafts requests routed to it use.
 struct RoutedDomain {
   std::string name;
+  // The draft for prompts like the domain's samples.
   LayerMask mask;  // the sublayers its drafts skip
   int gamma = 0;   // draft length; 0 decodes plainly (nothing paid)
   // Provenance, for people reading the file: samples the domain was built
@@ -65,6 +88,17 @@ struct RoutedDomain {
   int64_t samples = 0;
   std::string mask_source;
   double predicted_speedup = 1.0;
+  // The samples' mean prompt length that draft was priced at (0: unknown,
+  // a file written before drafts by length; then `longer` must be empty).
+  int64_t prompt_tokens = 0;
+  // Drafts for longer prompts, prompt_tokens ascending and above the
+  // domain's own.
+  std::vector<ContextDraft> longer;
+
+  // The draft for a prompt of `prompt_tokens` tokens: of the domain's own
+  // and `longer`, the one priced at the length nearest it on a log scale
+  // (lengths span 10 to 10,000 tokens); ties go to the shorter.
+  ContextDraft DraftFor(int64_t prompt_tokens) const;
 };
 
 // A prompt's routing vector, built chunk by chunk as its prefill runs.
@@ -95,9 +129,10 @@ class DomainRouter {
  public:
   // Checks and builds a router. `anchors` is [N, hidden] (any float dtype,
   // any device; kept as float32 on CPU), `anchor_domain` has N entries, each
-  // a valid index into `domains`; every domain needs at least one anchor and
-  // its mask must have `num_layers` layers. InvalidArgument naming the
-  // problem otherwise.
+  // a valid index into `domains`; every domain needs at least one anchor,
+  // its masks (its own and `longer`'s) must have `num_layers` layers, its
+  // gammas be >= 0 and `longer` ascend above its own prompt_tokens.
+  // InvalidArgument naming the problem otherwise.
   static absl::StatusOr<std::shared_ptr<const DomainRouter>> Create(
       std::string model_fingerprint, std::string weights_fingerprint,
       int num_layers, std::vector<RoutedDomain> domains,

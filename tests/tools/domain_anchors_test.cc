@@ -3,7 +3,8 @@
 // test halves, spherical K-means, and the whole build on stories260k: two
 // domains of different text separate, every domain gets its anchors and a
 // draft chosen by the KnapSpec DP, held-out samples route to their own
-// domain, and the router the build returns survives its file.
+// domain, the router the build returns survives its file, and longer prompt
+// lengths get drafts of their own.
 #include "tools/domain_anchors.h"
 
 #include <gmock/gmock.h>
@@ -184,6 +185,7 @@ TEST(DomainAnchorsTest, TheKnapSpecDpChoosesADraftPerDomain) {
   options.mask_samples = 2;
   options.reference_tokens = 8;
   options.max_draft = 4;
+  options.longer_prompt_tokens = {};  // LongerPromptsGetDraftsOfTheirOwn
   auto build = BuildDomainAnchors(
       *model, tokenizer, WithoutLast(TwoTextDomains()), &profile, options);
   ASSERT_TRUE(build.ok()) << build.status();
@@ -202,6 +204,63 @@ TEST(DomainAnchorsTest, TheKnapSpecDpChoosesADraftPerDomain) {
     EXPECT_LT(report.alpha, 1.0);
     EXPECT_EQ(domain.mask_source, "knapspec-dp");
   }
+}
+
+// Drafts by prompt length: every domain gets one for each longer length that
+// fits the context (on long samples of its own text), recorded in its report
+// and in the router; a length past the context is skipped and said so; the
+// lengths must ascend.
+TEST(DomainAnchorsTest, LongerPromptsGetDraftsOfTheirOwn) {
+  KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL("stories-24l");
+  const LlamaModel* model = testing::CachedModel("stories-24l");
+  ASSERT_NE(model, nullptr);
+  const Tokenizer& tokenizer = *testing::StoriesTokenizer();
+  const LatencyProfile profile = testing::HandLatencyProfile(*model);
+  AnchorOptions options;
+  options.anchors_per_domain = 3;
+  options.mask_samples = 2;
+  options.reference_tokens = 8;
+  options.max_draft = 4;
+  options.longer_prompt_tokens = {160, model->max_context()};
+  const std::vector<DomainSamples> domains = WithoutLast(TwoTextDomains());
+  auto build =
+      BuildDomainAnchors(*model, tokenizer, domains, &profile, options);
+  ASSERT_TRUE(build.ok()) << build.status();
+  EXPECT_THAT(build->longer_prompt_tokens, ElementsAre(160));
+  EXPECT_THAT(build->skipped_prompt_tokens, ElementsAre(model->max_context()));
+  for (size_t d = 0; d < 2; ++d) {
+    const DomainReport& report = build->reports[d];
+    const RoutedDomain& domain = build->router->domains()[d];
+    SCOPED_TRACE(report.name);
+    EXPECT_GT(domain.prompt_tokens, 0);
+    EXPECT_LT(domain.prompt_tokens, 160);
+    EXPECT_EQ(report.prompt_tokens, domain.prompt_tokens);
+    ASSERT_EQ(domain.longer.size(), 1u);
+    ASSERT_EQ(report.longer.size(), 1u);
+    const ContextDraft& draft = domain.longer[0];
+    EXPECT_EQ(draft.prompt_tokens, 160);
+    EXPECT_EQ(report.longer[0].prompt_tokens, 160);
+    EXPECT_EQ(draft.gamma, report.longer[0].gamma);
+    EXPECT_EQ(draft.gamma > 0 ? draft.mask.ToString() : "",
+              report.longer[0].mask);
+    EXPECT_LE(draft.gamma, 4);
+    if (draft.gamma > 0) {
+      EXPECT_THAT(report.candidates,
+                  ::testing::Contains(draft.mask.ToString()));
+      EXPECT_GT(draft.predicted_speedup, 1.0);
+      EXPECT_GT(report.longer[0].alpha, 0.0);
+    } else {
+      EXPECT_EQ(draft.predicted_speedup, 1.0);
+    }
+    EXPECT_EQ(domain.DraftFor(170).prompt_tokens, 160);
+    EXPECT_EQ(domain.DraftFor(domain.prompt_tokens).prompt_tokens,
+              domain.prompt_tokens);
+  }
+  options.longer_prompt_tokens = {300, 200};
+  auto unordered =
+      BuildDomainAnchors(*model, tokenizer, domains, &profile, options);
+  EXPECT_EQ(unordered.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Message(unordered.status()), HasSubstr("ascending"));
 }
 
 }  // namespace

@@ -92,6 +92,62 @@ TEST(DomainRouterTest, CreateRefusesInconsistentAnchors) {
               HasSubstr("[N, hidden]"));
 }
 
+// A domain's drafts by prompt length: own draft priced at 100 tokens,
+// longer ones at 512 and 1024; a prompt takes the nearest on a log scale.
+TEST(DomainRouterTest, DraftForTakesTheDraftPricedNearestThePromptLength) {
+  RoutedDomain d = Domain("d", "a1", 3, 2);
+  // No longer drafts: the domain's own for every length.
+  for (int64_t n : {1, 100, 5000}) {
+    EXPECT_EQ(d.DraftFor(n).gamma, 3);
+    EXPECT_EQ(d.DraftFor(n).mask.ToString(), "a1");
+  }
+  d.prompt_tokens = 100;
+  d.predicted_speedup = 1.2;
+  d.longer.push_back({512, Mask("m0", 2), 1, 1.1});
+  d.longer.push_back({1024, Mask("", 2), 0, 1.0});
+  auto at = [&](int64_t n) { return d.DraftFor(n).prompt_tokens; };
+  EXPECT_EQ(at(1), 100);
+  EXPECT_EQ(at(100), 100);
+  EXPECT_EQ(at(226), 100);  // sqrt(100 * 512) = 226.3
+  EXPECT_EQ(at(227), 512);
+  EXPECT_EQ(at(724), 512);  // sqrt(512 * 1024) = 724.1
+  EXPECT_EQ(at(725), 1024);
+  EXPECT_EQ(at(100000), 1024);
+  const ContextDraft own = d.DraftFor(50);
+  EXPECT_EQ(own.mask.ToString(), "a1");
+  EXPECT_EQ(own.gamma, 3);
+  EXPECT_DOUBLE_EQ(own.predicted_speedup, 1.2);
+  EXPECT_EQ(d.DraftFor(600).mask.ToString(), "m0");
+  EXPECT_EQ(d.DraftFor(600).gamma, 1);
+  EXPECT_EQ(d.DraftFor(1000).gamma, 0);
+}
+
+TEST(DomainRouterTest, CreateRefusesBadDraftsByLength) {
+  const torch::Tensor anchors = torch::eye(2);
+  auto create = [&](const RoutedDomain& d) {
+    return DomainRouter::Create("arch", "weights", 2, {d}, anchors, {0, 0})
+        .status();
+  };
+  RoutedDomain d = Domain("d", "a1", 2, 2);
+  d.longer.push_back({512, Mask("m0", 2), 1, 1.1});
+  // Longer drafts need the length the domain's own was priced at.
+  EXPECT_THAT(Message(create(d)), HasSubstr("prompt_tokens 0"));
+  d.prompt_tokens = 100;
+  EXPECT_TRUE(create(d).ok()) << create(d);
+  RoutedDomain shorter = d;
+  shorter.longer[0].prompt_tokens = 100;
+  EXPECT_THAT(Message(create(shorter)), HasSubstr("a length above 100"));
+  RoutedDomain unordered = d;
+  unordered.longer.push_back({256, Mask("", 2), 0, 1.0});
+  EXPECT_THAT(Message(create(unordered)), HasSubstr("a length above 512"));
+  RoutedDomain wide = d;
+  wide.longer[0].mask = Mask("", 3);
+  EXPECT_THAT(Message(create(wide)), HasSubstr("a mask of 2 layers"));
+  RoutedDomain negative = d;
+  negative.longer[0].gamma = -1;
+  EXPECT_THAT(Message(create(negative)), HasSubstr("gamma >= 0"));
+}
+
 TEST(DomainRouterTest, RoutesByCosineNotByDistance) {
   // Anchor 0 points along x; anchor 1 is far away but along y. A long vector
   // near the y axis is closer (Euclidean) to anchor 0 and must still route
@@ -125,6 +181,9 @@ TEST(DomainRouterTest, FileRoundTripsAndRefusesAnotherModel) {
   RoutedDomain stories = Domain("stories", "a1,m3", 3, layers);
   stories.samples = 40;
   stories.predicted_speedup = 1.25;
+  stories.prompt_tokens = 60;
+  stories.longer.push_back({256, Mask("m2", layers), 1, 1.05});
+  stories.longer.push_back({1000, Mask("", layers), 0, 1.0});
   auto made = DomainRouter::Create(
       model->config().Fingerprint(), model->weights_fingerprint(), layers,
       {stories, Domain("code", "", 0, layers)}, anchors, {0, 1, 0, 1, 1});
@@ -143,7 +202,16 @@ TEST(DomainRouterTest, FileRoundTripsAndRefusesAnotherModel) {
   EXPECT_EQ(r.domains()[0].gamma, 3);
   EXPECT_EQ(r.domains()[0].samples, 40);
   EXPECT_DOUBLE_EQ(r.domains()[0].predicted_speedup, 1.25);
+  EXPECT_EQ(r.domains()[0].prompt_tokens, 60);
+  ASSERT_EQ(r.domains()[0].longer.size(), 2u);
+  EXPECT_EQ(r.domains()[0].longer[0].prompt_tokens, 256);
+  EXPECT_EQ(r.domains()[0].longer[0].mask.ToString(), "m2");
+  EXPECT_EQ(r.domains()[0].longer[0].gamma, 1);
+  EXPECT_DOUBLE_EQ(r.domains()[0].longer[0].predicted_speedup, 1.05);
+  EXPECT_EQ(r.domains()[0].longer[1].prompt_tokens, 1000);
+  EXPECT_EQ(r.domains()[0].longer[1].gamma, 0);
   EXPECT_EQ(r.domains()[1].gamma, 0);
+  EXPECT_TRUE(r.domains()[1].longer.empty());
   EXPECT_EQ(r.anchor_domain(), (std::vector<int>{0, 1, 0, 1, 1}));
   EXPECT_TRUE(torch::equal(r.anchors(), anchors));
   for (int i = 0; i < 5; ++i) EXPECT_EQ(r.Route(anchors[i] * 7).anchor, i);
@@ -191,6 +259,13 @@ TEST(DomainRouterTest, FileRoundTripsAndRefusesAnotherModel) {
           "domains",
           R"([{"name":"a","mask":"a99","gamma":1},{"name":"b","mask":"","gamma":0}])")),
       HasSubstr("domain 'a'"));
+  EXPECT_THAT(
+      Message(rewrite(
+          "domains",
+          R"([{"name":"a","mask":"","gamma":0,"prompt_tokens":9,"longer":)"
+          R"([{"prompt_tokens":512,"mask":"m99","gamma":1}]},)"
+          R"({"name":"b","mask":"","gamma":0}])")),
+      HasSubstr("domain 'a' at 512 tokens"));
 }
 
 TEST(DomainRouterTest, WeightsFingerprintTellsTrainingsApart) {
@@ -347,6 +422,64 @@ TEST(KnnGenerationTest, GammaZeroDecodesPlainlyAndMaxDraftCapsGamma) {
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_GT(result->speculation.drafts, 0);
   EXPECT_LE(result->speculation.accepted_per_position.size(), 2u);
+}
+
+// A request takes its domain's draft for prompts of its length: the
+// domain's own after a short prompt, the longer drafts after long ones
+// (here the short prompt repeated), plain decoding where that draft is plain;
+// every output is plain decoding's.
+TEST(KnnGenerationTest, ALongPromptTakesItsDomainsDraftForItsLength) {
+  if (!testing::HaveStories260k()) GTEST_SKIP() << "no stories260k";
+  const LlamaModel* model = CachedModel("stories260k");
+  ASSERT_NE(model, nullptr);
+  const int layers = model->num_layers();
+  auto short_prompt = StoriesTokenizer()->Encode(
+      "Once upon a time, there was a little girl named Lily. She loved to",
+      true);
+  ASSERT_TRUE(short_prompt.ok());
+  const int64_t n = static_cast<int64_t>(short_prompt->size());
+  // The short prompt, then its text again (without BOS) up to `length`.
+  auto repeated = [&](int64_t length) {
+    std::vector<int32_t> ids = *short_prompt;
+    while (static_cast<int64_t>(ids.size()) < length)
+      ids.insert(ids.end(), short_prompt->begin() + 1, short_prompt->end());
+    ids.resize(length);
+    return ids;
+  };
+  RoutedDomain domain = Domain("all", "a1,m3", 3, layers);
+  domain.prompt_tokens = n;
+  domain.longer.push_back({4 * n, Mask("m1,a2", layers), 2, 1.1});
+  domain.longer.push_back({16 * n, Mask("", layers), 0, 1.0});
+  auto router = DomainRouter::Create(
+      model->config().Fingerprint(), model->weights_fingerprint(), layers,
+      {domain}, torch::ones({1, model->config().hidden_size}), {0});
+  ASSERT_TRUE(router.ok()) << router.status();
+  PlanningShared shared = PlanningShared::Create();
+  shared.router = *router;
+  struct Case {
+    int64_t length;
+    std::string mask;
+  };
+  for (const Case& c : std::vector<Case>{
+           {n, "a1,m3"}, {4 * n + 3, "m1,a2"}, {16 * n - 5, ""}}) {
+    SCOPED_TRACE(absl::StrCat(c.length, "-token prompt"));
+    const std::vector<int32_t> prompt = repeated(c.length);
+    GenerationRequest off = KnnRequest(prompt, 24);
+    off.speculation = SpeculationConfig();
+    auto plain = Generate(*model, *StoriesTokenizer(), off);
+    ASSERT_TRUE(plain.ok()) << plain.status();
+    auto result = Generate(*model, *StoriesTokenizer(), KnnRequest(prompt, 24),
+                           nullptr, nullptr, nullptr, &shared);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->routed_domain, "all");
+    EXPECT_EQ(result->mask, c.mask);
+    if (c.mask.empty()) {
+      EXPECT_EQ(result->speculation.drafts, 0);
+    } else {
+      EXPECT_GT(result->speculation.drafts, 0);
+    }
+    EXPECT_EQ(result->output_ids, plain->output_ids);
+  }
 }
 
 TEST(KnnGenerationTest, WithoutAnchorsItFailsWithFailedPrecondition) {
