@@ -291,8 +291,9 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
 
 // KNN-SSD end to end: `anchors` builds a file from two domains of text,
 // `generate --spec knn --anchors` routes a story opening to the story domain
-// and gives plain decoding's greedy ids; the file is refused by another
-// model, and bad --domains are refused naming the item.
+// and gives plain decoding's greedy ids; each domain also gets a draft for
+// longer prompts (--longer-prompts); the file is refused by another model,
+// and bad --domains and --longer-prompts are refused naming the item.
 
 TEST(KnapserveCliTest, AnchorsThenKnnGenerationRoutesAndStaysLossless) {
   const knapserve::testing::ScopedTempDir temp("cli_anchors");
@@ -301,11 +302,18 @@ TEST(KnapserveCliTest, AnchorsThenKnnGenerationRoutesAndStaysLossless) {
   const nlohmann::json built = RunJson(
       Stories({"anchors", "--domains", WriteTwoDomains(dir), "--split", "all",
                "--out", file, "--mask-samples", "2", "--reference-tokens", "8",
-               "--max-draft", "4", "--profile", StoriesProfile(), "--json"}));
+               "--max-draft", "4", "--profile", StoriesProfile(),
+               "--longer-prompts", "96", "--json"}));
   ASSERT_TRUE(built["domains"].is_array());
   ASSERT_EQ(built["domains"].size(), 2u);
   EXPECT_EQ(built["domains"][0]["name"], "stories");
   EXPECT_EQ(built["domains"][0]["samples"], 4);
+  // One draft for 96-token prompts per domain, beside the samples' own.
+  for (const nlohmann::json& domain : built["domains"]) {
+    EXPECT_LT(domain["prompt_tokens"].get<int64_t>(), 96) << domain;
+    ASSERT_EQ(domain["longer"].size(), 1u) << domain;
+    EXPECT_EQ(domain["longer"][0]["prompt_tokens"], 96) << domain;
+  }
 
   const nlohmann::json off = RunJson(Stories(GreedyJson(120)));
   std::vector<std::string> args = GreedyJson(120);
@@ -328,6 +336,9 @@ TEST(KnapserveCliTest, AnchorsThenKnnGenerationRoutesAndStaysLossless) {
        "stories.txt"},
       {Stories({"anchors", "--domains", "stories", "--out", dir + "/x"}),
        "NAME=FILE"},
+      {Stories({"anchors", "--domains", WriteTwoDomains(dir), "--out",
+                dir + "/x", "--longer-prompts", "512,many"}),
+       "'many' is not a positive token count"},
   };
   for (const Case& c : cases) {
     const Outcome outcome = RunKnapserve(c.args);
