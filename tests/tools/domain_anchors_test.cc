@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <optional>
 
 #include "tests/testing/test_models.h"
 #include "tests/testing/test_util.h"
@@ -171,23 +172,40 @@ TEST(DomainAnchorsTest, AnchorsRouteHeldOutSamplesToTheirDomain) {
                    .ok());
 }
 
+// The choice of drafts on stories-24l (deep enough for drafts that pay),
+// with a hand-made latency profile, few anchors, samples and reference
+// tokens, drafts of at most 4: a second per build.
+class DeepModelAnchorsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL("stories-24l");
+    model_ = testing::CachedModel("stories-24l");
+    ASSERT_NE(model_, nullptr);
+    profile_.emplace(testing::HandLatencyProfile(*model_));
+  }
+
+  static AnchorOptions SmallDraftChoice() {
+    AnchorOptions options;
+    options.anchors_per_domain = 3;
+    options.mask_samples = 2;
+    options.reference_tokens = 8;
+    options.max_draft = 4;
+    return options;
+  }
+
+  const LlamaModel* model_ = nullptr;
+  const Tokenizer& tokenizer_ = *testing::StoriesTokenizer();
+  std::optional<LatencyProfile> profile_;
+};
+
 // On the deep model the DP finds drafts that pay: every domain gets a
 // candidate from its samples, the chosen one is among them, and its
 // predicted speed-up is above 1.
-TEST(DomainAnchorsTest, TheKnapSpecDpChoosesADraftPerDomain) {
-  KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL("stories-24l");
-  const LlamaModel* model = testing::CachedModel("stories-24l");
-  ASSERT_NE(model, nullptr);
-  const Tokenizer& tokenizer = *testing::StoriesTokenizer();
-  const LatencyProfile profile = testing::HandLatencyProfile(*model);
-  AnchorOptions options;
-  options.anchors_per_domain = 3;
-  options.mask_samples = 2;
-  options.reference_tokens = 8;
-  options.max_draft = 4;
+TEST_F(DeepModelAnchorsTest, TheKnapSpecDpChoosesADraftPerDomain) {
+  AnchorOptions options = SmallDraftChoice();
   options.longer_prompt_tokens = {};  // LongerPromptsGetDraftsOfTheirOwn
   auto build = BuildDomainAnchors(
-      *model, tokenizer, WithoutLast(TwoTextDomains()), &profile, options);
+      *model_, tokenizer_, WithoutLast(TwoTextDomains()), &*profile_, options);
   ASSERT_TRUE(build.ok()) << build.status();
   for (size_t d = 0; d < 2; ++d) {
     const DomainReport& report = build->reports[d];
@@ -210,24 +228,15 @@ TEST(DomainAnchorsTest, TheKnapSpecDpChoosesADraftPerDomain) {
 // fits the context (on long samples of its own text), recorded in its report
 // and in the router; a length past the context is skipped and said so; the
 // lengths must ascend.
-TEST(DomainAnchorsTest, LongerPromptsGetDraftsOfTheirOwn) {
-  KNAPSERVE_SKIP_WITHOUT_SHARED_MODEL("stories-24l");
-  const LlamaModel* model = testing::CachedModel("stories-24l");
-  ASSERT_NE(model, nullptr);
-  const Tokenizer& tokenizer = *testing::StoriesTokenizer();
-  const LatencyProfile profile = testing::HandLatencyProfile(*model);
-  AnchorOptions options;
-  options.anchors_per_domain = 3;
-  options.mask_samples = 2;
-  options.reference_tokens = 8;
-  options.max_draft = 4;
-  options.longer_prompt_tokens = {160, model->max_context()};
+TEST_F(DeepModelAnchorsTest, LongerPromptsGetDraftsOfTheirOwn) {
+  AnchorOptions options = SmallDraftChoice();
+  options.longer_prompt_tokens = {160, model_->max_context()};
   const std::vector<DomainSamples> domains = WithoutLast(TwoTextDomains());
   auto build =
-      BuildDomainAnchors(*model, tokenizer, domains, &profile, options);
+      BuildDomainAnchors(*model_, tokenizer_, domains, &*profile_, options);
   ASSERT_TRUE(build.ok()) << build.status();
   EXPECT_THAT(build->longer_prompt_tokens, ElementsAre(160));
-  EXPECT_THAT(build->skipped_prompt_tokens, ElementsAre(model->max_context()));
+  EXPECT_THAT(build->skipped_prompt_tokens, ElementsAre(model_->max_context()));
   for (size_t d = 0; d < 2; ++d) {
     const DomainReport& report = build->reports[d];
     const RoutedDomain& domain = build->router->domains()[d];
@@ -258,7 +267,7 @@ TEST(DomainAnchorsTest, LongerPromptsGetDraftsOfTheirOwn) {
   }
   options.longer_prompt_tokens = {300, 200};
   auto unordered =
-      BuildDomainAnchors(*model, tokenizer, domains, &profile, options);
+      BuildDomainAnchors(*model_, tokenizer_, domains, &*profile_, options);
   EXPECT_EQ(unordered.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(Message(unordered.status()), HasSubstr("ascending"));
 }
