@@ -64,7 +64,7 @@ absl::Status Anchors() {
     int64_t length = 0;
     if (!absl::SimpleAtoi(item, &length) || length < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--longer_prompts: '", item, "' is not a positive token count"));
+          "--longer-prompts: '", item, "' is not a positive token count"));
     }
     options.longer_prompt_tokens.push_back(length);
   }

@@ -282,10 +282,21 @@ absl::StatusOr<ContextDraft> ChooseLongerDraft(
   for (size_t j = 0; j < m; ++j) {
     std::string text = *texts[j];
     std::vector<int32_t> ids;
+    size_t last_pass = 0;  // tokens after the previous pass over the texts
     for (size_t next = j + 1;; ++next) {
       ASSIGN_OR_RETURN(ids,
                        tokenizer.Encode(text, /*add_special_tokens=*/true));
       if (static_cast<int64_t>(ids.size()) >= length) break;
+      if ((next - j - 1) % texts.size() == 0) {
+        if (next > j + 1 && ids.size() <= last_pass) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("domain '", report.name,
+                           "': its texts one after another add "
+                           "no tokens, so they make no ",
+                           length, "-token sample"));
+        }
+        last_pass = ids.size();
+      }
       text += "\n\n";
       text += *texts[next % texts.size()];
     }

@@ -1,8 +1,10 @@
 // KNN-SSD's offline half (`knapserve anchors`, and the mixed-domain stream of
 // `bench spec --domains`): which samples make up a domain, the hidden vector
-// a prompt is routed by, K-means over those vectors, the anchors, and the one
-// draft (skip mask, gamma) each domain gets. executor/planning/domain_router.h
-// is the request-time half and the file format.
+// a prompt is routed by, K-means over those vectors, the anchors, and the
+// drafts (skip mask, gamma) each domain gets: one for prompts like its
+// samples and one for each longer prompt length.
+// executor/planning/domain_router.h is the request-time half and the file
+// format.
 //
 // How a domain's draft is chosen. The KNN-SSD paper runs Bayesian
 // optimisation of measured time per token on about 8 samples per domain. We

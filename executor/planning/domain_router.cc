@@ -118,12 +118,24 @@ absl::StatusOr<std::shared_ptr<const DomainRouter>> DomainRouter::Create(
     }
     int64_t shorter = domain.prompt_tokens;
     for (const ContextDraft& draft : domain.longer) {
-      if (draft.mask.num_layers() != num_layers || draft.gamma < 0 ||
-          draft.prompt_tokens <= shorter) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "domain anchors: domain '", domain.name, "': its draft for ",
-            draft.prompt_tokens, "-token prompts needs a mask of ", num_layers,
-            " layers, gamma >= 0 and a length above ", shorter));
+      const std::string what = absl::StrCat(
+          "domain anchors: domain '", domain.name, "': its draft for ",
+          draft.prompt_tokens, "-token prompts ");
+      if (draft.prompt_tokens <= shorter) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what,
+                         "is not for longer prompts than the draft "
+                         "before it (",
+                         shorter, " tokens)"));
+      }
+      if (draft.mask.num_layers() != num_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, "has a mask of ", draft.mask.num_layers(),
+                         " layers, the model has ", num_layers));
+      }
+      if (draft.gamma < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, "has gamma ", draft.gamma));
       }
       shorter = draft.prompt_tokens;
     }

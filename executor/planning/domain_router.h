@@ -2,8 +2,8 @@
 // is routed once, after its prompt is prefilled: the prompt's routing vector
 // (RoutingVector below: its last-layer hidden states, averaged) is compared
 // by cosine similarity with every anchor, and the domain of the nearest
-// anchor (1-NN) gives the layer mask and draft length the request keeps to
-// its end.
+// anchor (1-NN) gives the draft for prompts of its length (mask, gamma)
+// that the request keeps to its end.
 //
 // The routing vector. The KNN-SSD paper routes by the last hidden vector
 // of the input. We average the last layer's hidden states (after the last
@@ -17,8 +17,8 @@
 //
 // The anchors and per-domain drafts come from one file that `knapserve
 // anchors` writes (tools/domain_anchors.h: K-means with one cluster per
-// domain, the k samples nearest each centroid as anchors, one skip mask and
-// gamma per domain from the KnapSpec DP). The file is a .safetensors file:
+// domain, the k samples nearest each centroid as anchors, masks and gammas
+// per domain and prompt length from the KnapSpec DP). A .safetensors file:
 //
 //   tensor    "anchors"            [N, hidden] float32, one anchor per row
 //   metadata  "format"             "knapserve.domain_anchors.v1"

@@ -136,16 +136,22 @@ TEST(DomainRouterTest, CreateRefusesBadDraftsByLength) {
   EXPECT_TRUE(create(d).ok()) << create(d);
   RoutedDomain shorter = d;
   shorter.longer[0].prompt_tokens = 100;
-  EXPECT_THAT(Message(create(shorter)), HasSubstr("a length above 100"));
+  EXPECT_THAT(Message(create(shorter)),
+              HasSubstr("100-token prompts is not for longer prompts than the "
+                        "draft before it (100 tokens)"));
   RoutedDomain unordered = d;
   unordered.longer.push_back({256, Mask("", 2), 0, 1.0});
-  EXPECT_THAT(Message(create(unordered)), HasSubstr("a length above 512"));
+  EXPECT_THAT(Message(create(unordered)),
+              HasSubstr("256-token prompts is not for longer prompts than the "
+                        "draft before it (512 tokens)"));
   RoutedDomain wide = d;
   wide.longer[0].mask = Mask("", 3);
-  EXPECT_THAT(Message(create(wide)), HasSubstr("a mask of 2 layers"));
+  EXPECT_THAT(Message(create(wide)),
+              HasSubstr("512-token prompts has a mask of 3 layers"));
   RoutedDomain negative = d;
   negative.longer[0].gamma = -1;
-  EXPECT_THAT(Message(create(negative)), HasSubstr("gamma >= 0"));
+  EXPECT_THAT(Message(create(negative)),
+              HasSubstr("512-token prompts has gamma -1"));
 }
 
 TEST(DomainRouterTest, RoutesByCosineNotByDistance) {
@@ -266,6 +272,25 @@ TEST(DomainRouterTest, FileRoundTripsAndRefusesAnotherModel) {
           R"([{"prompt_tokens":512,"mask":"m99","gamma":1}]},)"
           R"({"name":"b","mask":"","gamma":0}])")),
       HasSubstr("domain 'a' at 512 tokens"));
+  // A file written before drafts by length (no prompt_tokens, no longer)
+  // loads, and every prompt takes the domain's one draft.
+  auto older = DomainRouter::Load(
+      [&] {
+        std::map<std::string, std::string> old = meta;
+        old["domains"] = R"([{"name":"a","mask":"a1","gamma":2},)"
+                         R"({"name":"b","mask":"","gamma":0}])";
+        const std::string old_path = dir.path() + "/old.anchors";
+        EXPECT_TRUE(
+            WriteSafetensors(old_path, {{"anchors", anchors}}, old).ok());
+        return old_path;
+      }(),
+      model->config(), model->weights_fingerprint());
+  ASSERT_TRUE(older.ok()) << older.status();
+  const RoutedDomain& a = (*older)->domains()[0];
+  EXPECT_EQ(a.prompt_tokens, 0);
+  EXPECT_TRUE(a.longer.empty());
+  EXPECT_EQ(a.DraftFor(5000).mask.ToString(), "a1");
+  EXPECT_EQ(a.DraftFor(5000).gamma, 2);
 }
 
 TEST(DomainRouterTest, WeightsFingerprintTellsTrainingsApart) {
