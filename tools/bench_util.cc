@@ -325,6 +325,8 @@ void AccumulatePlanning(PlanningStats& a, const PlanningStats& b) {
   a.guard_inherited_steps += b.guard_inherited_steps;
   a.guard_carried_steps += b.guard_carried_steps;
   a.guard_settle_steps += b.guard_settle_steps;
+  a.guard_confirmations += b.guard_confirmations;
+  a.guard_cleared_losses += b.guard_cleared_losses;
   if (b.guard_checks > 0) {
     a.guard_last_spec_tps = b.guard_last_spec_tps;
     a.guard_last_plain_tps = b.guard_last_plain_tps;

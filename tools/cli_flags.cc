@@ -335,6 +335,11 @@ ABSL_FLAG(bool, guard_clear_losses, true,
           "held plain twice as long as a narrow loser, and its loss also "
           "holds the mode's other settings (static, knn, specbound) that "
           "were never judged at that context.");
+ABSL_FLAG(bool, guard_confirm_losses, true,
+          "The guard: a narrow loss against plain steps measured at another "
+          "time is confirmed by a probe (plain steps alternating with the "
+          "setting's) before it holds the setting plain; the probe's pairs "
+          "decide.");
 ABSL_FLAG(double, guard_explore_share, 0.005,
           "The guard: a losing setting is held plain for at least what its "
           "judged steps cost over plain decoding divided by this share, so "
@@ -635,6 +640,8 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
       absl::GetFlag(FLAGS_guard_settle_plain);
   request.speculation.guard_clear_losses =
       absl::GetFlag(FLAGS_guard_clear_losses);
+  request.speculation.guard_confirm_losses =
+      absl::GetFlag(FLAGS_guard_confirm_losses);
   request.speculation.guard_explore_share =
       absl::GetFlag(FLAGS_guard_explore_share);
   return request;

@@ -116,6 +116,7 @@ ABSL_DECLARE_FLAG(int64_t, guard_reprobe_steps);
 ABSL_DECLARE_FLAG(bool, guard_carry);
 ABSL_DECLARE_FLAG(bool, guard_settle_plain);
 ABSL_DECLARE_FLAG(bool, guard_clear_losses);
+ABSL_DECLARE_FLAG(bool, guard_confirm_losses);
 ABSL_DECLARE_FLAG(double, guard_explore_share);
 
 namespace knapserve {

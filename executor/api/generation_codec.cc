@@ -351,6 +351,8 @@ v1::GenerateResponse EncodeFinal(std::string_view request_id,
   w->set_guard_inherited_steps(planning.guard_inherited_steps);
   w->set_guard_carried_steps(planning.guard_carried_steps);
   w->set_guard_settle_steps(planning.guard_settle_steps);
+  w->set_guard_confirmations(planning.guard_confirmations);
+  w->set_guard_cleared_losses(planning.guard_cleared_losses);
   return response;
 }
 
@@ -376,6 +378,8 @@ PlanningStats DecodePlanningStats(const v1::PlanningStats& w) {
   s.guard_inherited_steps = w.guard_inherited_steps();
   s.guard_carried_steps = w.guard_carried_steps();
   s.guard_settle_steps = w.guard_settle_steps();
+  s.guard_confirmations = w.guard_confirmations();
+  s.guard_cleared_losses = w.guard_cleared_losses();
   return s;
 }
 

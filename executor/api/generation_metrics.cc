@@ -84,6 +84,14 @@ GenerationMetrics::GenerationMetrics(MetricsRegistry& r,
           "knapserve_guard_settle_steps_total",
           "Plain steps right after a prefill because the request's drafting "
           "setting had not won a guard judgement at the context bucket.")),
+      guard_confirmations_(r.AddCounter(
+          "knapserve_guard_confirmations_total",
+          "Narrow losses against plain steps measured at another time that "
+          "the guard ran a probe to confirm.")),
+      guard_cleared_losses_(r.AddCounter(
+          "knapserve_guard_cleared_losses_total",
+          "Of those, the losses the probe's pairs cleared (the setting "
+          "drafted on).")),
       routing_(r.AddHistogram(
           "knapserve_routing_seconds",
           "KNN-SSD: time to route a request to its domain (1-NN over the "
@@ -262,6 +270,9 @@ void GenerationMetrics::AddResult(const GenerationResult& r,
       static_cast<double>(planning.guard_inherited_steps));
   guard_carried_steps_.Add(static_cast<double>(planning.guard_carried_steps));
   guard_settle_steps_.Add(static_cast<double>(planning.guard_settle_steps));
+  guard_confirmations_.Add(static_cast<double>(planning.guard_confirmations));
+  guard_cleared_losses_.Add(
+      static_cast<double>(planning.guard_cleared_losses));
   if (result->stats.completion_tokens > 1) {
     itl_.Observe(result->stats.decode_seconds /
                  static_cast<double>(result->stats.completion_tokens - 1));

@@ -78,6 +78,8 @@ class GenerationMetrics {
   Counter& guard_inherited_steps_;
   Counter& guard_carried_steps_;
   Counter& guard_settle_steps_;
+  Counter& guard_confirmations_;
+  Counter& guard_cleared_losses_;
   Histogram& routing_;
   std::vector<Counter*> triggers_;  // no_plan, new_bucket, drift, recheck
 

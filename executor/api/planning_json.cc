@@ -23,6 +23,8 @@ nlohmann::json PlanningJson(const PlanningStats& s, double decode_seconds) {
             {"inherited_steps", s.guard_inherited_steps},
             {"carried_steps", s.guard_carried_steps},
             {"settle_steps", s.guard_settle_steps},
+            {"confirmations", s.guard_confirmations},
+            {"cleared_losses", s.guard_cleared_losses},
             {"last_spec_tps", s.guard_last_spec_tps},
             {"last_plain_tps", s.guard_last_plain_tps}}},
           {"profile_pending", s.profile_pending},

@@ -97,6 +97,10 @@ void RequestTrace::Finish(const absl::Status& status,
                          guard.guard_carried_steps);
     decode_.SetAttribute("knapserve.guard.settle_steps",
                          guard.guard_settle_steps);
+    decode_.SetAttribute("knapserve.guard.confirmations",
+                         guard.guard_confirmations);
+    decode_.SetAttribute("knapserve.guard.cleared_losses",
+                         guard.guard_cleared_losses);
     decode_.End(seq_end);
 
     const SpeculationStats& spec = result->speculation;

@@ -133,6 +133,8 @@ struct SpeculationConfig {
   bool guard_settle_plain = true;
   // GuardOptions::clear_losses (--guard-clear-losses).
   bool guard_clear_losses = true;
+  // GuardOptions::confirm_losses (--guard-confirm-losses).
+  bool guard_confirm_losses = true;
   // GuardOptions::explore_share (--guard-explore-share), in [0, 1); 0: off.
   double guard_explore_share = 0.005;
   // SpecBound (kSpecBound, executor/engine/specbound.h): early-exit drafting.

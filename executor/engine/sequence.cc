@@ -103,6 +103,7 @@ GuardOptions GuardOptionsFrom(const SpeculationConfig& spec) {
   options.carry_neighbour_losses = spec.guard_carry;
   options.settle_plain = spec.guard_settle_plain;
   options.clear_losses = spec.guard_clear_losses;
+  options.confirm_losses = spec.guard_confirm_losses;
   options.explore_share = spec.guard_explore_share;
   return options;
 }

@@ -501,6 +501,7 @@ int64_t GuardVerdicts::AddStep(const std::string& execution_id,
   if (plan_version > pool.plan_version) {
     pool.plan_version = plan_version;
     pool.steps.clear();
+    pool.pairs = Pairs{};
     pool.since_judged = 0;
   }
   pool.steps.push_back(step);
@@ -508,6 +509,35 @@ int64_t GuardVerdicts::AddStep(const std::string& execution_id,
     pool.steps.pop_front();
   }
   return ++pool.since_judged;
+}
+
+GuardVerdicts::Pairs GuardVerdicts::AddPairs(
+    const std::string& execution_id, const std::string& setting,
+    int64_t bucket_tokens, int64_t bucket, int64_t plan_version,
+    const Pairs& pairs, int64_t keep) {
+  absl::MutexLock lock(&mu_);
+  const Key key(execution_id, setting, bucket_tokens, bucket);
+  if (pools_.size() >= kMaxPools && !pools_.contains(key)) {
+    pools_.erase(pools_.begin());  // any: a bound, not a policy
+  }
+  Pool& pool = pools_[key];
+  if (plan_version < pool.plan_version) return pairs;  // an older plan's
+  if (plan_version > pool.plan_version) {
+    pool.plan_version = plan_version;
+    pool.steps.clear();
+    pool.pairs = Pairs{};
+    pool.since_judged = 0;
+  }
+  const auto append = [keep](const std::deque<Step>& from,
+                             std::deque<Step>& to) {
+    to.insert(to.end(), from.begin(), from.end());
+    while (static_cast<int64_t>(to.size()) > std::max<int64_t>(1, keep)) {
+      to.pop_front();
+    }
+  };
+  append(pairs.setting, pool.pairs.setting);
+  append(pairs.plain, pool.pairs.plain);
+  return pool.pairs;
 }
 
 std::deque<GuardVerdicts::Step> GuardVerdicts::Steps(

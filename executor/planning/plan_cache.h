@@ -466,6 +466,21 @@ class GuardVerdicts {
                          const std::string& setting, int64_t bucket_tokens,
                          int64_t bucket, int64_t plan_version) const
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A confirming probe's pairs (SpeculationGuard, GuardOptions::
+  // confirm_losses): `setting` holds the setting's steps of the pairs,
+  // `plain` their plain steps.
+  struct Pairs {
+    std::deque<Step> setting;
+    std::deque<Step> plain;
+  };
+  // Adds a confirming probe's pairs to the setting's pairs at the key
+  // (pooled over every sequence that confirmed there, the last `keep` of
+  // each kept) and returns the pool. The pool follows the step pool's rules
+  // (AddStep): a newer plan starts it afresh, an older plan's pairs are
+  // not added (only returned), a loss empties it.
+  Pairs AddPairs(const std::string& execution_id, const std::string& setting,
+                 int64_t bucket_tokens, int64_t bucket, int64_t plan_version,
+                 const Pairs& pairs, int64_t keep) ABSL_LOCKS_EXCLUDED(mu_);
   // Losing verdicts in force (a gauge), and all ever given (a counter;
   // carried ones included, and counted by verdicts_carried too).
   int64_t losing() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -505,6 +520,7 @@ class GuardVerdicts {
   struct Pool {
     int64_t plan_version = 0;
     std::deque<Step> steps;
+    Pairs pairs;               // confirming probes' pairs (AddPairs)
     int64_t since_judged = 0;  // steps added since the last judgement
     // The plan version of the last win judged at its key; -1: none. Any
     // win keeps a neighbour's loss from carrying there.

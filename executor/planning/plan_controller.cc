@@ -50,6 +50,7 @@ void SpeculationGuard::Reset() {
   probe_plain_.clear();
   futile_run_ = 0;
   probe_first_bucket_ = -1;
+  confirming_ = false;
 }
 
 double RateStandardError(int64_t steps, double tokens, double seconds,
@@ -133,6 +134,7 @@ bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
 
 void SpeculationGuard::StartProbe() {
   state_ = State::kProbe;
+  confirming_ = false;
   probe_left_ = options_.probe_steps;
   probe_setting_.clear();
   probe_plain_.clear();
@@ -211,6 +213,11 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
       if (step.tokens == 1) probe_plain_.push_back({1, step.seconds});
       if (--probe_left_ > 0) return;
       state_ = State::kSpeculate;
+      if (confirming_) {
+        // A narrow loss's confirmation: the pairs judge it, win or loss.
+        confirming_ = false;
+        if (Judge(bucket, stats, JudgeKind::kConfirm)) return;
+      }
       // The pairs condemn a clear loser at once; otherwise the setting is
       // judged as before, against the bucket's plain rate (the probe's
       // plain steps, now), when due.
@@ -338,12 +345,24 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     const Rate plain_rate = RateOf(probe_plain_);
     if (plain_rate.tokens_per_second > 0) plain = plain_rate;
     rate = RateOf(probe_setting_);
+  } else if (kind == JudgeKind::kConfirm) {
+    // The probe's pairs with the setting's earlier confirming pairs here.
+    GuardVerdicts::Pairs pairs{probe_setting_, probe_plain_};
+    if (verdicts_ != nullptr) {
+      pairs = verdicts_->AddPairs(
+          execution_id_, setting_, bucket_tokens_, bucket, plan_version_,
+          pairs, std::max(options_.evidence_steps, options_.min_steps));
+    }
+    if (pairs.setting.size() < 2 || pairs.plain.empty()) return false;
+    const Rate plain_rate = RateOf(pairs.plain);
+    if (plain_rate.tokens_per_second > 0) plain = plain_rate;
+    rate = RateOf(pairs.setting);
   } else {
     plain = PlainRate(bucket);
     rate = RateOf(Evidence(bucket));
   }
   const bool has_plain = plain.has_value() && plain->tokens_per_second > 0;
-  if (kind != JudgeKind::kFull) {
+  if (kind == JudgeKind::kEarly || kind == JudgeKind::kPaired) {
     // Before min_steps, and on a probe's pairs, only a loss is judged, and
     // only against a measured plain rate (no probe for it): a clear loss,
     // or, when the setting lost its last judgement here (a re-probe), any
@@ -369,9 +388,22 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     Reset();
     return false;
   }
-  Record(rate, *plain,
-         BelowPlain(rate, *plain, 1.0 + options_.margin, options_.confidence),
-         bucket, stats);
+  const bool loses =
+      BelowPlain(rate, *plain, 1.0 + options_.margin, options_.confidence);
+  if (loses && options_.confirm_losses && options_.probe_steps > 0 &&
+      (kind == JudgeKind::kFull || kind == JudgeKind::kEarly) &&
+      !BelowPlain(rate, *plain, 1.0 - options_.early_loss,
+                  options_.confidence)) {
+    // A narrow loss against the table's plain steps, measured at another
+    // time: the pairs of a probe confirm it or not (GuardOptions::
+    // confirm_losses).
+    StartProbe();
+    confirming_ = true;
+    ++stats.guard_confirmations;
+    return false;
+  }
+  if (kind == JudgeKind::kConfirm && !loses) ++stats.guard_cleared_losses;
+  Record(rate, *plain, loses, bucket, stats);
   return true;
 }
 

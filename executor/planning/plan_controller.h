@@ -228,6 +228,23 @@ struct GuardOptions {
   // setting at 0.73x of plain, that setting's re-probe, and its second
   // setting at 0.64x, 23 drafting steps at about 0.65x in all.
   bool clear_losses = true;
+  // A narrow loss (not a clear one) judged against the plain-rate table's
+  // reference is confirmed before it holds anything: the guard runs a probe
+  // (probe_steps plain steps, each after one of the setting's steps) and
+  // judges the pairs by the full rule, pooled with the setting's earlier
+  // confirming pairs at the bucket (GuardVerdicts::AddPairs); the pairs'
+  // verdict, win or loss, is the judgement. The table's plain steps ran at
+  // another time than the setting's (up to plain_max_age_seconds before,
+  // other requests' texts), and a 2-core VM's speed drifts by 10-25% between
+  // such stretches: on stories-24l-skip (fp32, warm plan cache) a static mask
+  // that drafted at 1.12x of plain in every cold pass lost judgements at
+  // 1268 against a plain reference of 1312 tokens/s that read 1043 a second
+  // earlier, and each loss held every request plain for 256 steps and more
+  // (doubling), so the warm row read 1.005x. Pairs measure both over the
+  // same stretch. A loser pays probe_steps more of its steps before the
+  // verdict; a clear loss needs no confirmation. false: a narrow loss
+  // against the table holds at once.
+  bool confirm_losses = true;
 };
 
 struct PlanControllerOptions {
@@ -287,6 +304,11 @@ struct PlanningStats {
   // Plain steps at a sequence's start (its settle steps) because its setting
   // had not won at the bucket (GuardOptions::settle_plain).
   int64_t guard_settle_steps = 0;
+  // Narrow losses against the plain-rate table that a probe was run to
+  // confirm (GuardOptions::confirm_losses), and those its pairs cleared
+  // (the setting drafted on).
+  int64_t guard_confirmations = 0;
+  int64_t guard_cleared_losses = 0;
   int64_t guard_plain_steps = 0;    // plain steps decoded because a plan lost
   double guard_last_spec_tps = 0;   // measured at the last judgement
   double guard_last_plain_tps = 0;  // the plain rate it was compared with
@@ -464,9 +486,11 @@ class SpeculationGuard {
   // kFull: the evidence against the bucket's plain rate (a probe when it
   // has none); kEarly: the same, but only a clear loss is judged (the
   // early_loss bound; any loss for a re-probe of a loser); kPaired: as
-  // kEarly, with the setting's steps of a probe against its plain steps.
+  // kEarly, with the setting's steps of a probe against its plain steps;
+  // kConfirm: a confirming probe's pairs, pooled with the setting's earlier
+  // ones at the bucket, by the full rule (GuardOptions::confirm_losses).
   // Whether it judged (a verdict, win or loss, was given).
-  enum class JudgeKind { kFull, kEarly, kPaired };
+  enum class JudgeKind { kFull, kEarly, kPaired, kConfirm };
   bool Judge(int64_t bucket, PlanningStats& stats,
              JudgeKind kind = JudgeKind::kFull);
   // A run of futile_steps steps that saved no layer: a loss, whatever the
@@ -529,6 +553,9 @@ class SpeculationGuard {
   // The bucket where the guard last decided whether to probe first
   // (probe_first): -1 after Reset (no step of the setting has run yet).
   int64_t probe_first_bucket_ = -1;
+  // The probe under way confirms a narrow loss (GuardOptions::
+  // confirm_losses): at its end its pairs are judged by the full rule.
+  bool confirming_ = false;
   int64_t steps_seen_ = 0;  // steps observed (any setting, guard on or off)
 };
 

@@ -369,6 +369,10 @@ TEST(OtlpTracesTest, SplitDeploymentExportsOneTraceAcrossBothProcesses) {
             out["planning"]["guard"]["carried_steps"].get<int64_t>());
   EXPECT_EQ(decode->integer("knapserve.guard.settle_steps"),
             out["planning"]["guard"]["settle_steps"].get<int64_t>());
+  EXPECT_EQ(decode->integer("knapserve.guard.confirmations"),
+            out["planning"]["guard"]["confirmations"].get<int64_t>());
+  EXPECT_EQ(decode->integer("knapserve.guard.cleared_losses"),
+            out["planning"]["guard"]["cleared_losses"].get<int64_t>());
 
   // The plan chain: snapshot -> encode -> send -> [planner] queue, solve;
   // send -> receive -> apply. The first snapshot is the no_plan trigger's

@@ -471,6 +471,8 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   p.guard_inherited_steps = 6;
   p.guard_carried_steps = 4;
   p.guard_settle_steps = 8;
+  p.guard_confirmations = 5;
+  p.guard_cleared_losses = 3;
   p.profile_pending = true;
   p.profile_pending_steps = 11;
   AppliedPlan plan;
@@ -563,6 +565,8 @@ TEST(GenerationCodecTest, FinalCarriesPlanningStatisticsThatDecodeBack) {
   EXPECT_EQ(PlanningJson(back, 2.0)["guard"]["inherited_steps"], 6);
   EXPECT_EQ(PlanningJson(back, 2.0)["guard"]["carried_steps"], 4);
   EXPECT_EQ(PlanningJson(back, 2.0)["guard"]["settle_steps"], 8);
+  EXPECT_EQ(PlanningJson(back, 2.0)["guard"]["confirmations"], 5);
+  EXPECT_EQ(PlanningJson(back, 2.0)["guard"]["cleared_losses"], 3);
 }
 
 }  // namespace

@@ -748,12 +748,16 @@ TEST(PlanControllerTest, SnapshotsOfOneSequenceAreAtLeastTheGapApart) {
 // ---------------------------------------------------------------------------
 // The guard
 
+// The guard's rules against the plain-rate table: a narrow loss holds at
+// once, as with confirm_losses off (its confirmation by a probe's pairs has
+// tests of its own: ANarrowLossIsConfirmedByAProbesPairs).
 PlanControllerOptions GuardOn() {
   PlanControllerOptions o = Options();
   o.guard.enabled = true;
   o.guard.margin = 0.05;
   o.guard.min_steps = 4;
   o.guard.probe_steps = 3;
+  o.guard.confirm_losses = false;
   return o;
 }
 
@@ -981,6 +985,7 @@ TEST(SpeculationGuardTest, AnUnprovenSettingSettlesPlainly) {
 
 // The guard of the hold tests: no settle steps, judged at the 4th step (no
 // earlier), 3 plain steps make a rate, a first hold of 5 plain steps.
+// As GuardOn: a narrow loss holds at once (confirm_losses off).
 GuardOptions HoldTestOptions() {
   GuardOptions o;
   o.settle_steps = 0;
@@ -988,6 +993,7 @@ GuardOptions HoldTestOptions() {
   o.early_steps = 0;
   o.probe_steps = 3;
   o.reprobe_steps = 5;
+  o.confirm_losses = false;
   return o;
 }
 
@@ -1536,6 +1542,113 @@ TEST(SpeculationGuardTest, ABucketEveryRequestOnlyPassesThroughIsJudgedToo) {
   EXPECT_EQ(third.BeforeStep(0, 1).gamma, 0) << "held from its first step";
 }
 
+// A narrow loss against the table's plain steps (measured by another
+// sequence, at another time) holds nothing until a probe's pairs confirm
+// it: 4 steps of 2 tokens in 10.5 ms (190 tokens/s) against the table's
+// 200 tokens/s (below 200 x 1.05), then 3 pairs. "slowed": the machine
+// has slowed since the table's steps, its plain steps in the probe take
+// 6.5 ms (154 tokens/s): the pairs clear the setting, which drafts on, and
+// the table's reference is now the probe's plain steps. "confirmed": the
+// probe's plain steps run at the table's 200 tokens/s: the pairs' loss is
+// the verdict. With confirm_losses off both lose at the window's end. A
+// clear loss (2 tokens in 20 ms: 100 tokens/s) needs no probe.
+TEST(SpeculationGuardTest, ANarrowLossIsConfirmedByAProbesPairs) {
+  struct Case {
+    const char* name;
+    double step_seconds;   // the setting's steps (2 tokens)
+    double plain_seconds;  // the probe's plain steps
+    bool confirm;
+    bool loses;
+    int64_t probe_steps;
+  };
+  const Case cases[] = {
+      {"slowed", 0.0105, 0.0065, true, false, 3},
+      {"confirmed", 0.0105, 0.005, true, true, 3},
+      {"slowed, confirm_losses off", 0.0105, 0.0065, false, true, 0},
+      {"clear", 0.02, 0.005, true, true, 0},
+  };
+  for (const Case& test : cases) {
+    SCOPED_TRACE(test.name);
+    PlanningShared shared = SharedWithPlanAndPlainRate();
+    PlanControllerOptions o = GuardOn();
+    o.guard.confirm_losses = test.confirm;
+    PlanController c(o, BaseKey(), 1, 0, shared);
+    int64_t step = 0;
+    for (; step < 4; ++step) {
+      EXPECT_EQ(c.BeforeStep(step, 1).gamma, 3) << step;
+      c.AfterStep(Spec(3, 3, 1, test.step_seconds));
+    }
+    if (test.probe_steps > 0) {
+      EXPECT_EQ(c.stats().guard_checks, 0) << "no verdict before the pairs";
+      for (int i = 0; i < 3; ++i) {
+        SCOPED_TRACE(i);
+        ProbePair(c, step, 3, Spec(3, 3, 1, test.step_seconds),
+                  test.plain_seconds);
+      }
+    }
+    EXPECT_EQ(c.stats().guard_probe_steps, test.probe_steps);
+    EXPECT_EQ(c.stats().guard_checks, 1);
+    EXPECT_EQ(c.stats().guard_fallbacks, test.loses ? 1 : 0);
+    EXPECT_EQ(c.stats().guard_confirmations, test.probe_steps > 0 ? 1 : 0);
+    EXPECT_EQ(c.stats().guard_cleared_losses, test.loses ? 0 : 1);
+    EXPECT_NEAR(c.stats().guard_last_spec_tps, 2 / test.step_seconds, 1e-6);
+    EXPECT_NEAR(c.stats().guard_last_plain_tps,
+                1 / (test.probe_steps > 0 ? test.plain_seconds : 0.005), 1e-6);
+    EXPECT_EQ(c.BeforeStep(step, 1).gamma, test.loses ? 0 : 3)
+        << "after the judgement";
+    EXPECT_EQ(shared.verdicts->losing(), test.loses ? 1 : 0);
+  }
+}
+
+// A confirming probe's pairs join the setting's earlier ones at the bucket,
+// whichever sequence ran them: two sequences each find a narrow loss
+// (their windows at 182 and 196 tokens/s against the table's 208) and
+// confirm it with 3 pairs, and the second judges all 6. The first's pairs
+// were a win (the setting at 250 tokens/s against 200) and the second's a
+// loss (150 against 200): pooled (2 x 3 x 2 tokens in 3 x 8 ms + 3 x 13.3
+// ms, 188 tokens/s against 200) a loss, held for the setting's every
+// sequence.
+TEST(SpeculationGuardTest, ConfirmingPairsArePooledOverSequences) {
+  GuardOptions o = HoldTestOptions();
+  o.confirm_losses = true;
+  o.margin = 0.0;
+  o.confidence = 0;  // the bare rates (the pairs have no spread here)
+  PlanningShared shared = PlanningShared::Create();
+  const std::string execution = BaseKey().ExecutionId();
+  const std::string setting = "static a1,m2 D3";
+  // Runs `spec` steps until the window's narrow loss against the table's
+  // plain rate starts a probe, then its 3 pairs with plain steps of 5 ms.
+  const auto confirm = [&](uint64_t id, double pair_seconds) {
+    for (int i = 0; i < 3; ++i) {
+      shared.plain_rates->Record(execution, 32, 0, 0.0048);  // 208/s
+    }
+    SpeculationGuard guard(o, shared.plain_rates, shared.verdicts, execution,
+                           setting, id, 32);
+    PlanningStats stats;
+    for (int i = 0; i < 4; ++i) {  // 2 tokens in 11 ms: 182 tokens/s
+      EXPECT_FALSE(guard.BeforeStep(0, stats)) << i;
+      guard.Observe(true, 0, Spec(3, 3, 1, 0.011), stats);
+    }
+    EXPECT_EQ(stats.guard_checks, 0) << "a probe confirms first";
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_FALSE(guard.BeforeStep(0, stats)) << "the setting's step " << i;
+      guard.Observe(true, 0, Spec(3, 3, 1, pair_seconds), stats);
+      EXPECT_TRUE(guard.BeforeStep(0, stats)) << "the plain step " << i;
+      guard.Observe(false, 0, Plain(0.005), stats);
+    }
+    EXPECT_EQ(stats.guard_checks, 1);
+    return stats;
+  };
+  PlanningStats first = confirm(1, 0.008);  // 250 against 200
+  EXPECT_EQ(first.guard_fallbacks, 0);
+  EXPECT_NEAR(first.guard_last_spec_tps, 250, 1e-6);
+  PlanningStats second = confirm(2, 0.04 / 3);  // 150 against 200
+  EXPECT_EQ(second.guard_fallbacks, 1);
+  EXPECT_NEAR(second.guard_last_spec_tps, 12 / (0.024 + 0.04), 1e-6);
+  EXPECT_NEAR(second.guard_last_plain_tps, 200, 1e-6);
+  EXPECT_TRUE(shared.verdicts->Find(execution, setting, 32, 0).has_value());
+}
+
 // A window far below the plain rate is judged after early_steps, not
 // min_steps; one only a little below waits for the full window.
 TEST(SpeculationGuardTest, AClearLoserIsJudgedAfterItsEarlySteps) {
@@ -2082,6 +2195,39 @@ TEST(GuardVerdictsTest, TheStepPoolKeepsTheNewestPlansLastSteps) {
   EXPECT_THAT(tokens(2), IsEmpty()) << "a loss empties it";
   EXPECT_FALSE(verdicts.WonLast("exec", "knapspec D4", 32, 0, 2))
       << "and its last judgement lost";
+}
+
+// Confirming pairs pool as the steps do: the last `keep` of each side, a
+// newer plan starts afresh, an older plan's are only handed back, a loss
+// empties the pool.
+TEST(GuardVerdictsTest, ConfirmingPairsPoolLikeTheSteps) {
+  GuardVerdicts verdicts;
+  const auto add = [&](int64_t plan, std::vector<int> setting_tokens) {
+    GuardVerdicts::Pairs pairs;
+    for (int t : setting_tokens) {
+      pairs.setting.push_back({t, 0.01});
+      pairs.plain.push_back({1, 0.005});
+    }
+    const GuardVerdicts::Pairs pooled =
+        verdicts.AddPairs("exec", "knapspec D4", 32, 0, plan, pairs, 3);
+    EXPECT_EQ(pooled.setting.size(), pooled.plain.size());
+    std::vector<int> out;
+    for (const GuardVerdicts::Step& step : pooled.setting) {
+      out.push_back(step.tokens);
+    }
+    return out;
+  };
+  EXPECT_THAT(add(1, {1, 2}), ElementsAre(1, 2));
+  EXPECT_THAT(add(1, {3, 4}), ElementsAre(2, 3, 4)) << "the last 3";
+  EXPECT_THAT(add(2, {5}), ElementsAre(5)) << "a newer plan starts afresh";
+  EXPECT_THAT(add(1, {6}), ElementsAre(6)) << "an older plan's: not pooled";
+  EXPECT_THAT(add(2, {7}), ElementsAre(5, 7));
+  GuardVerdicts::Verdict verdict;
+  verdict.plan_version = 2;
+  verdicts.Judge("exec", "knapspec D4", 32, 0, kWin, verdict, 8);
+  EXPECT_THAT(add(2, {8}), ElementsAre(5, 7, 8)) << "a win keeps them";
+  verdicts.Judge("exec", "knapspec D4", 32, 0, kLoss, verdict, 8);
+  EXPECT_THAT(add(2, {9}), ElementsAre(9)) << "a loss empties the pool";
 }
 
 TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
