@@ -94,6 +94,58 @@ SpeculationGuard::Rate SpeculationGuard::RateOf(
   return rate;
 }
 
+namespace {
+
+// The mean of `values` and the mean's standard error (0 below two values).
+struct MeanAndError {
+  double mean = 0;
+  double error = 0;
+};
+MeanAndError MeanOf(const std::vector<double>& values) {
+  MeanAndError out;
+  if (values.empty()) return out;
+  const double n = static_cast<double>(values.size());
+  for (double v : values) out.mean += v;
+  out.mean /= n;
+  if (values.size() < 2) return out;
+  double squares = 0;
+  for (double v : values) squares += (v - out.mean) * (v - out.mean);
+  out.error = std::sqrt(squares / (n - 1) / n);
+  return out;
+}
+
+}  // namespace
+
+SpeculationGuard::Rate SpeculationGuard::PairedRateOf(
+    const std::deque<StepEvidence>& evidence,
+    const std::deque<StepEvidence>& paired) const {
+  // Each sample's steps within its outlier bound.
+  const auto kept = [&](const std::deque<StepEvidence>& steps) {
+    std::vector<double> seconds;
+    for (const StepEvidence& e : steps) seconds.push_back(e.seconds);
+    const double threshold =
+        OutlierThresholdSeconds(seconds, options_.outlier_factor);
+    std::vector<StepEvidence> out;
+    for (const StepEvidence& e : steps) {
+      if (e.seconds <= threshold) out.push_back(e);
+    }
+    return out;
+  };
+  std::vector<double> tokens, seconds;
+  for (const StepEvidence& e : kept(evidence)) tokens.push_back(e.tokens);
+  for (const StepEvidence& e : kept(paired)) seconds.push_back(e.seconds);
+  const MeanAndError per_step = MeanOf(tokens);
+  const MeanAndError pace = MeanOf(seconds);
+  Rate rate;
+  if (per_step.mean <= 0 || pace.mean <= 0) return rate;
+  rate.tokens_per_second = per_step.mean / pace.mean;
+  rate.standard_error =
+      rate.tokens_per_second *
+      std::hypot(per_step.error / per_step.mean, pace.error / pace.mean);
+  rate.tokens = per_step.mean * static_cast<double>(tokens.size());
+  return rate;
+}
+
 bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
   if (!options_.enabled) return false;
   if (state_ == State::kFallback) return true;  // lone fallback
@@ -356,7 +408,7 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     if (pairs.setting.size() < 2 || pairs.plain.empty()) return false;
     const Rate plain_rate = RateOf(pairs.plain);
     if (plain_rate.tokens_per_second > 0) plain = plain_rate;
-    rate = RateOf(pairs.setting);
+    rate = PairedRateOf(Evidence(bucket), pairs.setting);
   } else {
     plain = PlainRate(bucket);
     rate = RateOf(Evidence(bucket));

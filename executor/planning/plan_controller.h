@@ -231,8 +231,10 @@ struct GuardOptions {
   // A narrow loss (not a clear one) judged against the plain-rate table's
   // reference is confirmed before it holds anything: the guard runs a probe
   // (probe_steps plain steps, each after one of the setting's steps) and
-  // judges the pairs by the full rule, pooled with the setting's earlier
-  // confirming pairs at the bucket (GuardVerdicts::AddPairs); the pairs'
+  // judges by the full rule the setting's tokens a step (its pooled steps)
+  // at the pace of its steps in the pairs, against the pairs' plain steps;
+  // the pairs pool with the setting's earlier confirming pairs at the
+  // bucket (GuardVerdicts::AddPairs; SpeculationGuard::PairedRateOf). That
   // verdict, win or loss, is the judgement. The table's plain steps ran at
   // another time than the setting's (up to plain_max_age_seconds before,
   // other requests' texts), and a 2-core VM's speed drifts by 10-25% between
@@ -519,6 +521,16 @@ class SpeculationGuard {
   using StepEvidence = GuardVerdicts::Step;
   // Tokens/s of `steps` (outliers left out) and that rate's standard error.
   Rate RateOf(const std::deque<StepEvidence>& steps) const;
+  // A confirmation's rate (JudgeKind::kConfirm): tokens a step as the
+  // setting's pooled steps `evidence` drafted them, at the pace of its
+  // steps in the confirming pairs (`paired`: seconds a step, measured
+  // beside the pairs' plain steps), with the standard error of both means
+  // (outliers left out alike). Tokens a step spread widely (1 to gamma + 1)
+  // and the pool knows their mean from up to evidence_steps steps; a step's
+  // time spreads little, and only the pairs measured it beside plain
+  // decoding.
+  Rate PairedRateOf(const std::deque<StepEvidence>& evidence,
+                    const std::deque<StepEvidence>& paired) const;
   // The last evidence_steps speculative steps since the last loss or Reset:
   // this sequence's own, weighed only without a verdict table (with one,
   // the setting's pool there is the evidence: GuardVerdicts::AddStep).

@@ -1605,14 +1605,14 @@ TEST(SpeculationGuardTest, ANarrowLossIsConfirmedByAProbesPairs) {
 // (their windows at 182 and 196 tokens/s against the table's 208) and
 // confirm it with 3 pairs, and the second judges all 6. The first's pairs
 // were a win (the setting at 250 tokens/s against 200) and the second's a
-// loss (150 against 200): pooled (2 x 3 x 2 tokens in 3 x 8 ms + 3 x 13.3
-// ms, 188 tokens/s against 200) a loss, held for the setting's every
-// sequence.
+// loss (150 against 200): pooled (2 tokens a step at the 6 pairs' mean
+// pace of 10.7 ms: 188 tokens/s against 200) a loss, held for the
+// setting's every sequence.
 TEST(SpeculationGuardTest, ConfirmingPairsArePooledOverSequences) {
   GuardOptions o = HoldTestOptions();
   o.confirm_losses = true;
   o.margin = 0.0;
-  o.confidence = 0;  // the bare rates (the pairs have no spread here)
+  o.confidence = 0;  // the bare rates
   PlanningShared shared = PlanningShared::Create();
   const std::string execution = BaseKey().ExecutionId();
   const std::string setting = "static a1,m2 D3";
@@ -1647,6 +1647,45 @@ TEST(SpeculationGuardTest, ConfirmingPairsArePooledOverSequences) {
   EXPECT_NEAR(second.guard_last_spec_tps, 12 / (0.024 + 0.04), 1e-6);
   EXPECT_NEAR(second.guard_last_plain_tps, 200, 1e-6);
   EXPECT_TRUE(shared.verdicts->Find(execution, setting, 32, 0).has_value());
+}
+
+// A confirmation weighs the setting's tokens a step over its pooled steps
+// and the pace of its steps in the pairs: the window's 4 steps of 3 tokens
+// in 15.5 ms (194 tokens/s, a narrow loss against the table's 200 x 1.05)
+// start a probe on a machine that has slowed (plain steps of 7.5 ms, 133
+// tokens/s), whose 3 steps of the setting happen to draft only 2 tokens
+// each. Tokens a step over all 7 steps (18 / 7) at 15.5 ms a step: 166
+// tokens/s, a win against 133 x 1.05; the pairs alone (2 tokens in 15.5
+// ms, 129 tokens/s) would have lost.
+TEST(SpeculationGuardTest, AConfirmationTakesTokensFromThePoolAndPaceFromThePairs) {
+  GuardOptions o = HoldTestOptions();
+  o.confirm_losses = true;
+  o.margin = 0.05;
+  PlanningShared shared = PlanningShared::Create();
+  const std::string execution = BaseKey().ExecutionId();
+  for (int i = 0; i < 3; ++i) {
+    shared.plain_rates->Record(execution, 32, 0, 0.005);  // 200 tokens/s
+  }
+  SpeculationGuard guard(o, shared.plain_rates, shared.verdicts, execution,
+                         "static a1,m2 D3", 1, 32);
+  PlanningStats stats;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_FALSE(guard.BeforeStep(0, stats)) << i;
+    guard.Observe(true, 0, Spec(3, 3, 2, 0.0155), stats);
+  }
+  EXPECT_EQ(stats.guard_confirmations, 1);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(guard.BeforeStep(0, stats)) << "the setting's step " << i;
+    guard.Observe(true, 0, Spec(3, 3, 1, 0.0155), stats);
+    EXPECT_TRUE(guard.BeforeStep(0, stats)) << "the plain step " << i;
+    guard.Observe(false, 0, Plain(0.0075), stats);
+  }
+  EXPECT_EQ(stats.guard_checks, 1);
+  EXPECT_EQ(stats.guard_fallbacks, 0);
+  EXPECT_EQ(stats.guard_cleared_losses, 1);
+  EXPECT_NEAR(stats.guard_last_spec_tps, 18.0 / 7 / 0.0155, 1e-6);
+  EXPECT_NEAR(stats.guard_last_plain_tps, 1 / 0.0075, 1e-6);
+  EXPECT_FALSE(guard.BeforeStep(0, stats)) << "it drafts on";
 }
 
 // A window far below the plain rate is judged after early_steps, not
