@@ -15,7 +15,6 @@
 #include <nlohmann/json.hpp>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "tools/cli_flags.h"
@@ -59,15 +58,9 @@ absl::Status Anchors() {
   options.reference_tokens = absl::GetFlag(FLAGS_reference_tokens);
   options.max_prompt_tokens = absl::GetFlag(FLAGS_max_sample_tokens);
   options.max_draft = absl::GetFlag(FLAGS_max_draft).value_or(10);
-  options.longer_prompt_tokens.clear();
-  for (const std::string& item : absl::GetFlag(FLAGS_longer_prompts)) {
-    int64_t length = 0;
-    if (!absl::SimpleAtoi(item, &length) || length < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--longer-prompts: '", item, "' is not a positive token count"));
-    }
-    options.longer_prompt_tokens.push_back(length);
-  }
+  ASSIGN_OR_RETURN(options.longer_prompt_tokens,
+                   TokenCountsFromFlag("longer-prompts",
+                                       absl::GetFlag(FLAGS_longer_prompts)));
   ASSIGN_OR_RETURN(options.knapspec, KnapSpecOptionsFromFlags());
   ASSIGN_OR_RETURN(Engine engine, LoadEngineFromFlags());
   ASSIGN_OR_RETURN(std::vector<DomainSamples> domains,

@@ -406,6 +406,20 @@ std::vector<std::string> ParseFlagsWithDashes(int argc, char** argv) {
   return std::vector<std::string>(rest.begin(), rest.end());
 }
 
+absl::StatusOr<std::vector<int64_t>> TokenCountsFromFlag(
+    const std::string& flag, const std::vector<std::string>& items) {
+  std::vector<int64_t> counts;
+  for (const std::string& item : items) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(item, &n) || n < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, ": '", item, "' is not a positive token count"));
+    }
+    counts.push_back(n);
+  }
+  return counts;
+}
+
 absl::StatusOr<std::string> ModelDirFromFlags() {
   std::string dir = absl::GetFlag(FLAGS_model);
   if (!dir.empty()) return dir;

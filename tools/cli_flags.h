@@ -126,6 +126,13 @@ namespace knapserve {
 // (argv[0] first).
 std::vector<std::string> ParseFlagsWithDashes(int argc, char** argv);
 
+// A list flag of token counts (--profile-contexts, --longer-prompts),
+// `flag` its name with dashes: each item as an integer >= 1, in the given
+// order; InvalidArgument naming the flag and the first item that is not
+// one.
+absl::StatusOr<std::vector<int64_t>> TokenCountsFromFlag(
+    const std::string& flag, const std::vector<std::string>& items);
+
 // The model folder: --model, else DefaultModelDir() ($KNAPSERVE_MODEL, else
 // the bundled stories260k beside the executable); NotFound listing where it
 // looked when there is none.

@@ -5,7 +5,6 @@
 #include <iostream>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status.h"
 #include "planner/latency_profile.h"
@@ -18,22 +17,14 @@ namespace {
 
 absl::StatusOr<std::vector<int64_t>> ContextsFromFlags(const LlamaModel& model,
                                                        int max_draft) {
-  std::vector<int64_t> contexts;
-  const std::vector<std::string> given = absl::GetFlag(FLAGS_profile_contexts);
-  if (given.empty()) {
+  ASSIGN_OR_RETURN(std::vector<int64_t> contexts,
+                   TokenCountsFromFlag("profile-contexts",
+                                       absl::GetFlag(FLAGS_profile_contexts)));
+  if (contexts.empty()) {
     // The default grid plus the longest context that fits, so the fit spans
     // the whole range the planner will see.
     contexts = {128,  512,  1024,
                 2048, 4096, model.max_context() - max_draft - 1};
-  } else {
-    for (const std::string& text : given) {
-      int64_t n = 0;
-      if (!absl::SimpleAtoi(text, &n) || n < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--profile-contexts: '", text, "' is not a positive integer"));
-      }
-      contexts.push_back(n);
-    }
   }
   std::erase_if(contexts, [&](int64_t n) {
     return n < 1 || n + max_draft + 1 > model.max_context();

@@ -279,6 +279,8 @@ TEST(KnapserveCliTest, PlannedGenerationRefusesMissingOrWrongProfiles) {
       {{"generate", "--prompt", "Hi", "--spec", "knapsack"}, "knapsack"},
       {{"profile", "--out", dir + "/p.json", "--profile-contexts", "100000"},
        "profile-contexts"},
+      {{"profile", "--out", dir + "/p.json", "--profile-contexts", "128,-5"},
+       "--profile-contexts: '-5' is not a positive token count"},
   };
   for (const Case& c : cases) {
     const std::vector<std::string> args =
