@@ -271,8 +271,7 @@ void GenerationMetrics::AddResult(const GenerationResult& r,
   guard_carried_steps_.Add(static_cast<double>(planning.guard_carried_steps));
   guard_settle_steps_.Add(static_cast<double>(planning.guard_settle_steps));
   guard_confirmations_.Add(static_cast<double>(planning.guard_confirmations));
-  guard_cleared_losses_.Add(
-      static_cast<double>(planning.guard_cleared_losses));
+  guard_cleared_losses_.Add(static_cast<double>(planning.guard_cleared_losses));
   if (result->stats.completion_tokens > 1) {
     itl_.Observe(result->stats.decode_seconds /
                  static_cast<double>(result->stats.completion_tokens - 1));

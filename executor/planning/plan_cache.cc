@@ -511,10 +511,12 @@ int64_t GuardVerdicts::AddStep(const std::string& execution_id,
   return ++pool.since_judged;
 }
 
-GuardVerdicts::Pairs GuardVerdicts::AddPairs(
-    const std::string& execution_id, const std::string& setting,
-    int64_t bucket_tokens, int64_t bucket, int64_t plan_version,
-    const Pairs& pairs, int64_t keep) {
+GuardVerdicts::Pairs GuardVerdicts::AddPairs(const std::string& execution_id,
+                                             const std::string& setting,
+                                             int64_t bucket_tokens,
+                                             int64_t bucket,
+                                             int64_t plan_version,
+                                             const Pairs& pairs, int64_t keep) {
   absl::MutexLock lock(&mu_);
   const Key key(execution_id, setting, bucket_tokens, bucket);
   if (pools_.size() >= kMaxPools && !pools_.contains(key)) {

@@ -402,8 +402,8 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     GuardVerdicts::Pairs pairs{probe_setting_, probe_plain_};
     if (verdicts_ != nullptr) {
       pairs = verdicts_->AddPairs(
-          execution_id_, setting_, bucket_tokens_, bucket, plan_version_,
-          pairs, std::max(options_.evidence_steps, options_.min_steps));
+          execution_id_, setting_, bucket_tokens_, bucket, plan_version_, pairs,
+          std::max(options_.evidence_steps, options_.min_steps));
     }
     if (pairs.setting.size() < 2 || pairs.plain.empty()) return false;
     const Rate plain_rate = RateOf(pairs.plain);

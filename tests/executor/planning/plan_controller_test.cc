@@ -1657,7 +1657,8 @@ TEST(SpeculationGuardTest, ConfirmingPairsArePooledOverSequences) {
 // each. Tokens a step over all 7 steps (18 / 7) at 15.5 ms a step: 166
 // tokens/s, a win against 133 x 1.05; the pairs alone (2 tokens in 15.5
 // ms, 129 tokens/s) would have lost.
-TEST(SpeculationGuardTest, AConfirmationTakesTokensFromThePoolAndPaceFromThePairs) {
+TEST(SpeculationGuardTest,
+     AConfirmationTakesTokensFromThePoolAndPaceFromThePairs) {
   GuardOptions o = HoldTestOptions();
   o.confirm_losses = true;
   o.margin = 0.05;
