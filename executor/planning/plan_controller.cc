@@ -442,7 +442,8 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
   }
   const bool loses =
       BelowPlain(rate, *plain, 1.0 + options_.margin, options_.confidence);
-  if (loses && options_.confirm_losses && options_.probe_steps > 0 &&
+  // At least two pairs: kConfirm needs two of the setting's steps.
+  if (loses && options_.confirm_losses && options_.probe_steps >= 2 &&
       (kind == JudgeKind::kFull || kind == JudgeKind::kEarly) &&
       !BelowPlain(rate, *plain, 1.0 - options_.early_loss,
                   options_.confidence)) {

@@ -1651,12 +1651,13 @@ TEST(SpeculationGuardTest, ConfirmingPairsArePooledOverSequences) {
 
 // A confirmation weighs the setting's tokens a step over its pooled steps
 // and the pace of its steps in the pairs: the window's 4 steps of 3 tokens
-// in 15.5 ms (194 tokens/s, a narrow loss against the table's 200 x 1.05)
-// start a probe on a machine that has slowed (plain steps of 7.5 ms, 133
-// tokens/s), whose 3 steps of the setting happen to draft only 2 tokens
-// each. Tokens a step over all 7 steps (18 / 7) at 15.5 ms a step: 166
-// tokens/s, a win against 133 x 1.05; the pairs alone (2 tokens in 15.5
-// ms, 129 tokens/s) would have lost.
+// in 15 ms (200 tokens/s, a narrow loss against the table's 200 x 1.05)
+// start a probe on a machine that has slowed further (plain steps of 7.5
+// ms, 133 tokens/s; the setting's steps 15.5 ms), whose 3 steps of the
+// setting happen to draft only 2 tokens each. Tokens a step over all 7
+// steps (18 / 7) at the pairs' 15.5 ms a step: 166 tokens/s, a win against
+// 133 x 1.05 (all 7 steps' own seconds would read 169); the pairs alone (2
+// tokens in 15.5 ms, 129 tokens/s) would have lost.
 TEST(SpeculationGuardTest,
      AConfirmationTakesTokensFromThePoolAndPaceFromThePairs) {
   GuardOptions o = HoldTestOptions();
@@ -1672,7 +1673,7 @@ TEST(SpeculationGuardTest,
   PlanningStats stats;
   for (int i = 0; i < 4; ++i) {
     EXPECT_FALSE(guard.BeforeStep(0, stats)) << i;
-    guard.Observe(true, 0, Spec(3, 3, 2, 0.0155), stats);
+    guard.Observe(true, 0, Spec(3, 3, 2, 0.015), stats);
   }
   EXPECT_EQ(stats.guard_confirmations, 1);
   for (int i = 0; i < 3; ++i) {
