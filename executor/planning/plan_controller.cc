@@ -65,17 +65,28 @@ double RateStandardError(int64_t steps, double tokens, double seconds,
   return std::sqrt(residuals * n / (n - 1)) / seconds;
 }
 
+namespace {
+
+// The steps no longer than OutlierThresholdSeconds(`factor`) of their own.
+std::vector<GuardVerdicts::Step> StepsWithinOutlierBound(
+    const std::deque<GuardVerdicts::Step>& steps, double factor) {
+  std::vector<double> seconds;
+  for (const GuardVerdicts::Step& e : steps) seconds.push_back(e.seconds);
+  const double threshold = OutlierThresholdSeconds(seconds, factor);
+  std::vector<GuardVerdicts::Step> kept;
+  for (const GuardVerdicts::Step& e : steps) {
+    if (e.seconds <= threshold) kept.push_back(e);
+  }
+  return kept;
+}
+
+}  // namespace
+
 SpeculationGuard::Rate SpeculationGuard::RateOf(
     const std::deque<StepEvidence>& steps) const {
   Rate rate;
-  std::vector<double> step_seconds;
-  for (const StepEvidence& e : steps) step_seconds.push_back(e.seconds);
-  const double threshold =
-      OutlierThresholdSeconds(step_seconds, options_.outlier_factor);
-  std::vector<StepEvidence> kept;
-  for (const StepEvidence& e : steps) {
-    if (e.seconds <= threshold) kept.push_back(e);
-  }
+  const std::vector<StepEvidence> kept =
+      StepsWithinOutlierBound(steps, options_.outlier_factor);
   double tokens = 0, seconds = 0, tokens_sq = 0, token_seconds = 0,
          seconds_sq = 0;
   for (const StepEvidence& e : kept) {
@@ -119,21 +130,16 @@ MeanAndError MeanOf(const std::vector<double>& values) {
 SpeculationGuard::Rate SpeculationGuard::PairedRateOf(
     const std::deque<StepEvidence>& evidence,
     const std::deque<StepEvidence>& paired) const {
-  // Each sample's steps within its outlier bound.
-  const auto kept = [&](const std::deque<StepEvidence>& steps) {
-    std::vector<double> seconds;
-    for (const StepEvidence& e : steps) seconds.push_back(e.seconds);
-    const double threshold =
-        OutlierThresholdSeconds(seconds, options_.outlier_factor);
-    std::vector<StepEvidence> out;
-    for (const StepEvidence& e : steps) {
-      if (e.seconds <= threshold) out.push_back(e);
-    }
-    return out;
-  };
+  // Each sample's steps within its own outlier bound.
   std::vector<double> tokens, seconds;
-  for (const StepEvidence& e : kept(evidence)) tokens.push_back(e.tokens);
-  for (const StepEvidence& e : kept(paired)) seconds.push_back(e.seconds);
+  for (const StepEvidence& e :
+       StepsWithinOutlierBound(evidence, options_.outlier_factor)) {
+    tokens.push_back(e.tokens);
+  }
+  for (const StepEvidence& e :
+       StepsWithinOutlierBound(paired, options_.outlier_factor)) {
+    seconds.push_back(e.seconds);
+  }
   const MeanAndError per_step = MeanOf(tokens);
   const MeanAndError pace = MeanOf(seconds);
   Rate rate;
