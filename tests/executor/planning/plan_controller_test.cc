@@ -1600,6 +1600,18 @@ TEST(SpeculationGuardTest, ANarrowLossIsConfirmedByAProbesPairs) {
   }
 }
 
+// A guard's confirming probe at bucket 0: 3 pairs, each the setting's
+// step (`setting`) then a plain step of `plain_seconds`.
+void RunConfirmingPairs(SpeculationGuard& guard, PlanningStats& stats,
+                        const StepObservation& setting, double plain_seconds) {
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(guard.BeforeStep(0, stats)) << "the setting's step " << i;
+    guard.Observe(true, 0, setting, stats);
+    EXPECT_TRUE(guard.BeforeStep(0, stats)) << "the plain step " << i;
+    guard.Observe(false, 0, Plain(plain_seconds), stats);
+  }
+}
+
 // A confirming probe's pairs join the setting's earlier ones at the bucket,
 // whichever sequence ran them: two sequences each find a narrow loss
 // (their windows at 182 and 196 tokens/s against the table's 208) and
@@ -1630,12 +1642,7 @@ TEST(SpeculationGuardTest, ConfirmingPairsArePooledOverSequences) {
       guard.Observe(true, 0, Spec(3, 3, 1, 0.011), stats);
     }
     EXPECT_EQ(stats.guard_checks, 0) << "a probe confirms first";
-    for (int i = 0; i < 3; ++i) {
-      EXPECT_FALSE(guard.BeforeStep(0, stats)) << "the setting's step " << i;
-      guard.Observe(true, 0, Spec(3, 3, 1, pair_seconds), stats);
-      EXPECT_TRUE(guard.BeforeStep(0, stats)) << "the plain step " << i;
-      guard.Observe(false, 0, Plain(0.005), stats);
-    }
+    RunConfirmingPairs(guard, stats, Spec(3, 3, 1, pair_seconds), 0.005);
     EXPECT_EQ(stats.guard_checks, 1);
     return stats;
   };
@@ -1676,12 +1683,7 @@ TEST(SpeculationGuardTest,
     guard.Observe(true, 0, Spec(3, 3, 2, 0.015), stats);
   }
   EXPECT_EQ(stats.guard_confirmations, 1);
-  for (int i = 0; i < 3; ++i) {
-    EXPECT_FALSE(guard.BeforeStep(0, stats)) << "the setting's step " << i;
-    guard.Observe(true, 0, Spec(3, 3, 1, 0.0155), stats);
-    EXPECT_TRUE(guard.BeforeStep(0, stats)) << "the plain step " << i;
-    guard.Observe(false, 0, Plain(0.0075), stats);
-  }
+  RunConfirmingPairs(guard, stats, Spec(3, 3, 1, 0.0155), 0.0075);
   EXPECT_EQ(stats.guard_checks, 1);
   EXPECT_EQ(stats.guard_fallbacks, 0);
   EXPECT_EQ(stats.guard_cleared_losses, 1);
