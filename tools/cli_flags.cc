@@ -340,6 +340,11 @@ ABSL_FLAG(bool, guard_confirm_losses, true,
           "time is confirmed by a probe (plain steps alternating with the "
           "setting's) before it holds the setting plain; the probe's pairs "
           "decide.");
+ABSL_FLAG(double, guard_confirm_confidence, 1.0,
+          "The guard: standard errors of benefit of the doubt a narrow "
+          "loss's confirmation grants the setting (>= 0); 0: the setting "
+          "must draft at least --guard-margin faster than the probe's plain "
+          "steps to go on.");
 ABSL_FLAG(double, guard_explore_share, 0.005,
           "The guard: a losing setting is held plain for at least what its "
           "judged steps cost over plain decoding divided by this share, so "
@@ -656,6 +661,8 @@ absl::StatusOr<GenerationRequest> GenerationRequestFromFlags(
       absl::GetFlag(FLAGS_guard_clear_losses);
   request.speculation.guard_confirm_losses =
       absl::GetFlag(FLAGS_guard_confirm_losses);
+  request.speculation.guard_confirm_confidence =
+      absl::GetFlag(FLAGS_guard_confirm_confidence);
   request.speculation.guard_explore_share =
       absl::GetFlag(FLAGS_guard_explore_share);
   return request;

@@ -117,6 +117,7 @@ ABSL_DECLARE_FLAG(bool, guard_carry);
 ABSL_DECLARE_FLAG(bool, guard_settle_plain);
 ABSL_DECLARE_FLAG(bool, guard_clear_losses);
 ABSL_DECLARE_FLAG(bool, guard_confirm_losses);
+ABSL_DECLARE_FLAG(double, guard_confirm_confidence);
 ABSL_DECLARE_FLAG(double, guard_explore_share);
 
 namespace knapserve {

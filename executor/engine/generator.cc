@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -178,6 +179,12 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request,
       return absl::InvalidArgumentError(
           absl::StrCat("guard_explore_share: must be in [0, 1), got ",
                        spec.guard_explore_share));
+    }
+    if (!(spec.guard_confirm_confidence >= 0.0 &&
+          std::isfinite(spec.guard_confirm_confidence))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("guard_confirm_confidence: must be >= 0, got ",
+                       spec.guard_confirm_confidence));
     }
     if (spec.guard_reprobe_steps < 1) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -135,6 +135,8 @@ struct SpeculationConfig {
   bool guard_clear_losses = true;
   // GuardOptions::confirm_losses (--guard-confirm-losses).
   bool guard_confirm_losses = true;
+  // GuardOptions::confirm_confidence (--guard-confirm-confidence), >= 0.
+  double guard_confirm_confidence = 1.0;
   // GuardOptions::explore_share (--guard-explore-share), in [0, 1); 0: off.
   double guard_explore_share = 0.005;
   // SpecBound (kSpecBound, executor/engine/specbound.h): early-exit drafting.

@@ -104,6 +104,7 @@ GuardOptions GuardOptionsFrom(const SpeculationConfig& spec) {
   options.settle_plain = spec.guard_settle_plain;
   options.clear_losses = spec.guard_clear_losses;
   options.confirm_losses = spec.guard_confirm_losses;
+  options.confirm_confidence = spec.guard_confirm_confidence;
   options.explore_share = spec.guard_explore_share;
   return options;
 }

@@ -519,6 +519,10 @@ GuardVerdicts::Pairs GuardVerdicts::AddPairs(const std::string& execution_id,
                                              const Pairs& pairs, int64_t keep) {
   absl::MutexLock lock(&mu_);
   const Key key(execution_id, setting, bucket_tokens, bucket);
+  const auto held = losing_.find(key);
+  if (held != losing_.end() && held->second.plan_version >= plan_version) {
+    return Pairs{};  // a loss overtook the confirmation: it stands
+  }
   if (pools_.size() >= kMaxPools && !pools_.contains(key)) {
     pools_.erase(pools_.begin());  // any: a bound, not a policy
   }
@@ -540,6 +544,17 @@ GuardVerdicts::Pairs GuardVerdicts::AddPairs(const std::string& execution_id,
   append(pairs.setting, pool.pairs.setting);
   append(pairs.plain, pool.pairs.plain);
   return pool.pairs;
+}
+
+void GuardVerdicts::StartConfirmation(const std::string& execution_id,
+                                      const std::string& setting,
+                                      int64_t bucket_tokens, int64_t bucket,
+                                      int64_t plan_version) {
+  absl::MutexLock lock(&mu_);
+  auto it = pools_.find(Key(execution_id, setting, bucket_tokens, bucket));
+  if (it != pools_.end() && it->second.plan_version == plan_version) {
+    it->second.since_judged = 0;
+  }
 }
 
 std::deque<GuardVerdicts::Step> GuardVerdicts::Steps(

@@ -477,10 +477,21 @@ class GuardVerdicts {
   // (pooled over every sequence that confirmed there, the last `keep` of
   // each kept) and returns the pool. The pool follows the step pool's rules
   // (AddStep): a newer plan starts it afresh, an older plan's pairs are
-  // not added (only returned), a loss empties it.
+  // not added (only returned), a loss empties it. While a losing verdict of
+  // the plan (or a newer one) holds the setting, the pairs came from a
+  // confirmation that another sequence's loss overtook: nothing is added
+  // and the result is empty (no judgement; the loss stands).
   Pairs AddPairs(const std::string& execution_id, const std::string& setting,
                  int64_t bucket_tokens, int64_t bucket, int64_t plan_version,
                  const Pairs& pairs, int64_t keep) ABSL_LOCKS_EXCLUDED(mu_);
+  // A confirmation of the setting at the key began (SpeculationGuard): the
+  // steps added since its last judgement start counting afresh, so the
+  // other sequences drafting it wait min_steps steps more instead of each
+  // starting a confirmation of its own.
+  void StartConfirmation(const std::string& execution_id,
+                         const std::string& setting, int64_t bucket_tokens,
+                         int64_t bucket, int64_t plan_version)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Losing verdicts in force (a gauge), and all ever given (a counter;
   // carried ones included, and counted by verdicts_carried too).
   int64_t losing() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -51,6 +51,7 @@ void SpeculationGuard::Reset() {
   futile_run_ = 0;
   probe_first_bucket_ = -1;
   confirming_ = false;
+  confirm_bucket_ = -1;
 }
 
 double RateStandardError(int64_t steps, double tokens, double seconds,
@@ -155,7 +156,19 @@ SpeculationGuard::Rate SpeculationGuard::PairedRateOf(
 bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
   if (!options_.enabled) return false;
   if (state_ == State::kFallback) return true;  // lone fallback
-  if (state_ == State::kProbe) return NextProbeStepIsPlain();
+  if (state_ == State::kProbe) {
+    if (!confirming_ || verdicts_ == nullptr) return NextProbeStepIsPlain();
+    const std::optional<GuardVerdicts::Verdict> held =
+        verdicts_->Find(execution_id_, setting_, bucket_tokens_, bucket);
+    if (!held.has_value() || held->plan_version != plan_version_) {
+      return NextProbeStepIsPlain();
+    }
+    // Another sequence's loss holds the setting now: it stands, and the
+    // confirmation is dropped (GuardOptions::confirm_losses).
+    state_ = State::kSpeculate;
+    confirming_ = false;
+    probe_left_ = 0;
+  }
   if (verdicts_ != nullptr) {
     const std::optional<GuardVerdicts::Verdict> verdict =
         verdicts_->TakePlainStep(
@@ -272,9 +285,14 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
       if (--probe_left_ > 0) return;
       state_ = State::kSpeculate;
       if (confirming_) {
-        // A narrow loss's confirmation: the pairs judge it, win or loss.
+        // A narrow loss's confirmation: the pairs judge it, win or loss,
+        // unless the context left its bucket meanwhile (they are pairs of
+        // two buckets) or a loss overtook it (AddPairs).
         confirming_ = false;
-        if (Judge(bucket, stats, JudgeKind::kConfirm)) return;
+        if (bucket == confirm_bucket_ &&
+            Judge(bucket, stats, JudgeKind::kConfirm)) {
+          return;
+        }
       }
       // The pairs condemn a clear loser at once; otherwise the setting is
       // judged as before, against the bucket's plain rate (the probe's
@@ -342,10 +360,12 @@ std::optional<StepTimeTable::StepTime> RecentStepsByGuardRules(
 }  // namespace
 
 std::optional<SpeculationGuard::Rate> SpeculationGuard::PlainRate(
-    int64_t bucket) const {
+    int64_t bucket, bool* from_table) const {
   const std::optional<StepTimeTable::StepTime> table = RecentStepsByGuardRules(
       *plain_rates_, options_, execution_id_, bucket_tokens_, bucket);
-  if (table.has_value() && table->mean_seconds > 0) {
+  const bool table_has_rate = table.has_value() && table->mean_seconds > 0;
+  if (from_table != nullptr) *from_table = table_has_rate;
+  if (table_has_rate) {
     // One token a step: the rate is 1 / mean, and its standard error the
     // mean's over mean^2 (the delta method).
     const double mean = table->mean_seconds;
@@ -396,6 +416,7 @@ bool ProvenAbovePlain(const SpeculationGuard::Rate& rate,
 bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
                              JudgeKind kind) {
   std::optional<Rate> plain;
+  bool plain_from_table = false;
   Rate rate;
   if (kind == JudgeKind::kPaired) {
     // The probe's own pairs: its plain steps against the setting's steps
@@ -416,7 +437,7 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     if (plain_rate.tokens_per_second > 0) plain = plain_rate;
     rate = PairedRateOf(Evidence(bucket), pairs.setting);
   } else {
-    plain = PlainRate(bucket);
+    plain = PlainRate(bucket, &plain_from_table);
     rate = RateOf(Evidence(bucket));
   }
   const bool has_plain = plain.has_value() && plain->tokens_per_second > 0;
@@ -447,17 +468,24 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     return false;
   }
   const bool loses =
-      BelowPlain(rate, *plain, 1.0 + options_.margin, options_.confidence);
+      BelowPlain(rate, *plain, 1.0 + options_.margin,
+                 kind == JudgeKind::kConfirm ? options_.confirm_confidence
+                                             : options_.confidence);
   // At least two pairs: kConfirm needs two of the setting's steps.
   if (loses && options_.confirm_losses && options_.probe_steps >= 2 &&
-      (kind == JudgeKind::kFull || kind == JudgeKind::kEarly) &&
+      plain_from_table &&
       !BelowPlain(rate, *plain, 1.0 - options_.early_loss,
                   options_.confidence)) {
     // A narrow loss against the table's plain steps, measured at another
     // time: the pairs of a probe confirm it or not (GuardOptions::
-    // confirm_losses).
+    // confirm_losses). Against a probe's own plain steps it stands.
     StartProbe();
     confirming_ = true;
+    confirm_bucket_ = bucket;
+    if (verdicts_ != nullptr) {
+      verdicts_->StartConfirmation(execution_id_, setting_, bucket_tokens_,
+                                   bucket, plan_version_);
+    }
     ++stats.guard_confirmations;
     return false;
   }

@@ -245,8 +245,19 @@ struct GuardOptions {
   // (doubling), so the warm row read 1.005x. Pairs measure both over the
   // same stretch. A loser pays probe_steps more of its steps before the
   // verdict; a clear loss needs no confirmation. false: a narrow loss
-  // against the table holds at once.
+  // against the table holds at once. A loss against a probe's own plain
+  // steps (no table rate at the bucket) is a pairs' verdict already and
+  // holds at once. One confirmation runs at a time per setting and bucket
+  // (the others drafting it wait min_steps more steps); it is dropped when
+  // the context leaves its bucket, or when another sequence's loss holds
+  // the setting meanwhile (that loss stands).
   bool confirm_losses = true;
+  // The standard errors the confirmation grants the setting (as
+  // `confidence` does for the other judgements). The narrow loss already had
+  // `confidence` errors' benefit of the doubt against the table; 0 judges
+  // the pairs' bare rates: the setting must measure at least plain x
+  // (1 + margin) beside the pairs' plain steps to draft on.
+  double confirm_confidence = 1.0;
 };
 
 struct PlanControllerOptions {
@@ -506,8 +517,11 @@ class SpeculationGuard {
   // (GuardOptions::explore_share); 0 when off or nothing was lost.
   int64_t ExploreHoldSteps(const Rate& rate, const Rate& plain) const;
   // Plain decoding's rate at the bucket, once it has probe_steps plain
-  // steps, with that rate's standard error (from the steps' spread).
-  std::optional<Rate> PlainRate(int64_t bucket) const;
+  // steps, with that rate's standard error (from the steps' spread): the
+  // plain-rate table's, else this guard's last probe's (probe_reference_).
+  // `from_table` (may be null) says which.
+  std::optional<Rate> PlainRate(int64_t bucket,
+                                bool* from_table = nullptr) const;
 
   const GuardOptions options_;
   const std::shared_ptr<StepTimeTable> plain_rates_;
@@ -566,8 +580,10 @@ class SpeculationGuard {
   // (probe_first): -1 after Reset (no step of the setting has run yet).
   int64_t probe_first_bucket_ = -1;
   // The probe under way confirms a narrow loss (GuardOptions::
-  // confirm_losses): at its end its pairs are judged by the full rule.
+  // confirm_losses): at its end its pairs are judged by the full rule,
+  // if the context is still at confirm_bucket_.
   bool confirming_ = false;
+  int64_t confirm_bucket_ = -1;
   int64_t steps_seen_ = 0;  // steps observed (any setting, guard on or off)
 };
 

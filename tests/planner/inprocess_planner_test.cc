@@ -543,6 +543,17 @@ TEST(PlannedGenerationFaultTest, BadPlannedRequestsAreClearErrors) {
               std::string::npos)
         << bad.status();
   }
+  for (const double confidence : {-1.0, std::nan(""), HUGE_VAL}) {
+    request = PlannedRequest(SpeculationMode::kKnapSpec, 10);
+    request.speculation.guard_confirm_confidence = confidence;
+    bad = Generate(*model, *GetTokenizer(), request, nullptr, nullptr,
+                   planner.get());
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument)
+        << confidence;
+    EXPECT_NE(bad.status().message().find("guard_confirm_confidence"),
+              std::string::npos)
+        << bad.status();
+  }
   EXPECT_EQ(ParseSpeculationMode("knapsack").status().code(),
             absl::StatusCode::kInvalidArgument);
 }

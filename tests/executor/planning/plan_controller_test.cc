@@ -1625,6 +1625,7 @@ TEST(SpeculationGuardTest, ConfirmingPairsArePooledOverSequences) {
   o.confirm_losses = true;
   o.margin = 0.0;
   o.confidence = 0;  // the bare rates
+  o.confirm_confidence = 0;
   PlanningShared shared = PlanningShared::Create();
   const std::string execution = BaseKey().ExecutionId();
   const std::string setting = "static a1,m2 D3";
@@ -1690,6 +1691,168 @@ TEST(SpeculationGuardTest,
   EXPECT_NEAR(stats.guard_last_spec_tps, 18.0 / 7 / 0.0155, 1e-6);
   EXPECT_NEAR(stats.guard_last_plain_tps, 1 / 0.0075, 1e-6);
   EXPECT_FALSE(guard.BeforeStep(0, stats)) << "it drafts on";
+}
+
+// A guard (sequence `id`) of the confirmation tests below: its setting's
+// steps and the table's plain steps at bucket 0 of 32 tokens.
+SpeculationGuard ConfirmingGuard(const GuardOptions& o,
+                                 const PlanningShared& shared, uint64_t id) {
+  return SpeculationGuard(o, shared.plain_rates, shared.verdicts,
+                          BaseKey().ExecutionId(), "static a1,m2 D3", id, 32);
+}
+
+// One confirmation at a time, and a loss overtakes it: two sequences draft
+// the same setting, their pooled window (2 tokens in 10.5 ms: 190 tokens/s
+// against the table's 200 x 1.05) is a narrow loss when the second's step
+// completes it, and the second confirms. The first's next steps start the
+// count to the next judgement afresh: no second confirmation beside it.
+// Then another sequence's loss holds the setting while the probe runs: the
+// probe stops at once (its plain steps would have cleared the setting: 6.5
+// ms against its 10.5 ms steps) and the loss stands for every sequence.
+TEST(SpeculationGuardTest, OneConfirmationAtATimeAndALossOvertakesIt) {
+  GuardOptions o = HoldTestOptions();
+  o.confirm_losses = true;
+  o.margin = 0.05;
+  PlanningShared shared = PlanningShared::Create();
+  const std::string execution = BaseKey().ExecutionId();
+  for (int i = 0; i < 3; ++i) {
+    shared.plain_rates->Record(execution, 32, 0, 0.005);  // 200 tokens/s
+  }
+  SpeculationGuard first = ConfirmingGuard(o, shared, 1);
+  SpeculationGuard second = ConfirmingGuard(o, shared, 2);
+  PlanningStats first_stats, second_stats;
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_FALSE(first.BeforeStep(0, first_stats)) << i;
+    first.Observe(true, 0, Spec(3, 3, 1, 0.0105), first_stats);
+    EXPECT_FALSE(second.BeforeStep(0, second_stats)) << i;
+    second.Observe(true, 0, Spec(3, 3, 1, 0.0105), second_stats);
+  }
+  EXPECT_EQ(second_stats.guard_confirmations, 1);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_FALSE(first.BeforeStep(0, first_stats)) << i;
+    first.Observe(true, 0, Spec(3, 3, 1, 0.0105), first_stats);
+  }
+  EXPECT_EQ(first_stats.guard_confirmations, 0) << "one at a time";
+  EXPECT_EQ(first_stats.guard_checks, 0);
+
+  EXPECT_FALSE(second.BeforeStep(0, second_stats)) << "the probe's first pair";
+  second.Observe(true, 0, Spec(3, 3, 1, 0.0105), second_stats);
+  EXPECT_TRUE(second.BeforeStep(0, second_stats));
+  second.Observe(false, 0, Plain(0.0065), second_stats);
+  GuardVerdicts::Verdict loss;
+  loss.sequence_id = 3;
+  shared.verdicts->Judge(execution, "static a1,m2 D3", 32, 0,
+                         GuardVerdicts::Judgement::kLoss, loss, 5);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(second.BeforeStep(0, second_stats)) << "held plain " << i;
+    second.Observe(false, 0, Plain(0.0065), second_stats);
+  }
+  EXPECT_EQ(second_stats.guard_plain_steps, 4);
+  EXPECT_EQ(second_stats.guard_inherited_steps, 4);
+  EXPECT_EQ(second_stats.guard_probe_steps, 1);
+  EXPECT_EQ(second_stats.guard_checks, 0);
+  EXPECT_EQ(second_stats.guard_cleared_losses, 0);
+  EXPECT_TRUE(
+      shared.verdicts->Find(execution, "static a1,m2 D3", 32, 0).has_value())
+      << "the loss stands";
+}
+
+// A confirmation is judged at its bucket only: the context crosses into
+// bucket 1 while its probe runs, and the pairs (plain steps of 6.5 ms that
+// would clear the setting's 10.5 ms steps at bucket 0) judge nothing;
+// bucket 1, without a plain rate in the table, takes the probe's plain
+// steps as its reference and is judged when its own window is full.
+TEST(SpeculationGuardTest, AConfirmationEndsWithItsBucket) {
+  GuardOptions o = HoldTestOptions();
+  o.confirm_losses = true;
+  o.margin = 0.05;
+  PlanningShared shared = PlanningShared::Create();
+  for (int i = 0; i < 3; ++i) {
+    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  }
+  SpeculationGuard guard = ConfirmingGuard(o, shared, 1);
+  PlanningStats stats;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_FALSE(guard.BeforeStep(0, stats)) << i;
+    guard.Observe(true, 0, Spec(3, 3, 1, 0.0105), stats);
+  }
+  EXPECT_EQ(stats.guard_confirmations, 1);
+  for (int i = 0; i < 3; ++i) {
+    const int64_t bucket = i == 0 ? 0 : 1;
+    EXPECT_FALSE(guard.BeforeStep(bucket, stats)) << i;
+    guard.Observe(true, bucket, Spec(3, 3, 1, 0.0105), stats);
+    EXPECT_TRUE(guard.BeforeStep(1, stats)) << i;
+    guard.Observe(false, 1, Plain(0.0065), stats);
+  }
+  EXPECT_EQ(stats.guard_probe_steps, 3);
+  EXPECT_EQ(stats.guard_checks, 0) << "no judgement of the pairs";
+  EXPECT_EQ(stats.guard_cleared_losses, 0);
+  EXPECT_FALSE(guard.BeforeStep(1, stats)) << "it drafts on at bucket 1";
+  guard.Observe(true, 1, Spec(3, 3, 1, 0.0105), stats);
+  guard.BeforeStep(1, stats);
+  guard.Observe(true, 1, Spec(3, 3, 1, 0.0105), stats);
+  EXPECT_EQ(stats.guard_checks, 1) << "bucket 1's window of 4";
+  EXPECT_EQ(stats.guard_fallbacks, 0) << "190 against the probe's 154";
+}
+
+// A narrow loss against a probe's own plain steps (no table rate at the
+// bucket: the probe's plain steps are this guard's reference) is a pairs'
+// verdict already: it holds at once, with no second probe to confirm it.
+// The first probe's 3 pairs (2 tokens in 10.5 ms, plain steps of 5 ms:
+// 190 against 200) are no clear loss; the window's 4th step judges them.
+TEST(SpeculationGuardTest, ALossAgainstAProbesOwnPlainStepsNeedsNoConfirmation) {
+  GuardOptions o = HoldTestOptions();
+  o.confirm_losses = true;
+  o.margin = 0.05;
+  PlanningShared shared = PlanningShared::Create();
+  SpeculationGuard guard = ConfirmingGuard(o, shared, 1);
+  PlanningStats stats;
+  RunConfirmingPairs(guard, stats, Spec(3, 3, 1, 0.0105), 0.005);
+  EXPECT_EQ(stats.guard_probe_steps, 3) << "the first probe";
+  EXPECT_EQ(stats.guard_checks, 0);
+  EXPECT_FALSE(guard.BeforeStep(0, stats));
+  guard.Observe(true, 0, Spec(3, 3, 1, 0.0105), stats);
+  EXPECT_EQ(stats.guard_confirmations, 0);
+  EXPECT_EQ(stats.guard_checks, 1);
+  EXPECT_EQ(stats.guard_fallbacks, 1);
+  EXPECT_EQ(stats.guard_probe_steps, 3);
+  EXPECT_TRUE(guard.BeforeStep(0, stats)) << "held";
+}
+
+// confirm_confidence: the standard errors the confirmation grants the
+// setting. Its steps in the pairs take 8, 12 and 10 ms (2 tokens each: 200
+// tokens/s, with a standard error of about 23) against plain steps of 5 ms
+// (200 tokens/s) and a margin of 0.05: within one error of 210, so cleared
+// with confirm_confidence 1; below 210 by the bare rates (0), a loss.
+TEST(SpeculationGuardTest, ConfirmConfidenceIsTheBenefitOfTheDoubt) {
+  for (const double confidence : {1.0, 0.0}) {
+    SCOPED_TRACE(confidence);
+    GuardOptions o = HoldTestOptions();
+    o.confirm_losses = true;
+    o.margin = 0.05;
+    o.confirm_confidence = confidence;
+    PlanningShared shared = PlanningShared::Create();
+    for (int i = 0; i < 3; ++i) {
+      shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+    }
+    SpeculationGuard guard = ConfirmingGuard(o, shared, 1);
+    PlanningStats stats;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_FALSE(guard.BeforeStep(0, stats)) << i;
+      guard.Observe(true, 0, Spec(3, 3, 1, 0.0105), stats);
+    }
+    EXPECT_EQ(stats.guard_confirmations, 1);
+    for (const double seconds : {0.008, 0.012, 0.010}) {
+      EXPECT_FALSE(guard.BeforeStep(0, stats));
+      guard.Observe(true, 0, Spec(3, 3, 1, seconds), stats);
+      EXPECT_TRUE(guard.BeforeStep(0, stats));
+      guard.Observe(false, 0, Plain(0.005), stats);
+    }
+    EXPECT_EQ(stats.guard_checks, 1);
+    EXPECT_NEAR(stats.guard_last_spec_tps, 200, 1e-6);
+    EXPECT_EQ(stats.guard_fallbacks, confidence > 0 ? 0 : 1);
+    EXPECT_EQ(stats.guard_cleared_losses, confidence > 0 ? 1 : 0);
+  }
 }
 
 // A window far below the plain rate is judged after early_steps, not
@@ -2270,7 +2433,29 @@ TEST(GuardVerdictsTest, ConfirmingPairsPoolLikeTheSteps) {
   verdicts.Judge("exec", "knapspec D4", 32, 0, kWin, verdict, 8);
   EXPECT_THAT(add(2, {8}), ElementsAre(5, 7, 8)) << "a win keeps them";
   verdicts.Judge("exec", "knapspec D4", 32, 0, kLoss, verdict, 8);
-  EXPECT_THAT(add(2, {9}), ElementsAre(9)) << "a loss empties the pool";
+  EXPECT_THAT(add(2, {9}), IsEmpty())
+      << "a loss in force: the confirmation it overtook adds nothing";
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_TRUE(verdicts.TakePlainStep("exec", "knapspec D4", 32, 0, 2));
+  }
+  EXPECT_THAT(add(2, {10}), ElementsAre(10)) << "the loss emptied the pool";
+}
+
+// A confirmation's start makes the setting's steps at the key count afresh
+// towards its next judgement (the other sequences drafting it wait).
+TEST(GuardVerdictsTest, AConfirmationRestartsTheCountToTheNextJudgement) {
+  GuardVerdicts verdicts;
+  const auto add = [&](int64_t plan) {
+    return verdicts.AddStep("exec", "static a1 D3", 32, 0, plan, {2, 0.01}, 8);
+  };
+  EXPECT_EQ(add(1), 1);
+  EXPECT_EQ(add(1), 2);
+  verdicts.StartConfirmation("exec", "static a1 D3", 32, 0, /*plan=*/2);
+  EXPECT_EQ(add(1), 3) << "another plan's confirmation";
+  verdicts.StartConfirmation("exec", "static a1 D3", 32, 0, /*plan=*/1);
+  EXPECT_EQ(add(1), 1);
+  EXPECT_EQ(verdicts.Steps("exec", "static a1 D3", 32, 0, 1).size(), 4u)
+      << "the steps stay evidence";
 }
 
 TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
