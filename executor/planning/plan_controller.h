@@ -435,14 +435,17 @@ double RateStandardError(int64_t steps, double tokens, double seconds,
 // (doubling with each loss in a row, up to max_hold_steps); then the setting is
 // measured again. A window that is already far below plain after early_steps is
 // judged then, and so is a re-probe's window that is below plain x (1 +
-// margin). A win clears the verdict (a narrow one, below plain x (1 + margin)
-// once `confidence` standard errors are taken off, keeps the run of losses
-// that doubles the next hold). A run of futile_steps drafting steps that saved
-// no layer (StepObservation::saved_no_layers) loses without a timing. A new
-// plan (SetPlan) is a new setting version: an older verdict does not hold it
-// back. Without a verdict table the sequence falls back alone, until its next
-// plan. With carry_neighbour_losses a verdict measured at the bucket beside
-// this one holds the setting here too while it has never been judged here
+// margin). A narrow loss against the plain-rate table's steps (measured at
+// another time) is first confirmed by a probe's pairs, whose verdict stands
+// (GuardOptions::confirm_losses). A win clears the verdict (a narrow one,
+// below plain x (1 + margin) once `confidence` standard errors are taken
+// off, keeps the run of losses that doubles the next hold). A run of
+// futile_steps drafting steps that saved no layer
+// (StepObservation::saved_no_layers) loses without a timing. A new plan
+// (SetPlan) is a new setting version: an older verdict does not hold it back.
+// Without a verdict table the sequence falls back alone, until its next plan.
+// With carry_neighbour_losses a verdict measured at the bucket beside this one
+// holds the setting here too while it has never been judged here
 // (GuardVerdicts::TakePlainStep). With probe_first the probe also comes
 // first whenever the context reaches a bucket without a plain rate.
 class SpeculationGuard {
