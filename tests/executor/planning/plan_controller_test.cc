@@ -1800,7 +1800,8 @@ TEST(SpeculationGuardTest, AConfirmationEndsWithItsBucket) {
 // verdict already: it holds at once, with no second probe to confirm it.
 // The first probe's 3 pairs (2 tokens in 10.5 ms, plain steps of 5 ms:
 // 190 against 200) are no clear loss; the window's 4th step judges them.
-TEST(SpeculationGuardTest, ALossAgainstAProbesOwnPlainStepsNeedsNoConfirmation) {
+TEST(SpeculationGuardTest,
+     ALossAgainstAProbesOwnPlainStepsNeedsNoConfirmation) {
   GuardOptions o = HoldTestOptions();
   o.confirm_losses = true;
   o.margin = 0.05;
