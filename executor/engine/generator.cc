@@ -182,9 +182,9 @@ absl::Status ValidateGenerationRequest(const GenerationRequest& request,
     }
     if (!(spec.guard_confirm_confidence >= 0.0 &&
           std::isfinite(spec.guard_confirm_confidence))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("guard_confirm_confidence: must be >= 0, got ",
-                       spec.guard_confirm_confidence));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "guard_confirm_confidence: must be finite and >= 0, got ",
+          spec.guard_confirm_confidence));
     }
     if (spec.guard_reprobe_steps < 1) {
       return absl::InvalidArgumentError(absl::StrCat(

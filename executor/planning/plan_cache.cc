@@ -357,6 +357,10 @@ void GuardVerdicts::Judge(const std::string& execution_id,
     return;  // a late judgement of an older plan: the newer verdict stands
   }
   if (judgement != Judgement::kLoss) {
+    if (verdict.confirmation && held_it != losing_.end() &&
+        held_it->second.plan_version == verdict.plan_version) {
+      return;  // another sequence's loss overtook the confirmation
+    }
     auto pool = pools_.find(key);
     if (pool != pools_.end() &&
         pool->second.plan_version == verdict.plan_version) {
@@ -498,12 +502,7 @@ int64_t GuardVerdicts::AddStep(const std::string& execution_id,
   }
   Pool& pool = pools_[key];
   if (plan_version < pool.plan_version) return 0;  // an older plan's step
-  if (plan_version > pool.plan_version) {
-    pool.plan_version = plan_version;
-    pool.steps.clear();
-    pool.pairs = Pairs{};
-    pool.since_judged = 0;
-  }
+  if (plan_version > pool.plan_version) RestartPool(pool, plan_version);
   pool.steps.push_back(step);
   while (static_cast<int64_t>(pool.steps.size()) > std::max<int64_t>(1, keep)) {
     pool.steps.pop_front();
@@ -511,16 +510,14 @@ int64_t GuardVerdicts::AddStep(const std::string& execution_id,
   return ++pool.since_judged;
 }
 
-GuardVerdicts::Pairs GuardVerdicts::AddPairs(const std::string& execution_id,
-                                             const std::string& setting,
-                                             int64_t bucket_tokens,
-                                             int64_t bucket,
-                                             int64_t plan_version,
-                                             const Pairs& pairs, int64_t keep) {
+GuardVerdicts::Pairs GuardVerdicts::AddPairs(
+    const std::string& execution_id, const std::string& setting,
+    int64_t bucket_tokens, int64_t bucket, int64_t plan_version,
+    uint64_t sequence_id, const Pairs& pairs, int64_t keep) {
   absl::MutexLock lock(&mu_);
   const Key key(execution_id, setting, bucket_tokens, bucket);
-  const auto held = losing_.find(key);
-  if (held != losing_.end() && held->second.plan_version >= plan_version) {
+  EndConfirmationLocked(key, sequence_id);
+  if (HeldLocked(key, plan_version)) {
     return Pairs{};  // a loss overtook the confirmation: it stands
   }
   if (pools_.size() >= kMaxPools && !pools_.contains(key)) {
@@ -528,12 +525,7 @@ GuardVerdicts::Pairs GuardVerdicts::AddPairs(const std::string& execution_id,
   }
   Pool& pool = pools_[key];
   if (plan_version < pool.plan_version) return pairs;  // an older plan's
-  if (plan_version > pool.plan_version) {
-    pool.plan_version = plan_version;
-    pool.steps.clear();
-    pool.pairs = Pairs{};
-    pool.since_judged = 0;
-  }
+  if (plan_version > pool.plan_version) RestartPool(pool, plan_version);
   const auto append = [keep](const std::deque<Step>& from,
                              std::deque<Step>& to) {
     to.insert(to.end(), from.begin(), from.end());
@@ -546,15 +538,59 @@ GuardVerdicts::Pairs GuardVerdicts::AddPairs(const std::string& execution_id,
   return pool.pairs;
 }
 
-void GuardVerdicts::StartConfirmation(const std::string& execution_id,
+void GuardVerdicts::RestartPool(Pool& pool, int64_t plan_version) {
+  pool.plan_version = plan_version;
+  pool.steps.clear();
+  pool.pairs = Pairs{};
+  pool.since_judged = 0;
+  pool.confirming_sequence.reset();
+}
+
+bool GuardVerdicts::HeldLocked(const Key& key, int64_t plan_version) const {
+  const auto held = losing_.find(key);
+  return held != losing_.end() && held->second.plan_version >= plan_version;
+}
+
+void GuardVerdicts::EndConfirmationLocked(const Key& key,
+                                          uint64_t sequence_id) {
+  auto it = pools_.find(key);
+  if (it != pools_.end() && it->second.confirming_sequence == sequence_id) {
+    it->second.confirming_sequence.reset();
+  }
+}
+
+bool GuardVerdicts::StartConfirmation(const std::string& execution_id,
                                       const std::string& setting,
                                       int64_t bucket_tokens, int64_t bucket,
-                                      int64_t plan_version) {
+                                      int64_t plan_version,
+                                      uint64_t sequence_id, absl::Time now,
+                                      absl::Duration max_age) {
   absl::MutexLock lock(&mu_);
-  auto it = pools_.find(Key(execution_id, setting, bucket_tokens, bucket));
-  if (it != pools_.end() && it->second.plan_version == plan_version) {
-    it->second.since_judged = 0;
+  const Key key(execution_id, setting, bucket_tokens, bucket);
+  if (HeldLocked(key, plan_version)) return false;
+  auto it = pools_.find(key);
+  if (it == pools_.end() || it->second.plan_version != plan_version) {
+    return true;  // no pool of the plan to mark (dropped: kMaxPools)
   }
+  Pool& pool = it->second;
+  pool.since_judged = 0;
+  if (pool.confirming_sequence.has_value() &&
+      *pool.confirming_sequence != sequence_id &&
+      now - pool.confirming_since <= max_age) {
+    return false;  // another sequence's confirmation is under way
+  }
+  pool.confirming_sequence = sequence_id;
+  pool.confirming_since = now;
+  return true;
+}
+
+void GuardVerdicts::EndConfirmation(const std::string& execution_id,
+                                    const std::string& setting,
+                                    int64_t bucket_tokens, int64_t bucket,
+                                    uint64_t sequence_id) {
+  absl::MutexLock lock(&mu_);
+  EndConfirmationLocked(Key(execution_id, setting, bucket_tokens, bucket),
+                        sequence_id);
 }
 
 std::deque<GuardVerdicts::Step> GuardVerdicts::Steps(

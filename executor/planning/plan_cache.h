@@ -400,6 +400,10 @@ class GuardVerdicts {
     int64_t carried_from_bucket = -1;
     // A clear loss (the class comment); false for carried verdicts.
     bool clear = false;
+    // Judged by a confirmation's pairs (SpeculationGuard, GuardOptions::
+    // confirm_losses): its win does not lift a loss of the same plan that
+    // another sequence gave meanwhile (that loss stands).
+    bool confirmation = false;
   };
 
   GuardVerdicts() = default;
@@ -473,24 +477,36 @@ class GuardVerdicts {
     std::deque<Step> setting;
     std::deque<Step> plain;
   };
-  // Adds a confirming probe's pairs to the setting's pairs at the key
-  // (pooled over every sequence that confirmed there, the last `keep` of
-  // each kept) and returns the pool. The pool follows the step pool's rules
-  // (AddStep): a newer plan starts it afresh, an older plan's pairs are
-  // not added (only returned), a loss empties it. While a losing verdict of
-  // the plan (or a newer one) holds the setting, the pairs came from a
-  // confirmation that another sequence's loss overtook: nothing is added
-  // and the result is empty (no judgement; the loss stands).
+  // Adds the confirming probe's pairs of sequence `sequence_id` to the
+  // setting's pairs at the key (pooled over every sequence that confirmed
+  // there, the last `keep` of each kept), ends its confirmation there
+  // (StartConfirmation) and returns the pool. The pool follows the step
+  // pool's rules (AddStep): a newer plan starts it afresh, an older plan's
+  // pairs are not added (only returned), a loss empties it. While a losing
+  // verdict of the plan (or a newer one) holds the setting, the pairs came
+  // from a confirmation that another sequence's loss overtook: nothing is
+  // added and the result is empty (no judgement; the loss stands).
   Pairs AddPairs(const std::string& execution_id, const std::string& setting,
                  int64_t bucket_tokens, int64_t bucket, int64_t plan_version,
-                 const Pairs& pairs, int64_t keep) ABSL_LOCKS_EXCLUDED(mu_);
-  // A confirmation of the setting at the key began (SpeculationGuard): the
-  // steps added since its last judgement start counting afresh, so the
-  // other sequences drafting it wait min_steps steps more instead of each
-  // starting a confirmation of its own.
-  void StartConfirmation(const std::string& execution_id,
+                 uint64_t sequence_id, const Pairs& pairs, int64_t keep)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Sequence `sequence_id` would confirm a narrow loss of the setting at the
+  // key (SpeculationGuard): whether it may. One confirmation runs at a time
+  // per key: false while another sequence's, begun within `max_age` of
+  // `now` (an older one is stale: its sequence ended mid-probe), is under
+  // way, or while a losing verdict of the plan (or a newer one) holds the
+  // setting. Either way the steps added since the last judgement count
+  // afresh, so the sequences drafting beside it wait min_steps steps more.
+  bool StartConfirmation(const std::string& execution_id,
                          const std::string& setting, int64_t bucket_tokens,
-                         int64_t bucket, int64_t plan_version)
+                         int64_t bucket, int64_t plan_version,
+                         uint64_t sequence_id, absl::Time now,
+                         absl::Duration max_age) ABSL_LOCKS_EXCLUDED(mu_);
+  // Sequence `sequence_id` dropped its confirmation at the key (its context
+  // left the bucket, a loss overtook it, or a new plan took effect).
+  void EndConfirmation(const std::string& execution_id,
+                       const std::string& setting, int64_t bucket_tokens,
+                       int64_t bucket, uint64_t sequence_id)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Losing verdicts in force (a gauge), and all ever given (a counter;
   // carried ones included, and counted by verdicts_carried too).
@@ -510,6 +526,13 @@ class GuardVerdicts {
   // that may carry (a sibling's only when clear).
   std::optional<Verdict> CarriableLoss(const Key& from, int64_t plan_version,
                                        bool sibling) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a losing verdict of `plan_version` or a newer plan holds `key`.
+  bool HeldLocked(const Key& key, int64_t plan_version) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the confirmation of `sequence_id` at `key`, if it is the one under
+  // way there.
+  void EndConfirmationLocked(const Key& key, uint64_t sequence_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A losing verdict in force at `key` (Judge's losses and carried ones):
   // `verdict` holding `hold_steps` plain steps, the `losses`-th in a row;
@@ -533,11 +556,19 @@ class GuardVerdicts {
     std::deque<Step> steps;
     Pairs pairs;               // confirming probes' pairs (AddPairs)
     int64_t since_judged = 0;  // steps added since the last judgement
+    // The confirmation under way (StartConfirmation), if any: its sequence
+    // and start.
+    std::optional<uint64_t> confirming_sequence;
+    absl::Time confirming_since;
     // The plan version of the last win judged at its key; -1: none. Any
     // win keeps a neighbour's loss from carrying there.
     int64_t won_plan = -1;
   };
   absl::flat_hash_map<Key, Pool> pools_ ABSL_GUARDED_BY(mu_);
+  // A newer plan's step or pairs at `pool`: it starts afresh (its step
+  // pool, pairs, count and confirmation; its last win stays, see
+  // CarryLoss).
+  static void RestartPool(Pool& pool, int64_t plan_version);
   // The setting of each unplanned mode's latest clear loss per execution
   // and bucket: (execution, mode, bucket_tokens, bucket) -> setting.
   absl::flat_hash_map<Key, std::string> clear_losses_ ABSL_GUARDED_BY(mu_);

@@ -42,6 +42,7 @@ SpeculationGuard::SpeculationGuard(GuardOptions options,
       bucket_tokens_(bucket_tokens) {}
 
 void SpeculationGuard::Reset() {
+  if (confirming_) DropConfirmation();
   state_ = State::kSpeculate;
   evidence_.clear();
   window_steps_ = 0;
@@ -160,13 +161,13 @@ bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
     if (!confirming_ || verdicts_ == nullptr) return NextProbeStepIsPlain();
     const std::optional<GuardVerdicts::Verdict> held =
         verdicts_->Find(execution_id_, setting_, bucket_tokens_, bucket);
-    if (!held.has_value() || held->plan_version != plan_version_) {
+    if (!held.has_value() || held->plan_version < plan_version_) {
       return NextProbeStepIsPlain();
     }
     // Another sequence's loss holds the setting now: it stands, and the
     // confirmation is dropped (GuardOptions::confirm_losses).
+    DropConfirmation();
     state_ = State::kSpeculate;
-    confirming_ = false;
     probe_left_ = 0;
   }
   if (verdicts_ != nullptr) {
@@ -212,6 +213,14 @@ void SpeculationGuard::StartProbe() {
   // The setting's step first: a slow start (the steps right after a
   // prefill) then weighs on the setting, not on its reference.
   probe_plain_next_ = false;
+}
+
+void SpeculationGuard::DropConfirmation() {
+  confirming_ = false;
+  if (verdicts_ != nullptr) {
+    verdicts_->EndConfirmation(execution_id_, setting_, bucket_tokens_,
+                               confirm_bucket_, sequence_id_);
+  }
 }
 
 bool SpeculationGuard::NextProbeStepIsPlain() {
@@ -288,10 +297,11 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
         // A narrow loss's confirmation: the pairs judge it, win or loss,
         // unless the context left its bucket meanwhile (they are pairs of
         // two buckets) or a loss overtook it (AddPairs).
-        confirming_ = false;
-        if (bucket == confirm_bucket_ &&
-            Judge(bucket, stats, JudgeKind::kConfirm)) {
-          return;
+        if (bucket != confirm_bucket_) {
+          DropConfirmation();
+        } else {
+          confirming_ = false;
+          if (Judge(bucket, stats, JudgeKind::kConfirm)) return;
         }
       }
       // The pairs condemn a clear loser at once; otherwise the setting is
@@ -343,6 +353,13 @@ absl::Duration PlainMaxAge(const GuardOptions& options) {
   return options.plain_max_age_seconds > 0
              ? absl::Seconds(options.plain_max_age_seconds)
              : absl::InfiniteDuration();
+}
+
+// How long a confirmation under way keeps others from starting one at its
+// key (GuardVerdicts::StartConfirmation): as long as a plain step counts, at
+// most 10 s (a sequence that ended mid-probe leaves its mark behind).
+absl::Duration ConfirmationMaxAge(const GuardOptions& options) {
+  return std::min(PlainMaxAge(options), absl::Seconds(10));
 }
 
 // The bucket's recent steps in `table` (plain steps or draft costs) by the
@@ -429,7 +446,8 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
     GuardVerdicts::Pairs pairs{probe_setting_, probe_plain_};
     if (verdicts_ != nullptr) {
       pairs = verdicts_->AddPairs(
-          execution_id_, setting_, bucket_tokens_, bucket, plan_version_, pairs,
+          execution_id_, setting_, bucket_tokens_, bucket, plan_version_,
+          sequence_id_, pairs,
           std::max(options_.evidence_steps, options_.min_steps));
     }
     if (pairs.setting.size() < 2 || pairs.plain.empty()) return false;
@@ -478,19 +496,23 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
                   options_.confidence)) {
     // A narrow loss against the table's plain steps, measured at another
     // time: the pairs of a probe confirm it or not (GuardOptions::
-    // confirm_losses). Against a probe's own plain steps it stands.
+    // confirm_losses). Against a probe's own plain steps it stands. While
+    // another sequence confirms it (or a loss holds it), this one drafts
+    // on: that confirmation's verdict will come.
+    if (verdicts_ != nullptr &&
+        !verdicts_->StartConfirmation(
+            execution_id_, setting_, bucket_tokens_, bucket, plan_version_,
+            sequence_id_, absl::Now(), ConfirmationMaxAge(options_))) {
+      return false;
+    }
     StartProbe();
     confirming_ = true;
     confirm_bucket_ = bucket;
-    if (verdicts_ != nullptr) {
-      verdicts_->StartConfirmation(execution_id_, setting_, bucket_tokens_,
-                                   bucket, plan_version_);
-    }
     ++stats.guard_confirmations;
     return false;
   }
   if (kind == JudgeKind::kConfirm && !loses) ++stats.guard_cleared_losses;
-  Record(rate, *plain, loses, bucket, stats);
+  Record(rate, *plain, loses, bucket, stats, kind == JudgeKind::kConfirm);
   return true;
 }
 
@@ -518,7 +540,8 @@ int64_t SpeculationGuard::ExploreHoldSteps(const Rate& rate,
 }
 
 void SpeculationGuard::Record(const Rate& rate, const Rate& plain, bool loses,
-                              int64_t bucket, PlanningStats& stats) {
+                              int64_t bucket, PlanningStats& stats,
+                              bool confirmation) {
   ++stats.guard_checks;
   stats.guard_last_spec_tps = rate.tokens_per_second;
   stats.guard_last_plain_tps = plain.tokens_per_second;
@@ -535,6 +558,7 @@ void SpeculationGuard::Record(const Rate& rate, const Rate& plain, bool loses,
     verdict.plain_tps = plain.tokens_per_second;
     verdict.plan_version = plan_version_;
     verdict.sequence_id = sequence_id_;
+    verdict.confirmation = confirmation;
     verdict.clear =
         loses && options_.clear_losses && rate.tokens_per_second > 0 &&
         plain.tokens_per_second > 0 &&

@@ -245,12 +245,14 @@ struct GuardOptions {
   // (doubling), so the warm row read 1.005x. Pairs measure both over the
   // same stretch. A loser pays probe_steps more of its steps before the
   // verdict; a clear loss needs no confirmation. false: a narrow loss
-  // against the table holds at once. A loss against a probe's own plain
-  // steps (no table rate at the bucket) is a pairs' verdict already and
-  // holds at once. One confirmation runs at a time per setting and bucket
-  // (the others drafting it wait min_steps more steps); it is dropped when
-  // the context leaves its bucket, or when another sequence's loss holds
-  // the setting meanwhile (that loss stands).
+  // against the table holds at once. A loss against this guard's own probe
+  // reference (the table did not take the probe's plain steps: they ran
+  // beside a solve) is a pairs' verdict already and holds at once. One
+  // confirmation runs at a time per setting and bucket
+  // (GuardVerdicts::StartConfirmation: the others drafting it judge no loss
+  // until it ends); it is dropped when the context leaves its bucket, or
+  // when another sequence's loss holds the setting meanwhile (that loss
+  // stands).
   bool confirm_losses = true;
   // The standard errors the confirmation grants the setting (as
   // `confidence` does for the other judgements). The narrow loss already had
@@ -319,7 +321,8 @@ struct PlanningStats {
   int64_t guard_settle_steps = 0;
   // Narrow losses against the plain-rate table that a probe was run to
   // confirm (GuardOptions::confirm_losses), and those its pairs cleared
-  // (the setting drafted on).
+  // (the setting drafted on). A dropped confirmation (its bucket left, a
+  // loss overtook it) counts in neither outcome.
   int64_t guard_confirmations = 0;
   int64_t guard_cleared_losses = 0;
   int64_t guard_plain_steps = 0;    // plain steps decoded because a plan lost
@@ -513,9 +516,13 @@ class SpeculationGuard {
   // rates (reported with those measured so far, 0 where none).
   void JudgeFutile(int64_t bucket, PlanningStats& stats);
   // Records a judgement of `rate` against `plain` (the guard's stats, the
-  // verdict table or this guard's own fallback); `loses` decides it.
+  // verdict table or this guard's own fallback); `loses` decides it;
+  // `confirmation`: a confirmation's pairs judged (GuardVerdicts::Verdict).
   void Record(const Rate& rate, const Rate& plain, bool loses, int64_t bucket,
-              PlanningStats& stats);
+              PlanningStats& stats, bool confirmation = false);
+  // Ends the confirmation under way without a judgement (its bucket left,
+  // a loss overtook it, Reset), releasing it in the verdict table.
+  void DropConfirmation();
   // The least hold of a loss of `rate` against `plain`
   // (GuardOptions::explore_share); 0 when off or nothing was lost.
   int64_t ExploreHoldSteps(const Rate& rate, const Rate& plain) const;

@@ -1705,7 +1705,9 @@ SpeculationGuard ConfirmingGuard(const GuardOptions& o,
 // the same setting, their pooled window (2 tokens in 10.5 ms: 190 tokens/s
 // against the table's 200 x 1.05) is a narrow loss when the second's step
 // completes it, and the second confirms. The first's next steps start the
-// count to the next judgement afresh: no second confirmation beside it.
+// count to the next judgement afresh, and while the second's confirmation
+// is under way the first starts none of its own (its windows fall due and
+// pass without a verdict).
 // Then another sequence's loss holds the setting while the probe runs: the
 // probe stops at once (its plain steps would have cleared the setting: 6.5
 // ms against its 10.5 ms steps) and the loss stands for every sequence.
@@ -1728,12 +1730,15 @@ TEST(SpeculationGuardTest, OneConfirmationAtATimeAndALossOvertakesIt) {
     second.Observe(true, 0, Spec(3, 3, 1, 0.0105), second_stats);
   }
   EXPECT_EQ(second_stats.guard_confirmations, 1);
-  for (int i = 0; i < 3; ++i) {
+  // The first drafts twice the window beside the second's probe: its
+  // narrow losses wait for the second's confirmation.
+  for (int i = 0; i < 8; ++i) {
     EXPECT_FALSE(first.BeforeStep(0, first_stats)) << i;
     first.Observe(true, 0, Spec(3, 3, 1, 0.0105), first_stats);
   }
   EXPECT_EQ(first_stats.guard_confirmations, 0) << "one at a time";
   EXPECT_EQ(first_stats.guard_checks, 0);
+  EXPECT_EQ(first_stats.guard_probe_steps, 0);
 
   EXPECT_FALSE(second.BeforeStep(0, second_stats)) << "the probe's first pair";
   second.Observe(true, 0, Spec(3, 3, 1, 0.0105), second_stats);
@@ -2416,7 +2421,7 @@ TEST(GuardVerdictsTest, ConfirmingPairsPoolLikeTheSteps) {
       pairs.plain.push_back({1, 0.005});
     }
     const GuardVerdicts::Pairs pooled =
-        verdicts.AddPairs("exec", "knapspec D4", 32, 0, plan, pairs, 3);
+        verdicts.AddPairs("exec", "knapspec D4", 32, 0, plan, 1, pairs, 3);
     EXPECT_EQ(pooled.setting.size(), pooled.plain.size());
     std::vector<int> out;
     for (const GuardVerdicts::Step& step : pooled.setting) {
@@ -2442,21 +2447,56 @@ TEST(GuardVerdictsTest, ConfirmingPairsPoolLikeTheSteps) {
   EXPECT_THAT(add(2, {10}), ElementsAre(10)) << "the loss emptied the pool";
 }
 
-// A confirmation's start makes the setting's steps at the key count afresh
-// towards its next judgement (the other sequences drafting it wait).
-TEST(GuardVerdictsTest, AConfirmationRestartsTheCountToTheNextJudgement) {
+// One confirmation at a time per key: its start makes the setting's steps
+// count afresh towards the next judgement; another sequence may not start
+// one until it ends (AddPairs, EndConfirmation) or goes stale (a sequence
+// that ended mid-probe), nor while a loss holds the setting. A
+// confirmation's win does not lift a loss given meanwhile; another win
+// does.
+TEST(GuardVerdictsTest, OneConfirmationAtATimePerKey) {
   GuardVerdicts verdicts;
+  const std::string s = "static a1 D3";
   const auto add = [&](int64_t plan) {
-    return verdicts.AddStep("exec", "static a1 D3", 32, 0, plan, {2, 0.01}, 8);
+    return verdicts.AddStep("exec", s, 32, 0, plan, {2, 0.01}, 8);
+  };
+  const absl::Time t0 = absl::Now();
+  const absl::Duration age = absl::Seconds(10);
+  const auto start = [&](uint64_t sequence, absl::Time at) {
+    return verdicts.StartConfirmation("exec", s, 32, 0, /*plan=*/1, sequence,
+                                      at, age);
   };
   EXPECT_EQ(add(1), 1);
   EXPECT_EQ(add(1), 2);
-  verdicts.StartConfirmation("exec", "static a1 D3", 32, 0, /*plan=*/2);
-  EXPECT_EQ(add(1), 3) << "another plan's confirmation";
-  verdicts.StartConfirmation("exec", "static a1 D3", 32, 0, /*plan=*/1);
-  EXPECT_EQ(add(1), 1);
-  EXPECT_EQ(verdicts.Steps("exec", "static a1 D3", 32, 0, 1).size(), 4u)
+  EXPECT_TRUE(
+      verdicts.StartConfirmation("exec", s, 32, 0, /*plan=*/2, 1, t0, age));
+  EXPECT_EQ(add(1), 3) << "another plan's confirmation marks nothing";
+  EXPECT_TRUE(start(1, t0));
+  EXPECT_EQ(add(1), 1) << "the count starts afresh";
+  EXPECT_EQ(verdicts.Steps("exec", s, 32, 0, 1).size(), 4u)
       << "the steps stay evidence";
+  EXPECT_FALSE(start(2, t0 + absl::Seconds(1))) << "1's is under way";
+  EXPECT_EQ(add(1), 1) << "2 waits a window more";
+  EXPECT_TRUE(start(2, t0 + absl::Seconds(11))) << "1's went stale";
+  verdicts.EndConfirmation("exec", s, 32, 0, /*sequence=*/1);
+  EXPECT_FALSE(start(3, t0 + absl::Seconds(12))) << "1 no longer holds it";
+  GuardVerdicts::Pairs pairs;
+  pairs.setting.push_back({2, 0.01});
+  pairs.plain.push_back({1, 0.005});
+  EXPECT_EQ(verdicts.AddPairs("exec", s, 32, 0, 1, 2, pairs, 8).plain.size(),
+            1u);
+  EXPECT_TRUE(start(3, t0 + absl::Seconds(12))) << "2's ended with its pairs";
+
+  GuardVerdicts::Verdict loss;
+  loss.plan_version = 1;
+  verdicts.Judge("exec", s, 32, 0, kLoss, loss, 8);
+  EXPECT_FALSE(start(4, t0 + absl::Seconds(13))) << "a loss holds it";
+  GuardVerdicts::Verdict confirmed = loss;
+  confirmed.confirmation = true;
+  verdicts.Judge("exec", s, 32, 0, kWin, confirmed, 8);
+  EXPECT_TRUE(verdicts.Find("exec", s, 32, 0).has_value())
+      << "a confirmation's win does not lift the loss";
+  verdicts.Judge("exec", s, 32, 0, kWin, loss, 8);
+  EXPECT_FALSE(verdicts.Find("exec", s, 32, 0).has_value()) << "a win does";
 }
 
 TEST(GuardVerdictsTest, VerdictsAreKeyedBySettingBucketAndPlan) {
