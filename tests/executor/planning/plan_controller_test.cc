@@ -1612,6 +1612,25 @@ void RunConfirmingPairs(SpeculationGuard& guard, PlanningStats& stats,
   }
 }
 
+// The options of the confirmation tests: HoldTestOptions with confirmation
+// on and a margin of 0.05.
+GuardOptions ConfirmTestOptions() {
+  GuardOptions o = HoldTestOptions();
+  o.confirm_losses = true;
+  o.margin = 0.05;
+  return o;
+}
+
+// Shared planning state whose plain-rate table holds 3 plain steps of 5 ms
+// (200 tokens/s) at bucket 0 of 32 tokens.
+PlanningShared SharedWithTablePlainRate() {
+  PlanningShared shared = PlanningShared::Create();
+  for (int i = 0; i < 3; ++i) {
+    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
+  }
+  return shared;
+}
+
 // A confirming probe's pairs join the setting's earlier ones at the bucket,
 // whichever sequence ran them: two sequences each find a narrow loss
 // (their windows at 182 and 196 tokens/s against the table's 208) and
@@ -1668,14 +1687,9 @@ TEST(SpeculationGuardTest, ConfirmingPairsArePooledOverSequences) {
 // tokens in 15.5 ms, 129 tokens/s) would have lost.
 TEST(SpeculationGuardTest,
      AConfirmationTakesTokensFromThePoolAndPaceFromThePairs) {
-  GuardOptions o = HoldTestOptions();
-  o.confirm_losses = true;
-  o.margin = 0.05;
-  PlanningShared shared = PlanningShared::Create();
+  const GuardOptions o = ConfirmTestOptions();
+  PlanningShared shared = SharedWithTablePlainRate();  // 200 tokens/s
   const std::string execution = BaseKey().ExecutionId();
-  for (int i = 0; i < 3; ++i) {
-    shared.plain_rates->Record(execution, 32, 0, 0.005);  // 200 tokens/s
-  }
   SpeculationGuard guard(o, shared.plain_rates, shared.verdicts, execution,
                          "static a1,m2 D3", 1, 32);
   PlanningStats stats;
@@ -1701,6 +1715,18 @@ SpeculationGuard ConfirmingGuard(const GuardOptions& o,
                           BaseKey().ExecutionId(), "static a1,m2 D3", id, 32);
 }
 
+// The guard's window of 4 steps of 2 tokens in 10.5 ms (190 tokens/s: a
+// narrow loss against SharedWithTablePlainRate's 200 x 1.05, with
+// ConfirmTestOptions) starts its confirmation.
+void StartNarrowLossConfirmation(SpeculationGuard& guard,
+                                 PlanningStats& stats) {
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_FALSE(guard.BeforeStep(0, stats)) << i;
+    guard.Observe(true, 0, Spec(3, 3, 1, 0.0105), stats);
+  }
+  EXPECT_EQ(stats.guard_confirmations, 1);
+}
+
 // One confirmation at a time, and a loss overtakes it: two sequences draft
 // the same setting, their pooled window (2 tokens in 10.5 ms: 190 tokens/s
 // against the table's 200 x 1.05) is a narrow loss when the second's step
@@ -1712,14 +1738,9 @@ SpeculationGuard ConfirmingGuard(const GuardOptions& o,
 // probe stops at once (its plain steps would have cleared the setting: 6.5
 // ms against its 10.5 ms steps) and the loss stands for every sequence.
 TEST(SpeculationGuardTest, OneConfirmationAtATimeAndALossOvertakesIt) {
-  GuardOptions o = HoldTestOptions();
-  o.confirm_losses = true;
-  o.margin = 0.05;
-  PlanningShared shared = PlanningShared::Create();
+  const GuardOptions o = ConfirmTestOptions();
+  PlanningShared shared = SharedWithTablePlainRate();  // 200 tokens/s
   const std::string execution = BaseKey().ExecutionId();
-  for (int i = 0; i < 3; ++i) {
-    shared.plain_rates->Record(execution, 32, 0, 0.005);  // 200 tokens/s
-  }
   SpeculationGuard first = ConfirmingGuard(o, shared, 1);
   SpeculationGuard second = ConfirmingGuard(o, shared, 2);
   PlanningStats first_stats, second_stats;
@@ -1768,20 +1789,10 @@ TEST(SpeculationGuardTest, OneConfirmationAtATimeAndALossOvertakesIt) {
 // bucket 1, without a plain rate in the table, takes the probe's plain
 // steps as its reference and is judged when its own window is full.
 TEST(SpeculationGuardTest, AConfirmationEndsWithItsBucket) {
-  GuardOptions o = HoldTestOptions();
-  o.confirm_losses = true;
-  o.margin = 0.05;
-  PlanningShared shared = PlanningShared::Create();
-  for (int i = 0; i < 3; ++i) {
-    shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
-  }
-  SpeculationGuard guard = ConfirmingGuard(o, shared, 1);
+  PlanningShared shared = SharedWithTablePlainRate();
+  SpeculationGuard guard = ConfirmingGuard(ConfirmTestOptions(), shared, 1);
   PlanningStats stats;
-  for (int i = 0; i < 4; ++i) {
-    EXPECT_FALSE(guard.BeforeStep(0, stats)) << i;
-    guard.Observe(true, 0, Spec(3, 3, 1, 0.0105), stats);
-  }
-  EXPECT_EQ(stats.guard_confirmations, 1);
+  StartNarrowLossConfirmation(guard, stats);
   for (int i = 0; i < 3; ++i) {
     const int64_t bucket = i == 0 ? 0 : 1;
     EXPECT_FALSE(guard.BeforeStep(bucket, stats)) << i;
@@ -1807,11 +1818,8 @@ TEST(SpeculationGuardTest, AConfirmationEndsWithItsBucket) {
 // 190 against 200) are no clear loss; the window's 4th step judges them.
 TEST(SpeculationGuardTest,
      ALossAgainstAProbesOwnPlainStepsNeedsNoConfirmation) {
-  GuardOptions o = HoldTestOptions();
-  o.confirm_losses = true;
-  o.margin = 0.05;
-  PlanningShared shared = PlanningShared::Create();
-  SpeculationGuard guard = ConfirmingGuard(o, shared, 1);
+  PlanningShared shared = PlanningShared::Create();  // no table rate
+  SpeculationGuard guard = ConfirmingGuard(ConfirmTestOptions(), shared, 1);
   PlanningStats stats;
   RunConfirmingPairs(guard, stats, Spec(3, 3, 1, 0.0105), 0.005);
   EXPECT_EQ(stats.guard_probe_steps, 3) << "the first probe";
@@ -1833,21 +1841,12 @@ TEST(SpeculationGuardTest,
 TEST(SpeculationGuardTest, ConfirmConfidenceIsTheBenefitOfTheDoubt) {
   for (const double confidence : {1.0, 0.0}) {
     SCOPED_TRACE(confidence);
-    GuardOptions o = HoldTestOptions();
-    o.confirm_losses = true;
-    o.margin = 0.05;
+    GuardOptions o = ConfirmTestOptions();
     o.confirm_confidence = confidence;
-    PlanningShared shared = PlanningShared::Create();
-    for (int i = 0; i < 3; ++i) {
-      shared.plain_rates->Record(BaseKey().ExecutionId(), 32, 0, 0.005);
-    }
+    PlanningShared shared = SharedWithTablePlainRate();
     SpeculationGuard guard = ConfirmingGuard(o, shared, 1);
     PlanningStats stats;
-    for (int i = 0; i < 4; ++i) {
-      EXPECT_FALSE(guard.BeforeStep(0, stats)) << i;
-      guard.Observe(true, 0, Spec(3, 3, 1, 0.0105), stats);
-    }
-    EXPECT_EQ(stats.guard_confirmations, 1);
+    StartNarrowLossConfirmation(guard, stats);
     for (const double seconds : {0.008, 0.012, 0.010}) {
       EXPECT_FALSE(guard.BeforeStep(0, stats));
       guard.Observe(true, 0, Spec(3, 3, 1, seconds), stats);
