@@ -51,7 +51,6 @@ void SpeculationGuard::Reset() {
   probe_plain_.clear();
   futile_run_ = 0;
   probe_first_bucket_ = -1;
-  confirming_ = false;
   confirm_bucket_ = -1;
 }
 
