@@ -42,7 +42,7 @@ SpeculationGuard::SpeculationGuard(GuardOptions options,
       bucket_tokens_(bucket_tokens) {}
 
 void SpeculationGuard::Reset() {
-  if (confirming_) DropConfirmation();
+  if (confirming()) DropConfirmation();
   state_ = State::kSpeculate;
   evidence_.clear();
   window_steps_ = 0;
@@ -157,7 +157,7 @@ bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
   if (!options_.enabled) return false;
   if (state_ == State::kFallback) return true;  // lone fallback
   if (state_ == State::kProbe) {
-    if (!confirming_ || verdicts_ == nullptr) return NextProbeStepIsPlain();
+    if (!confirming() || verdicts_ == nullptr) return NextProbeStepIsPlain();
     const std::optional<GuardVerdicts::Verdict> held =
         verdicts_->Find(execution_id_, setting_, bucket_tokens_, bucket);
     if (!held.has_value() || held->plan_version < plan_version_) {
@@ -204,8 +204,8 @@ bool SpeculationGuard::BeforeStep(int64_t bucket, PlanningStats& stats) {
 }
 
 void SpeculationGuard::StartProbe() {
+  if (confirming()) DropConfirmation();
   state_ = State::kProbe;
-  confirming_ = false;
   probe_left_ = options_.probe_steps;
   probe_setting_.clear();
   probe_plain_.clear();
@@ -215,11 +215,11 @@ void SpeculationGuard::StartProbe() {
 }
 
 void SpeculationGuard::DropConfirmation() {
-  confirming_ = false;
   if (verdicts_ != nullptr) {
     verdicts_->EndConfirmation(execution_id_, setting_, bucket_tokens_,
                                confirm_bucket_, sequence_id_);
   }
+  confirm_bucket_ = -1;
 }
 
 bool SpeculationGuard::NextProbeStepIsPlain() {
@@ -292,14 +292,14 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
       if (step.tokens == 1) probe_plain_.push_back({1, step.seconds});
       if (--probe_left_ > 0) return;
       state_ = State::kSpeculate;
-      if (confirming_) {
+      if (confirming()) {
         // A narrow loss's confirmation: the pairs judge it, win or loss,
         // unless the context left its bucket meanwhile (they are pairs of
         // two buckets) or a loss overtook it (AddPairs).
         if (bucket != confirm_bucket_) {
           DropConfirmation();
         } else {
-          confirming_ = false;
+          confirm_bucket_ = -1;  // AddPairs ends its mark
           if (Judge(bucket, stats, JudgeKind::kConfirm)) return;
         }
       }
@@ -505,7 +505,6 @@ bool SpeculationGuard::Judge(int64_t bucket, PlanningStats& stats,
       return false;
     }
     StartProbe();
-    confirming_ = true;
     confirm_bucket_ = bucket;
     ++stats.guard_confirmations;
     return false;

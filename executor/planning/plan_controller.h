@@ -523,6 +523,8 @@ class SpeculationGuard {
   // Ends the confirmation under way without a judgement (its bucket left,
   // a loss overtook it, Reset), releasing it in the verdict table.
   void DropConfirmation();
+  // Whether the probe under way confirms a narrow loss (confirm_bucket_).
+  bool confirming() const { return confirm_bucket_ >= 0; }
   // The least hold of a loss of `rate` against `plain`
   // (GuardOptions::explore_share); 0 when off or nothing was lost.
   int64_t ExploreHoldSteps(const Rate& rate, const Rate& plain) const;
@@ -589,10 +591,9 @@ class SpeculationGuard {
   // The bucket where the guard last decided whether to probe first
   // (probe_first): -1 after Reset (no step of the setting has run yet).
   int64_t probe_first_bucket_ = -1;
-  // The probe under way confirms a narrow loss (GuardOptions::
-  // confirm_losses): at its end its pairs are judged by the full rule,
-  // if the context is still at confirm_bucket_.
-  bool confirming_ = false;
+  // The bucket whose narrow loss the probe under way confirms
+  // (GuardOptions::confirm_losses; -1: none): at the probe's end its pairs
+  // are judged by the full rule, if the context is still at this bucket.
   int64_t confirm_bucket_ = -1;
   int64_t steps_seen_ = 0;  // steps observed (any setting, guard on or off)
 };
