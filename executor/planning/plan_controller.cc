@@ -51,7 +51,6 @@ void SpeculationGuard::Reset() {
   probe_plain_.clear();
   futile_run_ = 0;
   probe_first_bucket_ = -1;
-  confirm_bucket_ = -1;
 }
 
 double RateStandardError(int64_t steps, double tokens, double seconds,
