@@ -382,6 +382,9 @@ class GuardVerdicts {
   struct Step {
     int tokens = 0;      // tokens committed
     double seconds = 0;  // its wall time (StepObservation::seconds)
+    // Draft tokens it proposed (StepObservation::drafted; 0 for a plain
+    // step): what its time depends on (SpeculationGuard::PairedRateOf).
+    int drafted = 0;
   };
   struct Verdict {
     // The rates measured at the judgement; 0 where none was yet (a loss

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -80,75 +81,81 @@ std::vector<GuardVerdicts::Step> StepsWithinOutlierBound(
   return kept;
 }
 
+// A ratio of two sums, sum x_i / sum y_i, with its standard error
+// (RateStandardError: the delta method, which counts how x and y move
+// together).
+class RatioOfSums {
+ public:
+  void Add(double x, double y) {
+    ++n_;
+    x_ += x;
+    y_ += y;
+    xx_ += x * x;
+    xy_ += x * y;
+    yy_ += y * y;
+  }
+  int64_t count() const { return n_; }
+  double x() const { return x_; }
+  double ratio() const { return y_ > 0 ? x_ / y_ : 0.0; }
+  double standard_error() const {
+    return RateStandardError(n_, x_, y_, xx_, xy_, yy_);
+  }
+
+ private:
+  int64_t n_ = 0;
+  double x_ = 0, y_ = 0, xx_ = 0, xy_ = 0, yy_ = 0;
+};
+
 }  // namespace
 
 SpeculationGuard::Rate SpeculationGuard::RateOf(
     const std::deque<StepEvidence>& steps) const {
-  Rate rate;
-  const std::vector<StepEvidence> kept =
-      StepsWithinOutlierBound(steps, options_.outlier_factor);
-  double tokens = 0, seconds = 0, tokens_sq = 0, token_seconds = 0,
-         seconds_sq = 0;
-  for (const StepEvidence& e : kept) {
-    tokens += e.tokens;
-    seconds += e.seconds;
-    tokens_sq += static_cast<double>(e.tokens) * e.tokens;
-    token_seconds += e.tokens * e.seconds;
-    seconds_sq += e.seconds * e.seconds;
+  RatioOfSums sums;  // tokens over seconds
+  for (const StepEvidence& e :
+       StepsWithinOutlierBound(steps, options_.outlier_factor)) {
+    sums.Add(e.tokens, e.seconds);
   }
-  if (seconds <= 0) return rate;
-  rate.tokens_per_second = tokens / seconds;
-  rate.tokens = tokens;
-  rate.standard_error =
-      RateStandardError(static_cast<int64_t>(kept.size()), tokens, seconds,
-                        tokens_sq, token_seconds, seconds_sq);
+  Rate rate;
+  if (sums.ratio() <= 0) return rate;
+  rate.tokens_per_second = sums.ratio();
+  rate.tokens = sums.x();
+  rate.standard_error = sums.standard_error();
   return rate;
 }
-
-namespace {
-
-// The mean of `values` and the mean's standard error (0 below two values).
-struct MeanAndError {
-  double mean = 0;
-  double error = 0;
-};
-MeanAndError MeanOf(const std::vector<double>& values) {
-  MeanAndError out;
-  if (values.empty()) return out;
-  const double n = static_cast<double>(values.size());
-  for (double v : values) out.mean += v;
-  out.mean /= n;
-  if (values.size() < 2) return out;
-  double squares = 0;
-  for (double v : values) squares += (v - out.mean) * (v - out.mean);
-  out.error = std::sqrt(squares / (n - 1) / n);
-  return out;
-}
-
-}  // namespace
 
 SpeculationGuard::Rate SpeculationGuard::PairedRateOf(
     const std::deque<StepEvidence>& evidence,
     const std::deque<StepEvidence>& paired) const {
   // Each sample's steps within its own outlier bound.
-  std::vector<double> tokens, seconds;
-  for (const StepEvidence& e :
-       StepsWithinOutlierBound(evidence, options_.outlier_factor)) {
-    tokens.push_back(e.tokens);
+  const std::vector<StepEvidence> pool =
+      StepsWithinOutlierBound(evidence, options_.outlier_factor);
+  // The pool's rate, and its mean step seconds by draft tokens proposed.
+  RatioOfSums pool_rate;  // tokens over seconds
+  std::map<int, std::pair<double, int64_t>> pool_seconds;  // sum, count
+  for (const StepEvidence& e : pool) {
+    pool_rate.Add(e.tokens, e.seconds);
+    std::pair<double, int64_t>& by_drafts = pool_seconds[e.drafted];
+    by_drafts.first += e.seconds;
+    ++by_drafts.second;
   }
+  // The pace now against the pool's: each paired step's seconds against
+  // the pool's mean for its draft count.
+  RatioOfSums pace;  // paired seconds over the pool's seconds
   for (const StepEvidence& e :
        StepsWithinOutlierBound(paired, options_.outlier_factor)) {
-    seconds.push_back(e.seconds);
+    const auto found = pool_seconds.find(e.drafted);
+    if (found == pool_seconds.end()) continue;
+    pace.Add(e.seconds, found->second.first /
+                            static_cast<double>(found->second.second));
   }
-  const MeanAndError per_step = MeanOf(tokens);
-  const MeanAndError pace = MeanOf(seconds);
+  if (pool_rate.ratio() <= 0 || pace.ratio() <= 0) return RateOf(paired);
   Rate rate;
-  if (per_step.mean <= 0 || pace.mean <= 0) return rate;
-  rate.tokens_per_second = per_step.mean / pace.mean;
+  rate.tokens_per_second = pool_rate.ratio() / pace.ratio();
   rate.standard_error =
       rate.tokens_per_second *
-      std::hypot(per_step.error / per_step.mean, pace.error / pace.mean);
-  rate.tokens = per_step.mean * static_cast<double>(tokens.size());
+      std::hypot(pool_rate.standard_error() / pool_rate.ratio(),
+                 pace.standard_error() / pace.ratio());
+  rate.tokens = pool_rate.x();
   return rate;
 }
 
@@ -235,10 +242,10 @@ void SpeculationGuard::AddEvidence(int64_t bucket, const StepObservation& step,
     // every sequence, make the window.
     window_steps_ =
         verdicts_->AddStep(execution_id_, setting_, bucket_tokens_, bucket,
-                           plan_version_, {step.tokens, step.seconds}, keep);
+                           plan_version_, {step.tokens, step.seconds, step.drafted}, keep);
   } else {
     ++window_steps_;
-    evidence_.push_back({step.tokens, step.seconds});
+    evidence_.push_back({step.tokens, step.seconds, step.drafted});
     while (static_cast<int64_t>(evidence_.size()) > keep) evidence_.pop_front();
   }
   if (state_ == State::kProbe) return;  // judged when the probe ends
@@ -283,7 +290,7 @@ void SpeculationGuard::Observe(bool speculating, int64_t bucket,
     case State::kProbe: {
       if (speculating && step.gamma > 0) {
         // The setting's step of a pair.
-        probe_setting_.push_back({step.tokens, step.seconds});
+        probe_setting_.push_back({step.tokens, step.seconds, step.drafted});
         AddEvidence(bucket, step, stats);
         return;
       }

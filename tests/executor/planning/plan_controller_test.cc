@@ -1727,6 +1727,57 @@ void StartNarrowLossConfirmation(SpeculationGuard& guard,
   EXPECT_EQ(stats.guard_confirmations, 1);
 }
 
+// A confirmation compares each paired step's time with the pool's steps
+// that proposed as many draft tokens: a step's time follows its drafts
+// (here 18 ms with three, 6 ms with one). The window's 4 steps (two of 3
+// drafts and 4 tokens in 18 ms, two of 1 draft and 1 token in 6 ms: 10
+// tokens in 48 ms, 208 tokens/s) are a narrow loss against the table's 200
+// x 1.05; the pairs' steps all stop at one draft token (1 token each).
+// "unchanged": they take the pool's 6 ms and the plain steps the table's 5:
+// the pool's 13 tokens in 66 ms at the same pace (197 tokens/s) lose. By
+// the pool's tokens a step (13 / 7) at the pairs' mean 6 ms they would
+// read 310 tokens/s and clear the setting. "slowed": the machine runs a
+// fifth slower (7.2 ms, plain steps 6.5 ms: 154 tokens/s); the pool holds
+// the pairs' steps too, so its one-draft steps take 6.72 ms on average and
+// its 13 tokens in 69.6 ms (187 tokens/s) at a pace of 7.2 / 6.72 read 174
+// tokens/s: cleared against 154 x 1.05.
+TEST(SpeculationGuardTest,
+     AConfirmationPacesThePairsAgainstPoolStepsOfAsManyDrafts) {
+  struct Case {
+    const char* name;
+    double pair_seconds;   // the setting's paired steps (1 draft, 1 token)
+    double plain_seconds;  // the pairs' plain steps
+    bool loses;
+  };
+  for (const Case& test : {Case{"unchanged", 0.006, 0.005, true},
+                           Case{"slowed", 0.0072, 0.0065, false}}) {
+    SCOPED_TRACE(test.name);
+    GuardOptions o = ConfirmTestOptions();
+    o.confidence = 0;  // the bare rates
+    o.confirm_confidence = 0;
+    PlanningShared shared = SharedWithTablePlainRate();  // 200 tokens/s
+    SpeculationGuard guard = ConfirmingGuard(o, shared, 1);
+    PlanningStats stats;
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_FALSE(guard.BeforeStep(0, stats)) << i;
+      guard.Observe(true, 0,
+                    i % 2 == 0 ? Spec(3, 3, 3, 0.018) : Spec(3, 1, 0, 0.006),
+                    stats);
+    }
+    EXPECT_EQ(stats.guard_confirmations, 1);
+    RunConfirmingPairs(guard, stats, Spec(3, 1, 0, test.pair_seconds),
+                       test.plain_seconds);
+    EXPECT_EQ(stats.guard_checks, 1);
+    EXPECT_EQ(stats.guard_fallbacks, test.loses ? 1 : 0);
+    EXPECT_EQ(stats.guard_cleared_losses, test.loses ? 0 : 1);
+    const double pace =
+        test.pair_seconds / ((2 * 0.006 + 3 * test.pair_seconds) / 5);
+    EXPECT_NEAR(stats.guard_last_spec_tps,
+                13 / (0.048 + 3 * test.pair_seconds) / pace, 1e-6);
+    EXPECT_NEAR(stats.guard_last_plain_tps, 1 / test.plain_seconds, 1e-6);
+  }
+}
+
 // One confirmation at a time, and a loss overtakes it: two sequences draft
 // the same setting, their pooled window (2 tokens in 10.5 ms: 190 tokens/s
 // against the table's 200 x 1.05) is a narrow loss when the second's step
