@@ -145,8 +145,8 @@ SpeculationGuard::Rate SpeculationGuard::PairedRateOf(
        StepsWithinOutlierBound(paired, options_.outlier_factor)) {
     const auto found = pool_seconds.find(e.drafted);
     if (found == pool_seconds.end()) continue;
-    pace.Add(e.seconds, found->second.first /
-                            static_cast<double>(found->second.second));
+    pace.Add(e.seconds,
+             found->second.first / static_cast<double>(found->second.second));
   }
   if (pool_rate.ratio() <= 0 || pace.ratio() <= 0) return RateOf(paired);
   Rate rate;
@@ -240,9 +240,9 @@ void SpeculationGuard::AddEvidence(int64_t bucket, const StepObservation& step,
   if (verdicts_ != nullptr) {
     // The setting's steps since its last judgement at the bucket, from
     // every sequence, make the window.
-    window_steps_ =
-        verdicts_->AddStep(execution_id_, setting_, bucket_tokens_, bucket,
-                           plan_version_, {step.tokens, step.seconds, step.drafted}, keep);
+    window_steps_ = verdicts_->AddStep(
+        execution_id_, setting_, bucket_tokens_, bucket, plan_version_,
+        {step.tokens, step.seconds, step.drafted}, keep);
   } else {
     ++window_steps_;
     evidence_.push_back({step.tokens, step.seconds, step.drafted});
