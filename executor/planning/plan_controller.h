@@ -560,8 +560,10 @@ class SpeculationGuard {
   // measured the pace beside plain decoding. Comparing each paired step
   // with pool steps of its own draft count keeps a run of pairs that
   // stopped their drafts early (cheap steps of few tokens) from passing for
-  // a faster machine. Without a paired step whose draft count the pool
-  // has, the pairs' own rate (RateOf).
+  // a faster machine. The pool holds the pairs' steps too (they are
+  // evidence), so a change of pace reads smaller than it is by their share
+  // of the pool (8 of up to evidence_steps). Without a paired step whose
+  // draft count the pool has, the pairs' own rate (RateOf).
   Rate PairedRateOf(const std::deque<StepEvidence>& evidence,
                     const std::deque<StepEvidence>& paired) const;
   // The last evidence_steps speculative steps since the last loss or Reset:
