@@ -94,7 +94,6 @@ class RatioOfSums {
     xy_ += x * y;
     yy_ += y * y;
   }
-  int64_t count() const { return n_; }
   double x() const { return x_; }
   double ratio() const { return y_ > 0 ? x_ / y_ : 0.0; }
   double standard_error() const {
@@ -126,17 +125,20 @@ SpeculationGuard::Rate SpeculationGuard::RateOf(
 SpeculationGuard::Rate SpeculationGuard::PairedRateOf(
     const std::deque<StepEvidence>& evidence,
     const std::deque<StepEvidence>& paired) const {
-  // Each sample's steps within its own outlier bound.
-  const std::vector<StepEvidence> pool =
-      StepsWithinOutlierBound(evidence, options_.outlier_factor);
-  // The pool's rate, and its mean step seconds by draft tokens proposed.
+  // Each sample's steps within its own outlier bound. The pool's rate, and
+  // its step seconds by draft tokens proposed.
+  struct Seconds {
+    double sum = 0;
+    int64_t steps = 0;
+  };
   RatioOfSums pool_rate;  // tokens over seconds
-  std::map<int, std::pair<double, int64_t>> pool_seconds;  // sum, count
-  for (const StepEvidence& e : pool) {
+  std::map<int, Seconds> pool_seconds;
+  for (const StepEvidence& e :
+       StepsWithinOutlierBound(evidence, options_.outlier_factor)) {
     pool_rate.Add(e.tokens, e.seconds);
-    std::pair<double, int64_t>& by_drafts = pool_seconds[e.drafted];
-    by_drafts.first += e.seconds;
-    ++by_drafts.second;
+    Seconds& by_drafts = pool_seconds[e.drafted];
+    by_drafts.sum += e.seconds;
+    ++by_drafts.steps;
   }
   // The pace now against the pool's: each paired step's seconds against
   // the pool's mean for its draft count.
@@ -146,7 +148,7 @@ SpeculationGuard::Rate SpeculationGuard::PairedRateOf(
     const auto found = pool_seconds.find(e.drafted);
     if (found == pool_seconds.end()) continue;
     pace.Add(e.seconds,
-             found->second.first / static_cast<double>(found->second.second));
+             found->second.sum / static_cast<double>(found->second.steps));
   }
   if (pool_rate.ratio() <= 0 || pace.ratio() <= 0) return RateOf(paired);
   Rate rate;
