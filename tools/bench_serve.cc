@@ -101,7 +101,8 @@ ABSL_FLAG(int32_t, rounds, 1,
           "mode's warm-up and single phase run at its first run only, so "
           "later runs are load phases back to back; list the first mode "
           "between the others (off,static,off,knapspec,off) and each run is "
-          "compared with the first mode's runs just around it.");
+          "compared with the first mode's runs just around it; on a shared "
+          "machine 8 rounds' median outvotes a slow spell, 3 may not.");
 ABSL_FLAG(bool, check_outputs, true,
           "bench serve: when outputs are deterministic (greedy or --seed), "
           "require every load stream to equal its single-stream output.");
